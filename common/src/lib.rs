@@ -1,0 +1,22 @@
+//! The contract between the `krasis` launcher and the `krasis-runtime` binary.
+//!
+//! Everything both sides must agree on lives here exactly once: the typed launch
+//! options (and how they become runtime command-line arguments), the capability
+//! report the runtime prints with `capabilities --json`, the JSON-lines progress
+//! events the runtime writes to stdout while it starts, and the `/health` and
+//! stats payloads. The launcher validates against these types; the runtime
+//! produces them. Nothing here depends on CUDA, HTTP or the model code.
+
+pub mod capabilities;
+pub mod events;
+pub mod options;
+pub mod status;
+
+pub use capabilities::{ArchitectureCaps, Capabilities};
+pub use events::ProgressEvent;
+pub use options::{Backend, LaunchOptions, OptionError};
+pub use status::{EngineStats, Health, Phase};
+
+/// Version of the launcher <-> runtime contract. Bumped on any incompatible
+/// change so a launcher refuses a runtime it does not understand.
+pub const PROTOCOL_VERSION: u32 = 1;

@@ -1,0 +1,56 @@
+//! `/health` and stats payloads served by the runtime and read by the launcher.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Loading,
+    BuildingCache,
+    Calibrating,
+    Ready,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Health {
+    /// Always "ok" while the process answers.
+    pub status: String,
+    pub phase: Phase,
+    pub model_loaded: bool,
+    pub model: Option<String>,
+    pub backend: String,
+}
+
+/// Live figures for the launcher's run screen (`GET /v1/stats`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineStats {
+    pub requests_completed: u64,
+    pub requests_rejected: u64,
+    pub queue_len: u64,
+    pub last_prompt_tokens: u64,
+    pub last_generated_tokens: u64,
+    pub last_prefill_tok_s: f64,
+    pub last_decode_tok_s: f64,
+    pub hcs: Option<HcsStats>,
+    pub vram: Option<VramStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HcsStats {
+    pub resident_experts: u64,
+    pub total_experts: u64,
+    pub resident_bytes: u64,
+    pub hit_rate: f64,
+    pub cold_bytes_per_token: f64,
+    pub promotions: u64,
+    pub evictions: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VramStats {
+    pub total_bytes: u64,
+    pub limit_bytes: Option<u64>,
+    pub free_bytes: u64,
+    pub min_free_bytes: u64,
+}

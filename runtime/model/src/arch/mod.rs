@@ -1,0 +1,168 @@
+//! Architecture registry. Each supported Hugging Face `model_type` has one
+//! module here with a typed config and typed tensor names; everything else
+//! (loading, layers, engines) is shared and dispatches on [`ModelConfig`].
+
+pub mod qwen3_moe;
+
+use crate::error::ModelError;
+use std::path::Path;
+
+/// `model_type` values this build can load.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3_moe"];
+
+/// A parsed `config.json` of a supported architecture.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelConfig {
+    Qwen3Moe(qwen3_moe::Qwen3MoeConfig),
+}
+
+impl ModelConfig {
+    /// Reads and validates `DIR/config.json`.
+    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        Self::from_json_str(&text, &path)
+    }
+
+    pub fn from_json_str(text: &str, path: &Path) -> Result<Self, ModelError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| ModelError::BadConfig {
+                path: path.to_path_buf(),
+                reason: format!("not valid JSON: {e}"),
+            })?;
+        let model_type = value
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| ModelError::BadConfig {
+                path: path.to_path_buf(),
+                reason: "no \"model_type\" field".into(),
+            })?;
+        match model_type {
+            "qwen3_moe" => Ok(ModelConfig::Qwen3Moe(
+                qwen3_moe::Qwen3MoeConfig::from_value(value.clone(), path)?,
+            )),
+            other => Err(ModelError::UnsupportedModelType {
+                model_type: other.to_string(),
+                path: path.to_path_buf(),
+            }),
+        }
+    }
+
+    pub fn model_type(&self) -> &'static str {
+        match self {
+            ModelConfig::Qwen3Moe(_) => "qwen3_moe",
+        }
+    }
+
+    /// The architecture-independent view every shared layer and engine uses.
+    pub fn geometry(&self) -> Geometry {
+        match self {
+            ModelConfig::Qwen3Moe(c) => c.geometry(),
+        }
+    }
+
+    /// Every tensor the checkpoint must contain, with its shape.
+    pub fn expected_tensors(&self) -> Vec<(String, Vec<usize>)> {
+        match self {
+            ModelConfig::Qwen3Moe(c) => c.expected_tensors(),
+        }
+    }
+
+    /// Names of the routed-expert tensors of one expert: (gate, up, down).
+    pub fn expert_tensor_names(&self, layer: usize, expert: usize) -> [String; 3] {
+        match self {
+            ModelConfig::Qwen3Moe(_) => {
+                let t = qwen3_moe::TensorNames::layer(layer);
+                [
+                    t.expert_gate(expert),
+                    t.expert_up(expert),
+                    t.expert_down(expert),
+                ]
+            }
+        }
+    }
+}
+
+/// What the MLP of a layer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MlpKind {
+    /// Routed experts (plus a shared expert when `shared_expert_intermediate > 0`).
+    Moe,
+    /// A plain SwiGLU MLP of `intermediate` width.
+    Dense,
+}
+
+/// Architecture-independent model geometry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Geometry {
+    pub vocab_size: usize,
+    pub hidden: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Dense MLP width (layers that are not MoE).
+    pub intermediate: usize,
+    /// Routed expert FFN width.
+    pub expert_intermediate: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f64,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub attention_bias: bool,
+    /// Per layer: MoE or dense.
+    pub mlp_kinds: Vec<MlpKind>,
+}
+
+impl Geometry {
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+    pub fn moe_layers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.mlp_kinds
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| **k == MlpKind::Moe)
+            .map(|(i, _)| i)
+    }
+    pub fn num_moe_layers(&self) -> usize {
+        self.moe_layers().count()
+    }
+    /// Elements of one routed expert (gate + up + down).
+    pub fn expert_params(&self) -> usize {
+        3 * self.hidden * self.expert_intermediate
+    }
+    /// Total parameters (embeddings, attention, norms, MLPs, experts, head).
+    pub fn total_params(&self) -> u64 {
+        let h = self.hidden as u64;
+        let mut p = self.vocab_size as u64 * h; // embeddings
+        if !self.tie_word_embeddings {
+            p += self.vocab_size as u64 * h;
+        }
+        p += h; // final norm
+        let q = self.q_dim() as u64;
+        let kv = self.kv_dim() as u64;
+        let per_attn = h * q + 2 * h * kv + q * h + 2 * self.head_dim as u64 + 2 * h;
+        for k in &self.mlp_kinds {
+            p += per_attn;
+            p += match k {
+                MlpKind::Moe => {
+                    self.num_experts as u64 * (self.expert_params() as u64)
+                        + self.num_experts as u64 * h
+                }
+                MlpKind::Dense => 3 * h * self.intermediate as u64,
+            };
+        }
+        p
+    }
+    /// Parameters of all routed experts.
+    pub fn routed_expert_params(&self) -> u64 {
+        self.num_moe_layers() as u64 * self.num_experts as u64 * self.expert_params() as u64
+    }
+}

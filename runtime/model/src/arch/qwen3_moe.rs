@@ -1,0 +1,349 @@
+//! `qwen3_moe` (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder MoE).
+//!
+//! GQA attention with per-head RMSNorm on q and k before RoPE, a softmax
+//! top-k router (renormalised over the chosen experts when `norm_topk_prob`),
+//! SwiGLU routed experts, and dense SwiGLU MLPs on the layers listed in
+//! `mlp_only_layers` or skipped by `decoder_sparse_step`.
+
+use super::{Geometry, MlpKind};
+use crate::error::ModelError;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+fn default_rope_theta() -> f64 {
+    10000.0
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_one() -> usize {
+    1
+}
+fn default_true() -> bool {
+    true
+}
+
+/// The fields of a `qwen3_moe` `config.json` this engine uses. Unknown fields
+/// are ignored (HF configs carry many training-only ones).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Qwen3MoeConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    #[serde(default)]
+    pub intermediate_size: usize,
+    pub moe_intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default = "default_one")]
+    pub decoder_sparse_step: usize,
+    #[serde(default)]
+    pub mlp_only_layers: Vec<usize>,
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    #[serde(default = "default_true")]
+    pub norm_topk_prob: bool,
+    #[serde(default)]
+    pub hidden_act: Option<String>,
+    #[serde(default)]
+    pub use_sliding_window: bool,
+    #[serde(default)]
+    pub eos_token_id: Option<serde_json::Value>,
+    #[serde(default)]
+    pub bos_token_id: Option<serde_json::Value>,
+    #[serde(default)]
+    pub torch_dtype: Option<String>,
+}
+
+impl Qwen3MoeConfig {
+    pub fn from_value(value: serde_json::Value, path: &Path) -> Result<Self, ModelError> {
+        let bad = |reason: String| ModelError::BadConfig {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let c: Qwen3MoeConfig = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+        if c.hidden_size == 0 || c.num_hidden_layers == 0 || c.vocab_size == 0 {
+            return Err(bad(
+                "hidden_size, num_hidden_layers and vocab_size must be > 0".into(),
+            ));
+        }
+        if c.num_attention_heads == 0
+            || c.num_key_value_heads == 0
+            || c.num_attention_heads % c.num_key_value_heads != 0
+        {
+            return Err(bad(format!(
+                "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
+                c.num_attention_heads, c.num_key_value_heads
+            )));
+        }
+        if c.head_dim() % 2 != 0 {
+            return Err(bad(format!(
+                "head_dim {} must be even for RoPE",
+                c.head_dim()
+            )));
+        }
+        if c.num_experts_per_tok == 0 || c.num_experts_per_tok > c.num_experts {
+            return Err(bad(format!(
+                "num_experts_per_tok ({}) must be in 1..=num_experts ({})",
+                c.num_experts_per_tok, c.num_experts
+            )));
+        }
+        if c.decoder_sparse_step == 0 {
+            return Err(bad("decoder_sparse_step must be >= 1".into()));
+        }
+        if let Some(act) = &c.hidden_act {
+            if act != "silu" {
+                return Err(bad(format!(
+                    "hidden_act '{act}' is not supported (only 'silu')"
+                )));
+            }
+        }
+        if let Some(s) = &c.rope_scaling {
+            if !s.is_null() {
+                return Err(bad(format!(
+                    "rope_scaling {s} is not supported yet; remove it or use a model without RoPE scaling"
+                )));
+            }
+        }
+        if c.use_sliding_window {
+            return Err(bad("use_sliding_window=true is not supported".into()));
+        }
+        if let Some(&l) = c
+            .mlp_only_layers
+            .iter()
+            .find(|&&l| l >= c.num_hidden_layers)
+        {
+            return Err(bad(format!(
+                "mlp_only_layers names layer {l} but the model has {} layers",
+                c.num_hidden_layers
+            )));
+        }
+        if c.mlp_kinds().contains(&MlpKind::Dense) && c.intermediate_size == 0 {
+            return Err(bad("dense layers present but intermediate_size is 0".into()));
+        }
+        Ok(c)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    /// HF rule: a layer is MoE unless listed in `mlp_only_layers`, when it
+    /// falls on the `decoder_sparse_step` grid and experts exist.
+    pub fn mlp_kinds(&self) -> Vec<MlpKind> {
+        (0..self.num_hidden_layers)
+            .map(|i| {
+                if !self.mlp_only_layers.contains(&i)
+                    && self.num_experts > 0
+                    && (i + 1) % self.decoder_sparse_step == 0
+                {
+                    MlpKind::Moe
+                } else {
+                    MlpKind::Dense
+                }
+            })
+            .collect()
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        Geometry {
+            vocab_size: self.vocab_size,
+            hidden: self.hidden_size,
+            num_layers: self.num_hidden_layers,
+            num_heads: self.num_attention_heads,
+            num_kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim(),
+            intermediate: self.intermediate_size,
+            expert_intermediate: self.moe_intermediate_size,
+            num_experts: self.num_experts,
+            top_k: self.num_experts_per_tok,
+            norm_topk_prob: self.norm_topk_prob,
+            rms_norm_eps: self.rms_norm_eps as f32,
+            rope_theta: self.rope_theta,
+            max_position_embeddings: self.max_position_embeddings,
+            tie_word_embeddings: self.tie_word_embeddings,
+            attention_bias: self.attention_bias,
+            mlp_kinds: self.mlp_kinds(),
+        }
+    }
+
+    pub fn expected_tensors(&self) -> Vec<(String, Vec<usize>)> {
+        let g = self.geometry();
+        let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
+        let mut v = vec![(TensorNames::EMBED.to_string(), vec![g.vocab_size, h])];
+        for (i, kind) in g.mlp_kinds.iter().enumerate() {
+            let t = TensorNames::layer(i);
+            v.push((t.input_norm(), vec![h]));
+            v.push((t.post_attention_norm(), vec![h]));
+            v.push((t.q_proj(), vec![q, h]));
+            v.push((t.k_proj(), vec![kv, h]));
+            v.push((t.v_proj(), vec![kv, h]));
+            v.push((t.o_proj(), vec![h, q]));
+            if g.attention_bias {
+                v.push((t.q_bias(), vec![q]));
+                v.push((t.k_bias(), vec![kv]));
+                v.push((t.v_bias(), vec![kv]));
+            }
+            v.push((t.q_norm(), vec![hd]));
+            v.push((t.k_norm(), vec![hd]));
+            match kind {
+                MlpKind::Moe => {
+                    v.push((t.router(), vec![g.num_experts, h]));
+                    for e in 0..g.num_experts {
+                        v.push((t.expert_gate(e), vec![g.expert_intermediate, h]));
+                        v.push((t.expert_up(e), vec![g.expert_intermediate, h]));
+                        v.push((t.expert_down(e), vec![h, g.expert_intermediate]));
+                    }
+                }
+                MlpKind::Dense => {
+                    v.push((t.dense_gate(), vec![g.intermediate, h]));
+                    v.push((t.dense_up(), vec![g.intermediate, h]));
+                    v.push((t.dense_down(), vec![h, g.intermediate]));
+                }
+            }
+        }
+        v.push((TensorNames::FINAL_NORM.to_string(), vec![h]));
+        if !g.tie_word_embeddings {
+            v.push((TensorNames::LM_HEAD.to_string(), vec![g.vocab_size, h]));
+        }
+        v
+    }
+}
+
+/// Typed tensor names of a `qwen3_moe` checkpoint.
+pub struct TensorNames {
+    prefix: String,
+}
+
+impl TensorNames {
+    pub const EMBED: &'static str = "model.embed_tokens.weight";
+    pub const FINAL_NORM: &'static str = "model.norm.weight";
+    pub const LM_HEAD: &'static str = "lm_head.weight";
+
+    pub fn layer(i: usize) -> Self {
+        TensorNames {
+            prefix: format!("model.layers.{i}."),
+        }
+    }
+    fn n(&self, s: &str) -> String {
+        format!("{}{}", self.prefix, s)
+    }
+    pub fn input_norm(&self) -> String {
+        self.n("input_layernorm.weight")
+    }
+    pub fn post_attention_norm(&self) -> String {
+        self.n("post_attention_layernorm.weight")
+    }
+    pub fn q_proj(&self) -> String {
+        self.n("self_attn.q_proj.weight")
+    }
+    pub fn k_proj(&self) -> String {
+        self.n("self_attn.k_proj.weight")
+    }
+    pub fn v_proj(&self) -> String {
+        self.n("self_attn.v_proj.weight")
+    }
+    pub fn o_proj(&self) -> String {
+        self.n("self_attn.o_proj.weight")
+    }
+    pub fn q_bias(&self) -> String {
+        self.n("self_attn.q_proj.bias")
+    }
+    pub fn k_bias(&self) -> String {
+        self.n("self_attn.k_proj.bias")
+    }
+    pub fn v_bias(&self) -> String {
+        self.n("self_attn.v_proj.bias")
+    }
+    pub fn q_norm(&self) -> String {
+        self.n("self_attn.q_norm.weight")
+    }
+    pub fn k_norm(&self) -> String {
+        self.n("self_attn.k_norm.weight")
+    }
+    pub fn router(&self) -> String {
+        self.n("mlp.gate.weight")
+    }
+    pub fn expert_gate(&self, e: usize) -> String {
+        self.n(&format!("mlp.experts.{e}.gate_proj.weight"))
+    }
+    pub fn expert_up(&self, e: usize) -> String {
+        self.n(&format!("mlp.experts.{e}.up_proj.weight"))
+    }
+    pub fn expert_down(&self, e: usize) -> String {
+        self.n(&format!("mlp.experts.{e}.down_proj.weight"))
+    }
+    pub fn dense_gate(&self) -> String {
+        self.n("mlp.gate_proj.weight")
+    }
+    pub fn dense_up(&self) -> String {
+        self.n("mlp.up_proj.weight")
+    }
+    pub fn dense_down(&self) -> String {
+        self.n("mlp.down_proj.weight")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a3b() -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+            "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
+            "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+            "max_position_embeddings": 40960, "num_experts": 128, "num_experts_per_tok": 8,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": true,
+            "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+            "hidden_act": "silu", "some_training_field": 3
+        })
+    }
+
+    #[test]
+    fn a3b_geometry_and_params() {
+        let c = Qwen3MoeConfig::from_value(a3b(), Path::new("config.json")).unwrap();
+        let g = c.geometry();
+        assert_eq!(g.num_moe_layers(), 48);
+        // Qwen3-30B-A3B has ~30.5B parameters.
+        let p = g.total_params() as f64 / 1e9;
+        assert!((30.0..31.0).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn dense_layers_follow_hf_rule() {
+        let mut v = a3b();
+        v["mlp_only_layers"] = serde_json::json!([0]);
+        v["decoder_sparse_step"] = serde_json::json!(2);
+        let c = Qwen3MoeConfig::from_value(v, Path::new("c")).unwrap();
+        let k = c.mlp_kinds();
+        assert_eq!(k[0], MlpKind::Dense);
+        assert_eq!(k[1], MlpKind::Moe);
+        assert_eq!(k[2], MlpKind::Dense);
+        assert_eq!(k[3], MlpKind::Moe);
+    }
+
+    #[test]
+    fn bad_heads_rejected_with_reason() {
+        let mut v = a3b();
+        v["num_key_value_heads"] = serde_json::json!(5);
+        let e = Qwen3MoeConfig::from_value(v, Path::new("c"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("num_key_value_heads"), "{e}");
+    }
+}

@@ -1,0 +1,141 @@
+//! The engine interface. The server, `generate`, `bench` and the witness
+//! tests drive every backend (CPU reference, CUDA) through this trait, so a
+//! backend is a drop-in and the same checks run against each.
+
+use std::ops::ControlFlow;
+
+/// Sampling settings for one request. `temperature == 0` is greedy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// 0 disables top-k.
+    pub top_k: usize,
+    /// 1.0 disables top-p.
+    pub top_p: f32,
+    /// 0.0 disables min-p.
+    pub min_p: f32,
+    pub seed: Option<u64>,
+    /// OpenAI semantics: subtract `presence_penalty` from the logit of every
+    /// token generated so far, and `frequency_penalty * count`.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+}
+
+/// One generation: the prompt is prefilled, then up to `max_new_tokens`
+/// tokens are decoded; generation ends early on any of `stop_token_ids`
+/// (the stop token is reported but counts as the end) or when the callback
+/// breaks (stop string matched, client gone).
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop_token_ids: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was produced.
+    Stop,
+    /// `max_new_tokens` or the context length was reached.
+    Length,
+    /// The caller's callback asked to stop.
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerateStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+}
+
+impl GenerateStats {
+    pub fn prefill_tok_s(&self) -> f64 {
+        rate(self.prompt_tokens, self.prefill_seconds)
+    }
+    /// Decode rate over the tokens after the first (the first comes from prefill).
+    pub fn decode_tok_s(&self) -> f64 {
+        rate(self.generated_tokens.saturating_sub(1), self.decode_seconds)
+    }
+}
+
+fn rate(n: usize, s: f64) -> f64 {
+    if s > 0.0 { n as f64 / s } else { 0.0 }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOutcome {
+    pub finish: FinishReason,
+    pub stats: GenerateStats,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("prompt has {prompt} tokens but the context holds {context}")]
+    PromptTooLong { prompt: usize, context: usize },
+    #[error("empty prompt")]
+    EmptyPrompt,
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    BadToken { id: u32, vocab: usize },
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// Static facts about a loaded engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineInfo {
+    /// "reference" or "cuda".
+    pub backend: String,
+    pub vocab_size: usize,
+    /// Maximum prompt + generated tokens.
+    pub context_length: usize,
+}
+
+pub trait Engine: Send {
+    fn info(&self) -> EngineInfo;
+
+    /// Prefills `req.prompt` and decodes. `on_token` is called with every
+    /// generated token id (including a final stop token) as soon as it exists;
+    /// returning `ControlFlow::Break(())` ends generation with `Cancelled`.
+    fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerateOutcome, EngineError>;
+
+    /// Logits (f32, `vocab_size` each) at every position of `tokens`, computed
+    /// as one prefill from an empty cache. Used by correctness checks.
+    fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError>;
+
+    /// Backend-specific live statistics (HCS, VRAM) for the stats endpoint.
+    fn stats(&self) -> Option<krasis_common::status::EngineStats> {
+        None
+    }
+}

@@ -1,0 +1,19 @@
+//! Model-side building blocks of krasis-runtime: checkpoint loading with typed
+//! per-architecture configs and tensor names, tokenizer and chat template,
+//! synthetic checkpoints, and the CPU reference engine (the oracle the GPU
+//! engine is checked against).
+
+pub mod arch;
+pub mod checkpoint;
+pub mod engine;
+pub mod error;
+pub mod experts;
+
+pub use arch::{Geometry, MlpKind, ModelConfig};
+pub use checkpoint::{Checkpoint, DType, TensorView};
+pub use engine::{
+    Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats,
+    SamplingParams,
+};
+pub use error::ModelError;
+pub use experts::{ExpertF32, ExpertWeights};
