@@ -1,6 +1,7 @@
 //! The capability report: what this runtime build implements. Printed by
 //! `krasis-runtime capabilities --json`; the launcher offers only what is in it.
 
+use crate::options::{Backend, LaunchOptions, OptionError};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,5 +51,220 @@ impl Capabilities {
     }
     pub fn backend(&self, name: &str) -> Option<&BackendCaps> {
         self.backends.iter().find(|b| b.name == name)
+    }
+}
+
+impl Capabilities {
+    /// Checks `opts` against what this runtime implements for `model_type`.
+    /// The launcher (TUI, CLI, profiles) and the runtime both call this, so an
+    /// unsupported combination is refused with the same words everywhere.
+    pub fn check_options(&self, opts: &LaunchOptions, model_type: &str) -> Result<(), OptionError> {
+        if self.protocol_version != crate::PROTOCOL_VERSION {
+            return Err(OptionError::new(
+                "runtime",
+                format!(
+                    "runtime speaks protocol {} but this launcher speaks {}; install matching krasis and krasis-runtime binaries",
+                    self.protocol_version,
+                    crate::PROTOCOL_VERSION
+                ),
+            ));
+        }
+        let backend = opts.backend.as_str();
+        match self.backend(backend) {
+            None => {
+                return Err(OptionError::new(
+                    "backend",
+                    format!(
+                        "this runtime build has no '{backend}' backend (it has: {})",
+                        join(self.backends.iter().map(|b| b.name.as_str()))
+                    ),
+                ));
+            }
+            Some(b) if !b.available => {
+                return Err(OptionError::new(
+                    "backend",
+                    format!(
+                        "the '{backend}' backend cannot run on this machine: {}",
+                        b.reason.as_deref().unwrap_or("no reason given")
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+        let arch = self.architecture(model_type).ok_or_else(|| {
+            OptionError::new(
+                "model",
+                format!(
+                    "architecture '{model_type}' is not supported by this runtime (supported: {})",
+                    join(self.architectures.iter().map(|a| a.model_type.as_str()))
+                ),
+            )
+        })?;
+        one_of(
+            "expert_precision",
+            &opts.expert_precision,
+            &arch.expert_precisions,
+            model_type,
+        )?;
+        one_of(
+            "attention_precision",
+            &opts.attention_precision,
+            &arch.attention_precisions,
+            model_type,
+        )?;
+        one_of("kv_format", &opts.kv_format, &arch.kv_formats, model_type)?;
+        one_of("pruning", &opts.pruning, &arch.pruning_modes, model_type)?;
+        if opts.hcs && !arch.hcs {
+            return Err(OptionError::new(
+                "hcs",
+                format!("HCS is not implemented for '{model_type}' in this runtime; turn it off"),
+            ));
+        }
+        if opts.hcs && opts.backend != Backend::Cuda {
+            return Err(OptionError::new(
+                "hcs",
+                format!(
+                    "HCS keeps experts in GPU memory and needs the cuda backend; turn it off for the '{backend}' backend"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The options this runtime recommends for `model_type` on this machine:
+    /// the architecture's defaults, the cuda backend when it can run (the
+    /// reference engine otherwise), and HCS exactly when the backend has it.
+    pub fn default_options(&self, model_type: &str) -> Option<LaunchOptions> {
+        let arch = self.architecture(model_type)?;
+        let cuda = self.backend("cuda").is_some_and(|b| b.available);
+        let backend = if cuda {
+            Backend::Cuda
+        } else {
+            Backend::Reference
+        };
+        Some(LaunchOptions {
+            backend,
+            expert_precision: arch.defaults.expert_precision.clone(),
+            attention_precision: arch.defaults.attention_precision.clone(),
+            kv_format: arch.defaults.kv_format.clone(),
+            pruning: arch.defaults.pruning.clone(),
+            hcs: arch.hcs && backend == Backend::Cuda,
+            ..LaunchOptions::default()
+        })
+    }
+}
+
+fn join<'a>(items: impl Iterator<Item = &'a str>) -> String {
+    let v: Vec<&str> = items.collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+fn one_of(
+    option: &str,
+    value: &str,
+    allowed: &[String],
+    model_type: &str,
+) -> Result<(), OptionError> {
+    if allowed.iter().any(|a| a == value) {
+        Ok(())
+    } else {
+        Err(OptionError::new(
+            option,
+            format!(
+                "'{value}' is not implemented for '{model_type}' in this runtime (choose from: {})",
+                join(allowed.iter().map(|s| s.as_str()))
+            ),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(cuda: bool) -> Capabilities {
+        Capabilities {
+            protocol_version: crate::PROTOCOL_VERSION,
+            runtime_version: "test".into(),
+            backends: vec![
+                BackendCaps {
+                    name: "reference".into(),
+                    available: true,
+                    reason: None,
+                },
+                BackendCaps {
+                    name: "cuda".into(),
+                    available: cuda,
+                    reason: (!cuda).then(|| "no NVIDIA driver".into()),
+                },
+            ],
+            architectures: vec![ArchitectureCaps {
+                model_type: "qwen3_moe".into(),
+                expert_precisions: vec!["int4".into()],
+                attention_precisions: vec!["bf16".into()],
+                kv_formats: vec!["bf16".into()],
+                hcs: true,
+                pruning_modes: vec!["off".into()],
+                multi_gpu_modes: vec!["single".into()],
+                defaults: ArchitectureDefaults {
+                    expert_precision: "int4".into(),
+                    attention_precision: "bf16".into(),
+                    kv_format: "bf16".into(),
+                    pruning: "off".into(),
+                    multi_gpu: "single".into(),
+                },
+            }],
+        }
+    }
+
+    #[test]
+    fn defaults_validate_with_and_without_gpu() {
+        for cuda in [true, false] {
+            let c = caps(cuda);
+            let mut o = c.default_options("qwen3_moe").unwrap();
+            o.model = "m".into();
+            c.check_options(&o, "qwen3_moe").unwrap();
+            assert_eq!(o.hcs, cuda);
+        }
+    }
+
+    #[test]
+    fn unsupported_choices_are_refused_with_the_option_name() {
+        let c = caps(false);
+        let base = LaunchOptions {
+            backend: Backend::Reference,
+            hcs: false,
+            ..Default::default()
+        };
+        let err = c.check_options(
+            &LaunchOptions {
+                backend: Backend::Cuda,
+                ..base.clone()
+            },
+            "qwen3_moe",
+        );
+        assert!(err.unwrap_err().reason.contains("no NVIDIA driver"));
+        let err = c.check_options(
+            &LaunchOptions {
+                kv_format: "fp8".into(),
+                ..base.clone()
+            },
+            "qwen3_moe",
+        );
+        assert_eq!(err.unwrap_err().option, "kv_format");
+        let err = c.check_options(
+            &LaunchOptions {
+                hcs: true,
+                ..base.clone()
+            },
+            "qwen3_moe",
+        );
+        assert_eq!(err.unwrap_err().option, "hcs");
+        let err = c.check_options(&base, "llama");
+        assert!(err.unwrap_err().reason.contains("qwen3_moe"));
     }
 }

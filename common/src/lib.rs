@@ -12,7 +12,7 @@ pub mod events;
 pub mod options;
 pub mod status;
 
-pub use capabilities::{ArchitectureCaps, Capabilities};
+pub use capabilities::{ArchitectureCaps, ArchitectureDefaults, BackendCaps, Capabilities};
 pub use events::ProgressEvent;
 pub use options::{Backend, LaunchOptions, OptionError};
 pub use status::{EngineStats, Health, Phase};

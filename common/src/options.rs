@@ -181,26 +181,26 @@ impl LaunchOptions {
                 ),
             ));
         }
-        if let Some(k) = &self.api_key {
-            if k.trim().is_empty() {
-                return Err(OptionError::new("api_key", "API key is empty"));
-            }
+        if let Some(k) = &self.api_key
+            && k.trim().is_empty()
+        {
+            return Err(OptionError::new("api_key", "API key is empty"));
         }
-        if let Some(c) = self.context_length {
-            if c < 16 {
-                return Err(OptionError::new(
-                    "context_length",
-                    format!("{c} is too small (minimum 16)"),
-                ));
-            }
+        if let Some(c) = self.context_length
+            && c < 16
+        {
+            return Err(OptionError::new(
+                "context_length",
+                format!("{c} is too small (minimum 16)"),
+            ));
         }
-        if let Some(v) = self.vram_limit_bytes {
-            if v < 256 << 20 {
-                return Err(OptionError::new(
-                    "vram_limit",
-                    format!("{v} bytes is below the 256 MiB minimum"),
-                ));
-            }
+        if let Some(v) = self.vram_limit_bytes
+            && v < 256 << 20
+        {
+            return Err(OptionError::new(
+                "vram_limit",
+                format!("{v} bytes is below the 256 MiB minimum"),
+            ));
         }
         if self.queue_depth == 0 {
             return Err(OptionError::new("queue_depth", "must be at least 1"));

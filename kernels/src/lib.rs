@@ -1,1 +1,164 @@
-//! placeholder
+//! CUDA kernels for the Krasis GPU engine.
+//!
+//! The CUDA C sources in `kernels/cuda/` are compiled at run time with NVRTC
+//! for the GPU actually present (compute capability >= 8.0) and cached on
+//! disk ([`CacheDir`]). [`Kernels`] loads every module once per device and
+//! exposes typed launch wrappers (in `ops/`) that validate all dimensions on
+//! the host and return [`KernelError::Shape`] instead of launching out of
+//! bounds.
+//!
+//! Conventions shared by all wrappers:
+//! - Activations are bf16 ([`half::bf16`]); the residual stream and all
+//!   accumulators are f32. Every kernel accumulates in f32.
+//! - Buffers are passed as anything implementing cudarc's
+//!   `DevicePtr`/`DevicePtrMut` (`CudaSlice`, `CudaView`, `CudaViewMut`);
+//!   lengths are checked to be at least what the dims require.
+//! - Nothing uses floating-point atomics: every reduction has a fixed order,
+//!   so results are bit-identical run to run and process to process.
+//! - [`reference`] holds plain CPU implementations with the same semantics,
+//!   used by the tests as the oracle.
+
+mod compile;
+mod error;
+mod launch;
+pub mod ops;
+pub mod reference;
+pub mod sources;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, sys::CUdevice_attribute};
+
+pub use compile::{CacheDir, Compiled, compile_module, nvrtc_version};
+pub use error::{KernelError, Result};
+pub use launch::Elem;
+pub use ops::attention::{DECODE_MAX_SPLITS, decode_workspace_len};
+pub use ops::int4::{
+    INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, Int4Layout,
+};
+pub use ops::moe::{ROUTER_MAX_EXPERTS, ROUTER_MAX_TOPK};
+pub use ops::rope::{KvGeom, QkvGeom, StartPos};
+pub use ops::sampling::{SAMPLE_PREP_BLOCKS, SamplingParams, sample_workspace_len};
+
+/// All kernels, loaded into one CUDA context. Cheap to share (`Arc`), and
+/// launches may be issued from any stream of that context.
+pub struct Kernels {
+    ctx: Arc<CudaContext>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    compute_capability: (i32, i32),
+    sm_count: u32,
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels")
+            .field("compute_capability", &self.compute_capability)
+            .field("sm_count", &self.sm_count)
+            .field("kernels", &self.funcs.len())
+            .finish()
+    }
+}
+
+impl Kernels {
+    /// Compile (or fetch from `cache`) and load every module for `ctx`'s
+    /// device. Refuses devices older than compute capability 8.0.
+    pub fn new(ctx: &Arc<CudaContext>, cache: &CacheDir) -> Result<Self> {
+        let cc = ctx
+            .compute_capability()
+            .map_err(KernelError::driver("querying compute capability"))?;
+        if cc.0 < 8 {
+            return Err(KernelError::UnsupportedDevice {
+                major: cc.0,
+                minor: cc.1,
+            });
+        }
+        let sm_count = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(KernelError::driver("querying SM count"))?
+            .max(1) as u32;
+        let cache_dir = cache.resolve();
+        // Modules compile independently; NVRTC is thread-safe per program,
+        // so a cold start costs the slowest module, not the sum.
+        let images: Vec<Result<Vec<u8>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = sources::MODULES
+                .iter()
+                .map(|module| {
+                    let dir = cache_dir.as_deref();
+                    scope.spawn(move || compile::module_image(module, cc, dir))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(KernelError::Nvrtc {
+                            module: "-",
+                            message: "kernel compile thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        let mut funcs = HashMap::new();
+        for (module, image) in sources::MODULES.iter().zip(images) {
+            let loaded = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(image?))
+                .map_err(KernelError::driver(format!(
+                    "loading module `{}`",
+                    module.name
+                )))?;
+            for &name in module.kernels {
+                let f = loaded
+                    .load_function(name)
+                    .map_err(|_| KernelError::MissingKernel {
+                        name: name.to_string(),
+                    })?;
+                funcs.insert(name, f);
+            }
+        }
+        Ok(Kernels {
+            ctx: ctx.clone(),
+            funcs,
+            compute_capability: cc,
+            sm_count,
+        })
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    pub(crate) fn func(&self, name: &'static str) -> Result<&CudaFunction> {
+        self.funcs
+            .get(name)
+            .ok_or_else(|| KernelError::MissingKernel {
+                name: name.to_string(),
+            })
+    }
+}
+
+/// Open CUDA device `ordinal` if a driver and a device exist. `Ok(None)`
+/// means "no CUDA here" (no driver library, no device, or driver init
+/// failure), which CPU-only machines report instead of panicking.
+pub fn try_open_device(ordinal: usize) -> Option<Arc<CudaContext>> {
+    // SAFETY: only probes whether the shared library can be loaded.
+    let driver = unsafe { cudarc::driver::sys::is_culib_present() };
+    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    if !driver || !nvrtc {
+        return None;
+    }
+    let count = cudarc::driver::CudaContext::device_count().ok()?;
+    if (count as usize) <= ordinal {
+        return None;
+    }
+    CudaContext::new(ordinal).ok()
+}

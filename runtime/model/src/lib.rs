@@ -4,10 +4,17 @@
 //! engine is checked against).
 
 pub mod arch;
+pub mod chat_template;
 pub mod checkpoint;
 pub mod engine;
 pub mod error;
 pub mod experts;
+pub mod layers;
+pub mod reference;
+pub mod sampling;
+pub mod synth;
+pub mod testutil;
+pub mod tokenizer;
 
 pub use arch::{Geometry, MlpKind, ModelConfig};
 pub use checkpoint::{Checkpoint, DType, TensorView};

@@ -1,8 +1,105 @@
-//! `krasis-runtime bench` (being written).
+//! `krasis-runtime bench`: internal prefill and decode speed of the CUDA
+//! engine on real text, with min free VRAM, identity and the physical bound
+//! beside each figure; `bench --check` runs the correctness checks instead
+//! (witness fixtures, CPU reference over the same INT4 cache, determinism
+//! across fresh processes).
 
-#[derive(clap::Args)]
-pub struct Args {}
+mod check;
+mod speed;
 
-pub fn run(_a: Args) -> anyhow::Result<()> {
-    anyhow::bail!("'bench' is not implemented in this build")
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Hugging Face model directory (its INT4 expert cache is opened or built).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// INT4 expert cache root (default: the platform cache directory).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// KV-cache positions (default: longest prompt + longest decode + 16).
+    #[arg(long, value_name = "TOKENS")]
+    pub context_length: Option<usize>,
+    /// Prompt tokens per prefill chunk.
+    #[arg(long, default_value_t = 8192)]
+    pub prefill_chunk: usize,
+    /// Prompt lengths to measure prefill at (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1000,8000,32000")]
+    pub prompt_tokens: Vec<usize>,
+    /// Decode lengths to measure (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "50,100,250")]
+    pub decode_tokens: Vec<usize>,
+    /// Prompt length for the decode measurements ("short context").
+    #[arg(long, default_value_t = 32)]
+    pub decode_prompt_tokens: usize,
+    /// Timed repetitions of each measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Real text the prompts are tokenized from.
+    #[arg(long, value_name = "FILE", default_value = "assets/text/kjv-genesis-exodus.txt")]
+    pub text: PathBuf,
+    /// Write the results as JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Append the one-line markdown summary to this file.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+    /// Commit the binary was built from (recorded in the identity).
+    #[arg(long)]
+    pub commit: Option<String>,
+    /// Run the correctness checks instead of measuring speed.
+    #[arg(long)]
+    pub check: bool,
+    /// Witness fixture directory (`tests/fixtures/witness/<case>/int4`) of
+    /// the checkpoint in --model, for --check. Repeatable.
+    #[arg(long, value_name = "DIR")]
+    pub witness: Vec<PathBuf>,
+    /// Length of the long sequence compared with the CPU reference (--check).
+    #[arg(long, default_value_t = 4096)]
+    pub long_tokens: usize,
+    /// Skip the CPU reference comparison (--check on models too large for it).
+    #[arg(long)]
+    pub no_reference: bool,
+    /// Fresh processes that must generate identical greedy text (--check).
+    #[arg(long, default_value_t = 5)]
+    pub determinism_runs: usize,
+    /// Greedy tokens each determinism process generates.
+    #[arg(long, default_value_t = 256)]
+    pub determinism_tokens: usize,
+    /// Internal: generate once and print the tokens (used by --check).
+    #[arg(long, hide = true)]
+    pub determinism_child: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.determinism_child {
+        check::determinism_child(&a)
+    } else if a.check {
+        check::run(&a)
+    } else {
+        speed::run(&a)
+    }
+}
+
+/// `n` tokens of `text`'s tokenization, repeated if the text is shorter
+/// (returns whether it had to repeat).
+pub(crate) fn text_tokens(
+    model: &std::path::Path,
+    text: &std::path::Path,
+    n: usize,
+) -> anyhow::Result<(Vec<u32>, bool)> {
+    use anyhow::Context;
+    let tok = krasis_model::tokenizer::Tokenizer::from_dir(model)
+        .with_context(|| format!("loading the tokenizer of {} for the bench prompts", model.display()))?;
+    let body = std::fs::read_to_string(text).with_context(|| {
+        format!(
+            "reading prompt text {} (run from the repository root or pass --text)",
+            text.display()
+        )
+    })?;
+    let base = tok.encode(&body).context("tokenizing the prompt text")?;
+    anyhow::ensure!(!base.is_empty(), "{} tokenizes to nothing", text.display());
+    let repeated = base.len() < n;
+    let out: Vec<u32> = base.iter().copied().cycle().take(n).collect();
+    Ok((out, repeated))
 }

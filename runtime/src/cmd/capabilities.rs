@@ -1,8 +1,133 @@
-//! `krasis-runtime capabilities` (being written).
+//! `krasis-runtime capabilities [--json]`: what this build implements, and
+//! which backends can run on this machine right now. The launcher offers only
+//! what is listed here, so the report must be exactly what the code does.
+
+use krasis_common::{
+    ArchitectureCaps, ArchitectureDefaults, BackendCaps, Capabilities, PROTOCOL_VERSION,
+};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Print the report as one JSON object (for the launcher and scripts).
+    #[arg(long)]
+    pub json: bool,
+}
 
-pub fn run(_a: Args) -> anyhow::Result<()> {
-    anyhow::bail!("'capabilities' is not implemented in this build")
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let caps = report();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&caps)?);
+    } else {
+        print!("{}", human(&caps));
+    }
+    Ok(())
+}
+
+/// The capability report of this build on this machine.
+pub fn report() -> Capabilities {
+    let cuda = cuda_availability();
+    Capabilities {
+        protocol_version: PROTOCOL_VERSION,
+        runtime_version: env!("CARGO_PKG_VERSION").to_string(),
+        backends: vec![
+            BackendCaps {
+                name: "reference".into(),
+                available: true,
+                reason: None,
+            },
+            BackendCaps {
+                name: "cuda".into(),
+                available: cuda.is_ok(),
+                reason: cuda.err(),
+            },
+        ],
+        architectures: vec![qwen3_moe()],
+    }
+}
+
+fn qwen3_moe() -> ArchitectureCaps {
+    let v = |s: &str| vec![s.to_string()];
+    ArchitectureCaps {
+        model_type: "qwen3_moe".into(),
+        expert_precisions: v("int4"),
+        attention_precisions: v("bf16"),
+        kv_formats: v("bf16"),
+        // HCS is a cuda-backend feature; `Capabilities::check_options` refuses
+        // it with the reference backend.
+        hcs: true,
+        pruning_modes: v("off"),
+        multi_gpu_modes: v("single"),
+        defaults: ArchitectureDefaults {
+            expert_precision: "int4".into(),
+            attention_precision: "bf16".into(),
+            kv_format: "bf16".into(),
+            pruning: "off".into(),
+            multi_gpu: "single".into(),
+        },
+    }
+}
+
+/// Loads the CUDA driver library dynamically (cudarc) and counts devices, so a
+/// machine without a driver or GPU gets a reason instead of a crash.
+fn cuda_availability() -> Result<(), String> {
+    // SAFETY: only tries to dlopen the driver library; no CUDA call is made
+    // unless it loaded.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("the NVIDIA CUDA driver library (libcuda) was not found; install the NVIDIA driver to use the GPU".into());
+    }
+    cudarc::driver::result::init()
+        .map_err(|e| format!("the CUDA driver failed to initialise: {e}"))?;
+    let n = cudarc::driver::result::device::get_count()
+        .map_err(|e| format!("could not count CUDA devices: {e}"))?;
+    if n == 0 {
+        return Err("the CUDA driver reports no GPU".into());
+    }
+    Ok(())
+}
+
+fn human(c: &Capabilities) -> String {
+    let mut s = format!(
+        "krasis-runtime {} (protocol {})\nbackends:\n",
+        c.runtime_version, c.protocol_version
+    );
+    for b in &c.backends {
+        match &b.reason {
+            None => s += &format!("  {:<10} available\n", b.name),
+            Some(r) => s += &format!("  {:<10} unavailable: {r}\n", b.name),
+        }
+    }
+    s += "architectures:\n";
+    for a in &c.architectures {
+        s += &format!(
+            "  {}\n    experts: {}\n    attention: {}\n    kv: {}\n    hcs: {}\n    pruning: {}\n    multi-gpu: {}\n",
+            a.model_type,
+            a.expert_precisions.join(", "),
+            a.attention_precisions.join(", "),
+            a.kv_formats.join(", "),
+            if a.hcs { "yes (cuda backend)" } else { "no" },
+            a.pruning_modes.join(", "),
+            a.multi_gpu_modes.join(", "),
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_defaults_are_offered_and_validate() {
+        let c = report();
+        assert!(c.backend("reference").unwrap().available);
+        let cuda = c.backend("cuda").unwrap();
+        assert_eq!(cuda.available, cuda.reason.is_none());
+        let mut o = c.default_options("qwen3_moe").unwrap();
+        o.model = "m".into();
+        c.check_options(&o, "qwen3_moe").unwrap();
+        let json = serde_json::to_string(&c).unwrap();
+        let back: Capabilities = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, c);
+        assert!(human(&c).contains("qwen3_moe"));
+    }
 }

@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod cache;
 pub mod capabilities;
+pub mod engines;
 pub mod generate;
 pub mod serve;
 pub mod synth;

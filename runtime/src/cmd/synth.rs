@@ -1,8 +1,101 @@
-//! `krasis-runtime synth` (being written).
+//! `krasis-runtime synth`: write a deterministic synthetic Hugging Face
+//! checkpoint (see `krasis_model::synth`).
+
+use anyhow::Context;
+use krasis_model::synth::{
+    self, ChatTemplateKind, SynthDtype, SynthOptions, SynthSpec, TokenizerSource,
+};
+use std::path::PathBuf;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Model geometry: tiny, tiny-dense, a3b, a3b-24l or qcn.
+    #[arg(long)]
+    pub preset: String,
+    /// Output directory (must not exist, or be empty).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Seed of every tensor's values.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stored element type.
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32"])]
+    pub dtype: String,
+    /// Zipf exponent of expert popularity (0 = no skew); the formula is
+    /// recorded in krasis_synth.json.
+    #[arg(long, default_value_t = 0.0)]
+    pub router_skew: f32,
+    /// Maximum tensor bytes per shard file (e.g. 4GB, 500MB, 2GiB).
+    #[arg(long, default_value = "4GB")]
+    pub shard_size: String,
+    /// Path of qwen.tiktoken (default: found like the tokenizer does; see tools/vocab.sh).
+    #[arg(long)]
+    pub vocab: Option<PathBuf>,
+    /// Chat template written into tokenizer_config.json.
+    #[arg(long, default_value = "qwen3", value_parser = ["qwen3", "qwen3-coder"])]
+    pub chat_template: String,
+    /// Override a config.json field, e.g. --set num_hidden_layers=4 (value is JSON). Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Write everything except the routed expert tensors; build the INT4
+    /// cache from the generator instead (recorded in krasis_synth.json).
+    #[arg(long)]
+    pub experts_in_cache_only: bool,
+    /// Write no tokenizer.json / tokenizer_config.json (weights and configs only).
+    #[arg(long)]
+    pub no_tokenizer: bool,
+}
 
-pub fn run(_a: Args) -> anyhow::Result<()> {
-    anyhow::bail!("'synth' is not implemented in this build")
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let dtype = SynthDtype::parse(&a.dtype)
+        .with_context(|| format!("--dtype {}: expected bf16 or f32", a.dtype))?;
+    let chat_template = ChatTemplateKind::parse(&a.chat_template).with_context(|| {
+        format!(
+            "--chat-template {}: expected qwen3 or qwen3-coder",
+            a.chat_template
+        )
+    })?;
+    let shard_bytes = synth::parse_size(&a.shard_size).with_context(|| {
+        format!(
+            "--shard-size {}: expected a positive size such as 4GB, 500MB or 2GiB",
+            a.shard_size
+        )
+    })?;
+    let overrides = a
+        .set
+        .iter()
+        .map(|s| synth::parse_override(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = SynthSpec::new(&a.preset, a.seed, dtype, a.router_skew, &overrides)?;
+    let g = spec.geometry();
+    let mut opts = SynthOptions::new(spec);
+    opts.shard_bytes = shard_bytes;
+    opts.chat_template = chat_template;
+    opts.skip_routed_experts = a.experts_in_cache_only;
+    opts.progress = true;
+    opts.tokenizer = if a.no_tokenizer {
+        TokenizerSource::None
+    } else {
+        TokenizerSource::Qwen { vocab: a.vocab }
+    };
+    eprintln!(
+        "synthesizing '{}' ({:.3}B parameters, {} layers, {} experts top-{}) into {}",
+        a.preset,
+        g.total_params() as f64 / 1e9,
+        g.num_layers,
+        g.num_experts,
+        g.top_k,
+        a.out.display()
+    );
+    let s = synth::synthesize(&opts, &a.out)?;
+    println!(
+        "wrote {}: {} tensors in {} shard(s), {:.3} GB in {:.1} s ({:.2} GB/s)",
+        s.dir.display(),
+        s.tensors,
+        s.shard_files.len(),
+        s.tensor_bytes as f64 / 1e9,
+        s.seconds,
+        s.bytes_per_second() / 1e9
+    );
+    Ok(())
 }

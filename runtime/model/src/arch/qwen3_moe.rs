@@ -197,6 +197,8 @@ impl Qwen3MoeConfig {
                 v.push((t.q_bias(), vec![q]));
                 v.push((t.k_bias(), vec![kv]));
                 v.push((t.v_bias(), vec![kv]));
+                // transformers gives o_proj a bias too when attention_bias is set.
+                v.push((t.o_bias(), vec![h]));
             }
             v.push((t.q_norm(), vec![hd]));
             v.push((t.k_norm(), vec![hd]));
@@ -268,6 +270,9 @@ impl TensorNames {
     }
     pub fn v_bias(&self) -> String {
         self.n("self_attn.v_proj.bias")
+    }
+    pub fn o_bias(&self) -> String {
+        self.n("self_attn.o_proj.bias")
     }
     pub fn q_norm(&self) -> String {
         self.n("self_attn.q_norm.weight")

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs the CUDA engine's GPU tests, correctness checks and benchmarks on a
+# bare GPU machine, from the repository root, with binaries built elsewhere
+# and copied into dist/gpu/ (krasis-runtime and the gpu_engine test binary).
+# Usage: benchmarks/run_device.sh OUT_DIR COMMIT PHASE...
+#   PHASE: tests | check-tiny | check-tiny-dense | bench-a3b-24l | check-a3b-24l | bench-a3b
+# Every phase runs even when an earlier one fails; logs go to OUT_DIR.
+set -u
+out="$1"; commit="$2"; shift 2
+kr="$PWD/dist/gpu/krasis-runtime"
+vocab="$PWD/.cache/vocab/qwen.tiktoken"
+kc=/tmp/krasis-cache
+export KRASIS_LOG=${KRASIS_LOG:-info}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
+
+synth() { # preset dir extra...
+  local p="$1" d="$2"; shift 2
+  [ -d "$d" ] && return 0
+  local t0=$SECONDS
+  "$kr" synth --preset "$p" --out "$d" --vocab "$vocab" "$@" || return 1
+  echo "synth $p: $((SECONDS - t0)) s"; t0=$SECONDS
+  "$kr" build-cache --model "$d" --cache-dir "$kc" || return 1
+  echo "build-cache $p: $((SECONDS - t0)) s"
+}
+
+for phase in "$@"; do
+  echo "=== $phase $(date +%T)"
+  case "$phase" in
+    tests)
+      for t in dist/gpu/gpu_engine-*; do "$t" --test-threads 1 2>&1; done | tee "$out/tests.log" ;;
+    check-tiny)
+      synth tiny /tmp/tiny64 --set head_dim=64 2>&1 | tail -3
+      "$kr" bench --check --model /tmp/tiny64 --cache-dir "$kc" --prefill-chunk 1000 \
+        --json "$out/check-tiny.json" 2>&1 | grep -v "^\s*$" | tee "$out/check-tiny.log" ;;
+    check-tiny-dense)
+      synth tiny-dense /tmp/tiny-dense64 --set head_dim=64 2>&1 | tail -3
+      "$kr" bench --check --model /tmp/tiny-dense64 --cache-dir "$kc" --prefill-chunk 700 \
+        --long-tokens 2000 --determinism-runs 0 2>&1 | grep -v "^\s*$" | tee "$out/check-tiny-dense.log" ;;
+    check-a3b-24l)
+      "$kr" bench --check --model /tmp/a3b-24l --cache-dir "$kc" --no-reference \
+        --long-tokens 2048 --determinism-runs 2 --determinism-tokens 64 2>&1 | tee "$out/check-a3b-24l.log" ;;
+    bench-a3b-24l|bench-a3b)
+      p="${phase#bench-}"
+      synth "$p" "/tmp/$p" --experts-in-cache-only 2>&1 | tail -3
+      "$kr" bench --model "/tmp/$p" --cache-dir "$kc" --commit "$commit" ${BENCH_ARGS:-} \
+        --json "$out/bench-$p.json" --markdown "$out/bench.md" 2>&1 | tee "$out/bench-$p.log" ;;
+    *) echo "unknown phase $phase" ;;
+  esac
+done
+echo "=== done $(date +%T)"

@@ -1,0 +1,177 @@
+// Decode attention (one new token) with split-K flash-decoding.
+//
+// attn_decode_split: block (split s, kv head) handles keys
+// [s*chunk, min((s+1)*chunk, pos+1)) for every q head of the GQA group, so
+// each K/V row is read once per group. Keys go in tiles of up to 64 (16 KB
+// of K and of V): (0) all threads stage the tile's K and V rows into shared
+// memory with 16-byte loads, all in flight at once (a latency-bound loop
+// over keys was 20x slower); (1) each lane scores one key for half of the
+// group's heads (q in shared memory as f32, read as broadcasts; K chunks
+// XOR-swizzled so the row-parallel reads are conflict-free); (2) one warp
+// per head updates the running max/sum (log2 domain) and turns the scores
+// into probabilities; (3) each thread owns head_dim/128 output dims and
+// accumulates P V for all heads from shared memory. Partial (unnormalized) outputs,
+// maxima and sums go to the workspace: o_part [64][nq][d], then m [64][nq],
+// then l [64][nq]. Splits that start past the sequence write m = -inf,
+// l = 0. The position may come from device memory, so the launch shape
+// depends only on the capacity (graph-capturable).
+// attn_decode_combine: one block per q head merges the active splits in
+// ascending order (fixed order, no atomics) and writes bf16.
+// Precision: f32 everywhere; one rounding to bf16 at the end.
+
+#define DEC_MAX_SPLITS 64
+#define DEC_TILE_ELEMS 8192  // bf16 elements of one staged K (or V) tile: 16 KB
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_decode_split(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
+                      float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 nkv, u32 d,
+                      u32 cap, u32 chunk, float sl2) {
+    __shared__ __align__(16) float qs[2048];
+    __shared__ __align__(16) uint4 ks[DEC_TILE_ELEMS / 8];
+    __shared__ __align__(16) uint4 vs[DEC_TILE_ELEMS / 8];
+    __shared__ float sc[16][64];
+    __shared__ float m_s[16], l_s[16], a_s[16];
+    const u32 s = blockIdx.x, kvh = blockIdx.y;
+    const u32 G = nq / nkv;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base;
+    const u32 n_keys = min(pos + 1, cap);
+    const u32 k0 = s * chunk;
+    const u32 k1 = min(k0 + chunk, n_keys);
+    float* o_part = ws;
+    float* m_part = ws + (u64)DEC_MAX_SPLITS * nq * d;
+    float* l_part = m_part + DEC_MAX_SPLITS * nq;
+    const u32 h0 = kvh * G;
+    if (k0 >= k1) {
+        if (threadIdx.x < G) {
+            m_part[s * nq + h0 + threadIdx.x] = NEG_INF_F;
+            l_part[s * nq + h0 + threadIdx.x] = 0.0f;
+        }
+        return;
+    }
+    for (u32 i = threadIdx.x; i < G * d; i += blockDim.x) qs[i] = bf2f(qkv[(u64)h0 * d + i]);
+    if (threadIdx.x < 16) {
+        m_s[threadIdx.x] = NEG_INF_F;
+        l_s[threadIdx.x] = 0.0f;
+    }
+    const bf16_t* kbase = kc + (u64)kvh * cap * d;
+    const bf16_t* vbase = vc + (u64)kvh * cap * d;
+    const u32 cpr = d / 8;                       // 16-byte chunks per row
+    const u32 TK = min(64u, DEC_TILE_ELEMS / d);  // keys per staged tile
+    const u32 od = (d + 127) / 128;               // output dims per thread
+    const u32 kl = (warp & 1) * 32 + lane;        // this lane's key in the tile
+    const u32 gstart = warp >> 1;                 // heads gstart, gstart+2, ...
+    float acc[16][2];
+#pragma unroll
+    for (int g = 0; g < 16; ++g) acc[g][0] = acc[g][1] = 0.0f;
+
+    for (u32 kb = k0; kb < k1; kb += TK) {
+        const u32 nk = min(TK, k1 - kb);
+        __syncthreads();  // previous tile fully consumed (and qs/m_s ready)
+        // Stage K and V rows with all loads in flight; chunk c of row r is
+        // stored at c ^ (r & 7) so row-parallel 16-byte reads are conflict-free.
+        for (u32 c = threadIdx.x; c < nk * cpr; c += blockDim.x) {
+            const u32 r = c / cpr, ch = c - r * cpr;
+            const u32 dst = r * cpr + (ch ^ (r & 7));
+            ks[dst] = *(const uint4*)(kbase + (u64)(kb + r) * d + ch * 8);
+            vs[dst] = *(const uint4*)(vbase + (u64)(kb + r) * d + ch * 8);
+        }
+        __syncthreads();
+        // Scores: one key per lane, warps split keys (halves) and heads (parity).
+        float dots[8];
+#pragma unroll
+        for (int gi = 0; gi < 8; ++gi) dots[gi] = 0.0f;
+        if (kl < nk) {
+            for (u32 ch = 0; ch < cpr; ++ch) {
+                const uint4 kv = ks[kl * cpr + (ch ^ (kl & 7))];
+                const float kf[8] = {bf_lo(kv.x), bf_hi(kv.x), bf_lo(kv.y), bf_hi(kv.y),
+                                     bf_lo(kv.z), bf_hi(kv.z), bf_lo(kv.w), bf_hi(kv.w)};
+#pragma unroll
+                for (int gi = 0; gi < 8; ++gi) {
+                    const u32 g = gstart + 2 * gi;
+                    if (g < G) {
+                        const float4 a = *(const float4*)&qs[g * d + ch * 8];
+                        const float4 b = *(const float4*)&qs[g * d + ch * 8 + 4];
+                        dots[gi] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] +
+                                    b.y * kf[5] + b.z * kf[6] + b.w * kf[7];
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int gi = 0; gi < 8; ++gi) {
+            const u32 g = gstart + 2 * gi;
+            if (g < G) sc[g][kl] = kl < nk ? dots[gi] * sl2 : NEG_INF_F;
+        }
+        __syncthreads();
+        for (u32 g = warp; g < G; g += 4) {
+            float a = sc[g][lane], b = sc[g][lane + 32];
+            float mx = warp_max(fmaxf(a, b));
+            float mo = m_s[g];
+            float mn = fmaxf(mo, mx);
+            float pa = exp2f(a - mn), pb = exp2f(b - mn);
+            sc[g][lane] = pa;
+            sc[g][lane + 32] = pb;
+            float sum = warp_sum(pa + pb);
+            __syncwarp();
+            if (lane == 0) {
+                float al = exp2f(mo - mn);
+                a_s[g] = al;
+                l_s[g] = l_s[g] * al + sum;
+                m_s[g] = mn;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const u32 i = threadIdx.x + 128 * e;
+            if ((u32)e < od && i < d) {
+#pragma unroll
+                for (int g = 0; g < 16; ++g)
+                    if ((u32)g < G) acc[g][e] *= a_s[g];
+                for (u32 k2 = 0; k2 < nk; ++k2) {
+                    const bf16_t* vrow = (const bf16_t*)&vs[k2 * cpr + ((i >> 3) ^ (k2 & 7))];
+                    const float v = bf2f(vrow[i & 7]);
+#pragma unroll
+                    for (int g = 0; g < 16; ++g)
+                        if ((u32)g < G) acc[g][e] += sc[g][k2] * v;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        u32 i = threadIdx.x + 128 * e;
+        if ((u32)e < od && i < d) {
+#pragma unroll
+            for (int g = 0; g < 16; ++g)
+                if ((u32)g < G) o_part[((u64)s * nq + h0 + g) * d + i] = acc[g][e];
+        }
+    }
+    if (threadIdx.x < G) {
+        m_part[s * nq + h0 + threadIdx.x] = m_s[threadIdx.x];
+        l_part[s * nq + h0 + threadIdx.x] = l_s[threadIdx.x];
+    }
+}
+
+extern "C" __global__ void attn_decode_combine(const float* __restrict__ ws, bf16_t* __restrict__ out,
+                                               const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 d,
+                                               u32 n_splits, u32 chunk) {
+    const u32 h = blockIdx.x, i = threadIdx.x;
+    if (h >= nq || i >= d) return;
+    const u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base;
+    const float* o_part = ws;
+    const float* m_part = ws + (u64)DEC_MAX_SPLITS * nq * d;
+    const float* l_part = m_part + DEC_MAX_SPLITS * nq;
+    float M = NEG_INF_F;
+    for (u32 s = 0; s < n_splits && s * chunk <= pos; ++s) M = fmaxf(M, m_part[s * nq + h]);
+    float L = 0.0f, O = 0.0f;
+    for (u32 s = 0; s < n_splits && s * chunk <= pos; ++s) {
+        float ms = m_part[s * nq + h];
+        if (ms == NEG_INF_F) continue;
+        float f = exp2f(ms - M);
+        L += l_part[s * nq + h] * f;
+        O += o_part[((u64)s * nq + h) * d + i] * f;
+    }
+    out[(u64)h * d + i] = f2bf(O / L);
+}

@@ -1,0 +1,255 @@
+// Causal GQA attention for prefill (flash attention 2 style).
+//
+// attn_prefill_mma_d128 (head_dim 128, the Qwen3 case): tensor cores via
+// mma.sync.m16n8k16 bf16 -> f32. A block of 4 warps owns 64 query rows of
+// one q head (16 rows per warp, Q kept in registers as A fragments for the
+// whole kernel) and walks 64-key tiles of its kv head up to the diagonal.
+// K and V tiles are staged in shared memory with cp.async (K and V in
+// separate commit groups so S = Q K^T starts while V is still in flight),
+// XOR-swizzled by 16-byte chunk (chunk c of row r at c ^ (r & 7)) so both
+// the 32-bit K fragment loads and the ldmatrix.trans V loads are free of
+// bank conflicts. Softmax is online in f32 in the log2 domain; P is
+// rounded to bf16 for the P V product (as in flash attention); the row
+// sums use the f32 P. Query tiles are issued last-first so the longest
+// blocks start early. Rows past n_tokens are computed with the last valid
+// position (so they never read unwritten cache) and not stored.
+//
+// attn_prefill_simt: any head_dim in {64,128,192,256}; one warp per query
+// row; each lane scores one key of a 32-key group, then the group's P V is
+// accumulated with the probabilities broadcast by shuffle. f32 throughout.
+// Used for other head dims and as an independent implementation in tests.
+//
+// KV cache layout: [n_kv_heads][capacity][head_dim] bf16 per layer.
+
+#define PF_BM 64
+#define PF_BN 64
+#define PF_D 128
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+__device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_prefill_mma_d128(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                          const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
+                          u32 nkv, u32 cap, float sl2) {
+    __shared__ __align__(128) uint4 Ks[PF_BN * 16];
+    __shared__ __align__(128) uint4 Vs[PF_BN * 16];
+    const u32 mt = gridDim.x - 1 - blockIdx.x;
+    const u32 h = blockIdx.y;
+    const u32 kvh = h / (nq / nkv);
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 g = lane >> 2, tq = lane & 3;
+    const u32 stride = (nq + 2 * nkv) * PF_D;
+    const u32 m0 = mt * PF_BM;
+    const u32 r0 = m0 + warp * 16 + g, r1 = r0 + 8;
+
+    u32 qa[8][4];
+    const bf16_t* qbase = qkv + (u64)h * PF_D;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        u32 col = kk * 16 + 2 * tq;
+        qa[kk][0] = r0 < n_tokens ? *(const u32*)(qbase + (u64)r0 * stride + col) : 0u;
+        qa[kk][1] = r1 < n_tokens ? *(const u32*)(qbase + (u64)r1 * stride + col) : 0u;
+        qa[kk][2] = r0 < n_tokens ? *(const u32*)(qbase + (u64)r0 * stride + col + 8) : 0u;
+        qa[kk][3] = r1 < n_tokens ? *(const u32*)(qbase + (u64)r1 * stride + col + 8) : 0u;
+    }
+    const u32 last = start + n_tokens - 1;
+    const u32 p0 = min(start + r0, last), p1 = min(start + r1, last);
+    const u32 kend = min(start + m0 + PF_BM - 1, last) + 1;
+    const u32 ntiles = (kend + PF_BN - 1) / PF_BN;
+    const bf16_t* kbase = kc + (u64)kvh * cap * PF_D;
+    const bf16_t* vbase = vc + (u64)kvh * cap * PF_D;
+
+    float o[16][4];
+#pragma unroll
+    for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float mrow0 = NEG_INF_F, mrow1 = NEG_INF_F, l0 = 0.0f, l1 = 0.0f;
+
+    for (u32 nt = 0; nt < ntiles; ++nt) {
+        const u32 n0 = nt * PF_BN;
+        __syncthreads();
+        for (u32 i = threadIdx.x; i < PF_BN * 16; i += 128) {
+            u32 r = i >> 4, c = i & 15, key = n0 + r;
+            u32 dst = r * 16 + (c ^ (r & 7));
+            if (key < kend) cp_async16(&Ks[dst], kbase + (u64)key * PF_D + c * 8);
+            else Ks[dst] = make_uint4(0, 0, 0, 0);
+        }
+        cp_async_commit();
+        for (u32 i = threadIdx.x; i < PF_BN * 16; i += 128) {
+            u32 r = i >> 4, c = i & 15, key = n0 + r;
+            u32 dst = r * 16 + (c ^ (r & 7));
+            if (key < kend) cp_async16(&Vs[dst], vbase + (u64)key * PF_D + c * 8);
+            else Vs[dst] = make_uint4(0, 0, 0, 0);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+
+        float s[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                u32 key = j * 8 + g;
+                const u32* row = (const u32*)&Ks[key * 16];
+                u32 b0 = row[(((2 * kk) ^ (key & 7)) << 2) + tq];
+                u32 b1 = row[(((2 * kk + 1) ^ (key & 7)) << 2) + tq];
+                mma_bf16(s[j], qa[kk], b0, b1);
+            }
+        }
+        // Mask, scale (log2 domain), online softmax.
+        float mx0 = NEG_INF_F, mx1 = NEG_INF_F;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                u32 key = n0 + j * 8 + 2 * tq + (e & 1);
+                u32 pos = e < 2 ? p0 : p1;
+                float v = key <= pos ? s[j][e] * sl2 : NEG_INF_F;
+                s[j][e] = v;
+                if (e < 2) mx0 = fmaxf(mx0, v);
+                else mx1 = fmaxf(mx1, v);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(mrow0, mx0), mn1 = fmaxf(mrow1, mx1);
+        const float al0 = exp2f(mrow0 - mn0), al1 = exp2f(mrow1 - mn1);
+        mrow0 = mn0;
+        mrow1 = mn1;
+        float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[j][0] = exp2f(s[j][0] - mn0);
+            s[j][1] = exp2f(s[j][1] - mn0);
+            s[j][2] = exp2f(s[j][2] - mn1);
+            s[j][3] = exp2f(s[j][3] - mn1);
+            ls0 += s[j][0] + s[j][1];
+            ls1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * al0 + ls0;
+        l1 = l1 * al1 + ls1;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            o[n][0] *= al0;
+            o[n][1] *= al0;
+            o[n][2] *= al1;
+            o[n][3] *= al1;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            u32 pa[4];
+            pa[0] = pack_bf2(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pack_bf2(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            const u32 mi = lane >> 3, rr = lane & 7;
+            const u32 key = kk * 16 + (mi & 1) * 8 + rr;
+#pragma unroll
+            for (int np = 0; np < 8; ++np) {
+                u32 dchunk = np * 2 + (mi >> 1);
+                u32 vb[4];
+                ldmatrix_x4_trans(vb, &Vs[key * 16 + (dchunk ^ (key & 7))]);
+                mma_bf16(o[2 * np], pa, vb[0], vb[1]);
+                mma_bf16(o[2 * np + 1], pa, vb[2], vb[3]);
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    const u32 ostride = nq * PF_D;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+        u32 col = h * PF_D + n * 8 + 2 * tq;
+        if (r0 < n_tokens) *(u32*)(out + (u64)r0 * ostride + col) = pack_bf2(o[n][0] * inv0, o[n][1] * inv0);
+        if (r1 < n_tokens) *(u32*)(out + (u64)r1 * ostride + col) = pack_bf2(o[n][2] * inv1, o[n][3] * inv1);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_prefill_simt(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
+                      bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
+                      u32 d) {
+    __shared__ float qs[4][256];
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 t = blockIdx.x * 4 + warp, h = blockIdx.y;
+    if (t >= n_tokens) return;
+    const u32 kvh = h / (nq / nkv);
+    const u32 pos = start + t;
+    const u32 stride = (nq + 2 * nkv) * d;
+    const bf16_t* q = qkv + (u64)t * stride + (u64)h * d;
+    for (u32 i = lane; i < d; i += 32) qs[warp][i] = bf2f(q[i]);
+    __syncwarp();
+    const bf16_t* kbase = kc + (u64)kvh * cap * d;
+    const bf16_t* vbase = vc + (u64)kvh * cap * d;
+    const u32 nd = d / 32;
+    float o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float m = NEG_INF_F, l = 0.0f;
+    for (u32 kb = 0; kb <= pos; kb += 32) {
+        u32 key = kb + lane;
+        float sc = NEG_INF_F;
+        if (key <= pos) {
+            const uint4* kr = (const uint4*)(kbase + (u64)key * d);
+            float dot = 0.0f;
+            for (u32 c = 0; c < d / 8; ++c) {
+                uint4 v = kr[c];
+                const float* qq = &qs[warp][c * 8];
+                dot += qq[0] * bf_lo(v.x) + qq[1] * bf_hi(v.x) + qq[2] * bf_lo(v.y) + qq[3] * bf_hi(v.y) +
+                       qq[4] * bf_lo(v.z) + qq[5] * bf_hi(v.z) + qq[6] * bf_lo(v.w) + qq[7] * bf_hi(v.w);
+            }
+            sc = dot * sl2;
+        }
+        float mn = fmaxf(m, warp_max(sc));
+        float al = exp2f(m - mn);
+        float p = exp2f(sc - mn);
+        l = l * al + warp_sum(p);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] *= al;
+        u32 nk = min(32u, pos + 1 - kb);
+        for (u32 k2 = 0; k2 < nk; ++k2) {
+            float pk = __shfl_sync(0xffffffffu, p, k2);
+            const bf16_t* vr = vbase + (u64)(kb + k2) * d;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                if ((u32)j < nd) o[j] += pk * bf2f(vr[lane + 32 * j]);
+        }
+        m = mn;
+    }
+    float inv = 1.0f / l;
+    bf16_t* orow = out + (u64)t * nq * d + (u64)h * d;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        if ((u32)j < nd) orow[lane + 32 * j] = f2bf(o[j] * inv);
+}

@@ -1,0 +1,75 @@
+// Shared device helpers, prepended to every kernel module.
+//
+// No CUDA headers are included (NVRTC then needs no include paths): bf16 and
+// f16 are carried as raw 16-bit patterns and converted with PTX `cvt`, which
+// rounds to nearest even exactly like `half::bf16::from_f32` on the host.
+// Reductions use fixed shuffle/tree orders only; there are no atomics on
+// floating-point values anywhere, so every result is bit-reproducible.
+
+typedef unsigned short bf16_t;
+typedef unsigned short f16_t;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef int i32;
+
+#define NAN_F __int_as_float(0x7fc00000)
+#define NEG_INF_F __int_as_float(0xff800000)
+
+__device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
+
+__device__ __forceinline__ bf16_t f2bf(float f) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+__device__ __forceinline__ float h2f(f16_t x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+}
+
+// Pack two floats into bf16x2: `lo` in the low half (lower address).
+__device__ __forceinline__ u32 pack_bf2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float bf_lo(u32 v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum, result broadcast to all threads. `scratch` holds >= 32
+// floats. Fixed order: per-warp xor tree, then warp 0 over warp totals.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = (lane < nw) ? scratch[lane] : 0.0f;
+    t = warp_sum(t);
+    return t;
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// 16-byte global load that bypasses L1 allocation (streamed weights).
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}

@@ -1,0 +1,50 @@
+// Elementwise kernels: embedding gather, residual adds, f32->bf16 cast and
+// SwiGLU.
+//
+// Design: memory-bound one-pass kernels. The embedding gather moves 16 bytes
+// (8 bf16) per load and widens to the f32 residual stream. Grid-stride loops
+// with 4 elements per thread per iteration keep enough loads in flight.
+// Precision: every output is computed in f32 and rounded once.
+
+extern "C" __global__ void embed_gather_bf16(const bf16_t* __restrict__ table, const u32* __restrict__ ids,
+                                             float* __restrict__ out, u32 n_tokens, u32 hidden, u32 vocab) {
+    u32 t = blockIdx.x;
+    if (t >= n_tokens) return;
+    u32 id = ids[t];
+    float* o = out + (u64)t * hidden;
+    if (id >= vocab) {
+        for (u32 c = threadIdx.x; c < hidden; c += blockDim.x) o[c] = NAN_F;
+        return;
+    }
+    const uint4* row = (const uint4*)(table + (u64)id * hidden);
+    for (u32 c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
+        uint4 v = row[c];
+        float4 a = make_float4(bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y));
+        float4 b = make_float4(bf_lo(v.z), bf_hi(v.z), bf_lo(v.w), bf_hi(v.w));
+        ((float4*)o)[2 * c] = a;
+        ((float4*)o)[2 * c + 1] = b;
+    }
+}
+
+extern "C" __global__ void add_bf16_into_f32(float* __restrict__ acc, const bf16_t* __restrict__ x, u32 n) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) acc[i] += bf2f(x[i]);
+}
+
+extern "C" __global__ void add_f32_into_f32(float* __restrict__ acc, const float* __restrict__ x, u32 n) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) acc[i] += x[i];
+}
+
+extern "C" __global__ void cast_f32_to_bf16(const float* __restrict__ x, bf16_t* __restrict__ out, u32 n) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = f2bf(x[i]);
+}
+
+extern "C" __global__ void swiglu_bf16(const bf16_t* __restrict__ gate_up, bf16_t* __restrict__ out, u32 rows,
+                                       u32 inter) {
+    u32 n = rows * inter;
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        u32 r = i / inter, c = i - r * inter;
+        const bf16_t* row = gate_up + (u64)r * 2 * inter;
+        float g = bf2f(row[c]), u = bf2f(row[inter + c]);
+        out[i] = f2bf(silu(g) * u);
+    }
+}

@@ -1,0 +1,27 @@
+// KV-cache append.
+//
+// Cache layout (per layer, one buffer each for K and V):
+// [n_kv_heads][capacity][head_dim] bf16, head-major so that attention reads
+// one head's keys as one contiguous run. Design: one block per (token, kv
+// head) copying the k and v head rows of the fused QKV output with 16-byte
+// loads/stores. A position >= capacity (possible only when the position is
+// read from device memory) is skipped rather than written out of bounds.
+
+extern "C" __global__ void kv_append_bf16(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,
+                                          bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr, u32 pos_base,
+                                          u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 cap) {
+    u32 t = blockIdx.x, h = blockIdx.y;
+    if (t >= n_tokens || h >= nkv) return;
+    u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base + t;
+    if (pos >= cap) return;
+    u32 stride = (nq + 2 * nkv) * d;
+    const uint4* ksrc = (const uint4*)(qkv + (u64)t * stride + (u64)(nq + h) * d);
+    const uint4* vsrc = (const uint4*)(qkv + (u64)t * stride + (u64)(nq + nkv + h) * d);
+    uint4* kdst = (uint4*)(kc + ((u64)h * cap + pos) * d);
+    uint4* vdst = (uint4*)(vc + ((u64)h * cap + pos) * d);
+    u32 chunks = d / 8;
+    for (u32 c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
+        if (c < chunks) kdst[c] = ksrc[c];
+        else vdst[c - chunks] = vsrc[c - chunks];
+    }
+}

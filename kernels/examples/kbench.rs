@@ -1,0 +1,366 @@
+//! Micro-benchmarks of the hot kernels on the first CUDA device, with the
+//! a3b (Qwen3-30B-A3B) shapes. Times are CUDA-event medians after warm-up.
+//! Usage: `kbench` (prints a table; exits with an error without a GPU).
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys::CUevent_flags};
+use half::bf16;
+use krasis_kernels::{
+    CacheDir, Int4Layout, Kernels, KvGeom, QkvGeom, SamplingParams, StartPos, decode_workspace_len,
+    sample_workspace_len,
+};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+fn time_ms(
+    s: &Arc<CudaStream>,
+    reps: usize,
+    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    for i in 0..3 {
+        f(i)?;
+    }
+    s.synchronize()?;
+    let mut samples = Vec::new();
+    for r in 0..5 {
+        let a = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        for i in 0..reps {
+            f(r * reps + i)?;
+        }
+        let b = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        samples.push(a.elapsed_ms(&b)? as f64 / reps as f64);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[2])
+}
+
+/// Pure GPU time per iteration: `reps` iterations captured into one CUDA
+/// graph (no host launch overhead), replayed and timed with events.
+fn time_graph_ms(
+    s: &Arc<CudaStream>,
+    reps: usize,
+    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    f(0)?;
+    s.synchronize()?;
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    for i in 0..reps {
+        f(i)?;
+    }
+    let graph = s
+        .end_capture(CUgraphInstantiate_flags(0))?
+        .context("empty graph")?;
+    graph.launch()?;
+    s.synchronize()?;
+    let mut samples = Vec::new();
+    for _ in 0..5 {
+        let a = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        graph.launch()?;
+        let b = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        samples.push(a.elapsed_ms(&b)? as f64 / reps as f64);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[2])
+}
+
+fn rand_bf16(rng: &mut StdRng, n: usize) -> Vec<bf16> {
+    (0..n)
+        .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
+        .collect()
+}
+
+fn main() -> anyhow::Result<()> {
+    let ctx = krasis_kernels::try_open_device(0).context("no CUDA device")?;
+    // Single-stream benchmark: cudarc's per-argument event tracking would
+    // add host work to every launch and hide the kernel times.
+    // SAFETY: every buffer here is used on the one stream only.
+    unsafe { ctx.disable_event_tracking() };
+    let t0 = std::time::Instant::now();
+    let k = Kernels::new(
+        &ctx,
+        &CacheDir::At(std::env::temp_dir().join("krasis-kbench-cache")),
+    )?;
+    println!(
+        "device {} ({:?}), kernels ready in {:?}",
+        ctx.name()?,
+        k.compute_capability(),
+        t0.elapsed()
+    );
+    let s = ctx.new_stream()?;
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut rows: Vec<String> = Vec::new();
+
+    // ---- INT4 decode GEMVs, a3b expert, top-8 of 128 experts (310 MB).
+    let (h, i, e, topk) = (2048usize, 768usize, 128usize, 8usize);
+    let layout = Int4Layout::new(h, i).unwrap();
+    let stride = layout.used_bytes().div_ceil(4096) * 4096;
+    let mut host = vec![0u8; e * stride];
+    rng.fill(&mut host[..]);
+    // Sane scales (f16 0.01) so outputs stay finite.
+    for x in 0..e {
+        let b = &mut host[x * stride..];
+        for (off, n) in [(layout.w13_s, 2 * i * h / 128), (layout.w2_s, h * i / 128)] {
+            for j in 0..n {
+                b[off + 2 * j..off + 2 * j + 2]
+                    .copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            }
+        }
+    }
+    let buf: CudaSlice<u8> = s.clone_htod(&host)?;
+    let base = buf.device_ptr(&s).0;
+    let table: Vec<u64> = (0..e).map(|x| base + (x * stride) as u64).collect();
+    let table = s.clone_htod(&table)?;
+    let n_sets = 64;
+    let mut ids = Vec::new();
+    for _ in 0..n_sets {
+        let mut all: Vec<u32> = (0..e as u32).collect();
+        for j in 0..topk {
+            let r = rng.random_range(j..e);
+            all.swap(j, r);
+        }
+        ids.extend_from_slice(&all[..topk]);
+    }
+    let ids = s.clone_htod(&ids)?;
+    let w = s.clone_htod(&vec![0.125f32; topk])?;
+    let x = s.clone_htod(&rand_bf16(&mut rng, h))?;
+    let mut act = s.alloc_zeros::<f32>(topk * i)?;
+    let mut res = s.alloc_zeros::<f32>(h)?;
+    let w13_bytes = (layout.w13_s - layout.w13_q) + 2 * i * (h / 128) * 2;
+    let w2_bytes = h * i / 2 + h * (i / 128) * 2;
+    let t13 = time_ms(&s, 200, |it| {
+        let sl = ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
+        Ok(k.int4_w13_swiglu(&s, &x, &table, &sl, 1, topk, &layout, &mut act)?)
+    })?;
+    let t2 = time_ms(&s, 200, |it| {
+        let sl = ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
+        Ok(k.int4_w2_combine(&s, &act, &table, &sl, &w, 1, topk, &layout, &mut res)?)
+    })?;
+    let gbs = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
+    let g13 = time_graph_ms(&s, 64, |it| {
+        let sl = ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
+        Ok(k.int4_w13_swiglu(&s, &x, &table, &sl, 1, topk, &layout, &mut act)?)
+    })?;
+    let g2 = time_graph_ms(&s, 64, |it| {
+        let sl = ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
+        Ok(k.int4_w2_combine(&s, &act, &table, &sl, &w, 1, topk, &layout, &mut res)?)
+    })?;
+    rows.push(format!(
+        "graph-timed: w13 {:.1} us {:.0} GB/s, w2 {:.1} us {:.0} GB/s, layer {:.1} us",
+        g13 * 1e3,
+        gbs(topk * w13_bytes, g13),
+        g2 * 1e3,
+        gbs(topk * w2_bytes, g2),
+        (g13 + g2) * 1e3
+    ));
+    rows.push(format!(
+        "int4 w13+swiglu  top8 H2048 I768      {:>8.1} us {:>7.0} GB/s",
+        t13 * 1e3,
+        gbs(topk * w13_bytes, t13)
+    ));
+    rows.push(format!(
+        "int4 w2+combine  top8 H2048 I768      {:>8.1} us {:>7.0} GB/s",
+        t2 * 1e3,
+        gbs(topk * w2_bytes, t2)
+    ));
+    rows.push(format!(
+        "int4 MoE decode per layer (both)      {:>8.1} us {:>7.0} GB/s",
+        (t13 + t2) * 1e3,
+        gbs(topk * (w13_bytes + w2_bytes), t13 + t2)
+    ));
+
+    // ---- Dequantize all 128 experts to bf16 (prefill path).
+    let all_ids = s.clone_htod(&(0..e as u32).collect::<Vec<_>>())?;
+    let mut o13 = s.alloc_zeros::<bf16>(e * 2 * i * h)?;
+    let mut o2 = s.alloc_zeros::<bf16>(e * h * i)?;
+    let td = time_ms(&s, 3, |_| {
+        Ok(k.int4_dequant(&s, &table, &all_ids, e, &layout, &mut o13, &mut o2)?)
+    })?;
+    let moved = e * (w13_bytes + w2_bytes) + e * 3 * i * h * 2;
+    rows.push(format!(
+        "int4 dequant 128 experts -> bf16      {:>8.1} us {:>7.0} GB/s (r+w)",
+        td * 1e3,
+        gbs(moved, td)
+    ));
+    drop((o13, o2, buf));
+
+    // ---- Prefill attention at 8K, a3b heads (32 q, 4 kv, d 128).
+    let t = 8192usize;
+    let geom = QkvGeom {
+        n_tokens: t,
+        n_q_heads: 32,
+        n_kv_heads: 4,
+        head_dim: 128,
+    };
+    let kv = KvGeom {
+        n_kv_heads: 4,
+        head_dim: 128,
+        capacity: t,
+    };
+    let qkv = s.clone_htod(&rand_bf16(&mut rng, geom.len()))?;
+    let mut kc = s.alloc_zeros::<bf16>(kv.len())?;
+    let mut vc = s.alloc_zeros::<bf16>(kv.len())?;
+    k.kv_append(&s, &qkv, geom, StartPos::Host(0), kv, &mut kc, &mut vc)?;
+    let mut out = s.alloc_zeros::<bf16>(t * 32 * 128)?;
+    let scale = 1.0 / (128f32).sqrt();
+    let ta = time_ms(&s, 3, |_| {
+        Ok(k.attention_prefill(&s, &qkv, geom, 0, kv, &kc, &vc, scale, &mut out)?)
+    })?;
+    let flops = 4.0 * 128.0 * 32.0 * (t as f64) * (t as f64 + 1.0) / 2.0;
+    rows.push(format!(
+        "attn prefill mma T=8192 (1 layer)     {:>8.1} us {:>7.1} TFLOP/s  x24 layers {:.1} ms",
+        ta * 1e3,
+        flops / ta / 1e9,
+        24.0 * ta
+    ));
+    let g2 = QkvGeom {
+        n_tokens: 2048,
+        ..geom
+    };
+    let ts = time_ms(&s, 1, |_| {
+        Ok(k.attention_prefill_simt(&s, &qkv, g2, 0, kv, &kc, &vc, scale, &mut out)?)
+    })?;
+    let tm = time_ms(&s, 3, |_| {
+        Ok(k.attention_prefill(&s, &qkv, g2, 0, kv, &kc, &vc, scale, &mut out)?)
+    })?;
+    rows.push(format!(
+        "attn prefill T=2048: simt {:.2} ms, mma {:.3} ms",
+        ts, tm
+    ));
+
+    // ---- Decode attention at 8K and 32K context.
+    for ctxlen in [8192usize, 32768] {
+        let kv = KvGeom {
+            n_kv_heads: 4,
+            head_dim: 128,
+            capacity: ctxlen,
+        };
+        let kc = s.clone_htod(&rand_bf16(&mut rng, kv.len()))?;
+        let vc = s.clone_htod(&rand_bf16(&mut rng, kv.len()))?;
+        let g1 = QkvGeom {
+            n_tokens: 1,
+            ..geom
+        };
+        let mut ws = s.alloc_zeros::<f32>(decode_workspace_len(32, 128))?;
+        let mut o = s.alloc_zeros::<bf16>(32 * 128)?;
+        let q1 = qkv.slice(0..g1.len());
+        let pos = ctxlen as u32 - 1;
+        let tdh = time_ms(&s, 100, |_| {
+            Ok(k.attention_decode(
+                &s,
+                &q1,
+                g1,
+                StartPos::Host(pos),
+                kv,
+                &kc,
+                &vc,
+                scale,
+                &mut ws,
+                &mut o,
+            )?)
+        })?;
+        let pos_buf = s.clone_htod(&[pos])?;
+        let tdd = time_ms(&s, 100, |_| {
+            Ok(k.attention_decode(
+                &s,
+                &q1,
+                g1,
+                StartPos::Device(&pos_buf),
+                kv,
+                &kc,
+                &vc,
+                scale,
+                &mut ws,
+                &mut o,
+            )?)
+        })?;
+        let bytes = 2 * kv.len() * 2;
+        let tg = time_graph_ms(&s, 32, |_| {
+            Ok(k.attention_decode(
+                &s,
+                &q1,
+                g1,
+                StartPos::Device(&pos_buf),
+                kv,
+                &kc,
+                &vc,
+                scale,
+                &mut ws,
+                &mut o,
+            )?)
+        })?;
+        rows.push(format!(
+            "attn decode ctx={ctxlen} graph-timed {:.1} us {:.0} GB/s",
+            tg * 1e3,
+            gbs(bytes, tg)
+        ));
+        rows.push(format!(
+            "attn decode ctx={ctxlen:<6} host-pos {:>7.1} us {:>5.0} GB/s, device-pos {:>7.1} us",
+            tdh * 1e3,
+            gbs(bytes, tdh),
+            tdd * 1e3
+        ));
+    }
+
+    // ---- Router top-8 + grouping for an 8K-token prefill.
+    let logits = s.clone_htod(&rand_bf16(&mut rng, t * e))?;
+    let mut rid = s.alloc_zeros::<u32>(t * topk)?;
+    let mut rw = s.alloc_zeros::<f32>(t * topk)?;
+    let (mut c, mut off, mut rp, mut pr) = (
+        s.alloc_zeros::<u32>(e)?,
+        s.alloc_zeros::<u32>(e + 1)?,
+        s.alloc_zeros::<u32>(t * topk)?,
+        s.alloc_zeros::<u32>(t * topk)?,
+    );
+    let tr = time_ms(&s, 10, |_| {
+        Ok(k.router_topk::<bf16>(&s, &logits, t, e, topk, true, &mut rid, &mut rw)?)
+    })?;
+    let tg = time_ms(&s, 10, |_| {
+        Ok(k.moe_group(&s, &rid, t * topk, e, &mut c, &mut off, &mut rp, &mut pr)?)
+    })?;
+    rows.push(format!(
+        "router top8/128 T=8192 {:.1} us; moe_group {:.1} us",
+        tr * 1e3,
+        tg * 1e3
+    ));
+
+    // ---- Sampling over a Qwen3 vocab.
+    let v = 151_936usize;
+    let lg = s.clone_htod(&rand_bf16(&mut rng, v))?;
+    let mut counts = s.alloc_zeros::<u32>(v)?;
+    let mut wsp = s.alloc_zeros::<u32>(sample_workspace_len(v))?;
+    let mut tok = s.alloc_zeros::<u32>(1)?;
+    let tgr = time_ms(&s, 50, |_| Ok(k.argmax::<bf16>(&s, &lg, 1, v, &mut tok)?))?;
+    let p = SamplingParams {
+        temperature: 0.7,
+        top_k: 50,
+        top_p: 0.9,
+        min_p: 0.01,
+        seed: 1,
+        ..Default::default()
+    };
+    let tsm = time_ms(&s, 50, |it| {
+        Ok(k.sample::<bf16>(&s, &lg, v, &p, it as u64, &mut counts, &mut wsp, &mut tok)?)
+    })?;
+    let pf = SamplingParams {
+        temperature: 1.0,
+        seed: 1,
+        ..Default::default()
+    };
+    let tsf = time_ms(&s, 50, |it| {
+        Ok(k.sample::<bf16>(&s, &lg, v, &pf, it as u64, &mut counts, &mut wsp, &mut tok)?)
+    })?;
+    rows.push(format!(
+        "argmax V=151936 {:.1} us; sample top-k/p/min-p {:.1} us; sample plain {:.1} us",
+        tgr * 1e3,
+        tsm * 1e3,
+        tsf * 1e3
+    ));
+
+    println!("\n==== kbench ====");
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! Compile every kernel module with NVRTC (no GPU needed), check that each
+//! listed entry point is in the image, and report sizes, compile times and
+//! (with `-v`) ptxas register/spill usage. Usage: `kcompile [--arch 90] [-v]`.
+
+use krasis_kernels::{compile_module, sources::MODULES};
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let (mut arch, mut verbose) = (90, false);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--arch" => {
+                arch = args
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("--arch needs a value"))?
+                    .parse()?
+            }
+            "-v" => verbose = true,
+            other => anyhow::bail!("unknown argument {other}"),
+        }
+    }
+    // SAFETY: only probes whether the NVRTC library can be loaded.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        anyhow::bail!("libnvrtc not found; install the CUDA NVRTC runtime or set LD_LIBRARY_PATH");
+    }
+    println!(
+        "NVRTC {:?}, target sm_{arch}",
+        krasis_kernels::nvrtc_version()?
+    );
+    let cc = (arch / 10, arch % 10);
+    let extra: &[&str] = if verbose { &["-Xptxas=-v"] } else { &[] };
+    for m in MODULES {
+        let t = std::time::Instant::now();
+        let c = compile_module(m, cc, extra)?;
+        println!(
+            "{:<20} {:>8} bytes, {:>5} ms",
+            m.name,
+            c.cubin.len(),
+            t.elapsed().as_millis()
+        );
+        for k in m.kernels {
+            let needle = k.as_bytes();
+            anyhow::ensure!(
+                c.cubin.windows(needle.len()).any(|w| w == needle),
+                "{k} missing from the image of {}",
+                m.name
+            );
+        }
+        if verbose {
+            let mut entry = String::new();
+            for line in c.log.lines() {
+                if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+                    entry = rest.split('\'').next().unwrap_or("").to_string();
+                } else if line.contains("Used")
+                    || (line.contains("spill") && !line.contains(" 0 bytes spill stores"))
+                {
+                    println!("    {entry}: {}", line.trim());
+                }
+            }
+        }
+    }
+    Ok(())
+}

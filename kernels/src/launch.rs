@@ -1,0 +1,109 @@
+//! Shared plumbing for the launch wrappers: element-type dispatch, length
+//! checks and launch submission.
+
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig};
+use half::bf16;
+
+use crate::error::{KernelError, Result};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// Element types a kernel family is instantiated for (f32 or bf16). The
+/// wrapper picks the `<name>_<SUFFIX>` entry point.
+pub trait Elem: DeviceRepr + Copy + sealed::Sealed + 'static {
+    const SUFFIX: &'static str;
+    fn to_f32(self) -> f32;
+}
+
+impl Elem for f32 {
+    const SUFFIX: &'static str = "f32";
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for bf16 {
+    const SUFFIX: &'static str = "bf16";
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+/// Pick `f32_name` or `bf16_name` by element type.
+pub(crate) fn by_elem<T: Elem>(f32_name: &'static str, bf16_name: &'static str) -> &'static str {
+    if T::SUFFIX == "f32" {
+        f32_name
+    } else {
+        bf16_name
+    }
+}
+
+pub(crate) fn shape_err(kernel: &'static str, message: impl Into<String>) -> KernelError {
+    KernelError::Shape {
+        kernel,
+        message: message.into(),
+    }
+}
+
+/// Fails unless `have >= need` elements.
+pub(crate) fn check_len(kernel: &'static str, what: &str, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(shape_err(
+            kernel,
+            format!("buffer `{what}` holds {have} elements but the dims need {need}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Fails unless `cond`, with `message`.
+pub(crate) fn ensure(
+    kernel: &'static str,
+    cond: bool,
+    message: impl FnOnce() -> String,
+) -> Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(shape_err(kernel, message()))
+    }
+}
+
+/// Converts a host dimension to the u32 the kernels take.
+pub(crate) fn dim_u32(kernel: &'static str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| shape_err(kernel, format!("{what} = {v} exceeds u32")))
+}
+
+pub(crate) fn cfg(grid: (u32, u32, u32), block: u32, smem: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: smem,
+    }
+}
+
+/// Start a launch of `f` on `stream`.
+pub(crate) fn builder<'a>(stream: &'a CudaStream, f: &'a CudaFunction) -> LaunchArgs<'a> {
+    stream.launch_builder(f)
+}
+
+/// Submit a launch built by [`builder`].
+pub(crate) fn submit(kernel: &'static str, mut b: LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
+    if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
+        return Ok(());
+    }
+    if cfg.grid_dim.1 > 65535 || cfg.grid_dim.2 > 65535 {
+        return Err(shape_err(
+            kernel,
+            format!("grid {:?} exceeds the y/z limit of 65535", cfg.grid_dim),
+        ));
+    }
+    // SAFETY: every wrapper validates buffer lengths against the dims it
+    // passes, and the kernels index only within those dims.
+    unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching `{kernel}`")))?;
+    Ok(())
+}

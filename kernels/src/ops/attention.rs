@@ -1,0 +1,271 @@
+//! Causal GQA attention: tensor-core flash attention for prefill and
+//! split-K flash-decoding for one new token (`cuda/attention_*.cu`).
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, PushKernelArg};
+use half::bf16;
+
+use super::rope::{KvGeom, QkvGeom, StartPos};
+use crate::launch::{builder, cfg, check_len, dim_u32, ensure, submit};
+use crate::{Kernels, Result};
+
+/// Most KV splits one decode launch uses.
+pub const DECODE_MAX_SPLITS: usize = 64;
+/// Smallest number of keys a decode split handles (below this, splitting
+/// costs more in the combine than it gains).
+const DECODE_MIN_CHUNK: usize = 128;
+/// Query rows per block of the tensor-core prefill kernel.
+const PREFILL_BLOCK_M: usize = 64;
+
+/// f32 elements of the workspace [`Kernels::attention_decode`] needs:
+/// `DECODE_MAX_SPLITS * n_q_heads * (head_dim + 2)` (partial outputs, then
+/// per-split running max and sum).
+pub fn decode_workspace_len(n_q_heads: usize, head_dim: usize) -> usize {
+    DECODE_MAX_SPLITS * n_q_heads * (head_dim + 2)
+}
+
+fn log2_scale(scale: f32) -> f32 {
+    scale * std::f32::consts::LOG2_E
+}
+
+impl Kernels {
+    /// Causal prefill attention over the layer's KV cache.
+    ///
+    /// Query `t` (at absolute position `start_pos + t`) of q head `h`
+    /// attends keys `0..=start_pos + t` of kv head `h / (n_q/n_kv)`;
+    /// the cache must already hold positions `0..start_pos + n_tokens`
+    /// (call [`Kernels::kv_append`] first). Softmax is online in f32 with
+    /// `scores * scale`; P is rounded to bf16 for the P·V product (as in
+    /// flash attention); output rounded to bf16 once.
+    ///
+    /// - `qkv`: bf16 `[n_tokens, geom.row_stride()]` (q read from it).
+    /// - `k_cache`, `v_cache`: bf16 `[n_kv][capacity][head_dim]`.
+    /// - `out`: bf16 `[n_tokens, n_q_heads * head_dim]`.
+    ///
+    /// head_dim 128 uses the tensor-core (mma.sync bf16) kernel; other head
+    /// dims fall back to [`Kernels::attention_prefill_simt`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_prefill(
+        &self,
+        stream: &CudaStream,
+        qkv: &impl DevicePtr<bf16>,
+        geom: QkvGeom,
+        start_pos: usize,
+        kv: KvGeom,
+        k_cache: &impl DevicePtr<bf16>,
+        v_cache: &impl DevicePtr<bf16>,
+        scale: f32,
+        out: &mut impl DevicePtrMut<bf16>,
+    ) -> Result<()> {
+        if geom.head_dim != 128 {
+            return self.attention_prefill_simt(
+                stream, qkv, geom, start_pos, kv, k_cache, v_cache, scale, out,
+            );
+        }
+        const K: &str = "attn_prefill_mma_d128";
+        let args = PrefillArgs::check(K, qkv, geom, start_pos, kv, k_cache, v_cache, out)?;
+        let f = self.func(K)?;
+        let (qp, _g1) = qkv.device_ptr(stream);
+        let (kp, _g2) = k_cache.device_ptr(stream);
+        let (vp, _g3) = v_cache.device_ptr(stream);
+        let (op, _g4) = out.device_ptr_mut(stream);
+        let sl2 = log2_scale(scale);
+        let mut b = builder(stream, f);
+        b.arg(&qp).arg(&kp).arg(&vp).arg(&op);
+        b.arg(&args.t)
+            .arg(&args.start)
+            .arg(&args.nq)
+            .arg(&args.nkv)
+            .arg(&args.cap)
+            .arg(&sl2);
+        let m_tiles = geom.n_tokens.div_ceil(PREFILL_BLOCK_M) as u32;
+        submit(K, b, cfg((m_tiles, args.nq, 1), 128, 0))
+    }
+
+    /// Plain SIMT (no tensor cores) causal prefill attention with the same
+    /// contract as [`Kernels::attention_prefill`]; any supported head_dim.
+    /// Slower; kept for head dims without a tensor-core kernel and as a
+    /// second implementation the tests compare against.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_prefill_simt(
+        &self,
+        stream: &CudaStream,
+        qkv: &impl DevicePtr<bf16>,
+        geom: QkvGeom,
+        start_pos: usize,
+        kv: KvGeom,
+        k_cache: &impl DevicePtr<bf16>,
+        v_cache: &impl DevicePtr<bf16>,
+        scale: f32,
+        out: &mut impl DevicePtrMut<bf16>,
+    ) -> Result<()> {
+        const K: &str = "attn_prefill_simt";
+        let args = PrefillArgs::check(K, qkv, geom, start_pos, kv, k_cache, v_cache, out)?;
+        let f = self.func(K)?;
+        let (qp, _g1) = qkv.device_ptr(stream);
+        let (kp, _g2) = k_cache.device_ptr(stream);
+        let (vp, _g3) = v_cache.device_ptr(stream);
+        let (op, _g4) = out.device_ptr_mut(stream);
+        let sl2 = log2_scale(scale);
+        let d = geom.head_dim as u32;
+        let mut b = builder(stream, f);
+        b.arg(&qp).arg(&kp).arg(&vp).arg(&op);
+        b.arg(&args.t)
+            .arg(&args.start)
+            .arg(&args.nq)
+            .arg(&args.nkv)
+            .arg(&args.cap)
+            .arg(&sl2)
+            .arg(&d);
+        // One warp per query row, 4 rows per block.
+        submit(K, b, cfg((args.t.div_ceil(4), args.nq, 1), 128, 0))
+    }
+
+    /// Attention of one new token (decode) against keys `0..=pos`, where
+    /// `pos` comes from `start` (the token's position; its k/v must already
+    /// be appended). Flash-decoding: the keys are split into chunks, each
+    /// block (chunk, kv head) computes a partial softmax for the whole GQA
+    /// group into `workspace`, then a combine kernel merges the splits in a
+    /// fixed order.
+    ///
+    /// - `qkv`: bf16 `[1, geom.row_stride()]`; `geom.n_tokens` must be 1.
+    /// - `workspace`: f32, at least [`decode_workspace_len`] elements.
+    /// - `out`: bf16 `[n_q_heads * head_dim]`.
+    ///
+    /// With `StartPos::Device` the split count is derived from the capacity
+    /// (the launch shape never depends on the position, so it can be
+    /// graph-captured); with `StartPos::Host` from the actual length.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_decode(
+        &self,
+        stream: &CudaStream,
+        qkv: &impl DevicePtr<bf16>,
+        geom: QkvGeom,
+        start: StartPos<'_>,
+        kv: KvGeom,
+        k_cache: &impl DevicePtr<bf16>,
+        v_cache: &impl DevicePtr<bf16>,
+        scale: f32,
+        workspace: &mut impl DevicePtrMut<f32>,
+        out: &mut impl DevicePtrMut<bf16>,
+    ) -> Result<()> {
+        const K: &str = "attn_decode_split";
+        geom.validate(K)?;
+        kv.validate(K, &geom)?;
+        ensure(K, geom.n_tokens == 1, || {
+            format!("decode takes one token, got n_tokens = {}", geom.n_tokens)
+        })?;
+        let group = geom.n_q_heads / geom.n_kv_heads;
+        ensure(K, group <= 16, || {
+            format!("GQA group {group} > 16 is not supported")
+        })?;
+        check_len(K, "qkv", qkv.len(), geom.len())?;
+        check_len(K, "k_cache", k_cache.len(), kv.len())?;
+        check_len(K, "v_cache", v_cache.len(), kv.len())?;
+        check_len(
+            K,
+            "workspace",
+            workspace.len(),
+            decode_workspace_len(geom.n_q_heads, geom.head_dim),
+        )?;
+        check_len(K, "out", out.len(), geom.n_q_heads * geom.head_dim)?;
+        let span = match start {
+            StartPos::Host(p) => {
+                ensure(K, (p as usize) < kv.capacity, || {
+                    format!("position {p} is outside the KV capacity {}", kv.capacity)
+                })?;
+                p as usize + 1
+            }
+            StartPos::Device(_) => kv.capacity,
+        };
+        let want = (2 * self.sm_count() as usize).div_ceil(geom.n_kv_heads);
+        let splits = want
+            .min(span.div_ceil(DECODE_MIN_CHUNK))
+            .clamp(1, DECODE_MAX_SPLITS);
+        let chunk = span.div_ceil(splits) as u32;
+        let splits = span.div_ceil(chunk as usize) as u32;
+        let (nq, nkv, d, cap) = (
+            geom.n_q_heads as u32,
+            geom.n_kv_heads as u32,
+            geom.head_dim as u32,
+            kv.capacity as u32,
+        );
+        let sl2 = log2_scale(scale);
+        let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
+        let (qp, _g1) = qkv.device_ptr(stream);
+        let (kp, _g2) = k_cache.device_ptr(stream);
+        let (vp, _g3) = v_cache.device_ptr(stream);
+        let (wp, _g4) = workspace.device_ptr_mut(stream);
+        let f = self.func(K)?;
+        let mut b = builder(stream, f);
+        b.arg(&qp)
+            .arg(&kp)
+            .arg(&vp)
+            .arg(&wp)
+            .arg(&pos_ptr)
+            .arg(&pos_base);
+        b.arg(&nq).arg(&nkv).arg(&d).arg(&cap).arg(&chunk).arg(&sl2);
+        submit(K, b, cfg((splits, nkv, 1), 128, 0))?;
+
+        const C: &str = "attn_decode_combine";
+        let (op, _g5) = out.device_ptr_mut(stream);
+        let f = self.func(C)?;
+        let mut b = builder(stream, f);
+        b.arg(&wp)
+            .arg(&op)
+            .arg(&pos_ptr)
+            .arg(&pos_base)
+            .arg(&nq)
+            .arg(&d)
+            .arg(&splits)
+            .arg(&chunk);
+        submit(C, b, cfg((nq, 1, 1), d, 0))
+    }
+}
+
+struct PrefillArgs {
+    t: u32,
+    start: u32,
+    nq: u32,
+    nkv: u32,
+    cap: u32,
+}
+
+impl PrefillArgs {
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        k: &'static str,
+        qkv: &impl DevicePtr<bf16>,
+        geom: QkvGeom,
+        start_pos: usize,
+        kv: KvGeom,
+        k_cache: &impl DevicePtr<bf16>,
+        v_cache: &impl DevicePtr<bf16>,
+        out: &impl DeviceSlice<bf16>,
+    ) -> Result<Self> {
+        geom.validate(k)?;
+        kv.validate(k, &geom)?;
+        ensure(k, start_pos + geom.n_tokens <= kv.capacity, || {
+            format!(
+                "positions {start_pos}..{} exceed the KV capacity {}",
+                start_pos + geom.n_tokens,
+                kv.capacity
+            )
+        })?;
+        check_len(k, "qkv", qkv.len(), geom.len())?;
+        check_len(k, "k_cache", k_cache.len(), kv.len())?;
+        check_len(k, "v_cache", v_cache.len(), kv.len())?;
+        check_len(
+            k,
+            "out",
+            out.len(),
+            geom.n_tokens * geom.n_q_heads * geom.head_dim,
+        )?;
+        Ok(PrefillArgs {
+            t: dim_u32(k, "n_tokens", geom.n_tokens)?,
+            start: dim_u32(k, "start_pos", start_pos)?,
+            nq: geom.n_q_heads as u32,
+            nkv: geom.n_kv_heads as u32,
+            cap: dim_u32(k, "capacity", kv.capacity)?,
+        })
+    }
+}

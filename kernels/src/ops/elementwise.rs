@@ -1,0 +1,136 @@
+//! Embedding gather, residual adds, casts and SwiGLU (`cuda/elementwise.cu`).
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use half::bf16;
+
+use crate::launch::{Elem, builder, by_elem, cfg, check_len, dim_u32, ensure, submit};
+use crate::{Kernels, Result};
+
+const THREADS: u32 = 256;
+
+fn blocks(n: usize, per_block: usize) -> u32 {
+    n.div_ceil(per_block).clamp(1, 1 << 20) as u32
+}
+
+impl Kernels {
+    /// `out[t, :] = f32(table[ids[t], :])` for `t < n_tokens`.
+    ///
+    /// - `table`: bf16 `[vocab, hidden]` row-major; `hidden % 8 == 0`.
+    /// - `ids`: u32 `[n_tokens]`. An id `>= vocab` cannot be checked on the
+    ///   host (it lives on the device): its row is written as NaN so the
+    ///   error is visible instead of reading out of bounds.
+    /// - `out`: f32 `[n_tokens, hidden]` (the residual stream).
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed(
+        &self,
+        stream: &CudaStream,
+        table: &impl DevicePtr<bf16>,
+        vocab: usize,
+        hidden: usize,
+        ids: &impl DevicePtr<u32>,
+        n_tokens: usize,
+        out: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        const K: &str = "embed_gather_bf16";
+        ensure(K, hidden > 0 && hidden.is_multiple_of(8), || {
+            format!("hidden = {hidden} must be a positive multiple of 8")
+        })?;
+        check_len(K, "table", table.len(), vocab * hidden)?;
+        check_len(K, "ids", ids.len(), n_tokens)?;
+        check_len(K, "out", out.len(), n_tokens * hidden)?;
+        let (n, h, v) = (
+            dim_u32(K, "n_tokens", n_tokens)?,
+            dim_u32(K, "hidden", hidden)?,
+            dim_u32(K, "vocab", vocab)?,
+        );
+        let f = self.func(K)?;
+        let (tp, _g1) = table.device_ptr(stream);
+        let (ip, _g2) = ids.device_ptr(stream);
+        let (op, _g3) = out.device_ptr_mut(stream);
+        let mut b = builder(stream, f);
+        b.arg(&tp).arg(&ip).arg(&op).arg(&n).arg(&h).arg(&v);
+        submit(K, b, cfg((n, 1, 1), THREADS, 0))
+    }
+
+    /// `acc[i] += f32(x[i])` for `i < n` (residual add; `x` bf16 or f32).
+    pub fn add_into_f32<T: Elem>(
+        &self,
+        stream: &CudaStream,
+        acc: &mut impl DevicePtrMut<f32>,
+        x: &impl DevicePtr<T>,
+        n: usize,
+    ) -> Result<()> {
+        let k = by_elem::<T>("add_f32_into_f32", "add_bf16_into_f32");
+        check_len(k, "acc", acc.len(), n)?;
+        check_len(k, "x", x.len(), n)?;
+        let nn = dim_u32(k, "n", n)?;
+        let f = self.func(k)?;
+        let (xp, _g1) = x.device_ptr(stream);
+        let (ap, _g2) = acc.device_ptr_mut(stream);
+        let mut b = builder(stream, f);
+        b.arg(&ap).arg(&xp).arg(&nn);
+        submit(
+            k,
+            b,
+            cfg((blocks(n, THREADS as usize * 4), 1, 1), THREADS, 0),
+        )
+    }
+
+    /// `out[i] = bf16(x[i])` (round to nearest even) for `i < n`.
+    pub fn cast_f32_to_bf16(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<bf16>,
+        n: usize,
+    ) -> Result<()> {
+        const K: &str = "cast_f32_to_bf16";
+        check_len(K, "x", x.len(), n)?;
+        check_len(K, "out", out.len(), n)?;
+        let nn = dim_u32(K, "n", n)?;
+        let f = self.func(K)?;
+        let (xp, _g1) = x.device_ptr(stream);
+        let (op, _g2) = out.device_ptr_mut(stream);
+        let mut b = builder(stream, f);
+        b.arg(&xp).arg(&op).arg(&nn);
+        submit(
+            K,
+            b,
+            cfg((blocks(n, THREADS as usize * 4), 1, 1), THREADS, 0),
+        )
+    }
+
+    /// SwiGLU over a fused gate/up GEMM output:
+    /// `out[r, i] = bf16(silu(g) * u)` with `g = gate_up[r, i]`,
+    /// `u = gate_up[r, inter + i]`, computed in f32.
+    ///
+    /// - `gate_up`: bf16 `[rows, 2*inter]`; `out`: bf16 `[rows, inter]`.
+    pub fn swiglu(
+        &self,
+        stream: &CudaStream,
+        gate_up: &impl DevicePtr<bf16>,
+        rows: usize,
+        inter: usize,
+        out: &mut impl DevicePtrMut<bf16>,
+    ) -> Result<()> {
+        const K: &str = "swiglu_bf16";
+        check_len(K, "gate_up", gate_up.len(), rows * 2 * inter)?;
+        check_len(K, "out", out.len(), rows * inter)?;
+        let (r, i) = (dim_u32(K, "rows", rows)?, dim_u32(K, "inter", inter)?);
+        dim_u32(K, "rows * inter", rows * inter)?;
+        let f = self.func(K)?;
+        let (gp, _g1) = gate_up.device_ptr(stream);
+        let (op, _g2) = out.device_ptr_mut(stream);
+        let mut b = builder(stream, f);
+        b.arg(&gp).arg(&op).arg(&r).arg(&i);
+        submit(
+            K,
+            b,
+            cfg(
+                (blocks(rows * inter, THREADS as usize * 4), 1, 1),
+                THREADS,
+                0,
+            ),
+        )
+    }
+}

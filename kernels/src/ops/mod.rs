@@ -1,0 +1,9 @@
+//! Typed launch wrappers, one module per kernel family (mirrors `cuda/`).
+
+pub mod attention;
+pub mod elementwise;
+pub mod int4;
+pub mod moe;
+pub mod norm;
+pub mod rope;
+pub mod sampling;

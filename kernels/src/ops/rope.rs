@@ -1,0 +1,206 @@
+//! Per-head q/k RMSNorm fused with RoPE, and KV-cache append
+//! (`cuda/rope.cu`, `cuda/kv_cache.cu`), plus the geometry types shared
+//! with the attention wrappers.
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg, SyncOnDrop};
+use half::bf16;
+
+use crate::launch::{builder, cfg, check_len, dim_u32, ensure, shape_err, submit};
+use crate::{Kernels, Result};
+
+/// Shape of the fused QKV projection output, bf16 `[n_tokens, row_stride]`
+/// with each row `[q: n_q_heads*head_dim | k: n_kv_heads*head_dim |
+/// v: n_kv_heads*head_dim]` and each head's `head_dim` values contiguous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QkvGeom {
+    pub n_tokens: usize,
+    pub n_q_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl QkvGeom {
+    /// Elements per token row: `(n_q_heads + 2*n_kv_heads) * head_dim`.
+    pub fn row_stride(&self) -> usize {
+        (self.n_q_heads + 2 * self.n_kv_heads) * self.head_dim
+    }
+    /// Total elements of the QKV buffer.
+    pub fn len(&self) -> usize {
+        self.n_tokens * self.row_stride()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub(crate) fn validate(&self, k: &'static str) -> Result<()> {
+        ensure(k, self.n_q_heads > 0 && self.n_kv_heads > 0, || {
+            "head counts must be positive".into()
+        })?;
+        ensure(k, self.n_q_heads.is_multiple_of(self.n_kv_heads), || {
+            format!(
+                "n_q_heads = {} is not a multiple of n_kv_heads = {}",
+                self.n_q_heads, self.n_kv_heads
+            )
+        })?;
+        ensure(
+            k,
+            self.head_dim >= 64 && self.head_dim <= 256 && self.head_dim.is_multiple_of(64),
+            || format!("head_dim = {} must be 64, 128, 192 or 256", self.head_dim),
+        )?;
+        dim_u32(k, "qkv elements", self.len())?;
+        Ok(())
+    }
+}
+
+/// One layer's KV cache: two bf16 buffers (K and V), each laid out
+/// `[n_kv_heads][capacity][head_dim]` (head-major so one head's keys are
+/// contiguous for attention). The engine keeps one pair per layer (or one
+/// allocation sliced per layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGeom {
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Positions the cache can hold.
+    pub capacity: usize,
+}
+
+impl KvGeom {
+    /// Elements of one of the two buffers.
+    pub fn len(&self) -> usize {
+        self.n_kv_heads * self.capacity * self.head_dim
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub(crate) fn validate(&self, k: &'static str, qkv: &QkvGeom) -> Result<()> {
+        if self.n_kv_heads != qkv.n_kv_heads || self.head_dim != qkv.head_dim {
+            return Err(shape_err(
+                k,
+                format!("KV cache geometry {self:?} does not match the QKV geometry {qkv:?}"),
+            ));
+        }
+        ensure(k, self.capacity > 0, || {
+            "KV capacity must be positive".into()
+        })?;
+        dim_u32(k, "kv cache elements", self.len())?;
+        Ok(())
+    }
+}
+
+/// Absolute position of the first token of a launch. `Device` reads it from
+/// a one-element device buffer at run time, so a captured CUDA graph can be
+/// replayed for every decode step; the host cannot bounds-check it then, so
+/// kernels skip writes at positions `>= capacity`.
+#[derive(Debug, Clone, Copy)]
+pub enum StartPos<'a> {
+    Host(u32),
+    Device(&'a CudaSlice<u32>),
+}
+
+impl StartPos<'_> {
+    /// (device pointer or 0, host base) as the kernels take them.
+    pub(crate) fn kernel_args<'s>(
+        &'s self,
+        stream: &'s CudaStream,
+    ) -> (u64, u32, Option<SyncOnDrop<'s>>) {
+        match self {
+            StartPos::Host(p) => (0, *p, None),
+            StartPos::Device(s) => {
+                let (ptr, guard) = s.device_ptr(stream);
+                (ptr, 0, Some(guard))
+            }
+        }
+    }
+}
+
+impl Kernels {
+    /// In place on the q and k heads of `qkv`: per-head RMSNorm over
+    /// `head_dim` with `q_norm`/`k_norm` (bf16 `[head_dim]`), then RoPE
+    /// (HF rotate_half: pairs `(i, i + d/2)`, `inv_freq_i = theta^(-2i/d)`,
+    /// angle `pos * inv_freq_i` in f32) at position `start + t` for token
+    /// `t`. v is untouched. All math in f32, one rounding to bf16.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_norm_rope(
+        &self,
+        stream: &CudaStream,
+        qkv: &mut impl DevicePtrMut<bf16>,
+        geom: QkvGeom,
+        start: StartPos<'_>,
+        q_norm: &impl DevicePtr<bf16>,
+        k_norm: &impl DevicePtr<bf16>,
+        theta: f32,
+        eps: f32,
+    ) -> Result<()> {
+        const K: &str = "qk_norm_rope_bf16";
+        geom.validate(K)?;
+        ensure(K, theta > 1.0 && theta.is_finite(), || {
+            format!("rope theta = {theta} must be > 1")
+        })?;
+        check_len(K, "qkv", qkv.len(), geom.len())?;
+        check_len(K, "q_norm", q_norm.len(), geom.head_dim)?;
+        check_len(K, "k_norm", k_norm.len(), geom.head_dim)?;
+        let heads = (geom.n_q_heads + geom.n_kv_heads) as u32;
+        let (t, nq, nkv, d) = (
+            dim_u32(K, "n_tokens", geom.n_tokens)?,
+            geom.n_q_heads as u32,
+            geom.n_kv_heads as u32,
+            geom.head_dim as u32,
+        );
+        let f = self.func(K)?;
+        let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
+        let (qp, _g1) = qkv.device_ptr_mut(stream);
+        let (qn, _g2) = q_norm.device_ptr(stream);
+        let (kn, _g3) = k_norm.device_ptr(stream);
+        let mut b = builder(stream, f);
+        b.arg(&qp).arg(&qn).arg(&kn).arg(&pos_ptr).arg(&pos_base);
+        b.arg(&t).arg(&nq).arg(&nkv).arg(&d).arg(&theta).arg(&eps);
+        // x = token, y = group of 4 heads (one warp each).
+        submit(K, b, cfg((t, heads.div_ceil(4), 1), 128, 0))
+    }
+
+    /// Copy the k and v heads of `qkv` (after [`Kernels::qk_norm_rope`]) into
+    /// the layer's caches at positions `start + t`. With `StartPos::Host`
+    /// the host checks `start + n_tokens <= capacity`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_append(
+        &self,
+        stream: &CudaStream,
+        qkv: &impl DevicePtr<bf16>,
+        geom: QkvGeom,
+        start: StartPos<'_>,
+        kv: KvGeom,
+        k_cache: &mut impl DevicePtrMut<bf16>,
+        v_cache: &mut impl DevicePtrMut<bf16>,
+    ) -> Result<()> {
+        const K: &str = "kv_append_bf16";
+        geom.validate(K)?;
+        kv.validate(K, &geom)?;
+        check_len(K, "qkv", qkv.len(), geom.len())?;
+        check_len(K, "k_cache", k_cache.len(), kv.len())?;
+        check_len(K, "v_cache", v_cache.len(), kv.len())?;
+        if let StartPos::Host(p) = start {
+            ensure(K, p as usize + geom.n_tokens <= kv.capacity, || {
+                format!(
+                    "positions {p}..{} exceed the KV capacity {}",
+                    p as usize + geom.n_tokens,
+                    kv.capacity
+                )
+            })?;
+        }
+        let (t, nq, nkv, d, cap) = (
+            dim_u32(K, "n_tokens", geom.n_tokens)?,
+            geom.n_q_heads as u32,
+            geom.n_kv_heads as u32,
+            geom.head_dim as u32,
+            dim_u32(K, "capacity", kv.capacity)?,
+        );
+        let f = self.func(K)?;
+        let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
+        let (qp, _g1) = qkv.device_ptr(stream);
+        let (kp, _g2) = k_cache.device_ptr_mut(stream);
+        let (vp, _g3) = v_cache.device_ptr_mut(stream);
+        let mut b = builder(stream, f);
+        b.arg(&qp).arg(&kp).arg(&vp).arg(&pos_ptr).arg(&pos_base);
+        b.arg(&t).arg(&nq).arg(&nkv).arg(&d).arg(&cap);
+        submit(K, b, cfg((t, nkv, 1), 64, 0))
+    }
+}

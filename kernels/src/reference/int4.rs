@@ -1,0 +1,95 @@
+use half::f16;
+
+use crate::ops::int4::Int4Layout;
+
+const GROUP: usize = 128;
+
+/// Quantize `[rows, k]` f32 with the cache's format-v1 rule: per 128-group
+/// `s = f16(amax / 7)`, `q = clamp(round_ties_even(w / s) + 8, 0, 15)`
+/// (all 8 when `s == 0`). Returns (nibble-packed bytes, f16 scales).
+pub fn quantize_rows(w: &[f32], rows: usize, k: usize) -> (Vec<u8>, Vec<f16>) {
+    let mut q = vec![0u8; rows * k / 2];
+    let mut s = Vec::with_capacity(rows * k / GROUP);
+    for r in 0..rows {
+        for g in 0..k / GROUP {
+            let grp = &w[r * k + g * GROUP..][..GROUP];
+            let amax = grp.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let sc = f16::from_f32(amax / 7.0);
+            s.push(sc);
+            let sf = sc.to_f32();
+            for (e, &v) in grp.iter().enumerate() {
+                let qv = if sf == 0.0 {
+                    8u8
+                } else {
+                    ((v / sf).round_ties_even() + 8.0).clamp(0.0, 15.0) as u8
+                };
+                let col = g * GROUP + e;
+                let byte = &mut q[r * k / 2 + col / 2];
+                *byte |= if col.is_multiple_of(2) { qv } else { qv << 4 };
+            }
+        }
+    }
+    (q, s)
+}
+
+/// `(q - 8) * s` for a packed `[rows, k]` matrix.
+pub fn dequant_rows(q: &[u8], s: &[f16], rows: usize, k: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * k);
+    for r in 0..rows {
+        for col in 0..k {
+            let byte = q[r * k / 2 + col / 2];
+            let nib = if col % 2 == 0 { byte & 15 } else { byte >> 4 };
+            out.push((nib as f32 - 8.0) * s[r * (k / GROUP) + col / GROUP].to_f32());
+        }
+    }
+    out
+}
+
+/// Quantize an expert (`w13` f32 `[2I, H]`, `w2` f32 `[H, I]`) into `block`
+/// at the layout's offsets. Returns the dequantized (w13, w2) the GPU sees.
+pub fn write_expert(
+    block: &mut [u8],
+    layout: &Int4Layout,
+    w13: &[f32],
+    w2: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let (h, i) = (layout.hidden, layout.intermediate);
+    let (q13, s13) = quantize_rows(w13, 2 * i, h);
+    let (q2, s2) = quantize_rows(w2, h, i);
+    block[layout.w13_q..][..q13.len()].copy_from_slice(&q13);
+    block[layout.w13_s..][..s13.len() * 2].copy_from_slice(bytemuck::cast_slice(&s13));
+    block[layout.w2_q..][..q2.len()].copy_from_slice(&q2);
+    block[layout.w2_s..][..s2.len() * 2].copy_from_slice(bytemuck::cast_slice(&s2));
+    (
+        dequant_rows(&q13, &s13, 2 * i, h),
+        dequant_rows(&q2, &s2, h, i),
+    )
+}
+
+/// Decode FFN of one expert in f64 from dequantized weights:
+/// returns (act `[I]` = silu(W1 x) * (W3 x), y `[H]` = W2 act).
+pub fn expert_forward(
+    w13: &[f32],
+    w2: &[f32],
+    h: usize,
+    i: usize,
+    x: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let dot = |row: &[f32], v: &[f32]| {
+        row.iter()
+            .zip(v)
+            .map(|(a, b)| *a as f64 * *b as f64)
+            .sum::<f64>()
+    };
+    let act: Vec<f32> = (0..i)
+        .map(|r| {
+            let g = dot(&w13[r * h..][..h], x);
+            let u = dot(&w13[(i + r) * h..][..h], x);
+            (g / (1.0 + (-g).exp()) * u) as f32
+        })
+        .collect();
+    let y = (0..h)
+        .map(|n| dot(&w2[n * i..][..i], &act) as f32)
+        .collect();
+    (act, y)
+}

@@ -1,0 +1,17 @@
+//! Plain CPU implementations of every kernel, written for obviousness, not
+//! speed. Tests compare the GPU against these on random inputs. They take
+//! and return host data (`f32` where the kernel's input is bf16, converted
+//! by the caller, so one function serves both input types) and use f64
+//! where the exact answer is cheap (attention, norms).
+
+mod attention;
+mod basic;
+mod int4;
+mod moe;
+mod sampling;
+
+pub use attention::attention;
+pub use basic::{add_rmsnorm, embed, kv_append, qk_norm_rope, rmsnorm, swiglu, to_bf16, to_f32};
+pub use int4::{dequant_rows, expert_forward, quantize_rows, write_expert};
+pub use moe::{moe_combine, moe_group, router_topk};
+pub use sampling::{argmax, philox4x32_10, prepared_logits, sample_from_weights, sample_weights};

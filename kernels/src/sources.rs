@@ -1,0 +1,141 @@
+//! The CUDA C sources, embedded at build time, and the kernel names each
+//! module must export.
+//!
+//! Every module is compiled as `COMMON + module source` so shared device
+//! helpers live in one place without needing NVRTC include paths.
+
+/// Shared device helpers prepended to every module.
+pub const COMMON: &str = include_str!("../cuda/common.cuh");
+
+/// One NVRTC compilation unit.
+#[derive(Debug, Clone, Copy)]
+pub struct Module {
+    pub name: &'static str,
+    pub source: &'static str,
+    /// The `extern "C" __global__` entry points the Rust wrappers launch.
+    pub kernels: &'static [&'static str],
+}
+
+pub const MODULES: &[Module] = &[
+    Module {
+        name: "elementwise",
+        source: include_str!("../cuda/elementwise.cu"),
+        kernels: &[
+            "embed_gather_bf16",
+            "add_bf16_into_f32",
+            "add_f32_into_f32",
+            "cast_f32_to_bf16",
+            "swiglu_bf16",
+        ],
+    },
+    Module {
+        name: "norm",
+        source: include_str!("../cuda/norm.cu"),
+        kernels: &[
+            "rmsnorm_f32",
+            "rmsnorm_bf16",
+            "add_rmsnorm_bf16",
+            "add_rmsnorm_f32",
+        ],
+    },
+    Module {
+        name: "rope",
+        source: include_str!("../cuda/rope.cu"),
+        kernels: &["qk_norm_rope_bf16"],
+    },
+    Module {
+        name: "kv_cache",
+        source: include_str!("../cuda/kv_cache.cu"),
+        kernels: &["kv_append_bf16"],
+    },
+    Module {
+        name: "attention_prefill",
+        source: include_str!("../cuda/attention_prefill.cu"),
+        kernels: &["attn_prefill_mma_d128", "attn_prefill_simt"],
+    },
+    Module {
+        name: "attention_decode",
+        source: include_str!("../cuda/attention_decode.cu"),
+        kernels: &["attn_decode_split", "attn_decode_combine"],
+    },
+    Module {
+        name: "router",
+        source: include_str!("../cuda/router.cu"),
+        kernels: &["router_topk_f32", "router_topk_bf16"],
+    },
+    Module {
+        name: "moe",
+        source: include_str!("../cuda/moe.cu"),
+        kernels: &[
+            "moe_count",
+            "moe_scatter",
+            "gather_rows_bf16",
+            "moe_combine_bf16",
+            "moe_combine_f32",
+        ],
+    },
+    Module {
+        name: "int4",
+        source: include_str!("../cuda/int4.cu"),
+        kernels: &[
+            "int4_w13_swiglu_1",
+            "int4_w13_swiglu_2",
+            "int4_w13_swiglu_3",
+            "int4_w13_swiglu_4",
+            "int4_w2_combine_1",
+            "int4_w2_combine_2",
+            "int4_dequant_bf16",
+        ],
+    },
+    Module {
+        name: "sampling",
+        source: include_str!("../cuda/sampling.cu"),
+        kernels: &[
+            "argmax_f32",
+            "argmax_bf16",
+            "sample_prepare_f32",
+            "sample_prepare_bf16",
+            "sample_select",
+        ],
+    },
+];
+
+/// Names of the `extern "C" __global__` functions defined in `source`, in
+/// order. Tolerates `__launch_bounds__(..)` between `void` and the name.
+pub fn exported_kernels(source: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("extern \"C\" __global__") {
+        rest = &rest[at + "extern \"C\" __global__".len()..];
+        let mut s = rest.trim_start();
+        if let Some(after) = s.strip_prefix("void") {
+            s = after.trim_start();
+        } else {
+            continue;
+        }
+        if let Some(after) = s.strip_prefix("__launch_bounds__") {
+            match after.find(')') {
+                Some(close) => s = after[close + 1..].trim_start(),
+                None => continue,
+            }
+        }
+        let name: String = s
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// Hash of everything that determines a module's compiled output except the
+/// architecture and compiler version (those are part of the cache key too).
+pub fn source_hash(module: &Module) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(COMMON.as_bytes());
+    h.update(b"\0");
+    h.update(module.source.as_bytes());
+    h.finalize().to_hex()[..32].to_string()
+}

@@ -1,0 +1,122 @@
+//! Shared setup for the GPU tests: one `Kernels` per test binary, visible
+//! skipping without a device, time-seeded RNGs, NaN-poisoned outputs and
+//! norm-wise comparisons.
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
+use half::bf16;
+use krasis_kernels::{CacheDir, Kernels};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+pub struct Gpu {
+    pub kernels: Kernels,
+    pub ctx: Arc<CudaContext>,
+}
+
+static GPU: OnceLock<Option<Gpu>> = OnceLock::new();
+
+/// The shared kernels, or `None` after printing the SKIPPED line.
+pub fn gpu(test: &str) -> Option<(&'static Gpu, Arc<CudaStream>)> {
+    let g = GPU.get_or_init(|| {
+        let ctx = krasis_kernels::try_open_device(0)?;
+        let dir = std::env::temp_dir().join("krasis-kernel-test-cache");
+        let started = std::time::Instant::now();
+        let kernels = Kernels::new(&ctx, &CacheDir::At(dir))
+            .unwrap_or_else(|e| panic!("loading kernels: {e}"));
+        eprintln!("kernels loaded in {:?}: {kernels:?}", started.elapsed());
+        Some(Gpu { kernels, ctx })
+    });
+    match g {
+        Some(g) => Some((g, g.ctx.new_stream().expect("new stream"))),
+        None => {
+            // Straight to the stderr handle: the test harness captures
+            // `eprintln!`, and this line must stay visible in CI logs.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED (no CUDA device): {test}");
+            None
+        }
+    }
+}
+
+/// RNG seeded from the clock; the seed is printed so failures reproduce.
+pub fn rng(test: &str) -> StdRng {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    eprintln!("{test}: seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+pub fn randn(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            // Box-Muller; plenty for test data.
+            let u1: f32 = rng.random_range(1e-7f32..1.0);
+            let u2: f32 = rng.random();
+            std * (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+        })
+        .collect()
+}
+
+pub fn randn_bf16(rng: &mut StdRng, n: usize, std: f32) -> Vec<bf16> {
+    randn(rng, n, std).into_iter().map(bf16::from_f32).collect()
+}
+
+pub fn up<T: DeviceRepr>(s: &Arc<CudaStream>, x: &[T]) -> CudaSlice<T> {
+    s.clone_htod(x).expect("htod")
+}
+
+pub fn down<T: DeviceRepr + Default + Clone>(s: &Arc<CudaStream>, x: &CudaSlice<T>) -> Vec<T> {
+    s.clone_dtoh(x).expect("dtoh")
+}
+
+pub fn poison_f32(s: &Arc<CudaStream>, n: usize) -> CudaSlice<f32> {
+    up(s, &vec![f32::NAN; n])
+}
+
+pub fn poison_bf16(s: &Arc<CudaStream>, n: usize) -> CudaSlice<bf16> {
+    up(s, &vec![bf16::NAN; n])
+}
+
+pub fn poison_u32(s: &Arc<CudaStream>, n: usize) -> CudaSlice<u32> {
+    up(s, &vec![u32::MAX; n])
+}
+
+pub fn f32s(x: &[bf16]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+/// Fails on any NaN/inf in `got` and when ||got - want|| / ||want|| > tol.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!(
+            "{what}: element {i} is {} (unwritten or overflow); want {}",
+            got[i], want[i]
+        );
+    }
+    let (mut num, mut den, mut worst, mut wi) = (0f64, 0f64, 0f64, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let d = (g as f64 - w as f64).abs();
+        num += d * d;
+        den += (w as f64) * (w as f64);
+        if d > worst {
+            worst = d;
+            wi = i;
+        }
+    }
+    let rel = (num / den.max(1e-30)).sqrt();
+    eprintln!("{what}: rel err {rel:.3e}, max abs err {worst:.3e} at {wi}");
+    assert!(
+        rel <= tol,
+        "{what}: relative error {rel:.3e} > {tol:.1e} (worst at {wi}: got {} want {})",
+        got[wi],
+        want[wi]
+    );
+}
+
+pub fn sync(s: &Arc<CudaStream>) {
+    s.synchronize().expect("stream sync (a kernel faulted?)");
+}

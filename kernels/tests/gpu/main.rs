@@ -1,0 +1,10 @@
+//! GPU kernel tests against the CPU references in `krasis_kernels::reference`.
+//! Each test prints `SKIPPED (no CUDA device): <name>` and passes when no
+//! CUDA device is present, and runs for real on a GPU machine.
+
+mod attention;
+mod common;
+mod elementwise;
+mod int4;
+mod moe;
+mod sampling;

@@ -1,0 +1,181 @@
+use half::bf16;
+use krasis_kernels::reference as cpu;
+use rand::Rng;
+
+use crate::common::*;
+
+#[test]
+fn router_topk_matches_reference() {
+    let name = "router_topk_matches_reference";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    for (e, k) in [(128usize, 8usize), (60, 4), (512, 10)] {
+        let t = 33;
+        let mut logits = randn(&mut rng, t * e, 2.0);
+        // Exact ties must resolve to the lower expert id.
+        for j in 0..e {
+            logits[3 * e + j] = 0.5;
+        }
+        logits[4 * e + 7] = 3.0;
+        logits[4 * e + 2] = 3.0;
+        for normalize in [true, false] {
+            for as_bf16 in [false, true] {
+                let lf: Vec<f32> = if as_bf16 {
+                    f32s(&cpu::to_bf16(&logits))
+                } else {
+                    logits.clone()
+                };
+                let (want_i, want_w) = cpu::router_topk(&lf, e, k, normalize);
+                let mut ids = poison_u32(&s, t * k);
+                let mut w = poison_f32(&s, t * k);
+                if as_bf16 {
+                    let lb = up(&s, &cpu::to_bf16(&logits));
+                    g.kernels
+                        .router_topk::<bf16>(&s, &lb, t, e, k, normalize, &mut ids, &mut w)
+                        .unwrap();
+                } else {
+                    let lg = up(&s, &logits);
+                    g.kernels
+                        .router_topk::<f32>(&s, &lg, t, e, k, normalize, &mut ids, &mut w)
+                        .unwrap();
+                }
+                assert_eq!(
+                    down(&s, &ids),
+                    want_i,
+                    "ids (E={e} k={k} norm={normalize} bf16={as_bf16})"
+                );
+                assert_close("router weights", &down(&s, &w), &want_w, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn moe_group_gather_combine() {
+    let name = "moe_group_gather_combine";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let (t, k, e, hidden) = (1000usize, 8usize, 64usize, 256usize);
+    let n_pairs = t * k;
+    // Experts 0..e/2 only, so half the experts are empty.
+    let mut ids: Vec<u32> = (0..n_pairs)
+        .map(|_| rng.random_range(0..(e / 2) as u32))
+        .collect();
+    let (counts, offsets, row_pair, pair_row) = {
+        let mut d_counts = poison_u32(&s, e);
+        let mut d_offsets = poison_u32(&s, e + 1);
+        let mut d_rp = poison_u32(&s, n_pairs);
+        let mut d_pr = poison_u32(&s, n_pairs);
+        g.kernels
+            .moe_group(
+                &s,
+                &up(&s, &ids),
+                n_pairs,
+                e,
+                &mut d_counts,
+                &mut d_offsets,
+                &mut d_rp,
+                &mut d_pr,
+            )
+            .unwrap();
+        (
+            down(&s, &d_counts),
+            down(&s, &d_offsets),
+            down(&s, &d_rp),
+            down(&s, &d_pr),
+        )
+    };
+    let (wc, wo, wrp, wpr) = cpu::moe_group(&ids, e);
+    assert_eq!(counts, wc, "counts");
+    assert_eq!(offsets, wo, "offsets");
+    assert_eq!(row_pair, wrp, "row_pair");
+    assert_eq!(pair_row, wpr, "pair_row");
+
+    // Gather token rows in grouped order.
+    let x = randn_bf16(&mut rng, t * hidden, 1.0);
+    let mut gathered = poison_bf16(&s, n_pairs * hidden);
+    g.kernels
+        .gather_rows(
+            &s,
+            &up(&s, &x),
+            t,
+            hidden,
+            &up(&s, &row_pair),
+            k,
+            n_pairs,
+            &mut gathered,
+        )
+        .unwrap();
+    let got = down(&s, &gathered);
+    for r in 0..n_pairs {
+        let tok = row_pair[r] as usize / k;
+        assert_eq!(
+            got[r * hidden..][..hidden],
+            x[tok * hidden..][..hidden],
+            "gathered row {r}"
+        );
+    }
+
+    // Combine (bf16 and f32 expert outputs).
+    let weights: Vec<f32> = (0..n_pairs).map(|_| rng.random_range(0.0..1.0)).collect();
+    let res0 = randn(&mut rng, t * hidden, 1.0);
+    let yb = randn_bf16(&mut rng, n_pairs * hidden, 1.0);
+    let yf = f32s(&yb);
+    let mut want = res0.clone();
+    cpu::moe_combine(&mut want, &yf, &pair_row, &weights, k, hidden);
+    let (d_pr, d_w) = (up(&s, &pair_row), up(&s, &weights));
+    let mut res = up(&s, &res0);
+    g.kernels
+        .moe_combine(&s, &mut res, &up(&s, &yb), &d_pr, &d_w, t, k, hidden)
+        .unwrap();
+    assert_close("combine bf16", &down(&s, &res), &want, 1e-6);
+    let mut res = up(&s, &res0);
+    g.kernels
+        .moe_combine(&s, &mut res, &up(&s, &yf), &d_pr, &d_w, t, k, hidden)
+        .unwrap();
+    let first = down(&s, &res);
+    assert_close("combine f32", &first, &want, 1e-6);
+    // Bit-reproducible run to run.
+    let mut res = up(&s, &res0);
+    g.kernels
+        .moe_combine(&s, &mut res, &up(&s, &yf), &d_pr, &d_w, t, k, hidden)
+        .unwrap();
+    assert!(
+        down(&s, &res)
+            .iter()
+            .zip(&first)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "combine not reproducible"
+    );
+
+    // An invalid id is never grouped and poisons that token's combine.
+    ids[3] = e as u32 + 1;
+    let mut d_counts = poison_u32(&s, e);
+    let mut d_offsets = poison_u32(&s, e + 1);
+    let mut d_rp = poison_u32(&s, n_pairs);
+    let mut d_pr = poison_u32(&s, n_pairs);
+    g.kernels
+        .moe_group(
+            &s,
+            &up(&s, &ids),
+            n_pairs,
+            e,
+            &mut d_counts,
+            &mut d_offsets,
+            &mut d_rp,
+            &mut d_pr,
+        )
+        .unwrap();
+    let pr = down(&s, &d_pr);
+    assert_eq!(pr[3], u32::MAX);
+    assert_eq!(down(&s, &d_offsets)[e] as usize, n_pairs - 1);
+    let mut res = up(&s, &res0);
+    g.kernels
+        .moe_combine(&s, &mut res, &up(&s, &yf), &d_pr, &d_w, t, k, hidden)
+        .unwrap();
+    let r = down(&s, &res);
+    assert!(
+        r[0].is_nan() && r[hidden].is_finite(),
+        "invalid pair must poison token 0 only"
+    );
+}

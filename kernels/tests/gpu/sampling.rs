@@ -1,0 +1,175 @@
+use half::bf16;
+use krasis_kernels::{SamplingParams, reference as cpu, sample_workspace_len};
+use rand::Rng;
+use rand::seq::SliceRandom;
+
+use crate::common::*;
+
+#[test]
+fn argmax_ties_and_nan() {
+    let name = "argmax_ties_and_nan";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let (rows, v) = (3usize, 151_936usize);
+    let mut l = randn(&mut rng, rows * v, 2.0);
+    l[1000] = 50.0;
+    l[77] = 50.0; // tie: lower id wins
+    l[v + 5] = f32::NAN;
+    l[v + 9] = 40.0;
+    for x in &mut l[2 * v..] {
+        *x = f32::NAN;
+    }
+    let mut out = poison_u32(&s, rows);
+    g.kernels
+        .argmax::<f32>(&s, &up(&s, &l), rows, v, &mut out)
+        .unwrap();
+    assert_eq!(down(&s, &out), vec![77, 9, 0]);
+    let lb = cpu::to_bf16(&l);
+    let mut out = poison_u32(&s, rows);
+    g.kernels
+        .argmax::<bf16>(&s, &up(&s, &lb), rows, v, &mut out)
+        .unwrap();
+    let want: Vec<u32> = (0..rows)
+        .map(|r| cpu::argmax(&f32s(&lb[r * v..][..v])))
+        .collect();
+    assert_eq!(down(&s, &out), want);
+}
+
+#[test]
+fn sample_matches_reference() {
+    let name = "sample_matches_reference";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let v = 50_000usize;
+    let base = SamplingParams {
+        temperature: 0.8,
+        seed: rng.random(),
+        ..Default::default()
+    };
+    let cases = [
+        SamplingParams {
+            temperature: 0.0,
+            presence_penalty: 1.5,
+            frequency_penalty: 0.5,
+            ..base
+        },
+        base,
+        SamplingParams { top_k: 40, ..base },
+        SamplingParams { top_k: 1, ..base },
+        SamplingParams { top_p: 0.9, ..base },
+        SamplingParams {
+            min_p: 0.05,
+            ..base
+        },
+        SamplingParams {
+            top_k: 50,
+            top_p: 0.8,
+            min_p: 0.02,
+            presence_penalty: 0.7,
+            frequency_penalty: 0.2,
+            ..base
+        },
+        SamplingParams {
+            temperature: 1.3,
+            top_p: 0.5,
+            ..base
+        },
+    ];
+    for (ci, p) in cases.iter().enumerate() {
+        for step in 0..5u64 {
+            // Distinct logits 0.001 apart, so greedy has no near-ties.
+            let mut perm: Vec<usize> = (0..v).collect();
+            perm.shuffle(&mut rng);
+            let mut logits: Vec<f32> = perm.iter().map(|&r| r as f32 * 0.001 - 25.0).collect();
+            // A block of exact ties at the top exercises top-k tie ranks.
+            for j in 0..60 {
+                logits[j * 7] = 30.0;
+            }
+            let counts: Vec<u32> = (0..v)
+                .map(|_| {
+                    if rng.random_range(0..10) == 0 {
+                        rng.random_range(1..4)
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let mut d_counts = up(&s, &counts);
+            let mut ws = poison_u32(&s, sample_workspace_len(v));
+            let mut out = poison_u32(&s, 1);
+            g.kernels
+                .sample::<f32>(
+                    &s,
+                    &up(&s, &logits),
+                    v,
+                    p,
+                    step,
+                    &mut d_counts,
+                    &mut ws,
+                    &mut out,
+                )
+                .unwrap();
+            let tok = down(&s, &out)[0];
+            assert!((tok as usize) < v, "case {ci}: token {tok} out of range");
+            let mut want_counts = counts.clone();
+            want_counts[tok as usize] += 1;
+            assert_eq!(down(&s, &d_counts), want_counts, "case {ci}: counts");
+            let prepared = cpu::prepared_logits(&logits, &counts, p);
+            if p.temperature == 0.0 {
+                assert_eq!(tok, cpu::argmax(&prepared), "case {ci}: greedy");
+                continue;
+            }
+            let gw: Vec<u32> = down(&s, &ws)[..v].to_vec();
+            let cw = cpu::sample_weights(&prepared);
+            for (i, (a, b)) in gw.iter().zip(&cw).enumerate() {
+                let tol = 2.0f64.max(*b as f64 * 2e-5);
+                assert!(
+                    ((*a as f64) - (*b as f64)).abs() <= tol,
+                    "case {ci}: weight {i}: gpu {a} cpu {b}"
+                );
+            }
+            assert_eq!(
+                tok,
+                cpu::sample_from_weights(&gw, p, step),
+                "case {ci} step {step}: selection"
+            );
+        }
+    }
+}
+
+#[test]
+fn sample_distribution_follows_softmax() {
+    let name = "sample_distribution_follows_softmax";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let logits = [0.0f32, 1.0, 2.0, -1.0, 0.5, 1.5, -3.0, 0.2];
+    let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+    let p = SamplingParams {
+        temperature: 1.0,
+        seed: rng.random(),
+        ..Default::default()
+    };
+    let n = 4000usize;
+    let d_logits = up(&s, &logits);
+    let mut counts = up(&s, &[0u32; 8]);
+    let mut ws = poison_u32(&s, sample_workspace_len(8));
+    let mut out = poison_u32(&s, 1);
+    for step in 0..n as u64 {
+        g.kernels
+            .sample::<f32>(&s, &d_logits, 8, &p, step, &mut counts, &mut ws, &mut out)
+            .unwrap();
+    }
+    let c = down(&s, &counts);
+    assert_eq!(c.iter().map(|&x| x as usize).sum::<usize>(), n);
+    for (i, &l) in logits.iter().enumerate() {
+        let pi = (l as f64).exp() / z;
+        let sigma = (n as f64 * pi * (1.0 - pi)).sqrt();
+        let dev = (c[i] as f64 - n as f64 * pi).abs();
+        assert!(
+            dev <= 5.0 * sigma + 1.0,
+            "token {i}: {} draws, expected {:.0} +- {sigma:.1}",
+            c[i],
+            n as f64 * pi
+        );
+    }
+}

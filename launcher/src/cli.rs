@@ -1,0 +1,311 @@
+//! Command-line interface. Every way of choosing options (flags, `--profile`,
+//! the TUI) ends in one `LaunchOptions` that goes through `validate`.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use krasis_common::options::HeatmapChoice;
+use krasis_common::{Backend, LaunchOptions, OptionError};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "krasis",
+    version,
+    about = "Run mixture-of-experts LLMs whose experts do not fit in VRAM",
+    long_about = "Run mixture-of-experts LLMs whose experts do not fit in VRAM.\n\nWith no command on a terminal, opens the interactive launcher.\nStart here: `krasis demo` serves a tiny random-weights model on any machine."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    /// Serve a saved profile headless (same as `krasis serve --profile NAME`).
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    #[command(subcommand)]
+    pub command: Option<Cmd>,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct Global {
+    /// Path to krasis-runtime (default: next to krasis, then PATH).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub runtime: Option<PathBuf>,
+    /// Where profiles live (default: the platform config directory).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub config_dir: Option<PathBuf>,
+    /// Where the demo model and downloaded models live (default: the platform data directory).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Another directory to look for models in (repeatable).
+    #[arg(long = "model-root", global = true, value_name = "DIR")]
+    pub model_roots: Vec<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Open the interactive launcher.
+    Tui,
+    /// Start the runtime headless; prints phases and the ready URL; Ctrl-C stops it.
+    Serve(ServeArgs),
+    /// Serve a tiny random-weights demo model (synthesized on first use).
+    Demo(DemoArgs),
+    /// Show GPUs, host memory, models found and what the runtime supports.
+    Probe {
+        #[arg(long)]
+        json: bool,
+        /// Expert cache root to check (default: the platform cache directory).
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Manage saved launch profiles.
+    #[command(subcommand)]
+    Profiles(ProfilesCmd),
+    /// Build (or check) a model's INT4 expert cache (runs krasis-runtime build-cache).
+    BuildCache {
+        #[arg(long, value_name = "DIR")]
+        model: PathBuf,
+        /// Expert cache root (default: the platform cache directory).
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+        /// Further krasis-runtime build-cache arguments (e.g. -- --verify).
+        #[arg(last = true)]
+        rest: Vec<String>,
+    },
+    /// Measure prefill and decode speed (runs krasis-runtime bench with these arguments).
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ProfilesCmd {
+    /// List saved profiles.
+    List,
+    /// Print a profile as TOML.
+    Show { name: String },
+    /// Validate the given options and save them as a profile.
+    Save {
+        name: String,
+        #[arg(long)]
+        description: Option<String>,
+        /// Replace an existing profile of that name.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        opts: Box<OptionFlags>,
+    },
+    /// Delete a profile.
+    Delete { name: String },
+}
+
+#[derive(Args, Debug, Default, Clone)]
+pub struct ServeArgs {
+    /// Start from this saved profile; flags given here override its values.
+    #[arg(long, value_name = "NAME", conflicts_with = "profile_file")]
+    pub profile: Option<String>,
+    /// Start from this profile file.
+    #[arg(long, value_name = "FILE")]
+    pub profile_file: Option<PathBuf>,
+    /// Serve the random-weights demo model when no --model is given.
+    #[arg(long)]
+    pub demo: bool,
+    /// Validate and print the estimate, but do not start the runtime.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub opts: OptionFlags,
+}
+
+#[derive(Args, Debug, Default, Clone)]
+pub struct DemoArgs {
+    /// Validate and print the estimate, but do not start the runtime.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub opts: OptionFlags,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+/// Launch options as flags. Unset flags keep the profile's value or the
+/// runtime's recommended default.
+#[derive(Args, Debug, Default, Clone)]
+pub struct OptionFlags {
+    /// Hugging Face model directory.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// cuda or reference (default: cuda when a GPU is usable, else reference).
+    #[arg(long)]
+    pub backend: Option<String>,
+    #[arg(long)]
+    pub host: Option<String>,
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Require this bearer token on every API request.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Allow a non-loopback bind without an API key.
+    #[arg(long)]
+    pub insecure_public: bool,
+    /// Maximum tokens per request (prompt + output); sizes the KV cache.
+    #[arg(long)]
+    pub context_length: Option<u32>,
+    #[arg(long)]
+    pub expert_precision: Option<String>,
+    #[arg(long)]
+    pub attention_precision: Option<String>,
+    #[arg(long)]
+    pub kv_format: Option<String>,
+    /// Use at most this much VRAM, e.g. 20GiB.
+    #[arg(long, value_name = "SIZE")]
+    pub vram_limit: Option<String>,
+    /// VRAM kept free after calibration, in MiB (default 600).
+    #[arg(long, value_name = "MIB")]
+    pub safety_margin_mib: Option<u64>,
+    /// Keep hot experts resident in spare VRAM.
+    #[arg(long)]
+    pub hcs: Option<OnOff>,
+    /// auto, off, or a heatmap file.
+    #[arg(long)]
+    pub heatmap: Option<String>,
+    /// Expert pruning mode ("off" is exact).
+    #[arg(long)]
+    pub pruning: Option<String>,
+    /// Expert cache directory.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub queue_depth: Option<u32>,
+    /// CUDA device ordinal.
+    #[arg(long)]
+    pub gpu: Option<u32>,
+}
+
+impl OptionFlags {
+    /// Applies the flags that were given on top of `base`.
+    pub fn apply(&self, base: &mut LaunchOptions) -> Result<(), OptionError> {
+        if let Some(m) = &self.model {
+            base.model = m.clone();
+        }
+        if let Some(b) = &self.backend {
+            base.backend = Backend::parse(b)?;
+        }
+        if let Some(h) = &self.host {
+            base.host = h.clone();
+        }
+        if let Some(p) = self.port {
+            base.port = p;
+        }
+        if let Some(k) = &self.api_key {
+            base.api_key = Some(k.clone());
+        }
+        if self.insecure_public {
+            base.insecure_public = true;
+        }
+        if let Some(c) = self.context_length {
+            base.context_length = Some(c);
+        }
+        if let Some(v) = &self.expert_precision {
+            base.expert_precision = v.clone();
+        }
+        if let Some(v) = &self.attention_precision {
+            base.attention_precision = v.clone();
+        }
+        if let Some(v) = &self.kv_format {
+            base.kv_format = v.clone();
+        }
+        if let Some(v) = &self.vram_limit {
+            base.vram_limit_bytes =
+                Some(crate::units::parse_bytes(v).map_err(|e| OptionError::new("vram_limit", e))?);
+        }
+        if let Some(v) = self.safety_margin_mib {
+            base.safety_margin_mib = v;
+        }
+        if let Some(v) = self.hcs {
+            base.hcs = v == OnOff::On;
+        }
+        if let Some(v) = &self.heatmap {
+            base.heatmap = HeatmapChoice::parse(v);
+        }
+        if let Some(v) = &self.pruning {
+            base.pruning = v.clone();
+        }
+        if let Some(v) = &self.cache_dir {
+            base.cache_dir = Some(v.clone());
+        }
+        if let Some(v) = self.queue_depth {
+            base.queue_depth = v;
+        }
+        if let Some(v) = self.gpu {
+            base.gpu = v;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_only_what_was_given() {
+        let cli = Cli::try_parse_from([
+            "krasis",
+            "serve",
+            "--model",
+            "/m",
+            "--vram-limit",
+            "20GiB",
+            "--hcs",
+            "off",
+            "--port",
+            "9000",
+        ])
+        .unwrap();
+        let Some(Cmd::Serve(s)) = cli.command else {
+            panic!()
+        };
+        let mut o = LaunchOptions {
+            context_length: Some(4096),
+            ..Default::default()
+        };
+        s.opts.apply(&mut o).unwrap();
+        assert_eq!(o.model, PathBuf::from("/m"));
+        assert_eq!(o.vram_limit_bytes, Some(20 << 30));
+        assert!(!o.hcs);
+        assert_eq!(o.port, 9000);
+        assert_eq!(o.context_length, Some(4096));
+    }
+
+    #[test]
+    fn bad_values_name_the_option() {
+        let f = OptionFlags {
+            backend: Some("tpu".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            f.apply(&mut LaunchOptions::default()).unwrap_err().option,
+            "backend"
+        );
+        let f = OptionFlags {
+            vram_limit: Some("lots".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            f.apply(&mut LaunchOptions::default()).unwrap_err().option,
+            "vram_limit"
+        );
+    }
+
+    #[test]
+    fn top_level_profile_and_global_flags_parse() {
+        let cli = Cli::try_parse_from(["krasis", "--profile", "p", "--config-dir", "/c"]).unwrap();
+        assert_eq!(cli.profile.as_deref(), Some("p"));
+        assert_eq!(cli.global.config_dir, Some(PathBuf::from("/c")));
+        assert!(cli.command.is_none());
+        Cli::try_parse_from(["krasis", "bench", "--model", "/m", "--tokens", "64"]).unwrap();
+    }
+}

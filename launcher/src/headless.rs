@@ -1,0 +1,478 @@
+//! The headless front end: `krasis serve`, `demo`, `probe`, `profiles`,
+//! `build-cache` and `bench`. Prints to the terminal; the runtime's own logs
+//! stream to stderr.
+
+use crate::cli::{DemoArgs, Global, OptionFlags, ProfilesCmd, ServeArgs};
+use crate::estimate::estimate;
+use crate::paths::Dirs;
+use crate::probe::{Hardware, ModelSummary, Probe, SystemProbe, models};
+use crate::profiles::{self, Profile, Store};
+use crate::supervisor::{SupEvent, Supervisor};
+use crate::units::fmt_bytes;
+use crate::{runtime, signals, validate};
+use anyhow::{Context, bail};
+use krasis_common::{Backend, Capabilities, LaunchOptions, ProgressEvent};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+/// How long the runtime gets to stop after SIGTERM before it is killed.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+pub const DEMO_NOTICE: &str = "NOTE: this is the Krasis demo model: tiny and with RANDOM weights, so its replies are gibberish. It shows the whole pipeline working; serve a real model with `krasis serve --model DIR`.";
+
+pub struct Ctx {
+    pub global: Global,
+    pub dirs: Dirs,
+}
+
+impl Ctx {
+    pub fn new(global: Global) -> anyhow::Result<Self> {
+        let dirs = Dirs::resolve(global.config_dir.as_deref(), global.data_dir.as_deref())
+            .map_err(anyhow::Error::msg)?;
+        Ok(Ctx { global, dirs })
+    }
+    pub fn runtime(&self) -> anyhow::Result<PathBuf> {
+        Ok(runtime::locate(self.global.runtime.as_deref())?)
+    }
+    pub fn caps(&self) -> anyhow::Result<(PathBuf, Capabilities)> {
+        let rt = self.runtime()?;
+        let caps = runtime::capabilities(&rt)?;
+        Ok((rt, caps))
+    }
+    pub fn store(&self) -> Store {
+        Store::new(self.dirs.profiles())
+    }
+    pub fn probe(&self) -> SystemProbe {
+        SystemProbe::new(self.dirs.models(), &self.global.model_roots)
+    }
+}
+
+/// Profile (if any) + flags + the runtime's defaults, validated once.
+pub fn resolve_options(
+    caps: &Capabilities,
+    profile: Option<LaunchOptions>,
+    flags: &OptionFlags,
+) -> anyhow::Result<(LaunchOptions, ModelSummary)> {
+    let from_profile = profile.is_some();
+    let mut opts = match profile {
+        Some(p) => p,
+        None => {
+            // Recommended defaults depend on the model's architecture.
+            let model_type = flags.model.as_deref().and_then(models::model_type);
+            model_type
+                .and_then(|t| caps.default_options(&t))
+                .unwrap_or_default()
+        }
+    };
+    flags.apply(&mut opts).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !from_profile && flags.hcs.is_none() {
+        // HCS follows the backend unless asked for explicitly.
+        opts.hcs = opts.backend == Backend::Cuda
+            && flags
+                .model
+                .as_deref()
+                .and_then(models::model_type)
+                .and_then(|t| caps.architecture(&t).map(|a| a.hcs))
+                .unwrap_or(false);
+    }
+    let summary = validate::validate(&opts, caps).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((opts, summary))
+}
+
+fn load_profile(
+    ctx: &Ctx,
+    name: Option<&str>,
+    file: Option<&Path>,
+) -> anyhow::Result<Option<Profile>> {
+    Ok(match (name, file) {
+        (Some(n), _) => Some(ctx.store().load(n)?),
+        (None, Some(f)) => Some(profiles::load_file(f)?),
+        (None, None) => None,
+    })
+}
+
+pub fn serve(ctx: &Ctx, a: &ServeArgs) -> anyhow::Result<ExitCode> {
+    if a.demo && a.opts.model.is_none() && a.profile.is_none() && a.profile_file.is_none() {
+        return demo(
+            ctx,
+            &DemoArgs {
+                dry_run: a.dry_run,
+                opts: a.opts.clone(),
+            },
+        );
+    }
+    let (rt, caps) = ctx.caps()?;
+    let profile = load_profile(ctx, a.profile.as_deref(), a.profile_file.as_deref())?;
+    if a.opts.model.is_none() && profile.is_none() {
+        bail!("no model given: pass --model DIR, --profile NAME, or try `krasis demo`");
+    }
+    let (opts, summary) = resolve_options(&caps, profile.map(|p| p.options), &a.opts)?;
+    run_headless(ctx, &rt, &opts, &summary, a.dry_run, false)
+}
+
+pub fn demo(ctx: &Ctx, a: &DemoArgs) -> anyhow::Result<ExitCode> {
+    let (rt, caps) = ctx.caps()?;
+    let mut flags = a.opts.clone();
+    if flags.model.is_none() {
+        let dir = ctx.dirs.demo_model();
+        ensure_demo_model(&rt, &dir)?;
+        flags.model = Some(dir);
+    }
+    println!("{DEMO_NOTICE}");
+    let (opts, summary) = resolve_options(&caps, None, &flags)?;
+    run_headless(ctx, &rt, &opts, &summary, a.dry_run, true)
+}
+
+/// Synthesizes the tiny demo checkpoint with `krasis-runtime synth` unless
+/// it is already there.
+pub fn ensure_demo_model(rt: &Path, dir: &Path) -> anyhow::Result<()> {
+    if models::is_model_dir(dir) {
+        return Ok(());
+    }
+    println!("Creating the demo model in {} ...", dir.display());
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let st = Command::new(rt)
+        .args(["synth", "--preset", "tiny", "--out"])
+        .arg(dir)
+        .status()
+        .with_context(|| format!("running {} synth", rt.display()))?;
+    if !st.success() || !models::is_model_dir(dir) {
+        bail!(
+            "`{} synth --preset tiny --out {}` failed ({}); see its messages above",
+            rt.display(),
+            dir.display(),
+            crate::supervisor::describe(st)
+        );
+    }
+    Ok(())
+}
+
+fn print_plan(opts: &LaunchOptions, m: &ModelSummary, hw: &Hardware) {
+    println!(
+        "model: {} ({}, {:.2}B params, {} experts x {} MoE layers, top-{})",
+        opts.model.display(),
+        m.model_type,
+        m.total_params as f64 / 1e9,
+        m.num_experts,
+        m.moe_layers,
+        m.top_k
+    );
+    println!(
+        "backend: {}   experts: {}   attention: {}   KV: {}   HCS: {}   pruning: {}",
+        opts.backend.as_str(),
+        opts.expert_precision,
+        opts.attention_precision,
+        opts.kv_format,
+        if opts.hcs { "on" } else { "off" },
+        opts.pruning
+    );
+    let gpu = hw
+        .gpus
+        .gpus()
+        .iter()
+        .find(|g| g.index == opts.gpu)
+        .map(|g| (g.total_bytes, g.free_bytes));
+    let e = estimate(opts, m, hw.host.available_ram_bytes, gpu);
+    for l in e.lines() {
+        println!("  {l}");
+    }
+}
+
+pub fn run_headless(
+    ctx: &Ctx,
+    rt: &Path,
+    opts: &LaunchOptions,
+    summary: &ModelSummary,
+    dry_run: bool,
+    demo: bool,
+) -> anyhow::Result<ExitCode> {
+    let hw = ctx.probe().hardware();
+    print_plan(opts, summary, &hw);
+    if dry_run {
+        println!("dry run: options are valid; not starting the runtime");
+        return Ok(ExitCode::SUCCESS);
+    }
+    signals::install();
+    let mut args = vec!["serve".to_string()];
+    args.extend(opts.to_serve_args());
+    let mut sup = Supervisor::spawn(rt, &args)?;
+    println!("runtime started (pid {}); Ctrl-C stops it", sup.pid());
+    let mut bar: Option<(String, indicatif::ProgressBar)> = None;
+    loop {
+        if signals::stop_requested() {
+            if let Some((_, b)) = bar.take() {
+                b.abandon();
+            }
+            println!("stopping the runtime ...");
+            let how = sup.shutdown(SHUTDOWN_GRACE);
+            println!("runtime {how}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        let Some(ev) = sup.next_event(Duration::from_millis(200)) else {
+            continue;
+        };
+        match ev {
+            SupEvent::Progress(ProgressEvent::Progress {
+                task,
+                done,
+                total,
+                unit,
+            }) => {
+                if bar.as_ref().is_none_or(|(t, _)| *t != task) {
+                    if let Some((_, b)) = bar.take() {
+                        b.finish();
+                    }
+                    let b = indicatif::ProgressBar::new(total);
+                    b.set_style(
+                        indicatif::ProgressStyle::with_template(
+                            "  {msg} [{bar:30}] {pos}/{len} {prefix} ({eta})",
+                        )
+                        .expect("valid template")
+                        .progress_chars("=> "),
+                    );
+                    b.set_message(task.clone());
+                    b.set_prefix(unit);
+                    bar = Some((task, b));
+                }
+                if let Some((_, b)) = &bar {
+                    b.set_length(total);
+                    b.set_position(done);
+                    if done >= total {
+                        b.finish();
+                    }
+                }
+            }
+            SupEvent::Progress(ev) => {
+                if let Some((_, b)) = bar.take() {
+                    b.finish();
+                }
+                print_event(&ev, demo);
+            }
+            SupEvent::Log(l) => eprintln!("  | {l}"),
+            SupEvent::Exited {
+                success,
+                description,
+            } => {
+                println!("runtime {description}");
+                if !success {
+                    eprintln!("last log lines:");
+                    for l in sup.tail(15) {
+                        eprintln!("  | {l}");
+                    }
+                    return Ok(ExitCode::FAILURE);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+}
+
+fn print_event(ev: &ProgressEvent, demo: bool) {
+    match ev {
+        ProgressEvent::Phase { phase, detail } => println!("[{phase}] {detail}"),
+        ProgressEvent::HcsDecision {
+            resident_experts,
+            total_experts,
+            bytes,
+            safety_margin_bytes,
+        } => println!(
+            "[hcs] {resident_experts}/{total_experts} experts resident in VRAM ({}), {} kept free",
+            fmt_bytes(*bytes),
+            fmt_bytes(*safety_margin_bytes)
+        ),
+        ProgressEvent::Ready { url, model } => {
+            println!("READY: {url} (model \"{model}\")");
+            println!(
+                "  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
+            );
+            if demo {
+                println!("{DEMO_NOTICE}");
+            }
+        }
+        ProgressEvent::Log { level, message } => eprintln!("  {level}: {message}"),
+        ProgressEvent::Fatal { message } => eprintln!("FATAL: {message}"),
+        ProgressEvent::Progress { .. } => {}
+    }
+}
+
+pub fn probe_cmd(ctx: &Ctx, json: bool, cache_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let mut p = ctx.probe();
+    p.cache_root = cache_dir;
+    let hw = p.hardware();
+    let found = p.models();
+    let caps = ctx.caps();
+    if json {
+        let runtime = match &caps {
+            Ok((path, c)) => serde_json::json!({ "path": path, "capabilities": c }),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+        let out = serde_json::json!({
+            "hardware": hw,
+            "model_roots": p.roots,
+            "models": found,
+            "runtime": runtime,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    print!(
+        "{}",
+        crate::tui::screens::hardware::describe(&hw).join("\n")
+    );
+    println!();
+    println!("models ({} found):", found.len());
+    for root in &p.roots {
+        println!("  searched {:?}: {}", root.kind, root.path.display());
+    }
+    for m in &found {
+        match &m.summary {
+            Ok(s) => println!(
+                "  {}  [{}] {:.2}B params, experts INT4 {} (source {} {}), cache {}\n    {}",
+                m.name,
+                s.model_type,
+                s.total_params as f64 / 1e9,
+                fmt_bytes(s.int4_expert_bytes),
+                s.source_dtype,
+                fmt_bytes(s.source_expert_bytes),
+                s.cache.describe(),
+                m.path.display()
+            ),
+            Err(e) => println!("  {}  unusable: {e}\n    {}", m.name, m.path.display()),
+        }
+    }
+    match caps {
+        Ok((path, c)) => {
+            println!(
+                "runtime: {} (version {})",
+                path.display(),
+                c.runtime_version
+            );
+            for b in &c.backends {
+                match &b.reason {
+                    None => println!("  backend {}: available", b.name),
+                    Some(r) => println!("  backend {}: unavailable: {r}", b.name),
+                }
+            }
+            for a in &c.architectures {
+                println!(
+                    "  {}: experts {}, attention {}, KV {}, pruning {}, HCS {}",
+                    a.model_type,
+                    a.expert_precisions.join("/"),
+                    a.attention_precisions.join("/"),
+                    a.kv_formats.join("/"),
+                    a.pruning_modes.join("/"),
+                    if a.hcs { "yes" } else { "no" }
+                );
+            }
+        }
+        Err(e) => println!("runtime: {e}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn profiles_cmd(ctx: &Ctx, cmd: &ProfilesCmd) -> anyhow::Result<ExitCode> {
+    let store = ctx.store();
+    match cmd {
+        ProfilesCmd::List => {
+            let all = store.list()?;
+            if all.is_empty() {
+                println!(
+                    "no profiles in {} (create one with `krasis profiles save NAME --model DIR ...`)",
+                    store.dir.display()
+                );
+            }
+            for (name, p) in all {
+                match p {
+                    Ok(p) => println!(
+                        "{name:<24} {} [{}]{}",
+                        p.options.model.display(),
+                        p.options.backend.as_str(),
+                        p.description.map(|d| format!("  {d}")).unwrap_or_default()
+                    ),
+                    Err(e) => println!("{name:<24} INVALID: {e}"),
+                }
+            }
+        }
+        ProfilesCmd::Show { name } => print!("{}", profiles::to_toml(&store.load(name)?)),
+        ProfilesCmd::Save {
+            name,
+            description,
+            force,
+            opts,
+        } => {
+            profiles::check_name(name)?;
+            if !force && store.path(name)?.exists() {
+                bail!("profile '{name}' already exists; pass --force to replace it");
+            }
+            let (_, caps) = ctx.caps()?;
+            let (options, _) = resolve_options(&caps, None, opts)?;
+            let path = store.save(&Profile {
+                schema: profiles::SCHEMA,
+                name: name.clone(),
+                description: description.clone(),
+                options,
+            })?;
+            println!("saved {}", path.display());
+        }
+        ProfilesCmd::Delete { name } => {
+            let path = store.delete(name)?;
+            println!("deleted {}", path.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs a runtime tool in the foreground with the terminal attached, so its
+/// own progress bars show; Ctrl-C reaches it directly.
+pub fn forward(ctx: &Ctx, args: &[String]) -> anyhow::Result<ExitCode> {
+    let rt = ctx.runtime()?;
+    // Keep the launcher alive to report the tool's exit status.
+    signals::install();
+    let st = Command::new(&rt)
+        .args(args)
+        .status()
+        .with_context(|| format!("running {}", rt.display()))?;
+    if st.success() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "{} {}: {}",
+            rt.display(),
+            args.first().map_or("", |s| s),
+            crate::supervisor::describe(st)
+        );
+        Ok(ExitCode::from(
+            st.code().map_or(1, |c| c.clamp(1, 255) as u8),
+        ))
+    }
+}
+
+pub fn build_cache(
+    ctx: &Ctx,
+    model: &Path,
+    cache_dir: Option<&Path>,
+    rest: &[String],
+) -> anyhow::Result<ExitCode> {
+    if !models::is_model_dir(model) {
+        bail!(
+            "{} is not a Hugging Face model directory (config.json + *.safetensors)",
+            model.display()
+        );
+    }
+    models::summarize(model, None).map_err(|e| anyhow::anyhow!("{}: {e}", model.display()))?;
+    let mut args = vec![
+        "build-cache".to_string(),
+        "--model".into(),
+        model.display().to_string(),
+    ];
+    if let Some(d) = cache_dir {
+        args.push("--cache-dir".into());
+        args.push(d.display().to_string());
+    }
+    args.extend(rest.iter().cloned());
+    forward(ctx, &args)
+}

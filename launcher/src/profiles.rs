@@ -1,0 +1,329 @@
+//! Saved launch profiles: TOML files `<config>/profiles/<name>.toml`,
+//!
+//! ```toml
+//! schema = 1
+//! name = "qwen3-30b"
+//! description = "optional"
+//!
+//! [options]            # krasis_common::LaunchOptions, unknown keys refused
+//! model = "/models/Qwen3-30B-A3B"
+//! context_length = 32768
+//! ```
+//!
+//! Written atomically (temp file in the same directory, then rename). A bad
+//! profile is refused with the file, line, key and reason.
+
+use krasis_common::LaunchOptions;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub const SCHEMA: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub schema: u32,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub options: LaunchOptions,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("{file}:{line}:{column}: key '{key}': {reason}")]
+    Invalid {
+        file: PathBuf,
+        line: usize,
+        column: usize,
+        key: String,
+        reason: String,
+    },
+    #[error("{file}: {reason}")]
+    Rejected { file: PathBuf, reason: String },
+    #[error("no profile named '{name}' in {dir} (see `krasis profiles list`)")]
+    NotFound { name: String, dir: PathBuf },
+    #[error(
+        "'{0}' is not a valid profile name; use letters, digits, '-', '_' and '.' (not starting with '.')"
+    )]
+    BadName(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ProfileError + '_ {
+    move |source| ProfileError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub fn check_name(name: &str) -> Result<(), ProfileError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ProfileError::BadName(name.to_string()))
+    }
+}
+
+/// Parses profile text; `file` is only used in messages.
+pub fn parse(text: &str, file: &Path) -> Result<Profile, ProfileError> {
+    // Check the schema first so a future-version file gets the right message
+    // rather than an unknown-key complaint.
+    if let Ok(v) = text.parse::<toml::Table>() {
+        match v.get("schema").and_then(|s| s.as_integer()) {
+            Some(s) if s == i64::from(SCHEMA) => {}
+            Some(s) => {
+                return Err(ProfileError::Rejected {
+                    file: file.to_path_buf(),
+                    reason: format!(
+                        "schema {s} is not supported by this krasis (it reads schema {SCHEMA})"
+                    ),
+                });
+            }
+            None => {
+                return Err(ProfileError::Rejected {
+                    file: file.to_path_buf(),
+                    reason: format!("missing `schema = {SCHEMA}` at the top"),
+                });
+            }
+        }
+    }
+    let p: Profile = toml::from_str(text).map_err(|e| located(text, file, &e))?;
+    p.options.validate().map_err(|e| ProfileError::Rejected {
+        file: file.to_path_buf(),
+        reason: format!("options.{}: {}", e.option, e.reason),
+    })?;
+    check_name(&p.name).map_err(|e| ProfileError::Rejected {
+        file: file.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    Ok(p)
+}
+
+/// Turns a toml error into file:line:column, the key on that line and the reason.
+fn located(text: &str, file: &Path, e: &toml::de::Error) -> ProfileError {
+    let (line, column, key) = match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+            let column = span.start - line_start + 1;
+            let line_text = text[line_start..].lines().next().unwrap_or("");
+            let key = line_text
+                .split_once('=')
+                .map(|(k, _)| k.trim().to_string())
+                .unwrap_or_else(|| line_text.trim().to_string());
+            (line, column, key)
+        }
+        None => (0, 0, String::from("?")),
+    };
+    ProfileError::Invalid {
+        file: file.to_path_buf(),
+        line,
+        column,
+        key,
+        reason: e.message().trim().to_string(),
+    }
+}
+
+pub fn to_toml(p: &Profile) -> String {
+    toml::to_string_pretty(p).expect("profiles always serialize")
+}
+
+/// A profile file's name and what reading it gave.
+pub type Listed = (String, Result<Profile, ProfileError>);
+
+/// Profiles in one directory.
+pub struct Store {
+    pub dir: PathBuf,
+}
+
+impl Store {
+    pub fn new(dir: PathBuf) -> Self {
+        Store { dir }
+    }
+
+    pub fn path(&self, name: &str) -> Result<PathBuf, ProfileError> {
+        check_name(name)?;
+        Ok(self.dir.join(format!("{name}.toml")))
+    }
+
+    pub fn load(&self, name: &str) -> Result<Profile, ProfileError> {
+        let path = self.path(name)?;
+        if !path.is_file() {
+            return Err(ProfileError::NotFound {
+                name: name.to_string(),
+                dir: self.dir.clone(),
+            });
+        }
+        load_file(&path)
+    }
+
+    /// Names and parse results of every `*.toml` in the directory.
+    pub fn list(&self) -> Result<Vec<Listed>, ProfileError> {
+        let rd = match std::fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&self.dir)(e)),
+        };
+        let mut v: Vec<_> = rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .filter_map(|p| {
+                let name = p.file_stem()?.to_string_lossy().into_owned();
+                Some((name, load_file(&p)))
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(v)
+    }
+
+    /// Writes atomically: a crash leaves either the old or the new profile.
+    pub fn save(&self, p: &Profile) -> Result<PathBuf, ProfileError> {
+        let path = self.path(&p.name)?;
+        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        let tmp = self
+            .dir
+            .join(format!(".{}.toml.tmp-{}", p.name, std::process::id()));
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(to_toml(p).as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            io(&path)(e)
+        })?;
+        Ok(path)
+    }
+
+    pub fn delete(&self, name: &str) -> Result<PathBuf, ProfileError> {
+        let path = self.path(name)?;
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ProfileError::NotFound {
+                name: name.to_string(),
+                dir: self.dir.clone(),
+            }),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+}
+
+pub fn load_file(path: &Path) -> Result<Profile, ProfileError> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    parse(&text, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Profile {
+        Profile {
+            schema: SCHEMA,
+            name: "a3b".into(),
+            description: Some("test".into()),
+            options: LaunchOptions {
+                model: "/models/a3b".into(),
+                context_length: Some(32768),
+                vram_limit_bytes: Some(20 << 30),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn save_list_load_delete() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Store::new(t.path().join("profiles"));
+        assert!(s.list().unwrap().is_empty());
+        let path = s.save(&sample()).unwrap();
+        assert!(path.ends_with("a3b.toml"));
+        assert_eq!(s.load("a3b").unwrap(), sample());
+        let listed = s.list().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].0, "a3b");
+        // No temp file is left behind.
+        assert_eq!(std::fs::read_dir(&s.dir).unwrap().count(), 1);
+        s.delete("a3b").unwrap();
+        assert!(matches!(s.load("a3b"), Err(ProfileError::NotFound { .. })));
+        assert!(matches!(
+            s.delete("a3b"),
+            Err(ProfileError::NotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_names_never_touch_other_paths() {
+        for n in ["../x", "a/b", "", ".hidden", "a b"] {
+            assert!(
+                matches!(check_name(n), Err(ProfileError::BadName(_))),
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_key_reports_file_line_and_key() {
+        let text = "schema = 1\nname = \"x\"\n\n[options]\nmodel = \"/m\"\ncontext_lenght = 4096\n";
+        let e = parse(text, Path::new("x.toml")).unwrap_err();
+        match &e {
+            ProfileError::Invalid {
+                line, key, reason, ..
+            } => {
+                assert_eq!(*line, 6, "{e}");
+                assert_eq!(key, "context_lenght");
+                assert!(reason.contains("unknown field"), "{reason}");
+            }
+            other => panic!("wrong error: {other}"),
+        }
+        assert!(e.to_string().starts_with("x.toml:6:"));
+    }
+
+    #[test]
+    fn wrong_type_and_bad_values_are_located() {
+        let text = "schema = 1\nname = \"x\"\n[options]\nmodel = \"/m\"\nport = \"eighty\"\n";
+        let e = parse(text, Path::new("x.toml")).unwrap_err().to_string();
+        assert!(e.contains(":5:") && e.contains("'port'"), "{e}");
+        let text = "schema = 1\nname = \"x\"\n[options]\nmodel = \"/m\"\nhost = \"0.0.0.0\"\n";
+        let e = parse(text, Path::new("x.toml")).unwrap_err().to_string();
+        assert!(e.contains("options.host"), "{e}");
+    }
+
+    #[test]
+    fn schema_is_required_and_versioned() {
+        let e = parse("name = \"x\"\n[options]\n", Path::new("x.toml")).unwrap_err();
+        assert!(e.to_string().contains("schema = 1"));
+        let e = parse("schema = 2\nname = \"x\"\n[options]\n", Path::new("x.toml")).unwrap_err();
+        assert!(e.to_string().contains("schema 2"));
+    }
+
+    #[test]
+    fn shipped_examples_load_and_validate() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
+        let s = Store::new(dir);
+        let all = s.list().unwrap();
+        assert!(all.len() >= 2, "expected shipped example profiles");
+        for (name, p) in all {
+            let p = p.unwrap_or_else(|e| panic!("profiles/{name}.toml: {e}"));
+            assert_eq!(p.name, name);
+            let caps = crate::runtime::tests::fake_caps(true);
+            caps.check_options(&p.options, "qwen3_moe")
+                .unwrap_or_else(|e| panic!("profiles/{name}.toml: {e}"));
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! The one validation every entry point goes through: TUI, `krasis serve`,
+//! `--profile`, `profiles save`. Option-level checks (`LaunchOptions::validate`),
+//! capability checks against what the runtime implements
+//! (`Capabilities::check_options`), and checks against the model itself.
+
+use crate::probe::{ModelSummary, models};
+use krasis_common::{Capabilities, LaunchOptions, OptionError};
+
+/// Validates `opts` for a model whose facts are already known.
+pub fn validate_with_model(
+    opts: &LaunchOptions,
+    caps: &Capabilities,
+    model: &ModelSummary,
+) -> Result<(), OptionError> {
+    opts.validate()?;
+    caps.check_options(opts, &model.model_type)?;
+    if let Some(c) = opts.context_length
+        && c as usize > model.max_position_embeddings
+    {
+        return Err(OptionError::new(
+            "context_length",
+            format!(
+                "{c} exceeds the model's maximum of {} tokens (max_position_embeddings)",
+                model.max_position_embeddings
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads the model named in `opts` from disk, then [`validate_with_model`].
+pub fn validate(opts: &LaunchOptions, caps: &Capabilities) -> Result<ModelSummary, OptionError> {
+    opts.validate()?;
+    let dir = &opts.model;
+    if !dir.is_dir() {
+        return Err(OptionError::new(
+            "model",
+            format!(
+                "{} is not a directory; give a Hugging Face model directory",
+                dir.display()
+            ),
+        ));
+    }
+    if !models::is_model_dir(dir) {
+        return Err(OptionError::new(
+            "model",
+            format!(
+                "{} has no config.json with *.safetensors next to it; give a Hugging Face model directory",
+                dir.display()
+            ),
+        ));
+    }
+    let summary = models::summarize(dir, opts.cache_dir.as_deref())
+        .map_err(|e| OptionError::new("model", e))?;
+    validate_with_model(opts, caps, &summary)?;
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::fake::a3b;
+    use crate::runtime::tests::fake_caps;
+
+    #[test]
+    fn context_beyond_the_model_is_refused() {
+        let caps = fake_caps(false);
+        let mut o = caps.default_options("qwen3_moe").unwrap();
+        o.model = "/m".into();
+        validate_with_model(&o, &caps, &a3b()).unwrap();
+        o.context_length = Some(1 << 20);
+        let e = validate_with_model(&o, &caps, &a3b()).unwrap_err();
+        assert_eq!(e.option, "context_length");
+        assert!(e.reason.contains("40960"));
+    }
+
+    #[test]
+    fn missing_model_dir_says_what_to_do() {
+        let caps = fake_caps(false);
+        let mut o = caps.default_options("qwen3_moe").unwrap();
+        let t = tempfile::tempdir().unwrap();
+        o.model = t.path().join("nope");
+        assert!(
+            validate(&o, &caps)
+                .unwrap_err()
+                .reason
+                .contains("not a directory")
+        );
+        o.model = t.path().to_path_buf();
+        assert!(
+            validate(&o, &caps)
+                .unwrap_err()
+                .reason
+                .contains("config.json")
+        );
+    }
+}

@@ -1,0 +1,118 @@
+//! Helpers shared by the launcher's integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+pub fn krasis() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_krasis"))
+}
+
+/// krasis-runtime next to krasis in target/; the test runner must build it.
+pub fn runtime() -> PathBuf {
+    let p = krasis().with_file_name(if cfg!(windows) {
+        "krasis-runtime.exe"
+    } else {
+        "krasis-runtime"
+    });
+    assert!(
+        p.is_file(),
+        "{} is missing: build it first with `cargo build -p krasis-runtime` (or run `cargo test --workspace`)",
+        p.display()
+    );
+    p
+}
+
+/// `krasis` with config and data dirs inside `tmp`, so tests never touch
+/// the real profile directory.
+pub fn krasis_cmd(tmp: &Path) -> Command {
+    let mut c = Command::new(krasis());
+    c.arg("--config-dir")
+        .arg(tmp.join("config"))
+        .arg("--data-dir")
+        .arg(tmp.join("data"));
+    c
+}
+
+/// A qwen3_moe model directory the launcher can read (config.json and a
+/// placeholder safetensors file: the launcher never opens weights).
+pub fn fake_model(dir: &Path) -> PathBuf {
+    let m = dir.join("fake-qwen3-moe");
+    std::fs::create_dir_all(&m).unwrap();
+    std::fs::write(
+        m.join("config.json"),
+        r#"{"model_type":"qwen3_moe","vocab_size":512,"hidden_size":128,"intermediate_size":256,
+"moe_intermediate_size":128,"num_hidden_layers":3,"num_attention_heads":4,"num_key_value_heads":2,
+"head_dim":32,"max_position_embeddings":8192,"num_experts":8,"num_experts_per_tok":2,
+"torch_dtype":"bfloat16"}"#,
+    )
+    .unwrap();
+    std::fs::write(m.join("model.safetensors"), b"").unwrap();
+    m
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Running, not a zombie (containers often have no init to reap orphans).
+pub fn alive(pid: u32) -> bool {
+    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        return state != Some("Z");
+    }
+    #[cfg(unix)]
+    // SAFETY: signal 0 only checks existence.
+    unsafe {
+        libc_kill(pid as i32, 0) == 0
+    }
+    #[cfg(not(unix))]
+    false
+}
+
+#[cfg(unix)]
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+#[cfg(unix)]
+pub fn sigterm(pid: u32) {
+    // SAFETY: signals a process this test started.
+    unsafe {
+        libc_kill(pid as i32, 15);
+    }
+}
+
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process {} did not exit within {timeout:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn wait_gone(pid: u32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    true
+}

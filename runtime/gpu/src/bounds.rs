@@ -1,0 +1,119 @@
+//! Physical lower bounds on prefill and decode time, so every measured
+//! figure can be reported beside what the hardware allows: bytes that must
+//! cross HBM per decode token over the copy bandwidth, and FLOPs per
+//! prefill over the BF16 matrix rate.
+
+use krasis_model::{Geometry, MlpKind};
+use serde::Serialize;
+
+/// Device-to-device copy bandwidth (read + write bytes) measured on the H200
+/// this engine is benchmarked on.
+pub const H200_HBM_BYTES_PER_S: f64 = 4.3e12;
+/// Dense BF16 GEMM rate measured on the same H200 (8192³, random data).
+pub const H200_BF16_FLOP_PER_S: f64 = 790e12;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Bound {
+    /// Bytes (decode) or FLOPs (prefill) per token.
+    pub per_token: f64,
+    /// Tokens/s the bound allows.
+    pub max_tok_s: f64,
+}
+
+/// Bytes one decode token must read at context `ctx` with all experts
+/// resident: every non-expert weight once, `top_k` INT4 experts per MoE
+/// layer, the KV cache up to `ctx`, and the LM head.
+pub fn decode_bytes_per_token(g: &Geometry, int4_expert_bytes: usize, ctx: usize) -> f64 {
+    let (h, q, kv) = (g.hidden as f64, g.q_dim() as f64, g.kv_dim() as f64);
+    let mut b = 0.0;
+    for kind in &g.mlp_kinds {
+        b += 2.0 * ((q + 2.0 * kv) * h + h * q); // qkv + o_proj, bf16
+        b += 2.0 * 2.0 * ctx as f64 * kv; // K and V, bf16
+        b += match kind {
+            MlpKind::Moe => 2.0 * g.num_experts as f64 * h + (g.top_k * int4_expert_bytes) as f64,
+            MlpKind::Dense => 2.0 * 3.0 * h * g.intermediate as f64,
+        };
+    }
+    b + 2.0 * g.vocab_size as f64 * h
+}
+
+/// FLOPs of prefilling `tokens` tokens from an empty cache (matrix products
+/// and attention; the LM head runs for the last token only).
+pub fn prefill_flops(g: &Geometry, tokens: usize) -> f64 {
+    let (h, q, kv, t) = (g.hidden as f64, g.q_dim() as f64, g.kv_dim() as f64, tokens as f64);
+    let mut per_token = 0.0;
+    for kind in &g.mlp_kinds {
+        per_token += 2.0 * ((q + 2.0 * kv) * h + h * q);
+        per_token += match kind {
+            MlpKind::Moe => 2.0 * (g.num_experts as f64 * h + g.top_k as f64 * 3.0 * h * g.expert_intermediate as f64),
+            MlpKind::Dense => 2.0 * 3.0 * h * g.intermediate as f64,
+        };
+    }
+    // Causal attention: QKᵀ and PV over on average t/2 keys per query.
+    let attn = g.num_layers as f64 * 2.0 * 2.0 * q * (t * (t + 1.0) / 2.0);
+    per_token * t + attn + 2.0 * g.vocab_size as f64 * h
+}
+
+pub fn decode_bound(g: &Geometry, int4_expert_bytes: usize, ctx: usize) -> Bound {
+    let b = decode_bytes_per_token(g, int4_expert_bytes, ctx);
+    Bound {
+        per_token: b,
+        max_tok_s: H200_HBM_BYTES_PER_S / b,
+    }
+}
+
+pub fn prefill_bound(g: &Geometry, tokens: usize) -> Bound {
+    let f = prefill_flops(g, tokens);
+    Bound {
+        per_token: f / tokens.max(1) as f64,
+        max_tok_s: tokens as f64 * H200_BF16_FLOP_PER_S / f,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a3b_24l() -> Geometry {
+        Geometry {
+            vocab_size: 151936,
+            hidden: 2048,
+            num_layers: 24,
+            num_heads: 32,
+            num_kv_heads: 4,
+            head_dim: 128,
+            intermediate: 6144,
+            expert_intermediate: 768,
+            num_experts: 128,
+            top_k: 8,
+            norm_topk_prob: true,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1e6,
+            max_position_embeddings: 40960,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            mlp_kinds: vec![MlpKind::Moe; 24],
+        }
+    }
+
+    #[test]
+    fn a3b_24l_decode_bytes_are_about_1_8_gb() {
+        let expert = krasis_cache::ExpertLayout::new(2048, 768).unwrap().used_bytes;
+        let b = decode_bytes_per_token(&a3b_24l(), expert, 0);
+        // 24 x (37.7 MB attention + 0.5 MB router + 8 x 2.4 MB experts) + 622 MB head.
+        assert!((1.9e9..2.1e9).contains(&b), "{b}");
+        let kv = decode_bytes_per_token(&a3b_24l(), expert, 1000) - b;
+        assert_eq!(kv, 24.0 * 4.0 * 1000.0 * 512.0);
+    }
+
+    #[test]
+    fn prefill_flops_scale_with_active_params() {
+        let g = a3b_24l();
+        let f1 = prefill_flops(&g, 1000);
+        let f2 = prefill_flops(&g, 2000);
+        // Linear part dominates at these lengths; attention adds the rest.
+        assert!(f2 > 2.0 * f1 - 2.0 * 2.0 * 151936.0 * 2048.0);
+        // ~1.5 B active params per token -> ~3 GFLOP per token.
+        assert!((2.5e9..4.0e9).contains(&(f1 / 1000.0)), "{}", f1 / 1000.0);
+    }
+}

@@ -1,0 +1,198 @@
+//! The CUDA context, the one compute stream, the cuBLAS handle, and
+//! allocation that reports out-of-memory with the size and purpose.
+
+use crate::error::{GpuError, Result};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, sys};
+use std::sync::Arc;
+
+/// Bytes of cuBLAS workspace. Set explicitly so cuBLAS never allocates while a
+/// CUDA graph is being captured.
+const BLAS_WORKSPACE_BYTES: usize = 64 << 20;
+
+/// Facts about the device, for reports and the bench identity.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub total_bytes: usize,
+    pub driver_version: i32,
+    pub multiprocessors: i32,
+}
+
+/// Checks that a CUDA driver and at least one device exist, without creating
+/// a context. `Err(GpuError::NoDevice)` on CPU-only machines.
+pub fn probe() -> Result<usize> {
+    // SAFETY: only checks whether the shared library can be loaded.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(GpuError::NoDevice(
+            "the CUDA driver library (libcuda.so) is not installed".into(),
+        ));
+    }
+    let n = CudaContext::device_count()
+        .map_err(|e| GpuError::NoDevice(format!("the CUDA driver failed to start: {e}")))?;
+    if n <= 0 {
+        return Err(GpuError::NoDevice("the CUDA driver reports no devices".into()));
+    }
+    Ok(n as usize)
+}
+
+/// One device with its compute stream and cuBLAS handle.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub blas: CudaBlas,
+    pub info: DeviceInfo,
+    _blas_workspace: CudaSlice<u8>,
+}
+
+impl Gpu {
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let n = probe()?;
+        if ordinal >= n {
+            return Err(GpuError::NoDevice(format!(
+                "device {ordinal} requested but only {n} CUDA device(s) exist"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(GpuError::driver("creating the CUDA context"))?;
+        // SAFETY: the engine uses one stream for all device work (the VRAM
+        // monitor only queries memory), so cudarc's per-buffer events would
+        // only add work to every launch and break graph capture.
+        unsafe { ctx.disable_event_tracking() };
+        // A created (non-legacy) stream: graph capture is refused on the legacy default stream.
+        let stream = ctx
+            .new_stream()
+            .map_err(GpuError::driver("creating the compute stream"))?;
+        let name = ctx.name().map_err(GpuError::driver("reading the device name"))?;
+        let compute_capability = ctx
+            .compute_capability()
+            .map_err(GpuError::driver("reading the compute capability"))?;
+        let total_bytes = ctx.total_mem().map_err(GpuError::driver("reading device memory size"))?;
+        let multiprocessors = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(GpuError::driver("reading the multiprocessor count"))?;
+        let driver_version = driver_version()?;
+        let blas = CudaBlas::new(stream.clone()).map_err(GpuError::blas("creating the cuBLAS handle"))?;
+        let info = DeviceInfo {
+            ordinal,
+            name,
+            compute_capability,
+            total_bytes,
+            driver_version,
+            multiprocessors,
+        };
+        let workspace = alloc_raw::<u8>(&stream, BLAS_WORKSPACE_BYTES, "cuBLAS workspace")?;
+        {
+            let (ptr, _g) = workspace.device_ptr(&stream);
+            // SAFETY: the workspace outlives the handle (both live in `Gpu`,
+            // and the handle is dropped first, being declared earlier).
+            unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ptr as *mut std::ffi::c_void,
+                    BLAS_WORKSPACE_BYTES,
+                )
+                .result()
+                .map_err(GpuError::blas("setting the cuBLAS workspace"))?;
+            }
+        }
+        Ok(Gpu {
+            ctx,
+            stream,
+            blas,
+            info,
+            _blas_workspace: workspace,
+        })
+    }
+
+    /// `(free, total)` device bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx
+            .mem_get_info()
+            .map_err(GpuError::driver("querying free device memory"))
+    }
+
+    /// Uninitialised device memory of `len` elements; callers write every
+    /// element before reading it.
+    pub fn alloc<T: DeviceRepr>(&self, len: usize, what: &str) -> Result<CudaSlice<T>> {
+        alloc_raw(&self.stream, len, what)
+    }
+
+    pub fn alloc_zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        len: usize,
+        what: &str,
+    ) -> Result<CudaSlice<T>> {
+        let mut s = alloc_raw(&self.stream, len, what)?;
+        self.stream
+            .memset_zeros(&mut s)
+            .map_err(GpuError::driver(format!("zeroing {what}")))?;
+        Ok(s)
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, host: &[T], what: &str) -> Result<CudaSlice<T>> {
+        let mut s = alloc_raw(&self.stream, host.len().max(1), what)?;
+        if !host.is_empty() {
+            self.stream
+                .memcpy_htod(host, &mut s)
+                .map_err(GpuError::driver(format!("copying {what} to the GPU")))?;
+        }
+        Ok(s)
+    }
+
+    pub fn download<T: DeviceRepr + Default + Clone>(
+        &self,
+        dev: &CudaSlice<T>,
+        len: usize,
+        what: &str,
+    ) -> Result<Vec<T>> {
+        let mut host = vec![T::default(); len];
+        self.stream
+            .memcpy_dtoh(&dev.slice(0..len), &mut host)
+            .map_err(GpuError::driver(format!("copying {what} from the GPU")))?;
+        Ok(host)
+    }
+
+    pub fn sync(&self, what: &str) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(GpuError::driver(format!("waiting for {what}")))
+    }
+}
+
+/// The raw device address of a buffer (kernels and cuBLAS take addresses).
+pub fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    let (p, _g) = s.device_ptr(stream);
+    p
+}
+
+fn alloc_raw<T: DeviceRepr>(stream: &Arc<CudaStream>, len: usize, what: &str) -> Result<CudaSlice<T>> {
+    let bytes = len * std::mem::size_of::<T>();
+    // SAFETY: documented contract of `Gpu::alloc`: contents are written before use.
+    match unsafe { stream.alloc::<T>(len.max(1)) } {
+        Ok(s) => Ok(s),
+        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+            let (free, total) = stream.context().mem_get_info().unwrap_or((0, 0));
+            Err(GpuError::OutOfMemory {
+                what: what.to_string(),
+                requested: bytes,
+                free,
+                total,
+            })
+        }
+        Err(e) => Err(GpuError::Driver {
+            what: format!("allocating {bytes} bytes for {what}"),
+            source: e,
+        }),
+    }
+}
+
+fn driver_version() -> Result<i32> {
+    let mut v = 0i32;
+    // SAFETY: plain query into a local.
+    unsafe { sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .map_err(GpuError::driver("reading the driver version"))?;
+    Ok(v)
+}

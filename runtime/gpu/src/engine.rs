@@ -1,0 +1,495 @@
+//! [`CudaEngine`]: the `krasis_model::Engine` implementation on one GPU.
+//!
+//! Prefill runs the whole prompt on the GPU in chunks of
+//! `prefill_chunk` tokens. Decode is a Rust loop whose only per-token host
+//! work is writing the position (4 bytes), launching (one graph replay, or
+//! the kernels one by one when graphs are off), launching the sampler, and
+//! reading the sampled id (4 bytes). The sampled id is written straight into
+//! the next step's input buffer on the device.
+
+use crate::device::Gpu;
+use crate::error::{GpuError, Result};
+use crate::experts::ExpertTable;
+use crate::forward::{Model, Positions};
+use crate::options::{CudaEngineOptions, GEMV_MAX_TOKENS};
+use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
+use crate::weights::ModelWeights;
+use cudarc::driver::{CudaGraph, sys};
+use krasis_common::status::{EngineStats, VramStats};
+use krasis_kernels::{Int4Layout, Kernels};
+use krasis_model::{
+    Checkpoint, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,
+    GenerateStats, Geometry, ModelConfig, SamplingParams,
+};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// What loading put on the device, for logs and bench reports.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LoadReport {
+    pub model_dir: PathBuf,
+    pub cache_path: Option<PathBuf>,
+    pub cache_format_version: u32,
+    pub weight_bytes: usize,
+    pub expert_bytes: usize,
+    pub kv_bytes: usize,
+    pub context_length: usize,
+    pub prefill_chunk: usize,
+    pub load_seconds: f64,
+}
+
+/// The captured decode step.
+struct DecodeGraph(CudaGraph);
+
+// SAFETY: CUDA graph objects may be used from any thread provided calls on
+// one graph are serialized (CUDA driver API, "Graph object thread safety").
+// The graph is owned by one engine and only touched through `&mut self`, so
+// calls are serialized; `launch` binds the context to the calling thread.
+unsafe impl Send for DecodeGraph {}
+
+pub struct CudaEngine {
+    model: Model,
+    context: usize,
+    cuda_graphs: bool,
+    graph: Option<DecodeGraph>,
+    /// Decode steps run eagerly so far (the graph is captured after one
+    /// eager step, once every kernel module and cuBLAS kernel is loaded).
+    eager_steps: usize,
+    report: LoadReport,
+    stats: EngineStats,
+    min_free: Option<u64>,
+}
+
+impl CudaEngine {
+    /// Loads the model in `model_dir` onto the GPU: non-expert weights from
+    /// the checkpoint (BF16), routed experts from the INT4 cache (opened, or
+    /// built when missing/stale), KV cache and scratch preallocated.
+    pub fn load(model_dir: &Path, opts: &CudaEngineOptions) -> Result<Self> {
+        let t0 = Instant::now();
+        let config = ModelConfig::load(model_dir)?;
+        let g = config.geometry();
+        check_supported(&g)?;
+        let context = opts.context_length.unwrap_or(g.max_position_embeddings);
+        if context == 0 || context > g.max_position_embeddings {
+            return Err(GpuError::Unsupported(format!(
+                "context length {context} must be in 1..={} (max_position_embeddings of {}; RoPE scaling is not supported)",
+                g.max_position_embeddings,
+                model_dir.display()
+            )));
+        }
+        if opts.prefill_chunk == 0 {
+            return Err(GpuError::Unsupported("prefill chunk must be at least 1 token".into()));
+        }
+        let gpu = Gpu::open(opts.device)?;
+        let (free_at_start, _) = gpu.mem_info()?;
+        let kernels = Kernels::new(&gpu.ctx, &opts.kernel_cache)?;
+        let ckpt = Checkpoint::open(model_dir)?;
+        let weights = ModelWeights::upload(&gpu, &ckpt, &g)?;
+        drop(ckpt);
+        let (experts, int4, cache_path, cache_version) = if g.num_moe_layers() > 0 {
+            let cache = krasis_cache::ensure_cache(model_dir, opts.cache_root.as_deref())?;
+            let int4 = int4_layout(&cache.layout(), &g)?;
+            let table = ExpertTable::upload_all(&gpu, &cache)?;
+            if table.moe_layers != g.moe_layers().collect::<Vec<_>>() {
+                return Err(GpuError::Cache(format!(
+                    "{} holds MoE layers {:?} but the model's MoE layers are {:?}",
+                    cache.path().display(),
+                    table.moe_layers,
+                    g.moe_layers().collect::<Vec<_>>()
+                )));
+            }
+            (
+                Some(table),
+                Some(int4),
+                Some(cache.path().to_path_buf()),
+                krasis_cache::FORMAT_VERSION,
+            )
+        } else {
+            (None, None, None, 0)
+        };
+        let kv = KvCache::new(&gpu, &g, context)?;
+        let cap = opts.prefill_chunk.min(context);
+        let scratch = Scratch::new(&gpu, &g, cap, GEMV_MAX_TOKENS)?;
+        gpu.sync("loading weights")?;
+        let (free_now, _) = gpu.mem_info()?;
+        let used = free_at_start.saturating_sub(free_now) as u64;
+        if let Some(limit) = opts.vram_limit {
+            if used > limit {
+                return Err(GpuError::Unsupported(format!(
+                    "the model needs {:.2} GiB of VRAM with every expert resident (context {context}) \
+                     but the VRAM limit is {:.2} GiB; raise the limit or lower the context length",
+                    used as f64 / (1u64 << 30) as f64,
+                    limit as f64 / (1u64 << 30) as f64
+                )));
+            }
+        }
+        let report = LoadReport {
+            model_dir: model_dir.to_path_buf(),
+            cache_path,
+            cache_format_version: cache_version,
+            weight_bytes: weights.bytes,
+            expert_bytes: experts.as_ref().map_or(0, |e| e.resident_bytes),
+            kv_bytes: kv.bytes(),
+            context_length: context,
+            prefill_chunk: cap,
+            load_seconds: t0.elapsed().as_secs_f64(),
+        };
+        tracing::info!(?report, device = %gpu.info.name, "CUDA engine loaded");
+        Ok(CudaEngine {
+            model: Model {
+                gpu,
+                kernels,
+                geometry: g,
+                weights,
+                experts,
+                int4,
+                kv,
+                scratch,
+                gemv_tokens: GEMV_MAX_TOKENS,
+            },
+            context,
+            cuda_graphs: opts.cuda_graphs,
+            graph: None,
+            eager_steps: 0,
+            report,
+            stats: EngineStats::default(),
+            min_free: None,
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.model.gpu
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.model.geometry
+    }
+
+    pub fn load_report(&self) -> &LoadReport {
+        &self.report
+    }
+
+    /// Turns decode CUDA graphs on or off (results are identical).
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        self.cuda_graphs = on;
+    }
+
+    /// Lowest free VRAM seen by an external monitor, for the stats endpoint.
+    pub fn note_min_free(&mut self, bytes: u64) {
+        self.min_free = Some(self.min_free.map_or(bytes, |m| m.min(bytes)));
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if tokens.len() > self.context {
+            return Err(EngineError::PromptTooLong {
+                prompt: tokens.len(),
+                context: self.context,
+            });
+        }
+        let vocab = self.model.geometry.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::BadToken { id, vocab });
+        }
+        Ok(())
+    }
+
+    /// Prefills `tokens` from position 0; after each chunk runs `after`
+    /// with (chunk start, chunk length) while the chunk's final hidden
+    /// states are in the scratch.
+    fn prefill(
+        &mut self,
+        tokens: &[u32],
+        mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        let cap = self.model.scratch.cap;
+        for (ci, chunk) in tokens.chunks(cap).enumerate() {
+            let start = ci * cap;
+            let m = &mut self.model;
+            m.gpu
+                .stream
+                .memcpy_htod(chunk, &mut m.scratch.ids.slice_mut(0..chunk.len()))
+                .map_err(GpuError::driver("copying prompt tokens to the GPU"))?;
+            m.forward_layers(chunk.len(), Positions::Prefill(start))?;
+            after(m, start, chunk.len())?;
+        }
+        Ok(())
+    }
+
+    /// Samples from `scratch.logits[0]` into `scratch.ids[0]` and returns the id.
+    fn sample(&mut self, params: &krasis_kernels::SamplingParams, step: u64) -> Result<u32> {
+        let m = &mut self.model;
+        let v = m.geometry.vocab_size;
+        let sc = &mut m.scratch;
+        let s = &m.gpu.stream;
+        m.kernels.sample::<f32>(
+            s,
+            &sc.logits.slice(0..v),
+            v,
+            params,
+            step,
+            &mut sc.counts,
+            &mut sc.sample_ws,
+            &mut sc.ids.slice_mut(0..1),
+        )?;
+        let mut out = [0u32; 1];
+        s.memcpy_dtoh(&sc.ids.slice(0..1), &mut out)
+            .map_err(GpuError::driver("reading the sampled token"))?;
+        Ok(out[0])
+    }
+
+    /// One decode step of the token in `scratch.ids[0]` at `pos`, leaving its
+    /// logits in `scratch.logits[0]`.
+    fn decode_step(&mut self, pos: usize) -> Result<()> {
+        let m = &mut self.model;
+        m.gpu
+            .stream
+            .memcpy_htod(&[pos as u32], &mut m.scratch.pos)
+            .map_err(GpuError::driver("writing the decode position"))?;
+        if !self.cuda_graphs || self.eager_steps == 0 {
+            m.forward_layers(1, Positions::Decode)?;
+            m.lm_head(0, 1)?;
+            self.eager_steps += 1;
+            return Ok(());
+        }
+        if self.graph.is_none() {
+            self.graph = Some(DecodeGraph(self.capture_decode()?));
+        }
+        if let Some(graph) = &self.graph {
+            graph
+                .0
+                .launch()
+                .map_err(GpuError::driver("replaying the decode graph"))?;
+        }
+        Ok(())
+    }
+
+    fn capture_decode(&mut self) -> Result<CudaGraph> {
+        let m = &mut self.model;
+        let stream = m.gpu.stream.clone();
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(GpuError::driver("starting decode graph capture"))?;
+        let body = m.forward_layers(1, Positions::Decode).and_then(|_| m.lm_head(0, 1));
+        let end = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        body?;
+        let graph = end
+            .map_err(GpuError::driver("instantiating the decode graph"))?
+            .ok_or_else(|| GpuError::Unsupported("decode graph capture recorded nothing".into()))?;
+        graph
+            .upload()
+            .map_err(GpuError::driver("uploading the decode graph"))?;
+        Ok(graph)
+    }
+
+    fn run_generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerateOutcome> {
+        self.check_tokens(&req.prompt)?;
+        let params = kernel_sampling(&req.sampling)?;
+        let t0 = Instant::now();
+        {
+            let m = &mut self.model;
+            m.gpu
+                .stream
+                .memset_zeros(&mut m.scratch.counts)
+                .map_err(GpuError::driver("clearing sampling counts"))?;
+        }
+        let n = req.prompt.len();
+        let mut stats = GenerateStats {
+            prompt_tokens: n,
+            ..GenerateStats::default()
+        };
+        if req.max_new_tokens == 0 {
+            return Ok(GenerateOutcome {
+                finish: FinishReason::Length,
+                stats,
+            });
+        }
+        let last_chunk_start = (n - 1) / self.model.scratch.cap * self.model.scratch.cap;
+        self.prefill(&req.prompt, |m, start, _| {
+            if start == last_chunk_start {
+                m.lm_head(n - 1 - start, 1)?;
+            }
+            Ok(())
+        })?;
+        let mut token = self.sample(&params, 0)?;
+        stats.prefill_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut pos = n;
+        let finish = loop {
+            stats.generated_tokens += 1;
+            if on_token(token).is_break() {
+                break FinishReason::Cancelled;
+            }
+            if req.stop_token_ids.contains(&token) {
+                break FinishReason::Stop;
+            }
+            if stats.generated_tokens >= req.max_new_tokens || pos >= self.context {
+                break FinishReason::Length;
+            }
+            self.decode_step(pos)?;
+            token = self.sample(&params, stats.generated_tokens as u64)?;
+            pos += 1;
+        };
+        stats.decode_seconds = t1.elapsed().as_secs_f64();
+        self.stats.requests_completed += 1;
+        self.stats.last_prompt_tokens = n as u64;
+        self.stats.last_generated_tokens = stats.generated_tokens as u64;
+        self.stats.last_prefill_tok_s = stats.prefill_tok_s();
+        self.stats.last_decode_tok_s = stats.decode_tok_s();
+        Ok(GenerateOutcome { finish, stats })
+    }
+
+    fn run_prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.check_tokens(tokens)?;
+        let v = self.model.geometry.vocab_size;
+        let mut out = Vec::with_capacity(tokens.len());
+        self.prefill(tokens, |m, _, len| {
+            let mut host = vec![0f32; LOGIT_ROWS * v];
+            let mut first = 0;
+            while first < len {
+                let rows = (len - first).min(LOGIT_ROWS);
+                m.lm_head(first, rows)?;
+                m.gpu
+                    .stream
+                    .memcpy_dtoh(&m.scratch.logits.slice(0..rows * v), &mut host[..rows * v])
+                    .map_err(GpuError::driver("reading logits"))?;
+                out.extend(host[..rows * v].chunks_exact(v).map(|r| r.to_vec()));
+                first += rows;
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+impl Engine for CudaEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            backend: "cuda".into(),
+            vocab_size: self.model.geometry.vocab_size,
+            context_length: self.context,
+        }
+    }
+
+    fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerateOutcome, EngineError> {
+        self.run_generate(req, on_token).map_err(EngineError::from)
+    }
+
+    fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.run_prompt_logits(tokens).map_err(EngineError::from)
+    }
+
+    fn stats(&self) -> Option<EngineStats> {
+        let mut s = self.stats.clone();
+        if let Ok((free, total)) = self.model.gpu.mem_info() {
+            s.vram = Some(VramStats {
+                total_bytes: total as u64,
+                limit_bytes: None,
+                free_bytes: free as u64,
+                min_free_bytes: self.min_free.unwrap_or(free as u64).min(free as u64),
+            });
+        }
+        Some(s)
+    }
+}
+
+fn kernel_sampling(p: &SamplingParams) -> Result<krasis_kernels::SamplingParams, EngineError> {
+    let k = krasis_kernels::SamplingParams {
+        temperature: p.temperature.max(0.0),
+        top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+        top_p: p.top_p,
+        min_p: p.min_p,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        seed: p.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        }),
+    };
+    k.validate().map_err(EngineError::Backend)?;
+    Ok(k)
+}
+
+fn int4_layout(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<Int4Layout> {
+    let mine = Int4Layout {
+        hidden: l.hidden,
+        intermediate: l.intermediate,
+        w13_q: l.w13_q,
+        w13_s: l.w13_s,
+        w2_q: l.w2_q,
+        w2_s: l.w2_s,
+    };
+    if l.hidden != g.hidden || l.intermediate != g.expert_intermediate {
+        return Err(GpuError::Cache(format!(
+            "cache experts are {}x{} but the model's are {}x{}",
+            l.hidden, l.intermediate, g.hidden, g.expert_intermediate
+        )));
+    }
+    // The kernels hard-code format v1; a cache whose offsets differ from
+    // what they expect is refused rather than misread.
+    if Int4Layout::new(l.hidden, l.intermediate) != Some(mine) {
+        return Err(GpuError::Cache(format!(
+            "cache expert layout {l:?} differs from the format-v1 layout the kernels implement"
+        )));
+    }
+    Ok(mine)
+}
+
+/// Refuses geometries the kernels cannot run, before anything is uploaded.
+fn check_supported(g: &Geometry) -> Result<()> {
+    let mut why = Vec::new();
+    if ![64, 128, 192, 256].contains(&g.head_dim) {
+        why.push(format!("head_dim {} (supported: 64, 128, 192, 256)", g.head_dim));
+    }
+    if g.num_heads / g.num_kv_heads.max(1) > 16 {
+        why.push(format!(
+            "GQA group of {} query heads per KV head (at most 16)",
+            g.num_heads / g.num_kv_heads
+        ));
+    }
+    if !g.hidden.is_multiple_of(128) {
+        why.push(format!("hidden {} (must be a multiple of 128)", g.hidden));
+    }
+    if g.num_moe_layers() > 0 {
+        if g.num_experts > krasis_kernels::ROUTER_MAX_EXPERTS {
+            why.push(format!(
+                "{} experts (at most {})",
+                g.num_experts,
+                krasis_kernels::ROUTER_MAX_EXPERTS
+            ));
+        }
+        if g.top_k > krasis_kernels::ROUTER_MAX_TOPK {
+            why.push(format!(
+                "top-{} routing (at most {})",
+                g.top_k,
+                krasis_kernels::ROUTER_MAX_TOPK
+            ));
+        }
+        if g.expert_intermediate > 4096 || g.hidden > 8192 {
+            why.push(format!(
+                "expert {}x{} (INT4 decode kernels support hidden <= 8192, expert width <= 4096)",
+                g.hidden, g.expert_intermediate
+            ));
+        }
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(GpuError::Unsupported(format!(
+            "the CUDA engine cannot run this model: {}",
+            why.join("; ")
+        )))
+    }
+}

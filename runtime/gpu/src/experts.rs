@@ -1,0 +1,77 @@
+//! Routed experts on the device, addressed through a pointer table.
+//!
+//! Kernels never see where an expert lives: they read
+//! `table[moe_layer * num_experts + expert]`, the device address of that
+//! expert's INT4 block (layout in `krasis_cache::layout`). In this engine
+//! every expert is resident and the table is written once at load; an expert
+//! cache that moves experts in and out on demand only has to rewrite entries
+//! of this table (and keep the blocks they point to alive), never the
+//! kernels or their launch shapes.
+
+use crate::device::{Gpu, addr};
+use crate::error::{GpuError, Result};
+use cudarc::driver::{CudaSlice, CudaView};
+use krasis_cache::{ExpertCache, ExpertLayout};
+
+pub struct ExpertTable {
+    pub layout: ExpertLayout,
+    pub num_experts: usize,
+    /// Decoder-layer index of each MoE layer, in table order.
+    pub moe_layers: Vec<usize>,
+    /// `[num_moe_layers * num_experts]` device addresses.
+    ptrs: CudaSlice<u64>,
+    /// The same addresses on the host (for checks and reports).
+    host_ptrs: Vec<u64>,
+    /// Backing storage of resident experts: one allocation per MoE layer.
+    _resident: Vec<CudaSlice<u8>>,
+    pub resident_bytes: usize,
+}
+
+impl ExpertTable {
+    /// Uploads every expert of every MoE layer of `cache`.
+    pub fn upload_all(gpu: &Gpu, cache: &ExpertCache) -> Result<Self> {
+        let layout = cache.layout();
+        let num_experts = cache.num_experts();
+        let moe_layers: Vec<usize> = cache.moe_layers().to_vec();
+        let mut resident = Vec::with_capacity(moe_layers.len());
+        let mut host_ptrs = Vec::with_capacity(moe_layers.len() * num_experts);
+        let mut resident_bytes = 0;
+        for &layer in &moe_layers {
+            let bytes = cache.layer_bytes(layer);
+            let need = num_experts * layout.expert_stride;
+            if bytes.len() < need {
+                return Err(GpuError::Cache(format!(
+                    "layer {layer} region of {} holds {} bytes but {num_experts} experts of stride {} need {need}",
+                    cache.path().display(),
+                    bytes.len(),
+                    layout.expert_stride
+                )));
+            }
+            let dev = gpu.upload(&bytes[..need], &format!("INT4 experts of layer {layer}"))?;
+            let base = addr(&dev, &gpu.stream);
+            host_ptrs.extend((0..num_experts).map(|e| base + (e * layout.expert_stride) as u64));
+            resident_bytes += need;
+            resident.push(dev);
+        }
+        let ptrs = gpu.upload(&host_ptrs, "expert pointer table")?;
+        Ok(ExpertTable {
+            layout,
+            num_experts,
+            moe_layers,
+            ptrs,
+            host_ptrs,
+            _resident: resident,
+            resident_bytes,
+        })
+    }
+
+    /// The `num_experts` device addresses of MoE layer `moe_index`.
+    pub fn layer(&self, moe_index: usize) -> CudaView<'_, u64> {
+        let n = self.num_experts;
+        self.ptrs.slice(moe_index * n..(moe_index + 1) * n)
+    }
+
+    pub fn host_ptrs(&self) -> &[u64] {
+        &self.host_ptrs
+    }
+}

@@ -1,0 +1,313 @@
+//! The forward pass: one chunk of prompt tokens (prefill) or one decode
+//! token through every layer, entirely on the GPU.
+//!
+//! Per layer: RMSNorm → fused QKV GEMM → q/k RMSNorm + RoPE → KV append →
+//! attention → o_proj GEMM accumulated straight into the f32 residual
+//! (cuBLAS beta = 1) → RMSNorm → MLP. A MoE MLP is a router GEMM with f32
+//! output, softmax top-k, then the routed experts (`moe.rs`); a dense MLP is
+//! gate/up GEMM → SwiGLU → down GEMM into the residual.
+//!
+//! Precision: weights BF16 (experts INT4), GEMM inputs BF16, every
+//! accumulation and the residual stream f32, router logits f32.
+
+use crate::blas::{Gemm, OutType, gemm};
+use crate::device::Gpu;
+use crate::error::{GpuError, Result};
+use crate::experts::ExpertTable;
+use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
+use crate::weights::{MlpWeights, ModelWeights};
+use cudarc::driver::{CudaSlice, DevicePtr};
+use krasis_kernels::{Int4Layout, Kernels, QkvGeom, StartPos};
+use krasis_model::Geometry;
+
+/// Everything resident on the device for one model.
+pub struct Model {
+    pub gpu: Gpu,
+    pub kernels: Kernels,
+    pub geometry: Geometry,
+    pub weights: ModelWeights,
+    pub experts: Option<ExpertTable>,
+    pub int4: Option<Int4Layout>,
+    pub kv: KvCache,
+    pub scratch: Scratch,
+    /// Chunks of at most this many tokens use the INT4 GEMV expert path.
+    pub gemv_tokens: usize,
+}
+
+/// Where the positions of a forward pass come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Positions {
+    /// Prefill chunk starting at this absolute position.
+    Prefill(usize),
+    /// One decode token at the position stored in `scratch.pos`.
+    Decode,
+}
+
+/// Device address of element `offset` of `s`.
+pub(crate) fn ptr<T>(gpu: &Gpu, s: &CudaSlice<T>, offset: usize) -> u64 {
+    let (p, _g) = s.device_ptr(&gpu.stream);
+    p + (offset * std::mem::size_of::<T>()) as u64
+}
+
+/// The read-only parts of a [`Model`] a forward pass uses.
+pub(crate) struct Ctx<'a> {
+    pub gpu: &'a Gpu,
+    pub kn: &'a Kernels,
+    pub g: &'a Geometry,
+    pub w: &'a ModelWeights,
+    pub experts: Option<&'a ExpertTable>,
+    pub int4: Option<&'a Int4Layout>,
+    pub gemv_tokens: usize,
+}
+
+impl Ctx<'_> {
+    fn qkv_geom(&self, t: usize) -> QkvGeom {
+        QkvGeom {
+            n_tokens: t,
+            n_q_heads: self.g.num_heads,
+            n_kv_heads: self.g.num_kv_heads,
+            head_dim: self.g.head_dim,
+        }
+    }
+
+    /// `y[m,n] (+)= x[m,k] · w[n,k]ᵀ` on device addresses.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        x: u64,
+        w: u64,
+        y: u64,
+        out: OutType,
+        beta: f32,
+        what: &str,
+    ) -> Result<()> {
+        gemm(
+            &self.gpu.blas,
+            &Gemm {
+                m,
+                n,
+                k,
+                x,
+                w,
+                y,
+                out,
+                beta,
+            },
+            what,
+        )
+    }
+
+    pub(crate) fn p<T>(&self, s: &CudaSlice<T>, offset: usize) -> u64 {
+        ptr(self.gpu, s, offset)
+    }
+}
+
+impl Model {
+    pub(crate) fn split(&mut self) -> (Ctx<'_>, &mut Scratch, &mut KvCache) {
+        (
+            Ctx {
+                gpu: &self.gpu,
+                kn: &self.kernels,
+                g: &self.geometry,
+                w: &self.weights,
+                experts: self.experts.as_ref(),
+                int4: self.int4.as_ref(),
+                gemv_tokens: self.gemv_tokens,
+            },
+            &mut self.scratch,
+            &mut self.kv,
+        )
+    }
+
+    /// Runs `t` tokens (already in `scratch.ids[..t]`) through every layer;
+    /// leaves the final residual stream in `scratch.residual[..t]`.
+    pub fn forward_layers(&mut self, t: usize, at: Positions) -> Result<()> {
+        let (cx, sc, kv) = self.split();
+        if t == 0 || t > sc.cap {
+            return Err(GpuError::Unsupported(format!(
+                "forward pass of {t} tokens (the scratch holds 1..={})",
+                sc.cap
+            )));
+        }
+        if matches!(at, Positions::Decode) && t != 1 {
+            return Err(GpuError::Unsupported(format!(
+                "decode of {t} tokens at once"
+            )));
+        }
+        let (g, s, kn) = (cx.g, &cx.gpu.stream, cx.kn);
+        let (h, eps) = (g.hidden, g.rms_norm_eps);
+        kn.embed(s, &cx.w.embed, g.vocab_size, h, &sc.ids, t, &mut sc.residual)?;
+        for l in 0..g.num_layers {
+            let lw = &cx.w.layers[l];
+            kn.rmsnorm::<f32>(s, &sc.residual, &lw.input_norm, t, h, eps, &mut sc.normed)?;
+            attention(&cx, sc, kv, l, t, at)?;
+            kn.rmsnorm::<f32>(
+                s,
+                &sc.residual,
+                &lw.post_attention_norm,
+                t,
+                h,
+                eps,
+                &mut sc.normed,
+            )?;
+            match &lw.mlp {
+                MlpWeights::Moe { router, moe_index } => {
+                    let (e, k) = (g.num_experts, g.top_k);
+                    cx.gemm(
+                        (t, e, h),
+                        cx.p(&sc.normed, 0),
+                        cx.p(router, 0),
+                        cx.p(&sc.router, 0),
+                        OutType::F32,
+                        0.0,
+                        "router",
+                    )?;
+                    kn.router_topk::<f32>(
+                        s,
+                        &sc.router,
+                        t,
+                        e,
+                        k,
+                        g.norm_topk_prob,
+                        &mut sc.topk_ids,
+                        &mut sc.topk_w,
+                    )?;
+                    if t <= cx.gemv_tokens {
+                        crate::moe::experts_gemv(&cx, sc, *moe_index, t)?;
+                    } else {
+                        crate::moe::experts_grouped(&cx, sc, *moe_index, t)?;
+                    }
+                }
+                MlpWeights::Dense { gate_up, down } => {
+                    let ds = sc.dense.as_mut().ok_or_else(|| {
+                        GpuError::Unsupported("dense layer without dense scratch".into())
+                    })?;
+                    let inter = g.intermediate;
+                    cx.gemm(
+                        (t, 2 * inter, h),
+                        cx.p(&sc.normed, 0),
+                        cx.p(gate_up, 0),
+                        cx.p(&ds.gate_up, 0),
+                        OutType::Bf16,
+                        0.0,
+                        "dense gate/up",
+                    )?;
+                    kn.swiglu(s, &ds.gate_up, t, inter, &mut ds.act)?;
+                    cx.gemm(
+                        (t, h, inter),
+                        cx.p(&ds.act, 0),
+                        cx.p(down, 0),
+                        cx.p(&sc.residual, 0),
+                        OutType::F32,
+                        1.0,
+                        "dense down",
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Final RMSNorm of residual rows `first..first+rows` and the LM head
+    /// into `scratch.logits[..rows]` (f32). `rows <= LOGIT_ROWS`.
+    pub fn lm_head(&mut self, first: usize, rows: usize) -> Result<()> {
+        let (cx, sc, _) = self.split();
+        if rows == 0 || rows > LOGIT_ROWS || first + rows > sc.cap {
+            return Err(GpuError::Unsupported(format!(
+                "LM head over rows {first}..{} (at most {LOGIT_ROWS} rows within {})",
+                first + rows,
+                sc.cap
+            )));
+        }
+        let g = cx.g;
+        let h = g.hidden;
+        let src = sc.residual.slice(first * h..(first + rows) * h);
+        cx.kn.rmsnorm::<f32>(
+            &cx.gpu.stream,
+            &src,
+            &cx.w.final_norm,
+            rows,
+            h,
+            g.rms_norm_eps,
+            &mut sc.normed,
+        )?;
+        cx.gemm(
+            (rows, g.vocab_size, h),
+            cx.p(&sc.normed, 0),
+            cx.p(cx.w.lm_head(), 0),
+            cx.p(&sc.logits, 0),
+            OutType::F32,
+            0.0,
+            "LM head",
+        )
+    }
+}
+
+/// Attention block of layer `l`: reads `scratch.normed`, adds the o_proj
+/// output into `scratch.residual`.
+fn attention(
+    cx: &Ctx<'_>,
+    sc: &mut Scratch,
+    kv: &mut KvCache,
+    l: usize,
+    t: usize,
+    at: Positions,
+) -> Result<()> {
+    let g = cx.g;
+    let (h, q, kvd) = (g.hidden, g.q_dim(), g.kv_dim());
+    let (s, kn) = (&cx.gpu.stream, cx.kn);
+    let lw = &cx.w.layers[l];
+    let geom = cx.qkv_geom(t);
+    cx.gemm(
+        (t, q + 2 * kvd, h),
+        cx.p(&sc.normed, 0),
+        cx.p(&lw.qkv, 0),
+        cx.p(&sc.qkv, 0),
+        OutType::Bf16,
+        0.0,
+        "qkv projection",
+    )?;
+    let theta = g.rope_theta as f32;
+    let eps = g.rms_norm_eps;
+    let scale = 1.0 / (g.head_dim as f32).sqrt();
+    let kvg = kv.geom;
+    let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
+    match at {
+        Positions::Prefill(start) => {
+            let sp = StartPos::Host(
+                u32::try_from(start)
+                    .map_err(|_| GpuError::Unsupported(format!("position {start} exceeds u32")))?,
+            );
+            kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &lw.q_norm, &lw.k_norm, theta, eps)?;
+            kn.kv_append(s, &sc.qkv, geom, sp, kvg, kc, vc)?;
+            kn.attention_prefill(s, &sc.qkv, geom, start, kvg, kc, vc, scale, &mut sc.attn)?;
+        }
+        Positions::Decode => {
+            let sp = StartPos::Device(&sc.pos);
+            kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &lw.q_norm, &lw.k_norm, theta, eps)?;
+            kn.kv_append(s, &sc.qkv, geom, sp, kvg, kc, vc)?;
+            kn.attention_decode(
+                s,
+                &sc.qkv,
+                geom,
+                sp,
+                kvg,
+                kc,
+                vc,
+                scale,
+                &mut sc.attn_ws,
+                &mut sc.attn,
+            )?;
+        }
+    }
+    cx.gemm(
+        (t, h, q),
+        cx.p(&sc.attn, 0),
+        cx.p(&lw.o_proj, 0),
+        cx.p(&sc.residual, 0),
+        OutType::F32,
+        1.0,
+        "o_proj",
+    )
+}

@@ -1,0 +1,115 @@
+//! Routed experts of one MoE layer, after the router has written
+//! `scratch.topk_ids` / `scratch.topk_w`. Both paths add
+//! `sum_j w_j * expert_j(x)` into the f32 residual in a fixed order (no
+//! float atomics), so results are reproducible run to run.
+//!
+//! - GEMV path (decode and tiny chunks): each selected expert's INT4 block
+//!   is read once per token through the pointer table; SwiGLU and the
+//!   weighted combine are fused into the two kernels. No host sync, so it
+//!   is what the decode CUDA graph captures.
+//! - Grouped path (prefill): (token, expert) pairs are grouped by expert on
+//!   the GPU, the layer's experts are dequantized to BF16, and each expert
+//!   with tokens runs two cuBLAS GEMMs over its rows. The per-expert row
+//!   counts are read back once per layer (one small sync) to size the GEMMs.
+
+use crate::blas::OutType;
+use crate::error::{GpuError, Result};
+use crate::forward::Ctx;
+use crate::scratch::Scratch;
+
+fn table_parts<'a>(
+    cx: &'a Ctx<'_>,
+    moe_index: usize,
+) -> Result<(cudarc::driver::CudaView<'a, u64>, &'a krasis_kernels::Int4Layout)> {
+    let experts = cx
+        .experts
+        .ok_or_else(|| GpuError::Unsupported("MoE layer but no expert table loaded".into()))?;
+    let layout = cx
+        .int4
+        .ok_or_else(|| GpuError::Unsupported("MoE layer but no INT4 layout".into()))?;
+    Ok((experts.layer(moe_index), layout))
+}
+
+pub(crate) fn experts_gemv(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {
+    let (table, layout) = table_parts(cx, moe_index)?;
+    let (s, kn, k) = (&cx.gpu.stream, cx.kn, cx.g.top_k);
+    kn.int4_w13_swiglu(s, &sc.normed, &table, &sc.topk_ids, t, k, layout, &mut sc.act)?;
+    kn.int4_w2_combine(
+        s,
+        &sc.act,
+        &table,
+        &sc.topk_ids,
+        &sc.topk_w,
+        t,
+        k,
+        layout,
+        &mut sc.residual,
+    )?;
+    Ok(())
+}
+
+pub(crate) fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {
+    let (table, layout) = table_parts(cx, moe_index)?;
+    let (s, kn, g) = (&cx.gpu.stream, cx.kn, cx.g);
+    let (e, k, h, i) = (g.num_experts, g.top_k, g.hidden, g.expert_intermediate);
+    let pairs = t * k;
+    let gs = sc
+        .grouped
+        .as_mut()
+        .ok_or_else(|| GpuError::Unsupported("grouped expert path without its scratch".into()))?;
+    kn.moe_group(
+        s,
+        &sc.topk_ids,
+        pairs,
+        e,
+        &mut gs.counts,
+        &mut gs.offsets,
+        &mut gs.row_pair,
+        &mut gs.pair_row,
+    )?;
+    kn.gather_rows(s, &sc.normed, t, h, &gs.row_pair, k, pairs, &mut gs.xg)?;
+    kn.int4_dequant(s, &table, &gs.iota, e, layout, &mut gs.w13, &mut gs.w2)?;
+    let mut offsets = vec![0u32; e + 1];
+    s.memcpy_dtoh(&gs.offsets, &mut offsets)
+        .map_err(GpuError::driver("reading expert row offsets"))?;
+    if offsets[e] as usize != pairs {
+        return Err(GpuError::Unsupported(format!(
+            "expert grouping covered {} of {pairs} (token, expert) pairs in MoE layer {moe_index}; \
+             the router produced an out-of-range expert id",
+            offsets[e]
+        )));
+    }
+    for x in 0..e {
+        let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
+        if b <= a {
+            continue;
+        }
+        cx.gemm(
+            (b - a, 2 * i, h),
+            cx.p(&gs.xg, a * h),
+            cx.p(&gs.w13, x * 2 * i * h),
+            cx.p(&gs.h13, a * 2 * i),
+            OutType::Bf16,
+            0.0,
+            "expert gate/up",
+        )?;
+    }
+    kn.swiglu(s, &gs.h13, pairs, i, &mut gs.hact)?;
+    for x in 0..e {
+        let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
+        if b <= a {
+            continue;
+        }
+        cx.gemm(
+            (b - a, h, i),
+            cx.p(&gs.hact, a * i),
+            cx.p(&gs.w2, x * h * i),
+            cx.p(&gs.y, a * h),
+            OutType::F32,
+            0.0,
+            "expert down",
+        )?;
+    }
+    kn.moe_combine::<f32>(s, &mut sc.residual, &gs.y, &gs.pair_row, &sc.topk_w, t, k, h)?;
+    Ok(())
+}

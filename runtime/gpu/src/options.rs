@@ -1,0 +1,46 @@
+//! Typed options of the CUDA engine (set from CLI flags / profile fields).
+
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CudaEngineOptions {
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Positions the KV cache holds (prompt + generated). `None`: the
+    /// model's `max_position_embeddings`.
+    pub context_length: Option<usize>,
+    /// Prompt tokens per prefill launch sequence; bounds the activation
+    /// scratch (about 0.2 MB per token for a3b).
+    pub prefill_chunk: usize,
+    /// Replay the decode step as one captured CUDA graph (identical
+    /// results; less launch overhead).
+    pub cuda_graphs: bool,
+    /// Where the INT4 expert cache lives (`None`: the platform cache dir).
+    pub cache_root: Option<PathBuf>,
+    /// Where compiled kernels are cached.
+    pub kernel_cache: krasis_kernels::CacheDir,
+    /// Most device bytes the engine may hold. All experts are resident in
+    /// this engine, so a model that needs more is refused at load.
+    pub vram_limit: Option<u64>,
+}
+
+impl Default for CudaEngineOptions {
+    fn default() -> Self {
+        CudaEngineOptions {
+            device: 0,
+            context_length: None,
+            prefill_chunk: 8192,
+            cuda_graphs: true,
+            cache_root: None,
+            kernel_cache: krasis_kernels::CacheDir::Platform,
+            vram_limit: None,
+        }
+    }
+}
+
+/// Below this many prompt tokens in a chunk, routed experts run through the
+/// INT4 GEMV kernels (no host sync, no dequantization); above it, experts are
+/// dequantized to BF16 and multiplied with cuBLAS over the tokens routed to
+/// each. The GEMV reads every selected expert once per token, so it wins
+/// only while `tokens * top_k` is small against the expert count.
+pub const GEMV_MAX_TOKENS: usize = 8;

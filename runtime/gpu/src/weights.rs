@@ -1,0 +1,167 @@
+//! Non-expert weights (embeddings, attention, router, norms, dense MLPs, LM
+//! head), converted once to BF16 and
+//! uploaded (norm weights too: the kernels take BF16 norm weights, which
+//! is what checkpoints store). Matrices that the same input feeds are fused on upload (q/k/v
+//! into one `[q+2kv, H]` matrix, gate/up into `[2I, H]`) so each is one GEMM.
+
+use crate::device::Gpu;
+use crate::error::{GpuError, Result};
+use cudarc::driver::CudaSlice;
+use half::{bf16, f16};
+use krasis_model::arch::qwen3_moe::TensorNames;
+use krasis_model::{Checkpoint, DType, Geometry, MlpKind, TensorView};
+
+
+pub struct LayerWeights {
+    pub input_norm: CudaSlice<bf16>,
+    pub post_attention_norm: CudaSlice<bf16>,
+    pub q_norm: CudaSlice<bf16>,
+    pub k_norm: CudaSlice<bf16>,
+    /// `[q_dim + 2*kv_dim, H]`: rows of q_proj, then k_proj, then v_proj.
+    pub qkv: CudaSlice<bf16>,
+    /// `[H, q_dim]`.
+    pub o_proj: CudaSlice<bf16>,
+    pub mlp: MlpWeights,
+}
+
+pub enum MlpWeights {
+    Moe {
+        /// `[E, H]`.
+        router: CudaSlice<bf16>,
+        /// Index of this layer among the MoE layers (row of the expert pointer table).
+        moe_index: usize,
+    },
+    Dense {
+        /// `[2I, H]`: gate rows then up rows (the same fusion as the INT4 `w13`).
+        gate_up: CudaSlice<bf16>,
+        /// `[H, I]`.
+        down: CudaSlice<bf16>,
+    },
+}
+
+pub struct ModelWeights {
+    /// `[V, H]`.
+    pub embed: CudaSlice<bf16>,
+    pub final_norm: CudaSlice<bf16>,
+    /// `[V, H]`; `None` when the embeddings are tied (the head reads `embed`).
+    pub lm_head: Option<CudaSlice<bf16>>,
+    pub layers: Vec<LayerWeights>,
+    /// Bytes uploaded, for reports.
+    pub bytes: usize,
+}
+
+impl ModelWeights {
+    pub fn lm_head(&self) -> &CudaSlice<bf16> {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    pub fn upload(gpu: &Gpu, ckpt: &Checkpoint, g: &Geometry) -> Result<Self> {
+        if g.attention_bias {
+            return Err(GpuError::Unsupported(
+                "attention_bias=true (q/k/v biases) is not implemented by the CUDA engine".into(),
+            ));
+        }
+        let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
+        let mut up = Uploader { gpu, ckpt, bytes: 0 };
+        let embed = up.bf16(&[TensorNames::EMBED], &[g.vocab_size, h])?;
+        let final_norm = up.bf16_one(TensorNames::FINAL_NORM, &[h])?;
+        let lm_head = if g.tie_word_embeddings {
+            None
+        } else {
+            Some(up.bf16(&[TensorNames::LM_HEAD], &[g.vocab_size, h])?)
+        };
+        let mut layers = Vec::with_capacity(g.num_layers);
+        let mut moe_index = 0;
+        for (i, kind) in g.mlp_kinds.iter().enumerate() {
+            let t = TensorNames::layer(i);
+            let qkv = up.bf16_fused(&[(t.q_proj(), q), (t.k_proj(), kv), (t.v_proj(), kv)], h)?;
+            let mlp = match kind {
+                MlpKind::Moe => {
+                    let m = MlpWeights::Moe {
+                        router: up.bf16(&[&t.router()], &[g.num_experts, h])?,
+                        moe_index,
+                    };
+                    moe_index += 1;
+                    m
+                }
+                MlpKind::Dense => MlpWeights::Dense {
+                    gate_up: up.bf16_fused(
+                        &[(t.dense_gate(), g.intermediate), (t.dense_up(), g.intermediate)],
+                        h,
+                    )?,
+                    down: up.bf16(&[&t.dense_down()], &[h, g.intermediate])?,
+                },
+            };
+            layers.push(LayerWeights {
+                input_norm: up.bf16_one(&t.input_norm(), &[h])?,
+                post_attention_norm: up.bf16_one(&t.post_attention_norm(), &[h])?,
+                q_norm: up.bf16_one(&t.q_norm(), &[hd])?,
+                k_norm: up.bf16_one(&t.k_norm(), &[hd])?,
+                qkv,
+                o_proj: up.bf16(&[&t.o_proj()], &[h, q])?,
+                mlp,
+            });
+        }
+        Ok(ModelWeights {
+            embed,
+            final_norm,
+            lm_head,
+            layers,
+            bytes: up.bytes,
+        })
+    }
+}
+
+struct Uploader<'a> {
+    gpu: &'a Gpu,
+    ckpt: &'a Checkpoint,
+    bytes: usize,
+}
+
+impl Uploader<'_> {
+    fn bf16(&mut self, name: &[&str], shape: &[usize]) -> Result<CudaSlice<bf16>> {
+        let t = self.ckpt.expect(name[0], shape)?;
+        let host = to_bf16_bits(&t);
+        self.bytes += host.len() * 2;
+        self.gpu.upload(&host, name[0])
+    }
+
+    /// Row-concatenation of `[rows_i, cols]` tensors.
+    fn bf16_fused(&mut self, parts: &[(String, usize)], cols: usize) -> Result<CudaSlice<bf16>> {
+        let total: usize = parts.iter().map(|(_, r)| r * cols).sum();
+        let mut host = Vec::with_capacity(total);
+        for (name, rows) in parts {
+            let t = self.ckpt.expect(name, &[*rows, cols])?;
+            host.extend(to_bf16_bits(&t));
+        }
+        self.bytes += host.len() * 2;
+        self.gpu.upload(&host, &parts[0].0)
+    }
+
+    fn bf16_one(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>> {
+        self.bf16(&[name], shape)
+    }
+}
+
+/// BF16 values of a stored tensor: BF16 is taken as is; F16 and F32
+/// round to nearest even (F16 → BF16 can lose mantissa bits; this is the
+/// engine's stated activation/weight precision).
+pub fn to_bf16_bits(t: &TensorView<'_>) -> Vec<bf16> {
+    match t.dtype {
+        DType::BF16 => t
+            .bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        DType::F16 => t
+            .bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_f32(f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
+            .collect(),
+        DType::F32 => t
+            .bytes
+            .chunks_exact(4)
+            .map(|c| bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+    }
+}

@@ -1,0 +1,132 @@
+//! Routed-expert sources: [`CheckpointExperts`] reads them from the mapped
+//! checkpoint, and [`ExpertCache`] keeps converted experts of small models
+//! in memory so repeated tokens do not convert the same bytes again.
+
+use crate::arch::{Geometry, MlpKind, ModelConfig};
+use crate::checkpoint::Checkpoint;
+use crate::error::ModelError;
+use crate::experts::{ExpertF32, ExpertWeights};
+use std::sync::{Arc, OnceLock};
+
+/// Routed experts straight from the checkpoint in source precision,
+/// converted to f32 only when an expert is selected.
+pub struct CheckpointExperts {
+    ckpt: Arc<Checkpoint>,
+    config: ModelConfig,
+    geometry: Geometry,
+}
+
+impl CheckpointExperts {
+    pub fn new(ckpt: Arc<Checkpoint>, config: &ModelConfig) -> Self {
+        CheckpointExperts {
+            ckpt,
+            geometry: config.geometry(),
+            config: config.clone(),
+        }
+    }
+}
+
+impl ExpertWeights for CheckpointExperts {
+    fn describe(&self) -> String {
+        let dtype = self
+            .geometry
+            .moe_layers()
+            .next()
+            .and_then(|l| {
+                let [gate, _, _] = self.config.expert_tensor_names(l, 0);
+                self.ckpt.get(&gate).ok().map(|t| t.dtype.name())
+            })
+            .unwrap_or("no experts");
+        format!("checkpoint {dtype}")
+    }
+
+    fn expert_f32(&self, layer: usize, expert: usize) -> Result<ExpertF32, ModelError> {
+        check_expert_index(&self.geometry, layer, expert)?;
+        let (h, i) = (self.geometry.hidden, self.geometry.expert_intermediate);
+        let [gate, up, down] = self.config.expert_tensor_names(layer, expert);
+        Ok(ExpertF32 {
+            gate: self.ckpt.read_f32(&gate, &[i, h])?,
+            up: self.ckpt.read_f32(&up, &[i, h])?,
+            down: self.ckpt.read_f32(&down, &[h, i])?,
+        })
+    }
+}
+
+fn check_expert_index(g: &Geometry, layer: usize, expert: usize) -> Result<(), ModelError> {
+    if g.mlp_kinds.get(layer) != Some(&MlpKind::Moe) || expert >= g.num_experts {
+        return Err(ModelError::Other(format!(
+            "expert {expert} of layer {layer} does not exist: the model has {} layers \
+             (MoE: {:?}) with {} experts each",
+            g.num_layers,
+            g.moe_layers().collect::<Vec<_>>(),
+            g.num_experts
+        )));
+    }
+    Ok(())
+}
+
+/// Routed experts larger than this (as f32) are converted on every use
+/// instead of being kept: a real model's experts are far bigger than RAM.
+pub const F32_CACHE_LIMIT_BYTES: u64 = 1 << 30;
+
+/// Fetches experts from any [`ExpertWeights`], checks their shapes, and
+/// keeps them when the whole model's experts fit in [`F32_CACHE_LIMIT_BYTES`].
+pub struct ExpertCache {
+    source: Arc<dyn ExpertWeights>,
+    geometry: Geometry,
+    /// `[layer * num_experts + expert]` when caching.
+    slots: Option<Vec<OnceLock<Arc<ExpertF32>>>>,
+}
+
+impl ExpertCache {
+    pub fn new(source: Arc<dyn ExpertWeights>, g: &Geometry) -> Self {
+        let bytes = g.routed_expert_params() * 4;
+        let slots = (bytes <= F32_CACHE_LIMIT_BYTES).then(|| {
+            (0..g.num_layers * g.num_experts)
+                .map(|_| OnceLock::new())
+                .collect()
+        });
+        ExpertCache {
+            source,
+            geometry: g.clone(),
+            slots,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        self.source.describe()
+    }
+
+    pub fn get(&self, layer: usize, expert: usize) -> Result<Arc<ExpertF32>, ModelError> {
+        check_expert_index(&self.geometry, layer, expert)?;
+        let slot = self
+            .slots
+            .as_ref()
+            .map(|s| &s[layer * self.geometry.num_experts + expert]);
+        if let Some(w) = slot.and_then(|s| s.get()) {
+            return Ok(w.clone());
+        }
+        let w = self.source.expert_f32(layer, expert)?;
+        let (h, i) = (self.geometry.hidden, self.geometry.expert_intermediate);
+        for (what, len) in [
+            ("gate", w.gate.len()),
+            ("up", w.up.len()),
+            ("down", w.down.len()),
+        ] {
+            if len != h * i {
+                return Err(ModelError::Other(format!(
+                    "{}: expert {expert} of layer {layer}: {what} has {len} values, \
+                     the model needs {} ({i} x {h}); the expert source does not match this model",
+                    self.source.describe(),
+                    h * i
+                )));
+            }
+        }
+        let w = Arc::new(w);
+        if let Some(s) = slot {
+            // Another thread may have filled it meanwhile; both values are equal.
+            let _ = s.set(w.clone());
+        }
+        Ok(w)
+    }
+}

@@ -1,0 +1,184 @@
+//! The `Qwen3MoeForCausalLM` forward pass over a batch of consecutive
+//! positions: a whole prompt at once (prefill) or one token (decode).
+
+use super::ReferenceEngine;
+use super::weights::{LayerWeights, MlpWeights};
+use crate::engine::EngineError;
+use crate::layers::attention::{AttnShape, causal_attention};
+use crate::layers::linear::{PARALLEL_MIN_MACS, add_bias_rows, matmul};
+use crate::layers::mlp::{SwigluWeights, swiglu};
+use crate::layers::norm::{rms_norm_in_place, rms_norm_rows};
+use crate::layers::router::route;
+use rayon::prelude::*;
+
+impl ReferenceEngine {
+    /// Runs `tokens` at positions `start..start + n` through every layer,
+    /// appending their keys and values to the cache, and returns the final
+    /// normed hidden states `[n, H]`. Callers check bounds and token ids.
+    pub(super) fn forward(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let h = self.geometry.hidden;
+        let mut x = Vec::with_capacity(tokens.len() * h);
+        for &t in tokens {
+            x.extend_from_slice(&self.weights.embed[t as usize * h..][..h]);
+        }
+        for layer in 0..self.geometry.num_layers {
+            self.attention_block(layer, &mut x, start);
+            self.mlp_block(layer, &mut x)?;
+        }
+        rms_norm_rows(&mut x, &self.weights.final_norm, self.geometry.rms_norm_eps);
+        Ok(x)
+    }
+
+    /// LM head over normed hidden rows `[m, H]`: logits `[m, vocab]`.
+    pub(super) fn logits(&self, hidden: &[f32]) -> Vec<f32> {
+        let (h, v) = (self.geometry.hidden, self.geometry.vocab_size);
+        let mut out = vec![0f32; hidden.len() / h * v];
+        matmul(self.weights.lm_head(), v, h, hidden, &mut out);
+        out
+    }
+
+    /// `x += o_proj(attention(rope(norm(q)), rope(norm(k)), v))` of `norm(x)`.
+    fn attention_block(&mut self, layer: usize, x: &mut [f32], start: usize) {
+        let g = &self.geometry;
+        let shape = AttnShape {
+            num_heads: g.num_heads,
+            num_kv_heads: g.num_kv_heads,
+            head_dim: g.head_dim,
+        };
+        let (h, qd, kvd, eps) = (g.hidden, shape.q_dim(), shape.kv_dim(), g.rms_norm_eps);
+        let n = x.len() / h;
+        let lw: &LayerWeights = &self.weights.layers[layer];
+        let a = &lw.attn;
+        let mut xn = x.to_vec();
+        rms_norm_rows(&mut xn, &lw.input_norm, eps);
+        let (mut q, mut k, mut v) = (vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd]);
+        matmul(&a.q, qd, h, &xn, &mut q);
+        matmul(&a.k, kvd, h, &xn, &mut k);
+        matmul(&a.v, kvd, h, &xn, &mut v);
+        if let Some([qb, kb, vb, _]) = &a.bias {
+            add_bias_rows(&mut q, qb);
+            add_bias_rows(&mut k, kb);
+            add_bias_rows(&mut v, vb);
+        }
+        rms_norm_rows(&mut q, &a.q_norm, eps);
+        rms_norm_rows(&mut k, &a.k_norm, eps);
+        for t in 0..n {
+            self.rope.apply(&mut q[t * qd..(t + 1) * qd], start + t);
+            self.rope.apply(&mut k[t * kvd..(t + 1) * kvd], start + t);
+        }
+        self.kv.write(layer, start, &k, &v);
+        let (keys, values) = self.kv.layer(layer, start + n);
+        let mut attn = vec![0f32; n * qd];
+        causal_attention(&q, keys, values, start, shape, &mut attn);
+        let mut o = vec![0f32; n * h];
+        matmul(&a.o, h, qd, &attn, &mut o);
+        if let Some([_, _, _, ob]) = &a.bias {
+            add_bias_rows(&mut o, ob);
+        }
+        for (xv, ov) in x.iter_mut().zip(&o) {
+            *xv += ov;
+        }
+    }
+
+    /// `x += mlp(norm(x))`, dense SwiGLU or routed experts.
+    fn mlp_block(&self, layer: usize, x: &mut [f32]) -> Result<(), EngineError> {
+        let g = &self.geometry;
+        let h = g.hidden;
+        let n = x.len() / h;
+        let lw = &self.weights.layers[layer];
+        let mut xn = x.to_vec();
+        for row in xn.chunks_exact_mut(h) {
+            rms_norm_in_place(row, &lw.post_attention_norm, g.rms_norm_eps);
+        }
+        let y = match &lw.mlp {
+            MlpWeights::Dense { gate, up, down } => swiglu(
+                SwigluWeights {
+                    gate,
+                    up,
+                    down,
+                    hidden: h,
+                    intermediate: g.intermediate,
+                },
+                &xn,
+            ),
+            MlpWeights::Moe { router } => self.moe(layer, router, &xn, n)?,
+        };
+        for (xv, yv) in x.iter_mut().zip(&y) {
+            *xv += yv;
+        }
+        Ok(())
+    }
+
+    /// `Σ_e w_e · expert_e(x)` over each token's top-k experts. Tokens are
+    /// grouped by expert so each selected expert is fetched once per call,
+    /// and contributions are summed in ascending expert order, as the
+    /// transformers loop over `expert_hit` does.
+    fn moe(
+        &self,
+        layer: usize,
+        router: &[f32],
+        xn: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let g = &self.geometry;
+        let (h, ne) = (g.hidden, g.num_experts);
+        let mut router_logits = vec![0f32; n * ne];
+        matmul(router, ne, h, xn, &mut router_logits);
+        // users[e] = [(token, weight)] of the tokens that chose expert e.
+        let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
+        for (t, l) in router_logits.chunks_exact(ne).enumerate() {
+            for (e, w) in route(l, g.top_k, g.norm_topk_prob) {
+                users[e].push((t, w));
+            }
+        }
+        let run_expert = |(e, u): (usize, &Vec<(usize, f32)>)| {
+            let w = self.experts.get(layer, e).map_err(|err| {
+                EngineError::Backend(format!(
+                    "routed expert weights ({}): {err}",
+                    self.experts.describe()
+                ))
+            })?;
+            let mut xs = Vec::with_capacity(u.len() * h);
+            for &(t, _) in u {
+                xs.extend_from_slice(&xn[t * h..(t + 1) * h]);
+            }
+            let weights = SwigluWeights {
+                gate: &w.gate,
+                up: &w.up,
+                down: &w.down,
+                hidden: h,
+                intermediate: g.expert_intermediate,
+            };
+            Ok((e, swiglu(weights, &xs)))
+        };
+        let used: Vec<(usize, &Vec<(usize, f32)>)> = users
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| !u.is_empty())
+            .collect();
+        // `collect` keeps the input (ascending expert) order either way.
+        let outputs: Vec<(usize, Vec<f32>)> = if n * g.top_k * g.expert_params() < PARALLEL_MIN_MACS
+        {
+            used.into_iter()
+                .map(run_expert)
+                .collect::<Result<_, EngineError>>()?
+        } else {
+            used.into_par_iter()
+                .map(run_expert)
+                .collect::<Result<_, EngineError>>()?
+        };
+        let mut out = vec![0f32; n * h];
+        for (e, y) in outputs {
+            for (&(t, w), yt) in users[e].iter().zip(y.chunks_exact(h)) {
+                for (o, v) in out[t * h..(t + 1) * h].iter_mut().zip(yt) {
+                    *o += w * v;
+                }
+            }
+        }
+        Ok(out)
+    }
+}

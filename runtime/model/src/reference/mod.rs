@@ -1,0 +1,258 @@
+//! The CPU reference engine: a plain f32 implementation of the Hugging Face
+//! `Qwen3MoeForCausalLM` forward pass, written for obviousness rather than
+//! speed. It is the oracle the CUDA engine and the INT4 expert cache are
+//! measured against, and a working (slow) backend for tiny models.
+
+mod experts;
+mod forward;
+mod kv;
+mod weights;
+
+pub use experts::{CheckpointExperts, ExpertCache, F32_CACHE_LIMIT_BYTES};
+
+use crate::arch::{Geometry, ModelConfig};
+use crate::checkpoint::Checkpoint;
+use crate::engine::{
+    Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats,
+};
+use crate::error::ModelError;
+use crate::experts::ExpertWeights;
+use crate::layers::rope::Rope;
+use crate::sampling::Sampler;
+use kv::KvCache;
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+use weights::Weights;
+
+/// Load-time choices of the reference engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReferenceOptions {
+    /// Prompt + generated tokens the KV cache holds; `None` uses the model's
+    /// `max_position_embeddings`, at most [`DEFAULT_CONTEXT_CAP`].
+    pub context_length: Option<usize>,
+}
+
+/// Default context limit: RoPE tables and KV cache are allocated for the
+/// whole context, and a CPU engine never reaches 256K-token contexts, so a
+/// larger one must be asked for explicitly.
+pub const DEFAULT_CONTEXT_CAP: usize = 32_768;
+
+pub struct ReferenceEngine {
+    geometry: Geometry,
+    weights: Weights,
+    experts: ExpertCache,
+    rope: Rope,
+    kv: KvCache,
+}
+
+impl std::fmt::Debug for ReferenceEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReferenceEngine")
+            .field("geometry", &self.geometry)
+            .field("experts", &self.experts.describe())
+            .field("context_length", &self.kv.capacity())
+            .finish()
+    }
+}
+
+impl ReferenceEngine {
+    /// Loads `dir` with routed experts read from the checkpoint itself.
+    pub fn load(dir: &Path, opts: ReferenceOptions) -> Result<Self, ModelError> {
+        let config = ModelConfig::load(dir)?;
+        let ckpt = Arc::new(Checkpoint::open(dir)?);
+        if config.geometry().num_moe_layers() > 0 && !has_any_routed_expert(&config, &ckpt) {
+            return Err(ModelError::Other(format!(
+                "checkpoint in {} has no routed expert tensors (written with \
+                 --experts-in-cache-only?); load it with an explicit expert source \
+                 such as its INT4 expert cache",
+                dir.display()
+            )));
+        }
+        ckpt.validate(&config.expected_tensors())?;
+        let experts = Arc::new(CheckpointExperts::new(ckpt.clone(), &config));
+        Self::build(&config, &ckpt, experts, opts)
+    }
+
+    /// Loads `dir` with routed experts from `experts` (e.g. the INT4 cache,
+    /// to measure quantization error with the same engine). A checkpoint
+    /// that holds no routed experts at all is accepted; one that holds some
+    /// must hold all of them with the right shapes.
+    pub fn with_experts(
+        dir: &Path,
+        opts: ReferenceOptions,
+        experts: Arc<dyn ExpertWeights>,
+    ) -> Result<Self, ModelError> {
+        let config = ModelConfig::load(dir)?;
+        let ckpt = Checkpoint::open(dir)?;
+        let mut expected = config.expected_tensors();
+        if !has_any_routed_expert(&config, &ckpt) {
+            let names = routed_expert_names(&config);
+            expected.retain(|(n, _)| !names.contains(n));
+        }
+        ckpt.validate(&expected)?;
+        Self::build(&config, &ckpt, experts, opts)
+    }
+
+    fn build(
+        config: &ModelConfig,
+        ckpt: &Checkpoint,
+        experts: Arc<dyn ExpertWeights>,
+        opts: ReferenceOptions,
+    ) -> Result<Self, ModelError> {
+        let g = config.geometry();
+        let context = match opts.context_length {
+            None => g.max_position_embeddings.min(DEFAULT_CONTEXT_CAP),
+            Some(0) => {
+                return Err(ModelError::Other(
+                    "context length 0 is not allowed; pass at least 1".into(),
+                ));
+            }
+            Some(c) if c > g.max_position_embeddings => {
+                return Err(ModelError::Other(format!(
+                    "context length {c} exceeds the model's max_position_embeddings ({}); \
+                     pass a context length of at most that",
+                    g.max_position_embeddings
+                )));
+            }
+            Some(c) => c,
+        };
+        let weights = Weights::load(ckpt, &g)?;
+        Ok(ReferenceEngine {
+            rope: Rope::new(g.head_dim, g.rope_theta, context),
+            kv: KvCache::new(g.num_layers, context, g.kv_dim()),
+            experts: ExpertCache::new(experts, &g),
+            weights,
+            geometry: g,
+        })
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// Where routed experts come from, for logs and reports.
+    pub fn expert_source(&self) -> String {
+        self.experts.describe()
+    }
+
+    /// Rejects an empty prompt, unknown ids, and a prompt longer than
+    /// `limit` tokens.
+    fn check_tokens(&self, tokens: &[u32], limit: usize) -> Result<(), EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let vocab = self.geometry.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::BadToken { id, vocab });
+        }
+        if tokens.len() > limit {
+            return Err(EngineError::PromptTooLong {
+                prompt: tokens.len(),
+                context: self.kv.capacity(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Logits at every position of `tokens`, computed one token at a time
+    /// through the KV cache as decode does (`prompt_logits` runs them as
+    /// one batched prefill). Comparing the two checks the cache path.
+    pub fn stepwise_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.check_tokens(tokens, self.kv.capacity())?;
+        (0..tokens.len())
+            .map(|pos| self.step(&tokens[pos..pos + 1], pos))
+            .collect()
+    }
+
+    /// Logits of the last position after running `tokens` from `start`.
+    fn step(&mut self, tokens: &[u32], start: usize) -> Result<Vec<f32>, EngineError> {
+        let hidden = self.forward(tokens, start)?;
+        let h = self.geometry.hidden;
+        Ok(self.logits(&hidden[hidden.len() - h..]))
+    }
+}
+
+fn routed_expert_names(config: &ModelConfig) -> HashSet<String> {
+    let g = config.geometry();
+    g.moe_layers()
+        .flat_map(|l| (0..g.num_experts).flat_map(move |e| config.expert_tensor_names(l, e)))
+        .collect()
+}
+
+fn has_any_routed_expert(config: &ModelConfig, ckpt: &Checkpoint) -> bool {
+    routed_expert_names(config).iter().any(|n| ckpt.contains(n))
+}
+
+impl Engine for ReferenceEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            backend: "reference".into(),
+            vocab_size: self.geometry.vocab_size,
+            context_length: self.kv.capacity(),
+        }
+    }
+
+    fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerateOutcome, EngineError> {
+        let context = self.kv.capacity();
+        // The context must also hold the first generated token.
+        self.check_tokens(&req.prompt, context - 1)?;
+        let mut stats = GenerateStats {
+            prompt_tokens: req.prompt.len(),
+            ..GenerateStats::default()
+        };
+        if req.max_new_tokens == 0 {
+            return Ok(GenerateOutcome {
+                finish: FinishReason::Length,
+                stats,
+            });
+        }
+        let mut sampler = Sampler::new(&req.sampling);
+        let t0 = Instant::now();
+        let logits = self.step(&req.prompt, 0)?;
+        let mut token = sampler.sample(&logits);
+        stats.prefill_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        // Position the latest token would be written at when fed back.
+        let mut pos = req.prompt.len();
+        let finish = loop {
+            stats.generated_tokens += 1;
+            if on_token(token).is_break() {
+                break FinishReason::Cancelled;
+            }
+            if req.stop_token_ids.contains(&token) {
+                break FinishReason::Stop;
+            }
+            if stats.generated_tokens >= req.max_new_tokens
+                || req.prompt.len() + stats.generated_tokens >= context
+            {
+                break FinishReason::Length;
+            }
+            let logits = self.step(&[token], pos)?;
+            pos += 1;
+            token = sampler.sample(&logits);
+        };
+        stats.decode_seconds = t1.elapsed().as_secs_f64();
+        Ok(GenerateOutcome { finish, stats })
+    }
+
+    fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.check_tokens(tokens, self.kv.capacity())?;
+        let hidden = self.forward(tokens, 0)?;
+        let v = self.geometry.vocab_size;
+        Ok(self
+            .logits(&hidden)
+            .chunks_exact(v)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests;

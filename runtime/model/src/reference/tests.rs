@@ -1,0 +1,266 @@
+//! Generation semantics of the reference engine on small synthetic models.
+//! (Numerical agreement with an independent implementation and with the
+//! Hugging Face witness fixtures is tested in `tests/witness.rs`.)
+
+use super::*;
+use crate::engine::SamplingParams;
+use crate::synth::{self, GENERATOR_VERSION, RECORD_FILE, SynthDtype, SynthExperts, SynthSpec};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+
+/// A synthetic checkpoint without tokenizer files, made once per content.
+fn synth_dir(preset: &str, overrides: &[(&str, Value)], omit_experts: bool) -> PathBuf {
+    let overrides: Vec<(String, Value)> = overrides
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    let spec = SynthSpec::new(preset, 1, SynthDtype::Bf16, 0.0, &overrides).unwrap();
+    // The tensor list is part of the key so a change in what the
+    // architecture expects never reuses a checkpoint written before it.
+    let tensors: Vec<(String, Vec<usize>)> = spec
+        .tensors()
+        .into_iter()
+        .map(|t| (t.name, t.shape))
+        .collect();
+    let key = blake3::hash(
+        format!("{GENERATOR_VERSION}/{preset}/{overrides:?}/{omit_experts}/{tensors:?}").as_bytes(),
+    )
+    .to_hex();
+    let dir = crate::testutil::testdata_dir().join(format!("reference-{preset}-{}", &key[..16]));
+    if !dir.join(RECORD_FILE).exists() {
+        let mut opts = synth::SynthOptions::new(spec);
+        opts.tokenizer = synth::TokenizerSource::None;
+        opts.skip_routed_experts = omit_experts;
+        match synth::synthesize(&opts, &dir) {
+            Ok(_) => {}
+            Err(synth::SynthError::OutputExists { .. }) if dir.join(RECORD_FILE).exists() => {}
+            Err(e) => panic!("synthesizing {preset} into {}: {e}", dir.display()),
+        }
+    }
+    dir
+}
+
+fn small_vocab() -> PathBuf {
+    synth_dir("tiny", &[("vocab_size", json!(512))], false)
+}
+
+fn engine(context: usize) -> ReferenceEngine {
+    let opts = ReferenceOptions {
+        context_length: Some(context),
+    };
+    ReferenceEngine::load(&small_vocab(), opts).unwrap()
+}
+
+fn request(prompt: &[u32], max: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_new_tokens: max,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+    }
+}
+
+fn run(e: &mut ReferenceEngine, req: &GenerateRequest) -> (Vec<u32>, GenerateOutcome) {
+    let mut out = Vec::new();
+    let o = e
+        .generate(req, &mut |t| {
+            out.push(t);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    (out, o)
+}
+
+const PROMPT: [u32; 6] = [5, 99, 300, 7, 42, 511];
+
+#[test]
+fn greedy_generation_follows_prompt_logits_argmax() {
+    let mut e = engine(64);
+    let (tokens, o) = run(&mut e, &request(&PROMPT, 5));
+    assert_eq!(o.finish, FinishReason::Length);
+    assert_eq!(o.stats.generated_tokens, 5);
+    assert_eq!(o.stats.prompt_tokens, 6);
+    assert_eq!(tokens.len(), 5);
+    let mut seq = PROMPT.to_vec();
+    for &t in &tokens {
+        let logits = e.prompt_logits(&seq).unwrap();
+        assert_eq!(logits.len(), seq.len());
+        assert_eq!(
+            crate::sampling::argmax(logits.last().unwrap()),
+            t,
+            "after {seq:?}"
+        );
+        seq.push(t);
+    }
+}
+
+#[test]
+fn stop_token_and_cancellation_end_generation() {
+    let mut e = engine(64);
+    let (first, _) = run(&mut e, &request(&PROMPT, 1));
+    let mut req = request(&PROMPT, 10);
+    req.stop_token_ids = vec![first[0]];
+    let (tokens, o) = run(&mut e, &req);
+    assert_eq!((tokens, o.finish), (first, FinishReason::Stop));
+
+    let mut seen = 0;
+    let o = e
+        .generate(&request(&PROMPT, 10), &mut |_| {
+            seen += 1;
+            if seen == 2 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+    assert_eq!(
+        (o.finish, o.stats.generated_tokens, seen),
+        (FinishReason::Cancelled, 2, 2)
+    );
+}
+
+#[test]
+fn context_bounds_prompt_plus_generated_tokens() {
+    let mut e = engine(8);
+    assert_eq!(e.info().context_length, 8);
+    let (tokens, o) = run(&mut e, &request(&PROMPT, 100));
+    assert_eq!((tokens.len(), o.finish), (2, FinishReason::Length));
+
+    let full = [1u32; 8];
+    match e.generate(&request(&full, 1), &mut |_| ControlFlow::Continue(())) {
+        Err(EngineError::PromptTooLong {
+            prompt: 8,
+            context: 8,
+        }) => {}
+        other => panic!("expected PromptTooLong, got {other:?}"),
+    }
+    // Scoring needs no room for a new token, so a full context is fine.
+    assert_eq!(e.prompt_logits(&full).unwrap().len(), 8);
+    assert!(matches!(
+        e.prompt_logits(&[1u32; 9]),
+        Err(EngineError::PromptTooLong {
+            prompt: 9,
+            context: 8
+        })
+    ));
+}
+
+#[test]
+fn bad_requests_are_refused_with_the_reason() {
+    let mut e = engine(16);
+    assert!(matches!(
+        e.prompt_logits(&[]),
+        Err(EngineError::EmptyPrompt)
+    ));
+    match e.prompt_logits(&[1, 512]) {
+        Err(EngineError::BadToken {
+            id: 512,
+            vocab: 512,
+        }) => {}
+        other => panic!("expected BadToken, got {other:?}"),
+    }
+    let (tokens, o) = run(&mut e, &request(&PROMPT, 0));
+    assert_eq!((tokens.len(), o.finish), (0, FinishReason::Length));
+}
+
+#[test]
+fn default_context_is_the_model_maximum_up_to_the_cap() {
+    let e = ReferenceEngine::load(&small_vocab(), ReferenceOptions::default()).unwrap();
+    assert_eq!(e.info().context_length, 8192);
+    let long = synth_dir(
+        "tiny",
+        &[
+            ("vocab_size", json!(512)),
+            ("max_position_embeddings", json!(65536)),
+        ],
+        false,
+    );
+    let e = ReferenceEngine::load(&long, ReferenceOptions::default()).unwrap();
+    assert_eq!(e.info().context_length, DEFAULT_CONTEXT_CAP);
+}
+
+#[test]
+fn bad_context_lengths_are_refused() {
+    for (c, needle) in [
+        (0, "context length 0"),
+        (8193, "max_position_embeddings (8192)"),
+    ] {
+        let opts = ReferenceOptions {
+            context_length: Some(c),
+        };
+        let err = ReferenceEngine::load(&small_vocab(), opts)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{err}");
+    }
+}
+
+#[test]
+fn explicit_expert_source_replaces_checkpoint_experts() {
+    let overrides = [("vocab_size", json!(512))];
+    let omitted = synth_dir("tiny", &overrides, true);
+    let err = ReferenceEngine::load(&omitted, ReferenceOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no routed expert tensors"), "{err}");
+
+    let spec = synth::SynthSpec::from_checkpoint_dir(&omitted).unwrap();
+    let opts = ReferenceOptions {
+        context_length: Some(32),
+    };
+    let mut from_synth =
+        ReferenceEngine::with_experts(&omitted, opts.clone(), Arc::new(SynthExperts::new(spec)))
+            .unwrap();
+    let mut from_ckpt = ReferenceEngine::load(&small_vocab(), opts).unwrap();
+    assert!(
+        from_ckpt.expert_source().contains("BF16"),
+        "{}",
+        from_ckpt.expert_source()
+    );
+    let a = from_synth.prompt_logits(&PROMPT).unwrap();
+    let b = from_ckpt.prompt_logits(&PROMPT).unwrap();
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{x} vs {y}");
+    }
+}
+
+struct WrongShape;
+
+impl ExpertWeights for WrongShape {
+    fn describe(&self) -> String {
+        "wrong-shape test source".into()
+    }
+    fn expert_f32(&self, _: usize, _: usize) -> Result<crate::ExpertF32, ModelError> {
+        Ok(crate::ExpertF32 {
+            gate: vec![0.0; 4],
+            up: vec![0.0; 4],
+            down: vec![0.0; 4],
+        })
+    }
+}
+
+#[test]
+fn mismatched_expert_source_fails_closed() {
+    let opts = ReferenceOptions {
+        context_length: Some(16),
+    };
+    let mut e = ReferenceEngine::with_experts(&small_vocab(), opts, Arc::new(WrongShape)).unwrap();
+    let err = e.prompt_logits(&PROMPT).unwrap_err().to_string();
+    assert!(err.contains("does not match this model"), "{err}");
+}
+
+#[test]
+fn seeded_sampling_replays() {
+    let mut e = engine(64);
+    let mut req = request(&PROMPT, 8);
+    req.sampling = SamplingParams {
+        temperature: 1.0,
+        top_p: 0.9,
+        seed: Some(3),
+        ..SamplingParams::default()
+    };
+    let (a, _) = run(&mut e, &req);
+    let (b, _) = run(&mut e, &req);
+    assert_eq!(a, b);
+}

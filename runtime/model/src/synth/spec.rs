@@ -1,0 +1,364 @@
+//! What determines a synthetic checkpoint's contents: preset, `--set`
+//! overrides, seed, dtype and router skew. Everything else (shard size,
+//! tokenizer, which tensors are written) only changes packaging.
+
+use super::error::SynthError;
+use super::presets::preset_config;
+use super::record::SynthRecord;
+use super::values::{Init, fill_f32, router_scales};
+use crate::arch::ModelConfig;
+use crate::arch::qwen3_moe::TensorNames;
+use crate::experts::ExpertF32;
+use crate::{Geometry, MlpKind};
+use serde_json::Value;
+use std::path::Path;
+
+/// INT4 group size of the expert cache: hidden and expert widths must be
+/// multiples of it.
+const INT4_GROUP: usize = 128;
+
+/// Std of the RMSNorm-weight noise around 1.
+const NORM_NOISE_STD: f32 = 0.05;
+/// Std of attention biases (only present with `attention_bias=true`).
+const BIAS_STD: f32 = 0.1;
+/// An untied LM head of std `LM_HEAD_GAIN / sqrt(hidden)` gives logits of
+/// std ~4: with std 1 the top-2 gap over a 152K vocabulary is often below
+/// 1e-3, so argmax comparisons between implementations would hinge on
+/// rounding noise. Real models are similarly peaky.
+const LM_HEAD_GAIN: f32 = 4.0;
+
+/// Element type of the stored tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthDtype {
+    Bf16,
+    F32,
+}
+
+impl SynthDtype {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "bf16" => Some(SynthDtype::Bf16),
+            "f32" => Some(SynthDtype::F32),
+            _ => None,
+        }
+    }
+    /// The CLI / `krasis_synth.json` spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthDtype::Bf16 => "bf16",
+            SynthDtype::F32 => "f32",
+        }
+    }
+    /// The safetensors header spelling.
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            SynthDtype::Bf16 => "BF16",
+            SynthDtype::F32 => "F32",
+        }
+    }
+    /// The `torch_dtype` of `config.json`.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            SynthDtype::Bf16 => "bfloat16",
+            SynthDtype::F32 => "float32",
+        }
+    }
+    pub fn size(self) -> usize {
+        match self {
+            SynthDtype::Bf16 => 2,
+            SynthDtype::F32 => 4,
+        }
+    }
+}
+
+/// One tensor of the checkpoint and how its values are drawn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorDesc {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub init: Init,
+    /// A routed expert's gate/up/down weight.
+    pub routed_expert: bool,
+}
+
+impl TensorDesc {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Elements per row (the last dimension).
+    pub fn row_len(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1).max(1)
+    }
+}
+
+/// A fully validated description of a synthetic model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthSpec {
+    pub preset: String,
+    pub seed: u64,
+    pub dtype: SynthDtype,
+    /// Router skew exponent `s` (0 = no skew); see [`super::values::router_scales`].
+    pub router_skew: f32,
+    /// `--set` overrides applied to the preset, in first-set order (the last
+    /// value of a repeated key wins).
+    pub overrides: serde_json::Map<String, Value>,
+    config_json: Value,
+    config: ModelConfig,
+}
+
+/// Parses one `--set key=value`. The value is JSON; a bare word that is not
+/// valid JSON is taken as a string (`--set hidden_act=silu`).
+pub fn parse_override(arg: &str) -> Result<(String, Value), SynthError> {
+    let (key, raw) = arg.split_once('=').ok_or_else(|| SynthError::BadOverride {
+        key: arg.to_string(),
+        reason: "expected key=value, e.g. --set num_hidden_layers=4".into(),
+    })?;
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(SynthError::BadOverride {
+            key: arg.to_string(),
+            reason: "empty key".into(),
+        });
+    }
+    let value =
+        serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.trim().to_string()));
+    Ok((key.to_string(), value))
+}
+
+fn same_kind(old: &Value, new: &Value) -> bool {
+    matches!(
+        (old, new),
+        (Value::Null, _)
+            | (Value::Bool(_), Value::Bool(_))
+            | (Value::Number(_), Value::Number(_))
+            | (Value::String(_), Value::String(_))
+            | (Value::Array(_), Value::Array(_))
+            | (Value::Object(_), Value::Object(_))
+    ) || (!old.is_null() && new.is_null())
+}
+
+impl SynthSpec {
+    /// Builds and validates a spec. Overrides may only name fields the
+    /// preset's `config.json` has (a typo must not silently add a field), must
+    /// keep the field's JSON type, and the result must pass the typed
+    /// `qwen3_moe` config validation plus the INT4 width rule.
+    pub fn new(
+        preset: &str,
+        seed: u64,
+        dtype: SynthDtype,
+        router_skew: f32,
+        overrides: &[(String, Value)],
+    ) -> Result<Self, SynthError> {
+        let mut config_json = preset_config(preset).ok_or_else(|| SynthError::UnknownPreset {
+            name: preset.to_string(),
+        })?;
+        if !router_skew.is_finite() || router_skew < 0.0 {
+            return Err(SynthError::BadSpec(format!(
+                "--router-skew must be a finite number >= 0, got {router_skew}"
+            )));
+        }
+        let mut recorded = serde_json::Map::new();
+        for (key, value) in overrides {
+            let obj = config_json.as_object_mut().expect("preset is an object");
+            if key == "torch_dtype" || key == "dtype" {
+                return Err(SynthError::BadOverride {
+                    key: key.clone(),
+                    reason: "the stored dtype is chosen with --dtype bf16|f32".into(),
+                });
+            }
+            let Some(old) = obj.get_mut(key) else {
+                let mut known: Vec<&str> = obj.keys().map(|k| k.as_str()).collect();
+                known.sort_unstable();
+                return Err(SynthError::BadOverride {
+                    key: key.clone(),
+                    reason: format!(
+                        "not a config.json field of preset '{preset}'; known fields: {}",
+                        known.join(", ")
+                    ),
+                });
+            };
+            if !same_kind(old, value) {
+                return Err(SynthError::BadOverride {
+                    key: key.clone(),
+                    reason: format!("{value} has a different JSON type than the preset's {old}"),
+                });
+            }
+            *old = value.clone();
+            recorded.insert(key.clone(), value.clone());
+        }
+        config_json["torch_dtype"] = Value::String(dtype.torch_name().into());
+        let config = ModelConfig::from_json_str(
+            &config_json.to_string(),
+            Path::new("<synthesized config.json>"),
+        )?;
+        let g = config.geometry();
+        if !g.hidden.is_multiple_of(INT4_GROUP) {
+            return Err(SynthError::BadSpec(format!(
+                "hidden_size {} must be a multiple of {INT4_GROUP} (the INT4 group size)",
+                g.hidden
+            )));
+        }
+        if g.num_moe_layers() > 0 && !g.expert_intermediate.is_multiple_of(INT4_GROUP) {
+            return Err(SynthError::BadSpec(format!(
+                "moe_intermediate_size {} must be a multiple of {INT4_GROUP} (the INT4 group size)",
+                g.expert_intermediate
+            )));
+        }
+        Ok(SynthSpec {
+            preset: preset.to_string(),
+            seed,
+            dtype,
+            router_skew,
+            overrides: recorded,
+            config_json,
+            config,
+        })
+    }
+
+    /// Rebuilds the spec of a checkpoint written by `synth` from its
+    /// `krasis_synth.json`, and checks that its `config.json` is still the one
+    /// that spec produces (fail closed on edited or foreign checkpoints).
+    pub fn from_checkpoint_dir(dir: &Path) -> Result<Self, SynthError> {
+        let record = SynthRecord::load(dir)?;
+        let overrides: Vec<(String, Value)> = record.overrides.clone().into_iter().collect();
+        let spec = SynthSpec::new(
+            &record.preset,
+            record.seed,
+            record.dtype()?,
+            record.router_skew,
+            &overrides,
+        )?;
+        let on_disk = ModelConfig::load(dir)?;
+        if on_disk != spec.config {
+            return Err(SynthError::BadRecord {
+                path: dir.join("config.json"),
+                reason: "does not match the model krasis_synth.json describes (edited after synthesis?); re-run synth".into(),
+            });
+        }
+        Ok(spec)
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.config.geometry()
+    }
+
+    /// The `config.json` this spec writes.
+    pub fn config_json(&self) -> &Value {
+        &self.config_json
+    }
+
+    /// Every tensor of the checkpoint, in file order.
+    pub fn tensors(&self) -> Vec<TensorDesc> {
+        let g = self.geometry();
+        self.config
+            .expected_tensors()
+            .into_iter()
+            .map(|(name, shape)| {
+                let init = self.init_for(&name, &shape, &g);
+                let routed_expert = name.contains(".mlp.experts.");
+                TensorDesc {
+                    name,
+                    shape,
+                    init,
+                    routed_expert,
+                }
+            })
+            .collect()
+    }
+
+    /// Scales: embeddings ~N(0,1); every projection ~N(0, 1/fan_in) so a
+    /// unit-RMS input gives unit-RMS outputs (activations neither vanish nor
+    /// blow up with depth); norms near 1; the LM head a little larger.
+    fn init_for(&self, name: &str, shape: &[usize], g: &Geometry) -> Init {
+        if name == TensorNames::EMBED {
+            Init::Normal { std: 1.0 }
+        } else if name == TensorNames::LM_HEAD {
+            Init::Normal {
+                std: LM_HEAD_GAIN / (g.hidden as f32).sqrt(),
+            }
+        } else if shape.len() == 1 && name.ends_with(".bias") {
+            Init::Normal { std: BIAS_STD }
+        } else if shape.len() == 1 {
+            Init::NearOne {
+                std: NORM_NOISE_STD,
+            }
+        } else if name.ends_with(".mlp.gate.weight") {
+            Init::Router {
+                std: 1.0 / (g.hidden as f32).sqrt(),
+                scales: router_scales(self.seed, name, g.num_experts, self.router_skew),
+            }
+        } else {
+            Init::Normal {
+                std: 1.0 / (shape[1] as f32).sqrt(),
+            }
+        }
+    }
+
+    /// The values of one whole tensor as stored (rounded through the dtype),
+    /// or `None` if the checkpoint has no tensor of that name.
+    pub fn tensor_f32(&self, name: &str) -> Option<Vec<f32>> {
+        let t = self.tensors().into_iter().find(|t| t.name == name)?;
+        let mut out = vec![0f32; t.numel()];
+        fill_f32(
+            self.seed,
+            &t.name,
+            &t.init,
+            self.dtype,
+            t.row_len(),
+            0,
+            &mut out,
+        );
+        Some(out)
+    }
+
+    /// One row of a 2-D tensor (e.g. a token's embedding) without generating
+    /// the rest of it.
+    pub fn tensor_row_f32(&self, name: &str, row: usize) -> Option<Vec<f32>> {
+        let t = self.tensors().into_iter().find(|t| t.name == name)?;
+        if t.shape.len() != 2 || row >= t.shape[0] {
+            return None;
+        }
+        let mut out = vec![0f32; t.shape[1]];
+        fill_f32(
+            self.seed,
+            &t.name,
+            &t.init,
+            self.dtype,
+            t.row_len(),
+            row * t.shape[1],
+            &mut out,
+        );
+        Some(out)
+    }
+
+    /// Is `layer` a MoE layer with an expert `expert`?
+    pub fn has_expert(&self, layer: usize, expert: usize) -> bool {
+        let g = self.geometry();
+        layer < g.num_layers && g.mlp_kinds[layer] == MlpKind::Moe && expert < g.num_experts
+    }
+}
+
+/// The exact f32 values of one routed expert as the checkpoint stores them
+/// (already rounded through the spec's dtype), generated on their own.
+/// Values depend only on (seed, tensor name), so this is defined for any
+/// indices; callers iterate the geometry (see [`SynthSpec::has_expert`]).
+pub fn expert_weights(spec: &SynthSpec, layer: usize, expert: usize) -> ExpertF32 {
+    let g = spec.geometry();
+    let (h, i) = (g.hidden, g.expert_intermediate);
+    let [gate, up, down] = spec.config.expert_tensor_names(layer, expert);
+    let gen_one = |name: &str, shape: [usize; 2]| {
+        let init = spec.init_for(name, &shape, &g);
+        let mut v = vec![0f32; shape[0] * shape[1]];
+        fill_f32(spec.seed, name, &init, spec.dtype, shape[1], 0, &mut v);
+        v
+    };
+    ExpertF32 {
+        gate: gen_one(&gate, [i, h]),
+        up: gen_one(&up, [i, h]),
+        down: gen_one(&down, [h, i]),
+    }
+}

@@ -1,0 +1,206 @@
+//! Tokenizer: Hugging Face `tokenizer.json` loading, EOS discovery from the
+//! model directory's configs, a streaming decoder, and the converter that
+//! builds Qwen's `tokenizer.json` from its published BPE ranks.
+
+pub(crate) use eos::token_string;
+
+mod eos;
+mod incremental;
+mod vocab;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use incremental::IncrementalDecoder;
+pub use vocab::{
+    QWEN_BPE_RANKS, QWEN_PRETOKENIZE_REGEX, QWEN3_SPECIAL_TOKENS, build_qwen_tokenizer_json,
+    find_qwen_vocab,
+};
+
+use crate::error::ModelError;
+
+/// A loaded tokenizer. `Send + Sync`, and `Clone` is cheap (the vocabulary
+/// is shared), so streaming decoders can own one.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: Arc<tokenizers::Tokenizer>,
+    /// Where it came from, for error messages.
+    origin: PathBuf,
+    eos: Vec<u32>,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("origin", &self.origin)
+            .field("vocab_size", &self.vocab_size)
+            .field("eos", &self.eos)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Load `dir/tokenizer.json`; EOS ids come from `generation_config.json`
+    /// (`eos_token_id`, int or list), else `config.json`, plus
+    /// `tokenizer_config.json`'s `eos_token`.
+    pub fn from_dir(dir: &Path) -> Result<Self, ModelError> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(ModelError::MissingFile {
+                path,
+                what: "tokenizer.json (Hugging Face fast tokenizer)".into(),
+            });
+        }
+        let json = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let mut tok = Self::parse(&json, path)?;
+        let eos = eos::discover(dir, &tok)?;
+        tok.set_eos(eos)?;
+        Ok(tok)
+    }
+
+    /// Build from `tokenizer.json` text with explicit EOS ids (for synthetic
+    /// checkpoints and tests).
+    pub fn from_json(json: &str, eos_token_ids: &[u32]) -> Result<Self, ModelError> {
+        let mut tok = Self::parse(json, PathBuf::from("<tokenizer.json>"))?;
+        tok.set_eos(eos_token_ids.to_vec())?;
+        Ok(tok)
+    }
+
+    fn parse(json: &str, origin: PathBuf) -> Result<Self, ModelError> {
+        let inner: tokenizers::Tokenizer = json.parse().map_err(|e| ModelError::Tokenizer {
+            path: origin.clone(),
+            reason: format!("cannot parse tokenizer.json: {e}"),
+        })?;
+        let vocab_size = inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&m| m as usize + 1);
+        if vocab_size == 0 {
+            return Err(ModelError::Tokenizer {
+                path: origin,
+                reason: "empty vocabulary".into(),
+            });
+        }
+        Ok(Self {
+            inner: Arc::new(inner),
+            origin,
+            eos: Vec::new(),
+            vocab_size,
+        })
+    }
+
+    fn set_eos(&mut self, eos: Vec<u32>) -> Result<(), ModelError> {
+        if let Some(bad) = eos.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
+            return Err(self.err(format!(
+                "EOS token id {bad} is not in the vocabulary (size {})",
+                self.vocab_size
+            )));
+        }
+        let mut uniq = Vec::with_capacity(eos.len());
+        for id in eos {
+            if !uniq.contains(&id) {
+                uniq.push(id);
+            }
+        }
+        self.eos = uniq;
+        Ok(())
+    }
+
+    fn err(&self, reason: String) -> ModelError {
+        ModelError::Tokenizer {
+            path: self.origin.clone(),
+            reason,
+        }
+    }
+
+    /// Encode text. Added/special tokens written in the text (as rendered
+    /// chat templates contain) become their ids; no BOS is added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| self.err(format!("encode failed: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decode ids to text. Ids outside the vocabulary are refused rather
+    /// than dropped, since they mean the caller mixed up tokenizers.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, ModelError> {
+        if let Some(bad) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
+            return Err(self.err(format!(
+                "token id {bad} is not in the vocabulary (size {})",
+                self.vocab_size
+            )));
+        }
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| self.err(format!("decode failed: {e}")))
+    }
+
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos.contains(&id)
+    }
+
+    /// Highest id + 1 (the embedding rows the model must have at least).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    pub fn token_id(&self, s: &str) -> Option<u32> {
+        self.inner.token_to_id(s)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Streaming decoder that skips special tokens (`<|im_end|>` etc.) but
+    /// keeps non-special added tokens such as `<think>`.
+    pub fn incremental(&self) -> IncrementalDecoder {
+        IncrementalDecoder::new(self.clone(), true)
+    }
+
+    /// Streaming decoder with explicit special-token handling.
+    pub fn incremental_with(&self, skip_special: bool) -> IncrementalDecoder {
+        IncrementalDecoder::new(self.clone(), skip_special)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn tokenizer_is_send_sync() {
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<IncrementalDecoder>();
+    }
+
+    #[test]
+    fn missing_tokenizer_json_is_missing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        match Tokenizer::from_dir(dir.path()) {
+            Err(ModelError::MissingFile { path, .. }) => {
+                assert!(path.ends_with("tokenizer.json"))
+            }
+            other => panic!("expected MissingFile, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn garbage_tokenizer_json_is_refused() {
+        let err = Tokenizer::from_json("{not json", &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("cannot parse tokenizer.json"),
+            "{err}"
+        );
+    }
+}

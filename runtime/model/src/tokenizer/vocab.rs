@@ -1,0 +1,365 @@
+//! Qwen vocabulary: locate `qwen.tiktoken` (the BPE ranks Qwen publishes) and
+//! convert it to a Hugging Face `tokenizer.json` equivalent to the one shipped
+//! with Qwen2/Qwen3 checkpoints, so synthetic checkpoints tokenize exactly
+//! like real ones.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde_json::json;
+
+use crate::error::ModelError;
+
+/// Qwen3 added tokens: (id, content, special). The tool/think markers are
+/// `special: false` in real Qwen3 so `skip_special_tokens` keeps them.
+pub const QWEN3_SPECIAL_TOKENS: &[(u32, &str, bool)] = &[
+    (151643, "<|endoftext|>", true),
+    (151644, "<|im_start|>", true),
+    (151645, "<|im_end|>", true),
+    (151646, "<|object_ref_start|>", true),
+    (151647, "<|object_ref_end|>", true),
+    (151648, "<|box_start|>", true),
+    (151649, "<|box_end|>", true),
+    (151650, "<|quad_start|>", true),
+    (151651, "<|quad_end|>", true),
+    (151652, "<|vision_start|>", true),
+    (151653, "<|vision_end|>", true),
+    (151654, "<|vision_pad|>", true),
+    (151655, "<|image_pad|>", true),
+    (151656, "<|video_pad|>", true),
+    (151657, "<tool_call>", false),
+    (151658, "</tool_call>", false),
+    (151659, "<|fim_prefix|>", true),
+    (151660, "<|fim_middle|>", true),
+    (151661, "<|fim_suffix|>", true),
+    (151662, "<|fim_pad|>", true),
+    (151663, "<|repo_name|>", true),
+    (151664, "<|file_sep|>", true),
+    (151665, "<tool_response>", false),
+    (151666, "</tool_response>", false),
+    (151667, "<think>", false),
+    (151668, "</think>", false),
+];
+
+/// The Qwen2/Qwen3 pre-tokenizer split pattern.
+pub const QWEN_PRETOKENIZE_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Number of ranks in `qwen.tiktoken`; the added tokens start right after.
+pub const QWEN_BPE_RANKS: usize = 151_643;
+
+const VOCAB_RELATIVE: &str = ".cache/vocab/qwen.tiktoken";
+
+/// Locate `qwen.tiktoken`: `explicit` if given (must exist), else
+/// `.cache/vocab/qwen.tiktoken` under the current directory or any ancestor,
+/// else under this crate's workspace root.
+pub fn find_qwen_vocab(explicit: Option<&Path>) -> Result<PathBuf, ModelError> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(ModelError::MissingFile {
+                path: p.to_path_buf(),
+                what: "Qwen vocabulary (qwen.tiktoken); run tools/vocab.sh to fetch it".into(),
+            })
+        };
+    }
+    let mut candidates = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        candidates.extend(cwd.ancestors().map(|a| a.join(VOCAB_RELATIVE)));
+    }
+    // The workspace root is two levels above this crate's manifest; this
+    // covers test binaries run from the crate directory.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    candidates.extend(manifest.ancestors().map(|a| a.join(VOCAB_RELATIVE)));
+    if let Some(found) = candidates.iter().find(|c| c.is_file()) {
+        return Ok(found.clone());
+    }
+    Err(ModelError::MissingFile {
+        path: PathBuf::from(VOCAB_RELATIVE),
+        what: "Qwen vocabulary not found in the current directory, its ancestors or the \
+               workspace; run tools/vocab.sh (it downloads qwen.tiktoken into .cache/vocab/)"
+            .into(),
+    })
+}
+
+/// GPT-2 byte-to-unicode table: printable Latin-1 bytes map to themselves,
+/// the rest to U+0100.. in byte order, so every byte string is a valid,
+/// whitespace-free token string.
+pub(crate) fn bytes_to_unicode() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        let printable = (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
+        table[b as usize] = if printable {
+            char::from(b)
+        } else {
+            let c = char::from_u32(next).unwrap_or('\u{FFFD}');
+            next += 1;
+            c
+        };
+    }
+    table
+}
+
+/// Parse `base64(token) rank` lines; ranks must be exactly 0..n in order so
+/// ids agree with the real checkpoints.
+fn parse_tiktoken(path: &Path, text: &str) -> Result<Vec<Vec<u8>>, ModelError> {
+    let bad = |line: usize, reason: String| ModelError::Tokenizer {
+        path: path.to_path_buf(),
+        reason: format!("line {line}: {reason}; re-fetch it with tools/vocab.sh"),
+    };
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut tokens = Vec::with_capacity(QWEN_BPE_RANKS);
+    for (i, line) in text.lines().enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let (tok, rank) = line
+            .split_once(' ')
+            .ok_or_else(|| bad(i + 1, "expected 'base64 rank'".into()))?;
+        let bytes = b64
+            .decode(tok)
+            .map_err(|e| bad(i + 1, format!("bad base64 '{tok}': {e}")))?;
+        let rank: usize = rank
+            .trim()
+            .parse()
+            .map_err(|_| bad(i + 1, format!("bad rank '{rank}'")))?;
+        if rank != tokens.len() {
+            return Err(bad(
+                i + 1,
+                format!("rank {rank} out of order (expected {})", tokens.len()),
+            ));
+        }
+        tokens.push(bytes);
+    }
+    if tokens.len() != QWEN_BPE_RANKS {
+        return Err(ModelError::Tokenizer {
+            path: path.to_path_buf(),
+            reason: format!(
+                "{} ranks, expected {QWEN_BPE_RANKS}; re-fetch it with tools/vocab.sh",
+                tokens.len()
+            ),
+        });
+    }
+    Ok(tokens)
+}
+
+/// Run byte-pair merging over `token` using only ranks below `max_rank`;
+/// when it stops at exactly two parts, those are the merge that creates the
+/// token (how tiktoken's ranks encode the merge order).
+fn last_merge<'a>(
+    token: &'a [u8],
+    max_rank: u32,
+    ranks: &HashMap<&[u8], u32, impl std::hash::BuildHasher>,
+) -> Option<(&'a [u8], &'a [u8])> {
+    // Part boundaries: parts[i]..parts[i+1].
+    let mut bounds: Vec<usize> = (0..=token.len()).collect();
+    while bounds.len() > 3 {
+        let mut best: Option<(u32, usize)> = None;
+        for i in 0..bounds.len() - 2 {
+            if let Some(&r) = ranks.get(&token[bounds[i]..bounds[i + 2]])
+                && r < max_rank
+                && best.is_none_or(|(br, _)| r < br)
+            {
+                best = Some((r, i));
+            }
+        }
+        let (_, i) = best?;
+        bounds.remove(i + 1);
+    }
+    (bounds.len() == 3).then(|| (&token[bounds[0]..bounds[1]], &token[bounds[1]..bounds[2]]))
+}
+
+/// FNV-1a: the rank table is hashed ~4M times during conversion and the
+/// keys are short trusted byte strings, so SipHash's DoS resistance only
+/// costs time here.
+#[derive(Default, Clone, Copy)]
+struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type FnvMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
+
+/// Append `s` as a JSON string literal.
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Convert `qwen.tiktoken` into a Hugging Face `tokenizer.json` string
+/// equivalent to the real Qwen2/Qwen3 one (same ids, merges, pre-tokenizer
+/// and added tokens).
+pub fn build_qwen_tokenizer_json(tiktoken: &Path) -> Result<String, ModelError> {
+    use rayon::prelude::*;
+
+    let text = std::fs::read_to_string(tiktoken).map_err(|e| ModelError::io(tiktoken, e))?;
+    let tokens = parse_tiktoken(tiktoken, &text)?;
+    let mut ranks: FnvMap<&[u8], u32> = FnvMap::default();
+    ranks.reserve(tokens.len());
+    ranks.extend(
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.as_slice(), i as u32)),
+    );
+    if ranks.len() != tokens.len() {
+        return Err(ModelError::Tokenizer {
+            path: tiktoken.to_path_buf(),
+            reason: "duplicate tokens; re-fetch it with tools/vocab.sh".into(),
+        });
+    }
+    let table = bytes_to_unicode();
+    let to_str = |b: &[u8]| b.iter().map(|&x| table[x as usize]).collect::<String>();
+
+    // Each token's merge depends only on the (immutable) rank table.
+    let merges: Vec<Option<String>> = tokens
+        .par_iter()
+        .enumerate()
+        .map(|(rank, tok)| {
+            if tok.len() < 2 {
+                return Ok(None);
+            }
+            let (a, b) =
+                last_merge(tok, rank as u32, &ranks).ok_or_else(|| ModelError::Tokenizer {
+                    path: tiktoken.to_path_buf(),
+                    reason: format!(
+                        "rank {rank} cannot be built from lower ranks; not a BPE vocabulary? \
+                         re-fetch it with tools/vocab.sh"
+                    ),
+                })?;
+            Ok(Some(format!("{} {}", to_str(a), to_str(b))))
+        })
+        .collect::<Result<_, ModelError>>()?;
+
+    let added: Vec<_> = QWEN3_SPECIAL_TOKENS
+        .iter()
+        .map(|&(id, content, special)| {
+            json!({
+                "id": id, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": special,
+            })
+        })
+        .collect();
+    let byte_level = json!({
+        "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false,
+    });
+    let head = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": { "type": "NFC" },
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {
+                    "type": "Split",
+                    "pattern": { "Regex": QWEN_PRETOKENIZE_REGEX },
+                    "behavior": "Isolated",
+                    "invert": false,
+                },
+                byte_level,
+            ],
+        },
+        "post_processor": byte_level,
+        "decoder": byte_level,
+    });
+    let model_head = json!({
+        "type": "BPE",
+        "dropout": null,
+        "unk_token": null,
+        "continuing_subword_prefix": "",
+        "end_of_word_suffix": "",
+        "fuse_unk": false,
+        "byte_fallback": false,
+        "ignore_merges": false,
+    });
+
+    // The 300k-entry vocab/merges are written directly: building them as
+    // serde_json::Value costs most of the conversion time.
+    let mut out = String::with_capacity(8 << 20);
+    let head = head.to_string();
+    out.push_str(&head[..head.len() - 1]);
+    out.push_str(",\"model\":");
+    let model_head = model_head.to_string();
+    out.push_str(&model_head[..model_head.len() - 1]);
+    out.push_str(",\"vocab\":{");
+    for (rank, tok) in tokens.iter().enumerate() {
+        if rank > 0 {
+            out.push(',');
+        }
+        push_json_str(&mut out, &to_str(tok));
+        out.push(':');
+        out.push_str(&rank.to_string());
+    }
+    out.push_str("},\"merges\":[");
+    for (i, m) in merges.iter().flatten().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_json_str(&mut out, m);
+    }
+    out.push_str("]}}");
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_table_is_a_bijection_without_whitespace() {
+        let t = bytes_to_unicode();
+        let set: std::collections::HashSet<char> = t.iter().copied().collect();
+        assert_eq!(set.len(), 256);
+        assert_eq!(t[b' ' as usize], 'Ġ');
+        assert_eq!(t[b'\n' as usize], 'Ċ');
+        assert_eq!(t[b'a' as usize], 'a');
+        assert!(t.iter().all(|c| !c.is_whitespace()));
+    }
+
+    #[test]
+    fn last_merge_uses_only_lower_ranks() {
+        let toks: Vec<&[u8]> = vec![b"a", b"b", b"c", b"ab", b"bc", b"abc"];
+        let ranks: HashMap<&[u8], u32> = toks
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (*t, i as u32))
+            .collect();
+        assert_eq!(last_merge(b"ab", 3, &ranks), Some((&b"a"[..], &b"b"[..])));
+        // "ab" (3) beats "bc" (4), so "abc" = "ab" + "c".
+        assert_eq!(last_merge(b"abc", 5, &ranks), Some((&b"ab"[..], &b"c"[..])));
+        // Without access to "ab"/"bc" the token cannot be reduced to two parts.
+        assert_eq!(last_merge(b"abc", 3, &ranks), None);
+    }
+
+    #[test]
+    fn explicit_missing_vocab_path_says_what_to_do() {
+        let err = find_qwen_vocab(Some(Path::new("/nonexistent/qwen.tiktoken"))).unwrap_err();
+        assert!(err.to_string().contains("tools/vocab.sh"), "{err}");
+    }
+}

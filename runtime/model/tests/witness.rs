@@ -1,0 +1,287 @@
+//! Numerical checks of the CPU reference engine.
+//!
+//! * `witness_fixtures`: agreement with Hugging Face transformers on the
+//!   fixtures under `tests/fixtures/witness/<case>/<variant>/` written by
+//!   `tools/witness/witness.py` (variant `source` here; `int4` is checked by
+//!   the cache crate, which owns the INT4 expert source).
+//! * An independent naive implementation (`witness/naive.rs`) agrees with
+//!   the engine, and the same comparison catches planted bugs.
+//! * Prefill and token-by-token decode (the KV cache path) agree.
+
+#[path = "witness/naive.rs"]
+mod naive;
+#[path = "witness/support.rs"]
+mod support;
+
+use krasis_model::synth::{GENERATOR_VERSION, SynthDtype};
+use krasis_model::{Engine, GenerateRequest, SamplingParams};
+use naive::Fault;
+use serde::Deserialize;
+use serde_json::json;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use support::{load, max_abs, preset_dir, rel_err, synth_dir, top_ids};
+
+const SEQ: [u32; 8] = [9707, 11, 1879, 0, 151643, 42, 77, 1234];
+
+fn assert_matches_naive(dir: &Path, tokens: &[u32]) {
+    let got = load(dir, 64).prompt_logits(tokens).unwrap();
+    let want = naive::logits(dir, tokens, Fault::None);
+    for (pos, (g, w)) in got.iter().zip(&want).enumerate() {
+        let e = rel_err(g, w);
+        assert!(
+            e <= 1e-4,
+            "{}: position {pos}: relative error {e}",
+            dir.display()
+        );
+        assert_eq!(top_ids(g, 10), top_ids(w, 10), "position {pos}");
+    }
+}
+
+#[test]
+fn engine_matches_independent_implementation() {
+    assert_matches_naive(&preset_dir("tiny", &[]), &SEQ);
+}
+
+#[test]
+fn engine_matches_independent_implementation_dense_tied_and_bias() {
+    let small = json!(2048);
+    assert_matches_naive(
+        &preset_dir("tiny-dense", &[("vocab_size", small.clone())]),
+        &[9, 11, 1879, 0, 2047],
+    );
+    let bias = [
+        ("vocab_size", small),
+        ("attention_bias", json!(true)),
+        ("norm_topk_prob", json!(false)),
+    ];
+    assert_matches_naive(&preset_dir("tiny", &bias), &[3, 1, 4, 1, 5, 9]);
+}
+
+#[test]
+fn planted_bugs_are_detected() {
+    let dir = preset_dir("tiny", &[("vocab_size", json!(2048))]);
+    let tokens = [3, 1, 4, 1, 5, 9, 2, 6];
+    let got = load(&dir, 64).prompt_logits(&tokens).unwrap();
+    for fault in [Fault::RopeSign, Fault::GqaInterleaved] {
+        let broken = naive::logits(&dir, &tokens, fault);
+        let worst = got
+            .iter()
+            .zip(&broken)
+            .map(|(g, b)| rel_err(g, b))
+            .fold(0f32, f32::max);
+        assert!(
+            worst > 1e-2,
+            "{fault:?} went unnoticed: worst relative error {worst}"
+        );
+    }
+}
+
+#[test]
+fn prefill_equals_token_by_token_decode() {
+    let dir = preset_dir("tiny", &[]);
+    let mut e = load(&dir, 64);
+    let prefill = e.prompt_logits(&SEQ).unwrap();
+    let stepwise = e.stepwise_logits(&SEQ).unwrap();
+    for (p, (a, b)) in stepwise.iter().zip(&prefill).enumerate() {
+        let err = rel_err(a, b);
+        assert!(
+            err <= 1e-4,
+            "position {p}: decode vs prefill relative error {err}"
+        );
+    }
+    // Causality: appending tokens leaves the logits of the prefix unchanged.
+    let mut longer = SEQ.to_vec();
+    longer.extend([5, 6, 7]);
+    let rows = e.prompt_logits(&longer).unwrap();
+    for (p, (a, b)) in prefill.iter().zip(&rows).enumerate() {
+        assert!(rel_err(a, b) <= 1e-5, "position {p}");
+    }
+}
+
+/// The test-profile speed the brief asks for: 64 prompt tokens and 32
+/// decoded ones on `tiny` (vocab 151936) well under a second. The bound
+/// asserted is loose so a loaded CI machine does not fail it; the measured
+/// time is printed.
+#[test]
+fn tiny_prefill_64_decode_32_is_fast() {
+    let dir = preset_dir("tiny", &[]);
+    let mut e = load(&dir, 256);
+    let prompt: Vec<u32> = (0..64u32).map(|i| (i * 2371) % 151_000).collect();
+    let req = GenerateRequest {
+        prompt,
+        max_new_tokens: 32,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+    };
+    let t = std::time::Instant::now();
+    let o = e
+        .generate(&req, &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!(
+        "tiny: prefill 64 in {:.3}s, decode 31 in {:.3}s, total {secs:.3}s",
+        o.stats.prefill_seconds, o.stats.decode_seconds
+    );
+    assert_eq!(o.stats.generated_tokens, 32);
+    assert!(secs < 10.0, "64 + 32 tokens on tiny took {secs:.2}s");
+}
+
+// ---- Hugging Face witness fixtures ----------------------------------------
+
+#[derive(Deserialize)]
+struct Case {
+    synth: CaseSynth,
+    generator_version: u32,
+    sequences: Vec<Vec<u32>>,
+    variant: String,
+}
+
+#[derive(Deserialize)]
+struct CaseSynth {
+    preset: String,
+    seed: u64,
+    dtype: String,
+    #[serde(default)]
+    router_skew: f32,
+    #[serde(default)]
+    overrides: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct Expected {
+    argmax: Vec<u32>,
+    top_ids: Vec<Vec<u32>>,
+    top_vals: Vec<Vec<f32>>,
+}
+
+fn fixtures_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/witness")
+}
+
+/// `(case, variant dir)` of every fixture, sorted.
+fn fixture_dirs() -> Vec<(String, PathBuf)> {
+    let root = fixtures_root();
+    let mut out = Vec::new();
+    for case in std::fs::read_dir(&root).unwrap_or_else(|e| {
+        panic!(
+            "no witness fixtures at {} ({e}); run tools/witness/witness.py",
+            root.display()
+        )
+    }) {
+        let case = case.unwrap().path();
+        if !case.is_dir() {
+            continue;
+        }
+        for variant in std::fs::read_dir(&case).unwrap() {
+            let v = variant.unwrap().path();
+            if v.join("case.json").is_file() {
+                out.push((case.file_name().unwrap().to_string_lossy().into_owned(), v));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> T {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn read_f32s(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(
+        bytes.len() % 4,
+        0,
+        "{}: not whole f32 values",
+        path.display()
+    );
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn check_case(name: &str, dir: &Path) -> usize {
+    let case: Case = read_json(&dir.join("case.json"));
+    assert_eq!(case.variant, "source", "{}: variant field", dir.display());
+    assert_eq!(
+        case.generator_version,
+        GENERATOR_VERSION,
+        "{}: fixture made for synth generator v{}, this build writes v{}; regenerate the \
+         fixtures with tools/witness/run_device.sh",
+        dir.display(),
+        case.generator_version,
+        GENERATOR_VERSION
+    );
+    let s = &case.synth;
+    let dtype =
+        SynthDtype::parse(&s.dtype).unwrap_or_else(|| panic!("{name}: dtype '{}'", s.dtype));
+    let overrides: Vec<(String, serde_json::Value)> = s.overrides.clone().into_iter().collect();
+    let ckpt = synth_dir(&s.preset, s.seed, dtype, s.router_skew, &overrides);
+    let longest = case.sequences.iter().map(Vec::len).max().unwrap_or(1);
+    let mut engine = load(&ckpt, longest.max(1));
+    for (i, seq) in case.sequences.iter().enumerate() {
+        let at = format!("{name}/seq{i}");
+        let exp: Expected = read_json(&dir.join(format!("seq{i}.json")));
+        let got = engine
+            .prompt_logits(seq)
+            .unwrap_or_else(|e| panic!("{at}: {e}"));
+        assert_eq!(exp.argmax.len(), seq.len(), "{at}: fixture positions");
+        for (p, row) in got.iter().enumerate() {
+            let scale = max_abs(row).max(1.0);
+            assert_eq!(
+                top_ids(row, 1)[0],
+                exp.argmax[p],
+                "{at} position {p}: argmax"
+            );
+            let mut ours = top_ids(row, 10);
+            let mut theirs = exp.top_ids[p][..10].to_vec();
+            ours.sort_unstable();
+            theirs.sort_unstable();
+            assert_eq!(ours, theirs, "{at} position {p}: top-10 ids");
+            for (&id, &v) in exp.top_ids[p].iter().zip(&exp.top_vals[p]) {
+                let d = (row[id as usize] - v).abs();
+                assert!(
+                    d <= 1e-3 * scale,
+                    "{at} position {p} token {id}: {} vs HF {v}",
+                    row[id as usize]
+                );
+            }
+        }
+        let last = read_f32s(&dir.join(format!("seq{i}.last.f32")));
+        let err = rel_err(got.last().unwrap(), &last);
+        assert!(
+            err <= 1e-3,
+            "{at}: last-position logits relative error {err}"
+        );
+        eprintln!(
+            "{at}: {} positions, last-position relative error {err:.2e}",
+            seq.len()
+        );
+    }
+    case.sequences.len()
+}
+
+#[test]
+#[ignore = "fixtures pending: tests/fixtures/witness is written by tools/witness/witness.py"]
+fn witness_fixtures() {
+    let dirs = fixture_dirs();
+    let mut checked = 0;
+    for (case, dir) in &dirs {
+        let variant = dir.file_name().unwrap().to_string_lossy();
+        match variant.as_ref() {
+            "source" => checked += check_case(case, dir),
+            // The INT4 expert source lives in krasis-cache, which tests these.
+            "int4" => {}
+            other => panic!("{}: unknown witness variant '{other}'", dir.display()),
+        }
+    }
+    assert!(
+        checked > 0,
+        "no 'source' witness fixtures under {}; run tools/witness/witness.py",
+        fixtures_root().display()
+    );
+    eprintln!("checked {checked} witness sequences");
+}

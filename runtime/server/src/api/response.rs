@@ -1,0 +1,352 @@
+//! Turning a job's text stream into OpenAI responses: SSE chunks or one JSON
+//! body, for chat (reasoning, tool calls) and text completions.
+
+use super::Submitted;
+use crate::error::ApiError;
+use crate::output::{OutputEvent, OutputParser};
+use crate::worker::{Finish, Finished, GenError, StreamMsg};
+use axum::Json;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use krasis_model::EngineError;
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::time::Duration;
+use tokio_stream::wrappers::ReceiverStream;
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub struct ResponseMeta {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl ResponseMeta {
+    pub fn new(prefix: &str, model: &str, include_usage: bool) -> Self {
+        ResponseMeta {
+            id: format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
+            created: unix_now(),
+            model: model.to_string(),
+            include_usage,
+        }
+    }
+}
+
+/// What kind of answer is being built.
+pub enum Shape {
+    Chat {
+        parser: OutputParser,
+        /// `parallel_tool_calls: false`: stop after this many calls.
+        max_calls: Option<usize>,
+    },
+    Text,
+}
+
+impl Shape {
+    fn push(&mut self, text: &str) -> Vec<OutputEvent> {
+        match self {
+            Shape::Chat { parser, .. } => parser.push(text),
+            Shape::Text => vec![OutputEvent::Content(text.to_string())],
+        }
+    }
+
+    fn finish(&mut self) -> Vec<OutputEvent> {
+        match self {
+            Shape::Chat { parser, .. } => parser.finish(),
+            Shape::Text => Vec::new(),
+        }
+    }
+
+    fn tool_calls(&self) -> usize {
+        match self {
+            Shape::Chat { parser, .. } => parser.tool_calls(),
+            Shape::Text => 0,
+        }
+    }
+
+    /// True once the allowed number of tool calls has been produced.
+    fn calls_exhausted(&self) -> bool {
+        match self {
+            Shape::Chat {
+                parser,
+                max_calls: Some(m),
+            } => parser.tool_calls() >= *m,
+            _ => false,
+        }
+    }
+
+    fn is_chat(&self) -> bool {
+        matches!(self, Shape::Chat { .. })
+    }
+}
+
+fn finish_reason(f: Finish, tool_calls: usize) -> &'static str {
+    if tool_calls > 0 {
+        return "tool_calls";
+    }
+    match f {
+        Finish::Length => "length",
+        // Cancelled only reaches a response when we cut generation ourselves.
+        Finish::Stop | Finish::Cancelled => "stop",
+    }
+}
+
+fn usage(f: &Finished) -> Value {
+    json!({
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+    })
+}
+
+pub fn gen_error(e: &GenError) -> ApiError {
+    match e {
+        GenError::Engine(EngineError::PromptTooLong { prompt, context }) => {
+            ApiError::invalid_param(
+                "messages",
+                format!(
+                    "the prompt has {prompt} tokens but the model's context holds {context}; shorten the prompt"
+                ),
+            )
+        }
+        GenError::Engine(EngineError::EmptyPrompt) => {
+            ApiError::invalid_param("prompt", "the prompt is empty")
+        }
+        GenError::Engine(e @ EngineError::BadToken { .. }) => {
+            ApiError::invalid_param("prompt", e.to_string())
+        }
+        GenError::Engine(EngineError::OutOfMemory(m)) => ApiError::overloaded(
+            format!("the engine ran out of memory for this request: {m}"),
+            5,
+        ),
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+struct ChunkWriter {
+    meta: ResponseMeta,
+    chat: bool,
+}
+
+impl ChunkWriter {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        let mut c = if self.chat {
+            json!({
+                "id": self.meta.id,
+                "object": "chat.completion.chunk",
+                "created": self.meta.created,
+                "model": self.meta.model,
+                "system_fingerprint": null,
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            })
+        } else {
+            let text = delta.get("content").cloned().unwrap_or(json!(""));
+            json!({
+                "id": self.meta.id,
+                "object": "text_completion",
+                "created": self.meta.created,
+                "model": self.meta.model,
+                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+            })
+        };
+        if self.meta.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    fn deltas(&self, ev: OutputEvent) -> Vec<Value> {
+        match ev {
+            OutputEvent::Content(t) => vec![json!({"content": t})],
+            OutputEvent::Reasoning(r) => vec![json!({"reasoning_content": r, "reasoning": r})],
+            OutputEvent::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => vec![
+                json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                        "function": {"name": name, "arguments": ""}}]}),
+                json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}),
+            ],
+        }
+    }
+
+    fn usage_chunk(&self, f: &Finished) -> Value {
+        json!({
+            "id": self.meta.id,
+            "object": if self.chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.meta.created,
+            "model": self.meta.model,
+            "choices": [],
+            "usage": usage(f),
+        })
+    }
+}
+
+fn event(v: &Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+/// Streams the answer as SSE. The spawned task ends when the job ends or the
+/// client goes away; either way the job's cancel guard is dropped with it.
+pub fn stream(job: Submitted, meta: ResponseMeta, mut shape: Shape) -> Response {
+    let (out, out_rx) = tokio::sync::mpsc::channel::<Event>(64);
+    let w = ChunkWriter {
+        chat: shape.is_chat(),
+        meta,
+    };
+    tokio::spawn(async move {
+        let Submitted { mut rx, guard } = job;
+        let mut pending: Vec<Value> = Vec::new();
+        if w.chat {
+            pending.push(w.chunk(json!({"role": "assistant", "content": ""}), None));
+        }
+        let mut cut = false;
+        loop {
+            for v in pending.drain(..) {
+                if out.send(event(&v)).await.is_err() {
+                    return;
+                }
+            }
+            let msg = tokio::select! {
+                m = rx.recv() => m,
+                _ = out.closed() => return,
+            };
+            match msg {
+                Some(StreamMsg::Text(t)) if !cut => {
+                    for ev in shape.push(&t) {
+                        pending.extend(w.deltas(ev).into_iter().map(|d| w.chunk(d, None)));
+                    }
+                    if shape.calls_exhausted() {
+                        cut = true;
+                        guard.cancel();
+                    }
+                }
+                Some(StreamMsg::Text(_)) => {}
+                Some(StreamMsg::Done(Ok(fin))) => {
+                    if !cut {
+                        for ev in shape.finish() {
+                            pending.extend(w.deltas(ev).into_iter().map(|d| w.chunk(d, None)));
+                        }
+                    }
+                    let reason = finish_reason(fin.finish, shape.tool_calls());
+                    let empty = if w.chat {
+                        json!({})
+                    } else {
+                        json!({"content": ""})
+                    };
+                    pending.push(w.chunk(empty, Some(reason)));
+                    if w.meta.include_usage {
+                        pending.push(w.usage_chunk(&fin));
+                    }
+                    break;
+                }
+                Some(StreamMsg::Done(Err(e))) => {
+                    pending.push(gen_error(&e).body());
+                    break;
+                }
+                None => {
+                    pending
+                        .push(ApiError::internal("the generation ended without a result").body());
+                    break;
+                }
+            }
+        }
+        for v in pending.drain(..) {
+            if out.send(event(&v)).await.is_err() {
+                return;
+            }
+        }
+        let _ = out.send(Event::default().data("[DONE]")).await;
+    });
+    let body = ReceiverStream::new(out_rx).map(Ok::<_, Infallible>);
+    Sse::new(body)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
+        .into_response()
+}
+
+/// Waits for the whole answer and returns one JSON body. If the client
+/// disconnects, this future is dropped and the guard cancels the job.
+pub async fn collect(
+    job: Submitted,
+    meta: ResponseMeta,
+    mut shape: Shape,
+) -> Result<Response, ApiError> {
+    let Submitted { mut rx, guard } = job;
+    let mut events = Vec::new();
+    let mut cut = false;
+    let fin = loop {
+        match rx.recv().await {
+            Some(StreamMsg::Text(t)) if !cut => {
+                events.extend(shape.push(&t));
+                if shape.calls_exhausted() {
+                    cut = true;
+                    guard.cancel();
+                }
+            }
+            Some(StreamMsg::Text(_)) => {}
+            Some(StreamMsg::Done(Ok(fin))) => break fin,
+            Some(StreamMsg::Done(Err(e))) => return Err(gen_error(&e)),
+            None => return Err(ApiError::internal("the generation ended without a result")),
+        }
+    };
+    if !cut {
+        events.extend(shape.finish());
+    }
+    let reason = finish_reason(fin.finish, shape.tool_calls());
+    let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
+    for ev in events {
+        match ev {
+            OutputEvent::Content(t) => content.push_str(&t),
+            OutputEvent::Reasoning(r) => reasoning.push_str(&r),
+            OutputEvent::ToolCall {
+                id,
+                name,
+                arguments,
+                ..
+            } => calls.push(json!({"id": id, "type": "function",
+                                   "function": {"name": name, "arguments": arguments}})),
+        }
+    }
+    let body = if shape.is_chat() {
+        let mut message = json!({
+            "role": "assistant",
+            "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) },
+        });
+        if !reasoning.is_empty() {
+            message["reasoning_content"] = json!(reasoning);
+            message["reasoning"] = json!(reasoning);
+        }
+        if !calls.is_empty() {
+            message["tool_calls"] = Value::Array(calls);
+        }
+        json!({
+            "id": meta.id,
+            "object": "chat.completion",
+            "created": meta.created,
+            "model": meta.model,
+            "system_fingerprint": null,
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": reason}],
+            "usage": usage(&fin),
+        })
+    } else {
+        json!({
+            "id": meta.id,
+            "object": "text_completion",
+            "created": meta.created,
+            "model": meta.model,
+            "choices": [{"index": 0, "text": content, "logprobs": null, "finish_reason": reason}],
+            "usage": usage(&fin),
+        })
+    };
+    Ok(Json(body).into_response())
+}

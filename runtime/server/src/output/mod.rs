@@ -1,0 +1,102 @@
+//! Turning the model's text stream into OpenAI response parts: stop strings
+//! ([`stop`]), reasoning ([`reasoning`]) and tool calls ([`tools`]).
+
+pub mod reasoning;
+pub mod stop;
+pub mod tools;
+
+use reasoning::{Piece, ReasoningSplitter};
+use tools::{ToolEvent, ToolParser};
+
+/// One part of the assistant's answer, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputEvent {
+    Reasoning(String),
+    Content(String),
+    ToolCall {
+        index: usize,
+        id: String,
+        name: String,
+        arguments: String,
+    },
+}
+
+/// Reasoning split first (a tool call inside reasoning is only thought about),
+/// then tool calls in the answer text when the request declared tools.
+pub struct OutputParser {
+    reasoning: ReasoningSplitter,
+    tools: Option<Box<dyn ToolParser>>,
+    calls: usize,
+}
+
+impl OutputParser {
+    pub fn new(prompt_opens_reasoning: bool, tools: Option<Box<dyn ToolParser>>) -> Self {
+        OutputParser {
+            reasoning: ReasoningSplitter::new(prompt_opens_reasoning),
+            tools,
+            calls: 0,
+        }
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<OutputEvent> {
+        let mut pieces = Vec::new();
+        self.reasoning.push(text, &mut pieces);
+        self.route(pieces, false)
+    }
+
+    pub fn finish(&mut self) -> Vec<OutputEvent> {
+        let mut pieces = Vec::new();
+        self.reasoning.finish(&mut pieces);
+        self.route(pieces, true)
+    }
+
+    /// Complete tool calls emitted so far.
+    pub fn tool_calls(&self) -> usize {
+        self.calls
+    }
+
+    fn route(&mut self, pieces: Vec<Piece>, finish: bool) -> Vec<OutputEvent> {
+        let mut out = Vec::new();
+        let mut tool_events = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Reasoning(r) => out.push(OutputEvent::Reasoning(r)),
+                Piece::Content(c) => match self.tools.as_mut() {
+                    Some(t) => {
+                        t.push(&c, &mut tool_events);
+                        self.drain_tools(&mut tool_events, &mut out);
+                    }
+                    None => out.push(OutputEvent::Content(c)),
+                },
+            }
+        }
+        if finish && let Some(t) = self.tools.as_mut() {
+            {
+                t.finish(&mut tool_events);
+                self.drain_tools(&mut tool_events, &mut out);
+            }
+        }
+        out
+    }
+
+    fn drain_tools(&mut self, events: &mut Vec<ToolEvent>, out: &mut Vec<OutputEvent>) {
+        for e in events.drain(..) {
+            match e {
+                ToolEvent::Text(t) => out.push(OutputEvent::Content(t)),
+                ToolEvent::Call(c) => {
+                    out.push(OutputEvent::ToolCall {
+                        index: self.calls,
+                        id: new_call_id(),
+                        name: c.name,
+                        arguments: c.arguments,
+                    });
+                    self.calls += 1;
+                }
+            }
+        }
+    }
+}
+
+pub fn new_call_id() -> String {
+    format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24])
+}

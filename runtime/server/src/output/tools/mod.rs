@@ -1,0 +1,82 @@
+//! Tool calls written in the model's own grammar. The grammar is chosen from
+//! the loaded chat template's source (the template teaches the model how to
+//! call tools, so it is the authority). Each grammar provides a body parser;
+//! the shared [`BlockParser`] finds `<tool_call>…</tool_call>` blocks in the
+//! streamed answer text, holding back text that may be the start of a tag.
+//! A block that does not parse, or is cut off, is returned as ordinary text so
+//! nothing the model wrote disappears.
+
+mod block;
+mod hermes;
+mod qwen_xml;
+pub mod schema;
+
+pub use block::BlockParser;
+pub use hermes::HermesJson;
+pub use qwen_xml::QwenXml;
+pub use schema::ToolSet;
+
+use std::sync::Arc;
+
+/// One complete call as the model wrote it, arguments as a JSON object string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// What the tool-call parser makes of the answer text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolEvent {
+    Text(String),
+    Call(ParsedCall),
+}
+
+/// How the request constrains tool use (after `tool_choice: none` has removed
+/// the tools altogether).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forced {
+    /// The model decides.
+    Auto,
+    /// Some tool must be called.
+    Required,
+    /// This tool must be called.
+    Named(String),
+}
+
+/// A tool-call grammar (Qwen hermes JSON, Qwen3-Coder XML; DeepSeek, GLM and
+/// gpt-oss grammars implement the same trait).
+pub trait ToolGrammar: Send + Sync + std::fmt::Debug {
+    /// Short name used in logs and error messages.
+    fn name(&self) -> &'static str;
+
+    /// A streaming parser for one response.
+    fn parser(&self, tools: Arc<ToolSet>) -> Box<dyn ToolParser>;
+
+    /// Text appended to the prompt (after the generation prompt) that makes
+    /// the model start the forced call; `None` for [`Forced::Auto`].
+    fn forced_prefix(&self, forced: &Forced) -> Option<String>;
+}
+
+/// A streaming parser over answer text.
+pub trait ToolParser: Send {
+    fn push(&mut self, text: &str, out: &mut Vec<ToolEvent>);
+    fn finish(&mut self, out: &mut Vec<ToolEvent>);
+    /// Complete calls parsed so far.
+    fn calls_seen(&self) -> usize;
+}
+
+/// Picks the grammar the template teaches, or `None` when the template has no
+/// grammar this build understands (requests with tools are then refused).
+pub fn detect_grammar(template_source: &str) -> Option<Arc<dyn ToolGrammar>> {
+    if template_source.contains("<function=") && template_source.contains("<parameter=") {
+        return Some(Arc::new(QwenXml));
+    }
+    if template_source.contains("<tool_call>") {
+        return Some(Arc::new(HermesJson));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

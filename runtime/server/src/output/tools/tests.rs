@@ -1,0 +1,196 @@
+use super::*;
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+fn tools() -> Arc<ToolSet> {
+    Arc::new(ToolSet::from_openai(&[json!({
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"},
+                    "metric": {"type": "boolean"},
+                    "ratio": {"type": ["number", "null"]},
+                    "opts": {"type": "object"},
+                    "tags": {"type": "array"}
+                }
+            }
+        }
+    })]))
+}
+
+/// Text and calls, with adjacent text pieces merged (chunking may split them).
+fn run(grammar: &dyn ToolGrammar, chunks: &[&str]) -> Vec<ToolEvent> {
+    let mut p = grammar.parser(tools());
+    let mut out = Vec::new();
+    for c in chunks {
+        p.push(c, &mut out);
+    }
+    p.finish(&mut out);
+    let mut merged: Vec<ToolEvent> = Vec::new();
+    for e in out {
+        match (merged.last_mut(), e) {
+            (Some(ToolEvent::Text(a)), ToolEvent::Text(b)) => a.push_str(&b),
+            (_, e) => merged.push(e),
+        }
+    }
+    merged
+}
+
+fn call(name: &str, args: Value) -> ToolEvent {
+    ToolEvent::Call(ParsedCall {
+        name: name.into(),
+        arguments: args.to_string(),
+    })
+}
+
+const HERMES: &str = "Let me check.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+
+const XML: &str = "I'll look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n5\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n<parameter=ratio>\n0.5\n</parameter>\n<parameter=opts>\n{\"a\": [1]}\n</parameter>\n<parameter=tags>\n[\"x\"]\n</parameter>\n</function>\n</tool_call>";
+
+#[test]
+fn hermes_calls_are_parsed_and_layout_dropped() {
+    assert_eq!(
+        run(&HermesJson, &[HERMES]),
+        vec![
+            ToolEvent::Text("Let me check.".into()),
+            call("get_weather", json!({"city": "Paris", "days": 3})),
+            call("get_weather", json!({"city": "Oslo"})),
+        ]
+    );
+}
+
+#[test]
+fn xml_values_follow_the_schema_types() {
+    assert_eq!(
+        run(&QwenXml, &[XML]),
+        vec![
+            ToolEvent::Text("I'll look.".into()),
+            call(
+                "get_weather",
+                json!({"city": "New York", "days": 5, "metric": true, "ratio": 0.5,
+                       "opts": {"a": [1]}, "tags": ["x"]})
+            ),
+        ]
+    );
+}
+
+#[test]
+fn xml_value_that_does_not_fit_the_schema_stays_a_string() {
+    let text = "<tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\n<parameter=extra>\n42\n</parameter>\n</function>\n</tool_call>";
+    assert_eq!(
+        run(&QwenXml, &[text]),
+        vec![call("get_weather", json!({"days": "three", "extra": "42"}))]
+    );
+}
+
+#[test]
+fn malformed_and_truncated_calls_stay_visible() {
+    let bad = "A <tool_call>{\"name\": oops}</tool_call> B";
+    assert_eq!(run(&HermesJson, &[bad]), vec![ToolEvent::Text(bad.into())]);
+    let cut = "A\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar";
+    assert_eq!(run(&QwenXml, &[cut]), vec![ToolEvent::Text(cut.into())]);
+}
+
+#[test]
+fn text_that_only_looks_like_a_tag_is_released() {
+    assert_eq!(
+        run(&HermesJson, &["a <tool", "_cal", "x> b"]),
+        vec![ToolEvent::Text("a <tool_calx> b".into())]
+    );
+}
+
+#[test]
+fn forced_prefix_then_model_output_parses() {
+    let prefix = HermesJson
+        .forced_prefix(&Forced::Named("get_weather".into()))
+        .unwrap();
+    let out = run(
+        &HermesJson,
+        &[&prefix, "{\"city\": \"Rome\"}}\n</tool_call>"],
+    );
+    assert_eq!(out, vec![call("get_weather", json!({"city": "Rome"}))]);
+    let prefix = QwenXml.forced_prefix(&Forced::Required).unwrap();
+    let out = run(
+        &QwenXml,
+        &[
+            &prefix,
+            "get_weather>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+        ],
+    );
+    assert_eq!(out, vec![call("get_weather", json!({"days": 2}))]);
+}
+
+#[test]
+fn grammar_is_detected_from_the_template() {
+    assert_eq!(
+        detect_grammar("{{ '<tool_call>\\n<function=' }}<parameter=")
+            .unwrap()
+            .name(),
+        "qwen3-coder-xml"
+    );
+    assert_eq!(
+        detect_grammar("x <tool_call> y").unwrap().name(),
+        "hermes-json"
+    );
+    assert!(detect_grammar("{{ messages }}").is_none());
+}
+
+fn chunked<'a>(text: &'a str, cuts: &[usize]) -> Vec<&'a str> {
+    let mut idx: Vec<usize> = cuts
+        .iter()
+        .copied()
+        .filter(|c| *c <= text.len() && text.is_char_boundary(*c))
+        .collect();
+    idx.sort();
+    let mut chunks = Vec::new();
+    let mut last = 0;
+    for i in idx {
+        chunks.push(&text[last..i]);
+        last = i;
+    }
+    chunks.push(&text[last..]);
+    chunks
+}
+
+fn pieces() -> impl Strategy<Value = String> {
+    let parts = prop_oneof![
+        Just(HERMES.to_string()),
+        Just(XML.to_string()),
+        Just("<tool_call>".to_string()),
+        Just("</tool_call>".to_string()),
+        Just("\n".to_string()),
+        Just(" ".to_string()),
+        Just("text".to_string()),
+        Just("<tool".to_string()),
+    ];
+    proptest::collection::vec(parts, 0..5).prop_map(|v| v.concat())
+}
+
+proptest! {
+    #[test]
+    fn hermes_chunking_does_not_change_the_result(
+        text in pieces(),
+        cuts in proptest::collection::vec(0usize..700, 0..12),
+    ) {
+        prop_assert_eq!(run(&HermesJson, &chunked(&text, &cuts)), run(&HermesJson, &[&text]));
+    }
+
+    #[test]
+    fn xml_chunking_does_not_change_the_result(
+        text in pieces(),
+        cuts in proptest::collection::vec(0usize..700, 0..12),
+    ) {
+        prop_assert_eq!(run(&QwenXml, &chunked(&text, &cuts)), run(&QwenXml, &[&text]));
+    }
+
+    #[test]
+    fn single_call_survives_any_split(cuts in proptest::collection::vec(0usize..400, 0..20)) {
+        let out = run(&QwenXml, &chunked(XML, &cuts));
+        prop_assert_eq!(out.len(), 2);
+        prop_assert!(matches!(&out[1], ToolEvent::Call(c) if c.name == "get_weather"));
+    }
+}

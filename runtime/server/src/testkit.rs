@@ -1,0 +1,107 @@
+//! A scripted [`Engine`] for tests: it answers each prompt with tokens chosen
+//! by a responder function, so server behaviour (tool-call round trips, stop
+//! strings, cancellation, panics, queueing) is tested deterministically while
+//! the real tokenizer, chat template and output parsers all run.
+
+use krasis_model::{
+    Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats,
+};
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Maps a prompt to the tokens the "model" will produce (it may panic, to
+/// test panic handling).
+pub type Responder = Box<dyn FnMut(&[u32]) -> Vec<u32> + Send>;
+
+pub struct ScriptedEngine {
+    responder: Responder,
+    context_length: usize,
+    vocab_size: usize,
+    token_delay: Duration,
+    /// Tokens handed to callbacks, across all requests.
+    pub produced: Arc<AtomicUsize>,
+}
+
+impl ScriptedEngine {
+    pub fn new(vocab_size: usize, context_length: usize, responder: Responder) -> Self {
+        ScriptedEngine {
+            responder,
+            context_length,
+            vocab_size,
+            token_delay: Duration::ZERO,
+            produced: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Sleeps this long before each token, like a real decode step.
+    pub fn with_token_delay(mut self, d: Duration) -> Self {
+        self.token_delay = d;
+        self
+    }
+}
+
+impl Engine for ScriptedEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            backend: "scripted".into(),
+            vocab_size: self.vocab_size,
+            context_length: self.context_length,
+        }
+    }
+
+    fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerateOutcome, EngineError> {
+        if req.prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if req.prompt.len() >= self.context_length {
+            return Err(EngineError::PromptTooLong {
+                prompt: req.prompt.len(),
+                context: self.context_length,
+            });
+        }
+        let start = Instant::now();
+        let script = (self.responder)(&req.prompt);
+        let limit = req
+            .max_new_tokens
+            .min(self.context_length - req.prompt.len());
+        let mut stats = GenerateStats {
+            prompt_tokens: req.prompt.len(),
+            ..Default::default()
+        };
+        let mut finish = FinishReason::Length;
+        for (i, &tok) in script.iter().enumerate() {
+            if i == limit {
+                break;
+            }
+            if !self.token_delay.is_zero() {
+                std::thread::sleep(self.token_delay);
+            }
+            stats.generated_tokens += 1;
+            self.produced.fetch_add(1, Ordering::Relaxed);
+            if on_token(tok).is_break() {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            if req.stop_token_ids.contains(&tok) {
+                finish = FinishReason::Stop;
+                break;
+            }
+        }
+        // A script that ends before the limit is a model that stopped.
+        if finish == FinishReason::Length && script.len() < limit {
+            finish = FinishReason::Stop;
+        }
+        stats.decode_seconds = start.elapsed().as_secs_f64();
+        Ok(GenerateOutcome { finish, stats })
+    }
+
+    fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        Ok(vec![vec![0.0; self.vocab_size]; tokens.len()])
+    }
+}

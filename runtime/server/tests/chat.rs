@@ -1,0 +1,330 @@
+//! Chat completions through the router (no socket): the real tokenizer,
+//! template and parsers with a scripted engine.
+
+mod common;
+
+use common::*;
+use krasis_model::chat_template::{ChatTemplate, QWEN3_CODER_CHAT_TEMPLATE};
+use serde_json::{Value, json};
+
+fn user(text: &str) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": text}]})
+}
+
+#[tokio::test]
+async fn non_streaming_chat_splits_reasoning_and_reports_usage() {
+    let h = harness(Opts::default(), |_| {
+        "<think>\nThe user greets.\n</think>\n\nHello there!".into()
+    });
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &user("hi")).await;
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(choice["message"]["content"], "Hello there!");
+    assert_eq!(choice["message"]["reasoning_content"], "The user greets.\n");
+    assert_eq!(choice["finish_reason"], "stop");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], MODEL);
+    let u = &v["usage"];
+    assert!(u["prompt_tokens"].as_u64().unwrap() > 3);
+    assert!(u["completion_tokens"].as_u64().unwrap() > 3);
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap())
+    );
+}
+
+#[tokio::test]
+async fn streaming_chat_sends_role_reasoning_content_finish_usage_and_done() {
+    let h = harness(Opts::default(), |_| {
+        "<think>\nHmm.\n</think>\n\nHi, café!".into()
+    });
+    let mut body = user("hi");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (status, headers, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
+    assert_eq!(status, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let (events, done) = sse_events(&text);
+    assert!(done, "stream must end with [DONE]: {text}");
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for e in &events {
+        assert_eq!(e["object"], "chat.completion.chunk");
+        if let Some(c) = e["choices"].get(0) {
+            let d = &c["delta"];
+            reasoning.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+            content.push_str(d["content"].as_str().unwrap_or(""));
+            assert_eq!(d["reasoning"], d["reasoning_content"]);
+        }
+    }
+    assert_eq!(reasoning, "Hmm.\n");
+    assert_eq!(content, "Hi, café!");
+    let last = events.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert!(last["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    let finish = &events[events.len() - 2]["choices"][0];
+    assert_eq!(finish["finish_reason"], "stop");
+}
+
+const HERMES_CALL: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
+
+fn tool_round_trip_reply(prompt: &str) -> String {
+    if prompt.contains("<tool_response>") {
+        "It is sunny in Paris.".into()
+    } else {
+        format!("Let me check.\n{HERMES_CALL}")
+    }
+}
+
+#[tokio::test]
+async fn hermes_tool_call_round_trip() {
+    let h = harness(Opts::default(), tool_round_trip_reply);
+    let app = app(&h);
+    let mut body = user("Weather in Paris?");
+    body["tools"] = json!([weather_tool()]);
+    let (status, v) = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["content"], "Let me check.");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris", "days": 2}));
+
+    // The client sends the call back (content null, arguments a string) with the result.
+    body["messages"] = json!([
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "{\"sky\": \"clear\"}"},
+    ]);
+    let (status, v) = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "It is sunny in Paris."
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+}
+
+#[tokio::test]
+async fn streamed_tool_call_fragments_follow_the_openai_shape() {
+    let h = harness(Opts::default(), tool_round_trip_reply);
+    let mut body = user("Weather in Paris?");
+    body["tools"] = json!([weather_tool()]);
+    body["stream"] = json!(true);
+    let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
+    let (events, done) = sse_events(&text);
+    assert!(done);
+    let frags: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"].get("tool_calls"))
+        .flat_map(|t| t.as_array().unwrap())
+        .collect();
+    assert!(frags.len() >= 2, "{text}");
+    assert!(frags.iter().all(|f| f["index"] == 0));
+    assert_eq!(frags[0]["type"], "function");
+    assert_eq!(frags[0]["function"]["name"], "get_weather");
+    assert!(frags[0]["id"].as_str().unwrap().starts_with("call_"));
+    let args: String = frags
+        .iter()
+        .map(|f| f["function"]["arguments"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&args).unwrap(),
+        json!({"city": "Paris", "days": 2})
+    );
+    let finish = events
+        .iter()
+        .find_map(|e| e["choices"][0]["finish_reason"].as_str());
+    assert_eq!(finish, Some("tool_calls"));
+}
+
+#[tokio::test]
+async fn coder_xml_grammar_converts_values_by_schema() {
+    let opts = Opts {
+        template: Some(
+            ChatTemplate::from_source(QWEN3_CODER_CHAT_TEMPLATE, None, Some("<|im_end|>".into()))
+                .unwrap(),
+        ),
+        ..Opts::default()
+    };
+    let h = harness(opts, |_| {
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>".into()
+    });
+    let mut body = user("weather?");
+    body["tools"] = json!([weather_tool()]);
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["content"], Value::Null);
+    let args: Value = serde_json::from_str(
+        m["tool_calls"][0]["function"]["arguments"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(args, json!({"city": "San Francisco", "days": 3}));
+}
+
+#[tokio::test]
+async fn named_tool_choice_forces_the_call_through_the_prompt() {
+    let h = harness(Opts::default(), |prompt| {
+        // The server opened the call; the model only continues it.
+        assert!(
+            prompt.ends_with("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "),
+            "{prompt}"
+        );
+        "{\"city\": \"Oslo\"}}\n</tool_call>".into()
+    });
+    let mut body = user("anything");
+    body["tools"] = json!([weather_tool()]);
+    body["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    assert_eq!(call["arguments"], "{\"city\":\"Oslo\"}");
+}
+
+#[tokio::test]
+async fn tool_choice_none_hides_tools_and_parses_nothing() {
+    let h = harness(Opts::default(), |prompt| {
+        assert!(
+            !prompt.contains("get_weather"),
+            "tools must not reach the template"
+        );
+        HERMES_CALL.into()
+    });
+    let mut body = user("x");
+    body["tools"] = json!([weather_tool()]);
+    body["tool_choice"] = json!("none");
+    let (_, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(v["choices"][0]["message"]["content"], HERMES_CALL);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+}
+
+#[tokio::test]
+async fn parallel_tool_calls_false_keeps_only_the_first_call() {
+    let h = harness(Opts::default(), |_| format!("{HERMES_CALL}\n{HERMES_CALL}"));
+    let mut body = user("x");
+    body["tools"] = json!([weather_tool()]);
+    body["parallel_tool_calls"] = json!(false);
+    let (_, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    body["parallel_tool_calls"] = json!(true);
+    let (_, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn malformed_tool_call_stays_visible_as_text() {
+    let bad = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>";
+    let h = harness(Opts::default(), move |_| bad.into());
+    let mut body = user("x");
+    body["tools"] = json!([weather_tool()]);
+    let (_, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(v["choices"][0]["message"]["content"], bad);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+}
+
+#[tokio::test]
+async fn enable_thinking_false_reaches_the_template() {
+    let h = harness(Opts::default(), |prompt| {
+        assert!(prompt.ends_with("<think>\n\n</think>\n\n"), "{prompt:?}");
+        "Direct answer.".into()
+    });
+    let mut body = user("x");
+    body["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "Direct answer.");
+    assert!(
+        v["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn stop_strings_cut_across_tokens_and_max_tokens_reports_length() {
+    let h = harness(Opts::default(), |_| "one two three four five six".into());
+    let app = app(&h);
+    let mut body = user("x");
+    body["stop"] = json!(["thr", "zzz"]);
+    let (_, v) = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(v["choices"][0]["message"]["content"], "one two ");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    body["stop"] = json!("four");
+    body["stream"] = json!(true);
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    let (events, _) = sse_events(&text);
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, "one two three ");
+    let mut body = user("x");
+    body["max_completion_tokens"] = json!(2);
+    let (_, v) = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test]
+async fn text_completions_accept_strings_and_token_ids() {
+    let h = harness(Opts::default(), |prompt| {
+        assert!(
+            !prompt.contains("<|im_start|>"),
+            "completions use no template"
+        );
+        " world".into()
+    });
+    let app = app(&h);
+    let (status, v) = post_json(
+        &app,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "hello"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], " world");
+    let ids = tokenizer().encode("hello").unwrap();
+    let body = json!({"prompt": [ids], "stream": true, "stream_options": {"include_usage": true}});
+    let (_, _, text) = send(&app, post("/v1/completions", &body)).await;
+    let (events, done) = sse_events(&text);
+    assert!(done);
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, " world");
+    assert!(
+        events.last().unwrap()["usage"]["total_tokens"]
+            .as_u64()
+            .is_some()
+    );
+}

@@ -1,0 +1,161 @@
+//! Shared test harness: the real tiny checkpoint's tokenizer and chat
+//! template with a scripted engine whose replies are chosen from the prompt.
+#![allow(dead_code)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response};
+use krasis_model::SamplingParams;
+use krasis_model::chat_template::ChatTemplate;
+use krasis_model::testutil::tiny_checkpoint;
+use krasis_model::tokenizer::Tokenizer;
+use krasis_server::testkit::ScriptedEngine;
+use krasis_server::{AppState, ServerConfig};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tower::ServiceExt;
+
+pub const MODEL: &str = "tiny-test";
+
+pub fn model_dir() -> PathBuf {
+    tiny_checkpoint("tiny")
+}
+
+/// Loaded once per test binary: building the real vocabulary takes a while.
+pub fn tokenizer() -> Arc<Tokenizer> {
+    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        Arc::new(Tokenizer::from_dir(&model_dir()).expect("tiny checkpoint tokenizer"))
+    })
+    .clone()
+}
+
+pub struct Opts {
+    pub template: Option<ChatTemplate>,
+    pub api_key: Option<String>,
+    pub queue_depth: usize,
+    pub context: usize,
+    pub token_delay: Duration,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            template: Some(
+                ChatTemplate::from_dir(&model_dir())
+                    .expect("template loads")
+                    .expect("tiny checkpoint has a template"),
+            ),
+            api_key: None,
+            queue_depth: 4,
+            context: 2048,
+            token_delay: Duration::ZERO,
+        }
+    }
+}
+
+pub struct Harness {
+    pub state: Arc<AppState>,
+    pub produced: Arc<AtomicUsize>,
+}
+
+/// `reply(prompt_text) -> model output text`; the output is tokenized with
+/// the real tokenizer and ends with `<|im_end|>`.
+pub fn harness(opts: Opts, reply: impl Fn(&str) -> String + Send + 'static) -> Harness {
+    let tok = tokenizer();
+    let im_end = tok.token_id("<|im_end|>").expect("im_end token");
+    let vocab = tok.vocab_size();
+    let responder = Box::new(move |prompt: &[u32]| {
+        let text = tok.decode(prompt, false).expect("decode prompt");
+        let mut ids = tok.encode(&reply(&text)).expect("encode reply");
+        ids.push(im_end);
+        ids
+    });
+    let engine =
+        ScriptedEngine::new(vocab, opts.context, responder).with_token_delay(opts.token_delay);
+    let produced = engine.produced.clone();
+    let state = AppState::new(ServerConfig {
+        model_id: MODEL.into(),
+        backend: "scripted".into(),
+        api_key: opts.api_key,
+        queue_depth: opts.queue_depth,
+        default_sampling: SamplingParams::greedy(),
+    });
+    state
+        .install(Box::new(engine), tokenizer(), opts.template)
+        .expect("install");
+    Harness { state, produced }
+}
+
+pub fn app(h: &Harness) -> Router {
+    krasis_server::router(h.state.clone())
+}
+
+pub async fn send(app: &Router, req: Request<Body>) -> (u16, axum::http::HeaderMap, String) {
+    let resp: Response<Body> = app.clone().oneshot(req).await.expect("router answers");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    (
+        status,
+        headers,
+        String::from_utf8(body.to_vec()).expect("utf8"),
+    )
+}
+
+pub fn post(path: &str, body: &Value) -> Request<Body> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+pub fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+pub async fn post_json(app: &Router, path: &str, body: &Value) -> (u16, Value) {
+    let (status, _, text) = send(app, post(path, body)).await;
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (status, v)
+}
+
+/// The JSON payloads of an SSE body, and whether it ended with `[DONE]`.
+pub fn sse_events(body: &str) -> (Vec<Value>, bool) {
+    let mut events = Vec::new();
+    let mut done = false;
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            done = true;
+        } else {
+            events.push(serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}")));
+        }
+    }
+    (events, done)
+}
+
+pub fn weather_tool() -> Value {
+    serde_json::json!({
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"}
+                },
+                "required": ["city"]
+            }
+        }
+    })
+}

@@ -1,0 +1,340 @@
+//! Over a real loopback socket with reqwest: client disconnects cancel
+//! generation, a full queue answers 503, and a bounded load test.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+async fn start(h: &Harness) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(krasis_server::serve(
+        listener,
+        h.state.clone(),
+        std::future::pending(),
+    ));
+    url
+}
+
+fn chat(text: &str, stream: bool) -> Value {
+    json!({"model": MODEL, "stream": stream, "messages": [{"role": "user", "content": text}]})
+}
+
+/// Waits until the engine has produced nothing new for `quiet`.
+async fn settle(h: &Harness, quiet: Duration) -> usize {
+    let mut last = h.produced.load(Ordering::Relaxed);
+    loop {
+        tokio::time::sleep(quiet).await;
+        let now = h.produced.load(Ordering::Relaxed);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+const LONG_TOKENS: usize = 400;
+
+fn slow_long() -> Harness {
+    let opts = Opts {
+        token_delay: Duration::from_millis(10),
+        queue_depth: 1,
+        ..Opts::default()
+    };
+    harness(opts, |_| "tick ".repeat(LONG_TOKENS))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_client_disconnect_cancels_generation() {
+    let h = slow_long();
+    let url = start(&h).await;
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("go", true))
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let mut seen = 0;
+    while seen < 5 {
+        let chunk = body.next().await.unwrap().unwrap();
+        seen += String::from_utf8_lossy(&chunk).matches("tick").count();
+    }
+    let at_drop = h.produced.load(Ordering::Relaxed);
+    drop(body);
+    let stopped_at = settle(&h, Duration::from_millis(150)).await;
+    assert!(
+        stopped_at < at_drop + 10 && stopped_at < LONG_TOKENS,
+        "generation continued after disconnect: {at_drop} -> {stopped_at}"
+    );
+    // The engine is free again.
+    let v: Value = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_streaming_client_disconnect_cancels_generation() {
+    let h = slow_long();
+    let url = start(&h).await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let r = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("go", false))
+        .send()
+        .await;
+    assert!(r.is_err(), "the request should have timed out");
+    let stopped_at = settle(&h, Duration::from_millis(150)).await;
+    assert!(
+        stopped_at < LONG_TOKENS / 2,
+        "generation ran on after the client left: {stopped_at} tokens"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_queue_answers_503_with_retry_after() {
+    let h = slow_long();
+    let url = start(&h).await;
+    let client = reqwest::Client::new();
+    let running = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("a", true))
+        .send()
+        .await
+        .unwrap();
+    while h.produced.load(Ordering::Relaxed) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiting = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("b", true))
+        .send()
+        .await
+        .unwrap();
+    let refused = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("c", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let v: Value = refused.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "overloaded");
+    let stats: Value = client
+        .get(format!("{url}/v1/stats"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["requests_rejected"], 1);
+    assert_eq!(stats["queue_len"], 1);
+    drop((running, waiting));
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    ok: usize,
+    busy: usize,
+    disconnected: usize,
+    other: Vec<String>,
+}
+
+async fn one_request(
+    client: &reqwest::Client,
+    url: &str,
+    i: usize,
+) -> Result<&'static str, String> {
+    let mut body = chat(&format!("request {i}"), i.is_multiple_of(2));
+    if i % 4 == 1 {
+        body["tools"] = json!([weather_tool()]);
+    }
+    let resp = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    match resp.status().as_u16() {
+        503 => return Ok("busy"),
+        200 => {}
+        s => {
+            return Err(format!(
+                "status {s}: {}",
+                resp.text().await.unwrap_or_default()
+            ));
+        }
+    }
+    if i % 4 == 2 {
+        // Read one chunk and walk away.
+        let mut s = resp.bytes_stream();
+        let _ = s.next().await;
+        return Ok("disconnected");
+    }
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    let complete = if i.is_multiple_of(2) {
+        text.trim_end().ends_with("data: [DONE]")
+    } else {
+        let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        v["choices"][0]["finish_reason"].is_string()
+    };
+    if complete {
+        Ok("ok")
+    } else {
+        Err(format!("incomplete: {text}"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_16_clients_20_requests_each_complete_or_503_without_growth() {
+    const CLIENTS: usize = 16;
+    const PER_CLIENT: usize = 20;
+    let opts = Opts {
+        queue_depth: 8,
+        token_delay: Duration::from_micros(200),
+        ..Opts::default()
+    };
+    let h = harness(opts, |prompt| {
+        if prompt.contains("get_weather") {
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>".into()
+        } else {
+            "<think>\nshort\n</think>\n\nA reply of a dozen or so tokens for the load test.".into()
+        }
+    });
+    let url = start(&h).await;
+
+    let run_round = |url: String| async move {
+        let mut tasks = Vec::new();
+        for c in 0..CLIENTS {
+            let url = url.clone();
+            tasks.push(tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let mut t = Tally::default();
+                for r in 0..PER_CLIENT {
+                    match one_request(&client, &url, c * PER_CLIENT + r).await {
+                        Ok("ok") => t.ok += 1,
+                        Ok("busy") => {
+                            t.busy += 1;
+                            // What a client honouring Retry-After does, scaled down.
+                            tokio::time::sleep(Duration::from_millis(25)).await;
+                        }
+                        Ok(_) => t.disconnected += 1,
+                        Err(e) => t.other.push(e),
+                    }
+                }
+                t
+            }));
+        }
+        let mut total = Tally::default();
+        for t in tasks {
+            let t = t.await.unwrap();
+            total.ok += t.ok;
+            total.busy += t.busy;
+            total.disconnected += t.disconnected;
+            total.other.extend(t.other);
+        }
+        total
+    };
+
+    // A warm-up round, so allocator pools and connection state exist before RSS is measured.
+    let warm = tokio::time::timeout(Duration::from_secs(60), run_round(url.clone()))
+        .await
+        .expect("warm-up round hung");
+    assert!(warm.other.is_empty(), "{:?}", warm.other);
+    let rss_before = rss_kib();
+
+    let health_url = url.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_poll = stop.clone();
+    let poller = tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let mut worst = Duration::ZERO;
+        let mut polls = 0;
+        while !stop_poll.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            let r = client
+                .get(format!("{health_url}/health"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            worst = worst.max(t.elapsed());
+            polls += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (worst, polls)
+    });
+    let started = Instant::now();
+    let tally = tokio::time::timeout(Duration::from_secs(60), run_round(url.clone()))
+        .await
+        .expect("load round hung");
+    let elapsed = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let (worst_health, polls) = poller.await.unwrap();
+    settle(&h, Duration::from_millis(100)).await;
+    let rss_after = rss_kib();
+    eprintln!(
+        "load: {} requests in {:.2}s: {} ok, {} busy (503), {} disconnected; /health worst {:?} over {polls} polls; RSS {} -> {} KiB",
+        CLIENTS * PER_CLIENT,
+        elapsed.as_secs_f64(),
+        tally.ok,
+        tally.busy,
+        tally.disconnected,
+        worst_health,
+        rss_before,
+        rss_after
+    );
+    assert!(
+        tally.other.is_empty(),
+        "unexpected outcomes: {:?}",
+        tally.other
+    );
+    assert_eq!(
+        tally.ok + tally.busy + tally.disconnected,
+        CLIENTS * PER_CLIENT
+    );
+    assert!(tally.ok > 0);
+    assert!(
+        worst_health < Duration::from_millis(500),
+        "/health took {worst_health:?}"
+    );
+    assert!(
+        rss_after < rss_before + 32 * 1024,
+        "RSS grew from {rss_before} KiB to {rss_after} KiB"
+    );
+    let stats: Value = reqwest::get(format!("{url}/v1/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["queue_len"], 0, "{stats}");
+}

@@ -1,0 +1,133 @@
+//! Engine construction shared by `generate`, `serve` and `bench`: one set of
+//! flags ([`EngineArgs`], flattened into each subcommand) and one place that
+//! turns them into a `Box<dyn Engine>`. The backend is always the one asked
+//! for; nothing falls back to another backend.
+
+use anyhow::{Context, bail};
+use krasis_common::options::Backend;
+use krasis_model::Engine;
+use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Hugging Face model directory (config.json, safetensors, tokenizer).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// `cuda` (the GPU engine) or `reference` (the CPU f32 oracle: exact but
+    /// slow, for checks and tiny models).
+    #[arg(long, default_value = "cuda", value_parser = parse_backend)]
+    pub backend: Backend,
+    /// Maximum prompt + generated tokens; the KV cache is sized for it
+    /// (default: the model's max_position_embeddings; the reference backend
+    /// caps the default at 32768).
+    #[arg(long, value_name = "TOKENS")]
+    pub context_length: Option<usize>,
+    /// Expert cache directory (cuda backend; default: the platform cache directory).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Use at most this much GPU memory (cuda backend), e.g. `20GiB` or a byte count.
+    #[arg(long, value_name = "SIZE", value_parser = parse_vram_limit)]
+    pub vram_limit: Option<u64>,
+}
+
+fn parse_backend(s: &str) -> Result<Backend, String> {
+    Backend::parse(s).map_err(|e| e.reason)
+}
+
+fn parse_vram_limit(s: &str) -> Result<u64, String> {
+    krasis_model::synth::parse_size(s)
+        .ok_or_else(|| format!("'{s}' is not a size; use e.g. 20GiB, 8000MB or a byte count"))
+}
+
+/// Loads the engine `args` ask for.
+pub fn load_engine(args: &EngineArgs) -> anyhow::Result<Box<dyn Engine>> {
+    match args.backend {
+        Backend::Reference => {
+            // These would be silently ignored by a CPU engine that reads
+            // experts from the checkpoint, so they are refused instead.
+            if args.vram_limit.is_some() {
+                bail!(
+                    "--vram-limit applies to the cuda backend; the reference backend runs on the CPU"
+                );
+            }
+            if args.cache_dir.is_some() {
+                bail!(
+                    "--cache-dir applies to the cuda backend; the reference backend reads routed \
+                     experts from the checkpoint"
+                );
+            }
+            let opts = ReferenceOptions {
+                context_length: args.context_length,
+            };
+            let engine = ReferenceEngine::load(&args.model, opts).with_context(|| {
+                format!(
+                    "loading {} with the reference backend",
+                    args.model.display()
+                )
+            })?;
+            tracing::info!(
+                model = %args.model.display(),
+                experts = %engine.expert_source(),
+                context = engine.info().context_length,
+                "reference engine loaded"
+            );
+            Ok(Box::new(engine))
+        }
+        Backend::Cuda => {
+            let opts = krasis_gpu::CudaEngineOptions {
+                context_length: args.context_length,
+                cache_root: args.cache_dir.clone(),
+                vram_limit: args.vram_limit,
+                ..krasis_gpu::CudaEngineOptions::default()
+            };
+            let engine = krasis_gpu::CudaEngine::load(&args.model, &opts).with_context(|| {
+                format!("loading {} with the cuda backend", args.model.display())
+            })?;
+            Ok(Box::new(engine))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    #[test]
+    fn backend_defaults_to_cuda_and_cuda_refuses_with_a_hint() {
+        let cli = Cli::try_parse_from(["x", "--model", "/nonexistent"]).unwrap();
+        assert_eq!(cli.engine.backend, Backend::Cuda);
+        let err = load_engine(&cli.engine).err().unwrap().to_string();
+        assert!(err.contains("--backend reference"), "{err}");
+    }
+
+    #[test]
+    fn flags_parse_and_bad_values_are_refused() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--model",
+            "m",
+            "--backend",
+            "reference",
+            "--context-length",
+            "512",
+            "--vram-limit",
+            "2GiB",
+        ])
+        .unwrap();
+        assert_eq!(cli.engine.backend, Backend::Reference);
+        assert_eq!(cli.engine.context_length, Some(512));
+        assert_eq!(cli.engine.vram_limit, Some(2 << 30));
+        let err = load_engine(&cli.engine).err().unwrap().to_string();
+        assert!(err.contains("--vram-limit"), "{err}");
+        assert!(Cli::try_parse_from(["x", "--model", "m", "--backend", "gpu"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--model", "m", "--vram-limit", "lots"]).is_err());
+    }
+}

