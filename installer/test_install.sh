@@ -22,8 +22,11 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 # The installed launcher finds the runtime next to itself.
-"$PREFIX/krasis" --version | grep -q '^krasis ' || fail "krasis --version"
-"$PREFIX/krasis-runtime" capabilities --json | grep -q '"qwen3_moe"' || fail "runtime capabilities"
+# (Output goes to files: `cmd | grep -q` would break the pipe under pipefail.)
+"$PREFIX/krasis" --version > "$TMP/version" || fail "krasis --version"
+grep -q '^krasis ' "$TMP/version" || fail "krasis --version printed: $(cat "$TMP/version")"
+"$PREFIX/krasis-runtime" capabilities --json > "$TMP/caps.json" || fail "runtime capabilities"
+grep -q '"qwen3_moe"' "$TMP/caps.json" || fail "runtime capabilities lack qwen3_moe"
 env -u PATH "$PREFIX/krasis" --config-dir "$TMP/c" --data-dir "$TMP/d" probe --json > "$TMP/probe.json" \
     || fail "krasis probe"
 grep -q "\"path\": \"$PREFIX/krasis-runtime\"" "$TMP/probe.json" || fail "krasis did not locate the runtime next to itself"
@@ -35,6 +38,7 @@ grep -q "\"path\": \"$PREFIX/krasis-runtime\"" "$TMP/probe.json" || fail "krasis
 
 "$REPO/installer/install.sh" --uninstall --prefix "$PREFIX" > "$TMP/out3" 2>&1 || fail "uninstall"
 [ -z "$(ls -A "$PREFIX")" ] || fail "uninstall left: $(ls -A "$PREFIX")"
-"$REPO/installer/install.sh" --uninstall --prefix "$PREFIX" | grep -q "nothing to remove" || fail "second uninstall"
+"$REPO/installer/install.sh" --uninstall --prefix "$PREFIX" > "$TMP/out4" || fail "second uninstall"
+grep -q "nothing to remove" "$TMP/out4" || fail "second uninstall output"
 "$REPO/installer/install.sh" --bogus >/dev/null 2>&1 && fail "unknown option accepted"
 echo "test_install: OK"

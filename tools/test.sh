@@ -37,5 +37,16 @@ grep -h "SKIPPED (no CUDA device)" "$root/.cache/rust-tests.log" | sort -u | sed
 step "installer (into a temporary prefix)"
 bash installer/test_install.sh
 
+step "launcher TUI driven through tmux"
+bash tests/launcher/tui_tmux.sh
+
+step "Windows cross-check (x86_64-pc-windows-gnu)"
+if rustup target list --installed 2>/dev/null | grep -qx x86_64-pc-windows-gnu \
+   || rustup target add x86_64-pc-windows-gnu; then
+  cargo check --locked --target x86_64-pc-windows-gnu -p krasis -p krasis-runtime
+else
+  echo "WARNING: could not install the x86_64-pc-windows-gnu target; Windows cross-check not run" >&2
+fi
+
 step "python end-to-end tests (official openai client against krasis-runtime)"
 "$venv/bin/python" -m pytest -q tests/e2e

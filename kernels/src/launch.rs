@@ -107,3 +107,21 @@ pub(crate) fn submit(kernel: &'static str, mut b: LaunchArgs<'_>, cfg: LaunchCon
     unsafe { b.launch(cfg) }.map_err(KernelError::driver(format!("launching `{kernel}`")))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_report_kernel_and_sizes() {
+        let e = check_len("k", "x", 3, 4).unwrap_err().to_string();
+        assert!(
+            e.contains("`k`") && e.contains("`x`") && e.contains('3') && e.contains('4'),
+            "{e}"
+        );
+        assert!(check_len("k", "x", 4, 4).is_ok());
+        assert!(dim_u32("k", "n", 1 << 33).is_err());
+        assert_eq!(by_elem::<f32>("a", "b"), "a");
+        assert_eq!(by_elem::<half::bf16>("a", "b"), "b");
+    }
+}

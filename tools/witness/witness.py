@@ -74,7 +74,7 @@ def expected_params(cfg):
     p = v * h * (1 if cfg.get("tie_word_embeddings") else 2) + h
     attn = h * q + 2 * h * kv + q * h + 2 * hd + 2 * h
     if cfg.get("attention_bias"):
-        attn += q + 2 * kv
+        attn += q + 2 * kv + h  # q, k, v and o_proj biases
     for kind in mlp_kinds(cfg):
         p += attn
         if kind == "moe":

@@ -285,3 +285,31 @@ impl Kernels {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_validation_refuses_bad_offsets() {
+        let l = Int4Layout::new(2048, 768).unwrap();
+        assert!(l.validate("t").is_ok());
+        assert!(
+            Int4Layout {
+                w2_q: l.w2_q + 8,
+                ..l
+            }
+            .validate("t")
+            .is_err(),
+            "misaligned"
+        );
+        assert!(
+            Int4Layout { w13_s: 16, ..l }.validate("t").is_err(),
+            "overlap"
+        );
+        assert!(
+            Int4Layout { hidden: 2000, ..l }.validate("t").is_err(),
+            "not a multiple of 128"
+        );
+    }
+}

@@ -204,3 +204,61 @@ impl Kernels {
         submit(K, b, cfg((t, nkv, 1), 64, 0))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geom(nq: usize, nkv: usize, d: usize) -> QkvGeom {
+        QkvGeom {
+            n_tokens: 3,
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: d,
+        }
+    }
+
+    #[test]
+    fn qkv_geometry_is_validated() {
+        assert!(geom(32, 4, 128).validate("t").is_ok());
+        assert_eq!(geom(32, 4, 128).row_stride(), 40 * 128);
+        assert!(
+            geom(30, 4, 128).validate("t").is_err(),
+            "q heads not a multiple of kv heads"
+        );
+        assert!(
+            geom(32, 4, 96).validate("t").is_err(),
+            "head_dim not a multiple of 64"
+        );
+        assert!(geom(32, 0, 128).validate("t").is_err());
+        let err = geom(32, 4, 320)
+            .validate("qk_norm_rope_bf16")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("qk_norm_rope_bf16") && err.contains("head_dim"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn kv_geometry_must_match_qkv() {
+        let g = geom(8, 2, 128);
+        let kv = KvGeom {
+            n_kv_heads: 2,
+            head_dim: 128,
+            capacity: 16,
+        };
+        assert!(kv.validate("t", &g).is_ok());
+        assert_eq!(kv.len(), 2 * 16 * 128);
+        assert!(
+            KvGeom {
+                n_kv_heads: 4,
+                ..kv
+            }
+            .validate("t", &g)
+            .is_err()
+        );
+        assert!(KvGeom { capacity: 0, ..kv }.validate("t", &g).is_err());
+    }
+}

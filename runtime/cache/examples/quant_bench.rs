@@ -1,12 +1,14 @@
 //! Throughput of the INT4 quantizer and of whole cache builds.
 //!
-//! `cargo run --release -p krasis-cache --example quant_bench [-- LAYERS EXPERTS]`
+//! `cargo run --release -p krasis-cache --example quant_bench [-- LAYERS EXPERTS] [--host-modes]`
 //!
 //! 1. The group kernel on one A3B-sized expert (gate+up+down, 2048x768,
 //!    BF16): single thread, and all threads on independent experts.
 //! 2. A full build from a synthetic BF16 checkpoint with A3B expert shapes
 //!    (LAYERS x EXPERTS, default 4 x 32): from safetensors (mmap), and from
 //!    the synthetic generator (experts never written).
+//! 3. With `--host-modes` (needs a GPU): both pinned host-backing modes on
+//!    the generator-built cache (page cache warm).
 
 use half::bf16;
 use krasis_cache::quant::{SourceMatrix, quantize_rows};
@@ -18,6 +20,7 @@ use serde_json::json;
 use std::time::Instant;
 
 fn main() {
+    let host_modes = std::env::args().any(|a| a == "--host-modes");
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
@@ -99,5 +102,26 @@ fn main() {
             open_s,
             cache.data().len() as f64 / open_s / 1e9
         );
+        if lean && host_modes {
+            let reports = krasis_cache::measure_host_modes(
+                std::sync::Arc::new(cache),
+                0,
+                &krasis_cache::HostBacking::ALL,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            for r in reports {
+                println!(
+                    "{:<15} prepare {:.3} s for {:.2} GiB | {} x {} KiB expert copies: {:.2} GB/s | {} MiB copy: {:.2} GB/s",
+                    r.mode.name(),
+                    r.prepare.as_secs_f64(),
+                    r.big_copy_bytes.max(1) as f64 / (1u64 << 30) as f64,
+                    r.expert_copies,
+                    r.expert_bytes / 1024,
+                    r.expert_gbps,
+                    r.big_copy_bytes >> 20,
+                    r.big_gbps
+                );
+            }
+        }
     }
 }

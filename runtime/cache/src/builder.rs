@@ -17,7 +17,6 @@ use crate::source::ModelSource;
 use rayon::prelude::*;
 use std::fs::{File, OpenOptions};
 use std::io::IsTerminal;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -247,7 +246,7 @@ fn build_inner(
         let mut hasher = blake3::Hasher::new();
         hasher.update_rayon(&buf);
         let offset = data_offset + (j * layer_bytes) as u64;
-        file.write_all_at(&buf, offset).map_err(io)?;
+        write_all_at(&file, &buf, offset).map_err(io)?;
         entries.push(LayerEntry {
             layer,
             offset,
@@ -278,14 +277,16 @@ fn build_inner(
         "header grew past its reserved space"
     );
     let pad = vec![0u8; data_offset as usize - PREAMBLE_BYTES - json.len()];
-    file.write_all_at(&json, PREAMBLE_BYTES as u64)
-        .map_err(io)?;
-    file.write_all_at(&pad, (PREAMBLE_BYTES + json.len()) as u64)
-        .map_err(io)?;
+    write_all_at(&file, &json, PREAMBLE_BYTES as u64).map_err(io)?;
+    write_all_at(&file, &pad, (PREAMBLE_BYTES + json.len()) as u64).map_err(io)?;
     file.set_len(header.file_bytes).map_err(io)?;
     // Last: the magic that makes the file recognisable as a cache.
-    file.write_all_at(&encode_preamble(&json, data_offset, header.file_bytes), 0)
-        .map_err(io)?;
+    write_all_at(
+        &file,
+        &encode_preamble(&json, data_offset, header.file_bytes),
+        0,
+    )
+    .map_err(io)?;
     file.sync_all().map_err(io)?;
     drop(file);
     std::fs::rename(&tmp.path, path).map_err(|e| CacheError::io(path, e))?;
@@ -334,4 +335,13 @@ fn progress_bar(enabled: bool, total: u64, path: &Path) -> indicatif::ProgressBa
         path.file_name().unwrap_or_default().to_string_lossy()
     ));
     bar
+}
+
+/// Positional write that works on every platform (the builder writes from one
+/// thread, so seek + write on a shared `&File` is race-free).
+fn write_all_at(file: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = file;
+    f.seek(SeekFrom::Start(offset))?;
+    f.write_all(buf)
 }

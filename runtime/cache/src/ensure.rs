@@ -67,7 +67,7 @@ pub fn ensure_cache_at(
         Ok(cache) => return Ok(Ensured { cache, built: None }),
         Err(e) if e.is_rebuildable() => {
             if !matches!(e, CacheError::Missing { .. }) {
-                tracing::warn!("{e}");
+                tracing::warn!("rebuilding the expert cache: {e}");
             }
         }
         Err(e) => return Err(e),

@@ -36,7 +36,7 @@ pub enum CacheError {
         offset: u64,
         end: u64,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     Model(#[from] krasis_model::ModelError),
     #[error("{dir}: unsupported source: {reason}")]
     UnsupportedSource { dir: PathBuf, reason: String },

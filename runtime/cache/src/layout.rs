@@ -60,7 +60,7 @@ impl ExpertLayout {
     /// Layout for hidden size `h` and expert FFN width `i`; `None` unless both
     /// are positive multiples of [`GROUP_SIZE`].
     pub fn new(h: usize, i: usize) -> Option<Self> {
-        if h == 0 || i == 0 || h % GROUP_SIZE != 0 || i % GROUP_SIZE != 0 {
+        if h == 0 || i == 0 || !h.is_multiple_of(GROUP_SIZE) || !i.is_multiple_of(GROUP_SIZE) {
             return None;
         }
         let w13_q = 0;

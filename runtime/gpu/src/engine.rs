@@ -114,15 +114,15 @@ impl CudaEngine {
         gpu.sync("loading weights")?;
         let (free_now, _) = gpu.mem_info()?;
         let used = free_at_start.saturating_sub(free_now) as u64;
-        if let Some(limit) = opts.vram_limit {
-            if used > limit {
-                return Err(GpuError::Unsupported(format!(
-                    "the model needs {:.2} GiB of VRAM with every expert resident (context {context}) \
-                     but the VRAM limit is {:.2} GiB; raise the limit or lower the context length",
-                    used as f64 / (1u64 << 30) as f64,
-                    limit as f64 / (1u64 << 30) as f64
-                )));
-            }
+        if let Some(limit) = opts.vram_limit
+            && used > limit
+        {
+            return Err(GpuError::Unsupported(format!(
+                "the model needs {:.2} GiB of VRAM with every expert resident (context {context}) \
+                 but the VRAM limit is {:.2} GiB; raise the limit or lower the context length",
+                used as f64 / (1u64 << 30) as f64,
+                limit as f64 / (1u64 << 30) as f64
+            )));
         }
         let report = LoadReport {
             model_dir: model_dir.to_path_buf(),
@@ -160,6 +160,10 @@ impl CudaEngine {
 
     pub fn gpu(&self) -> &Gpu {
         &self.model.gpu
+    }
+
+    pub(crate) fn model_mut(&mut self) -> &mut Model {
+        &mut self.model
     }
 
     pub fn geometry(&self) -> &Geometry {

@@ -152,27 +152,8 @@ impl Model {
                 &mut sc.normed,
             )?;
             match &lw.mlp {
-                MlpWeights::Moe { router, moe_index } => {
-                    let (e, k) = (g.num_experts, g.top_k);
-                    cx.gemm(
-                        (t, e, h),
-                        cx.p(&sc.normed, 0),
-                        cx.p(router, 0),
-                        cx.p(&sc.router, 0),
-                        OutType::F32,
-                        0.0,
-                        "router",
-                    )?;
-                    kn.router_topk::<f32>(
-                        s,
-                        &sc.router,
-                        t,
-                        e,
-                        k,
-                        g.norm_topk_prob,
-                        &mut sc.topk_ids,
-                        &mut sc.topk_w,
-                    )?;
+                MlpWeights::Moe { moe_index, .. } => {
+                    crate::moe::router(&cx, sc, l, t)?;
                     if t <= cx.gemv_tokens {
                         crate::moe::experts_gemv(&cx, sc, *moe_index, t)?;
                     } else {
@@ -246,7 +227,7 @@ impl Model {
 
 /// Attention block of layer `l`: reads `scratch.normed`, adds the o_proj
 /// output into `scratch.residual`.
-fn attention(
+pub(crate) fn attention(
     cx: &Ctx<'_>,
     sc: &mut Scratch,
     kv: &mut KvCache,

@@ -12,6 +12,7 @@ pub mod forward;
 mod moe;
 pub mod monitor;
 pub mod options;
+pub mod profile;
 pub mod scratch;
 pub mod weights;
 

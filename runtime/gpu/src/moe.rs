@@ -30,6 +30,35 @@ fn table_parts<'a>(
     Ok((experts.layer(moe_index), layout))
 }
 
+/// Router GEMM (f32 logits) and softmax top-k of decoder layer `l` over
+/// `scratch.normed[..t]`.
+pub(crate) fn router(cx: &Ctx<'_>, sc: &mut Scratch, l: usize, t: usize) -> Result<()> {
+    let g = cx.g;
+    let crate::weights::MlpWeights::Moe { router, .. } = &cx.w.layers[l].mlp else {
+        return Err(GpuError::Unsupported(format!("layer {l} has no router")));
+    };
+    cx.gemm(
+        (t, g.num_experts, g.hidden),
+        cx.p(&sc.normed, 0),
+        cx.p(router, 0),
+        cx.p(&sc.router, 0),
+        OutType::F32,
+        0.0,
+        "router",
+    )?;
+    cx.kn.router_topk::<f32>(
+        &cx.gpu.stream,
+        &sc.router,
+        t,
+        g.num_experts,
+        g.top_k,
+        g.norm_topk_prob,
+        &mut sc.topk_ids,
+        &mut sc.topk_w,
+    )?;
+    Ok(())
+}
+
 pub(crate) fn experts_gemv(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {
     let (table, layout) = table_parts(cx, moe_index)?;
     let (s, kn, k) = (&cx.gpu.stream, cx.kn, cx.g.top_k);

@@ -124,7 +124,7 @@ fn decode_graphs_eager_and_prefill_agree() {
     let mut gpu = load(&model, &cache, 64);
     let vocab = gpu.info().vocab_size;
     let prompt = tokens(20, vocab, 9);
-    let mut run = |gpu: &mut CudaEngine| {
+    let run = |gpu: &mut CudaEngine| {
         let mut out = Vec::new();
         let req = GenerateRequest {
             prompt: prompt.clone(),

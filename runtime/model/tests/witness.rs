@@ -265,7 +265,6 @@ fn check_case(name: &str, dir: &Path) -> usize {
 }
 
 #[test]
-#[ignore = "fixtures pending: tests/fixtures/witness is written by tools/witness/witness.py"]
 fn witness_fixtures() {
     let dirs = fixture_dirs();
     let mut checked = 0;

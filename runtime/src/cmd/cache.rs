@@ -122,8 +122,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     if a.verify {
         let r = verify_against_source(&cache, &source)?;
+        let content = if cache.header().source_content_blake3.is_some() {
+            "source content hash matches"
+        } else {
+            "synthetic source, identified by its recipe"
+        };
         println!(
-            "verify: {} experts re-quantized and identical, source content hash matches ({:.2} s)",
+            "verify: {} experts re-quantized and identical, {content} ({:.2} s)",
             r.experts,
             r.elapsed.as_secs_f64()
         );

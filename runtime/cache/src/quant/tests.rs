@@ -196,3 +196,23 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn portable_and_dispatched_kernels_agree() {
+    let rows = 16;
+    let w: Vec<u8> = (0..rows * GROUP_SIZE)
+        .flat_map(|j| {
+            half::bf16::from_f32(((j as f32) * 0.731).sin() * 0.05 * (1 + j % 5) as f32)
+                .to_le_bytes()
+        })
+        .collect();
+    let src = SourceMatrix {
+        dtype: DType::BF16,
+        bytes: &w,
+    };
+    let (mut q1, mut s1) = (vec![0u8; rows * 64], vec![0u8; rows * 2]);
+    let (mut q2, mut s2) = (vec![0u8; rows * 64], vec![0u8; rows * 2]);
+    quantize_rows(src, rows, GROUP_SIZE, &mut q1, &mut s1).unwrap();
+    quantize_rows_portable(src, rows, GROUP_SIZE, &mut q2, &mut s2).unwrap();
+    assert_eq!((q1, s1), (q2, s2));
+}

@@ -148,7 +148,10 @@ impl Geometry {
         p += h; // final norm
         let q = self.q_dim() as u64;
         let kv = self.kv_dim() as u64;
-        let per_attn = h * q + 2 * h * kv + q * h + 2 * self.head_dim as u64 + 2 * h;
+        let mut per_attn = h * q + 2 * h * kv + q * h + 2 * self.head_dim as u64 + 2 * h;
+        if self.attention_bias {
+            per_attn += q + 2 * kv + h; // q, k, v and o_proj biases
+        }
         for k in &self.mlp_kinds {
             p += per_attn;
             p += match k {

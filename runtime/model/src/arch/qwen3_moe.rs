@@ -82,14 +82,14 @@ impl Qwen3MoeConfig {
         }
         if c.num_attention_heads == 0
             || c.num_key_value_heads == 0
-            || c.num_attention_heads % c.num_key_value_heads != 0
+            || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads)
         {
             return Err(bad(format!(
                 "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
                 c.num_attention_heads, c.num_key_value_heads
             )));
         }
-        if c.head_dim() % 2 != 0 {
+        if !c.head_dim().is_multiple_of(2) {
             return Err(bad(format!(
                 "head_dim {} must be even for RoPE",
                 c.head_dim()
@@ -104,19 +104,19 @@ impl Qwen3MoeConfig {
         if c.decoder_sparse_step == 0 {
             return Err(bad("decoder_sparse_step must be >= 1".into()));
         }
-        if let Some(act) = &c.hidden_act {
-            if act != "silu" {
-                return Err(bad(format!(
-                    "hidden_act '{act}' is not supported (only 'silu')"
-                )));
-            }
+        if let Some(act) = &c.hidden_act
+            && act != "silu"
+        {
+            return Err(bad(format!(
+                "hidden_act '{act}' is not supported (only 'silu')"
+            )));
         }
-        if let Some(s) = &c.rope_scaling {
-            if !s.is_null() {
-                return Err(bad(format!(
-                    "rope_scaling {s} is not supported yet; remove it or use a model without RoPE scaling"
-                )));
-            }
+        if let Some(s) = &c.rope_scaling
+            && !s.is_null()
+        {
+            return Err(bad(format!(
+                "rope_scaling {s} is not supported yet; remove it or use a model without RoPE scaling"
+            )));
         }
         if c.use_sliding_window {
             return Err(bad("use_sliding_window=true is not supported".into()));

@@ -77,8 +77,12 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 
 /// Token ids of the `k` largest logits, largest first (ties: lower id first).
 pub fn top_ids(row: &[f32], k: usize) -> Vec<u32> {
+    let order = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
     let mut ids: Vec<u32> = (0..row.len() as u32).collect();
-    ids.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
-    ids.truncate(k);
+    if k < ids.len() {
+        ids.select_nth_unstable_by(k, order);
+        ids.truncate(k);
+    }
+    ids.sort_by(order);
     ids
 }

@@ -125,6 +125,28 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         gpu_long = Some(gpu.prompt_logits(&long)?);
     }
     drop(gpu);
+    // Chunked prefill (attention across chunk boundaries) against one chunk.
+    if let Some(gl) = &gpu_long {
+        if a.prefill_chunk < long.len() {
+            let mut whole = CudaEngine::load(
+                &a.model,
+                &CudaEngineOptions {
+                    context_length: Some(context),
+                    prefill_chunk: long.len(),
+                    cache_root: a.cache_dir.clone(),
+                    ..CudaEngineOptions::default()
+                },
+            )?;
+            let one = whole.prompt_logits(&long)?;
+            let bound = REFERENCE_REL_BOUND * max_abs(&one).max(1.0);
+            reports.push(compare_full(
+                &format!("prefill in chunks of {} vs one chunk ({} tokens)", a.prefill_chunk, long.len()),
+                gl,
+                &one,
+                bound,
+            ));
+        }
+    }
     if let Some(gl) = gpu_long {
         let cache = match &a.cache_dir {
             Some(root) => krasis_cache::ensure_cache(&a.model, Some(root)),

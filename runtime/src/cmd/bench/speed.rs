@@ -56,6 +56,7 @@ struct Report {
     identity: Identity,
     prefill: Vec<PrefillResult>,
     decode: Vec<DecodeResult>,
+    decode_breakdown_ms: krasis_gpu::profile::DecodeBreakdown,
     min_free_vram_bytes: Option<u64>,
     total_vram_bytes: usize,
     hbm_bytes_per_s_assumed: f64,
@@ -168,6 +169,18 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         }
     }
     engine.set_cuda_graphs(true);
+    let breakdown = engine
+        .decode_breakdown(a.decode_prompt_tokens, 20)
+        .context("timing the parts of a decode step")?;
+    eprintln!(
+        "decode step parts (ms): layers {:.3} (per layer: attention {:.4}, router {:.4}, experts {:.4}), LM head {:.3}, sample {:.3}",
+        breakdown.layers_ms,
+        breakdown.attention_layer_ms,
+        breakdown.router_layer_ms,
+        breakdown.experts_layer_ms,
+        breakdown.lm_head_ms,
+        breakdown.sample_ms
+    );
     let min_free = monitor.min_free();
     drop(monitor);
 
@@ -203,6 +216,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         },
         prefill,
         decode,
+        decode_breakdown_ms: breakdown,
         min_free_vram_bytes: min_free,
         total_vram_bytes: info.total_bytes,
         hbm_bytes_per_s_assumed: bounds::H200_HBM_BYTES_PER_S,
