@@ -24,6 +24,17 @@ RUNTIME = TARGET / "debug" / "krasis-runtime"
 SCRIPTED = TARGET / "debug" / "examples" / "scripted_server"
 
 
+def pytest_addoption(parser):
+    # The same client tests run against the CUDA engine on a GPU machine:
+    #   pytest tests/e2e --backend cuda --runtime dist/krasis-runtime --synth-set head_dim=64 -k "not scripted"
+    parser.addoption("--backend", default="reference", choices=["reference", "cuda"],
+                     help="engine behind `krasis-runtime serve` for the model-backed tests")
+    parser.addoption("--runtime", default=None, help="krasis-runtime binary (default target/debug)")
+    parser.addoption("--synth-set", action="append", default=[],
+                     help="extra `synth --set key=value` for the test checkpoint (repeatable)")
+    parser.addoption("--vocab", default=None, help="qwen.tiktoken path passed to synth")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,17 +104,23 @@ class Server:
 
 
 @pytest.fixture(scope="session")
-def runtime_bin() -> Path:
-    if not RUNTIME.exists():
-        pytest.fail(f"{RUNTIME} not found; run 'cargo build -p krasis-runtime' first")
-    return RUNTIME
+def runtime_bin(pytestconfig) -> Path:
+    path = Path(pytestconfig.getoption("--runtime") or RUNTIME)
+    if not path.exists():
+        pytest.fail(f"{path} not found; run 'cargo build -p krasis-runtime' first")
+    return path
 
 
 @pytest.fixture(scope="session")
-def tiny_model(runtime_bin, tmp_path_factory) -> Path:
+def tiny_model(runtime_bin, tmp_path_factory, pytestconfig) -> Path:
     out = tmp_path_factory.mktemp("model") / "tiny"
+    extra = []
+    for kv in pytestconfig.getoption("--synth-set"):
+        extra += ["--set", kv]
+    if pytestconfig.getoption("--vocab"):
+        extra += ["--vocab", pytestconfig.getoption("--vocab")]
     r = subprocess.run(
-        [runtime_bin, "synth", "--preset", "tiny", "--out", out],
+        [runtime_bin, "synth", "--preset", "tiny", "--out", out, *extra],
         capture_output=True,
         text=True,
         timeout=300,
@@ -117,12 +134,12 @@ CONTEXT = 256
 
 
 @pytest.fixture(scope="session")
-def reference_server(runtime_bin, tiny_model):
+def reference_server(runtime_bin, tiny_model, pytestconfig):
     s = Server(
         [
             runtime_bin, "serve",
             "--model", tiny_model,
-            "--backend", "reference",
+            "--backend", pytestconfig.getoption("--backend"),
             "--port", free_port(),
             "--context-length", CONTEXT,
             "--queue-depth", 4,

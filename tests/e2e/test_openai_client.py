@@ -44,13 +44,13 @@ def get_json(url):
 # ---- the real engine (reference backend, tiny synthetic checkpoint) ----
 
 
-def test_startup_events_models_and_health(reference_server):
+def test_startup_events_models_and_health(reference_server, pytestconfig):
     kinds = [e["event"] for e in reference_server.events]
     assert kinds[0] == "phase" and reference_server.events[0]["phase"] == "loading"
     assert kinds[-1] == "ready"
     health = get_json(reference_server.url + "/health")
     assert health["phase"] == "ready" and health["model_loaded"] is True
-    assert health["backend"] == "reference"
+    assert health["backend"] == pytestconfig.getoption("--backend")
     assert model_id(reference_server) == "tiny"
 
 

@@ -4,9 +4,7 @@
 
 use crate::error::{GpuError, Result};
 use cudarc::cublas::CudaBlas;
-use cudarc::cublas::sys::{
-    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
-};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 
 /// Element type of a GEMM output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

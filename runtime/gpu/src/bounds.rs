@@ -40,12 +40,20 @@ pub fn decode_bytes_per_token(g: &Geometry, int4_expert_bytes: usize, ctx: usize
 /// FLOPs of prefilling `tokens` tokens from an empty cache (matrix products
 /// and attention; the LM head runs for the last token only).
 pub fn prefill_flops(g: &Geometry, tokens: usize) -> f64 {
-    let (h, q, kv, t) = (g.hidden as f64, g.q_dim() as f64, g.kv_dim() as f64, tokens as f64);
+    let (h, q, kv, t) = (
+        g.hidden as f64,
+        g.q_dim() as f64,
+        g.kv_dim() as f64,
+        tokens as f64,
+    );
     let mut per_token = 0.0;
     for kind in &g.mlp_kinds {
         per_token += 2.0 * ((q + 2.0 * kv) * h + h * q);
         per_token += match kind {
-            MlpKind::Moe => 2.0 * (g.num_experts as f64 * h + g.top_k as f64 * 3.0 * h * g.expert_intermediate as f64),
+            MlpKind::Moe => {
+                2.0 * (g.num_experts as f64 * h
+                    + g.top_k as f64 * 3.0 * h * g.expert_intermediate as f64)
+            }
             MlpKind::Dense => 2.0 * 3.0 * h * g.intermediate as f64,
         };
     }
@@ -98,7 +106,9 @@ mod tests {
 
     #[test]
     fn a3b_24l_decode_bytes_are_about_1_8_gb() {
-        let expert = krasis_cache::ExpertLayout::new(2048, 768).unwrap().used_bytes;
+        let expert = krasis_cache::ExpertLayout::new(2048, 768)
+            .unwrap()
+            .used_bytes;
         let b = decode_bytes_per_token(&a3b_24l(), expert, 0);
         // 24 x (37.7 MB attention + 0.5 MB router + 8 x 2.4 MB experts) + 622 MB head.
         assert!((1.9e9..2.1e9).contains(&b), "{b}");

@@ -87,9 +87,7 @@ pub fn top_ids(v: &[f32], k: usize) -> Vec<u32> {
     let mut idx: Vec<u32> = (0..v.len() as u32).collect();
     let k = k.min(v.len());
     idx.select_nth_unstable_by(k.saturating_sub(1), |&a, &b| {
-        v[b as usize]
-            .total_cmp(&v[a as usize])
-            .then(a.cmp(&b))
+        v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b))
     });
     idx.truncate(k);
     idx.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
@@ -191,7 +189,12 @@ impl Comparator {
 }
 
 /// Compares engine logits with oracle logits at every position.
-pub fn compare_full(label: &str, engine: &[Vec<f32>], oracle: &[Vec<f32>], bound: f32) -> LogitReport {
+pub fn compare_full(
+    label: &str,
+    engine: &[Vec<f32>],
+    oracle: &[Vec<f32>],
+    bound: f32,
+) -> LogitReport {
     let mut c = Comparator::new(label, bound);
     for (e, o) in engine.iter().zip(oracle) {
         let ids = top_ids(o, 20);
@@ -252,24 +255,31 @@ pub fn load_witness(dir: &Path) -> Result<(WitnessCase, Vec<WitnessSequence>), W
     };
     let case_path = dir.join("case.json");
     let text = std::fs::read_to_string(&case_path).map_err(|e| fail(&case_path, e.to_string()))?;
-    let case: WitnessCase =
-        serde_json::from_str(&text).map_err(|e| fail(&case_path, format!("not a witness case: {e}")))?;
+    let case: WitnessCase = serde_json::from_str(&text)
+        .map_err(|e| fail(&case_path, format!("not a witness case: {e}")))?;
     let mut seqs = Vec::new();
     for (i, tokens) in case.sequences.iter().enumerate() {
         let p = dir.join(format!("seq{i}.json"));
         let text = std::fs::read_to_string(&p).map_err(|e| fail(&p, e.to_string()))?;
-        let seq: WitnessSeq =
-            serde_json::from_str(&text).map_err(|e| fail(&p, format!("not a witness sequence: {e}")))?;
+        let seq: WitnessSeq = serde_json::from_str(&text)
+            .map_err(|e| fail(&p, format!("not a witness sequence: {e}")))?;
         if seq.argmax.len() != tokens.len() || seq.top_ids.len() != tokens.len() {
             return Err(fail(
                 &p,
-                format!("{} positions recorded for a {}-token sequence", seq.argmax.len(), tokens.len()),
+                format!(
+                    "{} positions recorded for a {}-token sequence",
+                    seq.argmax.len(),
+                    tokens.len()
+                ),
             ));
         }
         let lp = dir.join(format!("seq{i}.last.f32"));
         let bytes = std::fs::read(&lp).map_err(|e| fail(&lp, e.to_string()))?;
         if bytes.len() % 4 != 0 {
-            return Err(fail(&lp, format!("{} bytes is not a whole number of f32", bytes.len())));
+            return Err(fail(
+                &lp,
+                format!("{} bytes is not a whole number of f32", bytes.len()),
+            ));
         }
         let last = bytes
             .chunks_exact(4)
@@ -313,7 +323,9 @@ mod tests {
     fn identical_logits_pass_and_perturbed_fail() {
         let mut rng_state = 12345u64;
         let mut next = || {
-            rng_state = rng_state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            rng_state = rng_state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((rng_state >> 33) as f32 / (1u64 << 31) as f32) * 8.0 - 4.0
         };
         let oracle: Vec<Vec<f32>> = (0..5).map(|_| (0..300).map(|_| next()).collect()).collect();
@@ -331,7 +343,10 @@ mod tests {
         // One isolated position of five is far over the 2% allowance.
         assert!(!r.passed(), "{}", r.line());
         // Every position off by more than the bound fails outright.
-        let shifted: Vec<Vec<f32>> = oracle.iter().map(|r| r.iter().map(|v| v + 0.05).collect()).collect();
+        let shifted: Vec<Vec<f32>> = oracle
+            .iter()
+            .map(|r| r.iter().map(|v| v + 0.05).collect())
+            .collect();
         assert!(!compare_full("shift", &shifted, &oracle, 0.01).passed());
         // A NaN never passes.
         let mut nan = oracle.clone();

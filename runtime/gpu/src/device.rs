@@ -33,7 +33,9 @@ pub fn probe() -> Result<usize> {
     let n = CudaContext::device_count()
         .map_err(|e| GpuError::NoDevice(format!("the CUDA driver failed to start: {e}")))?;
     if n <= 0 {
-        return Err(GpuError::NoDevice("the CUDA driver reports no devices".into()));
+        return Err(GpuError::NoDevice(
+            "the CUDA driver reports no devices".into(),
+        ));
     }
     Ok(n as usize)
 }
@@ -55,7 +57,8 @@ impl Gpu {
                 "device {ordinal} requested but only {n} CUDA device(s) exist"
             )));
         }
-        let ctx = CudaContext::new(ordinal).map_err(GpuError::driver("creating the CUDA context"))?;
+        let ctx =
+            CudaContext::new(ordinal).map_err(GpuError::driver("creating the CUDA context"))?;
         // SAFETY: the engine uses one stream for all device work (the VRAM
         // monitor only queries memory), so cudarc's per-buffer events would
         // only add work to every launch and break graph capture.
@@ -64,16 +67,21 @@ impl Gpu {
         let stream = ctx
             .new_stream()
             .map_err(GpuError::driver("creating the compute stream"))?;
-        let name = ctx.name().map_err(GpuError::driver("reading the device name"))?;
+        let name = ctx
+            .name()
+            .map_err(GpuError::driver("reading the device name"))?;
         let compute_capability = ctx
             .compute_capability()
             .map_err(GpuError::driver("reading the compute capability"))?;
-        let total_bytes = ctx.total_mem().map_err(GpuError::driver("reading device memory size"))?;
+        let total_bytes = ctx
+            .total_mem()
+            .map_err(GpuError::driver("reading device memory size"))?;
         let multiprocessors = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(GpuError::driver("reading the multiprocessor count"))?;
         let driver_version = driver_version()?;
-        let blas = CudaBlas::new(stream.clone()).map_err(GpuError::blas("creating the cuBLAS handle"))?;
+        let blas =
+            CudaBlas::new(stream.clone()).map_err(GpuError::blas("creating the cuBLAS handle"))?;
         let info = DeviceInfo {
             ordinal,
             name,
@@ -167,7 +175,11 @@ pub fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     p
 }
 
-fn alloc_raw<T: DeviceRepr>(stream: &Arc<CudaStream>, len: usize, what: &str) -> Result<CudaSlice<T>> {
+fn alloc_raw<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    len: usize,
+    what: &str,
+) -> Result<CudaSlice<T>> {
     let bytes = len * std::mem::size_of::<T>();
     // SAFETY: documented contract of `Gpu::alloc`: contents are written before use.
     match unsafe { stream.alloc::<T>(len.max(1)) } {

@@ -79,7 +79,9 @@ impl CudaEngine {
             )));
         }
         if opts.prefill_chunk == 0 {
-            return Err(GpuError::Unsupported("prefill chunk must be at least 1 token".into()));
+            return Err(GpuError::Unsupported(
+                "prefill chunk must be at least 1 token".into(),
+            ));
         }
         let gpu = Gpu::open(opts.device)?;
         let (free_at_start, _) = gpu.mem_info()?;
@@ -277,7 +279,9 @@ impl CudaEngine {
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(GpuError::driver("starting decode graph capture"))?;
-        let body = m.forward_layers(1, Positions::Decode).and_then(|_| m.lm_head(0, 1));
+        let body = m
+            .forward_layers(1, Positions::Decode)
+            .and_then(|_| m.lm_head(0, 1));
         let end = stream.end_capture(sys::CUgraphInstantiate_flags(0));
         body?;
         let graph = end
@@ -455,7 +459,10 @@ fn int4_layout(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<Int4Layou
 fn check_supported(g: &Geometry) -> Result<()> {
     let mut why = Vec::new();
     if ![64, 128, 192, 256].contains(&g.head_dim) {
-        why.push(format!("head_dim {} (supported: 64, 128, 192, 256)", g.head_dim));
+        why.push(format!(
+            "head_dim {} (supported: 64, 128, 192, 256)",
+            g.head_dim
+        ));
     }
     if g.num_heads / g.num_kv_heads.max(1) > 16 {
         why.push(format!(

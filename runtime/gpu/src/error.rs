@@ -51,7 +51,9 @@ impl GpuError {
         matches!(self, GpuError::NoDevice(_))
     }
 
-    pub(crate) fn driver(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
+    pub(crate) fn driver(
+        what: impl Into<String>,
+    ) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
         let what = what.into();
         move |source| GpuError::Driver { what, source }
     }

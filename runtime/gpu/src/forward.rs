@@ -137,7 +137,15 @@ impl Model {
         }
         let (g, s, kn) = (cx.g, &cx.gpu.stream, cx.kn);
         let (h, eps) = (g.hidden, g.rms_norm_eps);
-        kn.embed(s, &cx.w.embed, g.vocab_size, h, &sc.ids, t, &mut sc.residual)?;
+        kn.embed(
+            s,
+            &cx.w.embed,
+            g.vocab_size,
+            h,
+            &sc.ids,
+            t,
+            &mut sc.residual,
+        )?;
         for l in 0..g.num_layers {
             let lw = &cx.w.layers[l];
             kn.rmsnorm::<f32>(s, &sc.residual, &lw.input_norm, t, h, eps, &mut sc.normed)?;

@@ -17,6 +17,6 @@ pub mod scratch;
 pub mod weights;
 
 pub use device::{DeviceInfo, Gpu, probe};
+pub use engine::{CudaEngine, LoadReport};
 pub use error::GpuError;
 pub use options::CudaEngineOptions;
-pub use engine::{CudaEngine, LoadReport};

@@ -20,7 +20,10 @@ use crate::scratch::Scratch;
 fn table_parts<'a>(
     cx: &'a Ctx<'_>,
     moe_index: usize,
-) -> Result<(cudarc::driver::CudaView<'a, u64>, &'a krasis_kernels::Int4Layout)> {
+) -> Result<(
+    cudarc::driver::CudaView<'a, u64>,
+    &'a krasis_kernels::Int4Layout,
+)> {
     let experts = cx
         .experts
         .ok_or_else(|| GpuError::Unsupported("MoE layer but no expert table loaded".into()))?;
@@ -59,10 +62,24 @@ pub(crate) fn router(cx: &Ctx<'_>, sc: &mut Scratch, l: usize, t: usize) -> Resu
     Ok(())
 }
 
-pub(crate) fn experts_gemv(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {
+pub(crate) fn experts_gemv(
+    cx: &Ctx<'_>,
+    sc: &mut Scratch,
+    moe_index: usize,
+    t: usize,
+) -> Result<()> {
     let (table, layout) = table_parts(cx, moe_index)?;
     let (s, kn, k) = (&cx.gpu.stream, cx.kn, cx.g.top_k);
-    kn.int4_w13_swiglu(s, &sc.normed, &table, &sc.topk_ids, t, k, layout, &mut sc.act)?;
+    kn.int4_w13_swiglu(
+        s,
+        &sc.normed,
+        &table,
+        &sc.topk_ids,
+        t,
+        k,
+        layout,
+        &mut sc.act,
+    )?;
     kn.int4_w2_combine(
         s,
         &sc.act,
@@ -77,7 +94,12 @@ pub(crate) fn experts_gemv(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: 
     Ok(())
 }
 
-pub(crate) fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {
+pub(crate) fn experts_grouped(
+    cx: &Ctx<'_>,
+    sc: &mut Scratch,
+    moe_index: usize,
+    t: usize,
+) -> Result<()> {
     let (table, layout) = table_parts(cx, moe_index)?;
     let (s, kn, g) = (&cx.gpu.stream, cx.kn, cx.g);
     let (e, k, h, i) = (g.num_experts, g.top_k, g.hidden, g.expert_intermediate);
@@ -139,6 +161,15 @@ pub(crate) fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, 
             "expert down",
         )?;
     }
-    kn.moe_combine::<f32>(s, &mut sc.residual, &gs.y, &gs.pair_row, &sc.topk_w, t, k, h)?;
+    kn.moe_combine::<f32>(
+        s,
+        &mut sc.residual,
+        &gs.y,
+        &gs.pair_row,
+        &sc.topk_w,
+        t,
+        k,
+        h,
+    )?;
     Ok(())
 }

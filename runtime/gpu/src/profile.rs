@@ -37,15 +37,23 @@ impl CudaEngine {
         };
         let (e0, e1) = (ev()?, ev()?);
         let reps = reps.max(1);
-        let time = |engine: &mut CudaEngine, f: &mut dyn FnMut(&mut CudaEngine) -> Result<()>| -> Result<f64> {
+        let time = |engine: &mut CudaEngine,
+                    f: &mut dyn FnMut(&mut CudaEngine) -> Result<()>|
+         -> Result<f64> {
             let mut v = Vec::with_capacity(reps);
             for _ in 0..reps {
                 let s = engine.gpu().stream.clone();
-                e0.record(&s).map_err(GpuError::driver("recording an event"))?;
+                e0.record(&s)
+                    .map_err(GpuError::driver("recording an event"))?;
                 f(engine)?;
-                e1.record(&s).map_err(GpuError::driver("recording an event"))?;
-                e1.synchronize().map_err(GpuError::driver("waiting for an event"))?;
-                v.push(e0.elapsed_ms(&e1).map_err(GpuError::driver("reading an event"))? as f64);
+                e1.record(&s)
+                    .map_err(GpuError::driver("recording an event"))?;
+                e1.synchronize()
+                    .map_err(GpuError::driver("waiting for an event"))?;
+                v.push(
+                    e0.elapsed_ms(&e1)
+                        .map_err(GpuError::driver("reading an event"))? as f64,
+                );
             }
             v.sort_by(|a, b| a.total_cmp(b));
             Ok(v[v.len() / 2])
@@ -58,7 +66,9 @@ impl CudaEngine {
                 .map_err(GpuError::driver("writing the decode position"))?;
         }
         let mut b = DecodeBreakdown {
-            layers_ms: time(self, &mut |e| e.model_mut().forward_layers(1, Positions::Decode))?,
+            layers_ms: time(self, &mut |e| {
+                e.model_mut().forward_layers(1, Positions::Decode)
+            })?,
             lm_head_ms: time(self, &mut |e| e.model_mut().lm_head(0, 1))?,
             ..DecodeBreakdown::default()
         };

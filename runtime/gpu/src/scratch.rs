@@ -144,14 +144,23 @@ impl Scratch {
             normed: gpu.alloc(cap * h, "normalized hidden state")?,
             qkv: gpu.alloc(cap * (q + 2 * kv), "q/k/v projections")?,
             attn: gpu.alloc(cap * q, "attention output")?,
-            attn_ws: gpu.alloc(decode_workspace_len(g.num_heads, g.head_dim), "decode attention workspace")?,
+            attn_ws: gpu.alloc(
+                decode_workspace_len(g.num_heads, g.head_dim),
+                "decode attention workspace",
+            )?,
             router: gpu.alloc(cap * router_cols, "router logits")?,
             topk_ids: gpu.alloc(cap * k.max(1), "selected experts")?,
             topk_w: gpu.alloc(cap * k.max(1), "expert weights")?,
-            act: gpu.alloc(gemv_tokens.min(cap) * k.max(1) * i.max(1), "expert activations")?,
+            act: gpu.alloc(
+                gemv_tokens.min(cap) * k.max(1) * i.max(1),
+                "expert activations",
+            )?,
             logits: gpu.alloc(LOGIT_ROWS * g.vocab_size, "logits")?,
             counts: gpu.alloc_zeros(g.vocab_size, "sampling token counts")?,
-            sample_ws: gpu.alloc(krasis_kernels::sample_workspace_len(g.vocab_size), "sampler workspace")?,
+            sample_ws: gpu.alloc(
+                krasis_kernels::sample_workspace_len(g.vocab_size),
+                "sampler workspace",
+            )?,
             grouped,
             dense,
         })

@@ -11,7 +11,6 @@ use half::{bf16, f16};
 use krasis_model::arch::qwen3_moe::TensorNames;
 use krasis_model::{Checkpoint, DType, Geometry, MlpKind, TensorView};
 
-
 pub struct LayerWeights {
     pub input_norm: CudaSlice<bf16>,
     pub post_attention_norm: CudaSlice<bf16>,
@@ -62,7 +61,11 @@ impl ModelWeights {
             ));
         }
         let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
-        let mut up = Uploader { gpu, ckpt, bytes: 0 };
+        let mut up = Uploader {
+            gpu,
+            ckpt,
+            bytes: 0,
+        };
         let embed = up.bf16(&[TensorNames::EMBED], &[g.vocab_size, h])?;
         let final_norm = up.bf16_one(TensorNames::FINAL_NORM, &[h])?;
         let lm_head = if g.tie_word_embeddings {
@@ -86,7 +89,10 @@ impl ModelWeights {
                 }
                 MlpKind::Dense => MlpWeights::Dense {
                     gate_up: up.bf16_fused(
-                        &[(t.dense_gate(), g.intermediate), (t.dense_up(), g.intermediate)],
+                        &[
+                            (t.dense_gate(), g.intermediate),
+                            (t.dense_up(), g.intermediate),
+                        ],
                         h,
                     )?,
                     down: up.bf16(&[&t.dense_down()], &[h, g.intermediate])?,

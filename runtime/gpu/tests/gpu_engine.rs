@@ -68,15 +68,26 @@ fn load(model: &Path, cache: &Path, chunk: usize) -> CudaEngine {
 fn reference(model: &Path, cache: &Path) -> ReferenceEngine {
     let c = krasis_cache::ensure_cache(model, Some(cache)).expect("INT4 cache");
     let experts = Arc::new(krasis_cache::Int4Experts::new(Arc::new(c)));
-    ReferenceEngine::with_experts(model, ReferenceOptions { context_length: Some(512) }, experts)
-        .expect("reference engine")
+    ReferenceEngine::with_experts(
+        model,
+        ReferenceOptions {
+            context_length: Some(512),
+        },
+        experts,
+    )
+    .expect("reference engine")
 }
 
 fn bound(r: &[Vec<f32>]) -> f32 {
     0.03 * r.iter().flatten().fold(1f32, |m, v| m.max(v.abs()))
 }
 
-fn check(label: &str, gpu: &mut CudaEngine, reference: &mut ReferenceEngine, toks: &[u32]) -> LogitReport {
+fn check(
+    label: &str,
+    gpu: &mut CudaEngine,
+    reference: &mut ReferenceEngine,
+    toks: &[u32],
+) -> LogitReport {
     let g = gpu.prompt_logits(toks).expect("gpu logits");
     let r = reference.prompt_logits(toks).expect("reference logits");
     let rep = compare_full(label, &g, &r, bound(&r));
@@ -94,7 +105,12 @@ fn matches_reference(preset: &str, overrides: &[(&str, serde_json::Value)]) {
     // three chunks (grouped path, attention across chunk boundaries).
     let mut gpu = load(&model, &cache, 37);
     for (n, seed) in [(5usize, 1u64), (100, 2), (300, 3)] {
-        let rep = check(&format!("{preset} {n} tokens"), &mut gpu, &mut reference, &tokens(n, vocab, seed));
+        let rep = check(
+            &format!("{preset} {n} tokens"),
+            &mut gpu,
+            &mut reference,
+            &tokens(n, vocab, seed),
+        );
         assert!(rep.passed(), "{}", rep.line());
     }
 }
@@ -154,7 +170,10 @@ fn decode_graphs_eager_and_prefill_agree() {
         if top != t {
             let margin = row[top as usize] - row[t as usize];
             eprintln!("position {j}: decode chose {t}, prefill argmax {top} (margin {margin})");
-            assert!(margin < 0.05, "decode and prefill disagree by {margin} at {j}");
+            assert!(
+                margin < 0.05,
+                "decode and prefill disagree by {margin} at {j}"
+            );
             mismatches += 1;
         }
     }
@@ -196,11 +215,17 @@ fn request_errors_are_typed() {
     let mut gpu = load(&model, &tmp.path().join("cache"), 64);
     let vocab = gpu.info().vocab_size as u32;
     let e = gpu.prompt_logits(&[1, vocab + 5]).unwrap_err();
-    assert!(matches!(e, krasis_model::EngineError::BadToken { .. }), "{e}");
+    assert!(
+        matches!(e, krasis_model::EngineError::BadToken { .. }),
+        "{e}"
+    );
     let e = gpu.prompt_logits(&[]).unwrap_err();
     assert!(matches!(e, krasis_model::EngineError::EmptyPrompt), "{e}");
     let e = gpu.prompt_logits(&vec![1; 600]).unwrap_err();
-    assert!(matches!(e, krasis_model::EngineError::PromptTooLong { .. }), "{e}");
+    assert!(
+        matches!(e, krasis_model::EngineError::PromptTooLong { .. }),
+        "{e}"
+    );
 }
 
 #[test]

@@ -36,7 +36,11 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
     /// Real text the prompts are tokenized from.
-    #[arg(long, value_name = "FILE", default_value = "assets/text/kjv-genesis-exodus.txt")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "assets/text/kjv-genesis-exodus.txt"
+    )]
     pub text: PathBuf,
     /// Write the results as JSON here.
     #[arg(long, value_name = "FILE")]
@@ -89,8 +93,12 @@ pub(crate) fn text_tokens(
     n: usize,
 ) -> anyhow::Result<(Vec<u32>, bool)> {
     use anyhow::Context;
-    let tok = krasis_model::tokenizer::Tokenizer::from_dir(model)
-        .with_context(|| format!("loading the tokenizer of {} for the bench prompts", model.display()))?;
+    let tok = krasis_model::tokenizer::Tokenizer::from_dir(model).with_context(|| {
+        format!(
+            "loading the tokenizer of {} for the bench prompts",
+            model.display()
+        )
+    })?;
     let body = std::fs::read_to_string(text).with_context(|| {
         format!(
             "reading prompt text {} (run from the repository root or pass --text)",

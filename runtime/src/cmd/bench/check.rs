@@ -5,7 +5,9 @@
 
 use super::{Args, text_tokens};
 use anyhow::Context;
-use krasis_gpu::check::{Comparator, LogitReport, compare_full, compare_witness, load_witness, top_ids};
+use krasis_gpu::check::{
+    Comparator, LogitReport, compare_full, compare_witness, load_witness, top_ids,
+};
 use krasis_gpu::{CudaEngine, CudaEngineOptions};
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use krasis_model::{Engine, GenerateRequest, SamplingParams};
@@ -27,7 +29,8 @@ fn engine(a: &Args, context: usize) -> anyhow::Result<CudaEngine> {
         cache_root: a.cache_dir.clone(),
         ..CudaEngineOptions::default()
     };
-    CudaEngine::load(&a.model, &opts).with_context(|| format!("loading {} on the GPU", a.model.display()))
+    CudaEngine::load(&a.model, &opts)
+        .with_context(|| format!("loading {} on the GPU", a.model.display()))
 }
 
 fn greedy(e: &mut dyn Engine, prompt: &[u32], n: usize) -> anyhow::Result<Vec<u32>> {
@@ -62,7 +65,11 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let mut reports: Vec<LogitReport> = Vec::new();
     let mut other: Vec<(String, bool)> = Vec::new();
     let (long, repeated) = text_tokens(&a.model, &a.text, a.long_tokens)?;
-    anyhow::ensure!(!repeated, "the prompt text has fewer than {} tokens", a.long_tokens);
+    anyhow::ensure!(
+        !repeated,
+        "the prompt text has fewer than {} tokens",
+        a.long_tokens
+    );
     let mut fixtures = Vec::new();
     for dir in &a.witness {
         let (_, seqs) = load_witness(dir)?;
@@ -76,11 +83,23 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     for (dir, seqs) in &fixtures {
         for (i, w) in seqs.iter().enumerate() {
             let logits = gpu.prompt_logits(&w.tokens)?;
-            let scale = w.seq.top_vals.iter().flatten().fold(1f32, |m, v| m.max(v.abs()));
-            let mut c = Comparator::new(format!("witness {} seq{i}", dir.display()), WITNESS_REL_BOUND * scale);
+            let scale = w
+                .seq
+                .top_vals
+                .iter()
+                .flatten()
+                .fold(1f32, |m, v| m.max(v.abs()));
+            let mut c = Comparator::new(
+                format!("witness {} seq{i}", dir.display()),
+                WITNESS_REL_BOUND * scale,
+            );
             compare_witness(&mut c, &logits, w);
             reports.push(c.finish());
-            gpu_fixture_logits.push((format!("{} seq{i}", dir.display()), w.tokens.clone(), logits));
+            gpu_fixture_logits.push((
+                format!("{} seq{i}", dir.display()),
+                w.tokens.clone(),
+                logits,
+            ));
         }
     }
     if fixtures.is_empty() {
@@ -94,7 +113,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let without = greedy(&mut gpu, prompt, 64)?;
     gpu.set_cuda_graphs(true);
     other.push((
-        format!("decode with CUDA graphs == without ({} tokens)", with_graphs.len()),
+        format!(
+            "decode with CUDA graphs == without ({} tokens)",
+            with_graphs.len()
+        ),
         with_graphs == without,
     ));
     let mut seq = prompt.to_vec();
@@ -120,39 +142,35 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     ));
 
     // 3. CPU reference over the same INT4 cache.
-    let mut gpu_long = None;
-    if !a.no_reference {
-        gpu_long = Some(gpu.prompt_logits(&long)?);
-    }
+    let gl = gpu.prompt_logits(&long)?;
     drop(gpu);
     // Chunked prefill (attention across chunk boundaries) against one chunk.
-    if let Some(gl) = &gpu_long {
-        if a.prefill_chunk < long.len() {
-            let mut whole = CudaEngine::load(
-                &a.model,
-                &CudaEngineOptions {
-                    context_length: Some(context),
-                    prefill_chunk: long.len(),
-                    cache_root: a.cache_dir.clone(),
-                    ..CudaEngineOptions::default()
-                },
-            )?;
-            let one = whole.prompt_logits(&long)?;
-            let bound = REFERENCE_REL_BOUND * max_abs(&one).max(1.0);
-            reports.push(compare_full(
-                &format!("prefill in chunks of {} vs one chunk ({} tokens)", a.prefill_chunk, long.len()),
-                gl,
-                &one,
-                bound,
-            ));
-        }
+    if a.prefill_chunk < long.len() {
+        let mut whole = CudaEngine::load(
+            &a.model,
+            &CudaEngineOptions {
+                context_length: Some(context),
+                prefill_chunk: long.len(),
+                cache_root: a.cache_dir.clone(),
+                ..CudaEngineOptions::default()
+            },
+        )?;
+        let one = whole.prompt_logits(&long)?;
+        let bound = REFERENCE_REL_BOUND * max_abs(&one).max(1.0);
+        reports.push(compare_full(
+            &format!(
+                "prefill in chunks of {} vs one chunk ({} tokens)",
+                a.prefill_chunk,
+                long.len()
+            ),
+            &gl,
+            &one,
+            bound,
+        ));
     }
-    if let Some(gl) = gpu_long {
-        let cache = match &a.cache_dir {
-            Some(root) => krasis_cache::ensure_cache(&a.model, Some(root)),
-            None => krasis_cache::ensure_cache(&a.model, None),
-        }
-        .context("opening the INT4 cache for the reference engine")?;
+    if !a.no_reference {
+        let cache = krasis_cache::ensure_cache(&a.model, a.cache_dir.as_deref())
+            .context("opening the INT4 cache for the reference engine")?;
         let experts = Arc::new(krasis_cache::Int4Experts::new(Arc::new(cache)));
         let mut reference = ReferenceEngine::with_experts(
             &a.model,
@@ -165,13 +183,27 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         for (label, tokens, logits) in &gpu_fixture_logits {
             let r = reference.prompt_logits(tokens)?;
             let bound = REFERENCE_REL_BOUND * max_abs(&r).max(1.0);
-            reports.push(compare_full(&format!("reference {label}"), logits, &r, bound));
+            reports.push(compare_full(
+                &format!("reference {label}"),
+                logits,
+                &r,
+                bound,
+            ));
         }
         let t0 = std::time::Instant::now();
         let r = reference.prompt_logits(&long)?;
-        eprintln!("reference: {} tokens in {:.1}s", long.len(), t0.elapsed().as_secs_f64());
+        eprintln!(
+            "reference: {} tokens in {:.1}s",
+            long.len(),
+            t0.elapsed().as_secs_f64()
+        );
         let bound = REFERENCE_REL_BOUND * max_abs(&r).max(1.0);
-        reports.push(compare_full(&format!("reference long text ({} tokens)", long.len()), &gl, &r, bound));
+        reports.push(compare_full(
+            &format!("reference long text ({} tokens)", long.len()),
+            &gl,
+            &r,
+            bound,
+        ));
     }
 
     // 4. Determinism across fresh processes.
@@ -191,7 +223,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             if let Some(c) = &a.cache_dir {
                 cmd.arg("--cache-dir").arg(c);
             }
-            let out = cmd.output().with_context(|| format!("starting determinism run {i}"))?;
+            let out = cmd
+                .output()
+                .with_context(|| format!("starting determinism run {i}"))?;
             let stdout = String::from_utf8_lossy(&out.stdout);
             let line = stdout
                 .lines()
@@ -227,7 +261,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     if let Some(p) = &a.json {
         let j = serde_json::json!({ "logits": reports, "other": other.iter().map(|(w, ok)| serde_json::json!({"check": w, "passed": ok})).collect::<Vec<_>>() });
-        std::fs::write(p, serde_json::to_string_pretty(&j)?).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&j)?)
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     anyhow::ensure!(failed == 0, "{failed} check(s) failed");
     println!("all checks passed");

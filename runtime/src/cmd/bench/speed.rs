@@ -107,7 +107,11 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let info = engine.gpu().info.clone();
     let expert_bytes = krasis_cache::ExpertLayout::new(g.hidden, g.expert_intermediate)
         .map_or(0, |l| l.used_bytes);
-    let (all, repeated_all) = text_tokens(&a.model, &a.text, max_prompt.max(a.decode_prompt_tokens).max(64))?;
+    let (all, repeated_all) = text_tokens(
+        &a.model,
+        &a.text,
+        max_prompt.max(a.decode_prompt_tokens).max(64),
+    )?;
 
     // Warm-up: module loads, cuBLAS heuristics, graph capture.
     greedy(&mut engine, &all[..64.min(all.len())], 8)?;
@@ -244,10 +248,16 @@ fn model_name(dir: &std::path::Path) -> String {
     let synth = std::fs::read_to_string(dir.join("krasis_synth.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v.get("preset").and_then(|p| p.as_str()).map(|p| format!("synth:{p}")));
+        .and_then(|v| {
+            v.get("preset")
+                .and_then(|p| p.as_str())
+                .map(|p| format!("synth:{p}"))
+        });
     synth.unwrap_or_else(|| {
-        dir.file_name()
-            .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+        dir.file_name().map_or_else(
+            || dir.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
     })
 }
 
@@ -255,13 +265,27 @@ fn markdown_line(r: &Report) -> String {
     let pf: Vec<String> = r
         .prefill
         .iter()
-        .map(|p| format!("{}: {:.0} ({:.0}% of bound)", p.prompt_tokens, p.tok_s, 100.0 * p.fraction_of_bound))
+        .map(|p| {
+            format!(
+                "{}: {:.0} ({:.0}% of bound)",
+                p.prompt_tokens,
+                p.tok_s,
+                100.0 * p.fraction_of_bound
+            )
+        })
         .collect();
     let dc: Vec<String> = r
         .decode
         .iter()
         .filter(|d| d.cuda_graphs)
-        .map(|d| format!("{}: {:.1} ({:.0}%)", d.decode_tokens, d.tok_s, 100.0 * d.fraction_of_bound))
+        .map(|d| {
+            format!(
+                "{}: {:.1} ({:.0}%)",
+                d.decode_tokens,
+                d.tok_s,
+                100.0 * d.fraction_of_bound
+            )
+        })
         .collect();
     let eager: Vec<String> = r
         .decode
