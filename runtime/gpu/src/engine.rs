@@ -59,6 +59,8 @@ pub struct CudaEngine {
     report: LoadReport,
     stats: EngineStats,
     min_free: Option<u64>,
+    /// Ids `0..sampleable` have text; padded LM-head rows are never sampled.
+    sampleable: usize,
 }
 
 impl CudaEngine {
@@ -70,6 +72,7 @@ impl CudaEngine {
         let config = ModelConfig::load(model_dir)?;
         let g = config.geometry();
         check_supported(&g)?;
+        let sampleable = krasis_model::tokenizer::sampleable_vocab(model_dir, g.vocab_size)?;
         let context = opts.context_length.unwrap_or(g.max_position_embeddings);
         if context == 0 || context > g.max_position_embeddings {
             return Err(GpuError::Unsupported(format!(
@@ -139,6 +142,7 @@ impl CudaEngine {
         };
         tracing::info!(?report, device = %gpu.info.name, "CUDA engine loaded");
         Ok(CudaEngine {
+            sampleable,
             model: Model {
                 gpu,
                 kernels,
@@ -228,7 +232,7 @@ impl CudaEngine {
     /// Samples from `scratch.logits[0]` into `scratch.ids[0]` and returns the id.
     fn sample(&mut self, params: &krasis_kernels::SamplingParams, step: u64) -> Result<u32> {
         let m = &mut self.model;
-        let v = m.geometry.vocab_size;
+        let v = self.sampleable;
         let sc = &mut m.scratch;
         let s = &m.gpu.stream;
         m.kernels.sample::<f32>(
@@ -237,8 +241,10 @@ impl CudaEngine {
             v,
             params,
             step,
-            &mut sc.counts,
-            &mut sc.sample_ws,
+            &mut sc.counts.slice_mut(0..v),
+            &mut sc
+                .sample_ws
+                .slice_mut(0..krasis_kernels::sample_workspace_len(v)),
             &mut sc.ids.slice_mut(0..1),
         )?;
         let mut out = [0u32; 1];

@@ -46,6 +46,8 @@ pub struct ReferenceEngine {
     experts: ExpertCache,
     rope: Rope,
     kv: KvCache,
+    /// Ids `0..sampleable` have text; padded embedding rows are never sampled.
+    sampleable: usize,
 }
 
 impl std::fmt::Debug for ReferenceEngine {
@@ -73,7 +75,7 @@ impl ReferenceEngine {
         }
         ckpt.validate(&config.expected_tensors())?;
         let experts = Arc::new(CheckpointExperts::new(ckpt.clone(), &config));
-        Self::build(&config, &ckpt, experts, opts)
+        Self::build(dir, &config, &ckpt, experts, opts)
     }
 
     /// Loads `dir` with routed experts from `experts` (e.g. the INT4 cache,
@@ -93,10 +95,11 @@ impl ReferenceEngine {
             expected.retain(|(n, _)| !names.contains(n));
         }
         ckpt.validate(&expected)?;
-        Self::build(&config, &ckpt, experts, opts)
+        Self::build(dir, &config, &ckpt, experts, opts)
     }
 
     fn build(
+        dir: &Path,
         config: &ModelConfig,
         ckpt: &Checkpoint,
         experts: Arc<dyn ExpertWeights>,
@@ -120,7 +123,9 @@ impl ReferenceEngine {
             Some(c) => c,
         };
         let weights = Weights::load(ckpt, &g)?;
+        let sampleable = crate::tokenizer::sampleable_vocab(dir, g.vocab_size)?;
         Ok(ReferenceEngine {
+            sampleable,
             rope: Rope::new(g.head_dim, g.rope_theta, context),
             kv: KvCache::new(g.num_layers, context, g.kv_dim()),
             experts: ExpertCache::new(experts, &g),
@@ -216,7 +221,7 @@ impl Engine for ReferenceEngine {
         let mut sampler = Sampler::new(&req.sampling);
         let t0 = Instant::now();
         let logits = self.step(&req.prompt, 0)?;
-        let mut token = sampler.sample(&logits);
+        let mut token = sampler.sample(&logits[..self.sampleable]);
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         // Position the latest token would be written at when fed back.
@@ -236,7 +241,7 @@ impl Engine for ReferenceEngine {
             }
             let logits = self.step(&[token], pos)?;
             pos += 1;
-            token = sampler.sample(&logits);
+            token = sampler.sample(&logits[..self.sampleable]);
         };
         stats.decode_seconds = t1.elapsed().as_secs_f64();
         Ok(GenerateOutcome { finish, stats })
