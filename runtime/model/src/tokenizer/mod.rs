@@ -6,12 +6,14 @@ pub(crate) use eos::token_string;
 
 mod eos;
 mod incremental;
+mod sampleable;
 mod vocab;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use incremental::IncrementalDecoder;
+pub use sampleable::sampleable_vocab;
 pub use vocab::{
     QWEN_BPE_RANKS, QWEN_PRETOKENIZE_REGEX, QWEN3_SPECIAL_TOKENS, build_qwen_tokenizer_json,
     find_qwen_vocab,
@@ -203,44 +205,4 @@ mod tests {
             "{err}"
         );
     }
-}
-
-/// How many leading logits a model in `dir` may sample from: the ids its
-/// `tokenizer.json` defines (model vocabulary and added tokens), capped at the
-/// config's `vocab_size`. Checkpoints pad the embedding past the tokenizer
-/// (Qwen3: 151936 rows, 151669 tokens); a padded id has no text, so engines
-/// never sample one. Without a tokenizer.json every row counts.
-pub fn sampleable_vocab(dir: &Path, config_vocab: usize) -> Result<usize, ModelError> {
-    let path = dir.join("tokenizer.json");
-    let text = match std::fs::read(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(config_vocab),
-        Err(e) => return Err(ModelError::io(&path, e)),
-    };
-    #[derive(serde::Deserialize)]
-    struct Added {
-        id: u32,
-    }
-    #[derive(serde::Deserialize)]
-    struct Model {
-        #[serde(default)]
-        vocab: serde_json::Map<String, serde_json::Value>,
-    }
-    #[derive(serde::Deserialize)]
-    struct File {
-        model: Model,
-        #[serde(default)]
-        added_tokens: Vec<Added>,
-    }
-    let f: File = serde_json::from_slice(&text).map_err(|e| ModelError::Tokenizer {
-        path: path.clone(),
-        reason: format!("not a tokenizer.json: {e}"),
-    })?;
-    let max_vocab = f.model.vocab.values().filter_map(|v| v.as_u64()).max();
-    let max_added = f.added_tokens.iter().map(|a| a.id as u64).max();
-    let n = match max_vocab.max(max_added) {
-        Some(m) => m as usize + 1,
-        None => config_vocab,
-    };
-    Ok(n.min(config_vocab))
 }
