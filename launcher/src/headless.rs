@@ -135,11 +135,13 @@ pub fn ensure_demo_model(rt: &Path, dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    let st = Command::new(rt)
-        .args(["synth", "--preset", "tiny", "--out"])
-        .arg(dir)
-        .status()
-        .with_context(|| format!("running {} synth", rt.display()))?;
+    let st = crate::supervisor::retry_busy(|| {
+        Command::new(rt)
+            .args(["synth", "--preset", "tiny", "--out"])
+            .arg(dir)
+            .status()
+    })
+    .with_context(|| format!("running {} synth", rt.display()))?;
     if !st.success() || !models::is_model_dir(dir) {
         bail!(
             "`{} synth --preset tiny --out {}` failed ({}); see its messages above",
@@ -432,9 +434,7 @@ pub fn forward(ctx: &Ctx, args: &[String]) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     // Keep the launcher alive to report the tool's exit status.
     signals::install();
-    let st = Command::new(&rt)
-        .args(args)
-        .status()
+    let st = crate::supervisor::retry_busy(|| Command::new(&rt).args(args).status())
         .with_context(|| format!("running {}", rt.display()))?;
     if st.success() {
         Ok(ExitCode::SUCCESS)

@@ -68,13 +68,15 @@ pub fn locate(override_path: Option<&Path>) -> Result<PathBuf, RuntimeError> {
 
 /// Runs `RUNTIME capabilities --json` and checks the protocol version.
 pub fn capabilities(runtime: &Path) -> Result<Capabilities, RuntimeError> {
-    let out = Command::new(runtime)
-        .args(["capabilities", "--json"])
-        .output()
-        .map_err(|source| RuntimeError::Spawn {
-            path: runtime.to_path_buf(),
-            source,
-        })?;
+    let out = crate::supervisor::retry_busy(|| {
+        Command::new(runtime)
+            .args(["capabilities", "--json"])
+            .output()
+    })
+    .map_err(|source| RuntimeError::Spawn {
+        path: runtime.to_path_buf(),
+        source,
+    })?;
     if !out.status.success() {
         return Err(RuntimeError::Failed {
             path: runtime.to_path_buf(),

@@ -44,6 +44,26 @@ pub struct Supervisor {
     exit_reported: bool,
 }
 
+/// A binary that was just written (installer, rebuild, a test's script) can
+/// still be open for writing in a child that another thread forked before it
+/// exec'd; the kernel then refuses to exec it (ETXTBSY) until that child
+/// execs. The window is microseconds, so a short bounded retry is correct and
+/// anything longer is a real error.
+pub(crate) fn retry_busy<T>(mut start: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match start() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl Supervisor {
     /// Starts `runtime` with `args` (e.g. `serve` + `LaunchOptions::to_serve_args()`).
     pub fn spawn(runtime: &Path, args: &[String]) -> std::io::Result<Self> {
@@ -53,7 +73,7 @@ impl Supervisor {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         isolate(&mut cmd);
-        let mut child = cmd.spawn().map_err(|e| {
+        let mut child = retry_busy(|| cmd.spawn()).map_err(|e| {
             std::io::Error::new(
                 e.kind(),
                 format!("could not start {}: {e}", runtime.display()),
