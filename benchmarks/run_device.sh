@@ -48,6 +48,18 @@ for phase in "$@"; do
       synth "$p" "/tmp/$p" --experts-in-cache-only 2>&1 | tail -3
       "$kr" bench --model "/tmp/$p" --cache-dir "$kc" --commit "$commit" ${BENCH_ARGS:-} \
         --json "$out/bench-$p.json" --markdown "$out/bench.md" 2>&1 | tee "$out/bench-$p.log" ;;
+    hcs-exact-a3b-24l)
+      synth a3b-24l /tmp/a3b-24l --experts-in-cache-only 2>&1 | tail -3
+      "$kr" bench --model /tmp/a3b-24l --cache-dir "$kc" --hcs-exactness 6GiB,10GiB --heatmap off \
+        --long-tokens 2048 --prefill-chunk 1024 --json "$out/hcs-exact-a3b-24l.json" 2>&1 | grep -v INFO | tee "$out/hcs-exact-a3b-24l.log" ;;
+    heatmap-a3b-24l|heatmap-a3b)
+      p="${phase#heatmap-}"
+      synth "$p" "/tmp/$p" --experts-in-cache-only 2>&1 | tail -3
+      "$kr" heatmap --model "/tmp/$p" --cache-dir "$kc" --vram-limit ${HEATMAP_LIMIT:-6GiB} 2>&1 | grep -v INFO | tee "$out/heatmap-$p.log" ;;
+    hcs-bench-a3b-24l|hcs-bench-a3b)
+      p="${phase#hcs-bench-}"
+      "$kr" bench --model "/tmp/$p" --cache-dir "$kc" --commit "$commit" --vram-limit ${HCS_LIMIT:-6GiB} --baseline \
+        ${BENCH_ARGS:-} --json "$out/hcs-bench-$p-${HCS_LIMIT:-6GiB}.json" --markdown "$out/bench.md" 2>&1 | grep -v INFO | tee "$out/hcs-bench-$p.log" ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

@@ -36,15 +36,35 @@ pub struct EngineStats {
     pub vram: Option<VramStats>,
 }
 
+/// The GPU expert cache: what calibration decided, and the last request's
+/// traffic.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HcsStats {
+    /// Experts on the GPU for decode (resident tier + reclaimable prior).
     pub resident_experts: u64,
     pub total_experts: u64,
     pub resident_bytes: u64,
+    /// Slots of the resident tier (survives prefill).
+    pub resident_tier_slots: u64,
+    /// Slots of the reclaimable tier (prior + recency tail; lent to prefill).
+    pub reclaimable_slots: u64,
+    pub tail_slots: u64,
+    /// MoE layers per prefill staging buffer.
+    pub group_layers: u64,
+    pub safety_margin_bytes: u64,
+    /// Measured transient VRAM of a prompt of the configured context length.
+    pub transient_bytes: u64,
     pub hit_rate: f64,
+    pub cold_experts_per_token: f64,
     pub cold_bytes_per_token: f64,
+    /// Copy-stream time of decode misses per token (CUDA events), ms.
+    pub copy_ms_per_token: f64,
     pub promotions: u64,
     pub evictions: u64,
+    /// Expert bytes streamed by the last prefill.
+    pub prefill_stream_bytes: u64,
+    pub reload_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

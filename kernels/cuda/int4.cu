@@ -8,18 +8,45 @@
 // An id past the table, a null or a misaligned base turns that pair's
 // output into NaN instead of reading arbitrary memory.
 //
-// int4_w13_swiglu_<NCL>: decode gate/up GEMV + SwiGLU. Grid (I/16, pairs),
-// 4 warps per block, each warp owns 4 consecutive rows i of one pair and
-// computes gate row i and up row I+i together. Lane l handles K chunks
-// l + 32*c (NCL = ceil(H/1024) chunks per lane); the token's activations
-// for those chunks stay in registers (f32) across all rows of the warp, so
-// x is read from L2 once per warp. Weight loads are 16-byte, streamed past
-// L1, and issued for several rows before use to keep enough bytes in
-// flight for HBM bandwidth. f32 accumulation, fixed warp reduction order.
+// Decode GEMVs on tensor cores. A GEMV for one pair is memory bound, but
+// the scalar nibble->f32 path costs ~4 ALU ops per weight (half of them on
+// the half-rate integer pipe) and could not keep up with HBM. Instead a warp
+// multiplies a 16-row x 128-K tile (one scale group, 1 KB of weights) with
+// 8 mma.sync.m16n8k16 bf16 -> f32: lane (g = lane/4, tq = lane%4) loads 16
+// bytes of rows g and g+8 (K = 32*tq..+32 of the group); each 32-bit word
+// (8 nibbles) becomes 4 bf16x2 A registers by the 2^7 magic number
+// (lop3(w >> 4j, 0x000F000F, 0x43004300) = 128 + q, one bf16x2 fma -> q - 8,
+// exact), pairing nibbles j and j+4. The dot product is invariant under a
+// permutation of K, so the activation (B operand) is stored permuted the
+// same way, (x[j], x[j+4]) per 8-chunk. Products are exact, the sum is the
+// tensor core's f32 accumulation; per group C is scaled (f32) and summed in
+// group order. Only C column 0 is needed (every column holds the same x).
+// All weight loads of a warp are issued first (16 bytes each, streamed past
+// L1), so one launch keeps nearly the whole working set in flight.
+//
+// int4_w13_swiglu_<NCL>: decode gate/up GEMV + SwiGLU. Grid (I/16, pairs);
+// block = ceil(H/128 / NCL) <= 8 warps for 16 gate rows i and the 16 up rows
+// I+i of one pair, warp w owns scale groups [w*NCL, w*NCL+NCL) of K (split-K,
+// NCL = ceil(H/1024)). x (an L2 hit) is loaded before the weights, which
+// are issued in the order they are consumed, then staged in shared memory in
+// the permuted layout; per-warp partials are summed in warp order, then
+// silu(g) * u. Pair
+// p = t*top_k + j runs only if bit j of slot_mask is set: a masked pair
+// reads neither ids[p] nor its table entry and leaves act[p] untouched (the
+// expert cache fills missing experts on demand).
 // int4_w2_combine_<NCLI>: decode down GEMV fused with the router-weighted
-// combine. Block = top_k (<= 16) warps (warp j = the token's j-th expert) x 16
-// output rows; per-expert dot products go to shared memory, then 16
-// threads sum them in j order and add once to the f32 residual.
+// combine. Grid (H/16, tokens); one block covers 16 output rows of one token
+// for all top_k experts: warp items (j, K-part of 2*NCLI groups). act is f32,
+// so the block first stages it in shared memory as bf16 hi + lo (hi =
+// bf16(a), lo = bf16(a - hi); 16 significant bits) in the permuted layout;
+// even B columns carry hi, odd carry lo, so C col 0 + col 1 = W2 row . act.
+// Partials [item][row] are reduced in (j, K-part) order, weighted, and added
+// once to the f32 residual. No float atomics anywhere: bit-reproducible.
+// Launch floor and overlap: an empty kernel costs ~1.2 us in a graph, and
+// w2's ids -> table -> weights chain is latency bound, so on sm_90 the host
+// launches w2 as a programmatic dependent (PDL) of w13: w13 calls
+// griddepcontrol.launch_dependents at its start, w2 issues its weight loads,
+// then griddepcontrol.wait before it touches act or res.
 // int4_dequant_bf16: one thread per 16-byte chunk -> 32 bf16 (exact value
 // (q-8)*s in f32, rounded once), for the prefill cuBLAS path.
 // Nibbles become floats with the 2^23 magic-number trick (exact).
@@ -30,21 +57,6 @@ __device__ __forceinline__ float nib(u32 word, int shift) {
     return __uint_as_float(0x4B000000u | ((word >> shift) & 0xFu)) - (MAGIC_F + 8.0f);
 }
 
-// sum_{e<32} (q_e - 8) * x[e], x as 32 f32 in registers.
-__device__ __forceinline__ float dot32(uint4 q, const float* x) {
-    const u32 w[4] = {q.x, q.y, q.z, q.w};
-    float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            s0 += nib(w[i], 8 * b) * x[8 * i + 2 * b];
-            s1 += nib(w[i], 8 * b + 4) * x[8 * i + 2 * b + 1];
-        }
-    }
-    return s0 + s1;
-}
-
 __device__ __forceinline__ const unsigned char* expert_base(const u64* table, u32 n_table, u32 id) {
     if (id >= n_table) return nullptr;
     u64 b = table[id];
@@ -52,195 +64,295 @@ __device__ __forceinline__ const unsigned char* expert_base(const u64* table, u3
     return (const unsigned char*)b;
 }
 
+// Word of 8 nibbles -> 4 bf16x2 (q - 8): o[j] = (nibble j, nibble j+4).
+__device__ __forceinline__ void dq8(u32 w, u32* o) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;  // 128 + q
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(o[j]) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));
+    }
+}
+
+// c += A(16x16 bf16) * B(16x8 bf16), f32 accumulate.
+__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One 16-row x 128-K tile: qa/qb = this lane's 16 bytes of rows g / g+8,
+// xv = the matching 32 permuted B values (4 x (x[j], x[j+4]) per 8-chunk).
+// Returns C (c[0..1]: row g, cols 2tq..; c[2..3]: row g+8).
+__device__ __forceinline__ void tile16(uint4 qa, uint4 qb, const uint4* xv, float* c) {
+    const u32 wa[4] = {qa.x, qa.y, qa.z, qa.w};
+    const u32 wb[4] = {qb.x, qb.y, qb.z, qb.w};
+    c[0] = c[1] = c[2] = c[3] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u32 pa[4], pb[4];
+        dq8(wa[i], pa);
+        dq8(wb[i], pb);
+        mma_bf16(c, pa[0], pb[0], pa[1], pb[1], xv[i].x, xv[i].y);
+        mma_bf16(c, pa[2], pb[2], pa[3], pb[3], xv[i].z, xv[i].w);
+    }
+}
+
+// 8 consecutive bf16 (one uint4) -> the permuted pairs (x[j], x[j+4]).
+__device__ __forceinline__ uint4 perm8(uint4 u) {
+    return make_uint4(__byte_perm(u.x, u.z, 0x5410), __byte_perm(u.x, u.z, 0x7632), __byte_perm(u.y, u.w, 0x5410),
+                      __byte_perm(u.y, u.w, 0x7632));
+}
+
+// Shared x layout: 32-element chunk c32 (group G = c32/4, lane tq = c32%4)
+// at u32 offset c32*20 (16 used + 4 pad: the 4 tq of a warp hit distinct banks).
+#define XS_STRIDE 20
+#define W13_MAX_WARPS 8
+
 template <int NCL>
 __device__ __forceinline__ void w13_swiglu(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                            const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq,
-                                           u64 os, float* __restrict__ act) {
-    constexpr int RP = NCL <= 2 ? 4 : (NCL <= 4 ? 2 : 1);
+                                           u64 os, u32 slot_mask, float* __restrict__ act) {
+    __shared__ __align__(16) u32 xs[4096 / 32 * XS_STRIDE];
+    __shared__ float part[W13_MAX_WARPS][32];
+    // x chunks per thread: H/8 chunks over 32*ceil(H/128/NCL) threads.
+    constexpr int XPRE = (NCL + 1) / 2;
+#if __CUDA_ARCH__ >= 900
+    // Let a programmatic dependent (int4_w2_combine) get scheduled early;
+    // it waits for this grid before it reads act.
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
     const u32 p = blockIdx.y;
     if (p >= n_pairs) return;
-    const u32 t = p / k;
+    const u32 j = p % k, t = p / k;
+    if (j >= 32 || ((slot_mask >> j) & 1u) == 0) return;  // block-uniform
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 i0 = blockIdx.x * 16 + warp * 4;
-    if (i0 >= I) return;
-    const u32 nc = H / 32;
+    const u32 g = lane >> 2, tq = lane & 3;
+    const u32 nw = blockDim.x >> 5, ng = H / 128;
+    const u32 i0 = blockIdx.x * 16;
     const unsigned char* base = expert_base(table, n_table, ids[p]);
     if (base == nullptr) {
-        if (lane < 4 && i0 + lane < I) act[(u64)p * I + i0 + lane] = NAN_F;
+        if (threadIdx.x < 16) act[(u64)p * I + i0 + threadIdx.x] = NAN_F;
         return;
-    }
-    float xr[NCL][32];
-    const uint4* xrow = (const uint4*)(x + (u64)t * H);
-#pragma unroll
-    for (int cc = 0; cc < NCL; ++cc) {
-        const u32 c = lane + 32 * cc;
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-            uint4 u = c < nc ? xrow[c * 4 + v] : make_uint4(0, 0, 0, 0);
-            xr[cc][8 * v + 0] = bf_lo(u.x);
-            xr[cc][8 * v + 1] = bf_hi(u.x);
-            xr[cc][8 * v + 2] = bf_lo(u.y);
-            xr[cc][8 * v + 3] = bf_hi(u.y);
-            xr[cc][8 * v + 4] = bf_lo(u.z);
-            xr[cc][8 * v + 5] = bf_hi(u.z);
-            xr[cc][8 * v + 6] = bf_lo(u.w);
-            xr[cc][8 * v + 7] = bf_hi(u.w);
-        }
     }
     const unsigned char* wq = base + oq;
     const f16_t* wsc = (const f16_t*)(base + os);
-    const u64 rb = H / 2, sb = H / 128;
+    const u64 rb = H / 2;
+    // x first (an L2 hit that would otherwise queue behind the weights).
+    const uint4* xrow = (const uint4*)(x + (u64)t * H);
+    uint4 xpre[XPRE];
 #pragma unroll
-    for (int r0 = 0; r0 < 4; r0 += RP) {
-        uint4 qg[RP][NCL], qu[RP][NCL];
-        float sg[RP][NCL], su[RP][NCL];
+    for (int r = 0; r < XPRE; ++r) {
+        const u32 c = threadIdx.x + r * blockDim.x;
+        if (c < H / 8) xpre[r] = xrow[c];
+    }
+    // Then every weight and scale load of this warp, in the order they are
+    // consumed below (group, then gate/up tile).
+    uint4 q[2][NCL][2];
+    f16_t sh[2][NCL][2];
 #pragma unroll
-        for (int rr = 0; rr < RP; ++rr) {
-            const u32 i = min(i0 + r0 + rr, I - 1);
+    for (int gg = 0; gg < NCL; ++gg)
 #pragma unroll
-            for (int cc = 0; cc < NCL; ++cc) {
-                const u32 c = lane + 32 * cc;
-                if (c < nc) {
-                    qg[rr][cc] = ld_stream16(wq + (u64)i * rb + c * 16);
-                    qu[rr][cc] = ld_stream16(wq + (u64)(I + i) * rb + c * 16);
-                    sg[rr][cc] = h2f(wsc[(u64)i * sb + c / 4]);
-                    su[rr][cc] = h2f(wsc[(u64)(I + i) * sb + c / 4]);
+        for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 G = warp * NCL + gg;
+                const u64 row = (u64)tile * I + i0 + g + 8 * h;
+                if (G < ng) {
+                    q[tile][gg][h] = ld_stream16(wq + row * rb + G * 64 + tq * 16);
+                    sh[tile][gg][h] = wsc[row * ng + G];
                 } else {
-                    qg[rr][cc] = qu[rr][cc] = make_uint4(0x88888888u, 0x88888888u, 0x88888888u, 0x88888888u);
-                    sg[rr][cc] = su[rr][cc] = 0.0f;
+                    q[tile][gg][h] = make_uint4(0, 0, 0, 0);
+                    sh[tile][gg][h] = 0;
                 }
             }
-        }
+    // Stage x permuted into shared memory (H/8 <= XPRE * blockDim chunks).
 #pragma unroll
-        for (int rr = 0; rr < RP; ++rr) {
-            float g = 0.0f, u = 0.0f;
+    for (int r = 0; r < XPRE; ++r) {
+        const u32 c = threadIdx.x + r * blockDim.x;
+        if (c < H / 8) *(uint4*)&xs[(c >> 2) * XS_STRIDE + (c & 3) * 4] = perm8(xpre[r]);
+    }
+    __syncthreads();
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
-            for (int cc = 0; cc < NCL; ++cc) {
-                g += sg[rr][cc] * dot32(qg[rr][cc], xr[cc]);
-                u += su[rr][cc] * dot32(qu[rr][cc], xr[cc]);
+    for (int gg = 0; gg < NCL; ++gg) {
+        const u32 G = warp * NCL + gg;
+        if (G < ng) {  // warp-uniform
+            const uint4* xp = (const uint4*)&xs[(G * 4 + tq) * XS_STRIDE];
+            const uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+#pragma unroll
+            for (int tile = 0; tile < 2; ++tile) {
+                float c[4];
+                tile16(q[tile][gg][0], q[tile][gg][1], xv, c);
+                acc[tile][0] += h2f(sh[tile][gg][0]) * c[0];
+                acc[tile][1] += h2f(sh[tile][gg][1]) * c[2];
             }
-            g = warp_sum(g);
-            u = warp_sum(u);
-            const u32 i = i0 + r0 + rr;
-            if (lane == 0 && i < I) act[(u64)p * I + i] = silu(g) * u;
         }
+    }
+    if (tq == 0) {
+        part[warp][g] = acc[0][0];
+        part[warp][g + 8] = acc[0][1];
+        part[warp][16 + g] = acc[1][0];
+        part[warp][24 + g] = acc[1][1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float gs = 0.0f, us = 0.0f;
+        for (u32 w = 0; w < nw; ++w) {
+            gs += part[w][threadIdx.x];
+            us += part[w][16 + threadIdx.x];
+        }
+        act[(u64)p * I + i0 + threadIdx.x] = silu(gs) * us;
     }
 }
 
-// One entry point per chunks-per-lane count (NCL = ceil(H / 1024), H <= 4096).
-extern "C" __global__ void __launch_bounds__(128)
+// One entry point per groups-per-warp count (NCL = ceil(H / 1024), H <= 4096).
+extern "C" __global__ void __launch_bounds__(256, 3)
     int4_w13_swiglu_1(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
-                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os,
+                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask,
                       float* __restrict__ act) {
-    w13_swiglu<1>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, act);
+    w13_swiglu<1>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask, act);
 }
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(256, 3)
     int4_w13_swiglu_2(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
-                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os,
+                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask,
                       float* __restrict__ act) {
-    w13_swiglu<2>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, act);
+    w13_swiglu<2>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask, act);
 }
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(256, 2)
     int4_w13_swiglu_3(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
-                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os,
+                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask,
                       float* __restrict__ act) {
-    w13_swiglu<3>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, act);
+    w13_swiglu<3>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask, act);
 }
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(256, 2)
     int4_w13_swiglu_4(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
-                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os,
+                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask,
                       float* __restrict__ act) {
-    w13_swiglu<4>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, act);
+    w13_swiglu<4>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask, act);
 }
 
+// Shared act layout (dynamic): for (j, group G, lane tq) a block of
+// AS_STRIDE u32 at ((j*ng + G)*4 + tq)*AS_STRIDE: 16 hi pairs, 16 lo pairs,
+// 4 pad (the 8 (tq, hi/lo) reads of a warp hit distinct banks).
+#define AS_STRIDE 36
+#define W2_MAX_ITEMS 64
 
-template <int NCLI>
+template <int GPW>
 __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const u64* __restrict__ table, u32 n_table,
                                            const u32* __restrict__ ids, const float* __restrict__ w, u32 n_tokens,
                                            u32 k, u32 H, u32 I, u64 oq, u64 os, float* __restrict__ res) {
-    __shared__ float ys[32][17];
+    extern __shared__ __align__(16) u32 as_[];
+    __shared__ float part[W2_MAX_ITEMS][16];
     const u32 t = blockIdx.y;
     if (t >= n_tokens) return;
-    const u32 j = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 p = t * k + j;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 g = lane >> 2, tq = lane & 3;
+    const u32 nw = blockDim.x >> 5, ng = I / 128;
+    const u32 nkp = (ng + GPW - 1) / GPW, items = k * nkp;
     const u32 n0 = blockIdx.x * 16;
-    const u32 nc = I / 32;
-    const unsigned char* base = expert_base(table, n_table, ids[p]);
-    if (base == nullptr) {
-        if (lane < 16) ys[j][lane] = NAN_F;
-    } else {
-        float ar[NCLI][32];
-#pragma unroll
-        for (int cc = 0; cc < NCLI; ++cc) {
-            const u32 c = lane + 32 * cc;
-            const float4* a4 = (const float4*)(act + (u64)p * I + (u64)c * 32);
-#pragma unroll
-            for (int v = 0; v < 8; ++v) {
-                float4 f = c < nc ? a4[v] : make_float4(0, 0, 0, 0);
-                ar[cc][4 * v] = f.x;
-                ar[cc][4 * v + 1] = f.y;
-                ar[cc][4 * v + 2] = f.z;
-                ar[cc][4 * v + 3] = f.w;
-            }
-        }
+    const u64 rb = I / 2;
+
+    uint4 q[GPW][2];
+    f16_t sh[GPW][2];
+    bool valid = false;
+    // Issue the weight and scale loads of work item `it` (expert j, K-part kp).
+    auto load = [&](u32 it) {
+        const u32 j = it / nkp, kp = it % nkp;
+        const unsigned char* base = expert_base(table, n_table, ids[(u64)t * k + j]);
+        valid = base != nullptr;
         const unsigned char* wq = base + oq;
         const f16_t* wsc = (const f16_t*)(base + os);
-        const u64 rb = I / 2, sb = I / 128;
-        // Rows whose loads are issued together: 8 keep ~2x more bytes in
-        // flight per warp than 4 while staying under the 128-register cap.
-        constexpr int RW = NCLI == 1 ? 8 : 4;
 #pragma unroll
-        for (int r0 = 0; r0 < 16; r0 += RW) {
-            uint4 q[RW][NCLI];
-            float s[RW][NCLI];
+        for (int gg = 0; gg < GPW; ++gg)
 #pragma unroll
-            for (int rr = 0; rr < RW; ++rr) {
-                const u32 n = min(n0 + r0 + rr, H - 1);
-#pragma unroll
-                for (int cc = 0; cc < NCLI; ++cc) {
-                    const u32 c = lane + 32 * cc;
-                    if (c < nc) {
-                        q[rr][cc] = ld_stream16(wq + (u64)n * rb + c * 16);
-                        s[rr][cc] = h2f(wsc[(u64)n * sb + c / 4]);
-                    } else {
-                        q[rr][cc] = make_uint4(0x88888888u, 0x88888888u, 0x88888888u, 0x88888888u);
-                        s[rr][cc] = 0.0f;
-                    }
+            for (int h = 0; h < 2; ++h) {
+                const u32 G = kp * GPW + gg;
+                const u64 row = n0 + g + 8 * h;
+                if (valid && G < ng) {
+                    q[gg][h] = ld_stream16(wq + row * rb + G * 64 + tq * 16);
+                    sh[gg][h] = wsc[row * ng + G];
+                } else {
+                    q[gg][h] = make_uint4(0, 0, 0, 0);
+                    sh[gg][h] = 0;
                 }
             }
+    };
+    u32 it = warp;
+    if (it < items) load(it);
+#if __CUDA_ARCH__ >= 900
+    // Launched as a programmatic dependent on sm_90: everything above (ids,
+    // table, weights) was ready before the previous kernel started; act and
+    // res are touched only after that kernel has completed.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    // Stage this token's top_k act rows as permuted bf16 hi/lo pairs.
+    const u32 cpr = I / 8;  // 8-chunks per row
+    for (u32 c = threadIdx.x; c < k * cpr; c += blockDim.x) {
+        const u32 j = c / cpr, c8 = c % cpr;
+        const float4* a4 = (const float4*)(act + ((u64)t * k + j) * I + (u64)c8 * 8);
+        const float4 u = a4[0], v = a4[1];
+        const float lo_[4] = {u.x, u.y, u.z, u.w}, hi_[4] = {v.x, v.y, v.z, v.w};
+        u32 hv[4], lv[4];
 #pragma unroll
-            for (int rr = 0; rr < RW; ++rr) {
-                float y = 0.0f;
+        for (int e = 0; e < 4; ++e) {
+            hv[e] = pack_bf2(lo_[e], hi_[e]);
+            lv[e] = pack_bf2(lo_[e] - bf_lo(hv[e]), hi_[e] - bf_hi(hv[e]));
+        }
+        u32* dst = as_ + ((j * ng + c8 / 16) * 4 + (c8 % 16) / 4) * AS_STRIDE + (c8 % 4) * 4;
+        *(uint4*)dst = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+        *(uint4*)(dst + 16) = make_uint4(lv[0], lv[1], lv[2], lv[3]);
+    }
+    __syncthreads();
+    while (it < items) {  // warp-uniform
+        const u32 j = it / nkp, kp = it % nkp;
+        float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll
-                for (int cc = 0; cc < NCLI; ++cc) y += s[rr][cc] * dot32(q[rr][cc], ar[cc]);
-                y = warp_sum(y);
-                if (lane == 0) ys[j][r0 + rr] = y;
+        for (int gg = 0; gg < GPW; ++gg) {
+            const u32 G = kp * GPW + gg;
+            if (G < ng) {
+                const uint4* xp = (const uint4*)(as_ + ((j * ng + G) * 4 + tq) * AS_STRIDE + (g & 1) * 16);
+                const uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+                float c[4];
+                tile16(q[gg][0], q[gg][1], xv, c);
+                acc0 += h2f(sh[gg][0]) * (c[0] + c[1]);
+                acc1 += h2f(sh[gg][1]) * (c[2] + c[3]);
             }
         }
+        if (!valid) acc0 = acc1 = NAN_F;
+        if (tq == 0) {
+            part[it][g] = acc0;
+            part[it][g + 8] = acc1;
+        }
+        it += nw;
+        if (it < items) load(it);
     }
     __syncthreads();
     if (threadIdx.x < 16) {
         const u32 n = n0 + threadIdx.x;
-        if (n < H) {
-            float sum = 0.0f;
-            for (u32 jj = 0; jj < k; ++jj) sum += w[(u64)t * k + jj] * ys[jj][threadIdx.x];
-            res[(u64)t * H + n] += sum;
+        float sum = 0.0f;
+        for (u32 j = 0; j < k; ++j) {
+            float e = 0.0f;
+            for (u32 kp = 0; kp < nkp; ++kp) e += part[j * nkp + kp][threadIdx.x];
+            sum += w[(u64)t * k + j] * e;
         }
+        res[(u64)t * H + n] += sum;
     }
 }
 
-// One entry point per chunks-per-lane count (NCLI = ceil(I / 1024), I <= 2048).
-extern "C" __global__ void __launch_bounds__(512)
+// One entry point per chunk count (NCLI = ceil(I / 1024), I <= 2048); each
+// work item covers 2*NCLI scale groups, so a block has <= 64 items.
+extern "C" __global__ void __launch_bounds__(768)
     int4_w2_combine_1(const float* __restrict__ act, const u64* __restrict__ table, u32 n_table,
                       const u32* __restrict__ ids, const float* __restrict__ w, u32 n_tokens, u32 k, u32 H, u32 I,
                       u64 oq, u64 os, float* __restrict__ res) {
-    w2_combine<1>(act, table, n_table, ids, w, n_tokens, k, H, I, oq, os, res);
+    w2_combine<2>(act, table, n_table, ids, w, n_tokens, k, H, I, oq, os, res);
 }
 extern "C" __global__ void __launch_bounds__(512)
     int4_w2_combine_2(const float* __restrict__ act, const u64* __restrict__ table, u32 n_table,
                       const u32* __restrict__ ids, const float* __restrict__ w, u32 n_tokens, u32 k, u32 H, u32 I,
                       u64 oq, u64 os, float* __restrict__ res) {
-    w2_combine<2>(act, table, n_table, ids, w, n_tokens, k, H, I, oq, os, res);
+    w2_combine<4>(act, table, n_table, ids, w, n_tokens, k, H, I, oq, os, res);
 }
 
 

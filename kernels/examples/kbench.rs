@@ -1,11 +1,17 @@
 //! Micro-benchmarks of the hot kernels on the first CUDA device, with the
 //! a3b (Qwen3-30B-A3B) shapes. Times are CUDA-event medians after warm-up.
-//! Usage: `kbench` (prints a table; exits with an error without a GPU).
+//! Usage: `kbench [--int4] [--baseline-int4 OLD.cu]` (prints a table; exits
+//! with an error without a GPU). `--int4` times only the INT4 decode GEMVs;
+//! `--baseline-int4` also times the entry points of an older `int4.cu` with
+//! the pre-slot-mask signatures (w13: 128 threads, grid (I/16, pairs); w2:
+//! 32*top_k threads, grid (H/16, tokens)), for before/after numbers.
 
 use std::sync::Arc;
 
 use anyhow::Context;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys::CUevent_flags};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys::CUevent_flags,
+};
 use half::bf16;
 use krasis_kernels::{
     CacheDir, Int4Layout, Kernels, KvGeom, QkvGeom, SamplingParams, StartPos, decode_workspace_len,
@@ -71,7 +77,26 @@ fn rand_bf16(rng: &mut StdRng, n: usize) -> Vec<bf16> {
         .collect()
 }
 
+struct Args {
+    /// Only the INT4 decode GEMVs.
+    int4_only: bool,
+    /// A `.cu` file with an earlier INT4 module, timed beside the current one.
+    baseline: Option<String>,
+}
+
 fn main() -> anyhow::Result<()> {
+    let mut args = Args {
+        int4_only: false,
+        baseline: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--int4" => args.int4_only = true,
+            "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
+            other => anyhow::bail!("unknown argument {other} (--int4, --baseline-int4 FILE)"),
+        }
+    }
     let ctx = krasis_kernels::try_open_device(0).context("no CUDA device")?;
     // Single-stream benchmark: cudarc's per-argument event tracking would
     // add host work to every launch and hide the kernel times.
@@ -91,84 +116,44 @@ fn main() -> anyhow::Result<()> {
     let s = ctx.new_stream()?;
     let mut rng = StdRng::seed_from_u64(7);
     let mut rows: Vec<String> = Vec::new();
+    let mut a3b_experts = None;
 
-    // ---- INT4 decode GEMVs, a3b expert, top-8 of 128 experts (310 MB).
-    let (h, i, e, topk) = (2048usize, 768usize, 128usize, 8usize);
-    let layout = Int4Layout::new(h, i).unwrap();
-    let stride = layout.used_bytes().div_ceil(4096) * 4096;
-    let mut host = vec![0u8; e * stride];
-    rng.fill(&mut host[..]);
-    // Sane scales (f16 0.01) so outputs stay finite.
-    for x in 0..e {
-        let b = &mut host[x * stride..];
-        for (off, n) in [(layout.w13_s, 2 * i * h / 128), (layout.w2_s, h * i / 128)] {
-            for j in 0..n {
-                b[off + 2 * j..off + 2 * j + 2]
-                    .copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-            }
+    // ---- INT4 decode GEMVs: a3b (H 2048, I 768, top-8 of 128) and qcn
+    // (H 2048, I 512, top-10 of 512; 128 experts allocated, ids cycle).
+    let baseline = args
+        .baseline
+        .as_deref()
+        .map(|p| load_baseline(&ctx, p))
+        .transpose()?;
+    for (label, h, i, e, topk) in [
+        ("a3b", 2048usize, 768usize, 128usize, 8usize),
+        ("qcn", 2048, 512, 128, 10),
+    ] {
+        let buf = bench_int4(
+            &k,
+            &s,
+            &mut rng,
+            label,
+            (h, i, e, topk),
+            &baseline,
+            &mut rows,
+        )?;
+        if label == "a3b" && !args.int4_only {
+            a3b_experts = Some(buf);
         }
     }
-    let buf: CudaSlice<u8> = s.clone_htod(&host)?;
-    let base = buf.device_ptr(&s).0;
-    let table: Vec<u64> = (0..e).map(|x| base + (x * stride) as u64).collect();
-    let table = s.clone_htod(&table)?;
-    let n_sets = 64;
-    let mut ids = Vec::new();
-    for _ in 0..n_sets {
-        let mut all: Vec<u32> = (0..e as u32).collect();
-        for j in 0..topk {
-            let r = rng.random_range(j..e);
-            all.swap(j, r);
+    if args.int4_only {
+        println!("\n==== kbench (int4) ====");
+        for r in rows {
+            println!("{r}");
         }
-        ids.extend_from_slice(&all[..topk]);
+        return Ok(());
     }
-    let ids = s.clone_htod(&ids)?;
-    let w = s.clone_htod(&vec![0.125f32; topk])?;
-    let x = s.clone_htod(&rand_bf16(&mut rng, h))?;
-    let mut act = s.alloc_zeros::<f32>(topk * i)?;
-    let mut res = s.alloc_zeros::<f32>(h)?;
+    let (buf, table, layout) = a3b_experts.context("a3b experts")?;
+    let (h, i, e, topk) = (layout.hidden, layout.intermediate, 128usize, 8usize);
     let w13_bytes = (layout.w13_s - layout.w13_q) + 2 * i * (h / 128) * 2;
     let w2_bytes = h * i / 2 + h * (i / 128) * 2;
-    let t13 = time_ms(&s, 200, |it| {
-        let sl = ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
-        Ok(k.int4_w13_swiglu(&s, &x, &table, &sl, 1, topk, &layout, &mut act)?)
-    })?;
-    let t2 = time_ms(&s, 200, |it| {
-        let sl = ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
-        Ok(k.int4_w2_combine(&s, &act, &table, &sl, &w, 1, topk, &layout, &mut res)?)
-    })?;
     let gbs = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
-    let g13 = time_graph_ms(&s, 64, |it| {
-        let sl = ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
-        Ok(k.int4_w13_swiglu(&s, &x, &table, &sl, 1, topk, &layout, &mut act)?)
-    })?;
-    let g2 = time_graph_ms(&s, 64, |it| {
-        let sl = ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
-        Ok(k.int4_w2_combine(&s, &act, &table, &sl, &w, 1, topk, &layout, &mut res)?)
-    })?;
-    rows.push(format!(
-        "graph-timed: w13 {:.1} us {:.0} GB/s, w2 {:.1} us {:.0} GB/s, layer {:.1} us",
-        g13 * 1e3,
-        gbs(topk * w13_bytes, g13),
-        g2 * 1e3,
-        gbs(topk * w2_bytes, g2),
-        (g13 + g2) * 1e3
-    ));
-    rows.push(format!(
-        "int4 w13+swiglu  top8 H2048 I768      {:>8.1} us {:>7.0} GB/s",
-        t13 * 1e3,
-        gbs(topk * w13_bytes, t13)
-    ));
-    rows.push(format!(
-        "int4 w2+combine  top8 H2048 I768      {:>8.1} us {:>7.0} GB/s",
-        t2 * 1e3,
-        gbs(topk * w2_bytes, t2)
-    ));
-    rows.push(format!(
-        "int4 MoE decode per layer (both)      {:>8.1} us {:>7.0} GB/s",
-        (t13 + t2) * 1e3,
-        gbs(topk * (w13_bytes + w2_bytes), t13 + t2)
-    ));
 
     // ---- Dequantize all 128 experts to bf16 (prefill path).
     let all_ids = s.clone_htod(&(0..e as u32).collect::<Vec<_>>())?;
@@ -363,4 +348,185 @@ fn main() -> anyhow::Result<()> {
         println!("{r}");
     }
     Ok(())
+}
+
+/// The old module's w13 and w2 entry points for NCL = NCLI = 1 and 2.
+struct Baseline {
+    w13: [CudaFunction; 2],
+    w2: [CudaFunction; 2],
+}
+
+fn load_baseline(ctx: &Arc<cudarc::driver::CudaContext>, path: &str) -> anyhow::Result<Baseline> {
+    use krasis_kernels::sources::Module;
+    let src: &'static str = Box::leak(std::fs::read_to_string(path)?.into_boxed_str());
+    let names = [
+        "int4_w13_swiglu_1",
+        "int4_w13_swiglu_2",
+        "int4_w2_combine_1",
+        "int4_w2_combine_2",
+    ];
+    let m = Module {
+        name: "int4_baseline",
+        source: src,
+        kernels: &[],
+    };
+    let c = krasis_kernels::compile_module(&m, ctx.compute_capability()?, &[])?;
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c.cubin))?;
+    let f = |n: &str| module.load_function(n);
+    Ok(Baseline {
+        w13: [f(names[0])?, f(names[1])?],
+        w2: [f(names[2])?, f(names[3])?],
+    })
+}
+
+type Experts = (CudaSlice<u8>, CudaSlice<u64>, Int4Layout);
+
+/// Times both INT4 decode GEMVs for one token on `shape` = (H, I, experts,
+/// top_k), random weights with sane scales, expert sets cycling over 64
+/// random draws (so successive launches read different experts).
+fn bench_int4(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    label: &str,
+    shape: (usize, usize, usize, usize),
+    baseline: &Option<Baseline>,
+    rows: &mut Vec<String>,
+) -> anyhow::Result<Experts> {
+    let (h, i, e, topk) = shape;
+    let layout = Int4Layout::new(h, i).unwrap();
+    let stride = layout.used_bytes().div_ceil(4096) * 4096;
+    let mut host = vec![0u8; e * stride];
+    rng.fill(&mut host[..]);
+    // Sane scales (f16 0.01) so outputs stay finite.
+    for x in 0..e {
+        let b = &mut host[x * stride..];
+        for (off, n) in [(layout.w13_s, 2 * i * h / 128), (layout.w2_s, h * i / 128)] {
+            for j in 0..n {
+                b[off + 2 * j..off + 2 * j + 2]
+                    .copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            }
+        }
+    }
+    let buf: CudaSlice<u8> = s.clone_htod(&host)?;
+    let base = buf.device_ptr(s).0;
+    let table: Vec<u64> = (0..e).map(|x| base + (x * stride) as u64).collect();
+    let table = s.clone_htod(&table)?;
+    let n_sets = 64;
+    let mut ids = Vec::new();
+    for _ in 0..n_sets {
+        let mut all: Vec<u32> = (0..e as u32).collect();
+        for j in 0..topk {
+            let r = rng.random_range(j..e);
+            all.swap(j, r);
+        }
+        ids.extend_from_slice(&all[..topk]);
+    }
+    let ids = s.clone_htod(&ids)?;
+    let w = s.clone_htod(&vec![0.125f32; topk])?;
+    let x = s.clone_htod(&rand_bf16(rng, h))?;
+    let mut act = s.alloc_zeros::<f32>(topk * i)?;
+    let mut res = s.alloc_zeros::<f32>(h)?;
+    let w13_bytes = (layout.w13_s - layout.w13_q) + 2 * i * (h / 128) * 2;
+    let w2_bytes = h * i / 2 + h * (i / 128) * 2;
+    let gbs = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
+    let sl = |it: usize| ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
+    let t13 = time_ms(s, 200, |it| {
+        Ok(k.int4_w13_swiglu(s, &x, &table, &sl(it), 1, topk, &layout, u32::MAX, &mut act)?)
+    })?;
+    let t2 = time_ms(s, 200, |it| {
+        Ok(k.int4_w2_combine(s, &act, &table, &sl(it), &w, 1, topk, &layout, &mut res)?)
+    })?;
+    let g13 = time_graph_ms(s, 64, |it| {
+        Ok(k.int4_w13_swiglu(s, &x, &table, &sl(it), 1, topk, &layout, u32::MAX, &mut act)?)
+    })?;
+    let g2 = time_graph_ms(s, 64, |it| {
+        Ok(k.int4_w2_combine(s, &act, &table, &sl(it), &w, 1, topk, &layout, &mut res)?)
+    })?;
+    let gl = time_graph_ms(s, 64, |it| {
+        k.int4_w13_swiglu(s, &x, &table, &sl(it), 1, topk, &layout, u32::MAX, &mut act)?;
+        Ok(k.int4_w2_combine(s, &act, &table, &sl(it), &w, 1, topk, &layout, &mut res)?)
+    })?;
+    let (b13, b2) = (topk * w13_bytes, topk * w2_bytes);
+    rows.push(format!(
+        "{label} H{h} I{i} top{topk}: graph-timed w13 {:.2} us {:.0} GB/s, w2 {:.2} us {:.0} GB/s, layer (w13+w2 in one graph) {:.2} us {:.0} GB/s",
+        g13 * 1e3,
+        gbs(b13, g13),
+        g2 * 1e3,
+        gbs(b2, g2),
+        gl * 1e3,
+        gbs(b13 + b2, gl)
+    ));
+    rows.push(format!(
+        "{label} launch loop: w13 {:.2} us {:.0} GB/s, w2 {:.2} us {:.0} GB/s, layer {:.2} us {:.0} GB/s",
+        t13 * 1e3,
+        gbs(b13, t13),
+        t2 * 1e3,
+        gbs(b2, t2),
+        (t13 + t2) * 1e3,
+        gbs(b13 + b2, t13 + t2)
+    ));
+    if let Some(b) = baseline {
+        let n_table = e as u32;
+        let (kk, hh, ii, one) = (topk as u32, h as u32, i as u32, 1u32);
+        let (o13q, o13s) = (layout.w13_q as u64, layout.w13_s as u64);
+        let (o2q, o2s) = (layout.w2_q as u64, layout.w2_s as u64);
+        let f13 = &b.w13[h.div_ceil(1024) - 1];
+        let f2 = &b.w2[i.div_ceil(1024) - 1];
+        let xp = x.device_ptr(s).0;
+        let tp = table.device_ptr(s).0;
+        let wp = w.device_ptr(s).0;
+        let ap = act.device_ptr(s).0;
+        let rp = res.device_ptr(s).0;
+        let idp = |it: usize| ids.device_ptr(s).0 + ((it % n_sets) * topk * 4) as u64;
+        let c13 = LaunchConfig {
+            grid_dim: (ii / 16, kk, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let c2 = LaunchConfig {
+            grid_dim: (hh / 16, 1, 1),
+            block_dim: (32 * kk, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let old13 = |it: usize| -> anyhow::Result<()> {
+            let ip = idp(it);
+            let mut l = s.launch_builder(f13);
+            l.arg(&xp).arg(&tp).arg(&n_table).arg(&ip).arg(&kk).arg(&kk);
+            l.arg(&hh).arg(&ii).arg(&o13q).arg(&o13s).arg(&ap);
+            // SAFETY: the old kernel's arguments, sized as above.
+            unsafe { l.launch(c13) }?;
+            Ok(())
+        };
+        let old2 = |it: usize| -> anyhow::Result<()> {
+            let ip = idp(it);
+            let mut l = s.launch_builder(f2);
+            l.arg(&ap)
+                .arg(&tp)
+                .arg(&n_table)
+                .arg(&ip)
+                .arg(&wp)
+                .arg(&one);
+            l.arg(&kk).arg(&hh).arg(&ii).arg(&o2q).arg(&o2s).arg(&rp);
+            // SAFETY: as above.
+            unsafe { l.launch(c2) }?;
+            Ok(())
+        };
+        let o13 = time_graph_ms(s, 64, old13)?;
+        let o2 = time_graph_ms(s, 64, old2)?;
+        let ol = time_graph_ms(s, 64, |it| {
+            old13(it)?;
+            old2(it)
+        })?;
+        rows.push(format!(
+            "{label} BASELINE graph-timed: w13 {:.2} us {:.0} GB/s, w2 {:.2} us {:.0} GB/s, layer {:.2} us {:.0} GB/s",
+            o13 * 1e3,
+            gbs(b13, o13),
+            o2 * 1e3,
+            gbs(b2, o2),
+            ol * 1e3,
+            gbs(b13 + b2, ol)
+        ));
+    }
+    Ok((buf, table, layout))
 }

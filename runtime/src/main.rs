@@ -28,6 +28,8 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Measure prefill and decode speed.
     Bench(cmd::bench::Args),
+    /// Record expert route counts on real text (the GPU expert cache's prior).
+    Heatmap(cmd::heatmap::Args),
     /// Print what this runtime build implements.
     Capabilities(cmd::capabilities::Args),
 }
@@ -41,6 +43,7 @@ fn main() -> std::process::ExitCode {
         Command::BuildCache(a) => cmd::cache::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Heatmap(a) => cmd::heatmap::run(a),
         Command::Capabilities(a) => cmd::capabilities::run(a),
     };
     match result {

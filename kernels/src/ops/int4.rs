@@ -15,11 +15,15 @@
 //! misaligned base makes that pair's output NaN rather than reading
 //! arbitrary memory.
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use std::ffi::c_void;
+
+use cudarc::driver::{
+    CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg, sys,
+};
 use half::bf16;
 
 use crate::launch::{builder, cfg, check_len, dim_u32, ensure, shape_err, submit};
-use crate::{Kernels, Result};
+use crate::{KernelError, Kernels, Result};
 
 const GROUP: usize = 128;
 
@@ -108,9 +112,14 @@ impl Kernels {
     ///
     /// - `x`: bf16 `[n_tokens, H]` (normalized hidden state).
     /// - `table`: u64 `[n_table]`; `ids`: u32 `[n_tokens*top_k]`.
+    /// - `slot_mask`: pair `p` is computed only if bit `j = p % top_k` is
+    ///   set. A masked-out pair reads neither `ids[p]` nor its table entry
+    ///   (which may be null or garbage) and leaves its `act` row untouched.
+    ///   `u32::MAX` computes every pair.
     /// - `act`: f32 `[n_tokens*top_k, I]`.
     ///
-    /// `H <= 4096` (Qwen3-30B-A3B: 2048, Qwen3-235B-A22B: 4096).
+    /// `H <= 4096` (Qwen3-30B-A3B: 2048, Qwen3-235B-A22B: 4096),
+    /// `top_k <= 16`.
     #[allow(clippy::too_many_arguments)]
     pub fn int4_w13_swiglu(
         &self,
@@ -121,6 +130,7 @@ impl Kernels {
         n_tokens: usize,
         top_k: usize,
         layout: &Int4Layout,
+        slot_mask: u32,
         act: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         const NAMES: [&str; 4] = [
@@ -132,13 +142,18 @@ impl Kernels {
         let k0 = NAMES[0];
         layout.validate(k0)?;
         let (h, i) = (layout.hidden, layout.intermediate);
-        ensure(k0, h <= 4096, || {
+        ensure(k0, h <= INT4_DECODE_MAX_HIDDEN, || {
             format!(
                 "hidden = {h} exceeds the 4096 the INT4 decode GEMV supports (dequantize + GEMM instead)"
             )
         })?;
-        ensure(k0, top_k >= 1, || "top_k must be >= 1".into())?;
-        let k = NAMES[h.div_ceil(1024) - 1];
+        ensure(k0, (1..=INT4_DECODE_MAX_TOPK).contains(&top_k), || {
+            format!("top_k = {top_k} must be in 1..=16")
+        })?;
+        // NCL = 128-groups of K per warp; <= 8 warps split K.
+        let ncl = h.div_ceil(1024);
+        let k = NAMES[ncl - 1];
+        let warps = (h / GROUP).div_ceil(ncl) as u32;
         let n_pairs = n_tokens * top_k;
         check_len(k, "x", x.len(), n_tokens * h)?;
         check_len(k, "ids", ids.len(), n_pairs)?;
@@ -158,9 +173,14 @@ impl Kernels {
         let f = self.func(k)?;
         let mut b = builder(stream, f);
         b.arg(&xp).arg(&tp).arg(&n_table).arg(&ip).arg(&np).arg(&kk);
-        b.arg(&hh).arg(&ii).arg(&oq).arg(&os).arg(&ap);
-        // 4 warps x 4 rows = 16 gate/up row pairs per block; y = pair.
-        submit(k, b, cfg((ii.div_ceil(16), np, 1), 128, 0))
+        b.arg(&hh)
+            .arg(&ii)
+            .arg(&oq)
+            .arg(&os)
+            .arg(&slot_mask)
+            .arg(&ap);
+        // 16 gate + 16 up rows per block, K split over the warps; y = pair.
+        submit(k, b, cfg((ii / 16, np, 1), 32 * warps, 0))
     }
 
     /// Decode down GEMV fused with the weighted combine:
@@ -172,7 +192,18 @@ impl Kernels {
     /// - `weights`: f32 `[n_tokens*top_k]` router weights.
     /// - `residual`: f32 `[n_tokens, H]`.
     ///
-    /// `I <= 2048`, `top_k <= 16`.
+    /// `I <= 2048`, `top_k <= 16`. The block stages the token's `act` rows
+    /// in `top_k * I * 4.5` bytes of shared memory (27 KB for top-8, I 768);
+    /// past 44 KB it opts in to more (fine on sm_80/sm_90, up to 147 KB).
+    ///
+    /// On sm_90+ this launches as a programmatic dependent of the previous
+    /// kernel on `stream` (normally [`Kernels::int4_w13_swiglu`]): it may
+    /// start while that kernel still runs and reads `ids`, `table`,
+    /// `weights` and the expert weights at once, but `act` and `residual`
+    /// only after that kernel has completed. So `ids`, `table`, `weights`
+    /// and the experts must not be written by the kernel launched right
+    /// before this one (a copy in between is fine: PDL applies only to a
+    /// kernel directly after a kernel).
     #[allow(clippy::too_many_arguments)]
     pub fn int4_w2_combine(
         &self,
@@ -187,18 +218,25 @@ impl Kernels {
         residual: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         const NAMES: [&str; 2] = ["int4_w2_combine_1", "int4_w2_combine_2"];
+        // Groups per work item and most warps per block of each entry point.
+        const GPW: [usize; 2] = [2, 4];
+        const MAX_WARPS: [usize; 2] = [24, 16];
         let k0 = NAMES[0];
         layout.validate(k0)?;
         let (h, i) = (layout.hidden, layout.intermediate);
-        ensure(k0, i <= 2048, || {
+        ensure(k0, i <= INT4_DECODE_MAX_INTER, || {
             format!(
                 "intermediate = {i} exceeds the 2048 the INT4 decode GEMV supports (dequantize + GEMM instead)"
             )
         })?;
-        ensure(k0, (1..=16).contains(&top_k), || {
+        ensure(k0, (1..=INT4_DECODE_MAX_TOPK).contains(&top_k), || {
             format!("top_k = {top_k} must be in 1..=16")
         })?;
-        let k = NAMES[i.div_ceil(1024) - 1];
+        let v = i.div_ceil(1024) - 1;
+        let k = NAMES[v];
+        let items = top_k * (i / GROUP).div_ceil(GPW[v]);
+        let warps = items.min(MAX_WARPS[v]) as u32;
+        let smem = top_k * (i / GROUP) * 4 * 36 * 4;
         let n_pairs = n_tokens * top_k;
         check_len(k, "act", act.len(), n_pairs * i)?;
         check_len(k, "ids", ids.len(), n_pairs)?;
@@ -212,12 +250,44 @@ impl Kernels {
             i as u32,
         );
         let (oq, os) = (layout.w2_q as u64, layout.w2_s as u64);
+        let f = self.func(k)?;
+        if smem > 44 * 1024 {
+            use cudarc::driver::sys::CUfunction_attribute_enum as A;
+            f.set_attribute(
+                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(crate::KernelError::driver(format!(
+                "`{k}`: {smem} bytes of shared memory"
+            )))?;
+        }
         let (ap, _g1) = act.device_ptr(stream);
         let (tp, _g2) = table.device_ptr(stream);
         let (ip, _g3) = ids.device_ptr(stream);
         let (wp, _g4) = weights.device_ptr(stream);
         let (rp, _g5) = residual.device_ptr_mut(stream);
-        let f = self.func(k)?;
+        // 16 output rows x all top_k experts per block; y = token.
+        let config = cfg((hh / 16, t, 1), 32 * warps, smem as u32);
+        if self.compute_capability().0 >= 9 {
+            let mut args: [*mut c_void; 12] = [
+                &ap as *const u64 as *mut c_void,
+                &tp as *const u64 as *mut c_void,
+                &n_table as *const u32 as *mut c_void,
+                &ip as *const u64 as *mut c_void,
+                &wp as *const u64 as *mut c_void,
+                &t as *const u32 as *mut c_void,
+                &kk as *const u32 as *mut c_void,
+                &hh as *const u32 as *mut c_void,
+                &ii as *const u32 as *mut c_void,
+                &oq as *const u64 as *mut c_void,
+                &os as *const u64 as *mut c_void,
+                &rp as *const u64 as *mut c_void,
+            ];
+            // SAFETY: the arguments match the kernel's parameter list in
+            // order and type, point to locals that outlive the call, and
+            // the buffer lengths were checked against the dims above.
+            return unsafe { launch_dependent(k, stream, f, config, &mut args) };
+        }
         let mut b = builder(stream, f);
         b.arg(&ap)
             .arg(&tp)
@@ -227,8 +297,7 @@ impl Kernels {
             .arg(&t)
             .arg(&kk);
         b.arg(&hh).arg(&ii).arg(&oq).arg(&os).arg(&rp);
-        // One warp per selected expert; 16 output rows per block; y = token.
-        submit(k, b, cfg((hh.div_ceil(16), t, 1), 32 * kk, 0))
+        submit(k, b, config)
     }
 
     /// Dequantize `n` experts (`table[ids[x]]`, `x < n`) to bf16:
@@ -284,6 +353,67 @@ impl Kernels {
             cfg((dim_u32(K, "blocks", chunks.div_ceil(256))?, nn, 1), 256, 0),
         )
     }
+}
+
+/// Launch `f` with programmatic stream serialization (sm_90 programmatic
+/// dependent launch): it may start while the previous kernel on `stream`
+/// is still running and must `griddepcontrol.wait` before reading that
+/// kernel's outputs. Works under stream capture (a programmatic graph edge).
+///
+/// # Safety
+/// `args` must match `f`'s parameters in order and type and stay valid
+/// for the call.
+unsafe fn launch_dependent(
+    kernel: &'static str,
+    stream: &CudaStream,
+    f: &CudaFunction,
+    config: LaunchConfig,
+    args: &mut [*mut c_void],
+) -> Result<()> {
+    let (gx, gy, gz) = config.grid_dim;
+    if gx == 0 || gy == 0 || gz == 0 {
+        return Ok(());
+    }
+    if gy > 65535 || gz > 65535 {
+        return Err(shape_err(
+            kernel,
+            format!("grid {:?} exceeds the y/z limit of 65535", config.grid_dim),
+        ));
+    }
+    // SAFETY: a plain-old-data union; zero is a valid bit pattern.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let lc = sys::CUlaunchConfig {
+        gridDimX: gx,
+        gridDimY: gy,
+        gridDimZ: gz,
+        blockDimX: config.block_dim.0,
+        blockDimY: config.block_dim.1,
+        blockDimZ: config.block_dim.2,
+        sharedMemBytes: config.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // Make the stream's context current, as cudarc's own launches do.
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(KernelError::driver(format!(
+            "binding the context for `{kernel}`"
+        )))?;
+    // SAFETY: the caller guarantees `args`; `lc` and `attr` live across the call.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &lc,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(KernelError::driver(format!("launching `{kernel}`")))
 }
 
 #[cfg(test)]

@@ -59,10 +59,18 @@ fn int4_decode_gemv_matches_reference() {
     let name = "int4_decode_gemv_matches_reference";
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
-    // a3b dims, then odd dims exercising the partial-chunk paths.
+    // a3b and qcn dims at 1 and up to 8 tokens, then odd dims exercising
+    // every entry point: partial K splits, H up to 4096, I up to 2048 with
+    // top_k 16 (the shared-memory opt-in of w2).
     for (h, i, n_exp, t, k) in [
-        (2048usize, 768usize, 16usize, 2usize, 8usize),
+        (2048usize, 768usize, 16usize, 1usize, 8usize),
+        (2048, 768, 16, 2, 8),
+        (2048, 512, 12, 8, 10),
         (1152, 1280, 6, 3, 3),
+        (4096, 384, 5, 2, 4),
+        (3072, 256, 4, 1, 3),
+        (640, 128, 3, 5, 2),
+        (1024, 2048, 16, 1, 16),
     ] {
         let layout = Int4Layout::new(h, i).unwrap();
         let ex = experts(g, &s, &mut rng, &layout, n_exp);
@@ -76,15 +84,37 @@ fn int4_decode_gemv_matches_reference() {
         let x = randn_bf16(&mut rng, t * h, 1.0);
         let xf = f32s(&x);
         let (d_ids, d_w) = (up(&s, &ids), up(&s, &weights));
-        let mut act = poison_f32(&s, t * k * i);
-        g.kernels
-            .int4_w13_swiglu(&s, &up(&s, &x), &ex.table, &d_ids, t, k, &layout, &mut act)
-            .unwrap();
+        let d_x = up(&s, &x);
         let res0 = randn(&mut rng, t * h, 1.0);
-        let mut res = up(&s, &res0);
-        g.kernels
-            .int4_w2_combine(&s, &act, &ex.table, &d_ids, &d_w, t, k, &layout, &mut res)
-            .unwrap();
+        // Run twice: the results must be bit-identical (fixed reduction order).
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let mut act = poison_f32(&s, t * k * i);
+            g.kernels
+                .int4_w13_swiglu(
+                    &s,
+                    &d_x,
+                    &ex.table,
+                    &d_ids,
+                    t,
+                    k,
+                    &layout,
+                    u32::MAX,
+                    &mut act,
+                )
+                .unwrap();
+            let mut res = up(&s, &res0);
+            g.kernels
+                .int4_w2_combine(&s, &act, &ex.table, &d_ids, &d_w, t, k, &layout, &mut res)
+                .unwrap();
+            runs.push((down(&s, &act), down(&s, &res)));
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(&runs[0].0) == bits(&runs[1].0) && bits(&runs[0].1) == bits(&runs[1].1),
+            "H={h} I={i}: two runs differ"
+        );
+        let (act, res) = runs.swap_remove(0);
 
         let mut want_act = Vec::new();
         let mut want_res = res0.clone();
@@ -102,17 +132,8 @@ fn int4_decode_gemv_matches_reference() {
                 want_res[tok * h + n] += acc[n] as f32;
             }
         }
-        assert_close(
-            &format!("w13+swiglu H={h} I={i}"),
-            &down(&s, &act),
-            &want_act,
-            1e-4,
-        );
-        let got: Vec<f32> = down(&s, &res)
-            .iter()
-            .zip(&res0)
-            .map(|(a, b)| a - b)
-            .collect();
+        assert_close(&format!("w13+swiglu H={h} I={i}"), &act, &want_act, 1e-4);
+        let got: Vec<f32> = res.iter().zip(&res0).map(|(a, b)| a - b).collect();
         let want: Vec<f32> = want_res.iter().zip(&res0).map(|(a, b)| a - b).collect();
         assert_close(&format!("w2+combine H={h} I={i}"), &got, &want, 1e-4);
 
@@ -158,6 +179,7 @@ fn int4_invalid_expert_is_nan() {
             1,
             2,
             &layout,
+            u32::MAX,
             &mut act,
         )
         .unwrap();
@@ -170,4 +192,84 @@ fn int4_invalid_expert_is_nan() {
         a[256..].iter().all(|v| v.is_nan()),
         "invalid expert must be NaN"
     );
+}
+
+#[test]
+fn int4_w13_slot_mask() {
+    let name = "int4_w13_slot_mask";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let (h, i, n_exp, t, k) = (2048usize, 768usize, 10usize, 3usize, 8usize);
+    let layout = Int4Layout::new(h, i).unwrap();
+    let ex = experts(g, &s, &mut rng, &layout, n_exp);
+    // Table entries past the real experts: NULL and a 16-byte aligned
+    // address that faults if it is ever read.
+    let mut table = down(&s, &ex.table);
+    let (null_id, bad_id) = (table.len() as u32, table.len() as u32 + 1);
+    table.push(0);
+    table.push(0x0000_7ead_beef_0000);
+    let table = up(&s, &table);
+    let x = randn_bf16(&mut rng, t * h, 1.0);
+    let xf = f32s(&x);
+    let d_x = up(&s, &x);
+    for (mask, masked_out_ids) in [
+        (0b1010_0110u32, None),
+        (0b0101_1001, Some((null_id, bad_id))),
+        (0, Some((bad_id, bad_id))),
+        (0xFFFF_FF00 | 0b1000_0001, Some((bad_id, u32::MAX))),
+    ] {
+        let mut ids = Vec::new();
+        for _ in 0..t {
+            let mut all: Vec<u32> = (0..n_exp as u32).collect();
+            all.shuffle(&mut rng);
+            ids.extend_from_slice(&all[..k]);
+        }
+        for (p, id) in ids.iter_mut().enumerate() {
+            if mask >> (p % k) & 1 == 0
+                && let Some((a, b)) = masked_out_ids
+            {
+                *id = if p % 2 == 0 { a } else { b };
+            }
+        }
+        let mut act = poison_f32(&s, t * k * i);
+        g.kernels
+            .int4_w13_swiglu(
+                &s,
+                &d_x,
+                &table,
+                &up(&s, &ids),
+                t,
+                k,
+                &layout,
+                mask,
+                &mut act,
+            )
+            .unwrap();
+        sync(&s);
+        let got = down(&s, &act);
+        let (mut got_in, mut want_in) = (Vec::new(), Vec::new());
+        for p in 0..t * k {
+            let row = &got[p * i..][..i];
+            if mask >> (p % k) & 1 == 0 {
+                assert!(
+                    row.iter().all(|v| v.is_nan()),
+                    "mask {mask:#x}: masked-out pair {p} was written"
+                );
+            } else {
+                let e = ids[p] as usize;
+                let (a, _) =
+                    cpu::expert_forward(&ex.w13[e], &ex.w2[e], h, i, &xf[(p / k) * h..][..h]);
+                got_in.extend_from_slice(row);
+                want_in.extend(a);
+            }
+        }
+        if !want_in.is_empty() {
+            assert_close(
+                &format!("masked w13 mask {mask:#x}"),
+                &got_in,
+                &want_in,
+                1e-4,
+            );
+        }
+    }
 }

@@ -9,12 +9,14 @@
 //! - [`ensure`]: cache paths and [`ensure_cache`] (open or build).
 //! - [`int4`]: [`Int4Experts`], the dequantizing `ExpertWeights` source.
 //! - [`pinned`]: page-locked host backing for GPU copies.
+//! - [`heatmap`]: [`Heatmap`], versioned route counts bound to a cache (the HCS prior).
 
 pub mod builder;
 pub mod cache;
 pub mod ensure;
 pub mod error;
 pub mod format;
+pub mod heatmap;
 pub mod int4;
 pub mod layout;
 pub mod lock;
@@ -28,6 +30,10 @@ pub use cache::{ExpertCache, Verify};
 pub use ensure::{cache_path, default_cache_root, ensure_cache, ensure_cache_at, open_for_source};
 pub use error::CacheError;
 pub use format::{FILE_NAME, FORMAT_VERSION, Header, SourceIdentity};
+pub use heatmap::{
+    HEATMAP_FILE_NAME, HEATMAP_VERSION, Heatmap, HeatmapBinding, HeatmapError,
+    default_heatmap_path, describe_prompt_text,
+};
 pub use int4::Int4Experts;
 pub use layout::{ExpertLayout, GROUP_SIZE};
 pub use lock::LockWait;

@@ -40,17 +40,50 @@ pub fn probe() -> Result<usize> {
     Ok(n as usize)
 }
 
+/// The engine's share of the device: at most `limit` bytes in use, counted
+/// from the driver-visible free memory right after the context exists.
+/// Everything the engine allocates afterwards (weights, KV, scratch, cuBLAS
+/// workspace, expert slots, staging, graphs, allocator slack) shows up as a
+/// drop in driver-visible free memory, so that drop is what the limit caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub limit: Option<u64>,
+    pub free_at_open: u64,
+}
+
+impl Budget {
+    /// Bytes in use by this engine when the driver reports `driver_free`.
+    pub fn used(&self, driver_free: u64) -> u64 {
+        self.free_at_open.saturating_sub(driver_free)
+    }
+    /// Free bytes the engine may still use: the driver's free memory, capped
+    /// by what is left of the limit.
+    pub fn free(&self, driver_free: u64) -> u64 {
+        match self.limit {
+            Some(l) => driver_free.min(l.saturating_sub(self.used(driver_free))),
+            None => driver_free,
+        }
+    }
+}
+
 /// One device with its compute stream and cuBLAS handle.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub blas: CudaBlas,
     pub info: DeviceInfo,
+    pub budget: Budget,
     _blas_workspace: CudaSlice<u8>,
 }
 
 impl Gpu {
     pub fn open(ordinal: usize) -> Result<Self> {
+        Self::open_limited(ordinal, None)
+    }
+
+    /// Opens the device; with `limit`, every later allocation is refused
+    /// once the engine would hold more than `limit` bytes.
+    pub fn open_limited(ordinal: usize, limit: Option<u64>) -> Result<Self> {
         let n = probe()?;
         if ordinal >= n {
             return Err(GpuError::NoDevice(format!(
@@ -90,7 +123,14 @@ impl Gpu {
             driver_version,
             multiprocessors,
         };
-        let workspace = alloc_raw::<u8>(&stream, BLAS_WORKSPACE_BYTES, "cuBLAS workspace")?;
+        let (free_at_open, _) = ctx
+            .mem_get_info()
+            .map_err(GpuError::driver("querying free device memory"))?;
+        let budget = Budget {
+            limit,
+            free_at_open: free_at_open as u64,
+        };
+        let workspace = alloc_raw::<u8>(&stream, budget, BLAS_WORKSPACE_BYTES, "cuBLAS workspace")?;
         {
             let (ptr, _g) = workspace.device_ptr(&stream);
             // SAFETY: the workspace outlives the handle (both live in `Gpu`,
@@ -110,6 +150,7 @@ impl Gpu {
             stream,
             blas,
             info,
+            budget,
             _blas_workspace: workspace,
         })
     }
@@ -121,10 +162,15 @@ impl Gpu {
             .map_err(GpuError::driver("querying free device memory"))
     }
 
+    /// Free bytes within the budget now (driver-visible, capped by the limit).
+    pub fn free_in_budget(&self) -> Result<u64> {
+        Ok(self.budget.free(self.mem_info()?.0 as u64))
+    }
+
     /// Uninitialised device memory of `len` elements; callers write every
     /// element before reading it.
     pub fn alloc<T: DeviceRepr>(&self, len: usize, what: &str) -> Result<CudaSlice<T>> {
-        alloc_raw(&self.stream, len, what)
+        alloc_raw(&self.stream, self.budget, len, what)
     }
 
     pub fn alloc_zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -132,7 +178,7 @@ impl Gpu {
         len: usize,
         what: &str,
     ) -> Result<CudaSlice<T>> {
-        let mut s = alloc_raw(&self.stream, len, what)?;
+        let mut s = alloc_raw(&self.stream, self.budget, len, what)?;
         self.stream
             .memset_zeros(&mut s)
             .map_err(GpuError::driver(format!("zeroing {what}")))?;
@@ -140,7 +186,7 @@ impl Gpu {
     }
 
     pub fn upload<T: DeviceRepr>(&self, host: &[T], what: &str) -> Result<CudaSlice<T>> {
-        let mut s = alloc_raw(&self.stream, host.len().max(1), what)?;
+        let mut s = alloc_raw(&self.stream, self.budget, host.len().max(1), what)?;
         if !host.is_empty() {
             self.stream
                 .memcpy_htod(host, &mut s)
@@ -177,10 +223,26 @@ pub fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 
 fn alloc_raw<T: DeviceRepr>(
     stream: &Arc<CudaStream>,
+    budget: Budget,
     len: usize,
     what: &str,
 ) -> Result<CudaSlice<T>> {
     let bytes = len * std::mem::size_of::<T>();
+    if let Some(limit) = budget.limit {
+        let (free, _) = stream
+            .context()
+            .mem_get_info()
+            .map_err(GpuError::driver("querying free device memory"))?;
+        let left = budget.free(free as u64);
+        if bytes as u64 > left {
+            return Err(GpuError::OverLimit {
+                what: what.to_string(),
+                requested: bytes as u64,
+                left,
+                limit,
+            });
+        }
+    }
     // SAFETY: documented contract of `Gpu::alloc`: contents are written before use.
     match unsafe { stream.alloc::<T>(len.max(1)) } {
         Ok(s) => Ok(s),

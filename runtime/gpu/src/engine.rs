@@ -23,6 +23,7 @@ use krasis_model::{
 };
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What loading put on the device, for logs and bench reports.
@@ -37,6 +38,8 @@ pub struct LoadReport {
     pub context_length: usize,
     pub prefill_chunk: usize,
     pub load_seconds: f64,
+    /// What calibration measured and decided (MoE models with HCS on).
+    pub hcs: Option<crate::setup::HcsReport>,
 }
 
 /// The captured decode step.
@@ -49,18 +52,21 @@ struct DecodeGraph(CudaGraph);
 unsafe impl Send for DecodeGraph {}
 
 pub struct CudaEngine {
-    model: Model,
+    pub(crate) model: Model,
     context: usize,
     cuda_graphs: bool,
     graph: Option<DecodeGraph>,
     /// Decode steps run eagerly so far (the graph is captured after one
     /// eager step, once every kernel module and cuBLAS kernel is loaded).
     eager_steps: usize,
-    report: LoadReport,
+    pub(crate) report: LoadReport,
     stats: EngineStats,
     min_free: Option<u64>,
     /// Ids `0..sampleable` have text; padded LM-head rows are never sampled.
-    sampleable: usize,
+    pub(crate) sampleable: usize,
+    cache: Option<Arc<krasis_cache::ExpertCache>>,
+    /// HCS traffic of the last request.
+    last_hcs: Option<krasis_common::status::HcsStats>,
 }
 
 impl CudaEngine {
@@ -86,62 +92,62 @@ impl CudaEngine {
                 "prefill chunk must be at least 1 token".into(),
             ));
         }
-        let gpu = Gpu::open(opts.device)?;
-        let (free_at_start, _) = gpu.mem_info()?;
+        let gpu = Gpu::open_limited(opts.device, opts.vram_limit)?;
         let kernels = Kernels::new(&gpu.ctx, &opts.kernel_cache)?;
         let ckpt = Checkpoint::open(model_dir)?;
         let weights = ModelWeights::upload(&gpu, &ckpt, &g)?;
         drop(ckpt);
-        let (experts, int4, cache_path, cache_version) = if g.num_moe_layers() > 0 {
-            let cache = krasis_cache::ensure_cache(model_dir, opts.cache_root.as_deref())?;
+        let (experts, int4, cache) = if g.num_moe_layers() > 0 {
+            let cache = Arc::new(krasis_cache::ensure_cache(
+                model_dir,
+                opts.cache_root.as_deref(),
+            )?);
             let int4 = int4_layout(&cache.layout(), &g)?;
-            let table = ExpertTable::upload_all(&gpu, &cache)?;
-            if table.moe_layers != g.moe_layers().collect::<Vec<_>>() {
+            if cache.moe_layers() != g.moe_layers().collect::<Vec<_>>() {
                 return Err(GpuError::Cache(format!(
                     "{} holds MoE layers {:?} but the model's MoE layers are {:?}",
                     cache.path().display(),
-                    table.moe_layers,
+                    cache.moe_layers(),
                     g.moe_layers().collect::<Vec<_>>()
                 )));
             }
-            (
-                Some(table),
-                Some(int4),
-                Some(cache.path().to_path_buf()),
-                krasis_cache::FORMAT_VERSION,
-            )
+            // With HCS the experts go where calibration decides (all of
+            // them resident when they fit); without it all must be resident.
+            let table = if opts.hcs {
+                ExpertTable::unbacked(&gpu, &cache)?
+            } else {
+                ExpertTable::upload_all(&gpu, &cache).map_err(|e| match e {
+                    GpuError::OverLimit { .. } => GpuError::Unsupported(format!(
+                        "every expert must be resident with HCS off, and they do not fit: {e}"
+                    )),
+                    e => e,
+                })?
+            };
+            (Some(table), Some(int4), Some(cache))
         } else {
-            (None, None, None, 0)
+            (None, None, None)
         };
         let kv = KvCache::new(&gpu, &g, context)?;
-        let cap = opts.prefill_chunk.min(context);
+        let cap = crate::scratch::chunk_for_budget(&gpu, &g, opts.prefill_chunk.min(context))?;
         let scratch = Scratch::new(&gpu, &g, cap, GEMV_MAX_TOKENS)?;
         gpu.sync("loading weights")?;
-        let (free_now, _) = gpu.mem_info()?;
-        let used = free_at_start.saturating_sub(free_now) as u64;
-        if let Some(limit) = opts.vram_limit
-            && used > limit
-        {
-            return Err(GpuError::Unsupported(format!(
-                "the model needs {:.2} GiB of VRAM with every expert resident (context {context}) \
-                 but the VRAM limit is {:.2} GiB; raise the limit or lower the context length",
-                used as f64 / (1u64 << 30) as f64,
-                limit as f64 / (1u64 << 30) as f64
-            )));
-        }
         let report = LoadReport {
             model_dir: model_dir.to_path_buf(),
-            cache_path,
-            cache_format_version: cache_version,
+            cache_path: cache.as_ref().map(|c| c.path().to_path_buf()),
+            cache_format_version: if cache.is_some() {
+                krasis_cache::FORMAT_VERSION
+            } else {
+                0
+            },
             weight_bytes: weights.bytes,
             expert_bytes: experts.as_ref().map_or(0, |e| e.resident_bytes),
             kv_bytes: kv.bytes(),
             context_length: context,
             prefill_chunk: cap,
-            load_seconds: t0.elapsed().as_secs_f64(),
+            load_seconds: 0.0,
+            hcs: None,
         };
-        tracing::info!(?report, device = %gpu.info.name, "CUDA engine loaded");
-        Ok(CudaEngine {
+        let mut engine = CudaEngine {
             sampleable,
             model: Model {
                 gpu,
@@ -153,6 +159,8 @@ impl CudaEngine {
                 kv,
                 scratch,
                 gemv_tokens: GEMV_MAX_TOKENS,
+                hcs: None,
+                routes: None,
             },
             context,
             cuda_graphs: opts.cuda_graphs,
@@ -161,7 +169,35 @@ impl CudaEngine {
             report,
             stats: EngineStats::default(),
             min_free: None,
-        })
+            cache: cache.clone(),
+            last_hcs: None,
+        };
+        if let (true, Some(cache)) = (opts.hcs, cache) {
+            engine.setup_experts(model_dir, cache, opts)?;
+        }
+        engine.report.load_seconds = t0.elapsed().as_secs_f64();
+        tracing::info!(report = ?engine.report, device = %engine.model.gpu.info.name, "CUDA engine loaded");
+        Ok(engine)
+    }
+
+    /// The opened INT4 expert cache (MoE models).
+    pub fn expert_cache(&self) -> Option<&Arc<krasis_cache::ExpertCache>> {
+        self.cache.as_ref()
+    }
+
+    /// Route counts `[moe layer][expert]` of prefilling `prompt` once (for
+    /// heatmaps). The KV state is overwritten like by any prefill.
+    pub fn record_routes(&mut self, prompt: &[u32]) -> Result<Vec<Vec<u64>>> {
+        self.check_tokens(prompt)?;
+        let g = &self.model.geometry;
+        self.model.routes = Some(vec![vec![0; g.num_experts]; g.num_moe_layers()]);
+        let r = self.prefill(prompt, |_, _, _| Ok(()));
+        let counts = self.model.routes.take().unwrap_or_default();
+        r.map(|_| counts)
+    }
+
+    pub(crate) fn last_hcs_stats(&self) -> Option<&krasis_common::status::HcsStats> {
+        self.last_hcs.as_ref()
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -210,11 +246,14 @@ impl CudaEngine {
     /// Prefills `tokens` from position 0; after each chunk runs `after`
     /// with (chunk start, chunk length) while the chunk's final hidden
     /// states are in the scratch.
-    fn prefill(
+    pub(crate) fn prefill(
         &mut self,
         tokens: &[u32],
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<()> {
+        if self.model.hcs.is_some() {
+            return self.model.prefill_streamed(tokens, after);
+        }
         let cap = self.model.scratch.cap;
         for (ci, chunk) in tokens.chunks(cap).enumerate() {
             let start = ci * cap;
@@ -261,7 +300,9 @@ impl CudaEngine {
             .stream
             .memcpy_htod(&[pos as u32], &mut m.scratch.pos)
             .map_err(GpuError::driver("writing the decode position"))?;
-        if !self.cuda_graphs || self.eager_steps == 0 {
+        // With HCS the host places every layer's experts, so decode is not
+        // one capturable sequence.
+        if !self.cuda_graphs || self.eager_steps == 0 || m.hcs.is_some() {
             m.forward_layers(1, Positions::Decode)?;
             m.lm_head(0, 1)?;
             self.eager_steps += 1;
@@ -352,12 +393,84 @@ impl CudaEngine {
             pos += 1;
         };
         stats.decode_seconds = t1.elapsed().as_secs_f64();
+        self.collect_hcs(stats.generated_tokens)?;
         self.stats.requests_completed += 1;
         self.stats.last_prompt_tokens = n as u64;
         self.stats.last_generated_tokens = stats.generated_tokens as u64;
         self.stats.last_prefill_tok_s = stats.prefill_tok_s();
         self.stats.last_decode_tok_s = stats.decode_tok_s();
         Ok(GenerateOutcome { finish, stats })
+    }
+
+    /// Greedy generation of `n` tokens that also returns the logits each
+    /// token was chosen from (the first from prefill, the rest from
+    /// decode), for bit-exactness checks between expert placements.
+    pub fn greedy_logits(&mut self, prompt: &[u32], n: usize) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
+        self.check_tokens(prompt)?;
+        if n == 0 || prompt.len() + n > self.context {
+            return Err(GpuError::Unsupported(format!(
+                "greedy_logits of {n} tokens after {} in a context of {}",
+                prompt.len(),
+                self.context
+            )));
+        }
+        let params = kernel_sampling(&SamplingParams::greedy())?;
+        {
+            let m = &mut self.model;
+            m.gpu
+                .stream
+                .memset_zeros(&mut m.scratch.counts)
+                .map_err(GpuError::driver("clearing sampling counts"))?;
+        }
+        let np = prompt.len();
+        let last_chunk_start = (np - 1) / self.model.scratch.cap * self.model.scratch.cap;
+        self.prefill(prompt, |m, start, _| {
+            if start == last_chunk_start {
+                m.lm_head(np - 1 - start, 1)?;
+            }
+            Ok(())
+        })?;
+        let v = self.model.geometry.vocab_size;
+        let (mut toks, mut rows) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut pos = np;
+        loop {
+            rows.push(
+                self.model
+                    .gpu
+                    .download(&self.model.scratch.logits, v, "logits")?,
+            );
+            toks.push(self.sample(&params, toks.len() as u64)?);
+            if toks.len() == n {
+                break;
+            }
+            self.decode_step(pos)?;
+            pos += 1;
+        }
+        self.collect_hcs(n)?;
+        Ok((toks, rows))
+    }
+
+    /// Turns the HCS counters of the request just finished into
+    /// per-token figures for the stats endpoint and bench.
+    fn collect_hcs(&mut self, generated: usize) -> Result<()> {
+        let Some(h) = self.model.hcs.as_mut() else {
+            return Ok(());
+        };
+        let (c, copies) = h.take_stats()?;
+        // The first token comes from prefill; decode steps = generated - 1.
+        let steps = generated.saturating_sub(1).max(1) as f64;
+        self.last_hcs = Some(krasis_common::status::HcsStats {
+            hit_rate: c.hit_rate(),
+            cold_experts_per_token: copies.decode_copies as f64 / steps,
+            cold_bytes_per_token: copies.decode_bytes as f64 / steps,
+            copy_ms_per_token: copies.decode_copy_ms / steps,
+            promotions: c.promotions,
+            evictions: c.evictions,
+            prefill_stream_bytes: copies.prefill_bytes,
+            reload_bytes: copies.reload_bytes,
+            ..Default::default()
+        });
+        Ok(())
     }
 
     fn run_prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
@@ -407,13 +520,16 @@ impl Engine for CudaEngine {
     fn stats(&self) -> Option<EngineStats> {
         let mut s = self.stats.clone();
         if let Ok((free, total)) = self.model.gpu.mem_info() {
+            let b = self.model.gpu.budget;
+            let free = b.free(free as u64);
             s.vram = Some(VramStats {
                 total_bytes: total as u64,
-                limit_bytes: None,
-                free_bytes: free as u64,
-                min_free_bytes: self.min_free.unwrap_or(free as u64).min(free as u64),
+                limit_bytes: b.limit,
+                free_bytes: free,
+                min_free_bytes: self.min_free.unwrap_or(free).min(free),
             });
         }
+        s.hcs = self.hcs_stats();
         Some(s)
     }
 }

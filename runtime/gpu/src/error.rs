@@ -31,6 +31,19 @@ pub enum GpuError {
         free: usize,
         total: usize,
     },
+    #[error(
+        "the VRAM limit of {limit} bytes leaves {left} bytes but {what} needs {requested}; \
+         raise --vram-limit, lower --context-length, or free GPU memory"
+    )]
+    OverLimit {
+        what: String,
+        requested: u64,
+        left: u64,
+        limit: u64,
+    },
+    /// The expert cache on the GPU (HCS) could not do what was asked.
+    #[error("GPU expert cache: {0}")]
+    Hcs(String),
     #[error(transparent)]
     Kernel(#[from] krasis_kernels::KernelError),
     #[error(transparent)]
@@ -69,7 +82,9 @@ impl GpuError {
 impl From<GpuError> for EngineError {
     fn from(e: GpuError) -> Self {
         match e {
-            GpuError::OutOfMemory { .. } => EngineError::OutOfMemory(e.to_string()),
+            GpuError::OutOfMemory { .. } | GpuError::OverLimit { .. } => {
+                EngineError::OutOfMemory(e.to_string())
+            }
             GpuError::Engine(inner) => inner,
             other => EngineError::Backend(other.to_string()),
         }

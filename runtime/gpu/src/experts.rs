@@ -65,6 +65,42 @@ impl ExpertTable {
         })
     }
 
+    /// A table with no resident backing: HCS and streamed prefill write its
+    /// entries ([`ExpertTable::write_all`]) to point at their own slots.
+    pub fn unbacked(gpu: &Gpu, cache: &ExpertCache) -> Result<Self> {
+        let num_experts = cache.num_experts();
+        let moe_layers: Vec<usize> = cache.moe_layers().to_vec();
+        let host_ptrs = vec![0u64; moe_layers.len() * num_experts];
+        let ptrs = gpu.upload(&host_ptrs, "expert pointer table")?;
+        Ok(ExpertTable {
+            layout: cache.layout(),
+            num_experts,
+            moe_layers,
+            ptrs,
+            host_ptrs,
+            _resident: Vec::new(),
+            resident_bytes: 0,
+        })
+    }
+
+    /// Replaces every entry, ordered on the compute stream (kernels queued
+    /// after this call see the new addresses).
+    pub fn write_all(&mut self, gpu: &Gpu, ptrs: &[u64]) -> Result<()> {
+        if ptrs.len() != self.host_ptrs.len() {
+            return Err(GpuError::Cache(format!(
+                "pointer table update of {} entries for a table of {}",
+                ptrs.len(),
+                self.host_ptrs.len()
+            )));
+        }
+        self.host_ptrs.copy_from_slice(ptrs);
+        gpu.stream
+            .memcpy_htod(ptrs, &mut self.ptrs)
+            .map_err(crate::error::GpuError::driver(
+                "writing the expert pointer table",
+            ))
+    }
+
     /// The `num_experts` device addresses of MoE layer `moe_index`.
     pub fn layer(&self, moe_index: usize) -> CudaView<'_, u64> {
         let n = self.num_experts;

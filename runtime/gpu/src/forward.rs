@@ -32,6 +32,11 @@ pub struct Model {
     pub scratch: Scratch,
     /// Chunks of at most this many tokens use the INT4 GEMV expert path.
     pub gemv_tokens: usize,
+    /// The GPU expert cache when not every expert is resident.
+    pub hcs: Option<crate::hcs::Hcs>,
+    /// When set, prefill adds each token's selected experts here
+    /// (`[moe layer][expert]`), for heatmaps.
+    pub routes: Option<Vec<Vec<u64>>>,
 }
 
 /// Where the positions of a forward pass come from.
@@ -103,7 +108,35 @@ impl Ctx<'_> {
     }
 }
 
+/// The mutable parts of a [`Model`] a forward pass uses.
+pub(crate) struct Mut<'a> {
+    pub sc: &'a mut Scratch,
+    pub kv: &'a mut KvCache,
+    pub hcs: Option<&'a mut crate::hcs::Hcs>,
+    pub routes: Option<&'a mut Vec<Vec<u64>>>,
+}
+
 impl Model {
+    pub(crate) fn split_all(&mut self) -> (Ctx<'_>, Mut<'_>) {
+        (
+            Ctx {
+                gpu: &self.gpu,
+                kn: &self.kernels,
+                g: &self.geometry,
+                w: &self.weights,
+                experts: self.experts.as_ref(),
+                int4: self.int4.as_ref(),
+                gemv_tokens: self.gemv_tokens,
+            },
+            Mut {
+                sc: &mut self.scratch,
+                kv: &mut self.kv,
+                hcs: self.hcs.as_mut(),
+                routes: self.routes.as_mut(),
+            },
+        )
+    }
+
     pub(crate) fn split(&mut self) -> (Ctx<'_>, &mut Scratch, &mut KvCache) {
         (
             Ctx {
@@ -123,7 +156,16 @@ impl Model {
     /// Runs `t` tokens (already in `scratch.ids[..t]`) through every layer;
     /// leaves the final residual stream in `scratch.residual[..t]`.
     pub fn forward_layers(&mut self, t: usize, at: Positions) -> Result<()> {
-        let (cx, sc, kv) = self.split();
+        self.embed(t, at)?;
+        for l in 0..self.geometry.num_layers {
+            self.layer(l, t, at)?;
+        }
+        Ok(())
+    }
+
+    /// Embeds `scratch.ids[..t]` into `scratch.residual[..t]`.
+    pub(crate) fn embed(&mut self, t: usize, at: Positions) -> Result<()> {
+        let (cx, sc, _) = self.split();
         if t == 0 || t > sc.cap {
             return Err(GpuError::Unsupported(format!(
                 "forward pass of {t} tokens (the scratch holds 1..={})",
@@ -135,64 +177,78 @@ impl Model {
                 "decode of {t} tokens at once"
             )));
         }
-        let (g, s, kn) = (cx.g, &cx.gpu.stream, cx.kn);
-        let (h, eps) = (g.hidden, g.rms_norm_eps);
-        kn.embed(
-            s,
+        let g = cx.g;
+        cx.kn.embed(
+            &cx.gpu.stream,
             &cx.w.embed,
             g.vocab_size,
-            h,
+            g.hidden,
             &sc.ids,
             t,
             &mut sc.residual,
         )?;
-        for l in 0..g.num_layers {
-            let lw = &cx.w.layers[l];
-            kn.rmsnorm::<f32>(s, &sc.residual, &lw.input_norm, t, h, eps, &mut sc.normed)?;
-            attention(&cx, sc, kv, l, t, at)?;
-            kn.rmsnorm::<f32>(
-                s,
-                &sc.residual,
-                &lw.post_attention_norm,
-                t,
-                h,
-                eps,
-                &mut sc.normed,
-            )?;
-            match &lw.mlp {
-                MlpWeights::Moe { moe_index, .. } => {
-                    crate::moe::router(&cx, sc, l, t)?;
-                    if t <= cx.gemv_tokens {
-                        crate::moe::experts_gemv(&cx, sc, *moe_index, t)?;
-                    } else {
-                        crate::moe::experts_grouped(&cx, sc, *moe_index, t)?;
-                    }
+        Ok(())
+    }
+
+    /// Decoder layer `l` over the `t` tokens in `scratch.residual`.
+    pub(crate) fn layer(&mut self, l: usize, t: usize, at: Positions) -> Result<()> {
+        let (cx, m) = self.split_all();
+        let Mut {
+            sc,
+            kv,
+            hcs,
+            routes,
+        } = m;
+        let (g, s, kn) = (cx.g, &cx.gpu.stream, cx.kn);
+        let (h, eps) = (g.hidden, g.rms_norm_eps);
+        let lw = &cx.w.layers[l];
+        kn.rmsnorm::<f32>(s, &sc.residual, &lw.input_norm, t, h, eps, &mut sc.normed)?;
+        attention(&cx, sc, kv, l, t, at)?;
+        kn.rmsnorm::<f32>(
+            s,
+            &sc.residual,
+            &lw.post_attention_norm,
+            t,
+            h,
+            eps,
+            &mut sc.normed,
+        )?;
+        match &lw.mlp {
+            MlpWeights::Moe { moe_index, .. } => {
+                crate::moe::router(&cx, sc, l, t)?;
+                if let Some(r) = routes {
+                    crate::moe::record_routes(&cx, sc, t, &mut r[*moe_index])?;
                 }
-                MlpWeights::Dense { gate_up, down } => {
-                    let ds = sc.dense.as_mut().ok_or_else(|| {
-                        GpuError::Unsupported("dense layer without dense scratch".into())
-                    })?;
-                    let inter = g.intermediate;
-                    cx.gemm(
-                        (t, 2 * inter, h),
-                        cx.p(&sc.normed, 0),
-                        cx.p(gate_up, 0),
-                        cx.p(&ds.gate_up, 0),
-                        OutType::Bf16,
-                        0.0,
-                        "dense gate/up",
-                    )?;
-                    kn.swiglu(s, &ds.gate_up, t, inter, &mut ds.act)?;
-                    cx.gemm(
-                        (t, h, inter),
-                        cx.p(&ds.act, 0),
-                        cx.p(down, 0),
-                        cx.p(&sc.residual, 0),
-                        OutType::F32,
-                        1.0,
-                        "dense down",
-                    )?;
+                match (at, hcs) {
+                    (Positions::Decode, Some(hcs)) => hcs.decode_experts(&cx, sc, *moe_index)?,
+                    _ if t <= cx.gemv_tokens => crate::moe::experts_gemv(&cx, sc, *moe_index, t)?,
+                    _ => crate::moe::experts_grouped(&cx, sc, *moe_index, t)?,
                 }
+            }
+            MlpWeights::Dense { gate_up, down } => {
+                let ds = sc.dense.as_mut().ok_or_else(|| {
+                    GpuError::Unsupported("dense layer without dense scratch".into())
+                })?;
+                let inter = g.intermediate;
+                cx.gemm(
+                    (t, 2 * inter, h),
+                    cx.p(&sc.normed, 0),
+                    cx.p(gate_up, 0),
+                    cx.p(&ds.gate_up, 0),
+                    OutType::Bf16,
+                    0.0,
+                    "dense gate/up",
+                )?;
+                kn.swiglu(s, &ds.gate_up, t, inter, &mut ds.act)?;
+                cx.gemm(
+                    (t, h, inter),
+                    cx.p(&ds.act, 0),
+                    cx.p(down, 0),
+                    cx.p(&sc.residual, 0),
+                    OutType::F32,
+                    1.0,
+                    "dense down",
+                )?;
             }
         }
         Ok(())

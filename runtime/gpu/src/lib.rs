@@ -1,22 +1,27 @@
 //! The CUDA engine: whole-prompt GPU prefill and native decode of
-//! `qwen3_moe` models with INT4 routed experts resident in VRAM.
+//! `qwen3_moe` models with INT4 routed experts, all resident in VRAM when
+//! they fit, otherwise cached by HCS (`hcs`) with streamed prefill.
 
 pub mod blas;
 pub mod bounds;
+pub mod calibrate;
 pub mod check;
 pub mod device;
 pub mod engine;
 pub mod error;
 pub mod experts;
 pub mod forward;
+pub mod hcs;
 mod moe;
 pub mod monitor;
 pub mod options;
 pub mod profile;
 pub mod scratch;
+pub mod setup;
+mod streamed;
 pub mod weights;
 
-pub use device::{DeviceInfo, Gpu, probe};
+pub use device::{Budget, DeviceInfo, Gpu, probe};
 pub use engine::{CudaEngine, LoadReport};
 pub use error::GpuError;
 pub use options::CudaEngineOptions;

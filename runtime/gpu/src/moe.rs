@@ -78,6 +78,7 @@ pub(crate) fn experts_gemv(
         t,
         k,
         layout,
+        u32::MAX,
         &mut sc.act,
     )?;
     kn.int4_w2_combine(
@@ -119,7 +120,6 @@ pub(crate) fn experts_grouped(
         &mut gs.pair_row,
     )?;
     kn.gather_rows(s, &sc.normed, t, h, &gs.row_pair, k, pairs, &mut gs.xg)?;
-    kn.int4_dequant(s, &table, &gs.iota, e, layout, &mut gs.w13, &mut gs.w2)?;
     let mut offsets = vec![0u32; e + 1];
     s.memcpy_dtoh(&gs.offsets, &mut offsets)
         .map_err(GpuError::driver("reading expert row offsets"))?;
@@ -130,36 +130,61 @@ pub(crate) fn experts_grouped(
             offsets[e]
         )));
     }
-    for x in 0..e {
-        let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
-        if b <= a {
+    // Experts are dequantized `batch` at a time so the BF16 workspace stays
+    // bounded (a whole 512-expert layer would be 3.2 GB); each batch's
+    // GEMMs finish on the stream before the next batch overwrites it.
+    let batch = gs.dequant_experts;
+    for b0 in (0..e).step_by(batch) {
+        let b1 = (b0 + batch).min(e);
+        if offsets[b1] == offsets[b0] {
             continue;
         }
-        cx.gemm(
-            (b - a, 2 * i, h),
-            cx.p(&gs.xg, a * h),
-            cx.p(&gs.w13, x * 2 * i * h),
-            cx.p(&gs.h13, a * 2 * i),
-            OutType::Bf16,
-            0.0,
-            "expert gate/up",
+        kn.int4_dequant(
+            s,
+            &table,
+            &gs.iota.slice(b0..b1),
+            b1 - b0,
+            layout,
+            &mut gs.w13,
+            &mut gs.w2,
         )?;
-    }
-    kn.swiglu(s, &gs.h13, pairs, i, &mut gs.hact)?;
-    for x in 0..e {
-        let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
-        if b <= a {
-            continue;
+        for x in b0..b1 {
+            let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
+            if b <= a {
+                continue;
+            }
+            cx.gemm(
+                (b - a, 2 * i, h),
+                cx.p(&gs.xg, a * h),
+                cx.p(&gs.w13, (x - b0) * 2 * i * h),
+                cx.p(&gs.h13, a * 2 * i),
+                OutType::Bf16,
+                0.0,
+                "expert gate/up",
+            )?;
         }
-        cx.gemm(
-            (b - a, h, i),
-            cx.p(&gs.hact, a * i),
-            cx.p(&gs.w2, x * h * i),
-            cx.p(&gs.y, a * h),
-            OutType::F32,
-            0.0,
-            "expert down",
+        kn.swiglu(
+            s,
+            &gs.h13.slice(offsets[b0] as usize * 2 * i..),
+            (offsets[b1] - offsets[b0]) as usize,
+            i,
+            &mut gs.hact.slice_mut(offsets[b0] as usize * i..),
         )?;
+        for x in b0..b1 {
+            let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
+            if b <= a {
+                continue;
+            }
+            cx.gemm(
+                (b - a, h, i),
+                cx.p(&gs.hact, a * i),
+                cx.p(&gs.w2, (x - b0) * h * i),
+                cx.p(&gs.y, a * h),
+                OutType::F32,
+                0.0,
+                "expert down",
+            )?;
+        }
     }
     kn.moe_combine::<f32>(
         s,
@@ -171,5 +196,25 @@ pub(crate) fn experts_grouped(
         k,
         h,
     )?;
+    Ok(())
+}
+
+/// Adds the experts `t` tokens selected (`scratch.topk_ids`) to `counts`.
+/// Heatmap recording only: it reads the ids back, a sync per layer.
+pub(crate) fn record_routes(
+    cx: &Ctx<'_>,
+    sc: &Scratch,
+    t: usize,
+    counts: &mut [u64],
+) -> Result<()> {
+    let k = cx.g.top_k;
+    let ids = cx.gpu.download(&sc.topk_ids, t * k, "selected experts")?;
+    let n = counts.len();
+    for id in ids {
+        let c = counts
+            .get_mut(id as usize)
+            .ok_or_else(|| GpuError::Unsupported(format!("router selected expert {id} of {n}")))?;
+        *c += 1;
+    }
     Ok(())
 }

@@ -14,8 +14,18 @@ pub struct VramMonitor {
 }
 
 impl VramMonitor {
-    /// Starts sampling every `period`.
+    /// Starts sampling every `period`; reports driver-visible free memory.
     pub fn start(ctx: Arc<CudaContext>, period: Duration) -> Self {
+        Self::start_in_budget(ctx, period, None)
+    }
+
+    /// Like [`VramMonitor::start`], but reports free memory within `budget`
+    /// (the engine's VRAM limit), which is what the safety margin protects.
+    pub fn start_in_budget(
+        ctx: Arc<CudaContext>,
+        period: Duration,
+        budget: Option<crate::device::Budget>,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let min_free = Arc::new(AtomicU64::new(u64::MAX));
         let (s, m) = (stop.clone(), min_free.clone());
@@ -24,7 +34,8 @@ impl VramMonitor {
             .spawn(move || {
                 while !s.load(Ordering::Relaxed) {
                     if let Ok((free, _)) = ctx.mem_get_info() {
-                        m.fetch_min(free as u64, Ordering::Relaxed);
+                        let free = budget.map_or(free as u64, |b| b.free(free as u64));
+                        m.fetch_min(free, Ordering::Relaxed);
                     }
                     std::thread::sleep(period);
                 }

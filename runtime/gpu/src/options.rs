@@ -19,9 +19,19 @@ pub struct CudaEngineOptions {
     pub cache_root: Option<PathBuf>,
     /// Where compiled kernels are cached.
     pub kernel_cache: krasis_kernels::CacheDir,
-    /// Most device bytes the engine may hold. All experts are resident in
-    /// this engine, so a model that needs more is refused at load.
+    /// Most device bytes the engine may hold (counted from the driver's
+    /// free memory after the context exists; every allocation is checked).
     pub vram_limit: Option<u64>,
+    /// Keep as many experts resident as the measured budget allows and copy
+    /// the others on demand (HCS). Off: every expert must be resident, and a
+    /// model that does not fit is refused at load.
+    pub hcs: bool,
+    /// Where the initial residents come from when not every expert fits.
+    pub heatmap: krasis_common::options::HeatmapChoice,
+    /// Free VRAM kept in reserve after calibration.
+    pub safety_margin: u64,
+    /// How the host backing is made page-locked.
+    pub host_backing: krasis_cache::HostBacking,
 }
 
 impl Default for CudaEngineOptions {
@@ -34,6 +44,10 @@ impl Default for CudaEngineOptions {
             cache_root: None,
             kernel_cache: krasis_kernels::CacheDir::Platform,
             vram_limit: None,
+            hcs: true,
+            heatmap: krasis_common::options::HeatmapChoice::Auto,
+            safety_margin: 600 << 20,
+            host_backing: krasis_cache::HostBacking::RegisterMmap,
         }
     }
 }

@@ -62,7 +62,9 @@ pub struct GroupedScratch {
     pub hact: CudaSlice<bf16>,
     /// f32 `[cap*top_k, H]` expert outputs in grouped-row order.
     pub y: CudaSlice<f32>,
-    /// bf16 `[E, 2I, H]` and `[E, H, I]` dequantized experts of one layer.
+    /// Experts dequantized at a time ([`dequant_batch`]).
+    pub dequant_experts: usize,
+    /// bf16 `[batch, 2I, H]` and `[batch, H, I]` dequantized experts.
     pub w13: CudaSlice<bf16>,
     pub w2: CudaSlice<bf16>,
 }
@@ -102,6 +104,51 @@ impl KvCache {
     }
 }
 
+/// BF16 bytes the prefill path may spend on dequantized experts at once.
+pub const DEQUANT_BUDGET_BYTES: usize = 128 << 20;
+
+/// Experts per dequantization batch: as many as fit [`DEQUANT_BUDGET_BYTES`]
+/// (at least one, at most the layer).
+pub fn dequant_batch(experts: usize, hidden: usize, inter: usize) -> usize {
+    (DEQUANT_BUDGET_BYTES / (3 * hidden * inter * 2).max(1)).clamp(1, experts.max(1))
+}
+
+/// Device bytes of a scratch for `cap` tokens (the parts that grow with it).
+pub fn bytes_for(g: &Geometry, cap: usize, gemv_tokens: usize) -> usize {
+    let (h, q, kv, e, k) = (
+        g.hidden,
+        g.q_dim(),
+        g.kv_dim(),
+        g.num_experts,
+        g.top_k.max(1),
+    );
+    let i = g.expert_intermediate;
+    let mut per_token = 4 * h + 2 * h + 2 * (q + 2 * kv) + 2 * q + 4 * e.max(1) + 8 * k + 4;
+    if g.mlp_kinds.contains(&MlpKind::Moe) && cap > gemv_tokens {
+        per_token += k * (2 * h + 2 * 2 * i + 2 * i + 4 * h + 8);
+    }
+    if g.mlp_kinds.contains(&MlpKind::Dense) {
+        per_token += 6 * g.intermediate;
+    }
+    per_token * cap
+}
+
+/// The prefill chunk: `want` tokens, halved while its scratch would take
+/// more than an eighth of the free memory in the budget (floor 256 tokens,
+/// or `want` if smaller). Only matters under a VRAM limit or on small
+/// cards, where every byte of scratch is a byte HCS cannot hold experts in:
+/// with HCS, experts cross PCIe once per prompt whatever the chunk, so a
+/// smaller chunk costs GEMM efficiency only, while coverage buys decode.
+pub fn chunk_for_budget(gpu: &Gpu, g: &Geometry, want: usize) -> Result<usize> {
+    let free = gpu.free_in_budget()? as usize;
+    let floor = want.min(256);
+    let mut cap = want;
+    while cap > floor && bytes_for(g, cap, crate::options::GEMV_MAX_TOKENS) > free / 8 {
+        cap = (cap / 2).max(floor);
+    }
+    Ok(cap)
+}
+
 impl Scratch {
     pub fn new(gpu: &Gpu, g: &Geometry, cap: usize, gemv_tokens: usize) -> Result<Self> {
         let (h, q, kv, e, k) = (g.hidden, g.q_dim(), g.kv_dim(), g.num_experts, g.top_k);
@@ -110,6 +157,7 @@ impl Scratch {
         let has_dense = g.mlp_kinds.contains(&MlpKind::Dense);
         let grouped = if has_moe && cap > gemv_tokens {
             let pairs = cap * k;
+            let dq = dequant_batch(e, h, i);
             let iota: Vec<u32> = (0..e as u32).collect();
             Some(GroupedScratch {
                 counts: gpu.alloc(e, "expert counts")?,
@@ -121,8 +169,9 @@ impl Scratch {
                 h13: gpu.alloc(pairs * 2 * i, "grouped gate/up outputs")?,
                 hact: gpu.alloc(pairs * i, "grouped SwiGLU outputs")?,
                 y: gpu.alloc(pairs * h, "grouped expert outputs")?,
-                w13: gpu.alloc(e * 2 * i * h, "dequantized gate/up experts of one layer")?,
-                w2: gpu.alloc(e * h * i, "dequantized down experts of one layer")?,
+                dequant_experts: dq,
+                w13: gpu.alloc(dq * 2 * i * h, "dequantized gate/up experts (one batch)")?,
+                w2: gpu.alloc(dq * h * i, "dequantized down experts (one batch)")?,
             })
         } else {
             None

@@ -5,6 +5,7 @@
 //! across fresh processes).
 
 mod check;
+mod hcs_check;
 mod speed;
 
 use std::path::PathBuf;
@@ -70,6 +71,25 @@ pub struct Args {
     /// Greedy tokens each determinism process generates.
     #[arg(long, default_value_t = 256)]
     pub determinism_tokens: usize,
+    /// Use at most this much GPU memory, e.g. `6GiB` (experts that do not
+    /// fit are cached by HCS and copied on demand).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub vram_limit: Option<u64>,
+    /// Initial HCS residents: `auto` (the heatmap next to the cache), `off`,
+    /// or a heatmap file.
+    #[arg(long, default_value = "auto")]
+    pub heatmap: String,
+    /// Free VRAM kept in reserve after calibration, MiB.
+    #[arg(long, default_value_t = 600)]
+    pub safety_margin_mib: u64,
+    /// With --vram-limit: also measure the all-resident engine (no limit)
+    /// first, for the bounds of the constrained figures.
+    #[arg(long)]
+    pub baseline: bool,
+    /// Check that HCS at each of these VRAM limits (comma-separated, e.g.
+    /// `6GiB,10GiB`) is bit-identical to the all-resident engine.
+    #[arg(long, value_delimiter = ',', value_name = "SIZES")]
+    pub hcs_exactness: Vec<String>,
     /// Internal: generate once and print the tokens (used by --check).
     #[arg(long, hide = true)]
     pub determinism_child: bool,
@@ -78,11 +98,34 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     if a.determinism_child {
         check::determinism_child(&a)
+    } else if !a.hcs_exactness.is_empty() {
+        hcs_check::run(&a)
     } else if a.check {
         check::run(&a)
     } else {
         speed::run(&a)
     }
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    krasis_model::synth::parse_size(s)
+        .ok_or_else(|| format!("'{s}' is not a size; use e.g. 6GiB, 8000MB or a byte count"))
+}
+
+/// Engine options from the bench flags, for a KV cache of `context`.
+pub(crate) fn engine_options(
+    a: &Args,
+    context: usize,
+) -> anyhow::Result<krasis_gpu::CudaEngineOptions> {
+    Ok(krasis_gpu::CudaEngineOptions {
+        context_length: Some(context),
+        prefill_chunk: a.prefill_chunk,
+        cache_root: a.cache_dir.clone(),
+        vram_limit: a.vram_limit,
+        heatmap: krasis_common::options::HeatmapChoice::parse(&a.heatmap),
+        safety_margin: a.safety_margin_mib << 20,
+        ..krasis_gpu::CudaEngineOptions::default()
+    })
 }
 
 /// `n` tokens of `text`'s tokenization, repeated if the text is shorter

@@ -29,6 +29,17 @@ pub struct EngineArgs {
     /// Use at most this much GPU memory (cuda backend), e.g. `20GiB` or a byte count.
     #[arg(long, value_name = "SIZE", value_parser = parse_vram_limit)]
     pub vram_limit: Option<u64>,
+    /// Free VRAM kept in reserve after calibration, in MiB (cuda backend).
+    #[arg(long, default_value_t = 600)]
+    pub safety_margin_mib: u64,
+    /// Keep hot experts in spare VRAM and copy the others on demand:
+    /// on|off (cuda backend; off needs every expert to fit).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub hcs: String,
+    /// Initial HCS residents: auto (the heatmap next to the expert cache),
+    /// off, or a heatmap file (cuda backend).
+    #[arg(long, default_value = "auto")]
+    pub heatmap: String,
 }
 
 fn parse_backend(s: &str) -> Result<Backend, String> {
@@ -79,6 +90,9 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<Box<dyn Engine>> {
                 context_length: args.context_length,
                 cache_root: args.cache_dir.clone(),
                 vram_limit: args.vram_limit,
+                hcs: args.hcs == "on",
+                heatmap: krasis_common::options::HeatmapChoice::parse(&args.heatmap),
+                safety_margin: args.safety_margin_mib << 20,
                 ..krasis_gpu::CudaEngineOptions::default()
             };
             let engine = krasis_gpu::CudaEngine::load(&args.model, &opts).with_context(|| {

@@ -3,6 +3,7 @@ pub mod cache;
 pub mod capabilities;
 pub mod engines;
 pub mod generate;
+pub mod heatmap;
 pub mod serve;
 pub mod synth;
 

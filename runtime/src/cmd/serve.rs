@@ -46,15 +46,6 @@ pub struct Args {
     /// KV cache element format (cuda backend).
     #[arg(long, default_value = "bf16")]
     pub kv_format: String,
-    /// Free VRAM kept in reserve after calibration, in MiB (cuda backend).
-    #[arg(long, default_value_t = 600)]
-    pub safety_margin_mib: u64,
-    /// Keep hot experts resident in spare VRAM: on|off (cuda backend).
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
-    pub hcs: String,
-    /// Initial HCS residents: auto, off, or a heatmap file (cuda backend).
-    #[arg(long, default_value = "auto")]
-    pub heatmap: String,
     /// Expert pruning; "off" is exact (cuda backend).
     #[arg(long, default_value = "off")]
     pub pruning: String,
@@ -79,9 +70,9 @@ impl Args {
             attention_precision: self.attention_precision.clone(),
             kv_format: self.kv_format.clone(),
             vram_limit_bytes: self.engine.vram_limit,
-            safety_margin_mib: self.safety_margin_mib,
-            hcs: self.hcs == "on",
-            heatmap: HeatmapChoice::parse(&self.heatmap),
+            safety_margin_mib: self.engine.safety_margin_mib,
+            hcs: self.engine.hcs == "on",
+            heatmap: HeatmapChoice::parse(&self.engine.heatmap),
             pruning: self.pruning.clone(),
             cache_dir: self.engine.cache_dir.clone(),
             queue_depth: self.queue_depth,

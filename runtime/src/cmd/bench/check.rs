@@ -23,12 +23,7 @@ const WITNESS_REL_BOUND: f32 = 0.03;
 const REFERENCE_REL_BOUND: f32 = 0.03;
 
 fn engine(a: &Args, context: usize) -> anyhow::Result<CudaEngine> {
-    let opts = CudaEngineOptions {
-        context_length: Some(context),
-        prefill_chunk: a.prefill_chunk,
-        cache_root: a.cache_dir.clone(),
-        ..CudaEngineOptions::default()
-    };
+    let opts = super::engine_options(a, context)?;
     CudaEngine::load(&a.model, &opts)
         .with_context(|| format!("loading {} on the GPU", a.model.display()))
 }
@@ -149,10 +144,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         let mut whole = CudaEngine::load(
             &a.model,
             &CudaEngineOptions {
-                context_length: Some(context),
                 prefill_chunk: long.len(),
-                cache_root: a.cache_dir.clone(),
-                ..CudaEngineOptions::default()
+                ..super::engine_options(a, context)?
             },
         )?;
         let one = whole.prompt_logits(&long)?;

@@ -38,6 +38,24 @@ struct PrefillResult {
     runs_tok_s: Vec<f64>,
     bound: Bound,
     fraction_of_bound: f64,
+    /// With HCS: streamed expert bytes / measured H2D rate + the measured
+    /// all-resident prefill time (needs --baseline for the second term).
+    constrained: Option<ConstrainedBound>,
+}
+
+#[derive(Debug, Serialize, Clone)]
+struct ConstrainedBound {
+    /// Cold expert bytes (decode: per token; prefill: per prompt).
+    cold_bytes: f64,
+    h2d_bytes_per_s: f64,
+    resident_tok_s: Option<f64>,
+    /// The additive bound (copy time + all-resident time).
+    max_tok_s: f64,
+    fraction: f64,
+    /// Prefill only: the bound if copies overlapped compute perfectly,
+    /// max(copy time, all-resident time).
+    overlapped_max_tok_s: Option<f64>,
+    hcs: krasis_common::status::HcsStats,
 }
 
 #[derive(Debug, Serialize)]
@@ -49,6 +67,15 @@ struct DecodeResult {
     runs_tok_s: Vec<f64>,
     bound: Bound,
     fraction_of_bound: f64,
+    constrained: Option<ConstrainedBound>,
+}
+
+#[derive(Debug, Serialize)]
+struct CopyRates {
+    expert_gb_s: f64,
+    big_gb_s: f64,
+    big_bytes: usize,
+    expert_fraction_of_big: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -58,6 +85,11 @@ struct Report {
     decode: Vec<DecodeResult>,
     decode_breakdown_ms: krasis_gpu::profile::DecodeBreakdown,
     min_free_vram_bytes: Option<u64>,
+    vram_limit_bytes: Option<u64>,
+    safety_margin_bytes: u64,
+    min_free_at_least_margin: bool,
+    hcs_load: Option<krasis_gpu::setup::HcsReport>,
+    copy_rates: Option<CopyRates>,
     total_vram_bytes: usize,
     hbm_bytes_per_s_assumed: f64,
     bf16_flop_per_s_assumed: f64,
@@ -93,25 +125,74 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let context = a
         .context_length
         .unwrap_or(max_prompt.max(a.decode_prompt_tokens + max_decode) + 16);
-    let opts = CudaEngineOptions {
-        context_length: Some(context),
-        prefill_chunk: a.prefill_chunk,
-        cache_root: a.cache_dir.clone(),
-        ..CudaEngineOptions::default()
-    };
-    let mut engine = CudaEngine::load(&a.model, &opts)
-        .with_context(|| format!("loading {} on the GPU", a.model.display()))?;
-    let monitor = VramMonitor::start(engine.gpu().ctx.clone(), Duration::from_millis(2));
-    let g = engine.geometry().clone();
-    let lr = engine.load_report().clone();
-    let info = engine.gpu().info.clone();
-    let expert_bytes = krasis_cache::ExpertLayout::new(g.hidden, g.expert_intermediate)
-        .map_or(0, |l| l.used_bytes);
+    let opts = super::engine_options(a, context)?;
     let (all, repeated_all) = text_tokens(
         &a.model,
         &a.text,
         max_prompt.max(a.decode_prompt_tokens).max(64),
     )?;
+    // The all-resident figures the constrained bounds are measured against.
+    let mut base_prefill = std::collections::BTreeMap::new();
+    let mut base_decode = std::collections::BTreeMap::new();
+    if a.baseline && a.vram_limit.is_some() {
+        let mut e = CudaEngine::load(
+            &a.model,
+            &CudaEngineOptions {
+                vram_limit: None,
+                hcs: false,
+                ..opts.clone()
+            },
+        )
+        .with_context(|| format!("loading {} all-resident (baseline)", a.model.display()))?;
+        greedy(&mut e, &all[..64.min(all.len())], 8)?;
+        for &p in &a.prompt_tokens {
+            let mut runs = (0..a.repeats)
+                .map(|_| greedy(&mut e, &all[..p], 1).map(|s| s.prefill_tok_s()))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            base_prefill.insert(p, median(&mut runs));
+        }
+        for &d in &a.decode_tokens {
+            let mut runs = (0..a.repeats)
+                .map(|_| {
+                    greedy(&mut e, &all[..a.decode_prompt_tokens], d + 1).map(|s| s.decode_tok_s())
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            base_decode.insert(d, median(&mut runs));
+        }
+        eprintln!(
+            "baseline (all resident): prefill {base_prefill:?} tok/s, decode {base_decode:?} tok/s"
+        );
+    }
+    let mut engine = CudaEngine::load(&a.model, &opts)
+        .with_context(|| format!("loading {} on the GPU", a.model.display()))?;
+    let budget = engine.gpu().budget;
+    let monitor = VramMonitor::start_in_budget(
+        engine.gpu().ctx.clone(),
+        Duration::from_millis(2),
+        Some(budget),
+    );
+    let g = engine.geometry().clone();
+    let info = engine.gpu().info.clone();
+    let expert_bytes = krasis_cache::ExpertLayout::new(g.hidden, g.expert_intermediate)
+        .map_or(0, |l| l.used_bytes);
+    let copy_rates = engine.measure_copy_rates()?.map(|(e, b, n)| CopyRates {
+        expert_gb_s: e,
+        big_gb_s: b,
+        big_bytes: n,
+        expert_fraction_of_big: e / b,
+    });
+    if let Some(c) = &copy_rates {
+        eprintln!(
+            "H2D from the host backing: {:.1} GB/s per expert copy, {:.1} GB/s for one {:.0} MB copy ({:.0}%)",
+            c.expert_gb_s,
+            c.big_gb_s,
+            c.big_bytes as f64 / 1e6,
+            100.0 * c.expert_fraction_of_big
+        );
+    }
+    let h2d = copy_rates.as_ref().map_or(0.0, |c| c.big_gb_s * 1e9);
+    let hcs_active = engine.hcs_active();
+    let lr = engine.load_report().clone();
 
     // Warm-up: module loads, cuBLAS heuristics, graph capture.
     greedy(&mut engine, &all[..64.min(all.len())], 8)?;
@@ -119,12 +200,39 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let mut prefill = Vec::new();
     for &p in &a.prompt_tokens {
         let mut runs = Vec::new();
+        let mut hcs = None;
         for _ in 0..a.repeats {
             let s = greedy(&mut engine, &all[..p], 1)?;
             runs.push(s.prefill_tok_s());
+            hcs = engine.hcs_stats().filter(|_| hcs_active);
         }
         let tok_s = median(&mut runs.clone());
         let bound = bounds::prefill_bound(&g, p);
+        let constrained = hcs.map(|h| {
+            let cold = h.prefill_stream_bytes as f64;
+            let resident = base_prefill.get(&p).copied();
+            let copy = cold / h2d;
+            let res_t = resident.map_or(0.0, |r| p as f64 / r);
+            let max_tok_s = p as f64 / (copy + res_t);
+            let overlapped = p as f64 / copy.max(res_t);
+            eprintln!(
+                "  HCS: streamed {:.2} GB ({:.3} s at {:.1} GB/s); bound {max_tok_s:.0} tok/s additive ({:.0}%), {overlapped:.0} tok/s overlapped ({:.0}%)",
+                cold / 1e9,
+                copy,
+                h2d / 1e9,
+                100.0 * tok_s / max_tok_s,
+                100.0 * tok_s / overlapped
+            );
+            ConstrainedBound {
+                cold_bytes: cold,
+                h2d_bytes_per_s: h2d,
+                resident_tok_s: resident,
+                max_tok_s,
+                fraction: tok_s / max_tok_s,
+                overlapped_max_tok_s: Some(overlapped),
+                hcs: h,
+            }
+        });
         eprintln!(
             "prefill {p:>6} tokens: {tok_s:>10.0} tok/s (bound {:.0} tok/s at {:.0} TFLOP/s)",
             bound.max_tok_s,
@@ -137,19 +245,24 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             fraction_of_bound: tok_s / bound.max_tok_s,
             runs_tok_s: runs,
             bound,
+            constrained,
         });
     }
 
     let prompt = &all[..a.decode_prompt_tokens];
     let mut decode = Vec::new();
-    for graphs in [true, false] {
+    // With HCS the host places experts every layer: there is no decode graph.
+    let graph_modes: &[bool] = if hcs_active { &[true] } else { &[true, false] };
+    for &graphs in graph_modes {
         engine.set_cuda_graphs(graphs);
         for &d in &a.decode_tokens {
             let mut runs = Vec::new();
+            let mut hcs = None;
             for _ in 0..a.repeats {
                 // +1: the first token comes from prefill and is not timed as decode.
                 let s = greedy(&mut engine, prompt, d + 1)?;
                 runs.push(s.decode_tok_s());
+                hcs = engine.hcs_stats().filter(|_| hcs_active);
             }
             let tok_s = median(&mut runs.clone());
             let ctx = a.decode_prompt_tokens + d / 2;
@@ -161,6 +274,31 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 bound.per_token / 1e9,
                 bounds::H200_HBM_BYTES_PER_S / 1e12
             );
+            let constrained = hcs.map(|h| {
+                let cold = h.cold_bytes_per_token;
+                let resident = base_decode.get(&d).copied();
+                let t = (cold / h2d).max(resident.map_or(0.0, |r| 1.0 / r));
+                let max_tok_s = 1.0 / t.max(1e-12);
+                eprintln!(
+                    "  HCS: hit rate {:.3}, {:.1} cold experts ({:.1} MB)/token, copy {:.3} ms/token, {} promotions, {} evictions; bound {max_tok_s:.1} tok/s ({:.0}%)",
+                    h.hit_rate,
+                    h.cold_experts_per_token,
+                    cold / 1e6,
+                    h.copy_ms_per_token,
+                    h.promotions,
+                    h.evictions,
+                    100.0 * tok_s / max_tok_s
+                );
+                ConstrainedBound {
+                    cold_bytes: cold,
+                    h2d_bytes_per_s: h2d,
+                    resident_tok_s: resident,
+                    max_tok_s,
+                    fraction: tok_s / max_tok_s,
+                    overlapped_max_tok_s: None,
+                    hcs: h,
+                }
+            });
             decode.push(DecodeResult {
                 decode_tokens: d,
                 prompt_tokens: a.decode_prompt_tokens,
@@ -169,22 +307,29 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 fraction_of_bound: tok_s / bound.max_tok_s,
                 runs_tok_s: runs,
                 bound,
+                constrained,
             });
         }
     }
     engine.set_cuda_graphs(true);
-    let breakdown = engine
-        .decode_breakdown(a.decode_prompt_tokens, 20)
-        .context("timing the parts of a decode step")?;
-    eprintln!(
-        "decode step parts (ms): layers {:.3} (per layer: attention {:.4}, router {:.4}, experts {:.4}), LM head {:.3}, sample {:.3}",
-        breakdown.layers_ms,
-        breakdown.attention_layer_ms,
-        breakdown.router_layer_ms,
-        breakdown.experts_layer_ms,
-        breakdown.lm_head_ms,
-        breakdown.sample_ms
-    );
+    let breakdown = if hcs_active {
+        krasis_gpu::profile::DecodeBreakdown::default()
+    } else {
+        engine
+            .decode_breakdown(a.decode_prompt_tokens, 20)
+            .context("timing the parts of a decode step")?
+    };
+    if !hcs_active {
+        eprintln!(
+            "decode step parts (ms): layers {:.3} (per layer: attention {:.4}, router {:.4}, experts {:.4}), LM head {:.3}, sample {:.3}",
+            breakdown.layers_ms,
+            breakdown.attention_layer_ms,
+            breakdown.router_layer_ms,
+            breakdown.experts_layer_ms,
+            breakdown.lm_head_ms,
+            breakdown.sample_ms
+        );
+    }
     let min_free = monitor.min_free();
     drop(monitor);
 
@@ -222,6 +367,11 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         decode,
         decode_breakdown_ms: breakdown,
         min_free_vram_bytes: min_free,
+        vram_limit_bytes: budget.limit,
+        safety_margin_bytes: opts.safety_margin,
+        min_free_at_least_margin: min_free.is_none_or(|m| m >= opts.safety_margin),
+        hcs_load: lr.hcs.clone(),
+        copy_rates,
         total_vram_bytes: info.total_bytes,
         hbm_bytes_per_s_assumed: bounds::H200_HBM_BYTES_PER_S,
         bf16_flop_per_s_assumed: bounds::H200_BF16_FLOP_PER_S,
@@ -293,8 +443,27 @@ fn markdown_line(r: &Report) -> String {
         .filter(|d| !d.cuda_graphs)
         .map(|d| format!("{}: {:.1}", d.decode_tokens, d.tok_s))
         .collect();
+    let memory = match (&r.hcs_load, r.vram_limit_bytes) {
+        (Some(h), Some(l)) if h.shape.is_some() => {
+            let hit: Vec<String> = r
+                .decode
+                .iter()
+                .filter_map(|d| d.constrained.as_ref())
+                .map(|c| format!("{:.3}", c.hcs.hit_rate))
+                .collect();
+            format!(
+                "VRAM limit {:.0} GiB, HCS {}/{} experts ({:.1}%), decode hit rate {}",
+                l as f64 / (1u64 << 30) as f64,
+                h.experts_on_gpu,
+                h.total_experts,
+                100.0 * h.experts_on_gpu as f64 / h.total_experts.max(1) as f64,
+                hit.join("/")
+            )
+        }
+        _ => "all experts resident".into(),
+    };
     format!(
-        "| {} | {} | {} | prefill tok/s {} | decode tok/s (graphs) {} | decode tok/s (no graphs) {} | min free VRAM {:.1} GiB | commit {} |",
+        "| {} | {} | {} | {memory} | prefill tok/s {} | decode tok/s (graphs) {} | decode tok/s (no graphs) {} | min free VRAM {:.2} GiB | commit {} |",
         r.identity.model,
         r.identity.gpu,
         r.identity.geometry,

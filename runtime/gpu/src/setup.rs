@@ -1,0 +1,235 @@
+//! Where the routed experts go at load: calibrate, then either upload every
+//! expert (they fit) or build HCS from the heatmap prior.
+
+use crate::calibrate::Calibration;
+use crate::engine::CudaEngine;
+use crate::error::{GpuError, Result};
+use crate::experts::ExpertTable;
+use crate::hcs::{Hcs, HcsShape};
+use crate::options::CudaEngineOptions;
+use krasis_cache::{ExpertCache, PinnedExperts};
+use krasis_common::options::HeatmapChoice;
+use krasis_common::status::HcsStats;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Staging buffers hold at least this many bytes of whole layers (more
+/// layers per group for models with small layers, so copies stay large).
+const MIN_GROUP_BYTES: usize = 64 << 20;
+/// Resident slots are allocated in chunks of this size, checking free
+/// memory before each.
+const RESIDENT_CHUNK_BYTES: usize = 256 << 20;
+
+/// What calibration measured and what was decided.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HcsReport {
+    pub calibration: Calibration,
+    /// `None`: every expert is resident (the all-resident path).
+    pub shape: Option<HcsShape>,
+    pub experts_on_gpu: usize,
+    pub total_experts: usize,
+    pub expert_bytes_on_gpu: u64,
+    pub heatmap: String,
+    pub host_backing: String,
+    pub host_prepare_seconds: f64,
+}
+
+impl CudaEngine {
+    pub(crate) fn setup_experts(
+        &mut self,
+        model_dir: &Path,
+        cache: Arc<ExpertCache>,
+        opts: &CudaEngineOptions,
+    ) -> Result<()> {
+        let g = self.geometry().clone();
+        let moe_layers = cache.moe_layers().to_vec();
+        let e = cache.num_experts();
+        let stride = cache.layout().expert_stride;
+        let total = moe_layers.len() * e;
+        let layer_bytes = e * stride;
+        let host = Arc::new(PinnedExperts::new(
+            cache.clone(),
+            &self.model.gpu.ctx,
+            opts.host_backing,
+        )?);
+        let host_prepare = host.prepare_time().as_secs_f64();
+        let group = MIN_GROUP_BYTES
+            .div_ceil(layer_bytes)
+            .clamp(1, moe_layers.len());
+        let hcs = Hcs::new(
+            &self.model.gpu,
+            host,
+            moe_layers.clone(),
+            e,
+            g.top_k,
+            group,
+            &[],
+        )?;
+        let staging = Hcs::staging_bytes(layer_bytes, group) as u64;
+        self.model.hcs = Some(hcs);
+        let cal = self.calibrate(model_dir, opts.safety_margin)?;
+        let floor = cal.transient_at_context + opts.safety_margin;
+        let free = self.model.gpu.free_in_budget()?;
+        let all_bytes = (total * stride) as u64;
+        let mut report = HcsReport {
+            calibration: cal,
+            shape: None,
+            experts_on_gpu: total,
+            total_experts: total,
+            expert_bytes_on_gpu: all_bytes,
+            heatmap: "not needed (every expert is resident)".into(),
+            host_backing: opts.host_backing.name().into(),
+            host_prepare_seconds: host_prepare,
+        };
+        if free + staging >= all_bytes + floor {
+            // Everything fits: the all-resident path (CUDA graphs, no host
+            // work per layer). The staging region goes first.
+            self.model.hcs = None;
+            self.model.gpu.sync("releasing staging")?;
+            let table = ExpertTable::upload_all(&self.model.gpu, &cache)?;
+            self.report.expert_bytes = table.resident_bytes;
+            self.model.experts = Some(table);
+        } else {
+            let (ranked, source) = prior(model_dir, &cache, g.top_k, &opts.heatmap, total)?;
+            let want = (free.saturating_sub(floor) / stride as u64) as usize;
+            let hcs = self.model.hcs.as_mut().expect("set above");
+            let resident = hcs.grow_resident(
+                &self.model.gpu,
+                &ranked,
+                want.min(total),
+                RESIDENT_CHUNK_BYTES,
+                floor,
+            )?;
+            report.shape = Some(hcs.shape);
+            report.experts_on_gpu = hcs.res.held();
+            report.expert_bytes_on_gpu = (hcs.res.slots() * stride) as u64;
+            report.heatmap = source;
+            tracing::info!(
+                resident_tier = resident,
+                on_gpu = hcs.res.held(),
+                total,
+                gib = report.expert_bytes_on_gpu as f64 / (1u64 << 30) as f64,
+                margin_mib = opts.safety_margin >> 20,
+                "HCS sized"
+            );
+            self.report.expert_bytes = report.expert_bytes_on_gpu as usize;
+        }
+        eprintln!("{}", describe(&report));
+        self.report.hcs = Some(report);
+        Ok(())
+    }
+
+    /// (expert-sized GB/s, large-copy GB/s, large copy bytes) from the host
+    /// backing, when HCS is active.
+    pub fn measure_copy_rates(&mut self) -> Result<Option<(f64, f64, usize)>> {
+        match self.model.hcs.as_mut() {
+            Some(h) => h.measure_copy_rates(&self.model.gpu, 64).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether experts are cached by HCS (not all resident).
+    pub fn hcs_active(&self) -> bool {
+        self.model.hcs.is_some()
+    }
+
+    /// HCS figures for the stats endpoint and bench: the decision, and the
+    /// last request's traffic.
+    pub fn hcs_stats(&self) -> Option<HcsStats> {
+        let r = self.report.hcs.as_ref()?;
+        let mut s = self.last_hcs_stats().cloned().unwrap_or_default();
+        s.resident_experts = r.experts_on_gpu as u64;
+        s.total_experts = r.total_experts as u64;
+        s.resident_bytes = r.expert_bytes_on_gpu;
+        s.safety_margin_bytes = r.calibration.safety_margin;
+        s.transient_bytes = r.calibration.transient_at_context;
+        if let Some(sh) = r.shape {
+            s.resident_tier_slots = sh.resident_slots as u64;
+            s.reclaimable_slots = (sh.prior_slots + sh.tail_slots) as u64;
+            s.tail_slots = sh.tail_slots as u64;
+            s.group_layers = sh.group_layers as u64;
+        } else {
+            s.resident_tier_slots = r.total_experts as u64;
+            s.hit_rate = 1.0;
+        }
+        Some(s)
+    }
+}
+
+/// The initial residents, best first, and a description of their source.
+fn prior(
+    model_dir: &Path,
+    cache: &ExpertCache,
+    top_k: usize,
+    choice: &HeatmapChoice,
+    total: usize,
+) -> Result<(Vec<(usize, usize)>, String)> {
+    let path = match choice {
+        HeatmapChoice::Off => {
+            // No prior: an equal share of every layer, by expert id.
+            let (l, e) = (cache.moe_layers().len(), cache.num_experts());
+            let order = (0..e)
+                .flat_map(|x| (0..l).map(move |m| (m, x)))
+                .collect::<Vec<_>>();
+            debug_assert_eq!(order.len(), total);
+            return Ok((order, "off (no prior: equal share per layer)".into()));
+        }
+        HeatmapChoice::Auto => krasis_cache::heatmap::default_heatmap_path(cache.path()),
+        HeatmapChoice::File(p) => p.clone(),
+    };
+    if !path.exists() {
+        return Err(GpuError::Hcs(format!(
+            "not every expert fits in VRAM, and the initial residents come from a route heatmap, \
+             but there is none at {}; record one with `krasis-runtime heatmap --model {}` (same \
+             --cache-dir), or pass --heatmap off to start without a prior",
+            path.display(),
+            model_dir.display()
+        )));
+    }
+    let h = krasis_cache::heatmap::Heatmap::load_for_cache(&path, cache, top_k, "bf16")
+        .map_err(|e| GpuError::Hcs(e.to_string()))?;
+    Ok((
+        h.ranked(),
+        format!(
+            "{} ({} routes over {} tokens)",
+            path.display(),
+            h.routes(),
+            h.tokens
+        ),
+    ))
+}
+
+fn describe(r: &HcsReport) -> String {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let c = &r.calibration;
+    let mut s = format!(
+        "calibration: transient {:.2} GiB at {} tokens, {:.2} GiB at {} tokens, {:.2} GiB at the context length; margin {:.2} GiB ({:.1} s)\n",
+        gib(c.short.transient_bytes),
+        c.short.prompt_tokens,
+        gib(c.long.transient_bytes),
+        c.long.prompt_tokens,
+        gib(c.transient_at_context),
+        gib(c.safety_margin),
+        c.seconds
+    );
+    match r.shape {
+        None => s.push_str(&format!(
+            "experts: all {} resident ({:.2} GiB)",
+            r.total_experts,
+            gib(r.expert_bytes_on_gpu)
+        )),
+        Some(sh) => s.push_str(&format!(
+            "experts: {}/{} on the GPU ({:.1}%, {:.2} GiB): {} resident + {} reclaimable prior + {} recency tail slots; prefill streams {} layer(s) per group; prior from {}",
+            r.experts_on_gpu,
+            r.total_experts,
+            100.0 * r.experts_on_gpu as f64 / r.total_experts.max(1) as f64,
+            gib(r.expert_bytes_on_gpu),
+            sh.resident_slots,
+            sh.prior_slots,
+            sh.tail_slots,
+            sh.group_layers,
+            r.heatmap
+        )),
+    }
+    s
+}
