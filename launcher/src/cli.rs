@@ -74,6 +74,13 @@ pub enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Record the route heatmap that seeds the GPU expert cache of a model
+    /// larger than the GPU (runs krasis-runtime heatmap with these arguments,
+    /// e.g. --model DIR --vram-limit 24GiB).
+    Heatmap {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -63,5 +63,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             a.extend(args);
             headless::forward(&ctx, &a)
         }
+        Some(Cmd::Heatmap { args }) => {
+            let mut a = vec!["heatmap".to_string()];
+            a.extend(args);
+            headless::forward(&ctx, &a)
+        }
     }
 }

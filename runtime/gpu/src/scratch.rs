@@ -11,7 +11,7 @@ use krasis_model::{Geometry, MlpKind};
 
 /// Rows of logits computed per LM-head GEMM when every position's logits
 /// are wanted (`prompt_logits`): bounds that buffer to `LOGIT_ROWS * vocab`.
-pub const LOGIT_ROWS: usize = 256;
+pub const LOGIT_ROWS: usize = 64;
 
 pub struct Scratch {
     /// Most tokens one forward pass handles.

@@ -180,8 +180,9 @@ fn prior(
     if !path.exists() {
         return Err(GpuError::Hcs(format!(
             "not every expert fits in VRAM, and the initial residents come from a route heatmap, \
-             but there is none at {}; record one with `krasis-runtime heatmap --model {}` (same \
-             --cache-dir), or pass --heatmap off to start without a prior",
+             but there is none at {}; record one with `krasis heatmap --model {}` (or \
+             `krasis-runtime heatmap`; same --cache-dir and --vram-limit), or pass --heatmap off \
+             to start without a prior",
             path.display(),
             model_dir.display()
         )));

@@ -62,6 +62,12 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<Box<dyn Engine>> {
                     "--vram-limit applies to the cuda backend; the reference backend runs on the CPU"
                 );
             }
+            if args.heatmap != "auto" || args.safety_margin_mib != 600 {
+                bail!(
+                    "--heatmap and --safety-margin-mib apply to the cuda backend's expert cache; \
+                     the reference backend keeps every expert in host memory"
+                );
+            }
             if args.cache_dir.is_some() {
                 bail!(
                     "--cache-dir applies to the cuda backend; the reference backend reads routed \
