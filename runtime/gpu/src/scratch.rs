@@ -11,7 +11,7 @@ use krasis_model::{Geometry, MlpKind};
 
 /// Rows of logits computed per LM-head GEMM when every position's logits
 /// are wanted (`prompt_logits`): bounds that buffer to `LOGIT_ROWS * vocab`.
-pub const LOGIT_ROWS: usize = 64;
+pub const LOGIT_ROWS: usize = 256;
 
 pub struct Scratch {
     /// Most tokens one forward pass handles.
@@ -105,7 +105,7 @@ impl KvCache {
 }
 
 /// BF16 bytes the prefill path may spend on dequantized experts at once.
-pub const DEQUANT_BUDGET_BYTES: usize = 128 << 20;
+pub const DEQUANT_BUDGET_BYTES: usize = 256 << 20;
 
 /// Experts per dequantization batch: as many as fit [`DEQUANT_BUDGET_BYTES`]
 /// (at least one, at most the layer).
@@ -134,7 +134,7 @@ pub fn bytes_for(g: &Geometry, cap: usize, gemv_tokens: usize) -> usize {
 }
 
 /// The prefill chunk: `want` tokens, halved while its scratch would take
-/// more than an eighth of the free memory in the budget (floor 256 tokens,
+/// more than a quarter of the free memory in the budget (floor 256 tokens,
 /// or `want` if smaller). Only matters under a VRAM limit or on small
 /// cards, where every byte of scratch is a byte HCS cannot hold experts in:
 /// with HCS, experts cross PCIe once per prompt whatever the chunk, so a
@@ -143,7 +143,7 @@ pub fn chunk_for_budget(gpu: &Gpu, g: &Geometry, want: usize) -> Result<usize> {
     let free = gpu.free_in_budget()? as usize;
     let floor = want.min(256);
     let mut cap = want;
-    while cap > floor && bytes_for(g, cap, crate::options::GEMV_MAX_TOKENS) > free / 8 {
+    while cap > floor && bytes_for(g, cap, crate::options::GEMV_MAX_TOKENS) > free / 4 {
         cap = (cap / 2).max(floor);
     }
     Ok(cap)
