@@ -4,6 +4,9 @@
 # and copied into dist/gpu/ (krasis-runtime and the gpu_engine test binary).
 # Usage: benchmarks/run_device.sh OUT_DIR COMMIT PHASE...
 #   PHASE: tests | check-tiny | check-tiny-dense | bench-a3b-24l | check-a3b-24l | bench-a3b
+#          | hcs-exact-a3b-24l | heatmap-a3b-24l | heatmap-a3b | hcs-bench-a3b-24l | hcs-bench-a3b
+#          | hcs-qcn-uniform | hcs-qcn-skewed
+#   HCS_LIMIT (default 6GiB) and HEATMAP_LIMIT set the VRAM limit of hcs-bench-* / heatmap-*.
 # Every phase runs even when an earlier one fails; logs go to OUT_DIR.
 set -u
 final="$1"; commit="$2"; shift 2
@@ -60,6 +63,17 @@ for phase in "$@"; do
       p="${phase#hcs-bench-}"
       "$kr" bench --model "/tmp/$p" --cache-dir "$kc" --commit "$commit" --vram-limit ${HCS_LIMIT:-6GiB} --baseline \
         ${BENCH_ARGS:-} --json "$out/hcs-bench-$p-${HCS_LIMIT:-6GiB}.json" --markdown "$out/bench.md" 2>&1 | grep -v INFO | tee "$out/hcs-bench-$p.log" ;;
+    hcs-qcn-uniform|hcs-qcn-skewed)
+      # qcn's INT4 experts are 43 GB: only one variant fits the disk at a
+      # time, so each phase removes the other's cache first.
+      v="${phase#hcs-qcn-}"; skew=0; [ "$v" = skewed ] && skew=1.0
+      rm -rf /tmp/qcn-* "$kc"; d="/tmp/qcn-$v"
+      synth qcn "$d" --experts-in-cache-only --router-skew "$skew" 2>&1 | tail -3
+      "$kr" heatmap --model "$d" --cache-dir "$kc" --vram-limit 16GiB 2>&1 | grep -v INFO | tee "$out/heatmap-qcn-$v.log"
+      for lim in 16GiB 24GiB; do
+        "$kr" bench --model "$d" --cache-dir "$kc" --commit "$commit" --vram-limit "$lim" --baseline \
+          ${BENCH_ARGS:-} --json "$out/hcs-bench-qcn-$v-$lim.json" --markdown "$out/bench.md" 2>&1 | grep -v INFO | tee "$out/hcs-bench-qcn-$v-$lim.log"
+      done ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

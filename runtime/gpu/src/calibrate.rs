@@ -129,3 +129,39 @@ impl CudaEngine {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cal(short: (usize, u64), long: (usize, u64)) -> Calibration {
+        Calibration {
+            short: Phase {
+                prompt_tokens: short.0,
+                transient_bytes: short.1,
+            },
+            long: Phase {
+                prompt_tokens: long.0,
+                transient_bytes: long.1,
+            },
+            transient_at_context: 0,
+            safety_margin: 600 << 20,
+            free_after: 0,
+            seconds: 0.0,
+        }
+    }
+
+    #[test]
+    fn transient_extrapolates_linearly_and_never_below_a_measurement() {
+        let c = cal((512, 100), (8192, 7780));
+        // slope 1 byte/token through both points.
+        assert_eq!(c.transient_at(8192), 7780);
+        assert_eq!(c.transient_at(32768), 7780 + 32768 - 8192);
+        // Shorter prompts never get less than the larger measurement.
+        assert_eq!(c.transient_at(100), 7780);
+        // A long phase that measured less than the short one (allocator
+        // noise) gives a flat model at the larger value.
+        let c = cal((512, 5000), (8192, 4000));
+        assert_eq!(c.transient_at(65536), 5000);
+    }
+}

@@ -41,7 +41,8 @@ pub fn probe() -> Result<usize> {
 }
 
 /// The engine's share of the device: at most `limit` bytes in use, counted
-/// from the driver-visible free memory right after the context exists.
+/// from the driver-visible free memory right after the context exists
+/// (memory other processes take afterwards counts too, conservatively).
 /// Everything the engine allocates afterwards (weights, KV, scratch, cuBLAS
 /// workspace, expert slots, staging, graphs, allocator slack) shows up as a
 /// drop in driver-visible free memory, so that drop is what the limit caps.
@@ -269,4 +270,38 @@ fn driver_version() -> Result<i32> {
         .result()
         .map_err(GpuError::driver("reading the driver version"))?;
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Budget;
+
+    #[test]
+    fn budget_counts_usage_since_open_and_caps_free_memory() {
+        let b = Budget {
+            limit: Some(6 << 30),
+            free_at_open: 100 << 30,
+        };
+        // Nothing used yet: the limit, not the card, bounds what is free.
+        assert_eq!(b.free(100 << 30), 6 << 30);
+        // 5 GiB used: 1 GiB left in the limit.
+        assert_eq!(b.used(95 << 30), 5 << 30);
+        assert_eq!(b.free(95 << 30), 1 << 30);
+        // Over the limit (another process cannot make this happen, the
+        // engine's own allocations are refused first): nothing is free.
+        assert_eq!(b.free(90 << 30), 0);
+        // Without a limit the driver's free memory is the bound; with one,
+        // memory another process takes after open is counted as used too
+        // (conservative: the margin is never eaten by someone else).
+        let wide = Budget {
+            limit: Some(200 << 30),
+            free_at_open: 100 << 30,
+        };
+        assert_eq!(wide.free(1 << 29), 1 << 29);
+        let unlimited = Budget {
+            limit: None,
+            free_at_open: 100 << 30,
+        };
+        assert_eq!(unlimited.free(42), 42);
+    }
 }
