@@ -258,6 +258,18 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let engine_args = args.engine.clone();
     let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let engine = load_engine(&engine_args)?;
+        // What calibration decided, for the launcher's run screen.
+        if let Some(h) = engine.stats().and_then(|s| s.hcs) {
+            emit(
+                progress,
+                ProgressEvent::HcsDecision {
+                    resident_experts: h.resident_experts,
+                    total_experts: h.total_experts,
+                    bytes: h.resident_bytes,
+                    safety_margin_bytes: h.safety_margin_bytes,
+                },
+            );
+        }
         let dir = &engine_args.model;
         let tokenizer = Tokenizer::from_dir(dir)
             .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
