@@ -23,6 +23,7 @@ Usage: witness.py --checkpoint DIR --sequences FILE.json --out DIR
 import argparse
 import json
 import os
+import platform
 import re
 import shutil
 import sys
@@ -55,6 +56,18 @@ def load_sequences(path):
     if not out or any(len(s["ids"]) == 0 for s in out):
         fail(f"{path}: needs at least one non-empty sequence")
     return out
+
+
+def cpu_name():
+    """The CPU model (for case.json when the witness ran on the CPU)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def mlp_kinds(cfg):
@@ -263,8 +276,9 @@ def main():
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "numpy_version": np.__version__,
+        "python_version": platform.python_version(),
         "device": device,
-        "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "device_name": torch.cuda.get_device_name(0) if device == "cuda" else cpu_name(),
         "tf32": False,
         "attn_implementation": "eager",
         "param_count": n_params,

@@ -8,6 +8,10 @@
 //! Fixtures: `tests/fixtures/witness/<case>/int4/` with `case.json`
 //! `{synth: {preset, seed, dtype, overrides}, sequences}`, `seqN.json`
 //! `{argmax, top_ids, top_vals}` and `seqN.last.f32` (little-endian f32).
+//! The `<preset>-hd64` cases (head_dim 64, what the GPU check reads) are
+//! checked over the cache of the checkpoint benchmarks/run_device.sh
+//! synthesizes (`testutil::witness_hd64`), the others over a checkpoint
+//! synthesized from their `case.json`.
 
 mod common;
 
@@ -15,20 +19,19 @@ use krasis_cache::{BuildOptions, Int4Experts, ModelSource, ensure_cache_at};
 use krasis_model::Engine;
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use krasis_model::synth::{SynthDtype, SynthSpec};
+use krasis_model::testutil::{self, is_witness_hd64_case, witness_fixtures_dir};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-fn fixture_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/witness")
-}
-
+/// `int4` fixture directories, except the `<preset>-hd64` ones.
 fn cases() -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(fixture_root()) else {
+    let Ok(entries) = std::fs::read_dir(witness_fixtures_dir()) else {
         return Vec::new();
     };
     let mut v: Vec<PathBuf> = entries
         .flatten()
+        .filter(|e| !is_witness_hd64_case(&e.file_name().to_string_lossy()))
         .map(|e| e.path().join("int4"))
         .filter(|p| p.join("case.json").exists())
         .collect();
@@ -49,7 +52,8 @@ fn top_k(x: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
-fn check_case(case_dir: &Path, tmp: &Path) {
+/// The checkpoint `case.json` describes, synthesized into `tmp/model`.
+fn synth_case(case_dir: &Path, tmp: &Path) -> PathBuf {
     let case = read_json(&case_dir.join("case.json"));
     let s = &case["synth"];
     let overrides: Vec<(String, Value)> = s["overrides"]
@@ -65,8 +69,14 @@ fn check_case(case_dir: &Path, tmp: &Path) {
         &overrides,
     )
     .expect("fixture spec is valid");
-    let dir = common::write_synth(tmp, "model", spec, true);
-    let source = ModelSource::open(&dir).unwrap();
+    common::write_synth(tmp, "model", spec, true)
+}
+
+/// The `int4` fixture `case_dir` against the reference engine over the INT4
+/// cache of the checkpoint `dir`, built into `tmp`.
+fn check_case(case_dir: &Path, dir: &Path, tmp: &Path) {
+    let case = read_json(&case_dir.join("case.json"));
+    let source = ModelSource::open(dir).unwrap();
     let opts = BuildOptions {
         progress_bar: false,
         ..BuildOptions::default()
@@ -92,7 +102,7 @@ fn check_case(case_dir: &Path, tmp: &Path) {
         let opts = ReferenceOptions {
             context_length: Some(toks.len() + 1),
         };
-        let mut engine = ReferenceEngine::with_experts(&dir, opts, experts.clone()).unwrap();
+        let mut engine = ReferenceEngine::with_experts(dir, opts, experts.clone()).unwrap();
         let logits = engine.prompt_logits(&toks).unwrap();
         let argmax_want = want["argmax"].as_array().expect("argmax per position");
         let top_ids_want = want["top_ids"].as_array().expect("top_ids per position");
@@ -170,10 +180,30 @@ fn int4_reference_matches_transformers_witness() {
     assert!(
         !cases.is_empty(),
         "no fixtures under {}",
-        fixture_root().display()
+        witness_fixtures_dir().display()
     );
     for c in cases {
         let tmp = tempfile::tempdir().unwrap();
-        check_case(&c, tmp.path());
+        let model = synth_case(&c, tmp.path());
+        check_case(&c, &model, tmp.path());
     }
+}
+
+/// The `<preset>-hd64/int4` fixture over the cache of the checkpoint
+/// benchmarks/run_device.sh synthesizes and builds a cache of for the GPU
+/// check.
+fn check_hd64(preset: &str) {
+    let (fixture, ckpt) = testutil::witness_hd64(preset, "int4");
+    let tmp = tempfile::tempdir().unwrap();
+    check_case(&fixture, &ckpt, tmp.path());
+}
+
+#[test]
+fn int4_reference_matches_transformers_witness_tiny_head_dim_64() {
+    check_hd64("tiny");
+}
+
+#[test]
+fn int4_reference_matches_transformers_witness_tiny_dense_head_dim_64() {
+    check_hd64("tiny-dense");
 }

@@ -3,15 +3,16 @@
 //!
 //! Checkpoints live under `target/krasis-testdata/`, in a directory named by
 //! a hash of everything that determines their bytes (generator version,
-//! preset, seed, tokenizer JSON, chat template, generation config), so a
-//! stale one is never reused. `synthesize` renames a finished temp dir into
-//! place, so test binaries racing on the same checkpoint either see it
-//! complete or not at all.
+//! preset, config overrides, seed, tokenizer JSON, chat template, generation
+//! config), so a stale one is never reused. `synthesize` renames a finished
+//! temp dir into place, so test binaries racing on the same checkpoint
+//! either see it complete or not at all.
 
 use crate::synth::{
     self, ChatTemplateKind, GENERATOR_VERSION, RECORD_FILE, SynthDtype, SynthError, SynthOptions,
     SynthSpec, TokenizerSource,
 };
+use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -45,7 +46,7 @@ pub fn testdata_dir() -> PathBuf {
     target_dir().join("krasis-testdata")
 }
 
-fn cache_key(preset: &str) -> String {
+fn cache_key(preset: &str, overrides: &[(String, Value)]) -> String {
     static TOKENIZER: OnceLock<String> = OnceLock::new();
     let tok = TOKENIZER.get_or_init(|| {
         crate::tokenizer::build_qwen_tokenizer_json(&qwen_vocab())
@@ -67,6 +68,10 @@ fn cache_key(preset: &str) -> String {
             .unwrap_or_default()
             .as_bytes(),
     );
+    // No overrides hashes as before, so existing checkpoints keep their name.
+    if !overrides.is_empty() {
+        h.update(format!("{overrides:?}").as_bytes());
+    }
     let hex = h.finalize().to_hex();
     format!("synth-v{GENERATOR_VERSION}-{preset}-{}", &hex[..16])
 }
@@ -76,18 +81,30 @@ fn cache_key(preset: &str) -> String {
 /// content hash and shared between tests and test binaries. Panics with the
 /// reason when it cannot be made (tests only).
 pub fn tiny_checkpoint(preset: &str) -> PathBuf {
+    tiny_checkpoint_with(preset, &[])
+}
+
+/// [`tiny_checkpoint`] with `config.json` fields overridden, like
+/// `krasis-runtime synth --preset PRESET --seed 1 --dtype bf16 --set KEY=VALUE`
+/// (e.g. `("head_dim", json!(64))`).
+pub fn tiny_checkpoint_with(preset: &str, overrides: &[(&str, Value)]) -> PathBuf {
     static DONE: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let overrides: Vec<(String, Value)> = overrides
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
     let mut done = DONE
         .get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    if let Some(p) = done.get(preset) {
+    let memo = format!("{preset}/{overrides:?}");
+    if let Some(p) = done.get(&memo) {
         return p.clone();
     }
-    let dir = testdata_dir().join(cache_key(preset));
+    let dir = testdata_dir().join(cache_key(preset, &overrides));
     if !dir.join(RECORD_FILE).exists() {
-        let spec = SynthSpec::new(preset, TEST_SEED, SynthDtype::Bf16, 0.0, &[])
-            .unwrap_or_else(|e| panic!("test checkpoint '{preset}': {e}"));
+        let spec = SynthSpec::new(preset, TEST_SEED, SynthDtype::Bf16, 0.0, &overrides)
+            .unwrap_or_else(|e| panic!("test checkpoint '{preset}' {overrides:?}: {e}"));
         let mut opts = SynthOptions::new(spec);
         opts.tokenizer = TokenizerSource::Qwen {
             vocab: Some(qwen_vocab()),
@@ -97,11 +114,74 @@ pub fn tiny_checkpoint(preset: &str) -> PathBuf {
             // Another test binary finished the same checkpoint first.
             Err(SynthError::OutputExists { .. }) if dir.join(RECORD_FILE).exists() => {}
             Err(e) => panic!(
-                "synthesizing test checkpoint '{preset}' into {}: {e}",
+                "synthesizing test checkpoint '{preset}' {overrides:?} into {}: {e}",
                 dir.display()
             ),
         }
     }
-    done.insert(preset.to_string(), dir.clone());
+    done.insert(memo, dir.clone());
     dir
+}
+
+/// `tests/fixtures/witness` of this workspace: the Hugging Face transformers
+/// witness fixtures (`<case>/<variant>/`) written by `tools/witness`.
+pub fn witness_fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/witness")
+}
+
+/// Presets witnessed at head_dim 64 too, as fixture cases `<preset>-hd64`:
+/// the CUDA attention kernels have no head_dim 32 (the presets' own), so the
+/// GPU check (`bench --check`, benchmarks/run_device.sh) reads these.
+pub const WITNESS_HD64_PRESETS: [&str; 2] = ["tiny", "tiny-dense"];
+
+/// Is `case` (a directory name under [`witness_fixtures_dir`]) one of the
+/// `<preset>-hd64` cases of [`WITNESS_HD64_PRESETS`]?
+pub fn is_witness_hd64_case(case: &str) -> bool {
+    WITNESS_HD64_PRESETS
+        .iter()
+        .any(|p| case.strip_suffix("-hd64") == Some(p))
+}
+
+/// The fixture directory `<preset>-hd64/<variant>` and its checkpoint:
+/// [`tiny_checkpoint_with`]`(preset, head_dim 64)`, the bytes of
+/// `krasis-runtime synth --preset PRESET --seed 1 --dtype bf16 --set head_dim=64`
+/// that benchmarks/run_device.sh feeds the GPU check. Panics unless the
+/// fixture's `case.json` records exactly that synthesis: the synth options,
+/// the generator version and the checkpoint's `config.json`.
+pub fn witness_hd64(preset: &str, variant: &str) -> (PathBuf, PathBuf) {
+    let fixture = witness_fixtures_dir()
+        .join(format!("{preset}-hd64"))
+        .join(variant);
+    let ckpt = tiny_checkpoint_with(preset, &[("head_dim", serde_json::json!(64))]);
+    let read = |p: &Path| -> Value {
+        let text = std::fs::read_to_string(p).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; run tools/witness/run_device.sh --case {preset}-hd64",
+                p.display()
+            )
+        });
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let case = read(&fixture.join("case.json"));
+    let want_synth = serde_json::json!({
+        "preset": preset,
+        "seed": TEST_SEED,
+        "dtype": SynthDtype::Bf16.name(),
+        "overrides": {"head_dim": 64},
+        "router_skew": 0.0,
+    });
+    let at = fixture.display();
+    assert_eq!(case["synth"], want_synth, "{at}: case.json synth options");
+    assert_eq!(case["variant"], variant, "{at}: case.json variant");
+    assert_eq!(
+        case["generator_version"], GENERATOR_VERSION,
+        "{at}: fixture made for another synth generator version; regenerate it with \
+         tools/witness/run_device.sh --case {preset}-hd64"
+    );
+    assert_eq!(
+        case["config"],
+        read(&ckpt.join("config.json")),
+        "{at}: case.json config differs from the test checkpoint's config.json"
+    );
+    (fixture, ckpt)
 }

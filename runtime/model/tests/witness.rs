@@ -4,6 +4,8 @@
 //!   fixtures under `tests/fixtures/witness/<case>/<variant>/` written by
 //!   `tools/witness/witness.py` (variant `source` here; `int4` is checked by
 //!   the cache crate, which owns the INT4 expert source).
+//! * `witness_*_head_dim_64`: the same on the `<preset>-hd64` fixtures, over
+//!   the checkpoint the GPU check runs (`testutil::witness_hd64`).
 //! * An independent naive implementation (`witness/naive.rs`) agrees with
 //!   the engine, and the same comparison catches planted bugs.
 //! * Prefill and token-by-token decode (the KV cache path) agree.
@@ -14,6 +16,7 @@ mod naive;
 mod support;
 
 use krasis_model::synth::{GENERATOR_VERSION, SynthDtype};
+use krasis_model::testutil::{self, is_witness_hd64_case, witness_fixtures_dir};
 use krasis_model::{Engine, GenerateRequest, SamplingParams};
 use naive::Fault;
 use serde::Deserialize;
@@ -155,13 +158,9 @@ struct Expected {
     top_vals: Vec<Vec<f32>>,
 }
 
-fn fixtures_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/witness")
-}
-
 /// `(case, variant dir)` of every fixture, sorted.
 fn fixture_dirs() -> Vec<(String, PathBuf)> {
-    let root = fixtures_root();
+    let root = witness_fixtures_dir();
     let mut out = Vec::new();
     for case in std::fs::read_dir(&root).unwrap_or_else(|e| {
         panic!(
@@ -203,7 +202,9 @@ fn read_f32s(path: &Path) -> Vec<f32> {
         .collect()
 }
 
-fn check_case(name: &str, dir: &Path) -> usize {
+/// Checks the `source` fixture `dir` against the reference engine over
+/// `ckpt`, or when `None` over the checkpoint its `case.json` describes.
+fn check_case(name: &str, dir: &Path, ckpt: Option<&Path>) -> usize {
     let case: Case = read_json(&dir.join("case.json"));
     assert_eq!(case.variant, "source", "{}: variant field", dir.display());
     assert_eq!(
@@ -215,11 +216,13 @@ fn check_case(name: &str, dir: &Path) -> usize {
         case.generator_version,
         GENERATOR_VERSION
     );
-    let s = &case.synth;
-    let dtype =
-        SynthDtype::parse(&s.dtype).unwrap_or_else(|| panic!("{name}: dtype '{}'", s.dtype));
-    let overrides: Vec<(String, serde_json::Value)> = s.overrides.clone().into_iter().collect();
-    let ckpt = synth_dir(&s.preset, s.seed, dtype, s.router_skew, &overrides);
+    let ckpt = ckpt.map(Path::to_path_buf).unwrap_or_else(|| {
+        let s = &case.synth;
+        let dtype =
+            SynthDtype::parse(&s.dtype).unwrap_or_else(|| panic!("{name}: dtype '{}'", s.dtype));
+        let overrides: Vec<(String, serde_json::Value)> = s.overrides.clone().into_iter().collect();
+        synth_dir(&s.preset, s.seed, dtype, s.router_skew, &overrides)
+    });
     let longest = case.sequences.iter().map(Vec::len).max().unwrap_or(1);
     let mut engine = load(&ckpt, longest.max(1));
     for (i, seq) in case.sequences.iter().enumerate() {
@@ -269,9 +272,12 @@ fn witness_fixtures() {
     let dirs = fixture_dirs();
     let mut checked = 0;
     for (case, dir) in &dirs {
+        if is_witness_hd64_case(case) {
+            continue; // witness_*_head_dim_64 below
+        }
         let variant = dir.file_name().unwrap().to_string_lossy();
         match variant.as_ref() {
-            "source" => checked += check_case(case, dir),
+            "source" => checked += check_case(case, dir, None),
             // The INT4 expert source lives in krasis-cache, which tests these.
             "int4" => {}
             other => panic!("{}: unknown witness variant '{other}'", dir.display()),
@@ -280,7 +286,25 @@ fn witness_fixtures() {
     assert!(
         checked > 0,
         "no 'source' witness fixtures under {}; run tools/witness/witness.py",
-        fixtures_root().display()
+        witness_fixtures_dir().display()
     );
     eprintln!("checked {checked} witness sequences");
+}
+
+/// The `<preset>-hd64/source` fixture against the reference engine over the
+/// checkpoint benchmarks/run_device.sh synthesizes for the GPU check.
+fn check_hd64(preset: &str) {
+    let (dir, ckpt) = testutil::witness_hd64(preset, "source");
+    let n = check_case(&format!("{preset}-hd64"), &dir, Some(&ckpt));
+    assert!(n > 0, "{}: no sequences", dir.display());
+}
+
+#[test]
+fn witness_tiny_head_dim_64() {
+    check_hd64("tiny");
+}
+
+#[test]
+fn witness_tiny_dense_head_dim_64() {
+    check_hd64("tiny-dense");
 }
