@@ -1,12 +1,13 @@
 //! The `Qwen3MoeForCausalLM` forward pass over a batch of consecutive
 //! positions: a whole prompt at once (prefill) or one token (decode).
 
-use super::ReferenceEngine;
+use super::trace::{attention_peaks, rms_rows};
 use super::weights::{LayerWeights, MlpWeights};
+use super::{Activations, ReferenceEngine};
 use crate::engine::EngineError;
 use crate::layers::attention::{AttnShape, causal_attention};
 use crate::layers::linear::{PARALLEL_MIN_MACS, add_bias_rows, matmul};
-use crate::layers::mlp::{SwigluWeights, swiglu};
+use crate::layers::mlp::{SwigluWeights, silu, swiglu};
 use crate::layers::norm::{rms_norm_in_place, rms_norm_rows};
 use crate::layers::router::route;
 use rayon::prelude::*;
@@ -26,11 +27,57 @@ impl ReferenceEngine {
             x.extend_from_slice(&self.weights.embed[t as usize * h..][..h]);
         }
         for layer in 0..self.geometry.num_layers {
+            if let Some(tr) = self.trace.as_mut() {
+                tr.layer_input_rms[layer] = rms_rows(&x, h);
+            }
             self.attention_block(layer, &mut x, start);
-            self.mlp_block(layer, &mut x)?;
+            if let Some(tr) = self.trace.as_mut() {
+                tr.mlp_input_rms[layer] = rms_rows(&x, h);
+            }
+            let router_logits = self.mlp_block(layer, &mut x)?;
+            if let (Some(tr), Some(l)) = (self.trace.as_mut(), router_logits) {
+                tr.record_router(layer, &l, self.geometry.top_k);
+            }
+        }
+        if let Some(tr) = self.trace.as_mut() {
+            tr.final_rms = rms_rows(&x, h);
         }
         rms_norm_rows(&mut x, &self.weights.final_norm, self.geometry.rms_norm_eps);
+        self.round(&mut x);
         Ok(x)
+    }
+
+    /// Rounds `v` to BF16 when emulating the CUDA engine's activations
+    /// (see [`Activations`]); nothing in f32 mode.
+    fn round(&self, v: &mut [f32]) {
+        if self.activations == Activations::Bf16 {
+            for x in v {
+                *x = half::bf16::from_f32(*x).to_f32();
+            }
+        }
+    }
+
+    /// SwiGLU of a dense MLP or routed expert. In BF16 mode the gate/up
+    /// GEMM outputs and the SwiGLU product are rounded, as the CUDA prefill
+    /// path stores them.
+    fn swiglu(&self, w: SwigluWeights<'_>, x: &[f32]) -> Vec<f32> {
+        if self.activations == Activations::F32 {
+            return swiglu(w, x);
+        }
+        let (h, i) = (w.hidden, w.intermediate);
+        let n = x.len() / h;
+        let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
+        matmul(w.gate, i, h, x, &mut g);
+        matmul(w.up, i, h, x, &mut u);
+        self.round(&mut g);
+        self.round(&mut u);
+        for (gv, uv) in g.iter_mut().zip(&u) {
+            *gv = silu(*gv) * uv;
+        }
+        self.round(&mut g);
+        let mut out = vec![0f32; n * h];
+        matmul(w.down, h, i, &g, &mut out);
+        out
     }
 
     /// LM head over normed hidden rows `[m, H]`: logits `[m, vocab]`.
@@ -55,6 +102,7 @@ impl ReferenceEngine {
         let a = &lw.attn;
         let mut xn = x.to_vec();
         rms_norm_rows(&mut xn, &lw.input_norm, eps);
+        self.round(&mut xn);
         let (mut q, mut k, mut v) = (vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd]);
         matmul(&a.q, qd, h, &xn, &mut q);
         matmul(&a.k, kvd, h, &xn, &mut k);
@@ -64,16 +112,25 @@ impl ReferenceEngine {
             add_bias_rows(&mut k, kb);
             add_bias_rows(&mut v, vb);
         }
+        for y in [&mut q, &mut k, &mut v] {
+            self.round(y);
+        }
         rms_norm_rows(&mut q, &a.q_norm, eps);
         rms_norm_rows(&mut k, &a.k_norm, eps);
         for t in 0..n {
             self.rope.apply(&mut q[t * qd..(t + 1) * qd], start + t);
             self.rope.apply(&mut k[t * kvd..(t + 1) * kvd], start + t);
         }
+        self.round(&mut q);
+        self.round(&mut k);
         self.kv.write(layer, start, &k, &v);
         let (keys, values) = self.kv.layer(layer, start + n);
         let mut attn = vec![0f32; n * qd];
         causal_attention(&q, keys, values, start, shape, &mut attn);
+        if let Some(tr) = self.trace.as_mut() {
+            tr.attn_peak[layer] = attention_peaks(&q, keys, start, shape);
+        }
+        self.round(&mut attn);
         let mut o = vec![0f32; n * h];
         matmul(&a.o, h, qd, &attn, &mut o);
         if let Some([_, _, _, ob]) = &a.bias {
@@ -84,8 +141,9 @@ impl ReferenceEngine {
         }
     }
 
-    /// `x += mlp(norm(x))`, dense SwiGLU or routed experts.
-    fn mlp_block(&self, layer: usize, x: &mut [f32]) -> Result<(), EngineError> {
+    /// `x += mlp(norm(x))`, dense SwiGLU or routed experts; returns the
+    /// router logits `[n, num_experts]` of a MoE layer.
+    fn mlp_block(&self, layer: usize, x: &mut [f32]) -> Result<Option<Vec<f32>>, EngineError> {
         let g = &self.geometry;
         let h = g.hidden;
         let n = x.len() / h;
@@ -94,8 +152,10 @@ impl ReferenceEngine {
         for row in xn.chunks_exact_mut(h) {
             rms_norm_in_place(row, &lw.post_attention_norm, g.rms_norm_eps);
         }
+        self.round(&mut xn);
+        let mut router_logits = None;
         let y = match &lw.mlp {
-            MlpWeights::Dense { gate, up, down } => swiglu(
+            MlpWeights::Dense { gate, up, down } => self.swiglu(
                 SwigluWeights {
                     gate,
                     up,
@@ -105,12 +165,18 @@ impl ReferenceEngine {
                 },
                 &xn,
             ),
-            MlpWeights::Moe { router } => self.moe(layer, router, &xn, n)?,
+            MlpWeights::Moe { router } => {
+                let mut logits = vec![0f32; n * g.num_experts];
+                matmul(router, g.num_experts, h, &xn, &mut logits);
+                let y = self.moe(layer, &logits, &xn, n)?;
+                router_logits = Some(logits);
+                y
+            }
         };
         for (xv, yv) in x.iter_mut().zip(&y) {
             *xv += yv;
         }
-        Ok(())
+        Ok(router_logits)
     }
 
     /// `Σ_e w_e · expert_e(x)` over each token's top-k experts. Tokens are
@@ -120,14 +186,12 @@ impl ReferenceEngine {
     fn moe(
         &self,
         layer: usize,
-        router: &[f32],
+        router_logits: &[f32],
         xn: &[f32],
         n: usize,
     ) -> Result<Vec<f32>, EngineError> {
         let g = &self.geometry;
         let (h, ne) = (g.hidden, g.num_experts);
-        let mut router_logits = vec![0f32; n * ne];
-        matmul(router, ne, h, xn, &mut router_logits);
         // users[e] = [(token, weight)] of the tokens that chose expert e.
         let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
         for (t, l) in router_logits.chunks_exact(ne).enumerate() {
@@ -153,7 +217,7 @@ impl ReferenceEngine {
                 hidden: h,
                 intermediate: g.expert_intermediate,
             };
-            Ok((e, swiglu(weights, &xs)))
+            Ok((e, self.swiglu(weights, &xs)))
         };
         let used: Vec<(usize, &Vec<(usize, f32)>)> = users
             .iter()

@@ -6,9 +6,11 @@
 mod experts;
 mod forward;
 mod kv;
+mod trace;
 mod weights;
 
 pub use experts::{CheckpointExperts, ExpertCache, F32_CACHE_LIMIT_BYTES};
+pub use trace::Trace;
 
 use crate::arch::{Geometry, ModelConfig};
 use crate::checkpoint::Checkpoint;
@@ -35,6 +37,27 @@ pub struct ReferenceOptions {
     pub context_length: Option<usize>,
 }
 
+/// Precision of the activations between operations.
+///
+/// The reference engine is the f32 oracle: [`Activations::F32`] is the
+/// default and the only mode anything is checked against.
+/// [`Activations::Bf16`] is a diagnostic emulation of the CUDA engine's
+/// rounding: values are rounded to BF16 (round to nearest even) exactly where
+/// the CUDA engine stores them as BF16 in its prefill path (the RMSNorm
+/// outputs feeding the QKV, router, MLP and LM-head GEMMs; q/k/v after the
+/// projection; q/k after q/k-norm + RoPE; the attention output; the SwiGLU
+/// gate/up GEMM outputs and the SwiGLU product), while the residual stream,
+/// every accumulation, the router logits and the softmaxes stay f32. It
+/// tells whether a GPU/reference difference is what BF16 activations alone
+/// produce on that model. (The CUDA decode path of chunks of at most 8
+/// tokens keeps the expert SwiGLU product in f32; this follows prefill.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Activations {
+    #[default]
+    F32,
+    Bf16,
+}
+
 /// Default context limit: RoPE tables and KV cache are allocated for the
 /// whole context, and a CPU engine never reaches 256K-token contexts, so a
 /// larger one must be asked for explicitly.
@@ -48,6 +71,9 @@ pub struct ReferenceEngine {
     kv: KvCache,
     /// Ids `0..sampleable` have text; padded embedding rows are never sampled.
     sampleable: usize,
+    activations: Activations,
+    /// Filled by the forward pass while [`ReferenceEngine::prompt_logits_traced`] runs.
+    trace: Option<Trace>,
 }
 
 impl std::fmt::Debug for ReferenceEngine {
@@ -56,6 +82,7 @@ impl std::fmt::Debug for ReferenceEngine {
             .field("geometry", &self.geometry)
             .field("experts", &self.experts.describe())
             .field("context_length", &self.kv.capacity())
+            .field("activations", &self.activations)
             .finish()
     }
 }
@@ -131,7 +158,31 @@ impl ReferenceEngine {
             experts: ExpertCache::new(experts, &g),
             weights,
             geometry: g,
+            activations: Activations::F32,
+            trace: None,
         })
+    }
+
+    /// Switches activation precision (see [`Activations`]); applies to the
+    /// next forward pass. Every engine starts in [`Activations::F32`].
+    pub fn set_activations(&mut self, activations: Activations) {
+        self.activations = activations;
+    }
+
+    pub fn activations(&self) -> Activations {
+        self.activations
+    }
+
+    /// [`Engine::prompt_logits`] plus per-position internals of the same
+    /// pass, for diagnosing where logits are sensitive.
+    pub fn prompt_logits_traced(
+        &mut self,
+        tokens: &[u32],
+    ) -> Result<(Vec<Vec<f32>>, Trace), EngineError> {
+        self.trace = Some(Trace::new(self.geometry.num_layers));
+        let logits = self.prompt_logits(tokens);
+        let trace = self.trace.take().expect("the trace is set above");
+        Ok((logits?, trace))
     }
 
     pub fn geometry(&self) -> &Geometry {

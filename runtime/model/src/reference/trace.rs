@@ -1,0 +1,87 @@
+//! Per-position internals of one forward pass, recorded only by
+//! [`ReferenceEngine::prompt_logits_traced`](super::ReferenceEngine::prompt_logits_traced):
+//! what to look at when a few positions are far more sensitive than the rest.
+
+use crate::layers::attention::AttnShape;
+use crate::layers::linear::dot;
+use crate::layers::router::route;
+
+/// Indexed `[layer][token]` unless noted; all values are f32 diagnostics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Trace {
+    /// RMS of the residual stream entering each layer (the input RMSNorm's input).
+    pub layer_input_rms: Vec<Vec<f32>>,
+    /// RMS of the residual after attention (the post-attention RMSNorm's input).
+    pub mlp_input_rms: Vec<Vec<f32>>,
+    /// `[token]`: RMS of the residual entering the final RMSNorm.
+    pub final_rms: Vec<f32>,
+    /// Largest softmax probability over all heads and visible keys.
+    pub attn_peak: Vec<Vec<f32>>,
+    /// Routed experts selected, best first; empty for dense layers.
+    pub experts: Vec<Vec<Vec<usize>>>,
+    /// Router logit of the k-th best expert minus that of the (k+1)-th: how
+    /// far the token is from switching experts. Empty for dense layers.
+    pub router_margin: Vec<Vec<f32>>,
+}
+
+impl Trace {
+    pub(super) fn new(layers: usize) -> Self {
+        Trace {
+            layer_input_rms: vec![Vec::new(); layers],
+            mlp_input_rms: vec![Vec::new(); layers],
+            final_rms: Vec::new(),
+            attn_peak: vec![Vec::new(); layers],
+            experts: vec![Vec::new(); layers],
+            router_margin: vec![Vec::new(); layers],
+        }
+    }
+
+    /// Records the routing of `[n, num_experts]` router logits.
+    pub(super) fn record_router(&mut self, layer: usize, logits: &[f32], top_k: usize) {
+        // The layer's input RMS was recorded first, one value per token.
+        let ne = logits.len() / self.layer_input_rms[layer].len();
+        for l in logits.chunks_exact(ne) {
+            self.experts[layer].push(route(l, top_k, false).iter().map(|c| c.0).collect());
+            let mut sorted = l.to_vec();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            self.router_margin[layer].push(if top_k < ne {
+                sorted[top_k - 1] - sorted[top_k]
+            } else {
+                f32::INFINITY
+            });
+        }
+    }
+}
+
+/// RMS of each `h`-wide row of `x`.
+pub(super) fn rms_rows(x: &[f32], h: usize) -> Vec<f32> {
+    x.chunks_exact(h)
+        .map(|r| {
+            let ss: f64 = r.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            (ss / h as f64).sqrt() as f32
+        })
+        .collect()
+}
+
+/// Per query position of `q` (`[n, q_dim]`, positions `start..start + n`):
+/// the largest attention probability over heads.
+pub(super) fn attention_peaks(q: &[f32], keys: &[f32], start: usize, shape: AttnShape) -> Vec<f32> {
+    let (d, kvd) = (shape.head_dim, shape.kv_dim());
+    let scale = 1.0 / (d as f32).sqrt();
+    q.chunks_exact(shape.q_dim())
+        .enumerate()
+        .map(|(t, qt)| {
+            let mut peak = 0f32;
+            for (hq, qh) in qt.chunks_exact(d).enumerate() {
+                let col = shape.kv_head(hq) * d..(shape.kv_head(hq) + 1) * d;
+                let scores: Vec<f32> = (0..=start + t)
+                    .map(|j| dot(qh, &keys[j * kvd..][col.clone()]) * scale)
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = scores.iter().map(|s| (s - max).exp()).sum();
+                peak = peak.max(1.0 / sum);
+            }
+            peak
+        })
+        .collect()
+}
