@@ -5,13 +5,14 @@
 //! gets its magic bytes last, so an interrupted build never leaves a file
 //! that looks valid; the next build (under the lock) deletes leftovers.
 
+use crate::atomic::TempFile;
 use crate::error::CacheError;
 use crate::format::{
     DATA_ALIGN, FORMAT_VERSION, HASH_PLACEHOLDER, Header, LayerEntry, PREAMBLE_BYTES, align_up,
     encode_preamble,
 };
 use crate::layout::GROUP_SIZE;
-use crate::lock::{CacheLock, LockWait, sibling};
+use crate::lock::{CacheLock, LockWait};
 use crate::quant::QUANTIZER_VERSION;
 use crate::source::ModelSource;
 use rayon::prelude::*;
@@ -119,19 +120,6 @@ fn remove_leftovers(path: &Path) -> Result<(), CacheError> {
     Ok(())
 }
 
-struct TempFile {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
 fn header_for(
     source: &ModelSource,
     data_offset: u64,
@@ -215,10 +203,7 @@ fn build_inner(
     // The real offsets print no longer than the probe's, so the final header fits.
     let data_offset = align_up(PREAMBLE_BYTES as u64 + probe_len, DATA_ALIGN as u64);
 
-    let tmp = TempFile {
-        path: sibling(path, &format!(".tmp.{}", std::process::id())),
-        keep: false,
-    };
+    let tmp = TempFile::beside(path);
     let file = OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -289,14 +274,7 @@ fn build_inner(
     .map_err(io)?;
     file.sync_all().map_err(io)?;
     drop(file);
-    std::fs::rename(&tmp.path, path).map_err(|e| CacheError::io(path, e))?;
-    let mut tmp = tmp;
-    tmp.keep = true;
-    if let Some(dir) = path.parent() {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| CacheError::io(dir, e))?;
-    }
+    tmp.persist(path).map_err(|e| CacheError::io(path, e))?;
     bar.finish_and_clear();
     let report = BuildReport {
         path: path.to_path_buf(),

@@ -24,6 +24,7 @@
 //! a value is detected. Files are written to a temp file in the target
 //! directory, fsync'ed, renamed into place and the directory fsync'ed.
 
+use crate::atomic::TempFile;
 use crate::cache::ExpertCache;
 use crate::format::SourceIdentity;
 use serde::{Deserialize, Serialize};
@@ -560,51 +561,22 @@ fn body_checksum(body: &Value) -> String {
     blake3::hash(&canonical).to_hex().to_string()
 }
 
-/// Removes the temp file unless it was renamed into place.
-struct TempFile {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), HeatmapError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| HeatmapError::io(&dir, e))?;
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".tmp.{}", std::process::id()));
-    let mut tmp = TempFile {
-        path: path.with_file_name(name),
-        keep: false,
-    };
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |e: std::io::Error| HeatmapError::io(&p, e)
-    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| HeatmapError::io(dir, e))?;
+    }
+    let tmp = TempFile::beside(path);
     let mut file = OpenOptions::new()
         .create(true)
         .truncate(true)
         .write(true)
         .open(&tmp.path)
-        .map_err(io(&tmp.path))?;
-    file.write_all(bytes).map_err(io(&tmp.path))?;
-    file.sync_all().map_err(io(&tmp.path))?;
+        .map_err(|e| HeatmapError::io(&tmp.path, e))?;
+    file.write_all(bytes)
+        .and_then(|_| file.sync_all())
+        .map_err(|e| HeatmapError::io(&tmp.path, e))?;
     drop(file);
-    std::fs::rename(&tmp.path, path).map_err(io(path))?;
-    tmp.keep = true;
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(&dir))?;
-    Ok(())
+    tmp.persist(path).map_err(|e| HeatmapError::io(path, e))
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! - [`pinned`]: page-locked host backing for GPU copies.
 //! - [`heatmap`]: [`Heatmap`], versioned route counts bound to a cache (the HCS prior).
 
+mod atomic;
 pub mod builder;
 pub mod cache;
 pub mod ensure;
