@@ -138,19 +138,8 @@ impl Model {
     }
 
     pub(crate) fn split(&mut self) -> (Ctx<'_>, &mut Scratch, &mut KvCache) {
-        (
-            Ctx {
-                gpu: &self.gpu,
-                kn: &self.kernels,
-                g: &self.geometry,
-                w: &self.weights,
-                experts: self.experts.as_ref(),
-                int4: self.int4.as_ref(),
-                gemv_tokens: self.gemv_tokens,
-            },
-            &mut self.scratch,
-            &mut self.kv,
-        )
+        let (cx, m) = self.split_all();
+        (cx, m.sc, m.kv)
     }
 
     /// Runs `t` tokens (already in `scratch.ids[..t]`) through every layer;

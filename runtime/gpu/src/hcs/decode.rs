@@ -49,7 +49,8 @@ impl Hcs {
             .route(moe_index, &ids[..k], &mut placements)
             .map_err(GpuError::Hcs)?;
         let (mut hit_mask, mut miss_mask) = (0u32, 0u32);
-        let mut misses = Vec::new();
+        let mut misses = std::mem::take(&mut self.misses);
+        misses.clear();
         {
             let sel = &mut self.sel_host.as_mut_slice()[moe_index * 2 * k..(moe_index + 1) * 2 * k];
             for (j, p) in placements.iter().enumerate() {
@@ -72,6 +73,7 @@ impl Hcs {
         if !misses.is_empty() {
             self.copy_misses(cx, moe_index, &misses)?;
         }
+        self.misses = misses;
         let base = addr(&self.sel_dev, s);
         let half = (k * 8) as u64;
         let sel = &self.sel_host.as_slice()[moe_index * 2 * k..(moe_index + 1) * 2 * k];

@@ -86,6 +86,8 @@ pub struct Hcs {
     /// Per MoE layer: copy start/end events of the last token with misses.
     timing: Vec<Option<(CudaEvent, CudaEvent)>>,
     placements: Vec<Placement>,
+    /// (slot, MoE layer, expert) copies of the current layer (reused).
+    misses: Vec<(usize, usize, usize)>,
     pub copies: CopyStats,
 }
 
@@ -168,6 +170,7 @@ impl Hcs {
             ev_computed: [ev(gpu, false)?, ev(gpu, false)?],
             timing: (0..n).map(|_| None).collect(),
             placements: Vec::with_capacity(top_k),
+            misses: Vec::with_capacity(top_k),
             copies: CopyStats::default(),
             moe_layers,
         };
@@ -292,12 +295,7 @@ impl Hcs {
     /// everything already on the compute stream; the compute stream waits
     /// for the reload before any later work reads those slots.
     pub fn restore(&mut self, gpu: &Gpu) -> Result<()> {
-        self.ev_copy
-            .record(&gpu.stream)
-            .map_err(GpuError::driver("recording the end of prefill"))?;
-        self.copy
-            .wait(&self.ev_copy)
-            .map_err(GpuError::driver("ordering the reload after prefill"))?;
+        self.copy_after_compute(gpu)?;
         let loads = self.res.restore_reclaimable();
         let bytes = self.copy_experts(&loads)?;
         self.copies.reload_bytes += bytes;
@@ -307,6 +305,18 @@ impl Hcs {
         gpu.stream
             .wait(&self.ev_copy)
             .map_err(GpuError::driver("waiting for the reload"))
+    }
+
+    /// Orders everything queued on the copy stream from now on after all
+    /// work already on the compute stream (so a copy never overwrites bytes
+    /// a queued kernel still reads).
+    fn copy_after_compute(&self, gpu: &Gpu) -> Result<()> {
+        self.ev_copy
+            .record(&gpu.stream)
+            .map_err(GpuError::driver("recording the compute stream"))?;
+        self.copy
+            .wait(&self.ev_copy)
+            .map_err(GpuError::driver("ordering copies after compute"))
     }
 
     /// Collects finished copy timings and resets the per-request counters;

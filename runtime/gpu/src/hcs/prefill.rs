@@ -33,12 +33,7 @@ impl Hcs {
     /// stream is done with it) and points every MoE layer's table entries
     /// at resident slots or at the staging slot their group will use.
     pub fn begin_prefill(&mut self, gpu: &Gpu, table: &mut ExpertTable) -> Result<()> {
-        self.ev_copy
-            .record(&gpu.stream)
-            .map_err(GpuError::driver("recording the start of prefill"))?;
-        self.copy
-            .wait(&self.ev_copy)
-            .map_err(GpuError::driver("ordering staging after decode"))?;
+        self.copy_after_compute(gpu)?;
         self.res.lend_reclaimable();
         let (e, g) = (self.num_experts, self.shape.group_layers);
         let base = crate::device::addr(&self.staging, &gpu.stream);
