@@ -42,6 +42,21 @@ pub struct EngineArgs {
     pub heatmap: String,
 }
 
+impl EngineArgs {
+    /// The CUDA engine options these flags describe.
+    pub fn cuda_options(&self) -> krasis_gpu::CudaEngineOptions {
+        krasis_gpu::CudaEngineOptions {
+            context_length: self.context_length,
+            cache_root: self.cache_dir.clone(),
+            vram_limit: self.vram_limit,
+            hcs: self.hcs == "on",
+            heatmap: krasis_common::options::HeatmapChoice::parse(&self.heatmap),
+            safety_margin: self.safety_margin_mib << 20,
+            ..krasis_gpu::CudaEngineOptions::default()
+        }
+    }
+}
+
 fn parse_backend(s: &str) -> Result<Backend, String> {
     Backend::parse(s).map_err(|e| e.reason)
 }
@@ -92,18 +107,10 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<Box<dyn Engine>> {
             Ok(Box::new(engine))
         }
         Backend::Cuda => {
-            let opts = krasis_gpu::CudaEngineOptions {
-                context_length: args.context_length,
-                cache_root: args.cache_dir.clone(),
-                vram_limit: args.vram_limit,
-                hcs: args.hcs == "on",
-                heatmap: krasis_common::options::HeatmapChoice::parse(&args.heatmap),
-                safety_margin: args.safety_margin_mib << 20,
-                ..krasis_gpu::CudaEngineOptions::default()
-            };
-            let engine = krasis_gpu::CudaEngine::load(&args.model, &opts).with_context(|| {
-                format!("loading {} with the cuda backend", args.model.display())
-            })?;
+            let engine = krasis_gpu::CudaEngine::load(&args.model, &args.cuda_options())
+                .with_context(|| {
+                    format!("loading {} with the cuda backend", args.model.display())
+                })?;
             Ok(Box::new(engine))
         }
     }

@@ -175,15 +175,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
     let opts = CudaEngineOptions {
         context_length: Some(context),
-        cache_root: a.engine.cache_dir.clone(),
-        vram_limit: a.engine.vram_limit,
-        hcs: a.engine.hcs == "on",
-        safety_margin: a.engine.safety_margin_mib << 20,
         // Routes do not depend on which experts are resident, and the
         // heatmap being recorded cannot be the prior of its own run: a model
         // that does not fit in VRAM must load without one.
         heatmap: HeatmapChoice::Off,
-        ..CudaEngineOptions::default()
+        ..a.engine.cuda_options()
     };
     let mut engine = CudaEngine::load(model, &opts)
         .with_context(|| format!("loading {} with the cuda backend", model.display()))?;

@@ -118,6 +118,45 @@ fn greedy(engine: &mut CudaEngine, prompt: &[u32], new: usize) -> anyhow::Result
     Ok(out.stats)
 }
 
+/// `repeats` greedy runs of `new` tokens after `prompt`: each run's figure
+/// (`pick`), and the HCS traffic of the last run when HCS is active.
+fn measure(
+    e: &mut CudaEngine,
+    prompt: &[u32],
+    new: usize,
+    repeats: usize,
+    pick: fn(&GenerateStats) -> f64,
+) -> anyhow::Result<(Vec<f64>, Option<krasis_common::status::HcsStats>)> {
+    let mut runs = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        runs.push(pick(&greedy(e, prompt, new)?));
+    }
+    let hcs = e.hcs_stats().filter(|_| e.hcs_active());
+    Ok((runs, hcs))
+}
+
+impl ConstrainedBound {
+    fn new(
+        cold_bytes: f64,
+        h2d_bytes_per_s: f64,
+        resident_tok_s: Option<f64>,
+        max_tok_s: f64,
+        overlapped_max_tok_s: Option<f64>,
+        tok_s: f64,
+        hcs: krasis_common::status::HcsStats,
+    ) -> Self {
+        ConstrainedBound {
+            cold_bytes,
+            h2d_bytes_per_s,
+            resident_tok_s,
+            max_tok_s,
+            fraction: tok_s / max_tok_s,
+            overlapped_max_tok_s,
+            hcs,
+        }
+    }
+}
+
 pub fn run(a: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
     let max_prompt = a.prompt_tokens.iter().copied().max().unwrap_or(0);
@@ -146,17 +185,24 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         .with_context(|| format!("loading {} all-resident (baseline)", a.model.display()))?;
         greedy(&mut e, &all[..64.min(all.len())], 8)?;
         for &p in &a.prompt_tokens {
-            let mut runs = (0..a.repeats)
-                .map(|_| greedy(&mut e, &all[..p], 1).map(|s| s.prefill_tok_s()))
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let (mut runs, _) = measure(
+                &mut e,
+                &all[..p],
+                1,
+                a.repeats,
+                GenerateStats::prefill_tok_s,
+            )?;
             base_prefill.insert(p, median(&mut runs));
         }
         for &d in &a.decode_tokens {
-            let mut runs = (0..a.repeats)
-                .map(|_| {
-                    greedy(&mut e, &all[..a.decode_prompt_tokens], d + 1).map(|s| s.decode_tok_s())
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let prompt = &all[..a.decode_prompt_tokens];
+            let (mut runs, _) = measure(
+                &mut e,
+                prompt,
+                d + 1,
+                a.repeats,
+                GenerateStats::decode_tok_s,
+            )?;
             base_decode.insert(d, median(&mut runs));
         }
         eprintln!(
@@ -199,13 +245,13 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
 
     let mut prefill = Vec::new();
     for &p in &a.prompt_tokens {
-        let mut runs = Vec::new();
-        let mut hcs = None;
-        for _ in 0..a.repeats {
-            let s = greedy(&mut engine, &all[..p], 1)?;
-            runs.push(s.prefill_tok_s());
-            hcs = engine.hcs_stats().filter(|_| hcs_active);
-        }
+        let (runs, hcs) = measure(
+            &mut engine,
+            &all[..p],
+            1,
+            a.repeats,
+            GenerateStats::prefill_tok_s,
+        )?;
         let tok_s = median(&mut runs.clone());
         let bound = bounds::prefill_bound(&g, p);
         let constrained = hcs.map(|h| {
@@ -223,15 +269,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 100.0 * tok_s / max_tok_s,
                 100.0 * tok_s / overlapped
             );
-            ConstrainedBound {
-                cold_bytes: cold,
-                h2d_bytes_per_s: h2d,
-                resident_tok_s: resident,
-                max_tok_s,
-                fraction: tok_s / max_tok_s,
-                overlapped_max_tok_s: Some(overlapped),
-                hcs: h,
-            }
+            ConstrainedBound::new(cold, h2d, resident, max_tok_s, Some(overlapped), tok_s, h)
         });
         eprintln!(
             "prefill {p:>6} tokens: {tok_s:>10.0} tok/s (bound {:.0} tok/s at {:.0} TFLOP/s)",
@@ -256,14 +294,14 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     for &graphs in graph_modes {
         engine.set_cuda_graphs(graphs);
         for &d in &a.decode_tokens {
-            let mut runs = Vec::new();
-            let mut hcs = None;
-            for _ in 0..a.repeats {
-                // +1: the first token comes from prefill and is not timed as decode.
-                let s = greedy(&mut engine, prompt, d + 1)?;
-                runs.push(s.decode_tok_s());
-                hcs = engine.hcs_stats().filter(|_| hcs_active);
-            }
+            // +1: the first token comes from prefill and is not timed as decode.
+            let (runs, hcs) = measure(
+                &mut engine,
+                prompt,
+                d + 1,
+                a.repeats,
+                GenerateStats::decode_tok_s,
+            )?;
             let tok_s = median(&mut runs.clone());
             let ctx = a.decode_prompt_tokens + d / 2;
             let bound = bounds::decode_bound(&g, expert_bytes, ctx);
@@ -289,15 +327,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                     h.evictions,
                     100.0 * tok_s / max_tok_s
                 );
-                ConstrainedBound {
-                    cold_bytes: cold,
-                    h2d_bytes_per_s: h2d,
-                    resident_tok_s: resident,
-                    max_tok_s,
-                    fraction: tok_s / max_tok_s,
-                    overlapped_max_tok_s: None,
-                    hcs: h,
-                }
+                ConstrainedBound::new(cold, h2d, resident, max_tok_s, None, tok_s, h)
             });
             decode.push(DecodeResult {
                 decode_tokens: d,
