@@ -268,6 +268,27 @@ impl CudaEngine {
         Ok(())
     }
 
+    /// Starts a generation: clears the sampler's per-request token counts
+    /// and prefills `prompt` (non-empty), leaving the last position's logits
+    /// in `scratch.logits[0]`.
+    fn prefill_to_sample(&mut self, prompt: &[u32]) -> Result<()> {
+        {
+            let m = &mut self.model;
+            m.gpu
+                .stream
+                .memset_zeros(&mut m.scratch.counts)
+                .map_err(GpuError::driver("clearing sampling counts"))?;
+        }
+        let n = prompt.len();
+        let last_chunk_start = (n - 1) / self.model.scratch.cap * self.model.scratch.cap;
+        self.prefill(prompt, |m, start, _| {
+            if start == last_chunk_start {
+                m.lm_head(n - 1 - start, 1)?;
+            }
+            Ok(())
+        })
+    }
+
     /// Samples from `scratch.logits[0]` into `scratch.ids[0]` and returns the id.
     fn sample(&mut self, params: &krasis_kernels::SamplingParams, step: u64) -> Result<u32> {
         let m = &mut self.model;
@@ -348,13 +369,6 @@ impl CudaEngine {
         self.check_tokens(&req.prompt)?;
         let params = kernel_sampling(&req.sampling)?;
         let t0 = Instant::now();
-        {
-            let m = &mut self.model;
-            m.gpu
-                .stream
-                .memset_zeros(&mut m.scratch.counts)
-                .map_err(GpuError::driver("clearing sampling counts"))?;
-        }
         let n = req.prompt.len();
         let mut stats = GenerateStats {
             prompt_tokens: n,
@@ -366,13 +380,7 @@ impl CudaEngine {
                 stats,
             });
         }
-        let last_chunk_start = (n - 1) / self.model.scratch.cap * self.model.scratch.cap;
-        self.prefill(&req.prompt, |m, start, _| {
-            if start == last_chunk_start {
-                m.lm_head(n - 1 - start, 1)?;
-            }
-            Ok(())
-        })?;
+        self.prefill_to_sample(&req.prompt)?;
         let mut token = self.sample(&params, 0)?;
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
@@ -415,21 +423,8 @@ impl CudaEngine {
             )));
         }
         let params = kernel_sampling(&SamplingParams::greedy())?;
-        {
-            let m = &mut self.model;
-            m.gpu
-                .stream
-                .memset_zeros(&mut m.scratch.counts)
-                .map_err(GpuError::driver("clearing sampling counts"))?;
-        }
         let np = prompt.len();
-        let last_chunk_start = (np - 1) / self.model.scratch.cap * self.model.scratch.cap;
-        self.prefill(prompt, |m, start, _| {
-            if start == last_chunk_start {
-                m.lm_head(np - 1 - start, 1)?;
-            }
-            Ok(())
-        })?;
+        self.prefill_to_sample(prompt)?;
         let v = self.model.geometry.vocab_size;
         let (mut toks, mut rows) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut pos = np;
