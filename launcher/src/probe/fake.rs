@@ -1,29 +1,10 @@
 //! Fake hardware and models for tests (no GPU, no files).
 
 use super::*;
-use krasis_model::{Geometry, MlpKind};
 
 /// A model shaped like Qwen3-30B-A3B.
 pub fn a3b() -> ModelSummary {
-    let g = Geometry {
-        vocab_size: 151936,
-        hidden: 2048,
-        num_layers: 48,
-        num_heads: 32,
-        num_kv_heads: 4,
-        head_dim: 128,
-        intermediate: 6144,
-        expert_intermediate: 768,
-        num_experts: 128,
-        top_k: 8,
-        norm_topk_prob: true,
-        rms_norm_eps: 1e-6,
-        rope_theta: 1e6,
-        max_position_embeddings: 40960,
-        tie_word_embeddings: false,
-        attention_bias: false,
-        mlp_kinds: vec![MlpKind::Moe; 48],
-    };
+    let g = krasis_model::synth::preset_geometry("a3b").expect("a3b is a preset");
     let stride = krasis_cache::ExpertLayout::new(2048, 768)
         .unwrap()
         .expert_stride as u64;

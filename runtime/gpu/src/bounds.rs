@@ -83,25 +83,7 @@ mod tests {
     use super::*;
 
     fn a3b_24l() -> Geometry {
-        Geometry {
-            vocab_size: 151936,
-            hidden: 2048,
-            num_layers: 24,
-            num_heads: 32,
-            num_kv_heads: 4,
-            head_dim: 128,
-            intermediate: 6144,
-            expert_intermediate: 768,
-            num_experts: 128,
-            top_k: 8,
-            norm_topk_prob: true,
-            rms_norm_eps: 1e-6,
-            rope_theta: 1e6,
-            max_position_embeddings: 40960,
-            tie_word_embeddings: false,
-            attention_bias: false,
-            mlp_kinds: vec![MlpKind::Moe; 24],
-        }
+        krasis_model::synth::preset_geometry("a3b-24l").expect("a3b-24l is a preset")
     }
 
     #[test]

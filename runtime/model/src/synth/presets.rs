@@ -52,6 +52,15 @@ fn set(mut v: Value, fields: Value) -> Value {
     v
 }
 
+/// The typed geometry of a preset (for tests and estimates that need a real
+/// model shape without writing a checkpoint).
+pub fn preset_geometry(name: &str) -> Option<crate::Geometry> {
+    let json = preset_config(name)?.to_string();
+    crate::arch::ModelConfig::from_json_str(&json, std::path::Path::new(name))
+        .ok()
+        .map(|c| c.geometry())
+}
+
 /// The full `config.json` of a preset, or `None` for an unknown name.
 pub fn preset_config(name: &str) -> Option<Value> {
     let tiny = || {
