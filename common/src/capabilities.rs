@@ -43,7 +43,56 @@ pub struct ArchitectureDefaults {
     pub multi_gpu: String,
 }
 
+impl ArchitectureCaps {
+    /// `qwen3_moe` as this build implements it: INT4 experts, BF16 attention
+    /// and KV cache, HCS (a cuda-backend feature; `check_options` refuses it
+    /// with the reference backend), exact decode only, one GPU.
+    pub fn qwen3_moe() -> Self {
+        let v = |s: &str| vec![s.to_string()];
+        ArchitectureCaps {
+            model_type: "qwen3_moe".into(),
+            expert_precisions: v("int4"),
+            attention_precisions: v("bf16"),
+            kv_formats: v("bf16"),
+            hcs: true,
+            pruning_modes: v("off"),
+            multi_gpu_modes: v("single"),
+            defaults: ArchitectureDefaults {
+                expert_precision: "int4".into(),
+                attention_precision: "bf16".into(),
+                kv_format: "bf16".into(),
+                pruning: "off".into(),
+                multi_gpu: "single".into(),
+            },
+        }
+    }
+}
+
 impl Capabilities {
+    /// The report of this build: the reference backend (always available),
+    /// the cuda backend (`Err(reason)` when it cannot run here), and every
+    /// implemented architecture. The runtime prints it; tests use it as the
+    /// report of a runtime with or without a GPU.
+    pub fn of_this_build(runtime_version: &str, cuda: Result<(), String>) -> Self {
+        Capabilities {
+            protocol_version: crate::PROTOCOL_VERSION,
+            runtime_version: runtime_version.to_string(),
+            backends: vec![
+                BackendCaps {
+                    name: "reference".into(),
+                    available: true,
+                    reason: None,
+                },
+                BackendCaps {
+                    name: "cuda".into(),
+                    available: cuda.is_ok(),
+                    reason: cuda.err(),
+                },
+            ],
+            architectures: vec![ArchitectureCaps::qwen3_moe()],
+        }
+    }
+
     pub fn architecture(&self, model_type: &str) -> Option<&ArchitectureCaps> {
         self.architectures
             .iter()
@@ -187,38 +236,12 @@ mod tests {
     use super::*;
 
     fn caps(cuda: bool) -> Capabilities {
-        Capabilities {
-            protocol_version: crate::PROTOCOL_VERSION,
-            runtime_version: "test".into(),
-            backends: vec![
-                BackendCaps {
-                    name: "reference".into(),
-                    available: true,
-                    reason: None,
-                },
-                BackendCaps {
-                    name: "cuda".into(),
-                    available: cuda,
-                    reason: (!cuda).then(|| "no NVIDIA driver".into()),
-                },
-            ],
-            architectures: vec![ArchitectureCaps {
-                model_type: "qwen3_moe".into(),
-                expert_precisions: vec!["int4".into()],
-                attention_precisions: vec!["bf16".into()],
-                kv_formats: vec!["bf16".into()],
-                hcs: true,
-                pruning_modes: vec!["off".into()],
-                multi_gpu_modes: vec!["single".into()],
-                defaults: ArchitectureDefaults {
-                    expert_precision: "int4".into(),
-                    attention_precision: "bf16".into(),
-                    kv_format: "bf16".into(),
-                    pruning: "off".into(),
-                    multi_gpu: "single".into(),
-                },
-            }],
-        }
+        let reason = if cuda {
+            Ok(())
+        } else {
+            Err("no NVIDIA driver".into())
+        };
+        Capabilities::of_this_build("test", reason)
     }
 
     #[test]

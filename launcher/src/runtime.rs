@@ -105,43 +105,15 @@ pub fn parse_report(runtime: &Path, stdout: &[u8]) -> Result<Capabilities, Runti
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use krasis_common::{ArchitectureCaps, ArchitectureDefaults, BackendCaps};
 
     /// What this build's runtime reports, with or without a usable GPU.
     pub fn fake_caps(cuda: bool) -> Capabilities {
-        let v = |s: &str| vec![s.to_string()];
-        Capabilities {
-            protocol_version: PROTOCOL_VERSION,
-            runtime_version: "0.1.0".into(),
-            backends: vec![
-                BackendCaps {
-                    name: "reference".into(),
-                    available: true,
-                    reason: None,
-                },
-                BackendCaps {
-                    name: "cuda".into(),
-                    available: cuda,
-                    reason: (!cuda).then(|| "no NVIDIA driver".into()),
-                },
-            ],
-            architectures: vec![ArchitectureCaps {
-                model_type: "qwen3_moe".into(),
-                expert_precisions: v("int4"),
-                attention_precisions: v("bf16"),
-                kv_formats: v("bf16"),
-                hcs: true,
-                pruning_modes: v("off"),
-                multi_gpu_modes: v("single"),
-                defaults: ArchitectureDefaults {
-                    expert_precision: "int4".into(),
-                    attention_precision: "bf16".into(),
-                    kv_format: "bf16".into(),
-                    pruning: "off".into(),
-                    multi_gpu: "single".into(),
-                },
-            }],
-        }
+        let reason = if cuda {
+            Ok(())
+        } else {
+            Err("no NVIDIA driver".into())
+        };
+        Capabilities::of_this_build("0.1.0", reason)
     }
 
     #[test]

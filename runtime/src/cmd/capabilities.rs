@@ -2,9 +2,7 @@
 //! which backends can run on this machine right now. The launcher offers only
 //! what is listed here, so the report must be exactly what the code does.
 
-use krasis_common::{
-    ArchitectureCaps, ArchitectureDefaults, BackendCaps, Capabilities, PROTOCOL_VERSION,
-};
+use krasis_common::Capabilities;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -25,46 +23,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
 /// The capability report of this build on this machine.
 pub fn report() -> Capabilities {
-    let cuda = cuda_availability();
-    Capabilities {
-        protocol_version: PROTOCOL_VERSION,
-        runtime_version: env!("CARGO_PKG_VERSION").to_string(),
-        backends: vec![
-            BackendCaps {
-                name: "reference".into(),
-                available: true,
-                reason: None,
-            },
-            BackendCaps {
-                name: "cuda".into(),
-                available: cuda.is_ok(),
-                reason: cuda.err(),
-            },
-        ],
-        architectures: vec![qwen3_moe()],
-    }
-}
-
-fn qwen3_moe() -> ArchitectureCaps {
-    let v = |s: &str| vec![s.to_string()];
-    ArchitectureCaps {
-        model_type: "qwen3_moe".into(),
-        expert_precisions: v("int4"),
-        attention_precisions: v("bf16"),
-        kv_formats: v("bf16"),
-        // HCS is a cuda-backend feature; `Capabilities::check_options` refuses
-        // it with the reference backend.
-        hcs: true,
-        pruning_modes: v("off"),
-        multi_gpu_modes: v("single"),
-        defaults: ArchitectureDefaults {
-            expert_precision: "int4".into(),
-            attention_precision: "bf16".into(),
-            kv_format: "bf16".into(),
-            pruning: "off".into(),
-            multi_gpu: "single".into(),
-        },
-    }
+    Capabilities::of_this_build(env!("CARGO_PKG_VERSION"), cuda_availability())
 }
 
 /// Loads the CUDA driver library dynamically (cudarc) and counts devices, so a
