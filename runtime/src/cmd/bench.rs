@@ -73,7 +73,7 @@ pub struct Args {
     pub determinism_tokens: usize,
     /// Use at most this much GPU memory, e.g. `6GiB` (experts that do not
     /// fit are cached by HCS and copied on demand).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = super::engines::parse_vram_limit)]
     pub vram_limit: Option<u64>,
     /// Initial HCS residents: `auto` (the heatmap next to the cache), `off`,
     /// or a heatmap file.
@@ -105,11 +105,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         speed::run(&a)
     }
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    krasis_model::synth::parse_size(s)
-        .ok_or_else(|| format!("'{s}' is not a size; use e.g. 6GiB, 8000MB or a byte count"))
 }
 
 /// Engine options from the bench flags, for a KV cache of `context`.

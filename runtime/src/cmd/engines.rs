@@ -61,7 +61,8 @@ fn parse_backend(s: &str) -> Result<Backend, String> {
     Backend::parse(s).map_err(|e| e.reason)
 }
 
-fn parse_vram_limit(s: &str) -> Result<u64, String> {
+/// A byte size flag (`20GiB`, `8000MB`, a byte count).
+pub(crate) fn parse_vram_limit(s: &str) -> Result<u64, String> {
     krasis_model::synth::parse_size(s)
         .ok_or_else(|| format!("'{s}' is not a size; use e.g. 20GiB, 8000MB or a byte count"))
 }

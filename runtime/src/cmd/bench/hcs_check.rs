@@ -70,8 +70,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let mut failed = 0;
     let mut results = Vec::new();
     for s in &a.hcs_exactness {
-        let limit = krasis_model::synth::parse_size(s)
-            .with_context(|| format!("'{s}' is not a size (e.g. 6GiB)"))?;
+        let limit = crate::cmd::engines::parse_vram_limit(s).map_err(anyhow::Error::msg)?;
         let (r, desc) = run_once(a, Some(limit), &prompt, short, n)?;
         let checks = [
             (
