@@ -2,8 +2,11 @@
 //! shown before launch so a configuration that cannot fit is caught early.
 //!
 //! - Host RAM: the whole INT4 expert cache is kept in (pinned) host memory.
-//! - VRAM, permanent: every non-routed-expert weight (embeddings, attention,
-//!   router, norms, dense MLPs, LM head) in BF16.
+//! - VRAM, permanent: every non-routed-expert weight (attention, router,
+//!   norms, dense MLPs, LM head; the input embedding only when tied to the LM
+//!   head) in BF16.
+//! - Host RAM, mapped: an untied input embedding, which the runtime keeps in
+//!   page-locked host memory and gathers from over PCIe.
 //! - VRAM, KV: BF16, `2 (K and V) x layers x kv_dim x context`.
 //! - VRAM, workspace: a fixed allowance for activations, cuBLAS workspace and
 //!   the cold-expert staging buffers ([`WORKSPACE_ALLOWANCE`]).
@@ -45,6 +48,16 @@ pub struct GpuEstimate {
     pub fits: bool,
 }
 
+/// Bytes of the input embedding the runtime keeps in mapped host memory
+/// (untied embeddings; a tied one is the LM head and stays in VRAM).
+fn host_embedding_bytes(g: &krasis_model::Geometry) -> u64 {
+    if g.tie_word_embeddings {
+        0
+    } else {
+        g.vocab_size as u64 * g.hidden as u64 * BF16
+    }
+}
+
 /// `gpu_total`/`gpu_free` are the chosen device's figures (None without a GPU).
 pub fn estimate(
     opts: &LaunchOptions,
@@ -65,7 +78,10 @@ pub fn estimate(
             format!("routed experts from the checkpoint ({})", m.source_dtype),
             m.source_expert_bytes,
         ),
-        Backend::Cuda => ("the INT4 expert cache".to_string(), m.int4_expert_bytes),
+        Backend::Cuda => (
+            "the INT4 expert cache and the input embedding".to_string(),
+            m.int4_expert_bytes + host_embedding_bytes(g),
+        ),
     };
     if host_bytes > host_available {
         warnings.push(format!(
@@ -82,7 +98,8 @@ pub fn estimate(
         }
         (Backend::Cuda, Some((total, free))) => {
             let budget = opts.vram_limit_bytes.map_or(free, |l| l.min(free));
-            let permanent = (g.total_params() - g.routed_expert_params()) * BF16;
+            let permanent =
+                (g.total_params() - g.routed_expert_params()) * BF16 - host_embedding_bytes(g);
             let kv = 2 * g.num_layers as u64 * g.kv_dim() as u64 * context * BF16;
             let margin = opts.safety_margin_mib << 20;
             let fixed = permanent + kv + WORKSPACE_ALLOWANCE + margin;
@@ -191,8 +208,10 @@ mod tests {
         let g = e.gpu.clone().unwrap();
         // KV: 2 * 48 layers * 512 * 32768 * 2 bytes = 3 GiB exactly.
         assert_eq!(g.kv_bytes, 3 << 30);
-        // ~30.5B params of which ~29.0B are routed experts -> ~1.5B BF16.
-        assert!(g.permanent_bytes > 2_500_000_000 && g.permanent_bytes < 3_500_000_000);
+        // ~30.5B params of which ~29.0B are routed experts; of the ~1.5B
+        // left the untied input embedding (151,936 x 2048) stays in host
+        // memory: ~1.23B BF16 in VRAM.
+        assert!(g.permanent_bytes > 2_300_000_000 && g.permanent_bytes < 2_600_000_000);
         assert!(g.fits);
         assert!(
             g.hcs_coverage > 0.3 && g.hcs_coverage < 1.0,
@@ -200,8 +219,8 @@ mod tests {
             g.hcs_coverage
         );
         // INT4 cache: 2,433,024 bytes per expert (4-bit + f16 scales per 128),
-        // 6144 experts, 13.9 GiB.
-        assert_eq!(e.host_cache_bytes, 2_433_024 * 6144);
+        // 6144 experts, 13.9 GiB; plus the 622 MB mapped input embedding.
+        assert_eq!(e.host_cache_bytes, 2_433_024 * 6144 + 151_936 * 2048 * 2);
         assert!(e.warnings.is_empty(), "{:?}", e.warnings);
     }
 

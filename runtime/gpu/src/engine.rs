@@ -33,6 +33,8 @@ pub struct LoadReport {
     pub cache_path: Option<PathBuf>,
     pub cache_format_version: u32,
     pub weight_bytes: usize,
+    /// Non-expert weights kept in mapped host memory (the input embedding).
+    pub host_weight_bytes: usize,
     pub expert_bytes: usize,
     pub kv_bytes: usize,
     pub context_length: usize,
@@ -140,6 +142,7 @@ impl CudaEngine {
                 0
             },
             weight_bytes: weights.bytes,
+            host_weight_bytes: weights.host_bytes,
             expert_bytes: experts.as_ref().map_or(0, |e| e.resident_bytes),
             kv_bytes: kv.bytes(),
             context_length: context,

@@ -15,7 +15,7 @@ use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::experts::ExpertTable;
 use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
-use crate::weights::{MlpWeights, ModelWeights};
+use crate::weights::{Embedding, MlpWeights, ModelWeights};
 use cudarc::driver::{CudaSlice, DevicePtr};
 use krasis_kernels::{Int4Layout, Kernels, QkvGeom, StartPos};
 use krasis_model::Geometry;
@@ -167,15 +167,13 @@ impl Model {
             )));
         }
         let g = cx.g;
-        cx.kn.embed(
-            &cx.gpu.stream,
-            &cx.w.embed,
-            g.vocab_size,
-            g.hidden,
-            &sc.ids,
-            t,
-            &mut sc.residual,
-        )?;
+        let (s, v, h) = (&cx.gpu.stream, g.vocab_size, g.hidden);
+        match &cx.w.embed {
+            Embedding::Tied(e) => cx.kn.embed(s, e, v, h, &sc.ids, t, &mut sc.residual)?,
+            Embedding::Untied { embed, .. } => {
+                cx.kn.embed(s, embed, v, h, &sc.ids, t, &mut sc.residual)?
+            }
+        }
         Ok(())
     }
 

@@ -12,6 +12,7 @@ pub mod error;
 pub mod experts;
 pub mod forward;
 pub mod hcs;
+pub mod host_table;
 mod moe;
 pub mod monitor;
 pub mod options;

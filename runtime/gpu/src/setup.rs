@@ -114,6 +114,16 @@ impl CudaEngine {
             );
             self.report.expert_bytes = report.expert_bytes_on_gpu as usize;
         }
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        let lr = &self.report;
+        eprintln!(
+            "memory: non-expert weights {:.2} GiB on the GPU + {:.2} GiB (input embedding) in mapped host memory; KV {:.2} GiB ({} positions); prefill chunk {} tokens",
+            gib(lr.weight_bytes),
+            gib(lr.host_weight_bytes),
+            gib(lr.kv_bytes),
+            lr.context_length,
+            lr.prefill_chunk
+        );
         eprintln!("{}", describe(&report));
         self.report.hcs = Some(report);
         Ok(())

@@ -3,9 +3,15 @@
 //! uploaded (norm weights too: the kernels take BF16 norm weights, which
 //! is what checkpoints store). Matrices that the same input feeds are fused on upload (q/k/v
 //! into one `[q+2kv, H]` matrix, gate/up into `[2I, H]`) so each is one GEMM.
+//!
+//! The input embedding of an untied model stays in mapped host memory
+//! ([`HostTable`]): only the gather reads it, a row per token, and its VRAM
+//! is worth more as expert cache. A tied embedding is also the LM head,
+//! which reads all of it every token, so it is uploaded.
 
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
+use crate::host_table::HostTable;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use krasis_model::arch::qwen3_moe::TensorNames;
@@ -38,20 +44,33 @@ pub enum MlpWeights {
     },
 }
 
+/// The `[V, H]` input embedding and LM head, and where each lives.
+pub enum Embedding {
+    /// One matrix in VRAM, read by the gather and the LM head.
+    Tied(CudaSlice<bf16>),
+    /// The embedding in mapped host memory (read by the gather over PCIe),
+    /// the LM head in VRAM.
+    Untied {
+        embed: HostTable<bf16>,
+        head: CudaSlice<bf16>,
+    },
+}
+
 pub struct ModelWeights {
-    /// `[V, H]`.
-    pub embed: CudaSlice<bf16>,
+    pub embed: Embedding,
     pub final_norm: CudaSlice<bf16>,
-    /// `[V, H]`; `None` when the embeddings are tied (the head reads `embed`).
-    pub lm_head: Option<CudaSlice<bf16>>,
     pub layers: Vec<LayerWeights>,
     /// Bytes uploaded, for reports.
     pub bytes: usize,
+    /// Bytes kept in mapped host memory (the untied input embedding).
+    pub host_bytes: usize,
 }
 
 impl ModelWeights {
     pub fn lm_head(&self) -> &CudaSlice<bf16> {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+        match &self.embed {
+            Embedding::Tied(h) | Embedding::Untied { head: h, .. } => h,
+        }
     }
 
     pub fn upload(gpu: &Gpu, ckpt: &Checkpoint, g: &Geometry) -> Result<Self> {
@@ -66,13 +85,17 @@ impl ModelWeights {
             ckpt,
             bytes: 0,
         };
-        let embed = up.bf16(&[TensorNames::EMBED], &[g.vocab_size, h])?;
-        let final_norm = up.bf16_one(TensorNames::FINAL_NORM, &[h])?;
-        let lm_head = if g.tie_word_embeddings {
-            None
+        let (embed, host_bytes) = if g.tie_word_embeddings {
+            let e = up.bf16(&[TensorNames::EMBED], &[g.vocab_size, h])?;
+            (Embedding::Tied(e), 0)
         } else {
-            Some(up.bf16(&[TensorNames::LM_HEAD], &[g.vocab_size, h])?)
+            let t = ckpt.expect(TensorNames::EMBED, &[g.vocab_size, h])?;
+            let embed = HostTable::new(&gpu.stream, &to_bf16_bits(&t), TensorNames::EMBED)?;
+            let n = embed.bytes();
+            let head = up.bf16(&[TensorNames::LM_HEAD], &[g.vocab_size, h])?;
+            (Embedding::Untied { embed, head }, n)
         };
+        let final_norm = up.bf16_one(TensorNames::FINAL_NORM, &[h])?;
         let mut layers = Vec::with_capacity(g.num_layers);
         let mut moe_index = 0;
         for (i, kind) in g.mlp_kinds.iter().enumerate() {
@@ -111,9 +134,9 @@ impl ModelWeights {
         Ok(ModelWeights {
             embed,
             final_norm,
-            lm_head,
             layers,
             bytes: up.bytes,
+            host_bytes,
         })
     }
 }

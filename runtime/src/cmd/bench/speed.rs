@@ -26,6 +26,7 @@ struct Identity {
     context_length: usize,
     load_seconds: f64,
     weight_bytes: usize,
+    host_weight_bytes: usize,
     expert_bytes: usize,
     kv_bytes: usize,
 }
@@ -390,6 +391,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             context_length: lr.context_length,
             load_seconds: lr.load_seconds,
             weight_bytes: lr.weight_bytes,
+            host_weight_bytes: lr.host_weight_bytes,
             expert_bytes: lr.expert_bytes,
             kv_bytes: lr.kv_bytes,
         },
