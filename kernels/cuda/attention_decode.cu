@@ -14,13 +14,27 @@
 // maxima and sums go to the workspace: o_part [64][nq][d], then m [64][nq],
 // then l [64][nq]. Splits that start past the sequence write m = -inf,
 // l = 0. The position may come from device memory, so the launch shape
-// depends only on the capacity (graph-capturable).
+// depends only on the capacity (graph-capturable); then `chunk` is 0 and
+// both kernels derive it from the position they read (decode_chunk): the
+// live keys spread over every split, at least one 64-key tile each, so a
+// 1K-token context runs 16 splits per KV head instead of the 2 that a
+// capacity-derived chunk (32K / 64) would give it.
 // attn_decode_combine: one block per q head merges the active splits in
 // ascending order (fixed order, no atomics) and writes bf16.
 // Precision: f32 everywhere; one rounding to bf16 at the end.
 
 #define DEC_MAX_SPLITS 64
 #define DEC_TILE_ELEMS 8192  // bf16 elements of one staged K (or V) tile: 16 KB
+#define DEC_MIN_DYN_CHUNK 64  // keys per split at least when derived on the device
+
+// Keys per split: the launch's fixed chunk, or (chunk == 0) the live keys
+// spread over n_splits in whole 64-key tiles.
+__device__ __forceinline__ u32 decode_chunk(u32 chunk, u32 n_keys, u32 n_splits) {
+    if (chunk) return chunk;
+    u32 c = (n_keys + n_splits - 1) / n_splits;
+    c = (c + DEC_MIN_DYN_CHUNK - 1) / DEC_MIN_DYN_CHUNK * DEC_MIN_DYN_CHUNK;
+    return max(c, (u32)DEC_MIN_DYN_CHUNK);
+}
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
@@ -36,6 +50,7 @@ extern "C" __global__ void __launch_bounds__(128)
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base;
     const u32 n_keys = min(pos + 1, cap);
+    chunk = decode_chunk(chunk, n_keys, gridDim.x);
     const u32 k0 = s * chunk;
     const u32 k1 = min(k0 + chunk, n_keys);
     float* o_part = ws;
@@ -160,6 +175,7 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ ws, bf1
     const u32 h = blockIdx.x, i = threadIdx.x;
     if (h >= nq || i >= d) return;
     const u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base;
+    chunk = decode_chunk(chunk, pos + 1, n_splits);
     const float* o_part = ws;
     const float* m_part = ws + (u64)DEC_MAX_SPLITS * nq * d;
     const float* l_part = m_part + DEC_MAX_SPLITS * nq;

@@ -13,6 +13,9 @@ pub const DECODE_MAX_SPLITS: usize = 64;
 /// Smallest number of keys a decode split handles (below this, splitting
 /// costs more in the combine than it gains).
 const DECODE_MIN_CHUNK: usize = 128;
+/// With a device-side position: fewest keys per split (one staged tile),
+/// mirrored by `DEC_MIN_DYN_CHUNK` in `cuda/attention_decode.cu`.
+const DECODE_MIN_DYN_CHUNK: usize = 64;
 /// Query rows per block of the tensor-core prefill kernel.
 const PREFILL_BLOCK_M: usize = 64;
 
@@ -178,11 +181,23 @@ impl Kernels {
             StartPos::Device(_) => kv.capacity,
         };
         let want = (2 * self.sm_count() as usize).div_ceil(geom.n_kv_heads);
-        let splits = want
-            .min(span.div_ceil(DECODE_MIN_CHUNK))
-            .clamp(1, DECODE_MAX_SPLITS);
-        let chunk = span.div_ceil(splits) as u32;
-        let splits = span.div_ceil(chunk as usize) as u32;
+        let (splits, chunk) = match start {
+            StartPos::Host(_) => {
+                let splits = want
+                    .min(span.div_ceil(DECODE_MIN_CHUNK))
+                    .clamp(1, DECODE_MAX_SPLITS);
+                let chunk = span.div_ceil(splits);
+                (span.div_ceil(chunk) as u32, chunk as u32)
+            }
+            // The kernels spread the live keys over the splits themselves
+            // (chunk 0), so a short context in a long capacity still uses
+            // many blocks.
+            StartPos::Device(_) => (
+                want.min(span.div_ceil(DECODE_MIN_DYN_CHUNK))
+                    .clamp(1, DECODE_MAX_SPLITS) as u32,
+                0,
+            ),
+        };
         let (nq, nkv, d, cap) = (
             geom.n_q_heads as u32,
             geom.n_kv_heads as u32,

@@ -97,6 +97,13 @@ fn attention_decode_matches_reference() {
         (700, 1000, false, 16, 1, 128),
         (333, 400, true, 8, 2, 64),
         (150, 200, false, 8, 1, 256),
+        // Device positions: the kernels spread the live keys over the
+        // splits (tile-aligned chunks), short contexts in a long capacity
+        // and the edges of a 64-key tile included.
+        (1000, 32768, true, 32, 4, 128),
+        (63, 4096, true, 32, 4, 128),
+        (64, 4096, true, 32, 4, 128),
+        (4095, 4096, true, 16, 2, 256),
     ];
     for (pos, capacity, device_pos, nq, nkv, d) in cases {
         let geom = QkvGeom {
