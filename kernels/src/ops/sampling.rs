@@ -25,13 +25,14 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use crate::launch::{Elem, builder, by_elem, cfg, check_len, dim_u32, ensure, submit};
 use crate::{Kernels, Result};
 
-/// Blocks of the penalty/temperature pass; their partial maxima follow the
-/// vocab entries in the workspace.
+/// Blocks of the penalty/temperature pass; their partial maxima, then their
+/// argmax ids, follow the vocab entries in the workspace
+/// (`PREP_MAX_BLOCKS` in `cuda/sampling.cu`).
 pub const SAMPLE_PREP_BLOCKS: usize = 256;
 
 /// u32 elements of the workspace [`Kernels::sample`] needs.
 pub fn sample_workspace_len(vocab: usize) -> usize {
-    vocab + SAMPLE_PREP_BLOCKS
+    vocab + 2 * SAMPLE_PREP_BLOCKS
 }
 
 /// Per-request sampling settings (OpenAI-style).
