@@ -1,7 +1,8 @@
 //! Micro-benchmarks of the hot kernels on the first CUDA device, with the
 //! a3b (Qwen3-30B-A3B) shapes. Times are CUDA-event medians after warm-up.
-//! Usage: `kbench [--int4] [--baseline-int4 OLD.cu]` (prints a table; exits
-//! with an error without a GPU). `--int4` times only the INT4 decode GEMVs;
+//! Usage: `kbench [--int4] [--gemv] [--baseline-int4 OLD.cu]` (prints a
+//! table; exits with an error without a GPU). `--gemv` times only the BF16
+//! decode GEMVs next to cuBLAS; `--int4` times only the INT4 decode GEMVs;
 //! `--baseline-int4` also times the entry points of an older `int4.cu` with
 //! the pre-slot-mask signatures (w13: 128 threads, grid (I/16, pairs); w2:
 //! 32*top_k threads, grid (H/16, tokens)), for before/after numbers.
@@ -9,6 +10,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys::CUevent_flags,
 };
@@ -80,6 +82,8 @@ fn rand_bf16(rng: &mut StdRng, n: usize) -> Vec<bf16> {
 struct Args {
     /// Only the INT4 decode GEMVs.
     int4_only: bool,
+    /// Only the BF16 decode GEMVs (and cuBLAS at the same shapes).
+    gemv_only: bool,
     /// A `.cu` file with an earlier INT4 module, timed beside the current one.
     baseline: Option<String>,
 }
@@ -87,14 +91,18 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let mut args = Args {
         int4_only: false,
+        gemv_only: false,
         baseline: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--int4" => args.int4_only = true,
+            "--gemv" => args.gemv_only = true,
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
-            other => anyhow::bail!("unknown argument {other} (--int4, --baseline-int4 FILE)"),
+            other => {
+                anyhow::bail!("unknown argument {other} (--int4, --gemv, --baseline-int4 FILE)")
+            }
         }
     }
     let ctx = krasis_kernels::try_open_device(0).context("no CUDA device")?;
@@ -117,6 +125,14 @@ fn main() -> anyhow::Result<()> {
     let mut rng = StdRng::seed_from_u64(7);
     let mut rows: Vec<String> = Vec::new();
     let mut a3b_experts = None;
+    if args.gemv_only {
+        bench_gemv(&k, &s, &mut rng, &mut rows)?;
+        println!("\n==== kbench (gemv) ====");
+        for r in rows {
+            println!("{r}");
+        }
+        return Ok(());
+    }
 
     // ---- INT4 decode GEMVs: a3b (H 2048, I 768, top-8 of 128) and qcn
     // (H 2048, I 512, top-10 of 512; 128 experts allocated, ids cycle).
@@ -150,6 +166,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let (buf, table, layout) = a3b_experts.context("a3b experts")?;
+    bench_gemv(&k, &s, &mut rng, &mut rows)?;
     let (h, i, e, topk) = (layout.hidden, layout.intermediate, 128usize, 8usize);
     let w13_bytes = (layout.w13_s - layout.w13_q) + 2 * i * (h / 128) * 2;
     let w2_bytes = h * i / 2 + h * (i / 128) * 2;
@@ -529,4 +546,298 @@ fn bench_int4(
         ));
     }
     Ok((buf, table, layout))
+}
+
+/// One cuBLAS `gemm_ex` exactly as `runtime/gpu/src/blas.rs` issues it:
+/// `Y[m, n] = X[m, k] · W[n, k]ᵀ + beta * Y`, bf16 inputs, f32 compute.
+#[allow(clippy::too_many_arguments)]
+fn cublas_gemm(
+    blas: &CudaBlas,
+    m: usize,
+    n: usize,
+    kk: usize,
+    x: u64,
+    w: u64,
+    y: u64,
+    out_f32: bool,
+    beta: f32,
+) -> anyhow::Result<()> {
+    use cudarc::cublas::sys::{
+        cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+    };
+    let alpha = 1.0f32;
+    let c_type = if out_f32 {
+        cudaDataType::CUDA_R_32F
+    } else {
+        cudaDataType::CUDA_R_16BF
+    };
+    // SAFETY: live device buffers of the stated shapes; alpha/beta are host
+    // scalars that outlive the (enqueue-only) call.
+    unsafe {
+        cudarc::cublas::result::gemm_ex(
+            *blas.handle(),
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+            n as i32,
+            m as i32,
+            kk as i32,
+            (&alpha) as *const f32 as *const _,
+            w as *const _,
+            cudaDataType::CUDA_R_16BF,
+            kk as i32,
+            x as *const _,
+            cudaDataType::CUDA_R_16BF,
+            kk as i32,
+            (&beta) as *const f32 as *const _,
+            y as *mut _,
+            c_type,
+            n as i32,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }?;
+    Ok(())
+}
+
+/// A weight `[n, k]` in `copies` copies (>= 256 MB in all, so a launch never
+/// finds its weight in the 50 MB L2, as in a real decode step).
+struct Rotated {
+    buf: CudaSlice<bf16>,
+    len: usize,
+    copies: usize,
+}
+
+impl Rotated {
+    fn new(s: &Arc<CudaStream>, rng: &mut StdRng, n: usize, kk: usize) -> anyhow::Result<Self> {
+        let len = n * kk;
+        let copies = ((256usize << 20) / (2 * len)).max(1);
+        let block = rand_bf16(rng, len.min(1 << 20));
+        let host: Vec<bf16> = block.iter().copied().cycle().take(len).collect();
+        let mut buf = s.alloc_zeros::<bf16>(copies * len)?;
+        for c in 0..copies {
+            s.memcpy_htod(&host, &mut buf.slice_mut(c * len..(c + 1) * len))?;
+        }
+        Ok(Rotated { buf, len, copies })
+    }
+
+    fn get(&self, it: usize) -> cudarc::driver::CudaView<'_, bf16> {
+        let c = it % self.copies;
+        self.buf.slice(c * self.len..(c + 1) * self.len)
+    }
+}
+
+/// The BF16 decode GEMVs (`gemv_bf16`, `gemv_rmsnorm_bf16`) at the a3b dense
+/// shapes next to cuBLAS `gemm_ex`, graph-timed, with GB/s of weight read.
+fn bench_gemv(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    rows: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    // A fixed workspace, as the engine sets one, so capture never allocates
+    // (declared first: dropped after the handle).
+    let ws = s.alloc_zeros::<u8>(64 << 20)?;
+    let blas = CudaBlas::new(s.clone())?;
+    // SAFETY: `ws` outlives every use of the handle in this function.
+    unsafe {
+        cudarc::cublas::sys::cublasSetWorkspace_v2(
+            *blas.handle(),
+            ws.device_ptr(s).0 as *mut std::ffi::c_void,
+            64 << 20,
+        )
+    }
+    .result()?;
+    let eps = 1e-6f32;
+    let kmax = 4096usize;
+    let x = s.clone_htod(&rand_bf16(rng, 8 * kmax))?;
+    let resid: Vec<f32> = (0..8 * kmax)
+        .map(|_| rng.random_range(-2.0f32..2.0))
+        .collect();
+    let res = s.clone_htod(&resid)?;
+    let gw = s.clone_htod(&rand_bf16(rng, kmax))?;
+    let mut normed = s.alloc_zeros::<bf16>(8 * kmax)?;
+    let gbs = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
+    rows.push(
+        "bf16 GEMV, graph-timed (back to back: on sm_90 each GEMV overlaps the previous one's tail \
+         through PDL), GB/s of weight read; +norm: RMSNorm fused vs rmsnorm_f32 + cuBLAS"
+            .to_string(),
+    );
+    let mut kept = Vec::new();
+    for (label, m, n, kk, out_f32, acc) in [
+        ("qkv", 1usize, 5120usize, 2048usize, false, false),
+        ("o_proj +=", 1, 2048, 4096, true, true),
+        ("router", 1, 128, 2048, true, false),
+        ("lm_head", 1, 151_936, 2048, true, false),
+        ("qkv", 4, 5120, 2048, false, false),
+        ("qkv", 8, 5120, 2048, false, false),
+    ] {
+        let wr = Rotated::new(s, rng, n, kk)?;
+        let bytes = wr.len * 2;
+        let reps = if bytes > (100 << 20) { 8 } else { 64 };
+        let mut yf = s.alloc_zeros::<f32>(m * n)?;
+        let mut yb = s.alloc_zeros::<bf16>(m * n)?;
+        let t_gemv = time_graph_ms(s, reps, |it| {
+            if out_f32 {
+                k.gemv_bf16::<f32>(s, &x, &wr.get(it), m, n, kk, acc, &mut yf)?;
+            } else {
+                k.gemv_bf16::<bf16>(s, &x, &wr.get(it), m, n, kk, false, &mut yb)?;
+            }
+            Ok(())
+        })?;
+        let t_norm = time_graph_ms(s, reps, |it| {
+            let w = wr.get(it);
+            if out_f32 {
+                k.gemv_rmsnorm_bf16::<f32>(
+                    s,
+                    &res,
+                    &gw,
+                    eps,
+                    &w,
+                    m,
+                    n,
+                    kk,
+                    acc,
+                    &mut normed,
+                    &mut yf,
+                )?;
+            } else {
+                k.gemv_rmsnorm_bf16::<bf16>(
+                    s,
+                    &res,
+                    &gw,
+                    eps,
+                    &w,
+                    m,
+                    n,
+                    kk,
+                    false,
+                    &mut normed,
+                    &mut yb,
+                )?;
+            }
+            Ok(())
+        })?;
+        let xp = x.device_ptr(s).0;
+        let np = normed.device_ptr(s).0;
+        let yp = if out_f32 {
+            yf.device_ptr(s).0
+        } else {
+            yb.device_ptr(s).0
+        };
+        let beta = if acc { 1.0 } else { 0.0 };
+        let t_blas = time_graph_ms(s, reps, |it| {
+            let wp = wr.get(it).device_ptr(s).0;
+            cublas_gemm(&blas, m, n, kk, xp, wp, yp, out_f32, beta)
+        })?;
+        let t_blas_norm = time_graph_ms(s, reps, |it| {
+            k.rmsnorm::<f32>(s, &res, &gw, m, kk, eps, &mut normed)?;
+            let wp = wr.get(it).device_ptr(s).0;
+            cublas_gemm(&blas, m, n, kk, np, wp, yp, out_f32, beta)
+        })?;
+        rows.push(format!(
+            "{label:<10} m={m} {n:>6}x{kk} {}: gemv {:>7.2} us {:>5.0} GB/s | cuBLAS {:>7.2} us {:>5.0} GB/s | +norm: fused {:>7.2} us, rmsnorm+cuBLAS {:>7.2} us",
+            if out_f32 { "f32 " } else { "bf16" },
+            t_gemv * 1e3,
+            gbs(bytes, t_gemv),
+            t_blas * 1e3,
+            gbs(bytes, t_blas),
+            t_norm * 1e3,
+            t_blas_norm * 1e3,
+        ));
+        if m == 1 && kept.len() < 3 {
+            kept.push(wr);
+        }
+    }
+
+    // The dense part of one decode layer: RMSNorm + QKV, o_proj += residual,
+    // RMSNorm + router (consecutive GEMVs overlap through PDL on sm_90).
+    let [wq, wo, wr]: [Rotated; 3] = kept
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("qkv, o_proj and router weights"))?;
+    let bytes = 2 * (wq.len + wo.len + wr.len);
+    let mut qkv = s.alloc_zeros::<bf16>(5120)?;
+    let mut resid = s.clone_htod(&resid[..2048])?;
+    let mut logits = s.alloc_zeros::<f32>(128)?;
+    let reps = 32;
+    let t_chain = time_graph_ms(s, reps, |it| {
+        k.gemv_rmsnorm_bf16::<bf16>(
+            s,
+            &resid,
+            &gw,
+            eps,
+            &wq.get(it),
+            1,
+            5120,
+            2048,
+            false,
+            &mut normed,
+            &mut qkv,
+        )?;
+        k.gemv_bf16::<f32>(s, &x, &wo.get(it), 1, 2048, 4096, true, &mut resid)?;
+        k.gemv_rmsnorm_bf16::<f32>(
+            s,
+            &resid,
+            &gw,
+            eps,
+            &wr.get(it),
+            1,
+            128,
+            2048,
+            false,
+            &mut normed,
+            &mut logits,
+        )?;
+        Ok(())
+    })?;
+    let (xp, np) = (x.device_ptr(s).0, normed.device_ptr(s).0);
+    let (qp, rp, lp) = (
+        qkv.device_ptr(s).0,
+        resid.device_ptr(s).0,
+        logits.device_ptr(s).0,
+    );
+    let t_chain_blas = time_graph_ms(s, reps, |it| {
+        k.rmsnorm::<f32>(s, &resid, &gw, 1, 2048, eps, &mut normed)?;
+        cublas_gemm(
+            &blas,
+            1,
+            5120,
+            2048,
+            np,
+            wq.get(it).device_ptr(s).0,
+            qp,
+            false,
+            0.0,
+        )?;
+        cublas_gemm(
+            &blas,
+            1,
+            2048,
+            4096,
+            xp,
+            wo.get(it).device_ptr(s).0,
+            rp,
+            true,
+            1.0,
+        )?;
+        k.rmsnorm::<f32>(s, &resid, &gw, 1, 2048, eps, &mut normed)?;
+        cublas_gemm(
+            &blas,
+            1,
+            128,
+            2048,
+            np,
+            wr.get(it).device_ptr(s).0,
+            lp,
+            true,
+            0.0,
+        )
+    })?;
+    rows.push(format!(
+        "layer dense part (norm+qkv, o_proj+=, norm+router): gemv {:.2} us {:.0} GB/s | rmsnorm+cuBLAS {:.2} us {:.0} GB/s",
+        t_chain * 1e3,
+        gbs(bytes, t_chain),
+        t_chain_blas * 1e3,
+        gbs(bytes, t_chain_blas)
+    ));
+    Ok(())
 }

@@ -34,6 +34,7 @@ pub use compile::{CacheDir, Compiled, compile_module, nvrtc_version};
 pub use error::{KernelError, Result};
 pub use launch::Elem;
 pub use ops::attention::{DECODE_MAX_SPLITS, decode_workspace_len};
+pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS};
 pub use ops::int4::{
     INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, Int4Layout,
 };

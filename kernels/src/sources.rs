@@ -88,6 +88,28 @@ pub const MODULES: &[Module] = &[
         ],
     },
     Module {
+        name: "gemv",
+        source: include_str!("../cuda/gemv.cu"),
+        kernels: &[
+            "gemv_bf16_r2_m1",
+            "gemv_bf16_r2_m2",
+            "gemv_bf16_r2_m4",
+            "gemv_bf16_r2_m8",
+            "gemv_bf16_r1_m1",
+            "gemv_bf16_r1_m2",
+            "gemv_bf16_r1_m4",
+            "gemv_bf16_r1_m8",
+            "gemv_rmsnorm_bf16_r2_m1",
+            "gemv_rmsnorm_bf16_r2_m2",
+            "gemv_rmsnorm_bf16_r2_m4",
+            "gemv_rmsnorm_bf16_r2_m8",
+            "gemv_rmsnorm_bf16_r1_m1",
+            "gemv_rmsnorm_bf16_r1_m2",
+            "gemv_rmsnorm_bf16_r1_m4",
+            "gemv_rmsnorm_bf16_r1_m8",
+        ],
+    },
+    Module {
         name: "sampling",
         source: include_str!("../cuda/sampling.cu"),
         kernels: &[

@@ -37,6 +37,10 @@ fn sources_export_exactly_the_listed_kernels() {
         "int4_w2_combine_1",
         "sample_select",
         "moe_scatter",
+        "gemv_bf16_r2_m1",
+        "gemv_bf16_r1_m8",
+        "gemv_rmsnorm_bf16_r2_m1",
+        "gemv_rmsnorm_bf16_r1_m8",
     ] {
         assert!(all.contains(k), "missing {k}");
     }
@@ -104,6 +108,49 @@ fn int4_reference_roundtrip() {
     let (q, s) = cpu::quantize_rows(&[0f32; 128], 1, 128);
     assert_eq!(s[0].to_f32(), 0.0);
     assert!(q.iter().all(|&b| b == 0x88));
+}
+
+#[test]
+fn gemv_reference_known_values() {
+    // x [2, 3], w [2, 3]: y[t, j] = x[t] . w[j].
+    let x = [1.0f32, 2.0, 3.0, -1.0, 0.5, 4.0];
+    let w = [1.0f32, 0.0, -1.0, 2.0, 2.0, 2.0];
+    assert_eq!(
+        cpu::gemv(&x, &w, 2, 2, 3, None),
+        vec![-2.0, 12.0, -5.0, 7.0]
+    );
+    let y0 = [10.0f32, 20.0, 30.0, 40.0];
+    assert_eq!(
+        cpu::gemv(&x, &w, 2, 2, 3, Some(&y0)),
+        vec![8.0, 32.0, 25.0, 47.0]
+    );
+    // Only the first m rows of x and n rows of w are read.
+    assert_eq!(cpu::gemv(&x, &w, 1, 1, 3, None), vec![-2.0]);
+    // Sums are exact (f64) before the one rounding to f32.
+    let big = [16_777_216.0f32, 1.0, 1.0];
+    assert_eq!(
+        cpu::gemv(&big, &[1.0, 1.0, 1.0], 1, 1, 3, None),
+        vec![16_777_218.0]
+    );
+}
+
+#[test]
+fn gemv_rmsnorm_reference_is_rmsnorm_then_gemv() {
+    let (m, n, k, eps) = (2usize, 3usize, 8usize, 1e-6f32);
+    let res: Vec<f32> = (0..m * k).map(|i| (i as f32 - 7.5) * 0.37).collect();
+    let g: Vec<half::bf16> = (0..k)
+        .map(|i| half::bf16::from_f32(0.5 + i as f32 / 8.0))
+        .collect();
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 7 % 11) as f32 - 5.0) / 8.0)
+        .collect();
+    let (normed, y) = cpu::gemv_rmsnorm(&res, &g, eps, &w, m, n, k, None);
+    let want_normed = cpu::rmsnorm(&res, &g, k, eps);
+    assert_eq!(normed, want_normed);
+    assert_eq!(y, cpu::gemv(&cpu::to_f32(&normed), &w, m, n, k, None));
+    // A constant row normalizes to the weight (up to bf16 rounding).
+    let (normed, _) = cpu::gemv_rmsnorm(&[3.0; 8], &g, 0.0, &w, 1, 1, 8, None);
+    assert_eq!(normed, g);
 }
 
 #[test]

@@ -17,13 +17,13 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{
-    CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg, sys,
-};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::launch::{builder, cfg, check_len, dim_u32, ensure, shape_err, submit};
-use crate::{KernelError, Kernels, Result};
+use crate::launch::{
+    builder, cfg, check_len, dim_u32, ensure, launch_dependent, shape_err, submit,
+};
+use crate::{Kernels, Result};
 
 const GROUP: usize = 128;
 
@@ -353,67 +353,6 @@ impl Kernels {
             cfg((dim_u32(K, "blocks", chunks.div_ceil(256))?, nn, 1), 256, 0),
         )
     }
-}
-
-/// Launch `f` with programmatic stream serialization (sm_90 programmatic
-/// dependent launch): it may start while the previous kernel on `stream`
-/// is still running and must `griddepcontrol.wait` before reading that
-/// kernel's outputs. Works under stream capture (a programmatic graph edge).
-///
-/// # Safety
-/// `args` must match `f`'s parameters in order and type and stay valid
-/// for the call.
-unsafe fn launch_dependent(
-    kernel: &'static str,
-    stream: &CudaStream,
-    f: &CudaFunction,
-    config: LaunchConfig,
-    args: &mut [*mut c_void],
-) -> Result<()> {
-    let (gx, gy, gz) = config.grid_dim;
-    if gx == 0 || gy == 0 || gz == 0 {
-        return Ok(());
-    }
-    if gy > 65535 || gz > 65535 {
-        return Err(shape_err(
-            kernel,
-            format!("grid {:?} exceeds the y/z limit of 65535", config.grid_dim),
-        ));
-    }
-    // SAFETY: a plain-old-data union; zero is a valid bit pattern.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    let lc = sys::CUlaunchConfig {
-        gridDimX: gx,
-        gridDimY: gy,
-        gridDimZ: gz,
-        blockDimX: config.block_dim.0,
-        blockDimY: config.block_dim.1,
-        blockDimZ: config.block_dim.2,
-        sharedMemBytes: config.shared_mem_bytes,
-        hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    // Make the stream's context current, as cudarc's own launches do.
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(KernelError::driver(format!(
-            "binding the context for `{kernel}`"
-        )))?;
-    // SAFETY: the caller guarantees `args`; `lc` and `attr` live across the call.
-    unsafe {
-        sys::cuLaunchKernelEx(
-            &lc,
-            f.cu_function(),
-            args.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    }
-    .result()
-    .map_err(KernelError::driver(format!("launching `{kernel}`")))
 }
 
 #[cfg(test)]

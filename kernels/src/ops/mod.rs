@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod gemv;
 pub mod int4;
 pub mod moe;
 pub mod norm;

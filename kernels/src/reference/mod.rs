@@ -6,12 +6,14 @@
 
 mod attention;
 mod basic;
+mod gemv;
 mod int4;
 mod moe;
 mod sampling;
 
 pub use attention::attention;
 pub use basic::{add_rmsnorm, embed, kv_append, qk_norm_rope, rmsnorm, swiglu, to_bf16, to_f32};
+pub use gemv::{gemv, gemv_rmsnorm};
 pub use int4::{dequant_rows, expert_forward, quantize_rows, write_expert};
 pub use moe::{moe_combine, moe_group, router_topk};
 pub use sampling::{argmax, philox4x32_10, prepared_logits, sample_from_weights, sample_weights};

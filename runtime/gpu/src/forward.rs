@@ -7,6 +7,12 @@
 //! output, softmax top-k, then the routed experts (`moe.rs`); a dense MLP is
 //! gate/up GEMM → SwiGLU → down GEMM into the residual.
 //!
+//! Decode (one token) replaces cuBLAS by the GEMV kernels (`cuda/gemv.cu`),
+//! which stream a projection's weights at HBM rate where cuBLAS at M = 1
+//! does not, and fold each RMSNorm into the projection it feeds (the kernel
+//! still writes `scratch.normed`, which the routed experts read). The LM
+//! head stays on cuBLAS, which already streams it at ~3.8 TB/s.
+//!
 //! Precision: weights BF16 (experts INT4), GEMM inputs BF16, every
 //! accumulation and the residual stream f32, router logits f32.
 
@@ -17,6 +23,7 @@ use crate::experts::ExpertTable;
 use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
 use crate::weights::{Embedding, MlpWeights, ModelWeights};
 use cudarc::driver::{CudaSlice, DevicePtr};
+use half::bf16;
 use krasis_kernels::{Int4Layout, Kernels, QkvGeom, StartPos};
 use krasis_model::Geometry;
 
@@ -189,20 +196,26 @@ impl Model {
         let (g, s, kn) = (cx.g, &cx.gpu.stream, cx.kn);
         let (h, eps) = (g.hidden, g.rms_norm_eps);
         let lw = &cx.w.layers[l];
-        kn.rmsnorm::<f32>(s, &sc.residual, &lw.input_norm, t, h, eps, &mut sc.normed)?;
+        // Decode folds both norms into the projections after them.
+        let decode = matches!(at, Positions::Decode);
+        if !decode {
+            kn.rmsnorm::<f32>(s, &sc.residual, &lw.input_norm, t, h, eps, &mut sc.normed)?;
+        }
         attention(&cx, sc, kv, l, t, at)?;
-        kn.rmsnorm::<f32>(
-            s,
-            &sc.residual,
-            &lw.post_attention_norm,
-            t,
-            h,
-            eps,
-            &mut sc.normed,
-        )?;
+        if !decode {
+            kn.rmsnorm::<f32>(
+                s,
+                &sc.residual,
+                &lw.post_attention_norm,
+                t,
+                h,
+                eps,
+                &mut sc.normed,
+            )?;
+        }
         match &lw.mlp {
             MlpWeights::Moe { moe_index, .. } => {
-                crate::moe::router(&cx, sc, l, t)?;
+                crate::moe::router(&cx, sc, l, t, at)?;
                 if let Some(r) = routes {
                     crate::moe::record_routes(&cx, sc, t, &mut r[*moe_index])?;
                 }
@@ -217,25 +230,45 @@ impl Model {
                     GpuError::Unsupported("dense layer without dense scratch".into())
                 })?;
                 let inter = g.intermediate;
-                cx.gemm(
-                    (t, 2 * inter, h),
-                    cx.p(&sc.normed, 0),
-                    cx.p(gate_up, 0),
-                    cx.p(&ds.gate_up, 0),
-                    OutType::Bf16,
-                    0.0,
-                    "dense gate/up",
-                )?;
+                if decode {
+                    kn.gemv_rmsnorm_bf16::<bf16>(
+                        s,
+                        &sc.residual,
+                        &lw.post_attention_norm,
+                        eps,
+                        gate_up,
+                        1,
+                        2 * inter,
+                        h,
+                        false,
+                        &mut sc.normed,
+                        &mut ds.gate_up,
+                    )?;
+                } else {
+                    cx.gemm(
+                        (t, 2 * inter, h),
+                        cx.p(&sc.normed, 0),
+                        cx.p(gate_up, 0),
+                        cx.p(&ds.gate_up, 0),
+                        OutType::Bf16,
+                        0.0,
+                        "dense gate/up",
+                    )?;
+                }
                 kn.swiglu(s, &ds.gate_up, t, inter, &mut ds.act)?;
-                cx.gemm(
-                    (t, h, inter),
-                    cx.p(&ds.act, 0),
-                    cx.p(down, 0),
-                    cx.p(&sc.residual, 0),
-                    OutType::F32,
-                    1.0,
-                    "dense down",
-                )?;
+                if decode {
+                    kn.gemv_bf16::<f32>(s, &ds.act, down, 1, h, inter, true, &mut sc.residual)?;
+                } else {
+                    cx.gemm(
+                        (t, h, inter),
+                        cx.p(&ds.act, 0),
+                        cx.p(down, 0),
+                        cx.p(&sc.residual, 0),
+                        OutType::F32,
+                        1.0,
+                        "dense down",
+                    )?;
+                }
             }
         }
         Ok(())
@@ -291,17 +324,34 @@ pub(crate) fn attention(
     let (s, kn) = (&cx.gpu.stream, cx.kn);
     let lw = &cx.w.layers[l];
     let geom = cx.qkv_geom(t);
-    cx.gemm(
-        (t, q + 2 * kvd, h),
-        cx.p(&sc.normed, 0),
-        cx.p(&lw.qkv, 0),
-        cx.p(&sc.qkv, 0),
-        OutType::Bf16,
-        0.0,
-        "qkv projection",
-    )?;
-    let theta = g.rope_theta as f32;
     let eps = g.rms_norm_eps;
+    if matches!(at, Positions::Decode) {
+        // The input RMSNorm folded in (the caller skipped it).
+        kn.gemv_rmsnorm_bf16::<bf16>(
+            s,
+            &sc.residual,
+            &lw.input_norm,
+            eps,
+            &lw.qkv,
+            1,
+            q + 2 * kvd,
+            h,
+            false,
+            &mut sc.normed,
+            &mut sc.qkv,
+        )?;
+    } else {
+        cx.gemm(
+            (t, q + 2 * kvd, h),
+            cx.p(&sc.normed, 0),
+            cx.p(&lw.qkv, 0),
+            cx.p(&sc.qkv, 0),
+            OutType::Bf16,
+            0.0,
+            "qkv projection",
+        )?;
+    }
+    let theta = g.rope_theta as f32;
     let scale = 1.0 / (g.head_dim as f32).sqrt();
     let kvg = kv.geom;
     let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
@@ -331,6 +381,16 @@ pub(crate) fn attention(
                 &mut sc.attn_ws,
                 &mut sc.attn,
             )?;
+            return Ok(kn.gemv_bf16::<f32>(
+                s,
+                &sc.attn,
+                &lw.o_proj,
+                1,
+                h,
+                q,
+                true,
+                &mut sc.residual,
+            )?);
         }
     }
     cx.gemm(

@@ -14,7 +14,7 @@
 
 use crate::blas::OutType;
 use crate::error::{GpuError, Result};
-use crate::forward::Ctx;
+use crate::forward::{Ctx, Positions};
 use crate::scratch::Scratch;
 
 fn table_parts<'a>(
@@ -34,21 +34,45 @@ fn table_parts<'a>(
 }
 
 /// Router GEMM (f32 logits) and softmax top-k of decoder layer `l` over
-/// `scratch.normed[..t]`.
-pub(crate) fn router(cx: &Ctx<'_>, sc: &mut Scratch, l: usize, t: usize) -> Result<()> {
+/// `scratch.normed[..t]`; in decode the post-attention RMSNorm is folded
+/// into the router GEMV, which also writes `scratch.normed`.
+pub(crate) fn router(
+    cx: &Ctx<'_>,
+    sc: &mut Scratch,
+    l: usize,
+    t: usize,
+    at: Positions,
+) -> Result<()> {
     let g = cx.g;
-    let crate::weights::MlpWeights::Moe { router, .. } = &cx.w.layers[l].mlp else {
+    let lw = &cx.w.layers[l];
+    let crate::weights::MlpWeights::Moe { router, .. } = &lw.mlp else {
         return Err(GpuError::Unsupported(format!("layer {l} has no router")));
     };
-    cx.gemm(
-        (t, g.num_experts, g.hidden),
-        cx.p(&sc.normed, 0),
-        cx.p(router, 0),
-        cx.p(&sc.router, 0),
-        OutType::F32,
-        0.0,
-        "router",
-    )?;
+    if matches!(at, Positions::Decode) {
+        cx.kn.gemv_rmsnorm_bf16::<f32>(
+            &cx.gpu.stream,
+            &sc.residual,
+            &lw.post_attention_norm,
+            g.rms_norm_eps,
+            router,
+            1,
+            g.num_experts,
+            g.hidden,
+            false,
+            &mut sc.normed,
+            &mut sc.router,
+        )?;
+    } else {
+        cx.gemm(
+            (t, g.num_experts, g.hidden),
+            cx.p(&sc.normed, 0),
+            cx.p(router, 0),
+            cx.p(&sc.router, 0),
+            OutType::F32,
+            0.0,
+            "router",
+        )?;
+    }
     cx.kn.router_topk::<f32>(
         &cx.gpu.stream,
         &sc.router,

@@ -85,7 +85,7 @@ impl CudaEngine {
         if let Some(l) = moe {
             b.router_layer_ms = time(self, &mut |e| {
                 let (cx, sc, _) = e.model_mut().split();
-                crate::moe::router(&cx, sc, l, 1)
+                crate::moe::router(&cx, sc, l, 1, Positions::Decode)
             })?;
             b.experts_layer_ms = time(self, &mut |e| {
                 let (cx, sc, _) = e.model_mut().split();
