@@ -3,11 +3,14 @@
 # bare GPU machine, from the repository root, with binaries built elsewhere
 # and copied into dist/gpu/ (krasis-runtime and the gpu_engine test binary).
 # Usage: benchmarks/run_device.sh OUT_DIR COMMIT PHASE...
-#   PHASE: tests | check-tiny | check-tiny-dense | bench-a3b-24l | check-a3b-24l | bench-a3b
-#          | hcs-exact-a3b-24l | heatmap-a3b-24l | heatmap-a3b | hcs-bench-a3b-24l | hcs-bench-a3b
-#          | hcs-qcn-uniform | hcs-qcn-skewed
-#   HCS_LIMIT (default 6GiB) and HEATMAP_LIMIT set the VRAM limit of hcs-bench-* / heatmap-*.
-# Every phase runs even when an earlier one fails; logs go to OUT_DIR.
+#   PHASE: kernels | kbench | tests | check-tiny | check-tiny-dense | bench-a3b-24l | check-a3b-24l
+#          | bench-a3b | hcs-exact-a3b-24l | heatmap-a3b-24l | heatmap-a3b | hcs-bench-a3b-24l
+#          | hcs-bench-a3b | hcs-32k-a3b-24l | hcs-32k-a3b | hcs-qcn-uniform | hcs-qcn-skewed
+#   The VRAM limit of heatmap-*, hcs-bench-* and hcs-32k-* is the issue's for the preset
+#   (a3b-24l 6GiB, a3b 8GiB) unless HCS_LIMIT is set. dist/gpu holds krasis-runtime, the
+#   gpu_engine-* and kernels' gpu-* test binaries and kbench.
+# Every phase runs even when an earlier one fails; logs go to OUT_DIR/results.tgz, rewritten
+# after every phase so a run cut short still returns what it finished.
 set -u
 final="$1"; commit="$2"; shift 2
 out=/tmp/krasis-results; mkdir -p "$out"
@@ -28,11 +31,19 @@ synth() { # preset dir extra...
   echo "build-cache $p: $((SECONDS - t0)) s"
 }
 
+limit() { # preset
+  if [ -n "${HCS_LIMIT:-}" ]; then echo "$HCS_LIMIT"; elif [ "$1" = a3b ]; then echo 8GiB; else echo 6GiB; fi
+}
+
 for phase in "$@"; do
   echo "=== $phase $(date +%T)"
   case "$phase" in
+    kernels)
+      for t in dist/gpu/gpu-*; do "$t" --test-threads 1 2>&1; done | tee "$out/kernels.log" | grep -E "test result|FAILED|panicked|^test .*FAILED" ;;
+    kbench)
+      dist/gpu/kbench --gemv 2>&1 | tee "$out/kbench.log" ;;
     tests)
-      for t in dist/gpu/gpu_engine-*; do "$t" --test-threads 1 2>&1; done | tee "$out/tests.log" ;;
+      for t in dist/gpu/gpu_engine-*; do "$t" --test-threads 1 2>&1; done | tee "$out/tests.log" | grep -E "test result|FAILED|panicked" ;;
     check-tiny|check-tiny-dense)
       # The attention kernels have no head_dim 32 (the presets' own): check
       # the presets at head_dim 64 against the committed witness fixtures
@@ -58,11 +69,20 @@ for phase in "$@"; do
     heatmap-a3b-24l|heatmap-a3b)
       p="${phase#heatmap-}"
       synth "$p" "/tmp/$p" --experts-in-cache-only 2>&1 | tail -3
-      "$kr" heatmap --model "/tmp/$p" --cache-dir "$kc" --vram-limit ${HEATMAP_LIMIT:-6GiB} 2>&1 | grep -v INFO | tee "$out/heatmap-$p.log" ;;
+      "$kr" heatmap --model "/tmp/$p" --cache-dir "$kc" --vram-limit "$(limit "$p")" 2>&1 | grep -v INFO | tee "$out/heatmap-$p.log" ;;
     hcs-bench-a3b-24l|hcs-bench-a3b)
-      p="${phase#hcs-bench-}"
-      "$kr" bench --model "/tmp/$p" --cache-dir "$kc" --commit "$commit" --vram-limit ${HCS_LIMIT:-6GiB} --baseline \
-        ${BENCH_ARGS:-} --json "$out/hcs-bench-$p-${HCS_LIMIT:-6GiB}.json" --markdown "$out/bench.md" 2>&1 | grep -v INFO | tee "$out/hcs-bench-$p.log" ;;
+      p="${phase#hcs-bench-}"; l="$(limit "$p")"
+      "$kr" bench --model "/tmp/$p" --cache-dir "$kc" --commit "$commit" --vram-limit "$l" --baseline \
+        --prompt-tokens 1000,8000 --decode-tokens 50,100,250 ${BENCH_ARGS:-} \
+        --json "$out/hcs-bench-$p-$l.json" --markdown "$out/bench.md" 2>&1 | grep -v INFO | tee "$out/hcs-bench-$p-$l.log" ;;
+    hcs-32k-a3b-24l|hcs-32k-a3b)
+      # A 32K context under the limit: its KV cache alone is 3.1 GB (24
+      # layers) / 6.3 GB (48 layers), so this shows what is left or the
+      # refusal.
+      p="${phase#hcs-32k-}"; l="$(limit "$p")"
+      "$kr" bench --model "/tmp/$p" --cache-dir "$kc" --commit "$commit" --vram-limit "$l" \
+        --prompt-tokens 32000 --decode-tokens 50 --repeats 1 ${BENCH_ARGS:-} \
+        --json "$out/hcs-32k-$p-$l.json" --markdown "$out/bench.md" 2>&1 | grep -v INFO | tee "$out/hcs-32k-$p-$l.log" ;;
     hcs-qcn-uniform|hcs-qcn-skewed)
       # qcn's INT4 experts are 43 GB: only one variant fits the disk at a
       # time, so each phase removes the other's cache first.
@@ -76,6 +96,7 @@ for phase in "$@"; do
       done ;;
     *) echo "unknown phase $phase" ;;
   esac
+  tar czf "$final/results.tgz" -C "$out" .
 done
 echo "=== done $(date +%T)"
 tar czf "$final/results.tgz" -C "$out" .
