@@ -72,6 +72,7 @@ for phase in "$@"; do
       "$kr" heatmap --model "/tmp/$p" --cache-dir "$kc" --vram-limit "$(limit "$p")" 2>&1 | grep -v INFO | tee "$out/heatmap-$p.log" ;;
     hcs-bench-a3b-24l|hcs-bench-a3b)
       p="${phase#hcs-bench-}"; l="$(limit "$p")"
+      synth "$p" "/tmp/$p" --experts-in-cache-only 2>&1 | tail -3
       "$kr" bench --model "/tmp/$p" --cache-dir "$kc" --commit "$commit" --vram-limit "$l" --baseline \
         --prompt-tokens 1000,8000 --decode-tokens 50,100,250 ${BENCH_ARGS:-} \
         --json "$out/hcs-bench-$p-$l.json" --markdown "$out/bench.md" 2>&1 | grep -v INFO | tee "$out/hcs-bench-$p-$l.log" ;;
@@ -80,6 +81,7 @@ for phase in "$@"; do
       # layers) / 6.3 GB (48 layers), so this shows what is left or the
       # refusal.
       p="${phase#hcs-32k-}"; l="$(limit "$p")"
+      synth "$p" "/tmp/$p" --experts-in-cache-only 2>&1 | tail -3
       "$kr" bench --model "/tmp/$p" --cache-dir "$kc" --commit "$commit" --vram-limit "$l" \
         --prompt-tokens 32000 --decode-tokens 50 --repeats 1 ${BENCH_ARGS:-} \
         --json "$out/hcs-32k-$p-$l.json" --markdown "$out/bench.md" 2>&1 | grep -v INFO | tee "$out/hcs-32k-$p-$l.log" ;;
