@@ -6,6 +6,7 @@
 #   PHASE: kernels | kbench | tests | check-tiny | check-tiny-dense | bench-a3b-24l | check-a3b-24l
 #          | bench-a3b | hcs-exact-a3b-24l | heatmap-a3b-24l | heatmap-a3b | hcs-bench-a3b-24l
 #          | hcs-bench-a3b | hcs-32k-a3b-24l | hcs-32k-a3b | hcs-qcn-uniform | hcs-qcn-skewed
+#          | generate-a3b-24l
 #   The VRAM limit of heatmap-*, hcs-bench-* and hcs-32k-* is the issue's for the preset
 #   (a3b-24l 6GiB, a3b 8GiB) unless HCS_LIMIT is set. dist/gpu holds krasis-runtime, the
 #   gpu_engine-* and kernels' gpu-* test binaries and kbench.
@@ -92,10 +93,20 @@ for phase in "$@"; do
       rm -rf /tmp/qcn-* "$kc"; d="/tmp/qcn-$v"
       synth qcn "$d" --experts-in-cache-only --router-skew "$skew" 2>&1 | tail -3
       "$kr" heatmap --model "$d" --cache-dir "$kc" --vram-limit 16GiB 2>&1 | grep -v INFO | tee "$out/heatmap-qcn-$v.log"
+      # The all-resident baseline does not depend on the limit: measured
+      # with the first, reused by the second.
+      base=(--baseline)
       for lim in 16GiB 24GiB; do
-        "$kr" bench --model "$d" --cache-dir "$kc" --commit "$commit" --vram-limit "$lim" --baseline \
+        "$kr" bench --model "$d" --cache-dir "$kc" --commit "$commit" --vram-limit "$lim" "${base[@]}" \
           ${BENCH_ARGS:-} --json "$out/hcs-bench-qcn-$v-$lim.json" --markdown "$out/bench.md" 2>&1 | grep -v INFO | tee "$out/hcs-bench-qcn-$v-$lim.log"
+        base=(--baseline-from "$out/hcs-bench-qcn-$v-16GiB.json")
       done ;;
+    generate-a3b-24l)
+      # End to end through `generate` under the 6 GiB limit (HCS without a prior:
+      # the heatmap phases show the prior).
+      synth a3b-24l /tmp/a3b-24l --experts-in-cache-only 2>&1 | tail -3
+      "$kr" generate --model /tmp/a3b-24l --cache-dir "$kc" --vram-limit 6GiB --heatmap off --context-length 4096 \
+        --prompt "In the beginning God created the heaven and the earth." --max-tokens 64 2>&1 | grep -v INFO | tee "$out/generate-a3b-24l-6GiB.log" ;;
     *) echo "unknown phase $phase" ;;
   esac
   tar czf "$final/results.tgz" -C "$out" .

@@ -4,6 +4,7 @@
 //! (witness fixtures, CPU reference over the same INT4 cache, determinism
 //! across fresh processes).
 
+mod baseline;
 mod check;
 mod hcs_check;
 mod speed;
@@ -86,6 +87,11 @@ pub struct Args {
     /// first, for the bounds of the constrained figures.
     #[arg(long)]
     pub baseline: bool,
+    /// With --vram-limit: take the all-resident figures from the
+    /// `baseline` section of an earlier bench JSON of the same model
+    /// (they do not depend on the limit) instead of measuring them again.
+    #[arg(long, value_name = "FILE", conflicts_with = "baseline")]
+    pub baseline_from: Option<PathBuf>,
     /// Check that HCS at each of these VRAM limits (comma-separated, e.g.
     /// `6GiB,10GiB`) is bit-identical to the all-resident engine.
     #[arg(long, value_delimiter = ',', value_name = "SIZES")]

@@ -4,9 +4,9 @@
 
 use super::{Args, text_tokens};
 use anyhow::Context;
+use krasis_gpu::CudaEngine;
 use krasis_gpu::bounds::{self, Bound};
 use krasis_gpu::monitor::VramMonitor;
-use krasis_gpu::{CudaEngine, CudaEngineOptions};
 use krasis_model::{Engine, GenerateRequest, GenerateStats, SamplingParams};
 use serde::Serialize;
 use std::ops::ControlFlow;
@@ -90,18 +90,24 @@ struct Report {
     safety_margin_bytes: u64,
     min_free_at_least_margin: bool,
     hcs_load: Option<krasis_gpu::setup::HcsReport>,
+    /// The all-resident figures the constrained bounds use.
+    baseline: Option<super::baseline::Baseline>,
     copy_rates: Option<CopyRates>,
     total_vram_bytes: usize,
     hbm_bytes_per_s_assumed: f64,
     bf16_flop_per_s_assumed: f64,
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(super) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
 
-fn greedy(engine: &mut CudaEngine, prompt: &[u32], new: usize) -> anyhow::Result<GenerateStats> {
+pub(super) fn greedy(
+    engine: &mut CudaEngine,
+    prompt: &[u32],
+    new: usize,
+) -> anyhow::Result<GenerateStats> {
     let req = GenerateRequest {
         prompt: prompt.to_vec(),
         max_new_tokens: new,
@@ -121,7 +127,7 @@ fn greedy(engine: &mut CudaEngine, prompt: &[u32], new: usize) -> anyhow::Result
 
 /// `repeats` greedy runs of `new` tokens after `prompt`: each run's figure
 /// (`pick`), and the HCS traffic of the last run when HCS is active.
-fn measure(
+pub(super) fn measure(
     e: &mut CudaEngine,
     prompt: &[u32],
     new: usize,
@@ -172,44 +178,30 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         max_prompt.max(a.decode_prompt_tokens).max(64),
     )?;
     // The all-resident figures the constrained bounds are measured against.
-    let mut base_prefill = std::collections::BTreeMap::new();
-    let mut base_decode = std::collections::BTreeMap::new();
-    if a.baseline && a.vram_limit.is_some() {
-        let mut e = CudaEngine::load(
-            &a.model,
-            &CudaEngineOptions {
-                vram_limit: None,
-                hcs: false,
-                ..opts.clone()
-            },
-        )
-        .with_context(|| format!("loading {} all-resident (baseline)", a.model.display()))?;
-        greedy(&mut e, &all[..64.min(all.len())], 8)?;
-        for &p in &a.prompt_tokens {
-            let (mut runs, _) = measure(
-                &mut e,
-                &all[..p],
-                1,
-                a.repeats,
-                GenerateStats::prefill_tok_s,
-            )?;
-            base_prefill.insert(p, median(&mut runs));
+    let baseline = match (&a.baseline_from, a.baseline && a.vram_limit.is_some()) {
+        (Some(p), _) => {
+            let g = krasis_model::ModelConfig::load(&a.model)
+                .with_context(|| format!("reading {}", a.model.display()))?
+                .geometry();
+            Some(super::baseline::read(p, &geometry_line(&g), a)?)
         }
-        for &d in &a.decode_tokens {
-            let prompt = &all[..a.decode_prompt_tokens];
-            let (mut runs, _) = measure(
-                &mut e,
-                prompt,
-                d + 1,
-                a.repeats,
-                GenerateStats::decode_tok_s,
-            )?;
-            base_decode.insert(d, median(&mut runs));
-        }
+        (None, true) => Some(super::baseline::measure_all_resident(a, &opts, &all)?),
+        (None, false) => None,
+    };
+    if let Some(b) = &baseline {
         eprintln!(
-            "baseline (all resident): prefill {base_prefill:?} tok/s, decode {base_decode:?} tok/s"
+            "baseline (all resident): prefill {:?} tok/s, decode {:?} tok/s",
+            b.prefill_tok_s, b.decode_tok_s
         );
     }
+    let base_prefill = baseline
+        .as_ref()
+        .map(|b| b.prefill_tok_s.clone())
+        .unwrap_or_default();
+    let base_decode = baseline
+        .as_ref()
+        .map(|b| b.decode_tok_s.clone())
+        .unwrap_or_default();
     let mut engine = CudaEngine::load(&a.model, &opts)
         .with_context(|| format!("loading {} on the GPU", a.model.display()))?;
     let budget = engine.gpu().budget;
@@ -369,19 +361,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         identity: Identity {
             model: model_name.clone(),
             model_dir: a.model.display().to_string(),
-            geometry: format!(
-                "{} layers ({} MoE), hidden {}, {} experts top-{} x {}, {}q/{}kv heads x {}, vocab {}",
-                g.num_layers,
-                g.num_moe_layers(),
-                g.hidden,
-                g.num_experts,
-                g.top_k,
-                g.expert_intermediate,
-                g.num_heads,
-                g.num_kv_heads,
-                g.head_dim,
-                g.vocab_size
-            ),
+            geometry: geometry_line(&g),
             cache_format_version: lr.cache_format_version,
             cache_path: lr.cache_path.as_ref().map(|p| p.display().to_string()),
             gpu: info.name.clone(),
@@ -403,6 +383,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         safety_margin_bytes: opts.safety_margin,
         min_free_at_least_margin: min_free.is_none_or(|m| m >= opts.safety_margin),
         hcs_load: lr.hcs.clone(),
+        baseline,
         copy_rates,
         total_vram_bytes: info.total_bytes,
         hbm_bytes_per_s_assumed: bounds::H200_HBM_BYTES_PER_S,
@@ -426,7 +407,24 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn model_name(dir: &std::path::Path) -> String {
+/// One line naming the geometry, for reports and baseline matching.
+pub(super) fn geometry_line(g: &krasis_model::Geometry) -> String {
+    format!(
+        "{} layers ({} MoE), hidden {}, {} experts top-{} x {}, {}q/{}kv heads x {}, vocab {}",
+        g.num_layers,
+        g.num_moe_layers(),
+        g.hidden,
+        g.num_experts,
+        g.top_k,
+        g.expert_intermediate,
+        g.num_heads,
+        g.num_kv_heads,
+        g.head_dim,
+        g.vocab_size
+    )
+}
+
+pub(super) fn model_name(dir: &std::path::Path) -> String {
     let synth = std::fs::read_to_string(dir.join("krasis_synth.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
