@@ -1,18 +1,33 @@
 // Causal GQA attention for prefill (flash attention 2 style).
 //
-// attn_prefill_mma_d128 (head_dim 128, the Qwen3 case): tensor cores via
-// mma.sync.m16n8k16 bf16 -> f32. A block of 4 warps owns 64 query rows of
-// one q head (16 rows per warp, Q kept in registers as A fragments for the
-// whole kernel) and walks 64-key tiles of its kv head up to the diagonal.
-// K and V tiles are staged in shared memory with cp.async (K and V in
-// separate commit groups so S = Q K^T starts while V is still in flight),
-// XOR-swizzled by 16-byte chunk (chunk c of row r at c ^ (r & 7)) so both
-// the 32-bit K fragment loads and the ldmatrix.trans V loads are free of
-// bank conflicts. Softmax is online in f32 in the log2 domain; P is
-// rounded to bf16 for the P V product (as in flash attention); the row
-// sums use the f32 P. Query tiles are issued last-first so the longest
-// blocks start early. Rows past n_tokens are computed with the last valid
-// position (so they never read unwritten cache) and not stored.
+// attn_prefill_mma_d{64,128,256}: tensor cores via mma.sync.m16n8k16 bf16
+// -> f32, one template (attn_prefill_mma<D, BN, QS>) instantiated per head
+// dim. A block of 4 warps owns 64 query rows of one q head (16 rows per
+// warp) and walks BN-key tiles of its kv head up to the diagonal. K and V
+// tiles are staged in dynamic shared memory with cp.async, XOR-swizzled by
+// 16-byte chunk (chunk c of row r at c ^ (r & 7); a row is D/8 chunks: 8,
+// 16 or 32) so the 32-bit K fragment loads and the ldmatrix(.trans) Q and V
+// loads are free of bank conflicts. Pipeline (single K and V buffers): V of
+// tile n is issued while S = Q K^T of tile n runs, K of tile n+1 while
+// O += P V of tile n runs (two commit groups in flight, fixed wait counts).
+// Softmax is online in f32 in the log2 domain; P is rounded to bf16 for the
+// P V product (as in flash attention); the row sums use the f32 P. Query
+// tiles are issued last-first so the longest blocks start early. Rows past
+// n_tokens are computed with the last valid position (so they never read
+// unwritten cache) and not stored.
+//
+// Per head dim (registers per lane: O = D/2 f32, S = BN/2 f32):
+// - D=64:  BN=64, Q in registers (16 regs), 16 KB smem.
+// - D=128: BN=64, Q in registers (32 regs), 32 KB smem.
+// - D=256: O alone is 128 registers and Q would be 64 more, so Q is staged
+//   once in shared memory (64 x 256 bf16 = 32 KB, same swizzle) and read per
+//   k-step with ldmatrix.x4 (4 registers live); BN=64 (S = 32 registers).
+//   Smem: Q 32 KB + K 32 KB + V 32 KB = 96 KB (dynamic, > 48 KB opt-in), so
+//   two blocks (8 warps) fit an H100/H200 SM, one an A100/sm_8x SM.
+// ptxas (NVRTC 13.0, sm_90): d64 167, d128 254, d256 255 registers, no
+// spills; at <= 255 registers two 128-thread blocks fit an SM's register file.
+// The launch passes exactly pf_smem_bytes(D, BN, QS) bytes of dynamic shared
+// memory (mirrored in ops/attention.rs); a smaller launch traps.
 //
 // attn_prefill_simt: any head_dim in {64,128,192,256}; one warp per query
 // row; each lane scores one key of a 32-key group, then the group's P V is
@@ -22,8 +37,7 @@
 // KV cache layout: [n_kv_heads][capacity][head_dim] bf16 per layer.
 
 #define PF_BM 64
-#define PF_BN 64
-#define PF_D 128
+#define PF_THREADS 128
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;
@@ -45,87 +59,139 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p)));
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-    attn_prefill_mma_d128(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
-                          const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
-                          u32 nkv, u32 cap, float sl2) {
-    __shared__ __align__(128) uint4 Ks[PF_BN * 16];
-    __shared__ __align__(128) uint4 Vs[PF_BN * 16];
+extern __shared__ __align__(128) uint4 pf_smem[];
+
+// Dynamic shared memory of one block: K and V tiles, then Q (QS only).
+__host__ __device__ constexpr u32 pf_smem_bytes(int d, int bn, bool qs) {
+    return (u32)((2 * bn + (qs ? PF_BM : 0)) * d * 2);
+}
+
+// Stage `rows` rows of D bf16 (row r from src + r * src_stride, if r < valid)
+// into dst, swizzled; rows >= valid are zero-filled. All 128 threads.
+template <int D, int ROWS>
+__device__ __forceinline__ void pf_stage(uint4* dst, const bf16_t* src, u64 src_stride, u32 valid) {
+    constexpr u32 CH = D / 8;
+    static_assert((ROWS * CH) % PF_THREADS == 0, "tile chunks must split evenly over the block");
+#pragma unroll
+    for (u32 it = 0; it < (ROWS * CH) / PF_THREADS; ++it) {
+        const u32 i = threadIdx.x + it * PF_THREADS;
+        const u32 r = i / CH, c = i % CH;
+        uint4* d = &dst[r * CH + (c ^ (r & 7))];
+        if (r < valid) cp_async16(d, src + (u64)r * src_stride + c * 8);
+        else *d = make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int D, int BN, bool QS>
+__device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                                                 const bf16_t* __restrict__ vc, bf16_t* __restrict__ out,
+                                                 u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2) {
+    constexpr u32 CH = D / 8;  // 16-byte chunks per row of Q, K and V
+    constexpr int KT = D / 16; // k-steps of S = Q K^T
+    constexpr int NJ = BN / 8; // 8-key column tiles of S
+    constexpr int PK = BN / 16; // k-steps of O += P V
+    constexpr int NP = D / 16; // pairs of 8-column O tiles (one ldmatrix.x4.trans each)
+    static_assert(D == 64 || D == 128 || D == 256, "head_dim");
+    static_assert(BN % 16 == 0 && BN >= 16, "key tile");
+    {
+        u32 dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < pf_smem_bytes(D, BN, QS)) asm volatile("trap;");
+    }
+    uint4* Ks = pf_smem;
+    uint4* Vs = Ks + BN * CH;
+    uint4* Qs = Vs + BN * CH; // QS only: PF_BM rows
+
     const u32 mt = gridDim.x - 1 - blockIdx.x;
     const u32 h = blockIdx.y;
     const u32 kvh = h / (nq / nkv);
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 g = lane >> 2, tq = lane & 3;
-    const u32 stride = (nq + 2 * nkv) * PF_D;
+    const u32 stride = (nq + 2 * nkv) * D;
     const u32 m0 = mt * PF_BM;
     const u32 r0 = m0 + warp * 16 + g, r1 = r0 + 8;
-
-    u32 qa[8][4];
-    const bf16_t* qbase = qkv + (u64)h * PF_D;
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-        u32 col = kk * 16 + 2 * tq;
-        qa[kk][0] = r0 < n_tokens ? *(const u32*)(qbase + (u64)r0 * stride + col) : 0u;
-        qa[kk][1] = r1 < n_tokens ? *(const u32*)(qbase + (u64)r1 * stride + col) : 0u;
-        qa[kk][2] = r0 < n_tokens ? *(const u32*)(qbase + (u64)r0 * stride + col + 8) : 0u;
-        qa[kk][3] = r1 < n_tokens ? *(const u32*)(qbase + (u64)r1 * stride + col + 8) : 0u;
-    }
     const u32 last = start + n_tokens - 1;
     const u32 p0 = min(start + r0, last), p1 = min(start + r1, last);
     const u32 kend = min(start + m0 + PF_BM - 1, last) + 1;
-    const u32 ntiles = (kend + PF_BN - 1) / PF_BN;
-    const bf16_t* kbase = kc + (u64)kvh * cap * PF_D;
-    const bf16_t* vbase = vc + (u64)kvh * cap * PF_D;
+    const u32 ntiles = (kend + BN - 1) / BN;
+    const bf16_t* qbase = qkv + (u64)h * D;
+    const bf16_t* kbase = kc + (u64)kvh * cap * D;
+    const bf16_t* vbase = vc + (u64)kvh * cap * D;
 
-    float o[16][4];
+    // Prologue: Q (QS) and K tile 0 in one commit group.
+    if constexpr (QS) pf_stage<D, PF_BM>(Qs, qbase + (u64)m0 * stride, stride, n_tokens - min(m0, n_tokens));
+    pf_stage<D, BN>(Ks, kbase, D, kend);
+    cp_async_commit();
+
+    // Q as A fragments (registers) when not staged: rows r0/r1, k-step kk.
+    u32 qa[QS ? 1 : KT][4];
+    if constexpr (!QS) {
 #pragma unroll
-    for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        for (int kk = 0; kk < KT; ++kk) {
+            u32 col = kk * 16 + 2 * tq;
+            qa[kk][0] = r0 < n_tokens ? *(const u32*)(qbase + (u64)r0 * stride + col) : 0u;
+            qa[kk][1] = r1 < n_tokens ? *(const u32*)(qbase + (u64)r1 * stride + col) : 0u;
+            qa[kk][2] = r0 < n_tokens ? *(const u32*)(qbase + (u64)r0 * stride + col + 8) : 0u;
+            qa[kk][3] = r1 < n_tokens ? *(const u32*)(qbase + (u64)r1 * stride + col + 8) : 0u;
+        }
+    }
+    // ldmatrix lane roles: lane l addresses row (l & 7) of 8x8 matrix l >> 3;
+    // matrix mi covers rows (mi & 1) * 8.. and chunk (mi >> 1) of a 16x16 slice.
+    const u32 mi = lane >> 3, rr = lane & 7;
+    const u32 qrow = warp * 16 + (mi & 1) * 8 + rr; // QS: row within the block tile
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float mrow0 = NEG_INF_F, mrow1 = NEG_INF_F, l0 = 0.0f, l1 = 0.0f;
 
     for (u32 nt = 0; nt < ntiles; ++nt) {
-        const u32 n0 = nt * PF_BN;
-        __syncthreads();
-        for (u32 i = threadIdx.x; i < PF_BN * 16; i += 128) {
-            u32 r = i >> 4, c = i & 15, key = n0 + r;
-            u32 dst = r * 16 + (c ^ (r & 7));
-            if (key < kend) cp_async16(&Ks[dst], kbase + (u64)key * PF_D + c * 8);
-            else Ks[dst] = make_uint4(0, 0, 0, 0);
-        }
+        const u32 n0 = nt * BN;
+        __syncthreads(); // every warp is done reading Vs (tile nt - 1)
+        pf_stage<D, BN>(Vs, vbase + (u64)n0 * D, D, kend - n0);
         cp_async_commit();
-        for (u32 i = threadIdx.x; i < PF_BN * 16; i += 128) {
-            u32 r = i >> 4, c = i & 15, key = n0 + r;
-            u32 dst = r * 16 + (c ^ (r & 7));
-            if (key < kend) cp_async16(&Vs[dst], vbase + (u64)key * PF_D + c * 8);
-            else Vs[dst] = make_uint4(0, 0, 0, 0);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<1>(); // K tile nt (and Q) landed; V tile nt may be in flight
         __syncthreads();
 
-        float s[8][4];
+        float s[NJ][4];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        for (int j = 0; j < NJ; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
+        for (int kk = 0; kk < KT; ++kk) {
+            u32 qf[4];
+            if constexpr (QS) {
+                ldmatrix_x4(qf, &Qs[qrow * CH + ((2 * kk + (mi >> 1)) ^ rr)]);
+            } else {
+                qf[0] = qa[kk][0];
+                qf[1] = qa[kk][1];
+                qf[2] = qa[kk][2];
+                qf[3] = qa[kk][3];
+            }
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < NJ; ++j) {
                 u32 key = j * 8 + g;
-                const u32* row = (const u32*)&Ks[key * 16];
+                const u32* row = (const u32*)&Ks[key * CH];
                 u32 b0 = row[(((2 * kk) ^ (key & 7)) << 2) + tq];
                 u32 b1 = row[(((2 * kk + 1) ^ (key & 7)) << 2) + tq];
-                mma_bf16(s[j], qa[kk], b0, b1);
+                mma_bf16(s[j], qf, b0, b1);
             }
         }
         // Mask, scale (log2 domain), online softmax.
         float mx0 = NEG_INF_F, mx1 = NEG_INF_F;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < NJ; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 u32 key = n0 + j * 8 + 2 * tq + (e & 1);
@@ -146,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(128)
         mrow1 = mn1;
         float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < NJ; ++j) {
             s[j][0] = exp2f(s[j][0] - mn0);
             s[j][1] = exp2f(s[j][1] - mn0);
             s[j][2] = exp2f(s[j][2] - mn1);
@@ -157,28 +223,29 @@ extern "C" __global__ void __launch_bounds__(128)
         l0 = l0 * al0 + ls0;
         l1 = l1 * al1 + ls1;
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
+        for (int n = 0; n < D / 8; ++n) {
             o[n][0] *= al0;
             o[n][1] *= al0;
             o[n][2] *= al1;
             o[n][3] *= al1;
         }
         cp_async_wait<0>();
-        __syncthreads();
+        __syncthreads(); // V tile nt visible; every warp is done reading Ks
+        if (nt + 1 < ntiles) pf_stage<D, BN>(Ks, kbase + (u64)(n0 + BN) * D, D, kend - (n0 + BN));
+        cp_async_commit(); // possibly empty: keeps the group count fixed
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
+        for (int kk = 0; kk < PK; ++kk) {
             u32 pa[4];
             pa[0] = pack_bf2(s[2 * kk][0], s[2 * kk][1]);
             pa[1] = pack_bf2(s[2 * kk][2], s[2 * kk][3]);
             pa[2] = pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             pa[3] = pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            const u32 mi = lane >> 3, rr = lane & 7;
             const u32 key = kk * 16 + (mi & 1) * 8 + rr;
 #pragma unroll
-            for (int np = 0; np < 8; ++np) {
+            for (int np = 0; np < NP; ++np) {
                 u32 dchunk = np * 2 + (mi >> 1);
                 u32 vb[4];
-                ldmatrix_x4_trans(vb, &Vs[key * 16 + (dchunk ^ (key & 7))]);
+                ldmatrix_x4_trans(vb, &Vs[key * CH + (dchunk ^ (key & 7))]);
                 mma_bf16(o[2 * np], pa, vb[0], vb[1]);
                 mma_bf16(o[2 * np + 1], pa, vb[2], vb[3]);
             }
@@ -189,13 +256,36 @@ extern "C" __global__ void __launch_bounds__(128)
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-    const u32 ostride = nq * PF_D;
+    const u32 ostride = nq * D;
 #pragma unroll
-    for (int n = 0; n < 16; ++n) {
-        u32 col = h * PF_D + n * 8 + 2 * tq;
+    for (int n = 0; n < D / 8; ++n) {
+        u32 col = h * D + n * 8 + 2 * tq;
         if (r0 < n_tokens) *(u32*)(out + (u64)r0 * ostride + col) = pack_bf2(o[n][0] * inv0, o[n][1] * inv0);
         if (r1 < n_tokens) *(u32*)(out + (u64)r1 * ostride + col) = pack_bf2(o[n][2] * inv1, o[n][3] * inv1);
     }
+}
+
+// Entry points (mirrored by PREFILL_MMA in ops/attention.rs): D, keys per
+// tile, Q staged in shared memory.
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_mma_d64(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                         const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
+                         u32 nkv, u32 cap, float sl2) {
+    attn_prefill_mma<64, 64, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_mma_d128(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                          const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
+                          u32 nkv, u32 cap, float sl2) {
+    attn_prefill_mma<128, 64, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_mma_d256(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                          const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
+                          u32 nkv, u32 cap, float sl2) {
+    attn_prefill_mma<256, 64, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2);
 }
 
 extern "C" __global__ void __launch_bounds__(128)

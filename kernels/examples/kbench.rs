@@ -1,8 +1,10 @@
 //! Micro-benchmarks of the hot kernels on the first CUDA device, with the
-//! a3b (Qwen3-30B-A3B) shapes. Times are CUDA-event medians after warm-up.
-//! Usage: `kbench [--int4] [--gemv] [--baseline-int4 OLD.cu]` (prints a
-//! table; exits with an error without a GPU). `--gemv` times only the BF16
-//! decode GEMVs next to cuBLAS; `--int4` times only the INT4 decode GEMVs;
+//! a3b (Qwen3-30B-A3B) shapes, plus prefill attention at the qcn heads (16 q,
+//! 2 kv, head_dim 256). Times are CUDA-event medians after warm-up.
+//! Usage: `kbench [--int4] [--gemv] [--prefill] [--baseline-int4 OLD.cu]`
+//! (prints a table; exits with an error without a GPU). `--gemv` times only
+//! the BF16 decode GEMVs next to cuBLAS; `--int4` times only the INT4 decode
+//! GEMVs; `--prefill` times only prefill attention (d128 and d256);
 //! `--baseline-int4` also times the entry points of an older `int4.cu` with
 //! the pre-slot-mask signatures (w13: 128 threads, grid (I/16, pairs); w2:
 //! 32*top_k threads, grid (H/16, tokens)), for before/after numbers.
@@ -84,6 +86,8 @@ struct Args {
     int4_only: bool,
     /// Only the BF16 decode GEMVs (and cuBLAS at the same shapes).
     gemv_only: bool,
+    /// Only prefill attention (a3b d128 and qcn d256).
+    prefill_only: bool,
     /// A `.cu` file with an earlier INT4 module, timed beside the current one.
     baseline: Option<String>,
 }
@@ -92,6 +96,7 @@ fn main() -> anyhow::Result<()> {
     let mut args = Args {
         int4_only: false,
         gemv_only: false,
+        prefill_only: false,
         baseline: None,
     };
     let mut it = std::env::args().skip(1);
@@ -99,9 +104,12 @@ fn main() -> anyhow::Result<()> {
         match a.as_str() {
             "--int4" => args.int4_only = true,
             "--gemv" => args.gemv_only = true,
+            "--prefill" => args.prefill_only = true,
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
             other => {
-                anyhow::bail!("unknown argument {other} (--int4, --gemv, --baseline-int4 FILE)")
+                anyhow::bail!(
+                    "unknown argument {other} (--int4, --gemv, --prefill, --baseline-int4 FILE)"
+                )
             }
         }
     }
@@ -125,6 +133,23 @@ fn main() -> anyhow::Result<()> {
     let mut rng = StdRng::seed_from_u64(7);
     let mut rows: Vec<String> = Vec::new();
     let mut a3b_experts = None;
+    if args.prefill_only {
+        let t = 8192usize;
+        let ms = bench_prefill(&k, &s, &mut rng, (32, 4, 128), t, 3)?;
+        let flops = 4.0 * 128.0 * 32.0 * (t as f64) * (t as f64 + 1.0) / 2.0;
+        rows.push(format!(
+            "attn prefill mma d128 nq32/nkv4 T={t:<5} {:>8.1} us {:>7.1} TFLOP/s  x24 layers {:.1} ms",
+            ms * 1e3,
+            flops / ms / 1e9,
+            24.0 * ms
+        ));
+        bench_prefill_qcn(&k, &s, &mut rng, &mut rows)?;
+        println!("\n==== kbench (prefill attention) ====");
+        for r in rows {
+            println!("{r}");
+        }
+        return Ok(());
+    }
     if args.gemv_only {
         bench_gemv(&k, &s, &mut rng, &mut rows)?;
         println!("\n==== kbench (gemv) ====");
@@ -230,6 +255,7 @@ fn main() -> anyhow::Result<()> {
         "attn prefill T=2048: simt {:.2} ms, mma {:.3} ms",
         ts, tm
     ));
+    bench_prefill_qcn(&k, &s, &mut rng, &mut rows)?;
 
     // ---- Decode attention at 8K and 32K context.
     for ctxlen in [8192usize, 32768] {
@@ -363,6 +389,61 @@ fn main() -> anyhow::Result<()> {
     println!("\n==== kbench ====");
     for r in rows {
         println!("{r}");
+    }
+    Ok(())
+}
+
+/// Median time (ms) of one causal prefill attention launch from position
+/// 0 over `t` random tokens with `heads` = (n_q, n_kv, head_dim).
+fn bench_prefill(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    heads: (usize, usize, usize),
+    t: usize,
+    reps: usize,
+) -> anyhow::Result<f64> {
+    let (nq, nkv, d) = heads;
+    let geom = QkvGeom {
+        n_tokens: t,
+        n_q_heads: nq,
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let kv = KvGeom {
+        n_kv_heads: nkv,
+        head_dim: d,
+        capacity: t,
+    };
+    let qkv = s.clone_htod(&rand_bf16(rng, geom.len()))?;
+    let mut kc = s.alloc_zeros::<bf16>(kv.len())?;
+    let mut vc = s.alloc_zeros::<bf16>(kv.len())?;
+    k.kv_append(s, &qkv, geom, StartPos::Host(0), kv, &mut kc, &mut vc)?;
+    let mut out = s.alloc_zeros::<bf16>(t * nq * d)?;
+    let scale = 1.0 / (d as f32).sqrt();
+    time_ms(s, reps, |_| {
+        Ok(k.attention_prefill(s, &qkv, geom, 0, kv, &kc, &vc, scale, &mut out)?)
+    })
+}
+
+/// Prefill attention at the qcn heads (16 q, 2 kv, d 256; 48 layers), T 8K
+/// and 32K from position 0, with causal TFLOP/s (2 * 2 * nq * D * T(T+1)/2).
+fn bench_prefill_qcn(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    rows: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for t in [8192usize, 32768] {
+        let reps = if t > 8192 { 1 } else { 3 };
+        let ms = bench_prefill(k, s, rng, (16, 2, 256), t, reps)?;
+        let flops = 4.0 * 256.0 * 16.0 * (t as f64) * (t as f64 + 1.0) / 2.0;
+        rows.push(format!(
+            "attn prefill mma d256 nq16/nkv2 T={t:<5} {:>8.1} us {:>7.1} TFLOP/s  x48 layers {:.1} ms",
+            ms * 1e3,
+            flops / ms / 1e9,
+            48.0 * ms
+        ));
     }
     Ok(())
 }

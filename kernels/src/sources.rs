@@ -51,7 +51,12 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "attention_prefill",
         source: include_str!("../cuda/attention_prefill.cu"),
-        kernels: &["attn_prefill_mma_d128", "attn_prefill_simt"],
+        kernels: &[
+            "attn_prefill_mma_d64",
+            "attn_prefill_mma_d128",
+            "attn_prefill_mma_d256",
+            "attn_prefill_simt",
+        ],
     },
     Module {
         name: "attention_decode",

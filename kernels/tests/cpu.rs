@@ -31,7 +31,9 @@ fn sources_export_exactly_the_listed_kernels() {
     }
     // Every wrapper family is present.
     for k in [
+        "attn_prefill_mma_d64",
         "attn_prefill_mma_d128",
+        "attn_prefill_mma_d256",
         "attn_decode_split",
         "int4_w13_swiglu_2",
         "int4_w2_combine_1",

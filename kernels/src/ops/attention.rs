@@ -16,8 +16,48 @@ const DECODE_MIN_CHUNK: usize = 128;
 /// With a device-side position: fewest keys per split (one staged tile),
 /// mirrored by `DEC_MIN_DYN_CHUNK` in `cuda/attention_decode.cu`.
 const DECODE_MIN_DYN_CHUNK: usize = 64;
-/// Query rows per block of the tensor-core prefill kernel.
+/// Query rows per block of the tensor-core prefill kernels.
 const PREFILL_BLOCK_M: usize = 64;
+
+/// A tensor-core prefill kernel: its head_dim, entry point, keys per staged
+/// tile and whether Q is staged in shared memory (else held in registers).
+/// Mirrors the entry points of `cuda/attention_prefill.cu`.
+struct PrefillMma {
+    head_dim: usize,
+    name: &'static str,
+    block_n: usize,
+    q_in_smem: bool,
+}
+
+const PREFILL_MMA: &[PrefillMma] = &[
+    PrefillMma {
+        head_dim: 64,
+        name: "attn_prefill_mma_d64",
+        block_n: 64,
+        q_in_smem: false,
+    },
+    PrefillMma {
+        head_dim: 128,
+        name: "attn_prefill_mma_d128",
+        block_n: 64,
+        q_in_smem: false,
+    },
+    PrefillMma {
+        head_dim: 256,
+        name: "attn_prefill_mma_d256",
+        block_n: 64,
+        q_in_smem: true,
+    },
+];
+
+impl PrefillMma {
+    /// Dynamic shared memory per block (`pf_smem_bytes` in the kernel,
+    /// which traps if launched with less): K and V tiles, plus Q.
+    fn smem_bytes(&self) -> u32 {
+        let rows = 2 * self.block_n + if self.q_in_smem { PREFILL_BLOCK_M } else { 0 };
+        (rows * self.head_dim * std::mem::size_of::<bf16>()) as u32
+    }
+}
 
 /// f32 elements of the workspace [`Kernels::attention_decode`] needs:
 /// `DECODE_MAX_SPLITS * n_q_heads * (head_dim + 2)` (partial outputs, then
@@ -44,8 +84,9 @@ impl Kernels {
     /// - `k_cache`, `v_cache`: bf16 `[n_kv][capacity][head_dim]`.
     /// - `out`: bf16 `[n_tokens, n_q_heads * head_dim]`.
     ///
-    /// head_dim 128 uses the tensor-core (mma.sync bf16) kernel; other head
-    /// dims fall back to [`Kernels::attention_prefill_simt`].
+    /// head_dim 64, 128 and 256 use the tensor-core (mma.sync bf16)
+    /// kernels (head_dim 256 needs 96 KB of shared memory per block); other
+    /// head dims fall back to [`Kernels::attention_prefill_simt`].
     #[allow(clippy::too_many_arguments)]
     pub fn attention_prefill(
         &self,
@@ -59,14 +100,25 @@ impl Kernels {
         scale: f32,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
-        if geom.head_dim != 128 {
+        let Some(mma) = PREFILL_MMA.iter().find(|m| m.head_dim == geom.head_dim) else {
             return self.attention_prefill_simt(
                 stream, qkv, geom, start_pos, kv, k_cache, v_cache, scale, out,
             );
+        };
+        let kn = mma.name;
+        let args = PrefillArgs::check(kn, qkv, geom, start_pos, kv, k_cache, v_cache, out)?;
+        let f = self.func(kn)?;
+        let smem = mma.smem_bytes();
+        if smem > 48 * 1024 {
+            use cudarc::driver::sys::CUfunction_attribute_enum as A;
+            f.set_attribute(
+                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(crate::KernelError::driver(format!(
+                "`{kn}`: {smem} bytes of shared memory"
+            )))?;
         }
-        const K: &str = "attn_prefill_mma_d128";
-        let args = PrefillArgs::check(K, qkv, geom, start_pos, kv, k_cache, v_cache, out)?;
-        let f = self.func(K)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
@@ -81,7 +133,7 @@ impl Kernels {
             .arg(&args.cap)
             .arg(&sl2);
         let m_tiles = geom.n_tokens.div_ceil(PREFILL_BLOCK_M) as u32;
-        submit(K, b, cfg((m_tiles, args.nq, 1), 128, 0))
+        submit(kn, b, cfg((m_tiles, args.nq, 1), 128, smem))
     }
 
     /// Plain SIMT (no tensor cores) causal prefill attention with the same
