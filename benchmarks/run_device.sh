@@ -65,7 +65,7 @@ for phase in "$@"; do
         --json "$out/bench-$p.json" --markdown "$out/bench.md" 2>&1 | tee "$out/bench-$p.log" ;;
     hcs-exact-a3b-24l)
       synth a3b-24l /tmp/a3b-24l --experts-in-cache-only 2>&1 | tail -3
-      "$kr" bench --model /tmp/a3b-24l --cache-dir "$kc" --hcs-exactness 6GiB,10GiB --heatmap off \
+      "$kr" bench --model /tmp/a3b-24l --cache-dir "$kc" --hcs-exactness ${HCS_EXACT_LIMITS:-6GiB,8GiB} --heatmap off \
         --long-tokens 2048 --prefill-chunk 1024 --json "$out/hcs-exact-a3b-24l.json" 2>&1 | grep -v INFO | tee "$out/hcs-exact-a3b-24l.log" ;;
     heatmap-a3b-24l|heatmap-a3b)
       p="${phase#heatmap-}"

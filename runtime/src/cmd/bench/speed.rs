@@ -445,26 +445,40 @@ fn markdown_line(r: &Report) -> String {
     let pf: Vec<String> = r
         .prefill
         .iter()
-        .map(|p| {
-            format!(
+        .map(|p| match &p.constrained {
+            // Under a limit the bound that matters is copies + all-resident
+            // compute, not the FLOP rate.
+            Some(c) => format!(
+                "{}: {:.0} ({:.0}% of HCS bound)",
+                p.prompt_tokens,
+                p.tok_s,
+                100.0 * c.fraction
+            ),
+            None => format!(
                 "{}: {:.0} ({:.0}% of bound)",
                 p.prompt_tokens,
                 p.tok_s,
                 100.0 * p.fraction_of_bound
-            )
+            ),
         })
         .collect();
     let dc: Vec<String> = r
         .decode
         .iter()
         .filter(|d| d.cuda_graphs)
-        .map(|d| {
-            format!(
+        .map(|d| match &d.constrained {
+            Some(c) => format!(
+                "{}: {:.1} ({:.0}% of HCS bound)",
+                d.decode_tokens,
+                d.tok_s,
+                100.0 * c.fraction
+            ),
+            None => format!(
                 "{}: {:.1} ({:.0}%)",
                 d.decode_tokens,
                 d.tok_s,
                 100.0 * d.fraction_of_bound
-            )
+            ),
         })
         .collect();
     let eager: Vec<String> = r
