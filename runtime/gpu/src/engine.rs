@@ -164,6 +164,7 @@ impl CudaEngine {
                 gemv_tokens: GEMV_MAX_TOKENS,
                 hcs: None,
                 routes: None,
+                prefill_span: None,
             },
             context,
             cuda_graphs: opts.cuda_graphs,
@@ -217,6 +218,15 @@ impl CudaEngine {
 
     pub fn load_report(&self) -> &LoadReport {
         &self.report
+    }
+
+    /// Streams prompts (under HCS) through the layer groups in spans of at
+    /// most `tokens` (`None`: whole prompts). Each span crosses PCIe once
+    /// more; the output is bit-identical. The engine falls back to spans by
+    /// itself when a prompt's hidden states do not fit; this sets them up
+    /// front (checks, or bounding per-request memory).
+    pub fn set_prefill_span(&mut self, tokens: Option<usize>) {
+        self.model.prefill_span = tokens.map(|t| t.max(1));
     }
 
     /// Turns decode CUDA graphs on or off (results are identical).

@@ -44,6 +44,10 @@ pub struct Model {
     /// When set, prefill adds each token's selected experts here
     /// (`[moe layer][expert]`), for heatmaps.
     pub routes: Option<Vec<Vec<u64>>>,
+    /// Streamed prefill takes at most this many prompt tokens through the
+    /// layer groups at a time (`None`: the whole prompt, split further only
+    /// when its hidden states do not fit).
+    pub prefill_span: Option<usize>,
 }
 
 /// Where the positions of a forward pass come from.

@@ -10,6 +10,9 @@ use krasis_model::Engine;
 
 struct Run {
     prompt_logits: Vec<Vec<f32>>,
+    /// Under a limit: the prompt streamed one prefill chunk per span (the
+    /// path a prompt whose hidden states do not fit falls back to).
+    span_logits: Option<Vec<Vec<f32>>>,
     tokens: Vec<u32>,
     decode_logits: Vec<Vec<f32>>,
 }
@@ -30,6 +33,14 @@ fn run_once(
         .with_context(|| format!("loading {} (VRAM limit {limit:?})", a.model.display()))?;
     let prompt_logits = e.prompt_logits(prompt)?;
     let (tokens, decode_logits) = e.greedy_logits(&prompt[..short], n)?;
+    let span_logits = if e.hcs_active() {
+        e.set_prefill_span(Some(e.load_report().prefill_chunk));
+        let l = e.prompt_logits(prompt)?;
+        e.set_prefill_span(None);
+        Some(l)
+    } else {
+        None
+    };
     let desc = match e.hcs_stats() {
         Some(h) => format!(
             "{}/{} experts on the GPU, hit rate {:.3}, {:.1} cold experts/token, {} promotions, {} evictions, prefill streamed {:.2} GB",
@@ -46,6 +57,7 @@ fn run_once(
     Ok((
         Run {
             prompt_logits,
+            span_logits,
             tokens,
             decode_logits,
         },
@@ -72,7 +84,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     for s in &a.hcs_exactness {
         let limit = crate::cmd::engines::parse_vram_limit(s).map_err(anyhow::Error::msg)?;
         let (r, desc) = run_once(a, Some(limit), &prompt, short, n)?;
-        let checks = [
+        let mut checks = vec![
             (
                 format!("prompt logits of {} tokens bit-identical", prompt.len()),
                 bits(&r.prompt_logits) == bits(&base.prompt_logits),
@@ -86,6 +98,12 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 bits(&r.decode_logits) == bits(&base.decode_logits),
             ),
         ];
+        if let Some(l) = &r.span_logits {
+            checks.push((
+                "prompt logits with the prompt streamed one chunk per span bit-identical".into(),
+                bits(l) == bits(&base.prompt_logits),
+            ));
+        }
         for (what, ok) in checks {
             println!(
                 "CHECK HCS at {s} ({desc}): {what}: {}",
