@@ -171,6 +171,21 @@ pub(crate) unsafe fn launch_dependent(
     .map_err(KernelError::driver(format!("launching `{kernel}`")))
 }
 
+/// Opts `f` in to more than 48 KB of dynamic shared memory when needed.
+pub(crate) fn allow_smem(kernel: &'static str, f: &CudaFunction, bytes: u32) -> Result<()> {
+    if bytes > 48 * 1024 {
+        use cudarc::driver::sys::CUfunction_attribute_enum as A;
+        f.set_attribute(
+            A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(KernelError::driver(format!(
+            "`{kernel}`: {bytes} bytes of shared memory"
+        )))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

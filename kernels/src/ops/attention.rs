@@ -109,16 +109,7 @@ impl Kernels {
         let args = PrefillArgs::check(kn, qkv, geom, start_pos, kv, k_cache, v_cache, out)?;
         let f = self.func(kn)?;
         let smem = mma.smem_bytes();
-        if smem > 48 * 1024 {
-            use cudarc::driver::sys::CUfunction_attribute_enum as A;
-            f.set_attribute(
-                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(crate::KernelError::driver(format!(
-                "`{kn}`: {smem} bytes of shared memory"
-            )))?;
-        }
+        crate::launch::allow_smem(kn, f, smem)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);

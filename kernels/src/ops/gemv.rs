@@ -16,13 +16,13 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{
-    CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use crate::launch::{Elem, builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit};
-use crate::{KernelError, Kernels, Result};
+use crate::launch::{
+    Elem, allow_smem, builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit,
+};
+use crate::{Kernels, Result};
 
 /// Most tokens (rows of `x`) per GEMV launch.
 pub const GEMV_MAX_TOKENS: usize = 8;
@@ -135,21 +135,6 @@ fn check_disjoint(
 fn launch_cfg(kernels: &Kernels, n: usize, m: usize, k: usize) -> LaunchConfig {
     let blocks = (n as u64).min(u64::from(kernels.sm_count() * BLOCKS_PER_SM)) as u32;
     cfg((blocks, 1, 1), THREADS, (2 * m * k) as u32)
-}
-
-/// Opts `f` in to more than 48 KB of dynamic shared memory when needed.
-fn allow_smem(kernel: &'static str, f: &CudaFunction, bytes: u32) -> Result<()> {
-    if bytes > 48 * 1024 {
-        use cudarc::driver::sys::CUfunction_attribute_enum as A;
-        f.set_attribute(
-            A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes as i32,
-        )
-        .map_err(KernelError::driver(format!(
-            "`{kernel}`: {bytes} bytes of shared memory"
-        )))?;
-    }
-    Ok(())
 }
 
 /// Output mode argument of the kernels: 0 bf16, 1 f32, 2 f32 accumulate.

@@ -49,16 +49,11 @@ pub(crate) fn router(
         return Err(GpuError::Unsupported(format!("layer {l} has no router")));
     };
     if matches!(at, Positions::Decode) {
-        cx.kn.gemv_rmsnorm_bf16::<f32>(
-            &cx.gpu.stream,
+        cx.norm_gemv::<f32>(
             &sc.residual,
             &lw.post_attention_norm,
-            g.rms_norm_eps,
             router,
-            1,
             g.num_experts,
-            g.hidden,
-            false,
             &mut sc.normed,
             &mut sc.router,
         )?;
