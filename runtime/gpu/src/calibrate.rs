@@ -118,6 +118,7 @@ impl CudaEngine {
                 ..SamplingParams::default()
             },
             stop_token_ids: Vec::new(),
+            cancel: Default::default(),
         };
         self.generate(&req, &mut |_| ControlFlow::Continue(()))
             .map_err(|e| {

@@ -147,6 +147,7 @@ fn decode_graphs_eager_and_prefill_agree() {
             max_new_tokens: 40,
             sampling: SamplingParams::greedy(),
             stop_token_ids: vec![],
+            cancel: Default::default(),
         };
         gpu.generate(&req, &mut |t| {
             out.push(t);
@@ -189,6 +190,7 @@ fn decode_graphs_eager_and_prefill_agree() {
             ..SamplingParams::default()
         },
         stop_token_ids: vec![],
+        cancel: Default::default(),
     };
     let mut a = Vec::new();
     gpu.generate(&req, &mut |t| {

@@ -3,6 +3,8 @@
 //! backend is a drop-in and the same checks run against each.
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Sampling settings for one request. `temperature == 0` is greedy.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,16 +46,36 @@ impl SamplingParams {
     }
 }
 
+/// A flag the request side sets to stop a generation that is running: the
+/// engine checks it between prefill chunks (and the server's token callback
+/// between decoded tokens), so a client that disconnects or a shutdown does
+/// not wait for a long prompt to finish prefilling. The default token is
+/// never cancelled.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Option<Arc<AtomicBool>>);
+
+impl CancelToken {
+    /// A token that reports cancellation once `flag` is set.
+    pub fn new(flag: Arc<AtomicBool>) -> Self {
+        CancelToken(Some(flag))
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
+    }
+}
+
 /// One generation: the prompt is prefilled, then up to `max_new_tokens`
 /// tokens are decoded; generation ends early on any of `stop_token_ids`
-/// (the stop token is reported but counts as the end) or when the callback
-/// breaks (stop string matched, client gone).
+/// (the stop token is reported but counts as the end), when the callback
+/// breaks (stop string matched, client gone), or when `cancel` is set (also
+/// during prefill; the outcome is then `Cancelled` with no token produced).
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
     pub stop_token_ids: Vec<u32>,
+    pub cancel: CancelToken,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,8 +19,8 @@ pub mod tokenizer;
 pub use arch::{Geometry, MlpKind, ModelConfig};
 pub use checkpoint::{Checkpoint, DType, TensorView};
 pub use engine::{
-    Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats,
-    SamplingParams,
+    CancelToken, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,
+    GenerateStats, SamplingParams,
 };
 pub use error::ModelError;
 pub use experts::{ExpertF32, ExpertWeights};

@@ -43,6 +43,7 @@ fn reference_engine_never_emits_a_padding_id() {
             ..SamplingParams::default()
         },
         stop_token_ids: vec![],
+        cancel: Default::default(),
     };
     let mut ids = Vec::new();
     engine

@@ -116,6 +116,7 @@ fn tiny_prefill_64_decode_32_is_fast() {
         max_new_tokens: 32,
         sampling: SamplingParams::greedy(),
         stop_token_ids: vec![],
+        cancel: Default::default(),
     };
     let t = std::time::Instant::now();
     let o = e

@@ -142,6 +142,7 @@ fn generate_into(a: &Args, out: &mut dyn Write) -> anyhow::Result<GenerateOutcom
         max_new_tokens: a.max_tokens,
         sampling,
         stop_token_ids: tokenizer.eos_token_ids().to_vec(),
+        cancel: Default::default(),
     };
     let mut decoder = tokenizer.incremental();
     let mut failure: Option<anyhow::Error> = None;
@@ -209,6 +210,7 @@ mod tests {
             max_new_tokens: 6,
             sampling: SamplingParams::greedy(),
             stop_token_ids: tok.eos_token_ids().to_vec(),
+            cancel: Default::default(),
         };
         let mut ids = Vec::new();
         e.generate(&req, &mut |t| {

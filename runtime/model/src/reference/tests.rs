@@ -57,6 +57,7 @@ fn request(prompt: &[u32], max: usize) -> GenerateRequest {
         max_new_tokens: max,
         sampling: SamplingParams::greedy(),
         stop_token_ids: vec![],
+        cancel: Default::default(),
     }
 }
 

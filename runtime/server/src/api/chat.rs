@@ -83,6 +83,7 @@ pub async fn chat_completions(
         max_new_tokens: max_new,
         sampling: req.common.sampling(&state.config.default_sampling),
         stop_token_ids: model.tokenizer.eos_token_ids().to_vec(),
+        cancel: Default::default(),
     };
     let max_calls = (req.parallel_tool_calls == Some(false)).then_some(1);
     let job = submit(&model, gen_req, req.common.stop_strings())?;

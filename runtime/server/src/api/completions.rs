@@ -72,6 +72,7 @@ pub async fn completions(
         max_new_tokens: max_new,
         sampling: req.common.sampling(&state.config.default_sampling),
         stop_token_ids: model.tokenizer.eos_token_ids().to_vec(),
+        cancel: Default::default(),
     };
     let job = submit(&model, gen_req, req.common.stop_strings())?;
     let meta = ResponseMeta::new("cmpl", &state.config.model_id, req.common.include_usage());

@@ -113,6 +113,7 @@ pub(super) fn greedy(
         max_new_tokens: new,
         sampling: SamplingParams::greedy(),
         stop_token_ids: Vec::new(),
+        cancel: Default::default(),
     };
     let out = engine
         .generate(&req, &mut |_| ControlFlow::Continue(()))
