@@ -15,7 +15,7 @@ pub mod status;
 pub use capabilities::{ArchitectureCaps, ArchitectureDefaults, BackendCaps, Capabilities};
 pub use events::ProgressEvent;
 pub use options::{Backend, LaunchOptions, OptionError};
-pub use status::{EngineStats, Health, Phase};
+pub use status::{EXIT_ENGINE_FAULT, EngineStats, Health, HealthStatus, Phase};
 
 /// Version of the launcher <-> runtime contract. Bumped on any incompatible
 /// change so a launcher refuses a runtime it does not understand.

@@ -12,15 +12,35 @@ pub enum Phase {
     Failed,
 }
 
+/// Readiness as probes and supervisors read it (llama.cpp's convention):
+/// `/health` answers 503 with `loading` until the model serves requests,
+/// 200 with `ok` while it does, and 503 with `error` after loading failed or
+/// the engine faulted (the runtime then exits with [`EXIT_ENGINE_FAULT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthStatus {
+    Loading,
+    Ok,
+    Error,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Health {
-    /// Always "ok" while the process answers.
-    pub status: String,
+    pub status: HealthStatus,
     pub phase: Phase,
     pub model_loaded: bool,
     pub model: Option<String>,
     pub backend: String,
+    /// What failed, with `status: error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
+
+/// Exit status of `krasis-runtime serve` after a fault inside the engine (a
+/// panic or a CUDA error): the engine is never reused in an unknown state, so
+/// the process reports unhealthy and exits with this code, and the launcher's
+/// supervisor restarts it. (70 is `EX_SOFTWARE` of sysexits.h.)
+pub const EXIT_ENGINE_FAULT: i32 = 70;
 
 /// Live figures for the launcher's run screen (`GET /v1/stats`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

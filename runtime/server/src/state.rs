@@ -132,7 +132,9 @@ impl AppState {
     pub fn health(&self) -> Health {
         let loaded = self.model.get();
         Health {
-            status: "ok".into(),
+            // Placeholder until readiness is reported truthfully (issue 11).
+            status: krasis_common::status::HealthStatus::Ok,
+            error: None,
             phase: self.phase(),
             model_loaded: loaded.is_some(),
             model: Some(self.config.model_id.clone()),
