@@ -10,11 +10,13 @@
 pub mod capabilities;
 pub mod events;
 pub mod options;
+pub mod size;
 pub mod status;
 
 pub use capabilities::{ArchitectureCaps, ArchitectureDefaults, BackendCaps, Capabilities};
 pub use events::ProgressEvent;
-pub use options::{Backend, LaunchOptions, OptionError};
+pub use options::{API_KEY_ENV, Backend, LaunchOptions, OptionError};
+pub use size::{SizeError, format_size, parse_size};
 pub use status::{EXIT_ENGINE_FAULT, EngineStats, Health, HealthStatus, Phase};
 
 /// Version of the launcher <-> runtime contract. Bumped on any incompatible

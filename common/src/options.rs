@@ -76,8 +76,16 @@ pub struct LaunchOptions {
     pub backend: Backend,
     pub host: String,
     pub port: u16,
-    /// Bearer token required on every API request when set.
+    /// Bearer token required on every API request, held in memory only (typed
+    /// in the TUI or read from `KRASIS_API_KEY`). Never written to a profile
+    /// and never put on a command line: it reaches the runtime through
+    /// [`LaunchOptions::serve_env`].
+    #[serde(skip_serializing)]
     pub api_key: Option<String>,
+    /// File holding the bearer token (one line; readable only by its owner).
+    /// What profiles store instead of a key; passed to the runtime as
+    /// `--api-key-file`, which reads it.
+    pub api_key_file: Option<PathBuf>,
     /// Allow binding a non-loopback address without an API key.
     pub insecure_public: bool,
     /// Maximum context (prompt + generated tokens); KV cache is sized for it.
@@ -104,6 +112,9 @@ pub struct LaunchOptions {
     pub queue_depth: u32,
     /// CUDA device ordinal.
     pub gpu: u32,
+    /// Browser origins allowed to call the API cross-origin (CORS), each
+    /// `scheme://host[:port]`, or `*` for any. Empty: loopback origins only.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for LaunchOptions {
@@ -114,6 +125,7 @@ impl Default for LaunchOptions {
             host: "127.0.0.1".into(),
             port: 8080,
             api_key: None,
+            api_key_file: None,
             insecure_public: false,
             context_length: None,
             expert_precision: "int4".into(),
@@ -127,8 +139,136 @@ impl Default for LaunchOptions {
             cache_dir: None,
             queue_depth: 16,
             gpu: 0,
+            cors_origins: Vec::new(),
         }
     }
+}
+
+/// Environment variable that carries the API key to the launcher and the
+/// runtime (the launcher sets it for the runtime it starts).
+pub const API_KEY_ENV: &str = "KRASIS_API_KEY";
+
+/// Why `--api-key KEY` is refused on both command lines.
+pub const API_KEY_ARGV_REFUSED: &str = "--api-key on the command line is refused: other users of this machine can read a process's arguments (ps, /proc/PID/cmdline). Put the key in a file only you can read (chmod 600) and pass --api-key-file PATH, or set the KRASIS_API_KEY environment variable";
+
+/// Placeholder keys from examples and tutorials, refused on a public bind.
+const PLACEHOLDER_KEYS: [&str; 5] = ["change-me", "changeme", "password", "secret", "api-key"];
+
+/// Shortest API key accepted on a non-loopback bind.
+pub const MIN_PUBLIC_KEY_CHARS: usize = 16;
+
+/// Reads an API key file: its contents without the trailing newline. A
+/// leading `~/` is the home directory. Refused when empty, and on Unix when
+/// group or others may read it (as ssh does with private keys): the key would
+/// be as visible as on a command line.
+pub fn read_api_key_file(path: &std::path::Path) -> Result<String, OptionError> {
+    let path = &expand_home(path);
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| OptionError::new("api_key_file", format!("cannot read {shown}: {e}")))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)
+            .map_err(|e| OptionError::new("api_key_file", format!("cannot stat {shown}: {e}")))?
+            .permissions()
+            .mode();
+        if mode & 0o044 != 0 {
+            return Err(OptionError::new(
+                "api_key_file",
+                format!(
+                    "{shown} is readable by other users (mode {:03o}); run `chmod 600 {shown}`",
+                    mode & 0o777
+                ),
+            ));
+        }
+    }
+    let key = text.trim_end_matches(['\n', '\r']);
+    if key.trim().is_empty() {
+        return Err(OptionError::new(
+            "api_key_file",
+            format!("{shown} is empty; write the API key into it"),
+        ));
+    }
+    Ok(key.to_string())
+}
+
+/// `~/x` as `$HOME/x` (`%USERPROFILE%` on Windows); other paths unchanged.
+pub fn expand_home(path: &std::path::Path) -> PathBuf {
+    let home = std::env::var_os(if cfg!(windows) { "USERPROFILE" } else { "HOME" });
+    match (path.strip_prefix("~"), home) {
+        (Ok(rest), Some(h)) => PathBuf::from(h).join(rest),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// Checks one CORS origin: `*`, or `http`/`https` `://host[:port]` with no
+/// path, query or trailing slash, lower case (what browsers send in `Origin`).
+pub fn check_cors_origin(origin: &str) -> Result<(), String> {
+    if origin == "*" {
+        return Ok(());
+    }
+    let example =
+        "write it as a browser sends it, e.g. https://chat.example.com or http://localhost:3000";
+    let rest = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+        .ok_or_else(|| {
+            format!(
+                "'{origin}' is not an origin: it must start with http:// or https://; {example}"
+            )
+        })?;
+    if rest.contains(['/', '?', '#']) {
+        return Err(format!(
+            "'{origin}' has a path; an origin is only scheme://host[:port] (no trailing '/'); {example}"
+        ));
+    }
+    if rest.contains('@') {
+        return Err(format!("'{origin}' has user information; {example}"));
+    }
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let (h, after) = v6
+            .split_once(']')
+            .ok_or_else(|| format!("'{origin}' has an unclosed IPv6 bracket"))?;
+        if h.is_empty()
+            || !h
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        {
+            return Err(format!("'{origin}' has a bad IPv6 address"));
+        }
+        match after {
+            "" => (h, None),
+            p => (
+                h,
+                Some(p.strip_prefix(':').ok_or_else(|| {
+                    format!("'{origin}': expected ':PORT' after the IPv6 address")
+                })?),
+            ),
+        }
+    } else {
+        match rest.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (rest, None),
+        }
+    };
+    let host_ok = !host.is_empty()
+        && !host.starts_with(['.', '-'])
+        && (rest.starts_with('[')
+            || host
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'));
+    if !host_ok {
+        return Err(format!(
+            "'{origin}' has a bad host '{host}' (lower-case letters, digits, '-' and '.'); {example}"
+        ));
+    }
+    if let Some(p) = port
+        && (p.starts_with('0') || !p.parse::<u16>().is_ok_and(|n| n > 0))
+    {
+        return Err(format!("'{origin}' has a bad port '{p}' (1-65535)"));
+    }
+    Ok(())
 }
 
 /// An option that is wrong, with the option's name and what to do about it.
@@ -146,6 +286,42 @@ impl OptionError {
             reason: reason.into(),
         }
     }
+}
+
+/// An API key's own checks: not empty, no whitespace, and on a public bind
+/// neither a well-known placeholder nor shorter than [`MIN_PUBLIC_KEY_CHARS`].
+fn check_api_key(k: &str, public: bool) -> Result<(), OptionError> {
+    if k.trim().is_empty() {
+        return Err(OptionError::new("api_key", "API key is empty"));
+    }
+    if k.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(OptionError::new(
+            "api_key",
+            "API key contains whitespace or control characters (a key file holds the key on one line)",
+        ));
+    }
+    if !public {
+        return Ok(());
+    }
+    let generate = "generate one with e.g. `openssl rand -hex 32`";
+    if PLACEHOLDER_KEYS.iter().any(|p| k.eq_ignore_ascii_case(p)) {
+        return Err(OptionError::new(
+            "api_key",
+            format!(
+                "the API key is the placeholder '{k}'; anyone could guess it on a public bind; {generate}"
+            ),
+        ));
+    }
+    let n = k.chars().count();
+    if n < MIN_PUBLIC_KEY_CHARS {
+        return Err(OptionError::new(
+            "api_key",
+            format!(
+                "the API key has {n} characters; a public bind needs at least {MIN_PUBLIC_KEY_CHARS}; {generate}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// True for addresses only this machine can reach.
@@ -172,19 +348,34 @@ impl LaunchOptions {
                 "port 0 is not allowed; pick a port such as 8080",
             ));
         }
-        if !is_loopback_host(&self.host) && self.api_key.is_none() && !self.insecure_public {
+        let public = !is_loopback_host(&self.host);
+        if public && self.api_key.is_none() && self.api_key_file.is_none() && !self.insecure_public
+        {
             return Err(OptionError::new(
                 "host",
                 format!(
-                    "binding {} exposes the server to other machines; set an API key or pass --insecure-public explicitly",
+                    "binding {} exposes the server to other machines; set an API key (--api-key-file PATH or KRASIS_API_KEY) or pass --insecure-public explicitly",
                     self.host
                 ),
             ));
         }
-        if let Some(k) = &self.api_key
-            && k.trim().is_empty()
-        {
-            return Err(OptionError::new("api_key", "API key is empty"));
+        if self.api_key.is_some() && self.api_key_file.is_some() {
+            return Err(OptionError::new(
+                "api_key",
+                "both an API key and an API key file are set; use one of them",
+            ));
+        }
+        if let Some(k) = &self.api_key {
+            check_api_key(k, public)?;
+        }
+        for o in &self.cors_origins {
+            check_cors_origin(o).map_err(|e| OptionError::new("cors_origins", e))?;
+        }
+        if self.cors_origins.len() > 1 && self.cors_origins.iter().any(|o| o == "*") {
+            return Err(OptionError::new(
+                "cors_origins",
+                "'*' already allows every origin; give it alone",
+            ));
         }
         if let Some(c) = self.context_length
             && c < 16
@@ -208,7 +399,29 @@ impl LaunchOptions {
         Ok(())
     }
 
-    /// Arguments for `krasis-runtime serve` (without the program name and subcommand).
+    /// The API key these options give the server: the in-memory key, else
+    /// the contents of `api_key_file` (read now, with its checks).
+    pub fn resolved_api_key(&self) -> Result<Option<String>, OptionError> {
+        match (&self.api_key, &self.api_key_file) {
+            (Some(k), _) => Ok(Some(k.clone())),
+            (None, Some(p)) => read_api_key_file(p).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Environment for the `krasis-runtime serve` child: `KRASIS_API_KEY`
+    /// when the key is held in memory (a key file goes by path in
+    /// [`LaunchOptions::to_serve_args`]). The spawner should also remove any
+    /// inherited `KRASIS_API_KEY` when this does not set it.
+    pub fn serve_env(&self) -> Vec<(String, String)> {
+        match &self.api_key {
+            Some(k) => vec![(API_KEY_ENV.to_string(), k.clone())],
+            None => Vec::new(),
+        }
+    }
+
+    /// Arguments for `krasis-runtime serve` (without the program name and
+    /// subcommand). Never contains the API key: see [`LaunchOptions::serve_env`].
     pub fn to_serve_args(&self) -> Vec<String> {
         let mut a = vec![
             "--model".to_string(),
@@ -239,9 +452,13 @@ impl LaunchOptions {
             self.gpu.to_string(),
             "--progress-json".into(),
         ];
-        if let Some(k) = &self.api_key {
-            a.push("--api-key".into());
-            a.push(k.clone());
+        if let Some(p) = &self.api_key_file {
+            a.push("--api-key-file".into());
+            a.push(p.display().to_string());
+        }
+        for o in &self.cors_origins {
+            a.push("--cors-origin".into());
+            a.push(o.clone());
         }
         if self.insecure_public {
             a.push("--insecure-public".into());
@@ -274,11 +491,172 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(o.validate().unwrap_err().option, "host");
-        o.api_key = Some("k".into());
+        o.api_key = Some("k3y-0f-sixteen-chars".into());
         o.validate().unwrap();
         o.api_key = None;
+        o.api_key_file = Some("/etc/krasis/key".into());
+        o.validate().unwrap();
+        o.api_key_file = None;
         o.insecure_public = true;
         o.validate().unwrap();
+    }
+
+    #[test]
+    fn public_bind_refuses_placeholder_and_short_keys() {
+        let public = |k: &str| LaunchOptions {
+            model: "m".into(),
+            host: "0.0.0.0".into(),
+            api_key: Some(k.into()),
+            ..Default::default()
+        };
+        for k in ["change-me", "CHANGEME", "Password", "secret"] {
+            let e = public(k).validate().unwrap_err();
+            assert_eq!(e.option, "api_key");
+            assert!(e.reason.contains("placeholder"), "{k}: {e}");
+        }
+        let e = public("fifteen-chars!!").validate().unwrap_err();
+        assert!(e.reason.contains("at least 16"), "{e}");
+        public("sixteen-chars!!!").validate().unwrap();
+        // Even with --insecure-public a weak key is refused: it would look safe.
+        let mut o = public("secret");
+        o.insecure_public = true;
+        assert!(o.validate().is_err());
+        // On loopback the key is the user's business.
+        let mut o = public("secret");
+        o.host = "127.0.0.1".into();
+        o.validate().unwrap();
+        // Whitespace never works in a bearer token.
+        assert!(public("sixteen chars!!!!").validate().is_err());
+        // Key and key file together are ambiguous.
+        let mut o = public("sixteen-chars!!!");
+        o.api_key_file = Some("/k".into());
+        assert!(o.validate().unwrap_err().reason.contains("both"));
+    }
+
+    #[test]
+    fn the_key_never_reaches_argv_or_a_saved_form() {
+        let o = LaunchOptions {
+            model: "/m".into(),
+            api_key: Some("a-very-secret-key-123".into()),
+            ..Default::default()
+        };
+        assert!(
+            !o.to_serve_args()
+                .iter()
+                .any(|a| a.contains("a-very-secret") || a == "--api-key"),
+            "{:?}",
+            o.to_serve_args()
+        );
+        assert_eq!(
+            o.serve_env(),
+            vec![(
+                "KRASIS_API_KEY".to_string(),
+                "a-very-secret-key-123".to_string()
+            )]
+        );
+        let json = serde_json::to_string(&o).unwrap();
+        assert!(!json.contains("a-very-secret"), "{json}");
+        // A key file travels by path; there is nothing to put in the environment.
+        let o = LaunchOptions {
+            model: "/m".into(),
+            api_key_file: Some("/run/key".into()),
+            ..Default::default()
+        };
+        assert!(o.serve_env().is_empty());
+        assert!(
+            o.to_serve_args()
+                .windows(2)
+                .any(|w| w[0] == "--api-key-file" && w[1] == "/run/key")
+        );
+    }
+
+    #[test]
+    fn key_files_are_trimmed_and_checked() {
+        let dir = std::env::temp_dir().join(format!("krasis-key-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, text: &str, mode: u32| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            }
+            #[cfg(not(unix))]
+            let _ = mode;
+            p
+        };
+        let p = write("good", "k3y-0f-sixteen-chars\n", 0o600);
+        assert_eq!(read_api_key_file(&p).unwrap(), "k3y-0f-sixteen-chars");
+        let o = LaunchOptions {
+            api_key_file: Some(p),
+            ..Default::default()
+        };
+        assert_eq!(
+            o.resolved_api_key().unwrap().as_deref(),
+            Some("k3y-0f-sixteen-chars")
+        );
+        let p = write("crlf", "abc\r\n", 0o600);
+        assert_eq!(read_api_key_file(&p).unwrap(), "abc");
+        let p = write("empty", "\n", 0o600);
+        assert!(read_api_key_file(&p).unwrap_err().reason.contains("empty"));
+        #[cfg(unix)]
+        {
+            let p = write("shared", "k3y-0f-sixteen-chars\n", 0o644);
+            let e = read_api_key_file(&p).unwrap_err();
+            assert!(e.reason.contains("chmod 600"), "{e}");
+        }
+        let e = read_api_key_file(&dir.join("missing")).unwrap_err();
+        assert!(e.reason.contains("cannot read"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn cors_origins_are_checked_and_passed() {
+        for ok in [
+            "*",
+            "http://localhost:3000",
+            "https://chat.example.com",
+            "http://192.168.1.5:8080",
+            "http://[::1]:8080",
+        ] {
+            check_cors_origin(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [
+            "",
+            "localhost:3000",
+            "ftp://x.org",
+            "https://x.org/",
+            "https://x.org/path",
+            "https://X.org",
+            "https://x.org:0",
+            "https://x.org:99999",
+            "https://x.org:",
+            "https://user@x.org",
+            "https://",
+            "null",
+        ] {
+            assert!(check_cors_origin(bad).is_err(), "{bad}");
+        }
+        let mut o = LaunchOptions {
+            model: "/m".into(),
+            cors_origins: vec!["https://a.example".into(), "http://localhost:5173".into()],
+            ..Default::default()
+        };
+        o.validate().unwrap();
+        let args = o.to_serve_args();
+        let passed: Vec<_> = args
+            .windows(2)
+            .filter(|w| w[0] == "--cors-origin")
+            .map(|w| w[1].clone())
+            .collect();
+        assert_eq!(passed, o.cors_origins);
+        o.cors_origins.push("*".into());
+        assert!(o.validate().unwrap_err().reason.contains("alone"));
+        o.cors_origins = vec!["https://a.example/".into()];
+        assert_eq!(o.validate().unwrap_err().option, "cors_origins");
+        // Nothing is allowed cross-origin unless asked for.
+        assert!(LaunchOptions::default().cors_origins.is_empty());
     }
 
     #[test]

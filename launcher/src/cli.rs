@@ -2,8 +2,8 @@
 //! the TUI) ends in one `LaunchOptions` that goes through `validate`.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use krasis_common::options::HeatmapChoice;
-use krasis_common::{Backend, LaunchOptions, OptionError};
+use krasis_common::options::{API_KEY_ARGV_REFUSED, HeatmapChoice};
+use krasis_common::{API_KEY_ENV, Backend, LaunchOptions, OptionError};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -151,9 +151,19 @@ pub struct OptionFlags {
     pub host: Option<String>,
     #[arg(long)]
     pub port: Option<u16>,
-    /// Require this bearer token on every API request.
-    #[arg(long)]
+    /// Refused: a key on the command line is visible to every user in `ps`.
+    /// Use --api-key-file or KRASIS_API_KEY.
+    #[arg(long, value_name = "KEY", hide = true)]
     pub api_key: Option<String>,
+    /// Require the bearer token in this file (one line, `chmod 600`) on every
+    /// API request. The KRASIS_API_KEY environment variable is the other way
+    /// to give a key; this flag wins over it.
+    #[arg(long, value_name = "PATH")]
+    pub api_key_file: Option<PathBuf>,
+    /// Allow browser pages from this origin (scheme://host[:port], or `*` for
+    /// any) to call the API; repeatable. Default: loopback origins only.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
     /// Allow a non-loopback bind without an API key.
     #[arg(long)]
     pub insecure_public: bool,
@@ -192,8 +202,33 @@ pub struct OptionFlags {
 }
 
 impl OptionFlags {
-    /// Applies the flags that were given on top of `base`.
+    /// Applies the flags that were given, and the `KRASIS_API_KEY`
+    /// environment variable, on top of `base`.
     pub fn apply(&self, base: &mut LaunchOptions) -> Result<(), OptionError> {
+        self.apply_with_env(base, std::env::var(API_KEY_ENV).ok())
+    }
+
+    /// [`OptionFlags::apply`] with the value of `KRASIS_API_KEY` given. Where
+    /// the key comes from: `--api-key-file` over `KRASIS_API_KEY` over the
+    /// profile's `api_key_file` (command line, then environment, then file).
+    pub fn apply_with_env(
+        &self,
+        base: &mut LaunchOptions,
+        env_key: Option<String>,
+    ) -> Result<(), OptionError> {
+        if self.api_key.is_some() {
+            return Err(OptionError::new("api_key", API_KEY_ARGV_REFUSED));
+        }
+        if let Some(p) = &self.api_key_file {
+            base.api_key_file = Some(p.clone());
+            base.api_key = None;
+        } else if let Some(k) = env_key {
+            base.api_key = Some(k);
+            base.api_key_file = None;
+        }
+        if !self.cors_origins.is_empty() {
+            base.cors_origins = self.cors_origins.clone();
+        }
         if let Some(m) = &self.model {
             base.model = m.clone();
         }
@@ -205,9 +240,6 @@ impl OptionFlags {
         }
         if let Some(p) = self.port {
             base.port = p;
-        }
-        if let Some(k) = &self.api_key {
-            base.api_key = Some(k.clone());
         }
         if self.insecure_public {
             base.insecure_public = true;
@@ -225,8 +257,10 @@ impl OptionFlags {
             base.kv_format = v.clone();
         }
         if let Some(v) = &self.vram_limit {
-            base.vram_limit_bytes =
-                Some(crate::units::parse_bytes(v).map_err(|e| OptionError::new("vram_limit", e))?);
+            base.vram_limit_bytes = Some(
+                crate::units::parse_size(v)
+                    .map_err(|e| OptionError::new("vram_limit", e.to_string()))?,
+            );
         }
         if let Some(v) = self.safety_margin_mib {
             base.safety_margin_mib = v;
@@ -305,6 +339,106 @@ mod tests {
             f.apply(&mut LaunchOptions::default()).unwrap_err().option,
             "vram_limit"
         );
+    }
+
+    fn serve_flags(extra: &[&str]) -> OptionFlags {
+        let mut argv = vec!["krasis", "serve", "--model", "/m"];
+        argv.extend_from_slice(extra);
+        let Some(Cmd::Serve(s)) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!()
+        };
+        s.opts
+    }
+
+    #[test]
+    fn vram_limit_reads_sizes_like_the_runtime() {
+        // The same table the runtime's --vram-limit test goes through.
+        for (input, want) in krasis_common::size::EXAMPLES {
+            let mut o = LaunchOptions::default();
+            let got = serve_flags(&[&format!("--vram-limit={input}")])
+                .apply_with_env(&mut o, None)
+                .map(|()| o.vram_limit_bytes.unwrap());
+            assert_eq!(got.as_ref().ok(), want.as_ref(), "{input:?}: {got:?}");
+        }
+        let mut o = LaunchOptions::default();
+        let e = serve_flags(&["--vram-limit", "24G"])
+            .apply_with_env(&mut o, None)
+            .unwrap_err();
+        assert!(e.reason.contains("24GiB (2^30) or 24GB (10^9)"), "{e}");
+        serve_flags(&["--vram-limit", "24GB"])
+            .apply_with_env(&mut o, None)
+            .unwrap();
+        assert_eq!(o.vram_limit_bytes, Some(24_000_000_000));
+    }
+
+    #[test]
+    fn api_key_on_the_command_line_is_refused() {
+        let mut o = LaunchOptions::default();
+        let e = serve_flags(&["--api-key", "k3y-0f-sixteen-chars"])
+            .apply_with_env(&mut o, None)
+            .unwrap_err();
+        assert!(
+            e.reason.contains("--api-key-file") && e.reason.contains("KRASIS_API_KEY"),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("k3y-0f"), "the key is not echoed");
+        assert_eq!(o.api_key, None);
+    }
+
+    #[test]
+    fn key_sources_command_line_then_environment_then_profile() {
+        let profile = LaunchOptions {
+            model: "/m".into(),
+            api_key_file: Some("/profile/key".into()),
+            ..Default::default()
+        };
+        // Environment over the profile's file.
+        let mut o = profile.clone();
+        serve_flags(&[])
+            .apply_with_env(&mut o, Some("from-env-0123456789".into()))
+            .unwrap();
+        assert_eq!(o.api_key.as_deref(), Some("from-env-0123456789"));
+        assert_eq!(o.api_key_file, None);
+        // --api-key-file over the environment.
+        let mut o = profile.clone();
+        serve_flags(&["--api-key-file", "/flag/key"])
+            .apply_with_env(&mut o, Some("from-env-0123456789".into()))
+            .unwrap();
+        assert_eq!(o.api_key, None);
+        assert_eq!(o.api_key_file, Some(PathBuf::from("/flag/key")));
+        assert!(!o.to_serve_args().iter().any(|a| a.contains("from-env")));
+        // Nothing given: the profile's file stays.
+        let mut o = profile.clone();
+        serve_flags(&[]).apply_with_env(&mut o, None).unwrap();
+        assert_eq!(o, profile);
+    }
+
+    #[test]
+    fn cors_origins_repeat_and_replace_the_profile_list() {
+        let mut o = LaunchOptions {
+            cors_origins: vec!["https://old.example".into()],
+            ..Default::default()
+        };
+        serve_flags(&[
+            "--cors-origin",
+            "https://a.example",
+            "--cors-origin",
+            "http://localhost:3000",
+        ])
+        .apply_with_env(&mut o, None)
+        .unwrap();
+        assert_eq!(
+            o.cors_origins,
+            vec!["https://a.example", "http://localhost:3000"]
+        );
+        let mut o = LaunchOptions {
+            model: "/m".into(),
+            ..Default::default()
+        };
+        serve_flags(&["--cors-origin", "https://a.example/app"])
+            .apply_with_env(&mut o, None)
+            .unwrap();
+        assert_eq!(o.validate().unwrap_err().option, "cors_origins");
     }
 
     #[test]

@@ -12,6 +12,10 @@
 //!
 //! Written atomically (temp file in the same directory, then rename). A bad
 //! profile is refused with the file, line, key and reason.
+//!
+//! Profiles never hold an API key: `api_key` in a file is refused, and a key
+//! held in memory (typed in the TUI, or from `KRASIS_API_KEY`) is left out
+//! when saving. A profile names a key file instead (`api_key_file`).
 
 use krasis_common::LaunchOptions;
 use serde::{Deserialize, Serialize};
@@ -99,6 +103,12 @@ pub fn parse(text: &str, file: &Path) -> Result<Profile, ProfileError> {
         }
     }
     let p: Profile = toml::from_str(text).map_err(|e| located(text, file, &e))?;
+    if p.options.api_key.is_some() {
+        return Err(ProfileError::Rejected {
+            file: file.to_path_buf(),
+            reason: "options.api_key: profiles do not hold API keys (anyone who can read the file, or a copy of it, has the key). Remove the line, put the key in a file only you can read (chmod 600) and set `api_key_file = \"PATH\"`, or set KRASIS_API_KEY".into(),
+        });
+    }
     p.options.validate().map_err(|e| ProfileError::Rejected {
         file: file.to_path_buf(),
         reason: format!("options.{}: {}", e.option, e.reason),
@@ -190,8 +200,20 @@ impl Store {
     }
 
     /// Writes atomically: a crash leaves either the old or the new profile.
+    /// An API key held in memory is not written; a profile that would not
+    /// load without it (a public bind with no key file) is refused.
     pub fn save(&self, p: &Profile) -> Result<PathBuf, ProfileError> {
         let path = self.path(&p.name)?;
+        let text = to_toml(p);
+        if let Err(e) = parse(&text, &path) {
+            let reason = match e {
+                ProfileError::Rejected { reason, .. } if p.options.api_key.is_some() => format!(
+                    "{reason}; the API key given for this run is never stored in a profile: save it in a file only you can read (chmod 600) and set the profile's API key file"
+                ),
+                other => other.to_string(),
+            };
+            return Err(ProfileError::Rejected { file: path, reason });
+        }
         std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
         let tmp = self
             .dir
@@ -199,7 +221,7 @@ impl Store {
         let write = || -> std::io::Result<()> {
             use std::io::Write;
             let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(to_toml(p).as_bytes())?;
+            f.write_all(text.as_bytes())?;
             f.sync_all()?;
             std::fs::rename(&tmp, &path)
         };
@@ -313,6 +335,41 @@ mod tests {
     }
 
     #[test]
+    fn keys_are_never_saved_and_never_read() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Store::new(t.path().to_path_buf());
+        let mut p = sample();
+        p.options.api_key = Some("typed-in-the-tui-0123".into());
+        let path = s.save(&p).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("typed-in-the-tui"), "{text}");
+        assert_eq!(s.load("a3b").unwrap().options.api_key, None);
+        // A public profile whose only key is in memory would not load: refused.
+        p.options.host = "0.0.0.0".into();
+        let e = s.save(&p).unwrap_err().to_string();
+        assert!(e.contains("never stored in a profile"), "{e}");
+        p.options.api_key = None;
+        p.options.api_key_file = Some("/etc/krasis/key".into());
+        s.save(&p).unwrap();
+        let back = s.load("a3b").unwrap();
+        assert_eq!(back.options.api_key_file, p.options.api_key_file);
+        // A key written into a profile by hand is refused, not used.
+        let text = "schema = 1\nname = \"x\"\n[options]\nmodel = \"/m\"\napi_key = \"change-me\"\n";
+        let e = parse(text, Path::new("x.toml")).unwrap_err().to_string();
+        assert!(e.contains("api_key_file"), "{e}");
+    }
+
+    #[test]
+    fn cors_origins_are_a_profile_field() {
+        let text = "schema = 1\nname = \"x\"\n[options]\nmodel = \"/m\"\ncors_origins = [\"https://chat.example\"]\n";
+        let p = parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!(p.options.cors_origins, vec!["https://chat.example"]);
+        let text = "schema = 1\nname = \"x\"\n[options]\nmodel = \"/m\"\ncors_origins = [\"chat.example\"]\n";
+        let e = parse(text, Path::new("x.toml")).unwrap_err().to_string();
+        assert!(e.contains("options.cors_origins"), "{e}");
+    }
+
+    #[test]
     fn shipped_examples_load_and_validate() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
         let s = Store::new(dir);
@@ -324,6 +381,7 @@ mod tests {
             let caps = crate::runtime::tests::fake_caps(true);
             caps.check_options(&p.options, "qwen3_moe")
                 .unwrap_or_else(|e| panic!("profiles/{name}.toml: {e}"));
+            assert_eq!(p.options.api_key, None, "profiles/{name}.toml ships a key");
         }
     }
 }

@@ -13,6 +13,7 @@ pub fn validate_with_model(
     model: &ModelSummary,
 ) -> Result<(), OptionError> {
     opts.validate()?;
+    check_key_file(opts)?;
     caps.check_options(opts, &model.model_type)?;
     if let Some(c) = opts.context_length
         && c as usize > model.max_position_embeddings
@@ -26,6 +27,22 @@ pub fn validate_with_model(
         ));
     }
     Ok(())
+}
+
+/// Reads the API key file now, so a missing, empty, shared or weak key is
+/// refused before the runtime starts (the runtime reads it again itself).
+fn check_key_file(opts: &LaunchOptions) -> Result<(), OptionError> {
+    if opts.api_key_file.is_none() {
+        return Ok(());
+    }
+    let key = opts.resolved_api_key()?;
+    LaunchOptions {
+        api_key: key,
+        api_key_file: None,
+        ..opts.clone()
+    }
+    .validate()
+    .map_err(|e| OptionError::new("api_key_file", e.reason))
 }
 
 /// Reads the model named in `opts` from disk, then [`validate_with_model`].
@@ -72,6 +89,33 @@ mod tests {
         let e = validate_with_model(&o, &caps, &a3b()).unwrap_err();
         assert_eq!(e.option, "context_length");
         assert!(e.reason.contains("40960"));
+    }
+
+    #[test]
+    fn the_key_file_is_read_and_checked_before_launch() {
+        let caps = fake_caps(false);
+        let mut o = caps.default_options("qwen3_moe").unwrap();
+        o.model = "/m".into();
+        o.host = "0.0.0.0".into();
+        let t = tempfile::tempdir().unwrap();
+        let key = t.path().join("key");
+        o.api_key_file = Some(key.clone());
+        let e = validate_with_model(&o, &caps, &a3b()).unwrap_err();
+        assert!(e.reason.contains("cannot read"), "{e}");
+        let write = |text: &str| {
+            std::fs::write(&key, text).unwrap();
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+            }
+        };
+        write("change-me\n");
+        let e = validate_with_model(&o, &caps, &a3b()).unwrap_err();
+        assert_eq!(e.option, "api_key_file");
+        assert!(e.reason.contains("placeholder"), "{e}");
+        write("0123456789abcdef0123\n");
+        validate_with_model(&o, &caps, &a3b()).unwrap();
     }
 
     #[test]

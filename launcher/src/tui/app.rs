@@ -267,6 +267,8 @@ impl App {
         o.host = self.opts.host.clone();
         o.port = self.opts.port;
         o.api_key = self.opts.api_key.clone();
+        o.api_key_file = self.opts.api_key_file.clone();
+        o.cors_origins = self.opts.cors_origins.clone();
         o.model = m.path.clone();
         self.opts = o;
         self.go(Screen::Hardware);

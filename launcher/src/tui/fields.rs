@@ -1,7 +1,7 @@
 //! The options form: which fields exist, how each is shown, cycled through
 //! the runtime's capability lists, or typed in.
 
-use crate::units::{fmt_bytes, parse_bytes};
+use crate::units::{fmt_bytes, format_size_exact, parse_size};
 use krasis_common::options::HeatmapChoice;
 use krasis_common::{Backend, Capabilities, LaunchOptions};
 
@@ -20,9 +20,11 @@ pub enum Field {
     Host,
     Port,
     ApiKey,
+    ApiKeyFile,
+    CorsOrigins,
 }
 
-pub const FIELDS: [Field; 13] = [
+pub const FIELDS: [Field; 15] = [
     Field::Backend,
     Field::ExpertPrecision,
     Field::AttentionPrecision,
@@ -36,6 +38,8 @@ pub const FIELDS: [Field; 13] = [
     Field::Host,
     Field::Port,
     Field::ApiKey,
+    Field::ApiKeyFile,
+    Field::CorsOrigins,
 ];
 
 impl Field {
@@ -53,7 +57,9 @@ impl Field {
             Field::Pruning => "Pruning",
             Field::Host => "Host",
             Field::Port => "Port",
-            Field::ApiKey => "API key",
+            Field::ApiKey => "API key (this run only)",
+            Field::ApiKeyFile => "API key file",
+            Field::CorsOrigins => "CORS origins",
         }
     }
 
@@ -95,7 +101,18 @@ impl Field {
             Field::ApiKey => o
                 .api_key
                 .as_ref()
-                .map_or("none".into(), |_| "set (hidden)".into()),
+                .map_or("none".into(), |_| "set (hidden, not saved)".into()),
+            Field::ApiKeyFile => o
+                .api_key_file
+                .as_ref()
+                .map_or("none".into(), |p| p.display().to_string()),
+            Field::CorsOrigins => {
+                if o.cors_origins.is_empty() {
+                    "loopback only".into()
+                } else {
+                    o.cors_origins.join(", ")
+                }
+            }
         }
     }
 
@@ -105,10 +122,15 @@ impl Field {
             Field::ContextLength => o.context_length.map(|c| c.to_string()).unwrap_or_default(),
             Field::VramLimit => o
                 .vram_limit_bytes
-                .map(fmt_bytes)
-                .unwrap_or_default()
-                .replace(' ', ""),
+                .map(format_size_exact)
+                .unwrap_or_default(),
             Field::ApiKey => o.api_key.clone().unwrap_or_default(),
+            Field::ApiKeyFile => o
+                .api_key_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            Field::CorsOrigins => o.cors_origins.join(" "),
             _ => self.show(o),
         }
     }
@@ -135,7 +157,7 @@ impl Field {
                 o.vram_limit_bytes = if t.is_empty() {
                     None
                 } else {
-                    Some(parse_bytes(t)?)
+                    Some(parse_size(t).map_err(|e| e.to_string())?)
                 }
             }
             Field::SafetyMargin => o.safety_margin_mib = num("safety margin")?,
@@ -147,7 +169,30 @@ impl Field {
                 o.port =
                     u16::try_from(num("port")?).map_err(|_| format!("port {t} is above 65535"))?
             }
-            Field::ApiKey => o.api_key = (!t.is_empty()).then(|| t.to_string()),
+            // A typed key and a key file are alternatives: setting one clears the other.
+            Field::ApiKey => {
+                o.api_key = (!t.is_empty()).then(|| t.to_string());
+                if o.api_key.is_some() {
+                    o.api_key_file = None;
+                }
+            }
+            Field::ApiKeyFile => {
+                o.api_key_file = (!t.is_empty()).then(|| std::path::PathBuf::from(t));
+                if o.api_key_file.is_some() {
+                    o.api_key = None;
+                }
+            }
+            Field::CorsOrigins => {
+                let v: Vec<String> = t
+                    .split([',', ' '])
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                for origin in &v {
+                    krasis_common::options::check_cors_origin(origin)?;
+                }
+                o.cors_origins = v;
+            }
             _ => return Err(format!("{} is chosen with Left/Right", self.label())),
         }
         Ok(())
@@ -225,5 +270,52 @@ impl Field {
             Field::Hcs => o.hcs = v == "on",
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_and_key_file_replace_each_other_and_the_key_is_hidden() {
+        let mut o = LaunchOptions::default();
+        Field::ApiKeyFile.set_text(&mut o, "/k").unwrap();
+        Field::ApiKey
+            .set_text(&mut o, "typed-key-0123456789")
+            .unwrap();
+        assert_eq!(o.api_key_file, None);
+        assert!(!Field::ApiKey.show(&o).contains("typed"));
+        Field::ApiKeyFile.set_text(&mut o, " ~/key ").unwrap();
+        assert_eq!(o.api_key, None);
+        assert_eq!(Field::ApiKeyFile.show(&o), "~/key");
+    }
+
+    #[test]
+    fn cors_origins_are_typed_as_a_list_and_checked() {
+        let mut o = LaunchOptions::default();
+        assert_eq!(Field::CorsOrigins.show(&o), "loopback only");
+        Field::CorsOrigins
+            .set_text(&mut o, "https://a.example, http://localhost:3000")
+            .unwrap();
+        assert_eq!(
+            o.cors_origins,
+            vec!["https://a.example", "http://localhost:3000"]
+        );
+        assert!(Field::CorsOrigins.set_text(&mut o, "a.example").is_err());
+        assert_eq!(o.cors_origins.len(), 2, "a refused list changes nothing");
+        Field::CorsOrigins.set_text(&mut o, "").unwrap();
+        assert!(o.cors_origins.is_empty());
+    }
+
+    #[test]
+    fn vram_limit_is_typed_with_the_shared_size_rules() {
+        let mut o = LaunchOptions::default();
+        Field::VramLimit.set_text(&mut o, "20GB").unwrap();
+        assert_eq!(o.vram_limit_bytes, Some(20_000_000_000));
+        let e = Field::VramLimit.set_text(&mut o, "20G").unwrap_err();
+        assert!(e.contains("20GiB (2^30)"), "{e}");
+        Field::VramLimit.set_text(&mut o, "20GiB").unwrap();
+        assert_eq!(Field::VramLimit.text(&o), "20GiB");
     }
 }

@@ -40,6 +40,38 @@ pub fn probe() -> Result<usize> {
     Ok(n as usize)
 }
 
+/// Checks that device `ordinal` is among the GPUs `found` (their names, by
+/// ordinal); otherwise the error lists them, so `--gpu N` with a wrong N says
+/// which N exist.
+pub fn check_ordinal(ordinal: usize, found: &[String]) -> Result<()> {
+    if ordinal < found.len() {
+        return Ok(());
+    }
+    let list = found
+        .iter()
+        .enumerate()
+        .map(|(i, name)| format!("{i}: {name}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(GpuError::NoDevice(format!(
+        "GPU {ordinal} does not exist; this machine has {} CUDA device(s): {list} (choose one with --gpu)",
+        found.len()
+    )))
+}
+
+/// Names of the CUDA devices, by ordinal, without creating a context.
+pub fn device_names() -> Result<Vec<String>> {
+    let n = probe()?;
+    (0..n)
+        .map(|i| {
+            let dev = cudarc::driver::result::device::get(i as i32)
+                .map_err(GpuError::driver("opening a CUDA device"))?;
+            cudarc::driver::result::device::get_name(dev)
+                .map_err(GpuError::driver("reading a device name"))
+        })
+        .collect()
+}
+
 /// The engine's share of the device: at most `limit` bytes in use, counted
 /// from the driver-visible free memory right after the context exists
 /// (memory other processes take afterwards counts too, conservatively).
@@ -85,12 +117,7 @@ impl Gpu {
     /// Opens the device; with `limit`, every later allocation is refused
     /// once the engine would hold more than `limit` bytes.
     pub fn open_limited(ordinal: usize, limit: Option<u64>) -> Result<Self> {
-        let n = probe()?;
-        if ordinal >= n {
-            return Err(GpuError::NoDevice(format!(
-                "device {ordinal} requested but only {n} CUDA device(s) exist"
-            )));
-        }
+        check_ordinal(ordinal, &device_names()?)?;
         let ctx =
             CudaContext::new(ordinal).map_err(GpuError::driver("creating the CUDA context"))?;
         // SAFETY: the engine uses one stream for all device work (the VRAM
@@ -274,7 +301,20 @@ fn driver_version() -> Result<i32> {
 
 #[cfg(test)]
 mod tests {
-    use super::Budget;
+    use super::{Budget, check_ordinal};
+
+    #[test]
+    fn a_missing_gpu_is_refused_naming_the_gpus_found() {
+        let found = vec!["NVIDIA H200".to_string(), "NVIDIA RTX 4090".to_string()];
+        check_ordinal(0, &found).unwrap();
+        check_ordinal(1, &found).unwrap();
+        let e = check_ordinal(2, &found).unwrap_err();
+        assert!(e.is_no_device());
+        assert_eq!(
+            e.to_string(),
+            "no CUDA device: GPU 2 does not exist; this machine has 2 CUDA device(s): 0: NVIDIA H200, 1: NVIDIA RTX 4090 (choose one with --gpu)"
+        );
+    }
 
     #[test]
     fn budget_counts_usage_since_open_and_caps_free_memory() {

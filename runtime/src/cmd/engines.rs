@@ -26,30 +26,44 @@ pub struct EngineArgs {
     /// Expert cache directory (cuda backend; default: the platform cache directory).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
-    /// Use at most this much GPU memory (cuda backend), e.g. `20GiB` or a byte count.
+    /// Use at most this much GPU memory (cuda backend): `20GiB` (2^30),
+    /// `20GB` (10^9) or a byte count.
     #[arg(long, value_name = "SIZE", value_parser = parse_vram_limit)]
     pub vram_limit: Option<u64>,
     /// Free VRAM kept in reserve after calibration, in MiB (cuda backend).
     #[arg(long, default_value_t = 600)]
     pub safety_margin_mib: u64,
     /// Keep hot experts in spare VRAM and copy the others on demand:
-    /// on|off (cuda backend; off needs every expert to fit).
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
-    pub hcs: String,
+    /// on|off (cuda backend, where it defaults to on; off needs every expert
+    /// to fit). The reference backend has no HCS and refuses `on`.
+    #[arg(long, value_parser = ["on", "off"])]
+    pub hcs: Option<String>,
     /// Initial HCS residents: auto (the heatmap next to the expert cache),
     /// off, or a heatmap file (cuda backend).
     #[arg(long, default_value = "auto")]
     pub heatmap: String,
+    /// CUDA device ordinal (cuda backend); `nvidia-smi -L` lists them.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub gpu: u32,
 }
 
 impl EngineArgs {
+    /// Whether HCS is on: as asked, else on exactly for the cuda backend.
+    pub fn hcs_enabled(&self) -> bool {
+        match self.hcs.as_deref() {
+            Some(v) => v == "on",
+            None => self.backend == Backend::Cuda,
+        }
+    }
+
     /// The CUDA engine options these flags describe.
     pub fn cuda_options(&self) -> krasis_gpu::CudaEngineOptions {
         krasis_gpu::CudaEngineOptions {
             context_length: self.context_length,
             cache_root: self.cache_dir.clone(),
             vram_limit: self.vram_limit,
-            hcs: self.hcs == "on",
+            device: self.gpu as usize,
+            hcs: self.hcs_enabled(),
             heatmap: krasis_common::options::HeatmapChoice::parse(&self.heatmap),
             safety_margin: self.safety_margin_mib << 20,
             ..krasis_gpu::CudaEngineOptions::default()
@@ -61,10 +75,10 @@ fn parse_backend(s: &str) -> Result<Backend, String> {
     Backend::parse(s).map_err(|e| e.reason)
 }
 
-/// A byte size flag (`20GiB`, `8000MB`, a byte count).
+/// A byte size flag (`20GiB`, `8000MB`, a byte count), read by the rules
+/// the launcher uses too (`krasis_common::size`).
 pub(crate) fn parse_vram_limit(s: &str) -> Result<u64, String> {
-    krasis_model::synth::parse_size(s)
-        .ok_or_else(|| format!("'{s}' is not a size; use e.g. 20GiB, 8000MB or a byte count"))
+    krasis_common::size::parse_size(s).map_err(|e| e.to_string())
 }
 
 /// Loads the engine `args` ask for.
@@ -82,6 +96,17 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<Box<dyn Engine>> {
                 bail!(
                     "--heatmap and --safety-margin-mib apply to the cuda backend's expert cache; \
                      the reference backend keeps every expert in host memory"
+                );
+            }
+            if args.hcs.as_deref() == Some("on") {
+                bail!(
+                    "--hcs on applies to the cuda backend's expert cache; the reference backend keeps every expert in host memory"
+                );
+            }
+            if args.gpu != 0 {
+                bail!(
+                    "--gpu {} applies to the cuda backend; the reference backend runs on the CPU",
+                    args.gpu
                 );
             }
             if args.cache_dir.is_some() {
@@ -159,5 +184,54 @@ mod tests {
         assert!(err.contains("--vram-limit"), "{err}");
         assert!(Cli::try_parse_from(["x", "--model", "m", "--backend", "gpu"]).is_err());
         assert!(Cli::try_parse_from(["x", "--model", "m", "--vram-limit", "lots"]).is_err());
+    }
+
+    #[test]
+    fn vram_limit_reads_sizes_like_the_launcher() {
+        // The table the launcher's --vram-limit test goes through too.
+        for (input, want) in krasis_common::size::EXAMPLES {
+            let got = Cli::try_parse_from(["x", "--model", "m", &format!("--vram-limit={input}")])
+                .map(|c| c.engine.vram_limit.unwrap());
+            assert_eq!(got.as_ref().ok(), want.as_ref(), "{input:?}");
+        }
+        // GB is 10^9 bytes, GiB 2^30, and a bare G is refused as ambiguous.
+        let gb = Cli::try_parse_from(["x", "--model", "m", "--vram-limit", "8GB"]).unwrap();
+        assert_eq!(gb.engine.vram_limit, Some(8_000_000_000));
+        let e = Cli::try_parse_from(["x", "--model", "m", "--vram-limit", "8G"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("write 8GiB (2^30) or 8GB (10^9)"), "{e}");
+    }
+
+    #[test]
+    fn gpu_ordinal_reaches_the_cuda_engine_options() {
+        let cli = Cli::try_parse_from(["x", "--model", "m", "--gpu", "3"]).unwrap();
+        assert_eq!(cli.engine.cuda_options().device, 3);
+        let cli = Cli::try_parse_from(["x", "--model", "m"]).unwrap();
+        assert_eq!(cli.engine.cuda_options().device, 0);
+        // The reference backend runs on the CPU and refuses a GPU choice.
+        let cli =
+            Cli::try_parse_from(["x", "--model", "m", "--backend", "reference", "--gpu", "1"])
+                .unwrap();
+        let err = load_engine(&cli.engine).err().unwrap().to_string();
+        assert!(err.contains("--gpu 1"), "{err}");
+    }
+
+    #[test]
+    fn hcs_follows_the_backend_unless_asked_and_reference_refuses_on() {
+        let p = |extra: &[&str]| {
+            let mut argv = vec!["x", "--model", "m"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).unwrap().engine
+        };
+        assert!(p(&[]).hcs_enabled());
+        assert!(!p(&["--hcs", "off"]).hcs_enabled());
+        assert!(!p(&["--backend", "reference"]).hcs_enabled());
+        let e = load_engine(&p(&["--backend", "reference", "--hcs", "on"]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("--hcs on"), "{e}");
     }
 }

@@ -4,26 +4,42 @@
 
 use super::engines::{EngineArgs, load_engine};
 use anyhow::{Context, bail};
-use krasis_common::options::HeatmapChoice;
-use krasis_common::{Backend, LaunchOptions, Phase, ProgressEvent};
+use krasis_common::options::{API_KEY_ARGV_REFUSED, HeatmapChoice, read_api_key_file};
+use krasis_common::{API_KEY_ENV, Backend, Capabilities, LaunchOptions, Phase, ProgressEvent};
 use krasis_model::SamplingParams;
 use krasis_model::chat_template::ChatTemplate;
 use krasis_model::tokenizer::Tokenizer;
 use krasis_server::{AppState, ServerConfig};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Address to bind. Anything but loopback needs --api-key or --insecure-public.
+    /// Address to bind. Anything but loopback needs an API key
+    /// (--api-key-file or KRASIS_API_KEY) or --insecure-public.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer <KEY>` on every /v1 request.
-    #[arg(long, value_name = "KEY")]
+    /// Require `Authorization: Bearer <KEY>` on every /v1 request, the key
+    /// being this file's contents (one line; the file must not be readable by
+    /// group or others). The KRASIS_API_KEY environment variable is the other
+    /// way to give a key; this flag wins over it.
+    #[arg(long, value_name = "PATH")]
+    pub api_key_file: Option<PathBuf>,
+    /// Refused: other users can read a process's arguments. Use
+    /// --api-key-file or KRASIS_API_KEY.
+    #[arg(long = "api-key", value_name = "KEY", hide = true)]
+    pub api_key_argv: Option<String>,
+    /// The API key in force, from --api-key-file or KRASIS_API_KEY (set by
+    /// the serve path before the server starts; never a flag).
+    #[arg(skip)]
     pub api_key: Option<String>,
+    /// Allow browser pages from this origin (scheme://host[:port], or `*` for
+    /// any) to call the API; repeatable. Default: loopback origins only.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
     /// Allow a non-loopback bind without an API key (anyone who can reach
     /// the port can use the model).
     #[arg(long)]
@@ -49,14 +65,12 @@ pub struct Args {
     /// Expert pruning; "off" is exact (cuda backend).
     #[arg(long, default_value = "off")]
     pub pruning: String,
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
-    pub gpu: u32,
 }
 
 impl Args {
     /// The launch options these flags describe, so the launcher's validation
-    /// rules (public bind needs a key, ...) are applied here too.
+    /// rules (public bind needs a key, ...) are applied here too. `api_key`
+    /// is the key in force once [`resolve_api_key`] has run.
     pub fn launch_options(&self) -> LaunchOptions {
         LaunchOptions {
             model: self.engine.model.clone(),
@@ -64,6 +78,7 @@ impl Args {
             host: self.host.clone(),
             port: self.port,
             api_key: self.api_key.clone(),
+            api_key_file: self.api_key_file.clone(),
             insecure_public: self.insecure_public,
             context_length: self.engine.context_length.map(|c| c as u32),
             expert_precision: self.expert_precision.clone(),
@@ -71,14 +86,66 @@ impl Args {
             kv_format: self.kv_format.clone(),
             vram_limit_bytes: self.engine.vram_limit,
             safety_margin_mib: self.engine.safety_margin_mib,
-            hcs: self.engine.hcs == "on",
+            hcs: self.engine.hcs_enabled(),
             heatmap: HeatmapChoice::parse(&self.engine.heatmap),
             pruning: self.pruning.clone(),
             cache_dir: self.engine.cache_dir.clone(),
             queue_depth: self.queue_depth,
-            gpu: self.gpu,
+            gpu: self.engine.gpu,
+            cors_origins: self.cors_origins.clone(),
         }
     }
+}
+
+/// The API key the server requires: `--api-key-file`'s contents, else
+/// `env_key` (`KRASIS_API_KEY`), else none. `--api-key KEY` is refused
+/// without echoing the key.
+fn resolve_api_key(args: &Args, env_key: Option<String>) -> anyhow::Result<Option<String>> {
+    if args.api_key_argv.is_some() {
+        bail!("{API_KEY_ARGV_REFUSED}");
+    }
+    match &args.api_key_file {
+        Some(p) => {
+            if env_key.is_some() {
+                tracing::info!("{API_KEY_ENV} is set but --api-key-file is given; using the file");
+            }
+            Ok(Some(
+                read_api_key_file(p).map_err(|e| anyhow::anyhow!("{e}"))?,
+            ))
+        }
+        None => Ok(env_key),
+    }
+}
+
+/// The `model_type` in the model directory's config.json (read as text, so
+/// an architecture this build does not know is reported by the capability
+/// check, with the list of those it does).
+fn model_type(model: &Path) -> anyhow::Result<String> {
+    let path = model.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {} (give a Hugging Face model directory)",
+            path.display()
+        )
+    })?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    v.get("model_type")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
+        .with_context(|| format!("{} has no \"model_type\"", path.display()))
+}
+
+/// Every check made before binding, in the launcher's words: the option
+/// rules ([`LaunchOptions::validate`]), then what this runtime implements for
+/// the model's architecture (`caps.check_options`, the very function the
+/// launcher calls), then flags the chosen backend would ignore.
+fn check_options(opts: &LaunchOptions, caps: &Capabilities) -> anyhow::Result<()> {
+    opts.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let model_type = model_type(&opts.model)?;
+    caps.check_options(opts, &model_type)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    check_backend_flags(opts)
 }
 
 /// GPU tuning flags set away from their defaults would be silently ignored
@@ -103,7 +170,8 @@ fn check_backend_flags(o: &LaunchOptions) -> anyhow::Result<()> {
             o.safety_margin_mib != d.safety_margin_mib,
         ),
         // No `--hcs` entry: `off` states what the reference engine does (the
-        // launcher sends it for reference launches) and `on` is the default.
+        // launcher sends it for reference launches), and `on` is refused by
+        // the capability check (HCS needs the cuda backend).
         ("--heatmap", o.heatmap != d.heatmap),
         ("--pruning", o.pruning != d.pruning),
         ("--gpu", o.gpu != d.gpu),
@@ -203,10 +271,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     result
 }
 
-fn start(args: Args) -> anyhow::Result<()> {
-    let opts = args.launch_options();
-    opts.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-    check_backend_flags(&opts)?;
+fn start(mut args: Args) -> anyhow::Result<()> {
+    args.api_key = resolve_api_key(&args, std::env::var(API_KEY_ENV).ok())?;
+    // The key is in force now; its file was read (and is checked again below
+    // through the key itself).
+    let opts = LaunchOptions {
+        api_key_file: None,
+        ..args.launch_options()
+    };
+    check_options(&opts, &super::capabilities::report())?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -333,7 +406,7 @@ mod tests {
             backend: Backend::Reference,
             host: "0.0.0.0".into(),
             port: 9000,
-            api_key: Some("k".into()),
+            api_key_file: Some("/run/krasis/key".into()),
             insecure_public: true,
             context_length: Some(4096),
             vram_limit_bytes: Some(8 << 30),
@@ -343,6 +416,10 @@ mod tests {
             queue_depth: 3,
             gpu: 1,
             safety_margin_mib: 700,
+            cors_origins: vec![
+                "https://chat.example".into(),
+                "http://localhost:3000".into(),
+            ],
             ..Default::default()
         };
         let defaults = LaunchOptions {
@@ -354,6 +431,188 @@ mod tests {
             assert!(args.progress_json);
             assert_eq!(args.launch_options(), o);
         }
+        // A key held in memory goes through the environment, never argv.
+        let keyed = LaunchOptions {
+            model: "/m".into(),
+            api_key: Some("in-memory-key-0123456789".into()),
+            ..Default::default()
+        };
+        let argv = keyed.to_serve_args();
+        assert!(
+            !argv.iter().any(|a| a.contains("in-memory-key")),
+            "{argv:?}"
+        );
+        let args = parse(argv);
+        assert_eq!(args.api_key_argv, None);
+        let env = keyed.serve_env();
+        assert_eq!(env[0].0, API_KEY_ENV);
+        let key = resolve_api_key(&args, Some(env[0].1.clone())).unwrap();
+        assert_eq!(key, keyed.api_key);
+    }
+
+    fn model_dir(model_type: &str) -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(
+            t.path().join("config.json"),
+            format!("{{\"model_type\": \"{model_type}\"}}"),
+        )
+        .unwrap();
+        t
+    }
+
+    #[test]
+    fn unimplemented_engine_options_are_refused_before_loading() {
+        let dir = model_dir("qwen3_moe");
+        for cuda in [false, true] {
+            let caps = Capabilities::of_this_build(
+                "test",
+                if cuda { Ok(()) } else { Err("no GPU".into()) },
+            );
+            let mut argv = vec!["--model".to_string(), dir.path().display().to_string()];
+            if !cuda {
+                argv.extend(["--backend".into(), "reference".into()]);
+            }
+            check_options(&parse(argv.clone()).launch_options(), &caps).unwrap();
+            for (flag, value, option, implemented) in [
+                ("--kv-format", "fp8", "kv_format", "bf16"),
+                ("--expert-precision", "int8", "expert_precision", "int4"),
+                (
+                    "--attention-precision",
+                    "fp8",
+                    "attention_precision",
+                    "bf16",
+                ),
+                ("--pruning", "top4", "pruning", "off"),
+            ] {
+                let mut a = argv.clone();
+                a.extend([flag.to_string(), value.to_string()]);
+                let e = check_options(&parse(a).launch_options(), &caps)
+                    .unwrap_err()
+                    .to_string();
+                assert_eq!(
+                    e,
+                    format!(
+                        "option '{option}': '{value}' is not implemented for 'qwen3_moe' in this runtime (choose from: {implemented})"
+                    )
+                );
+            }
+        }
+        // An architecture this build does not have, and HCS without a GPU engine.
+        let caps = Capabilities::of_this_build("test", Err("no GPU".into()));
+        let llama = model_dir("llama");
+        let a = vec![
+            "--model".to_string(),
+            llama.path().display().to_string(),
+            "--backend".into(),
+            "reference".into(),
+        ];
+        let e = check_options(&parse(a).launch_options(), &caps)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'llama' is not supported") && e.contains("qwen3_moe"),
+            "{e}"
+        );
+        let a = vec![
+            "--model".to_string(),
+            dir.path().display().to_string(),
+            "--backend".into(),
+            "reference".into(),
+            "--hcs".into(),
+            "on".into(),
+        ];
+        let e = check_options(&parse(a).launch_options(), &caps)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("option 'hcs'"), "{e}");
+        // The cuda backend where it cannot run is refused before binding.
+        let a = vec!["--model".to_string(), dir.path().display().to_string()];
+        let e = check_options(&parse(a).launch_options(), &caps)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no GPU"), "{e}");
+    }
+
+    #[test]
+    fn api_key_comes_from_a_file_or_the_environment_never_argv() {
+        let m = || vec!["--model".to_string(), "m".to_string()];
+        // On the command line: refused, and the key is not repeated.
+        let mut a = m();
+        a.extend(["--api-key".into(), "k3y-0f-sixteen-chars".into()]);
+        let e = resolve_api_key(&parse(a), None).unwrap_err().to_string();
+        assert!(
+            e.contains("--api-key-file") && e.contains("KRASIS_API_KEY"),
+            "{e}"
+        );
+        assert!(e.contains("ps"), "{e}");
+        assert!(!e.contains("k3y-0f"), "{e}");
+        // From the environment.
+        let key = resolve_api_key(&parse(m()), Some("from-env-0123456789".into())).unwrap();
+        assert_eq!(key.as_deref(), Some("from-env-0123456789"));
+        assert_eq!(resolve_api_key(&parse(m()), None).unwrap(), None);
+        // From a file, which wins over the environment.
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("key");
+        std::fs::write(&f, "from-file-0123456789\n").unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let mut a = m();
+        a.extend(["--api-key-file".into(), f.display().to_string()]);
+        let args = parse(a);
+        let key = resolve_api_key(&args, Some("from-env-0123456789".into())).unwrap();
+        assert_eq!(key.as_deref(), Some("from-file-0123456789"));
+        // An empty file is refused.
+        std::fs::write(&f, "\n").unwrap();
+        let e = resolve_api_key(&args, None).unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn placeholder_key_is_refused_on_a_public_bind() {
+        let dir = model_dir("qwen3_moe");
+        let caps = Capabilities::of_this_build("test", Err("no GPU".into()));
+        let mut args = parse(vec![
+            "--model".to_string(),
+            dir.path().display().to_string(),
+            "--backend".into(),
+            "reference".into(),
+            "--host".into(),
+            "0.0.0.0".into(),
+        ]);
+        args.api_key = resolve_api_key(&args, Some("change-me".into())).unwrap();
+        let e = check_options(&args.launch_options(), &caps)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("placeholder"), "{e}");
+    }
+
+    #[test]
+    fn cors_origins_repeat_and_are_validated() {
+        let a = parse(vec![
+            "--model".into(),
+            "m".into(),
+            "--cors-origin".into(),
+            "https://a.example".into(),
+            "--cors-origin".into(),
+            "*".into(),
+        ]);
+        assert_eq!(a.cors_origins, vec!["https://a.example", "*"]);
+        assert_eq!(
+            a.launch_options().validate().unwrap_err().option,
+            "cors_origins"
+        );
+        let a = parse(vec![
+            "--model".into(),
+            "m".into(),
+            "--cors-origin".into(),
+            "*".into(),
+        ]);
+        a.launch_options().validate().unwrap();
+        let a = parse(vec!["--model".into(), "m".into()]);
+        assert!(a.cors_origins.is_empty());
     }
 
     #[test]

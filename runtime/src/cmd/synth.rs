@@ -55,12 +55,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.chat_template
         )
     })?;
-    let shard_bytes = synth::parse_size(&a.shard_size).with_context(|| {
-        format!(
-            "--shard-size {}: expected a positive size such as 4GB, 500MB or 2GiB",
-            a.shard_size
-        )
-    })?;
+    let shard_bytes = krasis_common::size::parse_size(&a.shard_size)
+        .map_err(|e| anyhow::anyhow!("--shard-size: {e}"))?;
     let overrides = a
         .set
         .iter()

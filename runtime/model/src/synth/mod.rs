@@ -82,32 +82,6 @@ impl SynthSummary {
     }
 }
 
-/// Parses a size like `4GB`, `500MB`, `2GiB` or `123456` (bytes). Decimal
-/// units are powers of 1000 and binary units powers of 1024, as in Hugging
-/// Face's `max_shard_size`.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: f64 = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1.0,
-        "KB" => 1e3,
-        "MB" => 1e6,
-        "GB" => 1e9,
-        "TB" => 1e12,
-        "KIB" => 1024.0,
-        "MIB" => 1024f64.powi(2),
-        "GIB" => 1024f64.powi(3),
-        "TIB" => 1024f64.powi(4),
-        _ => return None,
-    };
-    let n: f64 = num.parse().ok()?;
-    let bytes = (n * mult).round();
-    (bytes >= 1.0 && bytes < u64::MAX as f64).then_some(bytes as u64)
-}
-
 fn check_out_dir(out: &Path) -> Result<(), SynthError> {
     match std::fs::read_dir(out) {
         Ok(mut entries) => {

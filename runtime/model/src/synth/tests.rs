@@ -116,7 +116,7 @@ fn sharded_output_loads_and_f32_dtype() {
     )
     .unwrap();
     let mut o = opts(spec.clone());
-    o.shard_bytes = parse_size("1MB").unwrap();
+    o.shard_bytes = 1_000_000;
     let s = synthesize(&o, tmp.path()).unwrap();
     assert!(s.shard_files.len() > 1, "{:?}", s.shard_files);
     assert_eq!(
@@ -244,18 +244,6 @@ fn expert_source_checks_indices() {
     assert!(src.expert_f32(1, 8).is_err());
     assert!(src.expert_f32(3, 0).is_err());
     assert_eq!(src.expert_f32(2, 7).unwrap(), expert_weights(&spec, 2, 7));
-}
-
-#[test]
-fn parse_size_units() {
-    assert_eq!(parse_size("4GB"), Some(4_000_000_000));
-    assert_eq!(parse_size("2GiB"), Some(2 << 30));
-    assert_eq!(parse_size("500 MB"), Some(500_000_000));
-    assert_eq!(parse_size("1.5kb"), Some(1500));
-    assert_eq!(parse_size("123"), Some(123));
-    assert_eq!(parse_size("0"), None);
-    assert_eq!(parse_size("4XB"), None);
-    assert_eq!(parse_size(""), None);
 }
 
 #[test]
