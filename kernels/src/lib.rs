@@ -19,6 +19,7 @@
 //!   used by the tests as the oracle.
 
 mod compile;
+mod driver;
 mod error;
 mod launch;
 pub mod ops;
@@ -31,6 +32,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, sys::CUdevice_attribute};
 
 pub use compile::{CacheDir, Compiled, compile_module, nvrtc_version};
+pub use driver::{GpuTestDevice, gpu_test_device, nvidia_driver_present, open_device};
 pub use error::{KernelError, Result};
 pub use launch::Elem;
 pub use ops::attention::{DECODE_MAX_SPLITS, decode_workspace_len};
@@ -147,19 +149,11 @@ impl Kernels {
     }
 }
 
-/// Open CUDA device `ordinal` if a driver and a device exist. `Ok(None)`
+/// Open CUDA device `ordinal` if a driver and a device exist. `None`
 /// means "no CUDA here" (no driver library, no device, or driver init
-/// failure), which CPU-only machines report instead of panicking.
+/// failure), which CPU-only machines report instead of panicking. Tests
+/// use [`open_device`] (the reason) with [`nvidia_driver_present`] instead,
+/// so that only a machine without a driver skips.
 pub fn try_open_device(ordinal: usize) -> Option<Arc<CudaContext>> {
-    // SAFETY: only probes whether the shared library can be loaded.
-    let driver = unsafe { cudarc::driver::sys::is_culib_present() };
-    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
-    if !driver || !nvrtc {
-        return None;
-    }
-    let count = cudarc::driver::CudaContext::device_count().ok()?;
-    if (count as usize) <= ordinal {
-        return None;
-    }
-    CudaContext::new(ordinal).ok()
+    open_device(ordinal).ok()
 }

@@ -1,12 +1,13 @@
 //! Shared setup for the GPU tests: one `Kernels` per test binary, visible
-//! skipping without a device, time-seeded RNGs, NaN-poisoned outputs and
-//! norm-wise comparisons.
+//! skipping on machines without an NVIDIA driver (and a failure, with the
+//! reason, on machines with one where the device or the kernels cannot be
+//! used), time-seeded RNGs, NaN-poisoned outputs and norm-wise comparisons.
 
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
 use half::bf16;
-use krasis_kernels::{CacheDir, Kernels};
+use krasis_kernels::{CacheDir, GpuTestDevice, Kernels};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 pub struct Gpu {
@@ -14,28 +15,43 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
 }
 
-static GPU: OnceLock<Option<Gpu>> = OnceLock::new();
+/// `Ok(None)`: skip (no NVIDIA driver); `Err`: why the GPU cannot be used.
+static GPU: OnceLock<Result<Option<Gpu>, String>> = OnceLock::new();
 
-/// The shared kernels, or `None` after printing the SKIPPED line.
+fn open() -> Result<Gpu, String> {
+    let ctx = krasis_kernels::open_device(0)?;
+    let dir = std::env::temp_dir().join("krasis-kernel-test-cache");
+    let started = std::time::Instant::now();
+    let kernels = Kernels::new(&ctx, &CacheDir::At(dir))
+        .map_err(|e| format!("compiling and loading the kernels: {e}"))?;
+    eprintln!("kernels loaded in {:?}: {kernels:?}", started.elapsed());
+    Ok(Gpu { kernels, ctx })
+}
+
+/// The shared kernels, or `None` after printing the SKIPPED line on a
+/// machine without an NVIDIA driver. Panics with the reason when a driver
+/// is present but the device cannot be opened or the kernels not loaded.
 pub fn gpu(test: &str) -> Option<(&'static Gpu, Arc<CudaStream>)> {
     let g = GPU.get_or_init(|| {
-        let ctx = krasis_kernels::try_open_device(0)?;
-        let dir = std::env::temp_dir().join("krasis-kernel-test-cache");
-        let started = std::time::Instant::now();
-        let kernels = Kernels::new(&ctx, &CacheDir::At(dir))
-            .unwrap_or_else(|e| panic!("loading kernels: {e}"));
-        eprintln!("kernels loaded in {:?}: {kernels:?}", started.elapsed());
-        Some(Gpu { kernels, ctx })
+        match krasis_kernels::gpu_test_device(krasis_kernels::nvidia_driver_present(), open()) {
+            GpuTestDevice::Run(g) => Ok(Some(g)),
+            GpuTestDevice::Skip => Ok(None),
+            GpuTestDevice::Fail(why) => Err(why),
+        }
     });
     match g {
-        Some(g) => Some((g, g.ctx.new_stream().expect("new stream"))),
-        None => {
+        Ok(Some(g)) => Some((g, g.ctx.new_stream().expect("new stream"))),
+        Ok(None) => {
             // Straight to the stderr handle: the test harness captures
             // `eprintln!`, and this line must stay visible in CI logs.
             use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIPPED (no CUDA device): {test}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED (no CUDA device): {test} (no NVIDIA driver)"
+            );
             None
         }
+        Err(why) => panic!("{test}: {why}"),
     }
 }
 

@@ -1,10 +1,13 @@
 //! The CUDA engine against the CPU reference engine over the same INT4
-//! cache, on tiny synthetic checkpoints. On a machine without a CUDA device
-//! every GPU test prints `SKIPPED (no CUDA device): <name>` and returns; the
-//! same binary runs them for real on the GPU machine.
+//! cache, on tiny synthetic checkpoints. On a machine without an NVIDIA
+//! driver every GPU test prints `SKIPPED (no CUDA device): <name> (no NVIDIA
+//! driver)` and returns; on a machine with one, a device that cannot be
+//! opened fails every test with the reason. The same binary runs them for
+//! real on the GPU machine.
 
 use krasis_gpu::check::{LogitReport, compare_full, top_ids};
 use krasis_gpu::{CudaEngine, CudaEngineOptions};
+use krasis_kernels::GpuTestDevice;
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use krasis_model::synth::{SynthDtype, SynthOptions, SynthSpec, TokenizerSource, synthesize};
 use krasis_model::{Engine, GenerateRequest, SamplingParams};
@@ -19,13 +22,22 @@ fn visible(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// Whether to run `name`: `false` (after the SKIPPED line) only without an
+/// NVIDIA driver; with one, a device that cannot be opened panics with the
+/// reason.
 fn gpu_or_skip(name: &str) -> bool {
-    match krasis_gpu::probe() {
-        Ok(_) => true,
-        Err(e) => {
-            visible(&format!("SKIPPED (no CUDA device): {name} ({e})"));
+    match krasis_kernels::gpu_test_device(
+        krasis_kernels::nvidia_driver_present(),
+        krasis_gpu::probe(),
+    ) {
+        GpuTestDevice::Run(_) => true,
+        GpuTestDevice::Skip => {
+            visible(&format!(
+                "SKIPPED (no CUDA device): {name} (no NVIDIA driver)"
+            ));
             false
         }
+        GpuTestDevice::Fail(why) => panic!("{name}: {why}"),
     }
 }
 
@@ -230,12 +242,18 @@ fn request_errors_are_typed() {
     );
 }
 
+/// Without an NVIDIA driver, loading says "no device" (the error the
+/// launcher and server report); with a driver this is not such a machine.
 #[test]
 fn load_without_device_says_so() {
-    if krasis_gpu::probe().is_ok() {
-        visible("SKIPPED (a CUDA device is present): load_without_device_says_so");
+    if krasis_kernels::nvidia_driver_present() {
+        visible("SKIPPED (an NVIDIA driver is present): load_without_device_says_so");
         return;
     }
+    assert!(
+        krasis_gpu::probe().is_err(),
+        "no NVIDIA driver, yet a CUDA device was found"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let model = synth(tmp.path(), "tiny", &[]);
     match CudaEngine::load(&model, &CudaEngineOptions::default()) {

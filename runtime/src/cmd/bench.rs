@@ -8,6 +8,7 @@ mod baseline;
 mod check;
 mod hcs_check;
 mod speed;
+mod stats;
 
 use std::path::PathBuf;
 
@@ -34,7 +35,10 @@ pub struct Args {
     /// Prompt length for the decode measurements ("short context").
     #[arg(long, default_value_t = 32)]
     pub decode_prompt_tokens: usize,
-    /// Timed repetitions of each measurement (the median is reported).
+    /// Timed runs of each measurement, at least 3: min / median / max are
+    /// reported (the median, mean of the middle two for even counts, is the
+    /// figure). Each measurement first gets one warm-up run of the same
+    /// length, reported as `warmup_tok_s` and never counted.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
     /// Real text the prompts are tokenized from.

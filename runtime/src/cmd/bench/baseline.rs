@@ -5,7 +5,8 @@
 //! sweep over limits.
 
 use super::Args;
-use super::speed::{geometry_line, greedy, measure, median, model_name};
+use super::speed::{geometry_line, greedy, measure, model_name};
+use super::stats::RunStats;
 use anyhow::Context;
 use krasis_gpu::{CudaEngine, CudaEngineOptions};
 use krasis_model::GenerateStats;
@@ -19,12 +20,22 @@ pub struct Baseline {
     pub geometry: String,
     /// Prompt length of the decode figures.
     pub decode_prompt_tokens: usize,
+    /// Median tok/s per prompt length (what the bounds and
+    /// `--baseline-from` use).
     pub prefill_tok_s: BTreeMap<usize, f64>,
+    /// Median tok/s per decode length.
     pub decode_tok_s: BTreeMap<usize, f64>,
+    /// Warm-up, every run and min/median/max per prompt length (absent in
+    /// JSON written before they were recorded).
+    #[serde(default)]
+    pub prefill_stats: BTreeMap<usize, RunStats>,
+    #[serde(default)]
+    pub decode_stats: BTreeMap<usize, RunStats>,
 }
 
 /// Loads the model with every expert resident and measures the requested
-/// lengths (`repeats` runs each, median).
+/// lengths (one warm-up run, then `repeats` timed runs each; the median is
+/// the figure).
 pub fn measure_all_resident(
     a: &Args,
     opts: &CudaEngineOptions,
@@ -47,25 +58,29 @@ pub fn measure_all_resident(
         ..Baseline::default()
     };
     for &p in &a.prompt_tokens {
-        let (mut runs, _) = measure(
+        let (stats, _) = measure(
             &mut e,
             &all[..p],
             1,
             a.repeats,
             GenerateStats::prefill_tok_s,
         )?;
-        b.prefill_tok_s.insert(p, median(&mut runs));
+        eprintln!("baseline prefill {p:>6} tokens: {} tok/s", stats.display(0));
+        b.prefill_tok_s.insert(p, stats.median_tok_s);
+        b.prefill_stats.insert(p, stats);
     }
     let prompt = &all[..a.decode_prompt_tokens];
     for &d in &a.decode_tokens {
-        let (mut runs, _) = measure(
+        let (stats, _) = measure(
             &mut e,
             prompt,
             d + 1,
             a.repeats,
             GenerateStats::decode_tok_s,
         )?;
-        b.decode_tok_s.insert(d, median(&mut runs));
+        eprintln!("baseline decode {d:>4} tokens: {} tok/s", stats.display(1));
+        b.decode_tok_s.insert(d, stats.median_tok_s);
+        b.decode_stats.insert(d, stats);
     }
     Ok(b)
 }
@@ -154,6 +169,7 @@ mod tests {
             decode_prompt_tokens: 32,
             prefill_tok_s: BTreeMap::from([(1000, 1.0), (8000, 2.0), (32000, 3.0)]),
             decode_tok_s: BTreeMap::from([(50, 4.0), (100, 5.0), (250, 6.0)]),
+            ..Baseline::default()
         }
     }
 
@@ -162,6 +178,26 @@ mod tests {
         let f = write(&sample());
         let b = read(f.path(), "48 layers", &args(&["--prompt-tokens", "8000"])).unwrap();
         assert_eq!(b.prefill_tok_s[&8000], 2.0);
+    }
+
+    #[test]
+    fn a_baseline_written_before_run_statistics_is_still_read() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let old = r#"{"identity": {}, "baseline": {"model": "qcn", "geometry": "48 layers",
+            "decode_prompt_tokens": 32, "prefill_tok_s": {"1000": 1.0, "8000": 2.0, "32000": 3.0},
+            "decode_tok_s": {"50": 4.0, "100": 5.0, "250": 6.0}}}"#;
+        std::fs::write(f.path(), old).unwrap();
+        let b = read(f.path(), "48 layers", &args(&[])).unwrap();
+        assert_eq!(b.decode_tok_s[&100], 5.0);
+        assert!(b.prefill_stats.is_empty());
+        // And the statistics round-trip when present.
+        let mut s = sample();
+        s.prefill_stats
+            .insert(1000, RunStats::new(0.5, vec![1.0, 0.9, 1.1]));
+        let f = write(&s);
+        let b = read(f.path(), "48 layers", &args(&[])).unwrap();
+        assert_eq!(b.prefill_stats[&1000].median_tok_s, 1.0);
+        assert_eq!(b.prefill_stats[&1000].warmup_tok_s, 0.5);
     }
 
     #[test]

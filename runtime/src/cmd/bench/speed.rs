@@ -2,6 +2,7 @@
 //! decode length with and without the decode CUDA graph, min free VRAM
 //! (monitor thread), each beside its physical bound.
 
+use super::stats::{RunStats, grouped};
 use super::{Args, text_tokens};
 use anyhow::Context;
 use krasis_gpu::CudaEngine;
@@ -35,8 +36,11 @@ struct Identity {
 struct PrefillResult {
     prompt_tokens: usize,
     text_repeated: bool,
+    /// The median (kept under this name for older readers).
     tok_s: f64,
-    runs_tok_s: Vec<f64>,
+    /// warmup_tok_s, runs_tok_s, min/median/max_tok_s.
+    #[serde(flatten)]
+    stats: RunStats,
     bound: Bound,
     fraction_of_bound: f64,
     /// With HCS: streamed expert bytes / measured H2D rate + the measured
@@ -64,8 +68,10 @@ struct DecodeResult {
     decode_tokens: usize,
     prompt_tokens: usize,
     cuda_graphs: bool,
+    /// The median (kept under this name for older readers).
     tok_s: f64,
-    runs_tok_s: Vec<f64>,
+    #[serde(flatten)]
+    stats: RunStats,
     bound: Bound,
     fraction_of_bound: f64,
     constrained: Option<ConstrainedBound>,
@@ -98,11 +104,6 @@ struct Report {
     bf16_flop_per_s_assumed: f64,
 }
 
-pub(super) fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
-}
-
 pub(super) fn greedy(
     engine: &mut CudaEngine,
     prompt: &[u32],
@@ -126,7 +127,8 @@ pub(super) fn greedy(
     Ok(out.stats)
 }
 
-/// `repeats` greedy runs of `new` tokens after `prompt`: each run's figure
+/// One warm-up greedy run of `new` tokens after `prompt` (reported, not
+/// counted), then `repeats` timed runs: the statistics of each run's figure
 /// (`pick`), and the HCS traffic of the last run when HCS is active.
 pub(super) fn measure(
     e: &mut CudaEngine,
@@ -134,13 +136,10 @@ pub(super) fn measure(
     new: usize,
     repeats: usize,
     pick: fn(&GenerateStats) -> f64,
-) -> anyhow::Result<(Vec<f64>, Option<krasis_common::status::HcsStats>)> {
-    let mut runs = Vec::with_capacity(repeats);
-    for _ in 0..repeats {
-        runs.push(pick(&greedy(e, prompt, new)?));
-    }
+) -> anyhow::Result<(RunStats, Option<krasis_common::status::HcsStats>)> {
+    let stats = RunStats::measure(repeats, || Ok(pick(&greedy(e, prompt, new)?)))?;
     let hcs = e.hcs_stats().filter(|_| e.hcs_active());
-    Ok((runs, hcs))
+    Ok((stats, hcs))
 }
 
 impl ConstrainedBound {
@@ -166,7 +165,7 @@ impl ConstrainedBound {
 }
 
 pub fn run(a: &Args) -> anyhow::Result<()> {
-    anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
+    super::stats::check_repeats(a.repeats)?;
     let max_prompt = a.prompt_tokens.iter().copied().max().unwrap_or(0);
     let max_decode = a.decode_tokens.iter().copied().max().unwrap_or(0);
     let context = a
@@ -239,14 +238,14 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
 
     let mut prefill = Vec::new();
     for &p in &a.prompt_tokens {
-        let (runs, hcs) = measure(
+        let (stats, hcs) = measure(
             &mut engine,
             &all[..p],
             1,
             a.repeats,
             GenerateStats::prefill_tok_s,
         )?;
-        let tok_s = median(&mut runs.clone());
+        let tok_s = stats.median_tok_s;
         let bound = bounds::prefill_bound(&g, p);
         let constrained = hcs.map(|h| {
             let cold = h.prefill_stream_bytes as f64;
@@ -266,8 +265,10 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             ConstrainedBound::new(cold, h2d, resident, max_tok_s, Some(overlapped), tok_s, h)
         });
         eprintln!(
-            "prefill {p:>6} tokens: {tok_s:>10.0} tok/s (bound {:.0} tok/s at {:.0} TFLOP/s)",
-            bound.max_tok_s,
+            "prefill {p:>6} tokens: {} tok/s, warm-up {} not counted (bound {} tok/s at {:.0} TFLOP/s)",
+            stats.display(0),
+            grouped(stats.warmup_tok_s, 0),
+            grouped(bound.max_tok_s, 0),
             bounds::H200_BF16_FLOP_PER_S / 1e12
         );
         prefill.push(PrefillResult {
@@ -275,7 +276,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             text_repeated: repeated_all && p > all.len(),
             tok_s,
             fraction_of_bound: tok_s / bound.max_tok_s,
-            runs_tok_s: runs,
+            stats,
             bound,
             constrained,
         });
@@ -289,20 +290,22 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         engine.set_cuda_graphs(graphs);
         for &d in &a.decode_tokens {
             // +1: the first token comes from prefill and is not timed as decode.
-            let (runs, hcs) = measure(
+            let (stats, hcs) = measure(
                 &mut engine,
                 prompt,
                 d + 1,
                 a.repeats,
                 GenerateStats::decode_tok_s,
             )?;
-            let tok_s = median(&mut runs.clone());
+            let tok_s = stats.median_tok_s;
             let ctx = a.decode_prompt_tokens + d / 2;
             let bound = bounds::decode_bound(&g, expert_bytes, ctx);
             eprintln!(
-                "decode {d:>4} tokens (graphs {}): {tok_s:>8.1} tok/s (bound {:.0} tok/s: {:.2} GB/token at {:.1} TB/s)",
+                "decode {d:>4} tokens (graphs {}): {} tok/s, warm-up {} not counted (bound {} tok/s: {:.2} GB/token at {:.1} TB/s)",
                 if graphs { "on " } else { "off" },
-                bound.max_tok_s,
+                stats.display(1),
+                grouped(stats.warmup_tok_s, 1),
+                grouped(bound.max_tok_s, 0),
                 bound.per_token / 1e9,
                 bounds::H200_HBM_BYTES_PER_S / 1e12
             );
@@ -329,7 +332,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 cuda_graphs: graphs,
                 tok_s,
                 fraction_of_bound: tok_s / bound.max_tok_s,
-                runs_tok_s: runs,
+                stats,
                 bound,
                 constrained,
             });
@@ -443,6 +446,8 @@ pub(super) fn model_name(dir: &std::path::Path) -> String {
 }
 
 fn markdown_line(r: &Report) -> String {
+    // Each figure is `median (min, max)`; fractions of bounds use the
+    // median. Entries are separated by `; ` since the numbers carry commas.
     let pf: Vec<String> = r
         .prefill
         .iter()
@@ -450,15 +455,15 @@ fn markdown_line(r: &Report) -> String {
             // Under a limit the bound that matters is copies + all-resident
             // compute, not the FLOP rate.
             Some(c) => format!(
-                "{}: {:.0} ({:.0}% of HCS bound)",
+                "{}: {} ({:.0}% of HCS bound)",
                 p.prompt_tokens,
-                p.tok_s,
+                p.stats.display(0),
                 100.0 * c.fraction
             ),
             None => format!(
-                "{}: {:.0} ({:.0}% of bound)",
+                "{}: {} ({:.0}% of bound)",
                 p.prompt_tokens,
-                p.tok_s,
+                p.stats.display(0),
                 100.0 * p.fraction_of_bound
             ),
         })
@@ -469,15 +474,15 @@ fn markdown_line(r: &Report) -> String {
         .filter(|d| d.cuda_graphs)
         .map(|d| match &d.constrained {
             Some(c) => format!(
-                "{}: {:.1} ({:.0}% of HCS bound)",
+                "{}: {} ({:.0}% of HCS bound)",
                 d.decode_tokens,
-                d.tok_s,
+                d.stats.display(1),
                 100.0 * c.fraction
             ),
             None => format!(
-                "{}: {:.1} ({:.0}%)",
+                "{}: {} ({:.0}%)",
                 d.decode_tokens,
-                d.tok_s,
+                d.stats.display(1),
                 100.0 * d.fraction_of_bound
             ),
         })
@@ -486,7 +491,7 @@ fn markdown_line(r: &Report) -> String {
         .decode
         .iter()
         .filter(|d| !d.cuda_graphs)
-        .map(|d| format!("{}: {:.1}", d.decode_tokens, d.tok_s))
+        .map(|d| format!("{}: {}", d.decode_tokens, d.stats.display(1)))
         .collect();
     let memory = match (&r.hcs_load, r.vram_limit_bytes) {
         (Some(h), Some(l)) if h.shape.is_some() => {
@@ -512,10 +517,117 @@ fn markdown_line(r: &Report) -> String {
         r.identity.model,
         r.identity.gpu,
         r.identity.geometry,
-        pf.join(", "),
-        dc.join(", "),
-        eager.join(", "),
+        pf.join("; "),
+        dc.join("; "),
+        eager.join("; "),
         r.min_free_vram_bytes.unwrap_or(0) as f64 / (1u64 << 30) as f64,
         r.identity.commit
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        let identity = Identity {
+            model: "a3b-24l".into(),
+            model_dir: "/tmp/a3b-24l".into(),
+            geometry: "24 layers".into(),
+            cache_format_version: 1,
+            cache_path: None,
+            gpu: "NVIDIA H200".into(),
+            driver_version: 13000,
+            commit: "c0ffee".into(),
+            prefill_chunk: 8192,
+            context_length: 32016,
+            load_seconds: 1.0,
+            weight_bytes: 0,
+            host_weight_bytes: 0,
+            expert_bytes: 0,
+            kv_bytes: 0,
+        };
+        let stats = RunStats::new(30000.0, vec![51900.0, 53100.0, 52725.0]);
+        let prefill = PrefillResult {
+            prompt_tokens: 8000,
+            text_repeated: false,
+            tok_s: stats.median_tok_s,
+            fraction_of_bound: stats.median_tok_s / 100000.0,
+            stats,
+            bound: Bound {
+                per_token: 1.0,
+                max_tok_s: 100000.0,
+            },
+            constrained: None,
+        };
+        let decode = |graphs, runs: Vec<f64>| {
+            let stats = RunStats::new(500.0, runs);
+            DecodeResult {
+                decode_tokens: 50,
+                prompt_tokens: 32,
+                cuda_graphs: graphs,
+                tok_s: stats.median_tok_s,
+                fraction_of_bound: stats.median_tok_s / 2000.0,
+                stats,
+                bound: Bound {
+                    per_token: 1.0,
+                    max_tok_s: 2000.0,
+                },
+                constrained: None,
+            }
+        };
+        Report {
+            identity,
+            prefill: vec![prefill],
+            decode: vec![
+                decode(true, vec![600.0, 598.0, 601.0]),
+                decode(false, vec![550.0, 548.0, 552.0, 551.0]),
+            ],
+            decode_breakdown_ms: Default::default(),
+            min_free_vram_bytes: None,
+            vram_limit_bytes: None,
+            safety_margin_bytes: 0,
+            min_free_at_least_margin: true,
+            hcs_load: None,
+            baseline: None,
+            copy_rates: None,
+            total_vram_bytes: 0,
+            hbm_bytes_per_s_assumed: 0.0,
+            bf16_flop_per_s_assumed: 0.0,
+        }
+    }
+
+    #[test]
+    fn markdown_shows_min_median_max_and_fractions_of_the_median() {
+        let md = markdown_line(&report());
+        assert!(
+            md.contains("prefill tok/s 8000: 52,725 (min 51,900, max 53,100) (53% of bound)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("decode tok/s (graphs) 50: 600.0 (min 598.0, max 601.0) (30%)"),
+            "{md}"
+        );
+        // Even count: the median is the mean of the middle two.
+        assert!(
+            md.contains("decode tok/s (no graphs) 50: 550.5 (min 548.0, max 552.0)"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn json_keeps_tok_s_as_the_median_beside_every_run_and_the_warm_up() {
+        let v = serde_json::to_value(report()).unwrap();
+        let p = &v["prefill"][0];
+        assert_eq!(p["tok_s"], 52725.0);
+        assert_eq!(p["median_tok_s"], 52725.0);
+        assert_eq!(p["min_tok_s"], 51900.0);
+        assert_eq!(p["max_tok_s"], 53100.0);
+        assert_eq!(p["warmup_tok_s"], 30000.0);
+        assert_eq!(
+            p["runs_tok_s"],
+            serde_json::json!([51900.0, 53100.0, 52725.0])
+        );
+        assert_eq!(v["decode"][1]["tok_s"], 550.5);
+    }
 }
