@@ -7,7 +7,7 @@ use crate::estimate::estimate;
 use crate::paths::Dirs;
 use crate::probe::{Hardware, ModelSummary, Probe, SystemProbe, models};
 use crate::profiles::{self, Profile, Store};
-use crate::supervisor::{SupEvent, Supervisor};
+use crate::supervisor::{RestartPolicy, SupEvent, Supervisor};
 use crate::units::fmt_bytes;
 use crate::{runtime, signals, validate};
 use anyhow::{Context, bail};
@@ -46,6 +46,15 @@ impl Ctx {
     pub fn probe(&self) -> SystemProbe {
         SystemProbe::new(self.dirs.models(), &self.global.model_roots)
     }
+}
+
+/// The argv and the extra environment of `krasis-runtime serve` for `opts`:
+/// the one place both front ends build them. Secrets (the API key) travel in
+/// the environment, never in the argv that any local user can read.
+pub fn serve_command(opts: &LaunchOptions) -> (Vec<String>, Vec<(String, String)>) {
+    let mut args = vec!["serve".to_string()];
+    args.extend(opts.to_serve_args());
+    (args, opts.serve_env())
 }
 
 /// Profile (if any) + flags + the runtime's defaults, validated once.
@@ -199,9 +208,8 @@ pub fn run_headless(
         return Ok(ExitCode::SUCCESS);
     }
     signals::install();
-    let mut args = vec!["serve".to_string()];
-    args.extend(opts.to_serve_args());
-    let mut sup = Supervisor::spawn(rt, &args)?;
+    let (args, env) = serve_command(opts);
+    let mut sup = Supervisor::spawn(rt, &args, &env, RestartPolicy::default())?;
     println!("runtime started (pid {}); Ctrl-C stops it", sup.pid());
     let mut bar: Option<(String, indicatif::ProgressBar)> = None;
     loop {
@@ -255,18 +263,26 @@ pub fn run_headless(
                 print_event(&ev, demo);
             }
             SupEvent::Log(l) => eprintln!("  | {l}"),
+            SupEvent::Restarting(r) => {
+                if let Some((_, b)) = bar.take() {
+                    b.abandon();
+                }
+                eprintln!("{r}");
+            }
+            SupEvent::Restarted { pid } => println!("runtime restarted (pid {pid})"),
             SupEvent::Exited {
                 success,
                 description,
             } => {
-                println!("runtime {description}");
                 if !success {
+                    eprintln!("runtime {description}");
                     eprintln!("last log lines:");
                     for l in sup.tail(15) {
                         eprintln!("  | {l}");
                     }
                     return Ok(ExitCode::FAILURE);
                 }
+                println!("runtime {description}");
                 return Ok(ExitCode::SUCCESS);
             }
         }

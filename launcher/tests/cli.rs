@@ -291,12 +291,67 @@ fn headless_serve_reports_a_dying_runtime() {
     let so = String::from_utf8_lossy(&out.stdout);
     let se = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{so}\n{se}");
-    assert!(so.contains("runtime exited with code 7"), "{so}");
+    assert!(se.contains("runtime exited with code 7"), "{se}");
     assert!(
         se.contains("FATAL: out of memory") && se.contains("last log lines"),
         "{se}"
     );
     assert!(se.contains("loading shard 1"), "{se}");
+}
+
+/// A runtime that serves, then faults, every time: `krasis serve` restarts
+/// it three times (1 s, 2 s, 4 s apart), saying so on stderr, then gives up
+/// with a non-zero exit.
+#[cfg(unix)]
+#[test]
+fn headless_serve_restarts_a_crashed_runtime_then_gives_up() {
+    let t = tempfile::tempdir().unwrap();
+    let model = fake_model(t.path());
+    let starts = t.path().join("starts");
+    let rt = fake_runtime(
+        t.path(),
+        &format!(
+            r#"echo x >> {}
+echo '{{"event":"ready","url":"http://127.0.0.1:9","model":"fake"}}'
+echo 'engine thread panicked' >&2
+exit 70"#,
+            starts.display()
+        ),
+    );
+    let began = std::time::Instant::now();
+    let out = krasis_cmd(t.path())
+        .args(["serve", "--backend", "reference", "--runtime"])
+        .arg(&rt)
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{so}\n{se}");
+    let n = std::fs::read_to_string(&starts).unwrap().lines().count();
+    assert_eq!(n, 4, "one start and three restarts\n{se}");
+    for (attempt, delay) in [(1, 1), (2, 2), (3, 4)] {
+        let line = format!(
+            "runtime crashed (engine fault, exit 70); restarting in {delay} s (attempt {attempt} of 3)"
+        );
+        assert!(se.lines().any(|l| l == line), "missing {line:?}\n{se}");
+    }
+    assert_eq!(so.matches("runtime restarted (pid ").count(), 3, "{so}");
+    assert_eq!(so.matches("READY: ").count(), 4, "{so}");
+    assert!(
+        se.contains(
+            "runtime crashed (engine fault, exit 70) again after 3 restarts within 10 min; gave up"
+        ),
+        "{se}"
+    );
+    assert!(se.contains("engine thread panicked"), "{se}");
+    // The backoff was waited for (1 + 2 + 4 s).
+    assert!(
+        began.elapsed() >= Duration::from_secs(7),
+        "{:?}",
+        began.elapsed()
+    );
 }
 
 #[test]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Drives the real TUI in tmux: pick the model, change the port in the options
-# form, launch, wait for the runtime to be ready, stop it, quit; then checks
-# the terminal was restored and no runtime process is left.
+# form, launch, wait for the runtime to be ready, kill it (the launcher must
+# restart it and show that), stop it, quit; then checks the terminal was
+# restored and no runtime process is left.
 # Needs tmux and target/debug/{krasis,krasis-runtime} (cargo build -p krasis -p krasis-runtime).
 set -euo pipefail
 
@@ -53,8 +54,17 @@ T send-keys -t k Tab              # summary
 wait_for "Valid. Press Enter to launch." 10
 T send-keys -t k Enter            # launch
 wait_for "READY at http://127.0.0.1:$PORT" 120
-curl -sf "http://127.0.0.1:$PORT/health" | grep -q '"ready"' || fail "health"
-pgrep -f "krasis-runtime serve --model $TMP" >/dev/null || fail "no runtime process while ready"
+healthy() { curl -s "http://127.0.0.1:$PORT/health" | grep -q '"status":"ok"'; }
+healthy || fail "health is not ok while the screen says READY"
+RT=$(pgrep -f "krasis-runtime serve --model $TMP") || fail "no runtime process while ready"
+# An injected crash: the supervisor restarts the runtime and says so.
+kill -KILL "$RT"
+wait_for "runtime crashed (killed by signal 9 (SIGKILL)); restarting in 1 s (attempt 1 of 3)" 20
+wait_for "READY at http://127.0.0.1:$PORT" 120
+wait_for "restarted after a crash 1 time" 5
+healthy || fail "health is not ok after the restart"
+RT2=$(pgrep -f "krasis-runtime serve --model $TMP") || fail "no runtime process after the restart"
+[ "$RT2" != "$RT" ] || fail "the runtime was not restarted"
 T send-keys -t k s                # stop
 wait_for "stopped: exited normally" 20
 T send-keys -t k q

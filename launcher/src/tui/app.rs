@@ -40,11 +40,15 @@ impl Screen {
     }
 }
 
+/// Where the runtime is. `Restarting`: it crashed after it had been ready
+/// and the supervisor starts it again after a backoff; the message says why,
+/// when and which attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunStatus {
     Idle,
     Starting,
     Ready { url: String },
+    Restarting { message: String },
     Stopping,
     Exited { success: bool, description: String },
 }
@@ -61,6 +65,9 @@ pub struct RunState {
     pub stats_error: Option<String>,
     /// The options the runtime was started with (for restart).
     pub launched: Option<LaunchOptions>,
+    /// Automatic restarts after crashes since launch, and the latest one.
+    pub crashes: u32,
+    pub last_crash: Option<String>,
 }
 
 impl Default for RunState {
@@ -75,6 +82,8 @@ impl Default for RunState {
             stats: None,
             stats_error: None,
             launched: None,
+            crashes: 0,
+            last_crash: None,
         }
     }
 }
@@ -148,7 +157,10 @@ impl App {
     pub fn runtime_active(&self) -> bool {
         matches!(
             self.run.status,
-            RunStatus::Starting | RunStatus::Ready { .. } | RunStatus::Stopping
+            RunStatus::Starting
+                | RunStatus::Ready { .. }
+                | RunStatus::Restarting { .. }
+                | RunStatus::Stopping
         )
     }
 
@@ -417,6 +429,23 @@ impl App {
     fn runtime_event(&mut self, e: SupEvent) {
         match e {
             SupEvent::Log(l) => self.push_log(l),
+            SupEvent::Restarting(r) => {
+                let message = r.to_string();
+                self.push_log(message.clone());
+                self.run.crashes += 1;
+                self.run.last_crash = Some(message.clone());
+                self.run.progress = None;
+                self.run.stats = None;
+                self.run.stats_error = None;
+                self.run.status = RunStatus::Restarting { message };
+            }
+            SupEvent::Restarted { pid } => {
+                self.push_log(format!("runtime restarted (pid {pid})"));
+                self.run.phases.clear();
+                self.run.hcs = None;
+                self.run.fatal = None;
+                self.run.status = RunStatus::Starting;
+            }
             SupEvent::Exited {
                 success,
                 description,

@@ -10,10 +10,10 @@ pub mod event;
 pub mod fields;
 pub mod screens;
 
-use crate::headless::{Ctx, SHUTDOWN_GRACE};
+use crate::headless::{Ctx, SHUTDOWN_GRACE, serve_command};
 use crate::probe::Probe;
 use crate::profiles::{Profile, SCHEMA};
-use crate::supervisor::{StatsClient, Supervisor};
+use crate::supervisor::{RestartPolicy, StatsClient, Supervisor};
 use crate::{runtime, signals};
 use app::{App, RunStatus};
 use crossterm::event::{self as ct, DisableMouseCapture, EnableMouseCapture};
@@ -154,10 +154,13 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             if let RunStatus::Ready { url } = &app.run.status
                 && !was_ready
             {
-                poller = StatsPoller::start(url, app.opts.api_key.clone());
+                poller = StatsPoller::start(url, app.opts.resolved_api_key().ok().flatten());
             }
         }
-        if matches!(app.run.status, RunStatus::Exited { .. }) {
+        if matches!(
+            app.run.status,
+            RunStatus::Exited { .. } | RunStatus::Restarting { .. }
+        ) {
             poller = None;
         }
     }
@@ -182,9 +185,8 @@ fn start(
             return None;
         }
     };
-    let mut args = vec!["serve".to_string()];
-    args.extend(o.to_serve_args());
-    match Supervisor::spawn(path, &args) {
+    let (args, env) = serve_command(o);
+    match Supervisor::spawn(path, &args, &env, RestartPolicy::default()) {
         Ok(s) => Some(s),
         Err(e) => {
             app.run.status = RunStatus::Exited {

@@ -353,3 +353,56 @@ fn every_screen_draws_at_tiny_and_large_sizes() {
     key(&mut none, KeyCode::Enter);
     assert!(none.message.is_some());
 }
+
+#[test]
+fn run_screen_shows_a_crash_restart_and_its_history() {
+    use crate::supervisor::Restart;
+    use std::time::Duration;
+    let mut a = app(true);
+    keys(
+        &mut a,
+        &[KeyCode::Enter, KeyCode::Enter, KeyCode::Tab, KeyCode::Enter],
+    );
+    let ready = || {
+        Event::Runtime(SupEvent::Progress(ProgressEvent::Ready {
+            url: "http://127.0.0.1:8080".into(),
+            model: "m".into(),
+        }))
+    };
+    a.update(ready());
+    a.update(Event::Runtime(SupEvent::Restarting(Restart {
+        reason: "engine fault, exit 70".into(),
+        delay: Duration::from_secs(2),
+        attempt: 2,
+        max: 3,
+    })));
+    let s = screen_text(&a, 160, 30);
+    assert!(
+        s.contains("runtime crashed (engine fault, exit 70); restarting in 2 s (attempt 2 of 3)"),
+        "{s}"
+    );
+    assert!(a.runtime_active(), "s stops and q quits through Stop");
+    assert_eq!(key(&mut a, KeyCode::Char('s')), vec![Action::Stop]);
+
+    a.update(Event::Runtime(SupEvent::Restarted { pid: 4242 }));
+    assert_eq!(a.run.status, RunStatus::Starting);
+    a.update(ready());
+    let s = screen_text(&a, 160, 30);
+    assert!(s.contains("READY at http://127.0.0.1:8080"), "{s}");
+    // Back up, but the crash stays visible.
+    assert!(
+        s.contains("restarted after a crash 1 time; last: runtime crashed (engine fault"),
+        "{s}"
+    );
+    assert!(s.contains("runtime restarted (pid 4242)"), "{s}");
+
+    // Retries exhausted: a final failure.
+    a.update(Event::Runtime(SupEvent::Exited {
+        success: false,
+        description:
+            "crashed (engine fault, exit 70) again after 3 restarts within 10 min; gave up".into(),
+    }));
+    let s = screen_text(&a, 200, 30);
+    assert!(s.contains("runtime FAILED: crashed (engine fault, exit 70) again after 3 restarts within 10 min; gave up"), "{s}");
+    assert!(!a.runtime_active());
+}

@@ -116,3 +116,52 @@ pub fn wait_gone(pid: u32, timeout: Duration) -> bool {
     }
     true
 }
+
+#[cfg(unix)]
+pub fn sigkill(pid: u32) {
+    // SAFETY: signals a process this test started (or its child).
+    unsafe {
+        libc_kill(pid as i32, 9);
+    }
+}
+
+/// Live children of `pid`, from the parent field of every `/proc/N/stat`.
+#[cfg(target_os = "linux")]
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(n) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{n}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may contain spaces, so split after ')'.
+        let mut rest = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let state = rest.next();
+        let ppid = rest.next().and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) && state != Some("Z") {
+            out.push(n);
+        }
+    }
+    out
+}
+
+/// The argv of a running process, joined with spaces.
+#[cfg(target_os = "linux")]
+pub fn cmdline(pid: u32) -> String {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&raw).replace('\0', " ")
+}
+
+/// Synthesizes the `tiny` checkpoint with the real runtime.
+pub fn tiny_model(rt: &Path, dir: &Path) -> PathBuf {
+    let model = dir.join("tiny");
+    let st = Command::new(rt)
+        .args(["synth", "--preset", "tiny", "--out"])
+        .arg(&model)
+        .status()
+        .unwrap();
+    assert!(st.success(), "krasis-runtime synth failed: {st}");
+    model
+}

@@ -23,6 +23,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
         RunStatus::Ready { url } => {
             format!("READY at {url}  (OpenAI API: {url}/v1/chat/completions)")
         }
+        RunStatus::Restarting { message } => format!("{message}; s: stop"),
         RunStatus::Stopping => "stopping ...".into(),
         RunStatus::Exited {
             success: true,
@@ -55,6 +56,16 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
     }
     if let Some(m) = &r.fatal {
         s.push(format!("FATAL: {m}"));
+    }
+    if let (Some(last), false) = (
+        &r.last_crash,
+        matches!(r.status, RunStatus::Restarting { .. }),
+    ) {
+        s.push(format!(
+            "restarted after a crash {} time{}; last: {last}",
+            r.crashes,
+            if r.crashes == 1 { "" } else { "s" }
+        ));
     }
     f.render_widget(
         Paragraph::new(s.join("\n"))
