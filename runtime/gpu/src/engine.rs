@@ -1,7 +1,9 @@
 //! [`CudaEngine`]: the `krasis_model::Engine` implementation on one GPU.
 //!
 //! Prefill runs the whole prompt on the GPU in chunks of
-//! `prefill_chunk` tokens. Decode is a Rust loop whose only per-token host
+//! `prefill_chunk` tokens; the request's cancel token is looked at before
+//! every chunk (and every decode step), and a cancelled prefill returns
+//! `Cancelled` with no token. Decode is a Rust loop whose only per-token host
 //! work is writing the position (4 bytes), launching (one graph replay, or
 //! the kernels one by one when graphs are off), launching the sampler, and
 //! reading the sampled id (4 bytes). The sampled id is written straight into
@@ -18,8 +20,8 @@ use cudarc::driver::{CudaGraph, sys};
 use krasis_common::status::{EngineStats, VramStats};
 use krasis_kernels::{Int4Layout, Kernels};
 use krasis_model::{
-    Checkpoint, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,
-    GenerateStats, Geometry, ModelConfig, SamplingParams,
+    CancelToken, Checkpoint, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome,
+    GenerateRequest, GenerateStats, Geometry, ModelConfig, SamplingParams,
 };
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -165,6 +167,8 @@ impl CudaEngine {
                 hcs: None,
                 routes: None,
                 prefill_span: None,
+                #[cfg(any(test, feature = "fault-injection"))]
+                fault: crate::forward::Fault::None,
             },
             context,
             cuda_graphs: opts.cuda_graphs,
@@ -229,6 +233,71 @@ impl CudaEngine {
         self.model.prefill_span = tokens.map(|t| t.max(1));
     }
 
+    /// Plants `fault` in this engine from the next request on, replacing
+    /// the one planted before ([`Fault::None`](crate::forward::Fault::None)
+    /// restores the correct engine exactly: the weight edits are their own
+    /// inverse). Test builds only.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn set_fault(&mut self, fault: crate::forward::Fault) -> Result<()> {
+        let old = self.model.fault;
+        if old == fault {
+            return Ok(());
+        }
+        self.fault_weights(old)?;
+        self.fault_weights(fault)?;
+        self.model.fault = fault;
+        // A captured decode step holds the old launches.
+        self.graph = None;
+        self.eager_steps = 0;
+        self.model.gpu.sync("planting a fault")
+    }
+
+    /// Applies (or, applied twice, undoes) the weight edit of `fault`.
+    #[cfg(any(test, feature = "fault-injection"))]
+    fn fault_weights(&mut self, fault: crate::forward::Fault) -> Result<()> {
+        use crate::forward::Fault;
+        let m = &mut self.model;
+        let g = &m.geometry;
+        let (d, q, kvd, h) = (g.head_dim, g.q_dim(), g.kv_dim(), g.hidden);
+        let s = m.gpu.stream.clone();
+        let put = |host: &[half::bf16], dev: &mut cudarc::driver::CudaSlice<half::bf16>| {
+            s.memcpy_htod(host, dev)
+                .map_err(GpuError::driver("planting a fault in the weights"))
+        };
+        match fault {
+            Fault::None | Fault::DropExpert => {}
+            Fault::RopeSign => {
+                for lw in &mut m.weights.layers {
+                    for w in [&mut lw.q_norm, &mut lw.k_norm] {
+                        let mut host = m.gpu.download(w, d, "a q/k norm")?;
+                        for v in &mut host[d / 2..] {
+                            *v = -*v;
+                        }
+                        put(&host, w)?;
+                    }
+                }
+            }
+            Fault::SwapGqa => {
+                if g.num_kv_heads < 2 {
+                    return Err(GpuError::Unsupported(
+                        "Fault::SwapGqa needs at least two KV heads".into(),
+                    ));
+                }
+                for lw in &mut m.weights.layers {
+                    let rows = q + 2 * kvd;
+                    let mut host = m.gpu.download(&lw.qkv, rows * h, "a QKV weight")?;
+                    // KV head 0 and 1 of k (rows from q) and of v (from q + kvd).
+                    for first in [q, q + kvd] {
+                        let (a, b) = host[first * h..(first + 2 * d) * h].split_at_mut(d * h);
+                        a.swap_with_slice(b);
+                    }
+                    put(&host, &mut lw.qkv)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Turns decode CUDA graphs on or off (results are identical).
     pub fn set_cuda_graphs(&mut self, on: bool) {
         self.cuda_graphs = on;
@@ -262,13 +331,31 @@ impl CudaEngine {
     pub(crate) fn prefill(
         &mut self,
         tokens: &[u32],
-        mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
+        after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<()> {
+        self.prefill_cancellable(tokens, &CancelToken::default(), after)
+            .map(|_| ())
+    }
+
+    /// [`CudaEngine::prefill`] that looks at `cancel` before every chunk
+    /// (with HCS: before every chunk of every layer group) and stops once
+    /// it is set: `Ok(false)`, with `after` not run for the chunks left.
+    /// The engine is then as after any prefill (HCS reclaimable tier
+    /// reloaded); the next prefill starts again at position 0.
+    pub(crate) fn prefill_cancellable(
+        &mut self,
+        tokens: &[u32],
+        cancel: &CancelToken,
+        mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
+    ) -> Result<bool> {
         if self.model.hcs.is_some() {
-            return self.model.prefill_streamed(tokens, after);
+            return self.model.prefill_streamed(tokens, cancel, after);
         }
         let cap = self.model.scratch.cap;
         for (ci, chunk) in tokens.chunks(cap).enumerate() {
+            if cancel.is_cancelled() {
+                return Ok(false);
+            }
             let start = ci * cap;
             let m = &mut self.model;
             m.gpu
@@ -278,13 +365,14 @@ impl CudaEngine {
             m.forward_layers(chunk.len(), Positions::Prefill(start))?;
             after(m, start, chunk.len())?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Starts a generation: clears the sampler's per-request token counts
     /// and prefills `prompt` (non-empty), leaving the last position's logits
-    /// in `scratch.logits[0]`.
-    fn prefill_to_sample(&mut self, prompt: &[u32]) -> Result<()> {
+    /// in `scratch.logits[0]`. `Ok(false)`: `cancel` was set before the
+    /// last chunk (no logits).
+    fn prefill_to_sample(&mut self, prompt: &[u32], cancel: &CancelToken) -> Result<bool> {
         {
             let m = &mut self.model;
             m.gpu
@@ -294,12 +382,23 @@ impl CudaEngine {
         }
         let n = prompt.len();
         let last_chunk_start = (n - 1) / self.model.scratch.cap * self.model.scratch.cap;
-        self.prefill(prompt, |m, start, _| {
+        self.prefill_cancellable(prompt, cancel, |m, start, _| {
             if start == last_chunk_start {
                 m.lm_head(n - 1 - start, 1)?;
             }
             Ok(())
         })
+    }
+
+    /// Ends a request cancelled before its first token: waits for the
+    /// work already queued and drops its HCS counters, so the next
+    /// request's figures are its own.
+    fn end_cancelled(&mut self) -> Result<()> {
+        self.model.gpu.sync("cancelling a prefill")?;
+        if let Some(h) = self.model.hcs.as_mut() {
+            h.take_stats()?;
+        }
+        Ok(())
     }
 
     /// Samples from `scratch.logits[0]` into `scratch.ids[0]` and returns the id.
@@ -393,7 +492,15 @@ impl CudaEngine {
                 stats,
             });
         }
-        self.prefill_to_sample(&req.prompt)?;
+        // No token once cancelled, even when that came during the last chunk.
+        if !self.prefill_to_sample(&req.prompt, &req.cancel)? || req.cancel.is_cancelled() {
+            self.end_cancelled()?;
+            stats.prefill_seconds = t0.elapsed().as_secs_f64();
+            return Ok(GenerateOutcome {
+                finish: FinishReason::Cancelled,
+                stats,
+            });
+        }
         let mut token = self.sample(&params, 0)?;
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
@@ -408,6 +515,9 @@ impl CudaEngine {
             }
             if stats.generated_tokens >= req.max_new_tokens || pos >= self.context {
                 break FinishReason::Length;
+            }
+            if req.cancel.is_cancelled() {
+                break FinishReason::Cancelled;
             }
             self.decode_step(pos)?;
             token = self.sample(&params, stats.generated_tokens as u64)?;
@@ -437,7 +547,7 @@ impl CudaEngine {
         }
         let params = kernel_sampling(&SamplingParams::greedy())?;
         let np = prompt.len();
-        self.prefill_to_sample(prompt)?;
+        self.prefill_to_sample(prompt, &CancelToken::default())?;
         let v = self.model.geometry.vocab_size;
         let (mut toks, mut rows) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut pos = np;

@@ -48,6 +48,55 @@ pub struct Model {
     /// layer groups at a time (`None`: the whole prompt, split further only
     /// when its hidden states do not fit).
     pub prefill_span: Option<usize>,
+    /// The planted bug this model runs with (tests only; see [`Fault`]).
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fault: Fault,
+}
+
+/// A deliberate bug planted in the CUDA engine (compiled with `cfg(test)`
+/// or the `fault-injection` feature, which only dev-dependencies enable),
+/// set with `CudaEngine::set_fault`. Each is applied by the engine's own
+/// setup or launches, so the GPU check against the CPU reference must fail
+/// with it: that is what shows the check can fail.
+#[cfg(any(test, feature = "fault-injection"))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Fault {
+    /// The correct engine.
+    #[default]
+    None,
+    /// RoPE by `-angle`: the second half of every q/k-norm weight is
+    /// negated at upload. With `D` negating a head's second half, the
+    /// kernel then stores `D R(-a) x` for q and k, and `D` cancels in
+    /// `q . k`, so attention is exactly that of a RoPE sign error.
+    RopeSign,
+    /// KV heads 0 and 1 swap their k and v rows in the fused QKV weight,
+    /// so query heads of group 0 attend with KV head 1 and vice versa.
+    SwapGqa,
+    /// The last (lowest-ranked) of each token's top-k experts gets routing
+    /// weight 0 on the device after the router (a dropped expert).
+    DropExpert,
+}
+
+#[cfg(any(test, feature = "fault-injection"))]
+impl Fault {
+    /// Every planted bug (not `None`).
+    pub const ALL: [Fault; 3] = [Fault::RopeSign, Fault::SwapGqa, Fault::DropExpert];
+}
+
+/// [`Fault::DropExpert`]: zeroes the routing weight of the last top-k slot
+/// of each of the `t` tokens (`scratch.topk_w` is `[t, top_k]`) with one
+/// strided memset on the compute stream (captured by decode graphs).
+#[cfg(any(test, feature = "fault-injection"))]
+fn drop_last_expert(cx: &Ctx<'_>, sc: &mut Scratch, t: usize) -> Result<()> {
+    let k = cx.g.top_k;
+    let dst = cx.p(&sc.topk_w, k - 1);
+    // SAFETY: rows 0..t of the [cap, top_k] f32 buffer, element k - 1 of
+    // each: t 4-byte writes at a pitch of top_k * 4 bytes, inside it.
+    unsafe {
+        cudarc::driver::sys::cuMemsetD2D32Async(dst, k * 4, 0, 1, t, cx.gpu.stream.cu_stream())
+    }
+    .result()
+    .map_err(GpuError::driver("dropping an expert (planted fault)"))
 }
 
 /// Where the positions of a forward pass come from.
@@ -217,6 +266,8 @@ impl Model {
 
     /// Decoder layer `l` over the `t` tokens in `scratch.residual`.
     pub(crate) fn layer(&mut self, l: usize, t: usize, at: Positions) -> Result<()> {
+        #[cfg(any(test, feature = "fault-injection"))]
+        let fault = self.fault;
         let (cx, m) = self.split_all();
         let Mut {
             sc,
@@ -247,6 +298,10 @@ impl Model {
         match &lw.mlp {
             MlpWeights::Moe { moe_index, .. } => {
                 crate::moe::router(&cx, sc, l, t, at)?;
+                #[cfg(any(test, feature = "fault-injection"))]
+                if fault == Fault::DropExpert {
+                    drop_last_expert(&cx, sc, t)?;
+                }
                 if let Some(r) = routes {
                     crate::moe::record_routes(&cx, sc, t, &mut r[*moe_index])?;
                 }

@@ -15,11 +15,16 @@
 //! fails with an out-of-memory error and the engine stays usable. A span
 //! reads the KV the earlier spans wrote, so the output is still
 //! bit-identical; each span crosses PCIe once more, the price of fitting.
+//!
+//! The request's cancel token is looked at before every chunk of every
+//! group; once set, the prompt stops there (no `after` calls), and the
+//! reclaimable tier is reloaded as after any prefill.
 
 use crate::error::{GpuError, Result};
 use crate::forward::{Model, Positions};
 use crate::scratch::Scratch;
 use cudarc::driver::CudaSlice;
+use krasis_model::CancelToken;
 
 /// Swaps chunk `c`'s residual into the scratch for the duration of `f`.
 fn with_chunk<T>(
@@ -51,15 +56,21 @@ impl Model {
         groups
     }
 
+    /// Streams `tokens` through the layer groups; `Ok(false)` when
+    /// `cancel` stopped it.
     pub(crate) fn prefill_streamed(
         &mut self,
         tokens: &[u32],
+        cancel: &CancelToken,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let (cap, h) = (self.scratch.cap, self.geometry.hidden);
         let mut span = self.prefill_span.unwrap_or(tokens.len()).max(1);
         let mut start = 0;
         while start < tokens.len() {
+            if cancel.is_cancelled() {
+                return Ok(false);
+            }
             let len = span.min(tokens.len() - start);
             let chunks = span_chunks(start, len, cap);
             // Only this allocation is retried: nothing has been computed,
@@ -95,42 +106,50 @@ impl Model {
                 },
                 Err(e) => return Err(e),
             };
-            self.prefill_span(tokens, &chunks, &mut bufs, &mut after)?;
+            if !self.prefill_span(tokens, &chunks, &mut bufs, cancel, &mut after)? {
+                return Ok(false);
+            }
             start += len;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The span's chunks through every layer group, with the reclaimable
-    /// tier lent as staging for the span.
+    /// tier lent as staging for the span; `Ok(false)` when cancelled.
     fn prefill_span(
         &mut self,
         tokens: &[u32],
         chunks: &[(usize, usize)],
         bufs: &mut [CudaSlice<f32>],
+        cancel: &CancelToken,
         after: &mut impl FnMut(&mut Model, usize, usize) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let (Some(hcs), Some(table)) = (self.hcs.as_mut(), self.experts.as_mut()) else {
             return Err(GpuError::Hcs("streamed prefill without HCS".into()));
         };
         hcs.begin_prefill(&self.gpu, table)?;
-        let r = self.stream_groups(tokens, chunks, bufs, after);
-        // The reclaimable tier comes back even when a chunk failed, so the
-        // next request starts from the same state.
+        let r = self.stream_groups(tokens, chunks, bufs, cancel, after);
+        // The reclaimable tier comes back even when a chunk failed or the
+        // request was cancelled, so the next request starts from the same
+        // state.
         let restored = match self.hcs.as_mut() {
             Some(h) => h.restore(&self.gpu),
             None => Ok(()),
         };
-        r.and(restored)
+        r.and_then(|done| restored.map(|_| done))
     }
 
+    /// `Ok(false)`: `cancel` was set before some chunk of some group; the
+    /// staged copies already queued finish on the copy stream before the
+    /// caller's reload, which is ordered after them.
     fn stream_groups(
         &mut self,
         tokens: &[u32],
         chunks: &[(usize, usize)],
         bufs: &mut [CudaSlice<f32>],
+        cancel: &CancelToken,
         after: &mut impl FnMut(&mut Model, usize, usize) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         for (c, &(start, len)) in chunks.iter().enumerate() {
             let ids = &tokens[start..start + len];
             upload_ids(&self.gpu, &mut self.scratch, ids)?;
@@ -147,6 +166,9 @@ impl Model {
             }
             self.with_hcs(|h, gpu| h.wait_staged(gpu, gi))?;
             for (c, &(start, len)) in chunks.iter().enumerate() {
+                if cancel.is_cancelled() {
+                    return Ok(false);
+                }
                 with_chunk(self, &mut bufs[c], |m| {
                     for &l in layers {
                         m.layer(l, len, Positions::Prefill(start))?;
@@ -161,7 +183,7 @@ impl Model {
         }
         // The chunk buffers are freed when the caller drops them; cudarc
         // frees asynchronously on the stream, after this work.
-        Ok(())
+        Ok(true)
     }
 
     fn with_hcs(

@@ -84,7 +84,8 @@ pub enum FinishReason {
     Stop,
     /// `max_new_tokens` or the context length was reached.
     Length,
-    /// The caller's callback asked to stop.
+    /// The caller's callback asked to stop, or the request's
+    /// [`CancelToken`] was set (possibly before any token).
     Cancelled,
 }
 
@@ -146,6 +147,14 @@ pub trait Engine: Send {
     /// Prefills `req.prompt` and decodes. `on_token` is called with every
     /// generated token id (including a final stop token) as soon as it exists;
     /// returning `ControlFlow::Break(())` ends generation with `Cancelled`.
+    ///
+    /// `req.cancel` is checked before prefill starts, between prefill
+    /// chunks, after the last one and before every decode step. Set during
+    /// prefill, generation returns `Ok` with [`FinishReason::Cancelled`] and
+    /// no token produced (`generated_tokens == 0`, `on_token` never called);
+    /// set during decode, it ends with `Cancelled` after the tokens already
+    /// passed to `on_token`. Either way the engine is ready for the next
+    /// request, whose output does not depend on the cancelled one.
     fn generate(
         &mut self,
         req: &GenerateRequest,

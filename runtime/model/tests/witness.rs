@@ -7,18 +7,22 @@
 //! * `witness_*_head_dim_64`: the same on the `<preset>-hd64` fixtures, over
 //!   the checkpoint the GPU check runs (`testutil::witness_hd64`).
 //! * An independent naive implementation (`witness/naive.rs`) agrees with
-//!   the engine, and the same comparison catches planted bugs.
-//! * Prefill and token-by-token decode (the KV cache path) agree.
+//!   the engine.
+//! * Planted bugs: the engine loaded with each `reference::Fault` (wrong
+//!   RoPE sign, swapped GQA heads, a dropped expert) fails the witness
+//!   comparison, and passes it without.
+//! * Prefill and token-by-token decode (the KV cache path) agree, and
+//!   chunked prefill equals one batch bit for bit.
 
 #[path = "witness/naive.rs"]
 mod naive;
 #[path = "witness/support.rs"]
 mod support;
 
+use krasis_model::reference::{Fault, ReferenceEngine};
 use krasis_model::synth::{GENERATOR_VERSION, SynthDtype};
 use krasis_model::testutil::{self, is_witness_hd64_case, witness_fixtures_dir};
 use krasis_model::{Engine, GenerateRequest, SamplingParams};
-use naive::Fault;
 use serde::Deserialize;
 use serde_json::json;
 use std::ops::ControlFlow;
@@ -29,7 +33,7 @@ const SEQ: [u32; 8] = [9707, 11, 1879, 0, 151643, 42, 77, 1234];
 
 fn assert_matches_naive(dir: &Path, tokens: &[u32]) {
     let got = load(dir, 64).prompt_logits(tokens).unwrap();
-    let want = naive::logits(dir, tokens, Fault::None);
+    let want = naive::logits(dir, tokens);
     for (pos, (g, w)) in got.iter().zip(&want).enumerate() {
         let e = rel_err(g, w);
         assert!(
@@ -59,25 +63,6 @@ fn engine_matches_independent_implementation_dense_tied_and_bias() {
         ("norm_topk_prob", json!(false)),
     ];
     assert_matches_naive(&preset_dir("tiny", &bias), &[3, 1, 4, 1, 5, 9]);
-}
-
-#[test]
-fn planted_bugs_are_detected() {
-    let dir = preset_dir("tiny", &[("vocab_size", json!(2048))]);
-    let tokens = [3, 1, 4, 1, 5, 9, 2, 6];
-    let got = load(&dir, 64).prompt_logits(&tokens).unwrap();
-    for fault in [Fault::RopeSign, Fault::GqaInterleaved] {
-        let broken = naive::logits(&dir, &tokens, fault);
-        let worst = got
-            .iter()
-            .zip(&broken)
-            .map(|(g, b)| rel_err(g, b))
-            .fold(0f32, f32::max);
-        assert!(
-            worst > 1e-2,
-            "{fault:?} went unnoticed: worst relative error {worst}"
-        );
-    }
 }
 
 #[test]
@@ -203,9 +188,9 @@ fn read_f32s(path: &Path) -> Vec<f32> {
         .collect()
 }
 
-/// Checks the `source` fixture `dir` against the reference engine over
-/// `ckpt`, or when `None` over the checkpoint its `case.json` describes.
-fn check_case(name: &str, dir: &Path, ckpt: Option<&Path>) -> usize {
+/// The checkpoint the `source` fixture `dir` was made from (`ckpt`, or when
+/// `None` the one its `case.json` describes) and the case.
+fn case_checkpoint(name: &str, dir: &Path, ckpt: Option<&Path>) -> (Case, PathBuf) {
     let case: Case = read_json(&dir.join("case.json"));
     assert_eq!(case.variant, "source", "{}: variant field", dir.display());
     assert_eq!(
@@ -224,8 +209,25 @@ fn check_case(name: &str, dir: &Path, ckpt: Option<&Path>) -> usize {
         let overrides: Vec<(String, serde_json::Value)> = s.overrides.clone().into_iter().collect();
         synth_dir(&s.preset, s.seed, dtype, s.router_skew, &overrides)
     });
-    let longest = case.sequences.iter().map(Vec::len).max().unwrap_or(1);
-    let mut engine = load(&ckpt, longest.max(1));
+    (case, ckpt)
+}
+
+/// Fails with the reason unless `cond`.
+fn require(cond: bool, why: impl FnOnce() -> String) -> Result<(), String> {
+    if cond { Ok(()) } else { Err(why()) }
+}
+
+/// The witness comparison of `engine` against the `source` fixture `dir`:
+/// per position the argmax, the top-10 id set and the top-20 values within
+/// `1e-3 * max(1, max |logit|)`, and the last position's full logits within
+/// relative error `1e-3`. Returns the sequences compared, or the first
+/// disagreement.
+fn compare_case(
+    name: &str,
+    dir: &Path,
+    case: &Case,
+    engine: &mut ReferenceEngine,
+) -> Result<usize, String> {
     for (i, seq) in case.sequences.iter().enumerate() {
         let at = format!("{name}/seq{i}");
         let exp: Expected = read_json(&dir.join(format!("seq{i}.json")));
@@ -235,37 +237,47 @@ fn check_case(name: &str, dir: &Path, ckpt: Option<&Path>) -> usize {
         assert_eq!(exp.argmax.len(), seq.len(), "{at}: fixture positions");
         for (p, row) in got.iter().enumerate() {
             let scale = max_abs(row).max(1.0);
-            assert_eq!(
-                top_ids(row, 1)[0],
-                exp.argmax[p],
-                "{at} position {p}: argmax"
-            );
+            let argmax = top_ids(row, 1)[0];
+            require(argmax == exp.argmax[p], || {
+                format!("{at} position {p}: argmax {argmax}, HF {}", exp.argmax[p])
+            })?;
             let mut ours = top_ids(row, 10);
             let mut theirs = exp.top_ids[p][..10].to_vec();
             ours.sort_unstable();
             theirs.sort_unstable();
-            assert_eq!(ours, theirs, "{at} position {p}: top-10 ids");
+            require(ours == theirs, || {
+                format!("{at} position {p}: top-10 ids {ours:?}, HF {theirs:?}")
+            })?;
             for (&id, &v) in exp.top_ids[p].iter().zip(&exp.top_vals[p]) {
                 let d = (row[id as usize] - v).abs();
-                assert!(
-                    d <= 1e-3 * scale,
-                    "{at} position {p} token {id}: {} vs HF {v}",
-                    row[id as usize]
-                );
+                require(d <= 1e-3 * scale, || {
+                    format!(
+                        "{at} position {p} token {id}: {} vs HF {v}",
+                        row[id as usize]
+                    )
+                })?;
             }
         }
         let last = read_f32s(&dir.join(format!("seq{i}.last.f32")));
         let err = rel_err(got.last().unwrap(), &last);
-        assert!(
-            err <= 1e-3,
-            "{at}: last-position logits relative error {err}"
-        );
+        require(err <= 1e-3, || {
+            format!("{at}: last-position logits relative error {err}")
+        })?;
         eprintln!(
             "{at}: {} positions, last-position relative error {err:.2e}",
             seq.len()
         );
     }
-    case.sequences.len()
+    Ok(case.sequences.len())
+}
+
+/// Checks the `source` fixture `dir` against the reference engine over
+/// `ckpt`, or when `None` over the checkpoint its `case.json` describes.
+fn check_case(name: &str, dir: &Path, ckpt: Option<&Path>) -> usize {
+    let (case, ckpt) = case_checkpoint(name, dir, ckpt);
+    let longest = case.sequences.iter().map(Vec::len).max().unwrap_or(1);
+    let mut engine = load(&ckpt, longest.max(1));
+    compare_case(name, dir, &case, &mut engine).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
@@ -308,4 +320,40 @@ fn witness_tiny_head_dim_64() {
 #[test]
 fn witness_tiny_dense_head_dim_64() {
     check_hd64("tiny-dense");
+}
+
+// ---- Planted bugs ----------------------------------------------------------
+
+/// The witness comparison above, run on the engine with each [`Fault`]
+/// planted in its own forward pass: every fault must fail it, and the same
+/// engine with `Fault::None` must pass. Prefill runs in chunks of 16 so the
+/// faults also cross chunk boundaries (the KV cache path).
+#[test]
+fn witness_comparison_fails_on_every_planted_fault() {
+    for case_name in ["tiny", "tiny-hd64"] {
+        let dir = witness_fixtures_dir().join(case_name).join("source");
+        let (case, ckpt) = case_checkpoint(case_name, &dir, None);
+        let longest = case.sequences.iter().map(Vec::len).max().unwrap_or(1);
+        let mut engine = load(&ckpt, longest);
+        engine.set_prefill_chunk(16);
+        let g = engine.geometry().clone();
+        assert!(
+            g.num_kv_heads >= 2 && g.num_moe_layers() > 0,
+            "{case_name}: the faults need a MoE model with 2+ KV heads"
+        );
+        for fault in Fault::ALL {
+            engine.set_fault(fault);
+            match compare_case(&format!("{case_name} {fault:?}"), &dir, &case, &mut engine) {
+                Ok(n) => panic!(
+                    "{case_name}: {fault:?} planted in the engine passed the witness \
+                     comparison on {n} sequences"
+                ),
+                Err(why) => eprintln!("{case_name}: {fault:?} detected: {why}"),
+            }
+        }
+        engine.set_fault(Fault::None);
+        let n = compare_case(case_name, &dir, &case, &mut engine)
+            .unwrap_or_else(|e| panic!("{case_name} without a fault: {e}"));
+        assert_eq!(n, case.sequences.len());
+    }
 }

@@ -1,5 +1,5 @@
 //! The `Qwen3MoeForCausalLM` forward pass over a batch of consecutive
-//! positions: a whole prompt at once (prefill) or one token (decode).
+//! positions: a prompt chunk (prefill) or one token (decode).
 
 use super::trace::{attention_peaks, rms_rows};
 use super::weights::{LayerWeights, MlpWeights};
@@ -28,19 +28,20 @@ impl ReferenceEngine {
         }
         for layer in 0..self.geometry.num_layers {
             if let Some(tr) = self.trace.as_mut() {
-                tr.layer_input_rms[layer] = rms_rows(&x, h);
+                tr.layer_input_rms[layer].extend(rms_rows(&x, h));
             }
             self.attention_block(layer, &mut x, start);
             if let Some(tr) = self.trace.as_mut() {
-                tr.mlp_input_rms[layer] = rms_rows(&x, h);
+                tr.mlp_input_rms[layer].extend(rms_rows(&x, h));
             }
             let router_logits = self.mlp_block(layer, &mut x)?;
             if let (Some(tr), Some(l)) = (self.trace.as_mut(), router_logits) {
-                tr.record_router(layer, &l, self.geometry.top_k);
+                let g = &self.geometry;
+                tr.record_router(layer, &l, g.num_experts, g.top_k);
             }
         }
         if let Some(tr) = self.trace.as_mut() {
-            tr.final_rms = rms_rows(&x, h);
+            tr.final_rms.extend(rms_rows(&x, h));
         }
         rms_norm_rows(&mut x, &self.weights.final_norm, self.geometry.rms_norm_eps);
         self.round(&mut x);
@@ -88,6 +89,15 @@ impl ReferenceEngine {
         out
     }
 
+    /// RoPE of the heads in `x` at `pos`.
+    fn rotate(&self, x: &mut [f32], pos: usize) {
+        #[cfg(any(test, feature = "fault-injection"))]
+        if self.fault == super::Fault::RopeSign {
+            return super::fault::rotate_backwards(&self.rope, x, pos);
+        }
+        self.rope.apply(x, pos);
+    }
+
     /// `x += o_proj(attention(rope(norm(q)), rope(norm(k)), v))` of `norm(x)`.
     fn attention_block(&mut self, layer: usize, x: &mut [f32], start: usize) {
         let g = &self.geometry;
@@ -115,11 +125,16 @@ impl ReferenceEngine {
         for y in [&mut q, &mut k, &mut v] {
             self.round(y);
         }
+        #[cfg(any(test, feature = "fault-injection"))]
+        if self.fault == super::Fault::SwapGqa {
+            super::fault::swap_kv_heads(&mut k, shape);
+            super::fault::swap_kv_heads(&mut v, shape);
+        }
         rms_norm_rows(&mut q, &a.q_norm, eps);
         rms_norm_rows(&mut k, &a.k_norm, eps);
         for t in 0..n {
-            self.rope.apply(&mut q[t * qd..(t + 1) * qd], start + t);
-            self.rope.apply(&mut k[t * kvd..(t + 1) * kvd], start + t);
+            self.rotate(&mut q[t * qd..(t + 1) * qd], start + t);
+            self.rotate(&mut k[t * kvd..(t + 1) * kvd], start + t);
         }
         self.round(&mut q);
         self.round(&mut k);
@@ -128,7 +143,7 @@ impl ReferenceEngine {
         let mut attn = vec![0f32; n * qd];
         causal_attention(&q, keys, values, start, shape, &mut attn);
         if let Some(tr) = self.trace.as_mut() {
-            tr.attn_peak[layer] = attention_peaks(&q, keys, start, shape);
+            tr.attn_peak[layer].extend(attention_peaks(&q, keys, start, shape));
         }
         self.round(&mut attn);
         let mut o = vec![0f32; n * h];
@@ -195,7 +210,10 @@ impl ReferenceEngine {
         // users[e] = [(token, weight)] of the tokens that chose expert e.
         let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
         for (t, l) in router_logits.chunks_exact(ne).enumerate() {
-            for (e, w) in route(l, g.top_k, g.norm_topk_prob) {
+            let chosen = route(l, g.top_k, g.norm_topk_prob);
+            #[cfg(any(test, feature = "fault-injection"))]
+            let chosen = super::fault::combined(self.fault, chosen);
+            for (e, w) in chosen {
                 users[e].push((t, w));
             }
         }

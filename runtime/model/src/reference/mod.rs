@@ -4,18 +4,23 @@
 //! measured against, and a working (slow) backend for tiny models.
 
 mod experts;
+#[cfg(any(test, feature = "fault-injection"))]
+mod fault;
 mod forward;
 mod kv;
 mod trace;
 mod weights;
 
 pub use experts::{CheckpointExperts, ExpertCache, F32_CACHE_LIMIT_BYTES};
+#[cfg(any(test, feature = "fault-injection"))]
+pub use fault::Fault;
 pub use trace::Trace;
 
 use crate::arch::{Geometry, ModelConfig};
 use crate::checkpoint::Checkpoint;
 use crate::engine::{
-    Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats,
+    CancelToken, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,
+    GenerateStats,
 };
 use crate::error::ModelError;
 use crate::experts::ExpertWeights;
@@ -63,6 +68,14 @@ pub enum Activations {
 /// larger one must be asked for explicitly.
 pub const DEFAULT_CONTEXT_CAP: usize = 32_768;
 
+/// Prompt tokens per prefill batch unless [`ReferenceEngine::set_prefill_chunk`]
+/// says otherwise. Chunks bound the activations of a long prompt and are
+/// where [`Engine::generate`] looks at the request's cancel token; the
+/// logits are bit-identical to one batch (a chunk's attention reads the
+/// earlier chunks' keys and values from the KV cache, and every other
+/// operation is per token).
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
 pub struct ReferenceEngine {
     geometry: Geometry,
     weights: Weights,
@@ -72,6 +85,11 @@ pub struct ReferenceEngine {
     /// Ids `0..sampleable` have text; padded embedding rows are never sampled.
     sampleable: usize,
     activations: Activations,
+    /// Prompt tokens per prefill batch (at least 1).
+    prefill_chunk: usize,
+    /// A deliberate bug planted in the forward pass (tests only).
+    #[cfg(any(test, feature = "fault-injection"))]
+    fault: Fault,
     /// Filled by the forward pass while [`ReferenceEngine::prompt_logits_traced`] runs.
     trace: Option<Trace>,
 }
@@ -83,6 +101,7 @@ impl std::fmt::Debug for ReferenceEngine {
             .field("experts", &self.experts.describe())
             .field("context_length", &self.kv.capacity())
             .field("activations", &self.activations)
+            .field("prefill_chunk", &self.prefill_chunk)
             .finish()
     }
 }
@@ -159,6 +178,9 @@ impl ReferenceEngine {
             weights,
             geometry: g,
             activations: Activations::F32,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            #[cfg(any(test, feature = "fault-injection"))]
+            fault: Fault::None,
             trace: None,
         })
     }
@@ -171,6 +193,25 @@ impl ReferenceEngine {
 
     pub fn activations(&self) -> Activations {
         self.activations
+    }
+
+    /// Prompt tokens per prefill batch (see [`DEFAULT_PREFILL_CHUNK`]);
+    /// 0 is taken as 1. Applies to the next request. The outputs do not
+    /// depend on it.
+    pub fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens.max(1);
+    }
+
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
+    /// Plants `fault` in the forward pass from the next request on
+    /// ([`Fault::None`] removes it). Test builds only: this is how the
+    /// witness tests show their comparison notices a wrong engine.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn set_fault(&mut self, fault: Fault) {
+        self.fault = fault;
     }
 
     /// [`Engine::prompt_logits`] plus per-position internals of the same
@@ -215,7 +256,7 @@ impl ReferenceEngine {
 
     /// Logits at every position of `tokens`, computed one token at a time
     /// through the KV cache as decode does (`prompt_logits` runs them as
-    /// one batched prefill). Comparing the two checks the cache path.
+    /// batched prefill chunks). Comparing the two checks the cache path.
     pub fn stepwise_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
         self.check_tokens(tokens, self.kv.capacity())?;
         (0..tokens.len())
@@ -228,6 +269,27 @@ impl ReferenceEngine {
         let hidden = self.forward(tokens, start)?;
         let h = self.geometry.hidden;
         Ok(self.logits(&hidden[hidden.len() - h..]))
+    }
+
+    /// Runs `tokens` from position 0 in chunks of `prefill_chunk`, calling
+    /// `after(chunk start, final normed hidden states [len, H])` after each.
+    /// Before every chunk it looks at `cancel` and returns `false` (the
+    /// remaining chunks not run) once it is set; `true` when all ran.
+    fn prefill(
+        &mut self,
+        tokens: &[u32],
+        cancel: &CancelToken,
+        mut after: impl FnMut(&Self, usize, &[f32]),
+    ) -> Result<bool, EngineError> {
+        let chunk = self.prefill_chunk.max(1);
+        for (i, c) in tokens.chunks(chunk).enumerate() {
+            if cancel.is_cancelled() {
+                return Ok(false);
+            }
+            let hidden = self.forward(c, i * chunk)?;
+            after(self, i * chunk, &hidden);
+        }
+        Ok(true)
     }
 }
 
@@ -271,9 +333,23 @@ impl Engine for ReferenceEngine {
         }
         let mut sampler = Sampler::new(&req.sampling);
         let t0 = Instant::now();
-        let logits = self.step(&req.prompt, 0)?;
-        let mut token = sampler.sample(&logits[..self.sampleable]);
+        let n = req.prompt.len();
+        let h = self.geometry.hidden;
+        let mut logits = Vec::new();
+        let done = self.prefill(&req.prompt, &req.cancel, |e, start, hidden| {
+            if start + hidden.len() / h == n {
+                logits = e.logits(&hidden[hidden.len() - h..]);
+            }
+        })?;
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
+        // Also when it came during the last chunk: no token after a cancel.
+        if !done || req.cancel.is_cancelled() {
+            return Ok(GenerateOutcome {
+                finish: FinishReason::Cancelled,
+                stats,
+            });
+        }
+        let mut token = sampler.sample(&logits[..self.sampleable]);
         let t1 = Instant::now();
         // Position the latest token would be written at when fed back.
         let mut pos = req.prompt.len();
@@ -290,6 +366,9 @@ impl Engine for ReferenceEngine {
             {
                 break FinishReason::Length;
             }
+            if req.cancel.is_cancelled() {
+                break FinishReason::Cancelled;
+            }
             let logits = self.step(&[token], pos)?;
             pos += 1;
             token = sampler.sample(&logits[..self.sampleable]);
@@ -300,13 +379,12 @@ impl Engine for ReferenceEngine {
 
     fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
         self.check_tokens(tokens, self.kv.capacity())?;
-        let hidden = self.forward(tokens, 0)?;
         let v = self.geometry.vocab_size;
-        Ok(self
-            .logits(&hidden)
-            .chunks_exact(v)
-            .map(<[f32]>::to_vec)
-            .collect())
+        let mut rows = Vec::with_capacity(tokens.len());
+        self.prefill(tokens, &CancelToken::default(), |e, _, hidden| {
+            rows.extend(e.logits(hidden).chunks_exact(v).map(<[f32]>::to_vec));
+        })?;
+        Ok(rows)
     }
 }
 

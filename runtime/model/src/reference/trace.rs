@@ -36,10 +36,8 @@ impl Trace {
         }
     }
 
-    /// Records the routing of `[n, num_experts]` router logits.
-    pub(super) fn record_router(&mut self, layer: usize, logits: &[f32], top_k: usize) {
-        // The layer's input RMS was recorded first, one value per token.
-        let ne = logits.len() / self.layer_input_rms[layer].len();
+    /// Records the routing of `[n, ne]` router logits (`ne` experts).
+    pub(super) fn record_router(&mut self, layer: usize, logits: &[f32], ne: usize, top_k: usize) {
         for l in logits.chunks_exact(ne) {
             self.experts[layer].push(route(l, top_k, false).iter().map(|c| c.0).collect());
             let mut sorted = l.to_vec();

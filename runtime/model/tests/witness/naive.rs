@@ -2,8 +2,8 @@
 //! forward pass, written from the transformers source without using any of
 //! the engine's layers: every position is recomputed from scratch (no KV
 //! cache), heads are expanded like `repeat_kv`, RoPE uses full-width cos/sin
-//! and `rotate_half`. `Fault` plants a known bug so the tests can show the
-//! comparison is strong enough to notice one.
+//! and `rotate_half`. (Planted bugs live in the engine itself:
+//! `reference::Fault`.)
 
 // Index loops mirror the formulas they implement, which is the point here.
 #![allow(clippy::needless_range_loop)]
@@ -11,15 +11,6 @@
 use krasis_model::arch::qwen3_moe::TensorNames;
 use krasis_model::{Checkpoint, MlpKind, ModelConfig};
 use std::path::Path;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    None,
-    /// Rotate by `-angle` (a sign error in `rotate_half`).
-    RopeSign,
-    /// Query head `h` reads KV head `h % kv_heads` instead of `h / n_rep`.
-    GqaInterleaved,
-}
 
 struct Model {
     ckpt: Checkpoint,
@@ -46,10 +37,9 @@ fn rms(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     x.iter().zip(w).map(|(v, w)| v * s * w).collect()
 }
 
-fn rope(x: &mut [f32], pos: usize, theta: f64, fault: Fault) {
+fn rope(x: &mut [f32], pos: usize, theta: f64) {
     let d = x.len();
     let half = d / 2;
-    let sign = if fault == Fault::RopeSign { -1.0 } else { 1.0 };
     let emb: Vec<f32> = (0..d)
         .map(|j| pos as f32 * (1.0 / (theta as f32).powf((2 * (j % half)) as f32 / d as f32)))
         .collect();
@@ -57,7 +47,7 @@ fn rope(x: &mut [f32], pos: usize, theta: f64, fault: Fault) {
         .map(|j| if j < half { -x[j + half] } else { x[j - half] })
         .collect();
     for j in 0..d {
-        x[j] = x[j] * emb[j].cos() + sign * rotated[j] * emb[j].sin();
+        x[j] = x[j] * emb[j].cos() + rotated[j] * emb[j].sin();
     }
 }
 
@@ -73,7 +63,7 @@ fn mlp(gate: &[f32], up: &[f32], down: &[f32], x: &[f32]) -> Vec<f32> {
 }
 
 /// Logits at every position of `tokens`.
-pub fn logits(dir: &Path, tokens: &[u32], fault: Fault) -> Vec<Vec<f32>> {
+pub fn logits(dir: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
     let cfg = ModelConfig::load(dir).unwrap();
     let g = cfg.geometry();
     let m = Model {
@@ -115,7 +105,7 @@ pub fn logits(dir: &Path, tokens: &[u32], fault: Fault) -> Vec<Vec<f32>> {
             let mut q: Vec<Vec<f32>> = q.chunks(d).map(|c| rms(c, &qn, eps)).collect();
             let mut k: Vec<Vec<f32>> = k.chunks(d).map(|c| rms(c, &kn, eps)).collect();
             for head in q.iter_mut().chain(k.iter_mut()) {
-                rope(head, pos, g.rope_theta, fault);
+                rope(head, pos, g.rope_theta);
             }
             qs.push(q);
             ks.push(k);
@@ -124,11 +114,7 @@ pub fn logits(dir: &Path, tokens: &[u32], fault: Fault) -> Vec<Vec<f32>> {
         for (pos, x) in xs.iter_mut().enumerate() {
             let mut attn = Vec::with_capacity(g.q_dim());
             for head in 0..g.num_heads {
-                let kvh = if fault == Fault::GqaInterleaved {
-                    head % g.num_kv_heads
-                } else {
-                    head / n_rep
-                };
+                let kvh = head / n_rep;
                 let scores: Vec<f32> = (0..=pos)
                     .map(|j| {
                         qs[pos][head]

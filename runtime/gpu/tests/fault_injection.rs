@@ -1,0 +1,126 @@
+//! The GPU check can fail: the CUDA engine with a bug planted in its own
+//! setup or launches (`krasis_gpu::forward::Fault`: wrong RoPE sign,
+//! swapped GQA heads, a dropped expert) must fail the comparison against
+//! the CPU reference (`check::compare_full` + `LogitReport::passed`, the
+//! thresholds `tests/gpu_engine.rs` holds the engine to), and pass without
+//! one. Each planted GPU bug must also match the same bug planted in the
+//! reference engine (`reference::Fault`), which shows it is the bug its
+//! name says.
+//!
+//! On a machine without an NVIDIA driver the GPU tests print `SKIPPED (no
+//! CUDA device): <name> (no NVIDIA driver)`;
+//! `thresholds_catch_every_fault_on_the_cpu` runs everywhere.
+
+mod support;
+
+use krasis_gpu::check::{LogitReport, compare_full};
+use krasis_gpu::forward::Fault;
+use krasis_model::Engine;
+use krasis_model::reference::{Fault as RefFault, ReferenceEngine};
+use support::{bound, cuda, cuda_options, gpu_or_skip, reference, synth, tokens};
+
+/// Prompt lengths checked: 5 tokens take the INT4 GEMV expert path, 100
+/// take three 37-token chunks (grouped experts, attention across chunks).
+const PROMPTS: [(usize, u64); 2] = [(5, 1), (100, 2)];
+
+fn ref_fault(f: Fault) -> RefFault {
+    match f {
+        Fault::None => RefFault::None,
+        Fault::RopeSign => RefFault::RopeSign,
+        Fault::SwapGqa => RefFault::SwapGqa,
+        Fault::DropExpert => RefFault::DropExpert,
+    }
+}
+
+fn compare(label: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> LogitReport {
+    let rep = compare_full(label, got, want, bound(want));
+    eprintln!("{}", rep.line());
+    rep
+}
+
+fn reference_logits(r: &mut ReferenceEngine, f: RefFault, toks: &[u32]) -> Vec<Vec<f32>> {
+    r.set_fault(f);
+    r.prompt_logits(toks).expect("reference logits")
+}
+
+/// The comparison's thresholds against the reference engine's own planted
+/// bugs (no GPU needed): each fault fails the check that the GPU engine is
+/// held to, on every prompt length the GPU test uses.
+#[test]
+fn thresholds_catch_every_fault_on_the_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny");
+    let mut r = reference(&model, &tmp.path().join("cache"), 512);
+    let vocab = r.info().vocab_size;
+    for (n, seed) in PROMPTS {
+        let toks = tokens(n, vocab, seed);
+        let clean = reference_logits(&mut r, RefFault::None, &toks);
+        for f in RefFault::ALL {
+            let bad = reference_logits(&mut r, f, &toks);
+            let rep = compare(&format!("reference {f:?} {n} tokens"), &bad, &clean);
+            assert!(!rep.passed(), "{f:?} passes the GPU check: {}", rep.line());
+        }
+    }
+}
+
+#[test]
+fn gpu_check_fails_on_every_planted_fault() {
+    if !gpu_or_skip("gpu_check_fails_on_every_planted_fault") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny");
+    let cache = tmp.path().join("cache");
+    let mut r = reference(&model, &cache, 512);
+    let vocab = r.info().vocab_size;
+    let mut gpu = cuda(&model, &cuda_options(&cache, 512, 37));
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|&(n, seed)| tokens(n, vocab, seed))
+        .collect();
+    let clean: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .map(|p| reference_logits(&mut r, RefFault::None, p))
+        .collect();
+    let mut first = Vec::new();
+    for (p, want) in prompts.iter().zip(&clean) {
+        let got = gpu.prompt_logits(p).expect("gpu logits");
+        let rep = compare(&format!("no fault, {} tokens", p.len()), &got, want);
+        assert!(rep.passed(), "the correct engine fails: {}", rep.line());
+        first.push(got);
+    }
+    for f in Fault::ALL {
+        gpu.set_fault(f).expect("planting a fault");
+        for (p, want) in prompts.iter().zip(&clean) {
+            let got = gpu.prompt_logits(p).expect("gpu logits");
+            let rep = compare(&format!("{f:?} vs correct, {} tokens", p.len()), &got, want);
+            assert!(
+                !rep.passed(),
+                "{f:?} planted in the CUDA engine passes the check: {}",
+                rep.line()
+            );
+            // The same bug in the reference: the GPU fault is what it says.
+            let same = reference_logits(&mut r, ref_fault(f), p);
+            let rep = compare(
+                &format!("{f:?} vs reference {f:?}, {} tokens", p.len()),
+                &got,
+                &same,
+            );
+            assert!(
+                rep.passed(),
+                "{f:?} in the CUDA engine is not the reference's {f:?}: {}",
+                rep.line()
+            );
+        }
+    }
+    // Removing the fault restores the engine bit for bit.
+    gpu.set_fault(Fault::None).expect("removing the fault");
+    for (p, want) in prompts.iter().zip(&first) {
+        let got = gpu.prompt_logits(p).expect("gpu logits");
+        assert!(
+            got == *want,
+            "{} tokens: logits after Fault::None differ from the engine's before any fault",
+            p.len()
+        );
+    }
+}
