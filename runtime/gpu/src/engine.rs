@@ -166,6 +166,7 @@ impl CudaEngine {
                 gemv_tokens: GEMV_MAX_TOKENS,
                 hcs: None,
                 routes: None,
+                token_routes: None,
                 prefill_span: None,
                 #[cfg(any(test, feature = "fault-injection"))]
                 fault: crate::forward::Fault::None,

@@ -44,6 +44,9 @@ pub struct Model {
     /// When set, prefill adds each token's selected experts here
     /// (`[moe layer][expert]`), for heatmaps.
     pub routes: Option<Vec<Vec<u64>>>,
+    /// When set, the router's choice of every token at every MoE layer is
+    /// copied to the host here (`bench --check` only: a sync per layer).
+    pub token_routes: Option<crate::moe::RouteLog>,
     /// Streamed prefill takes at most this many prompt tokens through the
     /// layer groups at a time (`None`: the whole prompt, split further only
     /// when its hidden states do not fit).
@@ -201,6 +204,7 @@ pub(crate) struct Mut<'a> {
     pub kv: &'a mut KvCache,
     pub hcs: Option<&'a mut crate::hcs::Hcs>,
     pub routes: Option<&'a mut Vec<Vec<u64>>>,
+    pub token_routes: Option<&'a mut crate::moe::RouteLog>,
 }
 
 impl Model {
@@ -220,6 +224,7 @@ impl Model {
                 kv: &mut self.kv,
                 hcs: self.hcs.as_mut(),
                 routes: self.routes.as_mut(),
+                token_routes: self.token_routes.as_mut(),
             },
         )
     }
@@ -274,6 +279,7 @@ impl Model {
             kv,
             hcs,
             routes,
+            token_routes,
         } = m;
         let (g, s, kn) = (cx.g, &cx.gpu.stream, cx.kn);
         let (h, eps) = (g.hidden, g.rms_norm_eps);
@@ -304,6 +310,9 @@ impl Model {
                 }
                 if let Some(r) = routes {
                     crate::moe::record_routes(&cx, sc, t, &mut r[*moe_index])?;
+                }
+                if let Some(log) = token_routes {
+                    crate::moe::log_token_routes(&cx, sc, *moe_index, t, at, log)?;
                 }
                 match (at, hcs) {
                     (Positions::Decode, Some(hcs)) => hcs.decode_experts(&cx, sc, *moe_index)?,

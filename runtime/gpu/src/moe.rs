@@ -237,3 +237,109 @@ pub(crate) fn record_routes(
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------
+// Per-token route recording for `bench --check`. Nothing here runs unless
+// `Model::token_routes` is set, which only the two methods below do; the
+// normal prefill and decode paths are unchanged.
+
+/// The router's choice of every token of one run, `[moe layer][position]`,
+/// with the gap of its router logits (see [`crate::check::Route`]).
+#[derive(Debug, Default)]
+pub struct RouteLog {
+    pub layers: crate::check::Routes,
+}
+
+/// Copies the `t` tokens' selected ids and router logits to the host
+/// (a sync per MoE layer). Prefill chunks land at their absolute
+/// positions; a decode token is appended after the positions logged so far.
+pub(crate) fn log_token_routes(
+    cx: &Ctx<'_>,
+    sc: &Scratch,
+    moe_index: usize,
+    t: usize,
+    at: Positions,
+    log: &mut RouteLog,
+) -> Result<()> {
+    let (k, ne) = (cx.g.top_k, cx.g.num_experts);
+    let ids = cx.gpu.download(&sc.topk_ids, t * k, "selected experts")?;
+    let logits = cx.gpu.download(&sc.router, t * ne, "router logits")?;
+    let rows = log
+        .layers
+        .get_mut(moe_index)
+        .ok_or_else(|| GpuError::Unsupported(format!("route log has no MoE layer {moe_index}")))?;
+    let first = match at {
+        Positions::Prefill(start) => start,
+        Positions::Decode => rows.len(),
+    };
+    if rows.len() < first + t {
+        rows.resize(first + t, crate::check::Route::default());
+    }
+    for (i, row) in rows[first..first + t].iter_mut().enumerate() {
+        *row = crate::check::Route::from_logits(
+            &logits[i * ne..(i + 1) * ne],
+            ids[i * k..(i + 1) * k].to_vec(),
+        );
+    }
+    Ok(())
+}
+
+impl crate::engine::CudaEngine {
+    fn start_route_log(&mut self) {
+        let layers = self.geometry().num_moe_layers();
+        self.model_mut().token_routes = Some(RouteLog {
+            layers: vec![Vec::new(); layers],
+        });
+    }
+
+    /// Takes the log and checks that it covers positions `0..positions`
+    /// of every MoE layer.
+    fn finish_route_log(&mut self, positions: usize) -> Result<crate::check::Routes> {
+        let log = self.model_mut().token_routes.take().unwrap_or_default();
+        for (m, rows) in log.layers.iter().enumerate() {
+            if rows.len() != positions || rows.iter().any(|r| r.experts.is_empty()) {
+                return Err(GpuError::Unsupported(format!(
+                    "route log of MoE layer {m} covers {} of {positions} positions (decode ran \
+                     as a CUDA graph?)",
+                    rows.iter().filter(|r| !r.experts.is_empty()).count()
+                )));
+            }
+        }
+        Ok(log.layers)
+    }
+
+    /// [`krasis_model::Engine::prompt_logits`] that also returns the
+    /// experts the router selected for every token at every MoE layer
+    /// (`[moe layer][position]`) and its router-logit gap there. For
+    /// `bench --check`: it copies each layer's router output to the host
+    /// (a sync per layer and chunk), so it is slower than `prompt_logits`,
+    /// whose path it leaves untouched.
+    pub fn prompt_logits_with_routes(
+        &mut self,
+        tokens: &[u32],
+    ) -> Result<(Vec<Vec<f32>>, crate::check::Routes)> {
+        self.start_route_log();
+        let logits = krasis_model::Engine::prompt_logits(self, tokens);
+        let routes = self.finish_route_log(tokens.len());
+        Ok((logits?, routes?))
+    }
+
+    /// [`Self::greedy_logits`] that also returns the routes of positions
+    /// `0..prompt.len() + n - 1` (the prompt's from prefill, every fed-back
+    /// token's from its decode step). Decode must run eagerly for the
+    /// routes to be seen, so this turns CUDA graphs off and leaves them off
+    /// (`set_cuda_graphs(true)` turns them back on; the logits are the same
+    /// either way).
+    pub fn greedy_logits_with_routes(
+        &mut self,
+        prompt: &[u32],
+        n: usize,
+    ) -> Result<(Vec<u32>, Vec<Vec<f32>>, crate::check::Routes)> {
+        self.set_cuda_graphs(false);
+        self.start_route_log();
+        let out = self.greedy_logits(prompt, n);
+        let routes = self.finish_route_log(prompt.len() + n.saturating_sub(1));
+        let (toks, rows) = out?;
+        Ok((toks, rows, routes?))
+    }
+}

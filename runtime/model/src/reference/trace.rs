@@ -1,6 +1,12 @@
 //! Per-position internals of one forward pass, recorded only by
 //! [`ReferenceEngine::prompt_logits_traced`](super::ReferenceEngine::prompt_logits_traced):
-//! what to look at when a few positions are far more sensitive than the rest.
+//! what to look at when a few positions are far more sensitive than the rest,
+//! and the routing `krasis-runtime bench --check` classifies GPU/reference
+//! differences with (`experts`, `router_margin`, `router_kth`).
+//!
+//! Every per-token vector is appended to by each forward pass of the traced
+//! call, so a prompt prefilled in several chunks gives the same trace as one
+//! batch.
 
 use crate::layers::attention::AttnShape;
 use crate::layers::linear::dot;
@@ -20,8 +26,13 @@ pub struct Trace {
     /// Routed experts selected, best first; empty for dense layers.
     pub experts: Vec<Vec<Vec<usize>>>,
     /// Router logit of the k-th best expert minus that of the (k+1)-th: how
-    /// far the token is from switching experts. Empty for dense layers.
+    /// far the token is from switching experts (∞ when every expert is
+    /// selected). Empty for dense layers.
     pub router_margin: Vec<Vec<f32>>,
+    /// Router logit of the k-th best expert, so a margin can be judged
+    /// relative to the logits' size (`bench --check` calls a margin below
+    /// max(0.01, 1% of |k-th logit|) a near-tie). Empty for dense layers.
+    pub router_kth: Vec<Vec<f32>>,
 }
 
 impl Trace {
@@ -33,15 +44,18 @@ impl Trace {
             attn_peak: vec![Vec::new(); layers],
             experts: vec![Vec::new(); layers],
             router_margin: vec![Vec::new(); layers],
+            router_kth: vec![Vec::new(); layers],
         }
     }
 
-    /// Records the routing of `[n, ne]` router logits (`ne` experts).
+    /// Records the routing of `[n, num_experts]` router logits (the tokens
+    /// of the current forward pass, appended after the earlier chunks').
     pub(super) fn record_router(&mut self, layer: usize, logits: &[f32], ne: usize, top_k: usize) {
         for l in logits.chunks_exact(ne) {
             self.experts[layer].push(route(l, top_k, false).iter().map(|c| c.0).collect());
             let mut sorted = l.to_vec();
             sorted.sort_by(|a, b| b.total_cmp(a));
+            self.router_kth[layer].push(sorted[top_k - 1]);
             self.router_margin[layer].push(if top_k < ne {
                 sorted[top_k - 1] - sorted[top_k]
             } else {
@@ -82,4 +96,28 @@ pub(super) fn attention_peaks(q: &[f32], keys: &[f32], start: usize, shape: Attn
             peak
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_records_append_per_chunk_with_gap_and_kth() {
+        let mut t = Trace::new(2);
+        // Layer 1, top-2 of 4: a chunk of two tokens, then one of one.
+        t.record_router(1, &[0.1, 0.9, 0.5, 0.45, 2.0, -1.0, 3.0, 0.0], 4, 2);
+        t.record_router(1, &[1.0, 1.0, 0.2, 0.3], 4, 2);
+        assert!(t.experts[0].is_empty() && t.router_kth[0].is_empty());
+        assert_eq!(t.experts[1], vec![vec![1, 2], vec![2, 0], vec![0, 1]]);
+        assert_eq!(t.router_kth[1], vec![0.5, 2.0, 1.0]);
+        let want = [0.05, 2.0, 0.7];
+        for (m, w) in t.router_margin[1].iter().zip(want) {
+            assert!((m - w).abs() < 1e-6, "{:?}", t.router_margin[1]);
+        }
+        // Every expert selected: no runner-up.
+        t.record_router(0, &[0.3, 0.1], 2, 2);
+        assert_eq!(t.router_margin[0], vec![f32::INFINITY]);
+        assert_eq!(t.router_kth[0], vec![0.1]);
+    }
 }
