@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the CUDA engine's GPU tests, correctness checks and benchmarks on a
 # bare GPU machine, from the repository root, with binaries built elsewhere
-# and copied into dist/gpu/ (krasis-runtime and the gpu_engine test binary).
+# and copied into dist/gpu/ (krasis-runtime, the kernels' gpu-* and the engine's test binaries).
 # Usage: benchmarks/run_device.sh OUT_DIR COMMIT PHASE...
 #   PHASE: kernels | kbench | tests | check-tiny | check-tiny-dense | bench-a3b-24l | check-a3b-24l
 #          | bench-a3b | hcs-exact-a3b-24l | heatmap-a3b-24l | heatmap-a3b | hcs-bench-a3b-24l
@@ -9,7 +9,8 @@
 #          | generate-a3b-24l
 #   The VRAM limit of heatmap-*, hcs-bench-* and hcs-32k-* is the issue's for the preset
 #   (a3b-24l 6GiB, a3b 8GiB) unless HCS_LIMIT is set. dist/gpu holds krasis-runtime, the
-#   gpu_engine-* and kernels' gpu-* test binaries and kbench.
+#   engine's gpu_engine-*, cancel-*, fault_injection-*, routes-* and the kernels' gpu-* test
+#   binaries, and kbench.
 #   Scratch (synthetic checkpoints, INT4 cache, logs) goes under $KRASIS_DEVICE_TMP (/tmp).
 # Every phase runs even when an earlier one fails; logs go to OUT_DIR/results.tgz, rewritten
 # after every phase so a run cut short still returns what it finished.
@@ -79,7 +80,10 @@ for phase in "$@"; do
     kbench)
       dist/gpu/kbench --gemv 2>&1 | tee "$out/kbench.log" || fail "kbench: kbench --gemv" ;;
     tests)
-      run_tests tests 'gpu_engine-*' | tee "$out/tests.log" | sed -n -E '/^--- |test result|FAILED|panicked/p' \
+      # Every engine test binary of runtime/gpu/tests: the engine against the
+      # CPU reference, cancellation, planted faults, route recording.
+      for g in 'gpu_engine-*' 'cancel-*' 'fault_injection-*' 'routes-*'; do run_tests tests "$g"; done \
+        | tee "$out/tests.log" | sed -n -E '/^--- |test result|FAILED|panicked/p' \
         || fail "tests: the log pipeline" ;;
     check-tiny|check-tiny-dense)
       # The attention kernels have no head_dim 32 (the presets' own): check

@@ -34,6 +34,9 @@ step "rust tests"
 cargo test --workspace --locked 2>&1 | tee "$root/.cache/rust-tests.log"
 grep -h "SKIPPED (no CUDA device)" "$root/.cache/rust-tests.log" | sort -u | sed 's/^/  /' || true
 
+step "benchmarks/run_device.sh exit status (stub GPU binaries)"
+bash benchmarks/test_run_device.sh
+
 step "installer (into a temporary prefix)"
 bash installer/test_install.sh
 
