@@ -46,6 +46,10 @@ pub const EXIT_ENGINE_FAULT: i32 = 70;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineStats {
     pub requests_completed: u64,
+    /// Requests whose client went away, stopped early (during prefill
+    /// too); not counted as completed.
+    #[serde(default)]
+    pub requests_cancelled: u64,
     pub requests_rejected: u64,
     pub queue_len: u64,
     pub last_prompt_tokens: u64,

@@ -133,19 +133,39 @@ def tiny_model(runtime_bin, tmp_path_factory, pytestconfig) -> Path:
 CONTEXT = 256
 
 
-@pytest.fixture(scope="session")
-def reference_server(runtime_bin, tiny_model, pytestconfig):
-    s = Server(
+def start_serve(runtime_bin, model, backend, context, *extra):
+    return Server(
         [
             runtime_bin, "serve",
-            "--model", tiny_model,
-            "--backend", pytestconfig.getoption("--backend"),
+            "--model", model,
+            "--backend", backend,
             "--port", free_port(),
-            "--context-length", CONTEXT,
+            "--context-length", context,
             "--queue-depth", 4,
             "--progress-json",
+            *extra,
         ]
     )
+
+
+@pytest.fixture(scope="session")
+def reference_server(runtime_bin, tiny_model, pytestconfig):
+    s = start_serve(runtime_bin, tiny_model, pytestconfig.getoption("--backend"), CONTEXT)
+    yield s
+    s.stop()
+
+
+# The tiny model's whole position range: a prompt of thousands of tokens takes
+# the CPU reference engine seconds to prefill (in chunks of 512 tokens), long
+# enough to disconnect or shut down in the middle of it.
+LONG_CONTEXT = 8192
+
+
+@pytest.fixture
+def long_prefill_server(runtime_bin, tiny_model, pytestconfig):
+    if pytestconfig.getoption("--backend") != "reference":
+        pytest.skip("needs a prefill of seconds: the CPU reference engine")
+    s = start_serve(runtime_bin, tiny_model, "reference", LONG_CONTEXT)
     yield s
     s.stop()
 

@@ -49,6 +49,7 @@ def test_startup_events_models_and_health(reference_server, pytestconfig):
     assert kinds[0] == "phase" and reference_server.events[0]["phase"] == "loading"
     assert kinds[-1] == "ready"
     health = get_json(reference_server.url + "/health")
+    assert health["status"] == "ok" and "error" not in health
     assert health["phase"] == "ready" and health["model_loaded"] is True
     assert health["backend"] == pytestconfig.getoption("--backend")
     assert model_id(reference_server) == "tiny"
@@ -139,6 +140,7 @@ def test_error_paths(reference_server):
         c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "word " * 400}])
     msg = str(e.value)
     assert str(CONTEXT) in msg and "tokens" in msg
+    assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
 
 
 # ---- scripted engine: exact model output through the real server stack ----
@@ -221,16 +223,18 @@ def test_cancel_on_disconnect_and_503_when_queue_full(scripted_server):
         c.chat.completions.create(model="scripted", messages=slow)
     assert e.value.status_code == 503
     assert e.value.response.headers["retry-after"] == "1"
-    before = stats(scripted_server)["requests_completed"]
+    before = stats(scripted_server)
     running.close()
     queued.close()
-    # Both generations end early: the running one at its next token, the
-    # queued one without starting (so it completes nothing).
+    # Both generations end early, counted as cancelled, not completed: the
+    # running one at its next token, the queued one without starting.
     deadline = time.monotonic() + 10
-    while stats(scripted_server)["requests_completed"] == before and time.monotonic() < deadline:
+    while (stats(scripted_server)["requests_cancelled"] < before["requests_cancelled"] + 2
+           and time.monotonic() < deadline):
         time.sleep(0.05)
     s = stats(scripted_server)
-    assert s["requests_completed"] == before + 1
+    assert s["requests_cancelled"] == before["requests_cancelled"] + 2, s
+    assert s["requests_completed"] == before["requests_completed"], s
     assert 0 < s["last_generated_tokens"] < 300, s
     assert s["queue_len"] == 0
     r = c.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}])

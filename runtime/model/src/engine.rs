@@ -131,6 +131,19 @@ pub enum EngineError {
     Backend(String),
 }
 
+impl EngineError {
+    /// True when the engine is in an unknown state after this error and must
+    /// not run another request: a backend failure (a CUDA or cuBLAS error, a
+    /// failed expert read in the middle of a forward pass). The other
+    /// variants are refused or failed requests that leave the engine ready
+    /// for the next one (an out-of-memory prefill is cleaned up by the
+    /// engine before it returns). The server retires a faulted engine and
+    /// the runtime exits with `krasis_common::status::EXIT_ENGINE_FAULT`.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, EngineError::Backend(_))
+    }
+}
+
 /// Static facts about a loaded engine.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineInfo {

@@ -8,9 +8,11 @@
 //!                 [--token-delay-ms N] [--queue-depth N]
 //! ```
 //! FILE is a JSON list of `{"when": "substring of the rendered prompt",
-//! "reply": "model output"}`; the first rule whose `when` occurs in the prompt
-//! wins (`""` matches everything). Prints a `ready` progress event with the
-//! URL on stdout once listening.
+//! "reply": "model output"}` or `{"when": ..., "panic": "message"}` (the
+//! engine panics: an engine fault); the first rule whose `when` occurs in the
+//! prompt wins (`""` matches everything). Prints a `ready` progress event
+//! with the URL on stdout once listening. Exits 0 after Ctrl-C / SIGTERM and
+//! with `EXIT_ENGINE_FAULT` after an engine fault, like `krasis-runtime serve`.
 
 use krasis_common::ProgressEvent;
 use krasis_model::SamplingParams;
@@ -77,13 +79,14 @@ fn main() -> Result<(), String> {
         .map_err(|e| format!("reading {}: {e}", args.replies.display()))?;
     let rules: Vec<serde_json::Value> = serde_json::from_str(&text)
         .map_err(|e| format!("parsing {}: {e}", args.replies.display()))?;
-    let rules: Vec<(String, String)> = rules
+    let rules: Vec<(String, Result<String, String>)> = rules
         .iter()
         .map(|r| {
             let s = |k: &str| r.get(k).and_then(|v| v.as_str()).map(String::from);
+            let reply = s("reply").map(Ok).or_else(|| s("panic").map(Err));
             s("when")
-                .zip(s("reply"))
-                .ok_or_else(|| format!("rule {r} needs string 'when' and 'reply'"))
+                .zip(reply)
+                .ok_or_else(|| format!("rule {r} needs string 'when' and 'reply' (or 'panic')"))
         })
         .collect::<Result<_, _>>()?;
 
@@ -102,11 +105,11 @@ fn main() -> Result<(), String> {
     let rtok = tok.clone();
     let responder = Box::new(move |prompt: &[u32]| {
         let text = rtok.decode(prompt, false).unwrap_or_default();
-        let reply = rules
-            .iter()
-            .find(|(when, _)| text.contains(when.as_str()))
-            .map(|(_, r)| r.as_str())
-            .unwrap_or("");
+        let reply = match rules.iter().find(|(when, _)| text.contains(when.as_str())) {
+            Some((_, Ok(reply))) => reply.as_str(),
+            Some((_, Err(message))) => panic!("{message}"),
+            None => "",
+        };
         let mut ids = rtok.encode(reply).unwrap_or_default();
         ids.push(im_end);
         ids
@@ -119,6 +122,7 @@ fn main() -> Result<(), String> {
         api_key: None,
         queue_depth: args.queue_depth,
         default_sampling: SamplingParams::greedy(),
+        ..ServerConfig::default()
     });
     state
         .install(Box::new(engine), tok, template)
@@ -142,10 +146,25 @@ fn main() -> Result<(), String> {
             .to_line()
         );
         let shutdown = async {
+            #[cfg(unix)]
+            {
+                use tokio::signal::unix::{SignalKind, signal};
+                let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            #[cfg(not(unix))]
             let _ = tokio::signal::ctrl_c().await;
         };
-        krasis_server::serve(listener, state, shutdown)
-            .await
-            .map_err(|e| e.to_string())
+        match krasis_server::serve(listener, state, shutdown).await {
+            Ok(krasis_server::Stopped::Shutdown) => Ok(()),
+            Ok(krasis_server::Stopped::EngineFault(reason)) => {
+                eprintln!("engine fault: {reason}");
+                std::process::exit(krasis_common::status::EXIT_ENGINE_FAULT);
+            }
+            Err(e) => Err(e.to_string()),
+        }
     })
 }

@@ -79,6 +79,21 @@ impl ApiError {
         e
     }
 
+    /// 403: the request may not be made from where it came.
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::FORBIDDEN, "invalid_request_error", message);
+        e.code = Some(code);
+        e
+    }
+
+    /// OpenAI's context overflow, which clients (OpenCode, LiteLLM) key on:
+    /// 400, `context_length_exceeded`, the prompt's field as `param`.
+    pub fn context_length_exceeded(param: &str, message: impl Into<String>) -> Self {
+        let mut e = Self::invalid_param(param, message);
+        e.code = Some("context_length_exceeded");
+        e
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }

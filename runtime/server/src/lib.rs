@@ -18,13 +18,73 @@ pub use api::router;
 pub use error::ApiError;
 pub use state::{AppState, ServerConfig};
 
-/// Serves `router` on an already-bound listener until `shutdown` resolves.
+use std::future::{Future, IntoFuture};
+use std::time::Duration;
+
+/// How long [`serve`] lets in-flight responses finish after it was told to
+/// stop (their generations are cancelled first, so they end quickly) before
+/// it closes the remaining connections.
+pub const DRAIN: Duration = Duration::from_millis(1500);
+
+/// Why [`serve`] returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// The shutdown future resolved.
+    Shutdown,
+    /// The engine faulted (the reason); the process should exit with
+    /// [`krasis_common::status::EXIT_ENGINE_FAULT`].
+    EngineFault(String),
+}
+
+/// Serves `router` on an already-bound listener until `shutdown` resolves or
+/// the engine faults. Then every queued and running generation is cancelled
+/// (their clients get their answers: an error, or the end of the stream),
+/// the engine thread stops, and the connections get at most [`DRAIN`] to
+/// finish before they are closed, so the caller can exit within about two
+/// seconds even with long generations in flight.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: std::sync::Arc<AppState>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<Stopped> {
+    let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, router(state.clone()))
+        .with_graceful_shutdown(async move {
+            let _ = drain_rx.await;
+        })
+        .into_future();
+    let mut server = tokio::spawn(server);
+    let why = tokio::select! {
+        _ = shutdown => Stopped::Shutdown,
+        reason = state.engine_fault() => Stopped::EngineFault(reason),
+        ended = &mut server => {
+            // The server cannot end before it is told to, except on error.
+            ended.map_err(std::io::Error::other)??;
+            return Err(std::io::Error::other("the HTTP server stopped by itself"));
+        }
+    };
+    match &why {
+        Stopped::Shutdown => tracing::info!("shutting down: cancelling requests in flight"),
+        Stopped::EngineFault(r) => tracing::error!("engine fault, exiting: {r}"),
+    }
+    state.stop();
+    let _ = drain_tx.send(());
+    let deadline = tokio::time::Instant::now() + DRAIN;
+    match tokio::time::timeout_at(deadline, &mut server).await {
+        Ok(ended) => ended.map_err(std::io::Error::other)??,
+        Err(_) => {
+            tracing::warn!(
+                "connections still open after {} ms; closing them",
+                DRAIN.as_millis()
+            );
+            server.abort();
+        }
+    }
+    if tokio::time::timeout_at(deadline, state.engine_stopped())
         .await
+        .is_err()
+    {
+        tracing::warn!("the engine did not stop in time; exiting without it");
+    }
+    Ok(why)
 }

@@ -1,15 +1,19 @@
 //! Server state. The server answers `/health` from the moment it binds; the
 //! model is installed once loading finishes, and API calls made before that
-//! get a 503 saying what phase the server is in.
+//! get a 503 saying what phase the server is in. After an engine fault the
+//! state is failed for good (`/health` 503 `error`) and [`AppState::engine_fault`]
+//! resolves, which is how [`crate::serve`] knows to exit.
 
 use crate::error::ApiError;
 use crate::output::tools::{ToolGrammar, detect_grammar};
 use crate::worker::{SharedStats, Worker};
-use krasis_common::status::{EngineStats, Health, Phase};
+use krasis_common::status::{EngineStats, Health, HealthStatus, Phase};
 use krasis_model::chat_template::ChatTemplate;
 use krasis_model::tokenizer::Tokenizer;
 use krasis_model::{Engine, EngineInfo, SamplingParams};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use tokio::sync::watch;
 
 /// Static server settings.
 #[derive(Debug, Clone)]
@@ -24,6 +28,38 @@ pub struct ServerConfig {
     pub queue_depth: usize,
     /// Sampling used for fields a request leaves out.
     pub default_sampling: SamplingParams,
+    /// Web origins allowed besides loopback ones (`http://localhost:*`,
+    /// `127.0.0.1`, `[::1]`): exact origins such as `https://chat.example`,
+    /// or `*` for any. Requests from other origins are refused (403).
+    pub cors_origins: Vec<String>,
+    /// Refuse requests whose `Host` is not a loopback name (DNS-rebinding
+    /// defence). [`ServerConfig::needs_host_check`] says when: a keyless
+    /// server bound to a loopback address.
+    pub check_host: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            model_id: "model".into(),
+            backend: "reference".into(),
+            api_key: None,
+            queue_depth: 16,
+            default_sampling: SamplingParams::default(),
+            cors_origins: Vec::new(),
+            check_host: true,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// A keyless server on loopback trusts whoever reaches it, so it must
+    /// only be reached by loopback names: a web page whose domain was
+    /// rebound to 127.0.0.1 sends its own domain as `Host`. A server with a
+    /// key, or bound publicly on purpose, is reached by other names.
+    pub fn needs_host_check(bind: std::net::IpAddr, api_key: Option<&str>) -> bool {
+        api_key.is_none() && bind.is_loopback()
+    }
 }
 
 /// Everything a request needs from the loaded model.
@@ -37,9 +73,31 @@ pub struct LoadedModel {
     pub worker: Worker,
 }
 
+/// Phase and failure, shared with the engine thread (which reports faults).
+struct Lifecycle {
+    phase: Mutex<(Phase, Option<String>)>,
+    /// The reason, once the engine faulted.
+    fault: watch::Sender<Option<String>>,
+    stopping: AtomicBool,
+}
+
+impl Lifecycle {
+    fn set(&self, phase: Phase, reason: Option<String>) {
+        let mut p = self.phase.lock().unwrap_or_else(|e| e.into_inner());
+        *p = (phase, reason);
+    }
+
+    fn get(&self) -> (Phase, Option<String>) {
+        self.phase
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or((Phase::Failed, None))
+    }
+}
+
 pub struct AppState {
     pub config: ServerConfig,
-    phase: Mutex<(Phase, Option<String>)>,
+    life: Arc<Lifecycle>,
     model: OnceLock<Arc<LoadedModel>>,
     pub stats: Arc<SharedStats>,
 }
@@ -48,7 +106,11 @@ impl AppState {
     pub fn new(config: ServerConfig) -> Arc<Self> {
         Arc::new(AppState {
             config,
-            phase: Mutex::new((Phase::Loading, None)),
+            life: Arc::new(Lifecycle {
+                phase: Mutex::new((Phase::Loading, None)),
+                fault: watch::Sender::new(None),
+                stopping: AtomicBool::new(false),
+            }),
             model: OnceLock::new(),
             stats: Arc::new(SharedStats::default()),
         })
@@ -56,20 +118,19 @@ impl AppState {
 
     /// Reports a startup phase (loading, building_cache, calibrating).
     pub fn set_phase(&self, phase: Phase) {
-        if let Ok(mut p) = self.phase.lock() {
-            p.0 = phase;
+        let (p, reason) = self.life.get();
+        if p != Phase::Failed {
+            self.life.set(phase, reason);
         }
     }
 
     pub fn phase(&self) -> Phase {
-        self.phase.lock().map(|p| p.0).unwrap_or(Phase::Failed)
+        self.life.get().0
     }
 
-    /// Loading failed: the server keeps answering `/health` with the reason.
+    /// Loading failed: `/health` answers 503 `error` with the reason.
     pub fn set_failed(&self, reason: String) {
-        if let Ok(mut p) = self.phase.lock() {
-            *p = (Phase::Failed, Some(reason));
-        }
+        self.life.set(Phase::Failed, Some(reason));
     }
 
     /// Starts the engine thread and begins serving requests.
@@ -81,11 +142,16 @@ impl AppState {
     ) -> std::io::Result<()> {
         let info = engine.info();
         let grammar = template.as_ref().and_then(|t| detect_grammar(t.source()));
+        let life = self.life.clone();
         let worker = Worker::spawn(
             engine,
             tokenizer.clone(),
             self.config.queue_depth,
             self.stats.clone(),
+            Box::new(move |reason: String| {
+                life.set(Phase::Failed, Some(format!("engine fault: {reason}")));
+                life.fault.send_replace(Some(reason));
+            }),
         )?;
         let model = Arc::new(LoadedModel {
             tokenizer,
@@ -101,41 +167,59 @@ impl AppState {
         Ok(())
     }
 
-    /// The loaded model, or the 503 that says why there is none yet.
+    /// The loaded, working model, or the 503 that says why there is none.
     pub fn model(&self) -> Result<Arc<LoadedModel>, ApiError> {
-        if let Some(m) = self.model.get() {
-            return Ok(m.clone());
+        if self.life.stopping.load(Ordering::Relaxed) {
+            return Err(ApiError::overloaded("the server is shutting down", 5));
         }
-        let (phase, reason) = self
-            .phase
-            .lock()
-            .map(|p| p.clone())
-            .unwrap_or((Phase::Failed, None));
-        Err(match phase {
-            Phase::Failed => ApiError::overloaded(
+        let (phase, reason) = self.life.get();
+        match (phase, self.model.get()) {
+            (Phase::Failed, Some(_)) => Err(ApiError::overloaded(
+                format!(
+                    "the engine failed ({}) and serves no more requests; the server is exiting so it can be restarted",
+                    reason.unwrap_or_else(|| "see the server log".into())
+                ),
+                10,
+            )),
+            (_, Some(m)) => Ok(m.clone()),
+            (Phase::Failed, None) => Err(ApiError::overloaded(
                 format!(
                     "the model failed to load: {}",
                     reason.unwrap_or_else(|| "see the server log".into())
                 ),
                 60,
-            ),
-            other => ApiError::overloaded(
+            )),
+            (other, None) => Err(ApiError::overloaded(
                 format!(
                     "the model is not ready yet (phase: {}); retry shortly",
                     phase_name(other)
                 ),
                 5,
-            ),
-        })
+            )),
+        }
     }
 
+    /// Readiness: `ok` only while the model serves requests.
     pub fn health(&self) -> Health {
         let loaded = self.model.get();
+        let (phase, reason) = self.life.get();
+        let stopping = self.life.stopping.load(Ordering::Relaxed);
+        let (status, error) = match phase {
+            Phase::Failed => (
+                HealthStatus::Error,
+                Some(reason.unwrap_or_else(|| "failed; see the server log".into())),
+            ),
+            Phase::Ready if stopping => (
+                HealthStatus::Error,
+                Some("the server is shutting down".into()),
+            ),
+            Phase::Ready if loaded.is_some() => (HealthStatus::Ok, None),
+            _ => (HealthStatus::Loading, None),
+        };
         Health {
-            // Placeholder until readiness is reported truthfully (issue 11).
-            status: krasis_common::status::HealthStatus::Ok,
-            error: None,
-            phase: self.phase(),
+            status,
+            error,
+            phase,
             model_loaded: loaded.is_some(),
             model: Some(self.config.model_id.clone()),
             backend: loaded
@@ -146,6 +230,36 @@ impl AppState {
 
     pub fn engine_stats(&self) -> EngineStats {
         self.stats.snapshot()
+    }
+
+    /// Resolves with the reason once the engine faults (never otherwise).
+    pub async fn engine_fault(&self) -> String {
+        let mut rx = self.life.fault.subscribe();
+        let reason = rx
+            .wait_for(Option::is_some)
+            .await
+            .map(|r| r.clone().unwrap_or_default());
+        match reason {
+            Ok(r) => r,
+            // The sender lives as long as `self`.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Begins shutdown: new requests get 503, the running generation is
+    /// cancelled and queued ones fail at once.
+    pub fn stop(&self) {
+        self.life.stopping.store(true, Ordering::Relaxed);
+        if let Some(m) = self.model.get() {
+            m.worker.stop();
+        }
+    }
+
+    /// Resolves once the engine thread has stopped (at once without a model).
+    pub async fn engine_stopped(&self) {
+        if let Some(m) = self.model.get() {
+            m.worker.stopped().await;
+        }
     }
 }
 

@@ -1,7 +1,10 @@
 //! A scripted [`Engine`] for tests: it answers each prompt with tokens chosen
 //! by a responder function, so server behaviour (tool-call round trips, stop
-//! strings, cancellation, panics, queueing) is tested deterministically while
-//! the real tokenizer, chat template and output parsers all run.
+//! strings, cancellation, panics, engine errors, queueing) is tested
+//! deterministically while the real tokenizer, chat template and output
+//! parsers all run. Like the real engines it honours the request's
+//! [`CancelToken`](krasis_model::CancelToken) between (simulated) prefill
+//! chunks and decode steps.
 
 use krasis_model::{
     Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats,
@@ -15,13 +18,21 @@ use std::time::{Duration, Instant};
 /// test panic handling).
 pub type Responder = Box<dyn FnMut(&[u32]) -> Vec<u32> + Send>;
 
+/// Chooses an error for a prompt (`None`: generate normally).
+pub type Failure = Box<dyn FnMut(&[u32]) -> Option<EngineError> + Send>;
+
 pub struct ScriptedEngine {
     responder: Responder,
     context_length: usize,
     vocab_size: usize,
     token_delay: Duration,
+    prefill_chunk: usize,
+    chunk_delay: Duration,
+    failure: Option<Failure>,
     /// Tokens handed to callbacks, across all requests.
     pub produced: Arc<AtomicUsize>,
+    /// Prefill chunks run, across all requests.
+    pub prefill_chunks: Arc<AtomicUsize>,
 }
 
 impl ScriptedEngine {
@@ -31,8 +42,26 @@ impl ScriptedEngine {
             context_length,
             vocab_size,
             token_delay: Duration::ZERO,
+            prefill_chunk: usize::MAX,
+            chunk_delay: Duration::ZERO,
+            failure: None,
             produced: Arc::new(AtomicUsize::new(0)),
+            prefill_chunks: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Prefills in chunks of `chunk` prompt tokens taking `delay` each,
+    /// looking at the request's cancel token before every chunk.
+    pub fn with_prefill(mut self, chunk: usize, delay: Duration) -> Self {
+        self.prefill_chunk = chunk.max(1);
+        self.chunk_delay = delay;
+        self
+    }
+
+    /// Fails the prompts `failure` picks with the error it returns.
+    pub fn with_failure(mut self, failure: Failure) -> Self {
+        self.failure = Some(failure);
+        self
     }
 
     /// Sleeps this long before each token, like a real decode step.
@@ -65,18 +94,42 @@ impl Engine for ScriptedEngine {
                 context: self.context_length,
             });
         }
+        if let Some(fail) = &mut self.failure
+            && let Some(e) = fail(&req.prompt)
+        {
+            return Err(e);
+        }
+        let start = Instant::now();
+        let mut stats = GenerateStats {
+            prompt_tokens: req.prompt.len(),
+            ..Default::default()
+        };
+        for _ in req.prompt.chunks(self.prefill_chunk) {
+            if req.cancel.is_cancelled() {
+                stats.prefill_seconds = start.elapsed().as_secs_f64();
+                return Ok(GenerateOutcome {
+                    finish: FinishReason::Cancelled,
+                    stats,
+                });
+            }
+            if !self.chunk_delay.is_zero() {
+                std::thread::sleep(self.chunk_delay);
+            }
+            self.prefill_chunks.fetch_add(1, Ordering::Relaxed);
+        }
+        stats.prefill_seconds = start.elapsed().as_secs_f64();
         let start = Instant::now();
         let script = (self.responder)(&req.prompt);
         let limit = req
             .max_new_tokens
             .min(self.context_length - req.prompt.len());
-        let mut stats = GenerateStats {
-            prompt_tokens: req.prompt.len(),
-            ..Default::default()
-        };
         let mut finish = FinishReason::Length;
         for (i, &tok) in script.iter().enumerate() {
             if i == limit {
+                break;
+            }
+            if req.cancel.is_cancelled() {
+                finish = FinishReason::Cancelled;
                 break;
             }
             if !self.token_delay.is_zero() {

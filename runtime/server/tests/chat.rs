@@ -44,12 +44,9 @@ async fn streaming_chat_sends_role_reasoning_content_finish_usage_and_done() {
     body["stream_options"] = json!({"include_usage": true});
     let (status, headers, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
     assert_eq!(status, 200);
-    assert!(
-        headers["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream")
-    );
+    // With the charset: without it `requests` decodes the stream as
+    // ISO-8859-1 (where 0x85, inside many UTF-8 characters, is a newline).
+    assert_eq!(headers["content-type"], "text/event-stream; charset=utf-8");
     let (events, done) = sse_events(&text);
     assert!(done, "stream must end with [DONE]: {text}");
     assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
@@ -327,4 +324,120 @@ async fn text_completions_accept_strings_and_token_ids() {
             .as_u64()
             .is_some()
     );
+}
+
+fn legacy_function() -> Value {
+    weather_tool()["function"].clone()
+}
+
+#[tokio::test]
+async fn legacy_functions_are_mapped_and_answered_in_the_legacy_shape() {
+    let h = harness(Opts::default(), |prompt| {
+        if prompt.ends_with("\"arguments\": ") {
+            // A forced call: the server opened it, the model continues.
+            "{\"city\": \"Oslo\"}}\n</tool_call>".into()
+        } else {
+            tool_round_trip_reply(prompt)
+        }
+    });
+    let app = app(&h);
+    let mut body = user("Weather in Paris?");
+    body["functions"] = json!([legacy_function()]);
+    let (status, v) = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "function_call", "{v}");
+    let call = &choice["message"]["function_call"];
+    assert_eq!(call["name"], "get_weather", "{v}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris", "days": 2}));
+    assert!(choice["message"].get("tool_calls").is_none(), "{v}");
+
+    // Streamed: `delta.function_call` fragments, then finish_reason function_call.
+    body["stream"] = json!(true);
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    let (events, done) = sse_events(&text);
+    assert!(done);
+    let frags: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"].get("function_call"))
+        .collect();
+    assert_eq!(frags[0]["name"], "get_weather", "{text}");
+    let streamed: String = frags
+        .iter()
+        .filter_map(|f| f["arguments"].as_str())
+        .collect();
+    assert_eq!(serde_json::from_str::<Value>(&streamed).unwrap(), args);
+    assert!(!text.contains("tool_calls"), "{text}");
+    let finish: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0].get("finish_reason"))
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish, vec!["function_call"]);
+
+    // The legacy history (assistant function_call, role function) renders
+    // as a tool call and its result.
+    body["stream"] = json!(false);
+    body["messages"] = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "function_call": call},
+        {"role": "function", "name": "get_weather", "content": "{\"sky\": \"clear\"}"},
+    ]);
+    let (status, v) = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "It is sunny in Paris."
+    );
+
+    // function_call "none" hides the functions; a named one forces the call.
+    body["messages"] = json!([{"role": "user", "content": "Weather in Paris?"}]);
+    body["function_call"] = json!("none");
+    let (_, v) = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    body["function_call"] = json!({"name": "get_weather"});
+    let (_, v) = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "function_call", "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["function_call"],
+        json!({"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"})
+    );
+}
+
+#[tokio::test]
+async fn legacy_function_fields_are_never_silently_dropped() {
+    let h = harness(Opts::default(), |_| "ok".into());
+    let app = app(&h);
+    let cases = [
+        (
+            json!({"functions": [legacy_function()], "tools": [weather_tool()]}),
+            "functions",
+        ),
+        (
+            json!({"functions": [{"description": "no name"}]}),
+            "functions[0]",
+        ),
+        (
+            json!({"function_call": {"name": "get_weather"}}),
+            "function_call",
+        ),
+        (
+            json!({"functions": [legacy_function()], "function_call": "required"}),
+            "function_call",
+        ),
+        (
+            json!({"functions": [legacy_function()], "function_call": {"name": "nope"}}),
+            "tool_choice",
+        ),
+    ];
+    for (extra, param) in cases {
+        let mut body = user("x");
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, v) = post_json(&app, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{body} -> {v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
 }

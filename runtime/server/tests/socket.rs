@@ -1,5 +1,7 @@
 //! Over a real loopback socket with reqwest: client disconnects cancel
-//! generation, a full queue answers 503, and a bounded load test.
+//! generation (prefill included), a full queue answers 503 before any work,
+//! oversized prompts are refused without stalling anyone, shutdown and engine
+//! faults end `serve` promptly, and a bounded load test.
 
 mod common;
 
@@ -18,6 +20,19 @@ async fn start(h: &Harness) -> String {
         std::future::pending(),
     ));
     url
+}
+
+type Serving = tokio::task::JoinHandle<std::io::Result<krasis_server::Stopped>>;
+
+/// Serves until the returned sender fires (or the engine faults).
+async fn start_stoppable(h: &Harness) -> (String, tokio::sync::oneshot::Sender<()>, Serving) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(krasis_server::serve(listener, h.state.clone(), async {
+        let _ = rx.await;
+    }));
+    (url, tx, serving)
 }
 
 fn chat(text: &str, stream: bool) -> Value {
@@ -337,4 +352,265 @@ async fn load_16_clients_20_requests_each_complete_or_503_without_growth() {
         .await
         .unwrap();
     assert_eq!(stats["queue_len"], 0, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_503_before_reading_the_body() {
+    let h = slow_long();
+    let url = start(&h).await;
+    let client = reqwest::Client::new();
+    let running = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("a", true))
+        .send()
+        .await
+        .unwrap();
+    while h.produced.load(Ordering::Relaxed) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiting = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("b", true))
+        .send()
+        .await
+        .unwrap();
+    // Not even parsed: a malformed body gets the 503, not a 400.
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let r = client
+            .post(format!("{url}{path}"))
+            .header("content-type", "application/json")
+            .body("{not json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 503, "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "overloaded");
+    }
+    drop((running, waiting));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_prompt_is_refused_fast_while_others_are_served() {
+    let h = harness(Opts::default(), |_| "fine".into());
+    let url = start(&h).await;
+    let big = "All work and no play makes Jack a dull boy. ".repeat(200_000);
+    assert!(big.len() > 7 << 20 && big.len() < krasis_server::api::BODY_LIMIT);
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poll = {
+        let (url, stop) = (url.clone(), stop.clone());
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut worst = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let r = client.get(format!("{url}/health")).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+                let small = client
+                    .post(format!("{url}/v1/chat/completions"))
+                    .json(&chat("hi", false))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(small.status(), 200);
+                worst = worst.max(t.elapsed());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            worst
+        })
+    };
+    let client = reqwest::Client::new();
+    for (path, body) in [
+        ("/v1/chat/completions", chat(&big, false)),
+        ("/v1/completions", json!({"prompt": big})),
+    ] {
+        let t = Instant::now();
+        let r = client
+            .post(format!("{url}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let took = t.elapsed();
+        assert_eq!(r.status(), 400, "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("This model's maximum context length is 2048 tokens. However, your ")
+                && msg.contains("resulted in at least "),
+            "{msg}"
+        );
+        assert!(took < Duration::from_secs(2), "{path} took {took:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let worst = poll.await.unwrap();
+    assert!(
+        worst < Duration::from_millis(1000),
+        "/health + a small chat took {worst:?} while the big prompts were handled"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnect_during_prefill_stops_it_at_the_next_chunk() {
+    const CHUNK: usize = 4;
+    let opts = Opts {
+        prefill: Some((CHUNK, Duration::from_millis(50))),
+        queue_depth: 2,
+        ..Opts::default()
+    };
+    let h = harness(opts, |_| "done".into());
+    let url = start(&h).await;
+    // About 200 prompt tokens: 50 chunks, 2.5 s of prefill.
+    let long = "word ".repeat(200);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let r = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&long, false))
+        .send()
+        .await;
+    assert!(r.is_err(), "the request should have timed out");
+    let left_at = h.prefill_chunks.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped_at = h.prefill_chunks.load(Ordering::Relaxed);
+    assert!(
+        stopped_at <= left_at + 2,
+        "prefill went on after the client left: {left_at} -> {stopped_at} chunks"
+    );
+    assert!(stopped_at < 200 / CHUNK, "{stopped_at}");
+    // The engine is free at once for the next request.
+    let t = Instant::now();
+    let v: Value = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("x", false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "done", "{v}");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let stats = h.state.engine_stats();
+    assert_eq!((stats.requests_cancelled, stats.requests_completed), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_running_and_queued_requests_and_returns_within_two_seconds() {
+    let opts = Opts {
+        token_delay: Duration::from_millis(20),
+        queue_depth: 2,
+        ..Opts::default()
+    };
+    // 400 tokens at 20 ms: 8 s per request if nothing is cancelled.
+    let h = harness(opts, |_| "tick ".repeat(LONG_TOKENS));
+    let (url, shutdown, serving) = start_stoppable(&h).await;
+    let client = reqwest::Client::new();
+    let streaming = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("a", true))
+        .send()
+        .await
+        .unwrap();
+    while h.produced.load(Ordering::Relaxed) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let queued = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            client
+                .post(format!("{url}/v1/chat/completions"))
+                .json(&chat("b", false))
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.state.engine_stats().queue_len, 1);
+
+    let t = Instant::now();
+    shutdown.send(()).unwrap();
+    let why = tokio::time::timeout(Duration::from_secs(3), serving)
+        .await
+        .expect("serve did not return within 3 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(why, krasis_server::Stopped::Shutdown);
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(2), "serve took {took:?} to stop");
+
+    // The stream was finished (an error event, then [DONE]), not cut.
+    let text = streaming.text().await.unwrap();
+    let (events, done) = sse_events(&text);
+    assert!(done, "{text}");
+    let err = events
+        .iter()
+        .find_map(|e| e.get("error"))
+        .expect("error event");
+    assert!(
+        err["message"].as_str().unwrap().contains("shutting down"),
+        "{err}"
+    );
+    // The queued request got its answer: 503.
+    let r = queued.await.unwrap().unwrap();
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{v}"
+    );
+    assert!(h.produced.load(Ordering::Relaxed) < LONG_TOKENS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_fault_ends_serve_after_the_failing_response_is_sent() {
+    let h = harness(Opts::default(), |prompt| {
+        if prompt.contains("PANIC") {
+            std::thread::sleep(Duration::from_millis(100));
+            panic!("scripted engine failure");
+        }
+        "fine".into()
+    });
+    let (url, _shutdown, serving) = start_stoppable(&h).await;
+    let client = reqwest::Client::new();
+    let ok = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("hello", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let r = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("PANIC", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("scripted engine failure"),
+        "{v}"
+    );
+    let why = tokio::time::timeout(Duration::from_secs(3), serving)
+        .await
+        .expect("serve did not return after the fault")
+        .unwrap()
+        .unwrap();
+    match why {
+        krasis_server::Stopped::EngineFault(reason) => {
+            assert!(reason.contains("scripted engine failure"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
 }

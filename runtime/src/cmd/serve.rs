@@ -5,6 +5,7 @@
 use super::engines::{EngineArgs, load_engine};
 use anyhow::{Context, bail};
 use krasis_common::options::{API_KEY_ARGV_REFUSED, HeatmapChoice, read_api_key_file};
+use krasis_common::status::EXIT_ENGINE_FAULT;
 use krasis_common::{API_KEY_ENV, Backend, Capabilities, LaunchOptions, Phase, ProgressEvent};
 use krasis_model::SamplingParams;
 use krasis_model::chat_template::ChatTemplate;
@@ -257,6 +258,27 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
+/// `serve` ended because the engine faulted (a panic or a CUDA error): the
+/// engine is never reused, so the process exits with [`EXIT_ENGINE_FAULT`]
+/// for the launcher's supervisor to restart it.
+#[derive(Debug)]
+struct EngineFault(String);
+
+impl std::fmt::Display for EngineFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "engine fault: {}", self.0)
+    }
+}
+
+impl std::error::Error for EngineFault {}
+
+/// The exit status `run` ends the process with itself, when the generic
+/// failure status (1) would hide what happened.
+fn special_exit(result: &anyhow::Result<()>) -> Option<i32> {
+    let e = result.as_ref().err()?;
+    e.downcast_ref::<EngineFault>().map(|_| EXIT_ENGINE_FAULT)
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let progress = args.progress_json;
     let result = start(args);
@@ -267,6 +289,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 message: format!("{e:#}"),
             },
         );
+    }
+    if let (Some(code), Err(e)) = (special_exit(&result), &result) {
+        eprintln!("error: {e:#}");
+        std::process::exit(code);
     }
     result
 }
@@ -280,11 +306,15 @@ fn start(mut args: Args) -> anyhow::Result<()> {
         ..args.launch_options()
     };
     check_options(&opts, &super::capabilities::report())?;
-    tokio::runtime::Builder::new_multi_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("starting the async runtime")?
-        .block_on(serve(args))
+        .context("starting the async runtime")?;
+    let result = rt.block_on(serve(args));
+    // Blocking work still running (a prompt being tokenized, a load cut
+    // short by a shutdown) is not waited for: the process is exiting.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    result
 }
 
 async fn serve(args: Args) -> anyhow::Result<()> {
@@ -303,10 +333,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         api_key: args.api_key.clone(),
         queue_depth: args.queue_depth as usize,
         default_sampling: default_sampling(&args.engine.model)?,
+        cors_origins: args.cors_origins.clone(),
+        check_host: ServerConfig::needs_host_check(local.ip(), args.api_key.as_deref()),
     };
     let model_name = config.model_id.clone();
     let state = AppState::new(config);
-    let server = tokio::spawn(krasis_server::serve(
+    let mut server = tokio::spawn(krasis_server::serve(
         listener,
         state.clone(),
         shutdown_signal(),
@@ -329,7 +361,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 
     let load_state = state.clone();
     let engine_args = args.engine.clone();
-    let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+    let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let engine = load_engine(&engine_args)?;
         // What calibration decided, for the launcher's run screen.
         if let Some(h) = engine.stats().and_then(|s| s.hcs) {
@@ -358,9 +390,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             .install(engine, std::sync::Arc::new(tokenizer), template)
             .context("starting the engine thread")?;
         Ok(())
-    })
-    .await
-    .context("the loading thread panicked")?;
+    });
+    // A shutdown while loading ends the process without waiting for the load.
+    let loaded = tokio::select! {
+        loaded = loading => loaded.context("the loading thread panicked")?,
+        ended = &mut server => return stopped(ended),
+    };
     if let Err(e) = loaded {
         state.set_failed(format!("{e:#}"));
         server.abort();
@@ -375,17 +410,41 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             model: model_name,
         },
     );
-    server
-        .await
+    stopped(server.await)
+}
+
+/// What `serve` returns once the HTTP server has stopped.
+fn stopped(
+    ended: Result<std::io::Result<krasis_server::Stopped>, tokio::task::JoinError>,
+) -> anyhow::Result<()> {
+    match ended
         .context("the server task panicked")?
-        .context("serving HTTP")?;
-    Ok(())
+        .context("serving HTTP")?
+    {
+        krasis_server::Stopped::Shutdown => Ok(()),
+        krasis_server::Stopped::EngineFault(reason) => Err(EngineFault(reason).into()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn an_engine_fault_exits_with_its_own_status() {
+        let fault: anyhow::Result<()> =
+            Err(anyhow::Error::from(EngineFault("boom".into())).context("serving"));
+        assert_eq!(special_exit(&fault), Some(EXIT_ENGINE_FAULT));
+        assert_eq!(
+            stopped(Ok(Ok(krasis_server::Stopped::EngineFault("x".into()))))
+                .map_err(|e| special_exit(&Err(e))),
+            Err(Some(EXIT_ENGINE_FAULT))
+        );
+        assert!(stopped(Ok(Ok(krasis_server::Stopped::Shutdown))).is_ok());
+        assert_eq!(special_exit(&Err(anyhow::anyhow!("load failed"))), None);
+        assert_eq!(special_exit(&Ok(())), None);
+    }
 
     #[derive(Parser)]
     struct Cli {

@@ -30,6 +30,71 @@ pub struct Tokenizer {
     origin: PathBuf,
     eos: Vec<u32>,
     vocab_size: usize,
+    /// What bounds the input one token stands for (`None`: no bound known).
+    span: Option<TokenSpan>,
+}
+
+/// How much input text one token can stand for, for tokenizers that keep
+/// every input byte (byte-level BPE): the bound behind
+/// [`Tokenizer::min_tokens`].
+#[derive(Debug, Clone, Copy)]
+struct TokenSpan {
+    /// Bytes of the longest token (vocabulary or added token).
+    max_bytes: usize,
+    /// The text is NFC-normalized first; composition can shrink it, at
+    /// most threefold (three Hangul jamo, 9 bytes, become one syllable).
+    nfc: bool,
+}
+
+impl TokenSpan {
+    /// `Some` only when encoding cannot drop input: no normalizer but NFC,
+    /// a byte-level pre-tokenizer (optionally after regex splits that keep
+    /// what they match) and a byte-level BPE model, whose token strings have
+    /// one character per byte.
+    fn of(inner: &tokenizers::Tokenizer) -> Option<TokenSpan> {
+        use tokenizers::{
+            DecoderWrapper, ModelWrapper, NormalizerWrapper, PreTokenizerWrapper,
+            SplitDelimiterBehavior,
+        };
+        let nfc = match inner.get_normalizer() {
+            None => false,
+            Some(NormalizerWrapper::NFC(_)) => true,
+            Some(_) => return None,
+        };
+        let keeps_bytes = |p: &PreTokenizerWrapper| match p {
+            PreTokenizerWrapper::ByteLevel(_) => true,
+            PreTokenizerWrapper::Split(s) => s.behavior != SplitDelimiterBehavior::Removed,
+            _ => false,
+        };
+        let byte_level = match inner.get_pre_tokenizer() {
+            Some(PreTokenizerWrapper::ByteLevel(_)) => true,
+            Some(PreTokenizerWrapper::Sequence(seq)) => {
+                let seq = seq.as_ref();
+                seq.iter().all(keeps_bytes)
+                    && seq
+                        .iter()
+                        .any(|p| matches!(p, PreTokenizerWrapper::ByteLevel(_)))
+            }
+            _ => false,
+        };
+        if !byte_level || !matches!(inner.get_decoder(), Some(DecoderWrapper::ByteLevel(_))) {
+            return None;
+        }
+        let ModelWrapper::BPE(bpe) = inner.get_model() else {
+            return None;
+        };
+        let model_max = bpe.get_vocab().keys().map(|t| t.chars().count()).max()?;
+        let added_max = inner
+            .get_added_tokens_decoder()
+            .values()
+            .map(|t| t.content.len())
+            .max()
+            .unwrap_or(0);
+        Some(TokenSpan {
+            max_bytes: model_max.max(added_max).max(1),
+            nfc,
+        })
+    }
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -85,11 +150,13 @@ impl Tokenizer {
                 reason: "empty vocabulary".into(),
             });
         }
+        let span = TokenSpan::of(&inner);
         Ok(Self {
             inner: Arc::new(inner),
             origin,
             eos: Vec::new(),
             vocab_size,
+            span,
         })
     }
 
@@ -139,6 +206,33 @@ impl Tokenizer {
         self.inner
             .decode(ids, skip_special)
             .map_err(|e| self.err(format!("decode failed: {e}")))
+    }
+
+    /// A lower bound on `encode(text)?.len()` found in one pass over the
+    /// bytes, without tokenizing: the text's length over the longest
+    /// token's (Qwen's vocabulary: 128 bytes). Lets a server refuse a prompt
+    /// of megabytes that cannot fit the context before paying for
+    /// tokenizing it. 0 for tokenizers that may drop input text (other
+    /// normalizers, whitespace-splitting pre-tokenizers), where no such bound
+    /// holds.
+    pub fn min_tokens(&self, text: &str) -> usize {
+        let Some(span) = self.span else {
+            return 0;
+        };
+        let bytes = if !span.nfc || text.is_ascii() {
+            text.len()
+        } else {
+            // ASCII is unchanged by NFC; the rest shrinks at most threefold.
+            let ascii = text.bytes().filter(u8::is_ascii).count();
+            ascii + (text.len() - ascii) / 3
+        };
+        bytes.div_ceil(span.max_bytes)
+    }
+
+    /// Bytes of the longest token when [`Tokenizer::min_tokens`] has a
+    /// bound, for logs and tests.
+    pub fn max_token_bytes(&self) -> Option<usize> {
+        self.span.map(|s| s.max_bytes)
     }
 
     pub fn eos_token_ids(&self) -> &[u32] {

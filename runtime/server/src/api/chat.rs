@@ -1,18 +1,19 @@
-//! `POST /v1/chat/completions`: request -> rendered prompt -> queued job.
+//! `POST /v1/chat/completions`: admission -> request -> rendered and
+//! tokenized prompt (on the blocking pool) -> queued job.
 
-use super::extract::JsonBody;
-use super::request::{ChatRequest, max_new_tokens};
+use super::extract::read_json;
+use super::request::{ChatRequest, PromptKind, max_new_tokens, requested_tokens};
 use super::response::{self, ResponseMeta, Shape};
-use super::{messages, submit};
+use super::{admit, messages, off_thread, submit};
 use crate::error::ApiError;
 use crate::output::OutputParser;
 use crate::output::tools::{Forced, ToolParser, ToolSet};
 use crate::state::{AppState, LoadedModel};
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::response::Response;
 use krasis_model::GenerateRequest;
 use krasis_model::chat_template::RenderOptions;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// How tools are used for one request.
@@ -26,51 +27,67 @@ struct ToolPlan {
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
-    JsonBody(req): JsonBody<ChatRequest>,
+    http: Request,
 ) -> Result<Response, ApiError> {
+    let model = state.model()?;
+    // Before the body is read: a full server does no work for the request.
+    let slot = admit(&model)?;
+    let mut req: ChatRequest = read_json(http).await?;
     req.common.validate()?;
     req.common.check_model(&state.config.model_id)?;
     check_unsupported(&req)?;
-    let model = state.model()?;
-    let template = model.template.as_ref().ok_or_else(|| {
-        ApiError::bad_request(
+    let legacy = map_legacy_functions(&mut req)?;
+    if model.template.is_none() {
+        return Err(ApiError::bad_request(
             "this model has no chat template, so chat completions are not available; use /v1/completions with a raw prompt",
-        )
-    })?;
-    let msgs = messages::normalize(&req.messages)?;
-    let plan = plan_tools(&req, &model)?;
-    let extra = req.chat_template_kwargs.clone().unwrap_or_default();
-    let opts = RenderOptions {
-        add_generation_prompt: true,
-        tools: plan.for_template.clone(),
-        extra,
-    };
-    let mut prompt = template.render(&msgs, &opts).map_err(|e| {
-        ApiError::bad_request(format!("the chat template rejected these messages: {e}"))
-    })?;
-    let mut opens_reasoning = prompt.trim_end().ends_with("<think>");
-    if let Some(prefix) = &plan.forced_prefix {
-        // A forced call skips (closes) any reasoning the template opened.
-        if opens_reasoning {
-            prompt.push_str("\n</think>\n\n");
-            opens_reasoning = false;
-        }
-        prompt.push_str(prefix);
+        ));
     }
-    let prompt_ids = model
-        .tokenizer
-        .encode(&prompt)
-        .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?;
     let (param, requested) = match req.max_completion_tokens {
         Some(n) => ("max_completion_tokens", Some(n)),
         None => ("max_tokens", req.common.max_tokens),
     };
-    let max_new = max_new_tokens(
-        requested,
-        param,
-        prompt_ids.len(),
-        model.info.context_length,
-    )?;
+    let requested = requested_tokens(requested, param)?;
+    let plan = plan_tools(&req, &model)?;
+    let opts = RenderOptions {
+        add_generation_prompt: true,
+        tools: plan.for_template.clone(),
+        extra: req.chat_template_kwargs.take().unwrap_or_default(),
+    };
+    let raw_messages = std::mem::take(&mut req.messages);
+    let forced_prefix = plan.forced_prefix.clone();
+    let m = model.clone();
+    let (slot, prompt_ids, max_new, opens_reasoning) = off_thread(move || {
+        let msgs = messages::normalize(&raw_messages)?;
+        drop(raw_messages);
+        let template = m
+            .template
+            .as_ref()
+            .ok_or_else(|| ApiError::internal("the chat template disappeared while rendering"))?;
+        let mut prompt = template.render(&msgs, &opts).map_err(|e| {
+            ApiError::bad_request(format!("the chat template rejected these messages: {e}"))
+        })?;
+        drop(msgs);
+        let mut opens_reasoning = prompt.trim_end().ends_with("<think>");
+        if let Some(prefix) = &forced_prefix {
+            // A forced call skips (closes) any reasoning the template opened.
+            if opens_reasoning {
+                prompt.push_str("\n</think>\n\n");
+                opens_reasoning = false;
+            }
+            prompt.push_str(prefix);
+        }
+        let context = m.info.context_length;
+        // Refuse what cannot fit before paying for tokenizing megabytes.
+        let at_least = m.tokenizer.min_tokens(&prompt);
+        max_new_tokens(PromptKind::Messages, requested, at_least, true, context)?;
+        let ids = m
+            .tokenizer
+            .encode(&prompt)
+            .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?;
+        let max_new = max_new_tokens(PromptKind::Messages, requested, ids.len(), false, context)?;
+        Ok((slot, ids, max_new, opens_reasoning))
+    })
+    .await?;
 
     let mut parser = OutputParser::new(opens_reasoning, plan.parser);
     if let Some(prefix) = &plan.forced_prefix {
@@ -85,19 +102,78 @@ pub async fn chat_completions(
         stop_token_ids: model.tokenizer.eos_token_ids().to_vec(),
         cancel: Default::default(),
     };
-    let max_calls = (req.parallel_tool_calls == Some(false)).then_some(1);
-    let job = submit(&model, gen_req, req.common.stop_strings())?;
+    // Legacy function calling has one call per message.
+    let max_calls = (legacy || req.parallel_tool_calls == Some(false)).then_some(1);
+    let job = submit(&model, slot, gen_req, req.common.stop_strings())?;
     let meta = ResponseMeta::new(
         "chatcmpl",
         &state.config.model_id,
         req.common.include_usage(),
     );
-    let shape = Shape::Chat { parser, max_calls };
+    let shape = Shape::Chat {
+        parser,
+        max_calls,
+        legacy,
+    };
     Ok(if req.common.stream() {
         response::stream(job, meta, shape)
     } else {
         response::collect(job, meta, shape).await?
     })
+}
+
+/// Legacy function calling (`functions`, `function_call`) becomes `tools`
+/// and `tool_choice`; the answer then uses the legacy shape too
+/// (`message.function_call`, `finish_reason: "function_call"`). True when
+/// the request used it.
+fn map_legacy_functions(req: &mut ChatRequest) -> Result<bool, ApiError> {
+    if req.functions.is_none() && req.function_call.is_none() {
+        return Ok(false);
+    }
+    if req.tools.is_some() || req.tool_choice.is_some() {
+        return Err(ApiError::invalid_param(
+            "functions",
+            "send either tools and tool_choice or the legacy functions and function_call, not both",
+        ));
+    }
+    let functions = req.functions.take().unwrap_or_default();
+    let mut tools = Vec::with_capacity(functions.len());
+    for (i, f) in functions.into_iter().enumerate() {
+        if f.get("name").and_then(Value::as_str).is_none() {
+            return Err(ApiError::invalid_param(
+                format!("functions[{i}]"),
+                format!(
+                    "functions[{i}] must be {{\"name\": ..., \"parameters\": ...}} (or use tools)"
+                ),
+            ));
+        }
+        tools.push(json!({"type": "function", "function": f}));
+    }
+    let choice = match req.function_call.take() {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "none" || s == "auto" => Some(Value::String(s)),
+        Some(Value::Object(o)) if o.get("name").is_some_and(Value::is_string) => Some(json!({
+            "type": "function",
+            "function": {"name": o["name"]},
+        })),
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "function_call",
+                format!(
+                    "function_call must be \"none\", \"auto\" or {{\"name\": ...}}, not {other}"
+                ),
+            ));
+        }
+    };
+    if tools.is_empty() && choice.as_ref().is_some_and(|c| c != "none") {
+        return Err(ApiError::invalid_param(
+            "function_call",
+            "function_call requires functions, but the request declares none",
+        ));
+    }
+    req.tools = (!tools.is_empty()).then_some(tools);
+    req.tool_choice = choice;
+    Ok(true)
 }
 
 fn check_unsupported(req: &ChatRequest) -> Result<(), ApiError> {

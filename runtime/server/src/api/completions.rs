@@ -1,12 +1,12 @@
 //! `POST /v1/completions`: a raw prompt (text or token ids), no template.
 
-use super::extract::JsonBody;
-use super::request::{CompletionRequest, max_new_tokens};
+use super::extract::read_json;
+use super::request::{CompletionRequest, PromptKind, max_new_tokens, requested_tokens};
 use super::response::{self, ResponseMeta, Shape};
-use super::submit;
+use super::{admit, off_thread, submit};
 use crate::error::ApiError;
 use crate::state::AppState;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::response::Response;
 use krasis_model::GenerateRequest;
 use krasis_model::tokenizer::Tokenizer;
@@ -15,8 +15,12 @@ use std::sync::Arc;
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
-    JsonBody(req): JsonBody<CompletionRequest>,
+    http: Request,
 ) -> Result<Response, ApiError> {
+    let model = state.model()?;
+    // Before the body is read: a full server does no work for the request.
+    let slot = admit(&model)?;
+    let mut req: CompletionRequest = read_json(http).await?;
     req.common.validate()?;
     req.common.check_model(&state.config.model_id)?;
     if req.echo == Some(true) {
@@ -43,30 +47,26 @@ pub async fn completions(
             "logprobs are not supported by this server",
         ));
     }
-    let model = state.model()?;
-    let prompt = prompt_ids(&req.prompt, &model.tokenizer)?;
-    if prompt.is_empty() {
-        return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
-    }
-    let vocab = model.info.vocab_size;
-    if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::invalid_param(
-            "prompt",
-            format!("token id {bad} is outside the vocabulary of {vocab}"),
-        ));
-    }
-    let max_new = max_new_tokens(
-        req.common.max_tokens,
-        "max_tokens",
-        prompt.len(),
-        model.info.context_length,
-    )
-    .map_err(|mut e| {
-        if e.param.as_deref() == Some("messages") {
-            e.param = Some("prompt".into());
+    let requested = requested_tokens(req.common.max_tokens, "max_tokens")?;
+    let raw_prompt = std::mem::take(&mut req.prompt);
+    let m = model.clone();
+    let (slot, prompt, max_new) = off_thread(move || {
+        let context = m.info.context_length;
+        let prompt = prompt_ids(raw_prompt, &m.tokenizer, requested, context)?;
+        if prompt.is_empty() {
+            return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
         }
-        e
-    })?;
+        let vocab = m.info.vocab_size;
+        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                format!("token id {bad} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        let max_new = max_new_tokens(PromptKind::Prompt, requested, prompt.len(), false, context)?;
+        Ok((slot, prompt, max_new))
+    })
+    .await?;
     let gen_req = GenerateRequest {
         prompt,
         max_new_tokens: max_new,
@@ -74,7 +74,7 @@ pub async fn completions(
         stop_token_ids: model.tokenizer.eos_token_ids().to_vec(),
         cancel: Default::default(),
     };
-    let job = submit(&model, gen_req, req.common.stop_strings())?;
+    let job = submit(&model, slot, gen_req, req.common.stop_strings())?;
     let meta = ResponseMeta::new("cmpl", &state.config.model_id, req.common.include_usage());
     Ok(if req.common.stream() {
         response::stream(job, meta, Shape::Text)
@@ -84,23 +84,33 @@ pub async fn completions(
 }
 
 /// A string, a one-element list of strings, a token list, or a one-element
-/// list of token lists (batches of several prompts are refused).
-fn prompt_ids(p: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
-    let encode = |s: &str| {
-        tok.encode(s)
-            .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
-    };
+/// list of token lists (batches of several prompts are refused). Text that
+/// cannot fit the context even at the longest token per position is refused
+/// before it is tokenized.
+fn prompt_ids(
+    p: Value,
+    tok: &Tokenizer,
+    requested: Option<usize>,
+    context: usize,
+) -> Result<Vec<u32>, ApiError> {
     let ids = |arr: &[Value]| -> Option<Vec<u32>> {
         arr.iter()
             .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
             .collect()
     };
     match p {
-        Value::String(s) => encode(s),
-        Value::Array(items) if items.iter().all(Value::is_number) => ids(items).ok_or_else(|| {
+        Value::String(s) => {
+            let at_least = tok.min_tokens(&s);
+            max_new_tokens(PromptKind::Prompt, requested, at_least, true, context)?;
+            tok.encode(&s)
+                .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))
+        }
+        Value::Array(items) if items.iter().all(Value::is_number) => ids(&items).ok_or_else(|| {
             ApiError::invalid_param("prompt", "token ids must be non-negative integers")
         }),
-        Value::Array(items) if items.len() == 1 => prompt_ids(&items[0], tok),
+        Value::Array(mut items) if items.len() == 1 => {
+            prompt_ids(items.remove(0), tok, requested, context)
+        }
         Value::Array(items) if items.len() > 1 => Err(ApiError::unsupported(
             "prompt",
             format!(

@@ -11,34 +11,47 @@ use axum::response::Response;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
+/// Bodies larger than this are parsed on the blocking pool, so a request of
+/// megabytes never holds up the async workers (and `/health` with them).
+const PARSE_INLINE: usize = 256 << 10;
+
 /// Like `axum::Json`, but a bad body is a 400 in OpenAI's error format with
-/// serde's description of what was wrong and where.
-pub struct JsonBody<T>(pub T);
-
-impl<S, T> FromRequest<S> for JsonBody<T>
+/// serde's description of what was wrong and where, and a body over the
+/// limit is a 413 in the same format. Called by the handlers after
+/// admission, so a full server does not read or parse bodies.
+pub async fn read_json<T>(req: Request) -> Result<T, ApiError>
 where
-    S: Send + Sync,
-    T: DeserializeOwned,
+    T: DeserializeOwned + Send + 'static,
 {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            let mut err = ApiError::bad_request(format!("could not read the request body: {e}"));
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                err.status = StatusCode::PAYLOAD_TOO_LARGE;
-            }
-            err
-        })?;
-        if bytes.is_empty() {
-            return Err(ApiError::bad_request(
-                "the request body is empty; send a JSON object",
+    let bytes = Bytes::from_request(req, &()).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            let mut err = ApiError::bad_request(format!(
+                "the request body is larger than this server accepts ({} MiB)",
+                super::BODY_LIMIT >> 20
             ));
+            err.status = StatusCode::PAYLOAD_TOO_LARGE;
+            err.code = Some("request_too_large");
+            err
+        } else {
+            ApiError::bad_request(format!("could not read the request body: {e}"))
         }
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+    })?;
+    if bytes.is_empty() {
+        return Err(ApiError::bad_request(
+            "the request body is empty; send a JSON object",
+        ));
     }
+    let small = bytes.len() <= PARSE_INLINE;
+    let parse = move || {
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+    };
+    if small {
+        return parse();
+    }
+    tokio::task::spawn_blocking(parse)
+        .await
+        .map_err(|e| ApiError::internal(format!("parsing the request body failed: {e}")))?
 }
 
 /// Checks `Authorization: Bearer <key>` when the server has a key.

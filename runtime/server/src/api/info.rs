@@ -6,13 +6,22 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use krasis_common::status::{EngineStats, Health};
+use krasis_common::status::{EngineStats, Health, HealthStatus};
 use serde_json::{Value, json};
 use std::any::Any;
 use std::sync::Arc;
 
-pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {
-    Json(state.health())
+/// 200 `{"status": "ok"}` while the model serves requests; 503 with
+/// `loading` before that and `error` (with the reason) after loading
+/// failed, after an engine fault, or while shutting down.
+pub async fn health(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Health>) {
+    let h = state.health();
+    let code = if h.status == HealthStatus::Ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(h))
 }
 
 pub async fn stats(State(state): State<Arc<AppState>>) -> Json<EngineStats> {

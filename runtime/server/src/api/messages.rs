@@ -2,6 +2,8 @@
 //! Clients differ: content may be a string, `null`, or an array of parts;
 //! `developer` is the newer name for `system`; assistant tool-call arguments
 //! arrive as JSON strings while Qwen templates iterate them as mappings.
+//! Legacy function calling history (an assistant `function_call`, a
+//! `function` message with the result) becomes tool calls and tool results.
 
 use crate::error::ApiError;
 use serde_json::{Map, Value, json};
@@ -34,11 +36,12 @@ fn normalize_one(i: usize, m: &Value) -> Result<Value, ApiError> {
     let role = match role {
         "system" | "developer" => "system",
         "user" | "assistant" | "tool" => role,
+        "function" => "tool",
         other => {
             return Err(ApiError::invalid_param(
                 format!("{param}.role"),
                 format!(
-                    "{param} has role '{other}'; supported roles are system, developer, user, assistant and tool"
+                    "{param} has role '{other}'; supported roles are system, developer, user, assistant, tool and function"
                 ),
             ));
         }
@@ -63,6 +66,9 @@ fn normalize_one(i: usize, m: &Value) -> Result<Value, ApiError> {
             }
             if let Some(calls) = obj.get("tool_calls").filter(|c| !c.is_null()) {
                 out.insert("tool_calls".into(), tool_calls(&param, calls)?);
+            } else if let Some(call) = obj.get("function_call").filter(|c| !c.is_null()) {
+                let legacy = json!([{"type": "function", "function": call}]);
+                out.insert("tool_calls".into(), tool_calls(&param, &legacy)?);
             }
         }
         "tool" => {

@@ -4,6 +4,7 @@
 mod chat;
 mod completions;
 mod extract;
+pub mod guard;
 mod info;
 mod messages;
 mod request;
@@ -11,10 +12,9 @@ mod response;
 
 use crate::error::ApiError;
 use crate::state::{AppState, LoadedModel};
-use crate::worker::{Job, StreamMsg, SubmitError};
+use crate::worker::{Job, Slot, StreamMsg, SubmitError};
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderName, Method, header};
 use axum::middleware;
 use axum::routing::{get, post};
 use krasis_model::GenerateRequest;
@@ -22,13 +22,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::cors::{AllowOrigin, CorsLayer};
 
-/// Coding agents send whole repositories of context; 64 MiB is far above
-/// any context window's worth of text while still bounding memory.
-const BODY_LIMIT: usize = 64 << 20;
+/// Bodies above this get 413. A million-token context is about 4 MiB of
+/// text, twice that as escaped JSON, so 16 MiB leaves room while bounding
+/// what the admitted requests (`queue_depth + 1` of them) can hold in memory.
+pub const BODY_LIMIT: usize = 16 << 20;
 
-/// The full router. `/health` is open; `/v1/*` needs the API key when set.
+/// The full router. `/health` is open; `/v1/*` needs the API key when set;
+/// everything is behind the origin and host checks of [`guard`].
 pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
@@ -40,22 +41,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             extract::require_key,
         ));
-    let cors = CorsLayer::new()
-        .allow_origin(AllowOrigin::mirror_request())
-        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-        .allow_headers([
-            header::AUTHORIZATION,
-            header::CONTENT_TYPE,
-            HeaderName::from_static("x-stainless-os"),
-            HeaderName::from_static("x-stainless-lang"),
-            HeaderName::from_static("x-stainless-arch"),
-            HeaderName::from_static("x-stainless-runtime"),
-            HeaderName::from_static("x-stainless-runtime-version"),
-            HeaderName::from_static("x-stainless-package-version"),
-            HeaderName::from_static("x-stainless-retry-count"),
-            HeaderName::from_static("x-stainless-timeout"),
-        ])
-        .max_age(std::time::Duration::from_secs(600));
+    let cors = guard::cors(guard::Origins::new(&state.config.cors_origins));
     Router::new()
         .route("/health", get(info::health))
         .merge(api)
@@ -63,13 +49,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(info::wrong_method)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(CatchPanicLayer::custom(info::panic_response))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::check_request,
+        ))
         .layer(cors)
         .with_state(state)
 }
 
 /// Sets the job's cancel flag when the response side goes away, so a
-/// generation whose client disconnected stops at its next token (or never
-/// starts, if it was still queued).
+/// generation whose client disconnected stops at its next token or prefill
+/// chunk (or never starts, if it was still queued).
 pub struct CancelGuard(Arc<AtomicBool>);
 
 impl CancelGuard {
@@ -89,9 +79,27 @@ pub struct Submitted {
     pub guard: CancelGuard,
 }
 
-/// Queues a generation or answers 503 with `Retry-After` when the queue is full.
+pub fn submit_error(e: SubmitError) -> ApiError {
+    tracing::warn!("rejecting a request: {e}");
+    match e {
+        SubmitError::QueueFull { .. } => {
+            ApiError::overloaded(format!("the server is busy: {e}; retry later"), 1)
+        }
+        SubmitError::Halted(_) => ApiError::overloaded(e.to_string(), 10),
+        SubmitError::EngineGone => ApiError::internal(e.to_string()),
+    }
+}
+
+/// Admits a request before any work is done for it (reading, rendering and
+/// tokenizing its prompt): 503 with `Retry-After` when the queue is full.
+pub fn admit(model: &LoadedModel) -> Result<Slot, ApiError> {
+    model.worker.reserve().map_err(submit_error)
+}
+
+/// Queues an admitted generation.
 pub fn submit(
     model: &LoadedModel,
+    slot: Slot,
     request: GenerateRequest,
     stop_strings: Vec<String>,
 ) -> Result<Submitted, ApiError> {
@@ -102,18 +110,21 @@ pub fn submit(
         stop_strings,
         events: tx,
         cancel: cancel.clone(),
+        slot,
     };
-    model.worker.submit(job).map_err(|e| {
-        tracing::warn!("rejecting a request: {e}");
-        match e {
-            SubmitError::QueueFull { .. } => {
-                ApiError::overloaded(format!("the server is busy: {e}; retry later"), 1)
-            }
-            SubmitError::EngineGone => ApiError::internal(e.to_string()),
-        }
-    })?;
+    model.worker.submit(job).map_err(submit_error)?;
     Ok(Submitted {
         rx,
         guard: CancelGuard(cancel),
     })
+}
+
+/// Runs prompt preparation (rendering, tokenizing: CPU work proportional to
+/// the prompt) on the blocking pool, off the async workers.
+pub async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))?
 }

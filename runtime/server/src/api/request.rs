@@ -52,6 +52,9 @@ pub struct ChatRequest {
     pub response_format: Option<Value>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
+    /// Legacy (pre-tools) function calling, mapped onto `tools`.
+    pub functions: Option<Vec<Value>>,
+    pub function_call: Option<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -75,9 +78,40 @@ fn in_range(param: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<(), ApiErro
     }
 }
 
+/// OpenAI's limits on `stop`: up to 4 sequences; empty ones are refused
+/// (they would match before any output), long ones bounded so matching
+/// stays cheap per token.
+pub const MAX_STOPS: usize = 4;
+pub const MAX_STOP_BYTES: usize = 256;
+
 impl CommonParams {
     /// Refuses what we cannot honour and checks value ranges.
     pub fn validate(&self) -> Result<(), ApiError> {
+        let stops = self.stop_strings();
+        if stops.len() > MAX_STOPS {
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!(
+                    "stop has {} sequences; at most {MAX_STOPS} are allowed",
+                    stops.len()
+                ),
+            ));
+        }
+        if let Some(i) = stops.iter().position(String::is_empty) {
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!("stop sequence {i} is empty; stop sequences must be non-empty strings"),
+            ));
+        }
+        if let Some(i) = stops.iter().position(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!(
+                    "stop sequence {i} is {} bytes long; at most {MAX_STOP_BYTES} bytes are allowed",
+                    stops[i].len()
+                ),
+            ));
+        }
         if let Some(n) = self.n
             && n != 1
         {
@@ -171,29 +205,106 @@ impl CommonParams {
     }
 }
 
-/// `max_tokens` (or chat's `max_completion_tokens`) checked against the room
-/// the context leaves after the prompt.
-pub fn max_new_tokens(
-    requested: Option<i64>,
-    param: &str,
-    prompt_tokens: usize,
-    context: usize,
-) -> Result<usize, ApiError> {
-    if prompt_tokens >= context {
-        return Err(ApiError::invalid_param(
-            "messages",
-            format!(
-                "the prompt has {prompt_tokens} tokens but the model's context holds {context} tokens (prompt plus output); shorten the prompt"
-            ),
-        ));
+/// Whose tokens a context check counts, for OpenAI's wording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptKind {
+    /// Chat: `param` is "messages".
+    Messages,
+    /// Text completions: `param` is "prompt".
+    Prompt,
+}
+
+impl PromptKind {
+    fn param(self) -> &'static str {
+        match self {
+            PromptKind::Messages => "messages",
+            PromptKind::Prompt => "prompt",
+        }
     }
-    let room = context - prompt_tokens;
+}
+
+/// The explicit output budget of a request (`max_tokens`, or chat's
+/// `max_completion_tokens`), checked to be at least 1.
+pub fn requested_tokens(requested: Option<i64>, param: &str) -> Result<Option<usize>, ApiError> {
     match requested {
-        None => Ok(room),
+        None => Ok(None),
         Some(n) if n < 1 => Err(ApiError::invalid_param(
             param,
             format!("{param} is {n}; it must be at least 1"),
         )),
-        Some(n) => Ok((n as usize).min(room)),
+        Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+    }
+}
+
+/// The output budget of a prompt of `prompt_tokens` (or, with `at_least`,
+/// of at least that many): the room left in the context when no budget was
+/// asked for, else the budget asked for. A prompt that leaves no room for
+/// one token, or an explicit budget that does not fit beside the prompt, is
+/// refused as OpenAI (and vLLM) do, with `context_length_exceeded` and the
+/// numbers, rather than silently given fewer tokens than asked for.
+pub fn max_new_tokens(
+    kind: PromptKind,
+    requested: Option<usize>,
+    prompt_tokens: usize,
+    at_least: bool,
+    context: usize,
+) -> Result<usize, ApiError> {
+    let completion = requested.unwrap_or(1);
+    if prompt_tokens.saturating_add(completion) <= context {
+        return Ok(requested.unwrap_or(context - prompt_tokens));
+    }
+    let whose = kind.param();
+    let least = if at_least { "at least " } else { "" };
+    let message = if requested.is_none() && prompt_tokens > context {
+        format!(
+            "This model's maximum context length is {context} tokens. However, your {whose} resulted in {least}{prompt_tokens} tokens. Please reduce the length of the {whose}."
+        )
+    } else {
+        format!(
+            "This model's maximum context length is {context} tokens. However, you requested {least}{} tokens ({least}{prompt_tokens} in the {whose}, {completion} in the completion). Please reduce the length of the {whose} or completion.",
+            prompt_tokens.saturating_add(completion)
+        )
+    };
+    Err(ApiError::context_length_exceeded(whose, message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_checks_use_openai_wording() {
+        let m = PromptKind::Messages;
+        assert_eq!(max_new_tokens(m, None, 10, false, 64).unwrap(), 54);
+        assert_eq!(max_new_tokens(m, Some(54), 10, false, 64).unwrap(), 54);
+        let e = max_new_tokens(m, Some(55), 10, false, 64).unwrap_err();
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert_eq!(
+            e.message,
+            "This model's maximum context length is 64 tokens. However, you requested 65 tokens (10 in the messages, 55 in the completion). Please reduce the length of the messages or completion."
+        );
+        let e = max_new_tokens(m, None, 100, false, 64).unwrap_err();
+        assert_eq!(
+            e.message,
+            "This model's maximum context length is 64 tokens. However, your messages resulted in 100 tokens. Please reduce the length of the messages."
+        );
+        // A prompt that fills the context leaves no room for one token.
+        let e = max_new_tokens(m, None, 64, false, 64).unwrap_err();
+        assert!(
+            e.message
+                .contains("you requested 65 tokens (64 in the messages, 1 in the completion)"),
+            "{}",
+            e.message
+        );
+        let e = max_new_tokens(PromptKind::Prompt, None, 5000, true, 64).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        assert!(
+            e.message
+                .contains("your prompt resulted in at least 5000 tokens"),
+            "{}",
+            e.message
+        );
+        assert!(requested_tokens(Some(0), "max_tokens").is_err());
     }
 }

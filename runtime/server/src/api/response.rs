@@ -2,10 +2,12 @@
 //! body, for chat (reasoning, tool calls) and text completions.
 
 use super::Submitted;
+use super::request::{PromptKind, max_new_tokens};
 use crate::error::ApiError;
 use crate::output::{OutputEvent, OutputParser};
-use crate::worker::{Finish, Finished, GenError, StreamMsg};
+use crate::worker::{Finish, Finished, GenError, Halt, StreamMsg};
 use axum::Json;
+use axum::http::{HeaderValue, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -46,6 +48,9 @@ pub enum Shape {
         parser: OutputParser,
         /// `parallel_tool_calls: false`: stop after this many calls.
         max_calls: Option<usize>,
+        /// The request used legacy `functions`: calls are answered as
+        /// `function_call` (one per message) instead of `tool_calls`.
+        legacy: bool,
     },
     Text,
 }
@@ -78,6 +83,7 @@ impl Shape {
             Shape::Chat {
                 parser,
                 max_calls: Some(m),
+                ..
             } => parser.tool_calls() >= *m,
             _ => false,
         }
@@ -86,11 +92,19 @@ impl Shape {
     fn is_chat(&self) -> bool {
         matches!(self, Shape::Chat { .. })
     }
+
+    fn is_legacy(&self) -> bool {
+        matches!(self, Shape::Chat { legacy: true, .. })
+    }
 }
 
-fn finish_reason(f: Finish, tool_calls: usize) -> &'static str {
+fn finish_reason(f: Finish, tool_calls: usize, legacy: bool) -> &'static str {
     if tool_calls > 0 {
-        return "tool_calls";
+        return if legacy {
+            "function_call"
+        } else {
+            "tool_calls"
+        };
     }
     match f {
         Finish::Length => "length",
@@ -107,15 +121,13 @@ fn usage(f: &Finished) -> Value {
     })
 }
 
-pub fn gen_error(e: &GenError) -> ApiError {
+/// The HTTP error for a generation that failed.
+pub fn gen_error(e: &GenError, kind: PromptKind) -> ApiError {
     match e {
         GenError::Engine(EngineError::PromptTooLong { prompt, context }) => {
-            ApiError::invalid_param(
-                "messages",
-                format!(
-                    "the prompt has {prompt} tokens but the model's context holds {context}; shorten the prompt"
-                ),
-            )
+            max_new_tokens(kind, None, *prompt, false, *context)
+                .err()
+                .unwrap_or_else(|| ApiError::internal(e.to_string()))
         }
         GenError::Engine(EngineError::EmptyPrompt) => {
             ApiError::invalid_param("prompt", "the prompt is empty")
@@ -127,6 +139,11 @@ pub fn gen_error(e: &GenError) -> ApiError {
             format!("the engine ran out of memory for this request: {m}"),
             5,
         ),
+        GenError::Halted(Halt::Shutdown) => ApiError::overloaded(e.to_string(), 5),
+        GenError::Halted(Halt::Fault(_)) => ApiError::overloaded(e.to_string(), 10),
+        other if other.is_fatal() => ApiError::internal(format!(
+            "{other}; the engine is retired and the server is exiting so it can be restarted"
+        )),
         other => ApiError::internal(other.to_string()),
     }
 }
@@ -134,6 +151,7 @@ pub fn gen_error(e: &GenError) -> ApiError {
 struct ChunkWriter {
     meta: ResponseMeta,
     chat: bool,
+    legacy: bool,
 }
 
 impl ChunkWriter {
@@ -168,6 +186,12 @@ impl ChunkWriter {
             OutputEvent::Content(t) => vec![json!({"content": t})],
             OutputEvent::Reasoning(r) => vec![json!({"reasoning_content": r, "reasoning": r})],
             OutputEvent::ToolCall {
+                name, arguments, ..
+            } if self.legacy => vec![
+                json!({"function_call": {"name": name, "arguments": ""}}),
+                json!({"function_call": {"arguments": arguments}}),
+            ],
+            OutputEvent::ToolCall {
                 index,
                 id,
                 name,
@@ -200,8 +224,10 @@ fn event(v: &Value) -> Event {
 /// client goes away; either way the job's cancel guard is dropped with it.
 pub fn stream(job: Submitted, meta: ResponseMeta, mut shape: Shape) -> Response {
     let (out, out_rx) = tokio::sync::mpsc::channel::<Event>(64);
+    let kind = prompt_kind(&shape);
     let w = ChunkWriter {
         chat: shape.is_chat(),
+        legacy: shape.is_legacy(),
         meta,
     };
     tokio::spawn(async move {
@@ -238,7 +264,7 @@ pub fn stream(job: Submitted, meta: ResponseMeta, mut shape: Shape) -> Response 
                             pending.extend(w.deltas(ev).into_iter().map(|d| w.chunk(d, None)));
                         }
                     }
-                    let reason = finish_reason(fin.finish, shape.tool_calls());
+                    let reason = finish_reason(fin.finish, shape.tool_calls(), w.legacy);
                     let empty = if w.chat {
                         json!({})
                     } else {
@@ -251,7 +277,7 @@ pub fn stream(job: Submitted, meta: ResponseMeta, mut shape: Shape) -> Response 
                     break;
                 }
                 Some(StreamMsg::Done(Err(e))) => {
-                    pending.push(gen_error(&e).body());
+                    pending.push(gen_error(&e, kind).body());
                     break;
                 }
                 None => {
@@ -269,9 +295,25 @@ pub fn stream(job: Submitted, meta: ResponseMeta, mut shape: Shape) -> Response 
         let _ = out.send(Event::default().data("[DONE]")).await;
     });
     let body = ReceiverStream::new(out_rx).map(Ok::<_, Infallible>);
-    Sse::new(body)
+    let mut resp = Sse::new(body)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
-        .into_response()
+        .into_response();
+    // Without the charset, clients such as `requests` decode the stream as
+    // ISO-8859-1, and a 0x85 byte inside a UTF-8 character (NEL there)
+    // splits a JSON line.
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    resp
+}
+
+fn prompt_kind(shape: &Shape) -> PromptKind {
+    if shape.is_chat() {
+        PromptKind::Messages
+    } else {
+        PromptKind::Prompt
+    }
 }
 
 /// Waits for the whole answer and returns one JSON body. If the client
@@ -281,6 +323,7 @@ pub async fn collect(
     meta: ResponseMeta,
     mut shape: Shape,
 ) -> Result<Response, ApiError> {
+    let kind = prompt_kind(&shape);
     let Submitted { mut rx, guard } = job;
     let mut events = Vec::new();
     let mut cut = false;
@@ -295,14 +338,15 @@ pub async fn collect(
             }
             Some(StreamMsg::Text(_)) => {}
             Some(StreamMsg::Done(Ok(fin))) => break fin,
-            Some(StreamMsg::Done(Err(e))) => return Err(gen_error(&e)),
+            Some(StreamMsg::Done(Err(e))) => return Err(gen_error(&e, kind)),
             None => return Err(ApiError::internal("the generation ended without a result")),
         }
     };
     if !cut {
         events.extend(shape.finish());
     }
-    let reason = finish_reason(fin.finish, shape.tool_calls());
+    let legacy = shape.is_legacy();
+    let reason = finish_reason(fin.finish, shape.tool_calls(), legacy);
     let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
     for ev in events {
         match ev {
@@ -326,7 +370,9 @@ pub async fn collect(
             message["reasoning_content"] = json!(reasoning);
             message["reasoning"] = json!(reasoning);
         }
-        if !calls.is_empty() {
+        if legacy && let Some(call) = calls.first() {
+            message["function_call"] = call["function"].clone();
+        } else if !calls.is_empty() {
             message["tool_calls"] = Value::Array(calls);
         }
         json!({

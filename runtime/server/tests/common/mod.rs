@@ -5,10 +5,10 @@
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, Response};
-use krasis_model::SamplingParams;
 use krasis_model::chat_template::ChatTemplate;
 use krasis_model::testutil::tiny_checkpoint;
 use krasis_model::tokenizer::Tokenizer;
+use krasis_model::{EngineError, SamplingParams};
 use krasis_server::testkit::ScriptedEngine;
 use krasis_server::{AppState, ServerConfig};
 use serde_json::Value;
@@ -39,6 +39,12 @@ pub struct Opts {
     pub queue_depth: usize,
     pub context: usize,
     pub token_delay: Duration,
+    /// Simulated chunked prefill: (tokens per chunk, time per chunk).
+    pub prefill: Option<(usize, Duration)>,
+    /// Engine errors chosen from the prompt text.
+    pub fail: Option<fn(&str) -> Option<EngineError>>,
+    pub cors_origins: Vec<String>,
+    pub check_host: bool,
 }
 
 impl Default for Opts {
@@ -53,6 +59,10 @@ impl Default for Opts {
             queue_depth: 4,
             context: 2048,
             token_delay: Duration::ZERO,
+            prefill: None,
+            fail: None,
+            cors_origins: Vec::new(),
+            check_host: true,
         }
     }
 }
@@ -60,6 +70,7 @@ impl Default for Opts {
 pub struct Harness {
     pub state: Arc<AppState>,
     pub produced: Arc<AtomicUsize>,
+    pub prefill_chunks: Arc<AtomicUsize>,
 }
 
 /// `reply(prompt_text) -> model output text`; the output is tokenized with
@@ -74,20 +85,36 @@ pub fn harness(opts: Opts, reply: impl Fn(&str) -> String + Send + 'static) -> H
         ids.push(im_end);
         ids
     });
-    let engine =
+    let mut engine =
         ScriptedEngine::new(vocab, opts.context, responder).with_token_delay(opts.token_delay);
+    if let Some((chunk, delay)) = opts.prefill {
+        engine = engine.with_prefill(chunk, delay);
+    }
+    if let Some(fail) = opts.fail {
+        let tok = tokenizer();
+        engine = engine.with_failure(Box::new(move |prompt: &[u32]| {
+            fail(&tok.decode(prompt, false).expect("decode prompt"))
+        }));
+    }
     let produced = engine.produced.clone();
+    let prefill_chunks = engine.prefill_chunks.clone();
     let state = AppState::new(ServerConfig {
         model_id: MODEL.into(),
         backend: "scripted".into(),
         api_key: opts.api_key,
         queue_depth: opts.queue_depth,
         default_sampling: SamplingParams::greedy(),
+        cors_origins: opts.cors_origins,
+        check_host: opts.check_host,
     });
     state
         .install(Box::new(engine), tokenizer(), opts.template)
         .expect("install");
-    Harness { state, produced }
+    Harness {
+        state,
+        produced,
+        prefill_chunks,
+    }
 }
 
 pub fn app(h: &Harness) -> Router {
