@@ -667,7 +667,9 @@ fn kernel_sampling(p: &SamplingParams) -> Result<krasis_kernels::SamplingParams,
                 .map_or(0, |d| d.as_nanos() as u64)
         }),
     };
-    k.validate().map_err(EngineError::Backend)?;
+    // Checked before anything is launched, so a bad value (e.g. from a
+    // model's generation_config.json) fails the request, not the engine.
+    k.validate().map_err(EngineError::InvalidRequest)?;
     Ok(k)
 }
 

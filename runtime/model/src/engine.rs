@@ -127,6 +127,10 @@ pub enum EngineError {
     BadToken { id: u32, vocab: usize },
     #[error("out of memory: {0}")]
     OutOfMemory(String),
+    /// A request the engine cannot run as given (e.g. sampling values out of
+    /// the kernels' range); the engine is untouched.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
     #[error("{0}")]
     Backend(String),
 }
@@ -181,5 +185,27 @@ pub trait Engine: Send {
     /// Backend-specific live statistics (HCS, VRAM) for the stats endpoint.
     fn stats(&self) -> Option<krasis_common::status::EngineStats> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EngineError;
+
+    #[test]
+    fn only_backend_failures_are_fatal() {
+        assert!(EngineError::Backend("illegal memory access".into()).is_fatal());
+        for e in [
+            EngineError::InvalidRequest("top_p out of range".into()),
+            EngineError::OutOfMemory("prefill".into()),
+            EngineError::EmptyPrompt,
+            EngineError::PromptTooLong {
+                prompt: 9,
+                context: 8,
+            },
+            EngineError::BadToken { id: 9, vocab: 8 },
+        ] {
+            assert!(!e.is_fatal(), "{e}");
+        }
     }
 }

@@ -135,6 +135,9 @@ pub fn gen_error(e: &GenError, kind: PromptKind) -> ApiError {
         GenError::Engine(e @ EngineError::BadToken { .. }) => {
             ApiError::invalid_param("prompt", e.to_string())
         }
+        GenError::Engine(EngineError::InvalidRequest(m)) => {
+            ApiError::bad_request(format!("the engine cannot run this request: {m}"))
+        }
         GenError::Engine(EngineError::OutOfMemory(m)) => ApiError::overloaded(
             format!("the engine ran out of memory for this request: {m}"),
             5,
