@@ -2,8 +2,9 @@
 //! setup or launches (`krasis_gpu::forward::Fault`: wrong RoPE sign,
 //! swapped GQA heads, a dropped expert) must fail the comparison against
 //! the CPU reference (`check::compare_full` + `LogitReport::passed`, the
-//! thresholds `tests/gpu_engine.rs` holds the engine to), and pass without
-//! one. Each planted GPU bug must also match the same bug planted in the
+//! thresholds `tests/gpu_engine.rs` holds the engine to, and the fidelity
+//! criterion of `bench --check`, `check::classify_full` with the
+//! reference's f32 and BF16-emulation routes), and pass without one. Each planted GPU bug must also match the same bug planted in the
 //! reference engine (`reference::Fault`), which shows it is the bug its
 //! name says.
 //!
@@ -13,7 +14,10 @@
 
 mod support;
 
-use krasis_gpu::check::{LogitReport, compare_full};
+use krasis_gpu::CudaEngine;
+use krasis_gpu::check::{
+    FidelityReport, LogitReport, Traced, classify_full, compare_full, pooled, routes_from_trace,
+};
 use krasis_gpu::forward::Fault;
 use krasis_model::Engine;
 use krasis_model::reference::{Fault as RefFault, ReferenceEngine};
@@ -38,6 +42,37 @@ fn compare(label: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> LogitReport {
     rep
 }
 
+/// `bench --check`'s criterion over every prompt (pooled, as the witness
+/// sequences are): the engine's logits and routes against the fault-free
+/// reference's f32 logits, routes and BF16 emulation.
+fn criterion(
+    label: &str,
+    gpu: &mut CudaEngine,
+    refs: &[Traced],
+    prompts: &[Vec<u32>],
+) -> FidelityReport {
+    let moe_layers: Vec<usize> = gpu.geometry().moe_layers().collect();
+    let mut parts: Vec<FidelityReport> = prompts
+        .iter()
+        .zip(refs)
+        .map(|(p, t)| {
+            let (got, routes) = gpu
+                .prompt_logits_with_routes(p)
+                .expect("gpu logits and routes");
+            classify_full(
+                &format!("{label}, {} tokens", p.len()),
+                &got,
+                &t.logits,
+                &moe_layers,
+                t.evidence(&routes),
+            )
+        })
+        .collect();
+    let rep = pooled(label, &mut parts);
+    eprintln!("{}", rep.line());
+    rep
+}
+
 fn reference_logits(r: &mut ReferenceEngine, f: RefFault, toks: &[u32]) -> Vec<Vec<f32>> {
     r.set_fault(f);
     r.prompt_logits(toks).expect("reference logits")
@@ -52,13 +87,34 @@ fn thresholds_catch_every_fault_on_the_cpu() {
     let model = synth(tmp.path(), "tiny");
     let mut r = reference(&model, &tmp.path().join("cache"), 512);
     let vocab = r.info().vocab_size;
+    let moe_layers: Vec<usize> = krasis_model::ModelConfig::load(&model)
+        .expect("config")
+        .geometry()
+        .moe_layers()
+        .collect();
     for (n, seed) in PROMPTS {
         let toks = tokens(n, vocab, seed);
         let clean = reference_logits(&mut r, RefFault::None, &toks);
+        r.set_fault(RefFault::None);
+        let traced = Traced::new(&mut r, &toks, &moe_layers).expect("traced reference");
         for f in RefFault::ALL {
             let bad = reference_logits(&mut r, f, &toks);
             let rep = compare(&format!("reference {f:?} {n} tokens"), &bad, &clean);
             assert!(!rep.passed(), "{f:?} passes the GPU check: {}", rep.line());
+            // `bench --check`'s criterion, the faulty engine's own routes
+            // standing for the GPU's.
+            let (bad, trace) = r
+                .prompt_logits_traced(&toks)
+                .expect("traced faulty reference");
+            let routes = routes_from_trace(&trace, &moe_layers);
+            let rep = classify_full(
+                &format!("criterion, reference {f:?} {n} tokens"),
+                &bad,
+                &traced.logits,
+                &moe_layers,
+                traced.evidence(&routes),
+            );
+            assert!(!rep.passed(), "{f:?} passes the criterion: {}", rep.line());
         }
     }
 }
@@ -82,6 +138,18 @@ fn gpu_check_fails_on_every_planted_fault() {
         .iter()
         .map(|p| reference_logits(&mut r, RefFault::None, p))
         .collect();
+    let moe_layers: Vec<usize> = gpu.geometry().moe_layers().collect();
+    r.set_fault(RefFault::None);
+    let traced: Vec<Traced> = prompts
+        .iter()
+        .map(|p| Traced::new(&mut r, p, &moe_layers).expect("traced reference"))
+        .collect();
+    let rep = criterion("criterion, no fault", &mut gpu, &traced, &prompts);
+    assert!(
+        rep.passed(),
+        "the correct engine fails the criterion: {}",
+        rep.line()
+    );
     let mut first = Vec::new();
     for (p, want) in prompts.iter().zip(&clean) {
         let got = gpu.prompt_logits(p).expect("gpu logits");
@@ -91,6 +159,12 @@ fn gpu_check_fails_on_every_planted_fault() {
     }
     for f in Fault::ALL {
         gpu.set_fault(f).expect("planting a fault");
+        let rep = criterion(&format!("criterion, {f:?}"), &mut gpu, &traced, &prompts);
+        assert!(
+            !rep.passed(),
+            "{f:?} planted in the CUDA engine passes the criterion: {}",
+            rep.line()
+        );
         for (p, want) in prompts.iter().zip(&clean) {
             let got = gpu.prompt_logits(p).expect("gpu logits");
             let rep = compare(&format!("{f:?} vs correct, {} tokens", p.len()), &got, want);

@@ -6,28 +6,33 @@
 //!
 //! The logit comparisons are classified by the fidelity criterion of
 //! `krasis_gpu::check` (see its module docs): every position over 1% of the
-//! sequence's max |oracle logit| must be a router near-tie flip that the
-//! CPU reference with the engine's BF16 rounding points
-//! (`Activations::Bf16`) makes too; at most 2% of positions may be such
-//! flips; argmax agreement at least 98%. The GPU's routes are recorded by
-//! `CudaEngine::prompt_logits_with_routes` / `greedy_logits_with_routes`,
-//! the reference's (f32 and BF16 emulation) by `prompt_logits_traced`.
+//! sequence's max |oracle logit| must be a router near-tie flip, or carry
+//! an earlier flip's error (at most 3 bounds); at most 2% of positions may
+//! be flips; argmax agreement at least 98% (ties within the bound agree).
+//! The CPU reference with the engine's BF16 rounding points
+//! (`Activations::Bf16`) measures how far rounding moves router gaps (the
+//! near-tie width) and says which flips it makes too. The witness fixtures'
+//! short sequences are judged for the rates as one pooled group. The GPU's
+//! routes are recorded by `CudaEngine::prompt_logits_with_routes` /
+//! `greedy_logits_with_routes`, the reference's (f32 and BF16 emulation) by
+//! `prompt_logits_traced`.
 //!
 //! Greedy decode vs prefill and chunked vs whole prefill are two BF16
 //! paths of the same engine: the same rule, with the oracle path's own
-//! router gaps and without asking the emulation (it follows prefill's
-//! rounding points, so it cannot say which of two BF16 paths flips).
+//! router gaps and the fixed near-tie width (no emulation is asked: it
+//! follows prefill's rounding points, so it cannot say which of two BF16
+//! paths flips).
 //! Graphs vs no graphs and determinism are bit-exact token comparisons.
 
 use super::{Args, text_tokens};
 use anyhow::Context;
 use krasis_gpu::CudaEngine;
 use krasis_gpu::check::{
-    BOUND_FRACTION, Evidence, FidelityReport, MAX_FLIP_PERCENT, MIN_ARGMAX_PERCENT, NEAR_TIE_ABS,
-    NEAR_TIE_REL, Routes, WitnessSequence, classify_full, classify_witness, load_witness,
-    position_full, routes_from_trace, routes_window,
+    BOUND_FRACTION, CARRY_MAX_BOUNDS, Evidence, FidelityReport, GAP_SPREAD_PERCENTILE,
+    MAX_FLIP_PERCENT, MIN_ARGMAX_PERCENT, NEAR_TIE_ABS, NEAR_TIE_REL, Routes, Traced,
+    WitnessSequence, classify_full, classify_witness, load_witness, pooled, routes_window,
 };
-use krasis_model::reference::{Activations, ReferenceEngine, ReferenceOptions};
+use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use krasis_model::{Engine, GenerateRequest, SamplingParams};
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -35,8 +40,9 @@ use std::time::Instant;
 
 /// Prompt tokens before the greedy decode checks.
 const DECODE_PROMPT: usize = 48;
-/// Greedy tokens of the decode checks.
-const DECODE_TOKENS: usize = 128;
+/// Greedy tokens of the decode checks: enough positions for the 2% flip
+/// rate to mean something (at 128, one flip more is 0.8%).
+const DECODE_TOKENS: usize = 512;
 
 fn engine(a: &Args, context: usize) -> anyhow::Result<CudaEngine> {
     let opts = super::engine_options(a, context)?;
@@ -75,45 +81,6 @@ struct FixtureRun {
     witness: WitnessSequence,
     logits: Vec<Vec<f32>>,
     routes: Routes,
-}
-
-/// The reference's evidence for one sequence: f32 logits, the routes of
-/// the f32 pass and of the BF16 emulation, and per position the
-/// emulation's largest logit difference from f32.
-struct Traced {
-    logits: Vec<Vec<f32>>,
-    f32_routes: Routes,
-    bf16_routes: Routes,
-    emulation_err: Vec<f32>,
-}
-
-fn traced(r: &mut ReferenceEngine, tokens: &[u32], moe_layers: &[usize]) -> anyhow::Result<Traced> {
-    r.set_activations(Activations::F32);
-    let (logits, tf) = r.prompt_logits_traced(tokens)?;
-    r.set_activations(Activations::Bf16);
-    let emulated = r.prompt_logits_traced(tokens);
-    r.set_activations(Activations::F32);
-    let (bf16, tb) = emulated?;
-    let emulation_err = bf16
-        .iter()
-        .zip(&logits)
-        .map(|(b, f)| position_full(b, f).err)
-        .collect();
-    Ok(Traced {
-        f32_routes: routes_from_trace(&tf, moe_layers),
-        bf16_routes: routes_from_trace(&tb, moe_layers),
-        logits,
-        emulation_err,
-    })
-}
-
-fn f32_evidence<'a>(t: &'a Traced, engine: &'a Routes) -> Evidence<'a> {
-    Evidence::F32 {
-        oracle: &t.f32_routes,
-        emulation: &t.bf16_routes,
-        engine,
-        emulation_err: Some(&t.emulation_err),
-    }
 }
 
 pub fn run(a: &Args) -> anyhow::Result<()> {
@@ -258,25 +225,42 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             experts,
         )
         .context("loading the CPU reference engine")?;
+        let (mut witness, mut fixture_ref) = (Vec::new(), Vec::new());
         for run in &runs {
-            let t = traced(&mut reference, &run.witness.tokens, &moe_layers)?;
-            reports.push(classify_witness(
+            let t = Traced::new(&mut reference, &run.witness.tokens, &moe_layers)?;
+            witness.push(classify_witness(
                 &format!("witness {}", run.label),
                 &run.logits,
                 &run.witness,
                 &moe_layers,
-                f32_evidence(&t, &run.routes),
+                t.evidence(&run.routes),
             ));
-            reference_reports.push(classify_full(
+            fixture_ref.push(classify_full(
                 &format!("reference {}", run.label),
                 &run.logits,
                 &t.logits,
                 &moe_layers,
-                f32_evidence(&t, &run.routes),
+                t.evidence(&run.routes),
             ));
         }
+        // The fixtures' sequences are 31-64 positions long: the rate rules
+        // are judged over all of them together.
+        for (what, mut group, into) in [
+            ("witness", witness, &mut reports),
+            ("reference", fixture_ref, &mut reference_reports),
+        ] {
+            if group.is_empty() {
+                continue;
+            }
+            let g = pooled(
+                &format!("{what}: all {} fixture sequences pooled", group.len()),
+                &mut group,
+            );
+            into.extend(group);
+            into.push(g);
+        }
         let t0 = Instant::now();
-        let t = traced(&mut reference, &long, &moe_layers)?;
+        let t = Traced::new(&mut reference, &long, &moe_layers)?;
         eprintln!(
             "reference (f32 and BF16 emulation, traced): {} tokens in {:.1}s",
             long.len(),
@@ -287,7 +271,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             &gl,
             &t.logits,
             &moe_layers,
-            f32_evidence(&t, &gl_routes),
+            t.evidence(&gl_routes),
         ));
     }
     reports.extend(reference_reports);
@@ -349,7 +333,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         let j = serde_json::json!({
             "criterion": {
                 "bound_fraction_of_max_abs_oracle_logit": BOUND_FRACTION,
-                "near_tie_gap_below": format!("max({NEAR_TIE_ABS}, {NEAR_TIE_REL} * |k-th router logit|)"),
+                "near_tie_gap_below": format!("max({NEAR_TIE_ABS}, {NEAR_TIE_REL} * |k-th router logit|, p{:.0} of the BF16 emulation's |gap movement|)", 100.0 * GAP_SPREAD_PERCENTILE),
+                "carried_error_max_bounds": CARRY_MAX_BOUNDS,
                 "max_explained_flip_percent": MAX_FLIP_PERCENT,
                 "min_argmax_agreement_percent": MIN_ARGMAX_PERCENT,
             },
