@@ -7,39 +7,15 @@
 
 use krasis_gpu::check::{LogitReport, compare_full, top_ids};
 use krasis_gpu::{CudaEngine, CudaEngineOptions};
-use krasis_kernels::GpuTestDevice;
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use krasis_model::synth::{SynthDtype, SynthOptions, SynthSpec, TokenizerSource, synthesize};
 use krasis_model::{Engine, GenerateRequest, SamplingParams};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use support::{gpu_or_skip, visible};
 
-/// Written to the process's stderr directly (not `eprintln!`, which the
-/// test harness captures), so skips are visible in every test run.
-fn visible(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-/// Whether to run `name`: `false` (after the SKIPPED line) only without an
-/// NVIDIA driver; with one, a device that cannot be opened panics with the
-/// reason.
-fn gpu_or_skip(name: &str) -> bool {
-    match krasis_kernels::gpu_test_device(
-        krasis_kernels::nvidia_driver_present(),
-        krasis_gpu::probe(),
-    ) {
-        GpuTestDevice::Run(_) => true,
-        GpuTestDevice::Skip => {
-            visible(&format!(
-                "SKIPPED (no CUDA device): {name} (no NVIDIA driver)"
-            ));
-            false
-        }
-        GpuTestDevice::Fail(why) => panic!("{name}: {why}"),
-    }
-}
+mod support;
 
 /// A synthetic checkpoint without tokenizer files (the tests feed ids).
 /// The tiny presets have head_dim 32, which the attention kernels do not

@@ -1,4 +1,4 @@
-//! Shared by the GPU test binaries `cancel` and `fault_injection`: the
+//! Shared by the GPU test binaries `gpu_engine`, `cancel` and `fault_injection`: the
 //! visible skip without a device, tiny synthetic checkpoints, prompts, and
 //! the engines over one INT4 cache.
 
@@ -18,7 +18,7 @@ pub fn visible(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-/// Whether to run `name` (the rule of `tests/gpu_engine.rs`): `false`,
+/// Whether to run `name`: `false`,
 /// after printing `SKIPPED (no CUDA device): <name> (no NVIDIA driver)`,
 /// only on a machine without an NVIDIA driver; with one, a device that
 /// cannot be opened panics with the reason.
