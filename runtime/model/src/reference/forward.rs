@@ -141,7 +141,11 @@ impl ReferenceEngine {
         self.kv.write(layer, start, &k, &v);
         let (keys, values) = self.kv.layer(layer, start + n);
         let mut attn = vec![0f32; n * qd];
-        causal_attention(&q, keys, values, start, shape, &mut attn);
+        if self.activations == Activations::Bf16 {
+            super::flash::causal_attention_tiled(&q, keys, values, start, shape, &mut attn);
+        } else {
+            causal_attention(&q, keys, values, start, shape, &mut attn);
+        }
         if let Some(tr) = self.trace.as_mut() {
             tr.attn_peak[layer].extend(attention_peaks(&q, keys, start, shape));
         }
@@ -228,6 +232,20 @@ impl ReferenceEngine {
             for &(t, _) in u {
                 xs.extend_from_slice(&xn[t * h..(t + 1) * h]);
             }
+            // The CUDA prefill path dequantizes INT4 experts to BF16 weights
+            // (`int4_dequant_bf16`: (q - 8) * s rounded once) before its
+            // GEMMs; BF16 source experts are unchanged by the rounding.
+            let rounded;
+            let w: &crate::ExpertF32 = if self.activations == Activations::Bf16 {
+                let mut r = (*w).clone();
+                for m in [&mut r.gate, &mut r.up, &mut r.down] {
+                    self.round(m);
+                }
+                rounded = r;
+                &rounded
+            } else {
+                &w
+            };
             let weights = SwigluWeights {
                 gate: &w.gate,
                 up: &w.up,

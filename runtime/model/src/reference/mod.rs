@@ -6,6 +6,7 @@
 mod experts;
 #[cfg(any(test, feature = "fault-injection"))]
 mod fault;
+mod flash;
 mod forward;
 mod kv;
 mod trace;
@@ -51,8 +52,12 @@ pub struct ReferenceOptions {
 /// the CUDA engine stores them as BF16 in its prefill path (the RMSNorm
 /// outputs feeding the QKV, router, MLP and LM-head GEMMs; q/k/v after the
 /// projection; q/k after q/k-norm + RoPE; the attention output; the SwiGLU
-/// gate/up GEMM outputs and the SwiGLU product), while the residual stream,
-/// every accumulation, the router logits and the softmaxes stay f32. It
+/// gate/up GEMM outputs and the SwiGLU product; the routed experts' weights,
+/// which the prefill path dequantizes from INT4 to BF16), while the residual
+/// stream, every accumulation, the router logits and the router softmax stay
+/// f32. Attention follows the tensor-core prefill kernel (`flash.rs`): an
+/// online softmax over 64-key tiles in the log2 domain whose probabilities
+/// are rounded to BF16 for the `P·V` product (the row sum keeps them f32). It
 /// tells whether a GPU/reference difference is what BF16 activations alone
 /// produce on that model. (The CUDA decode path of chunks of at most 8
 /// tokens keeps the expert SwiGLU product in f32; this follows prefill.)
