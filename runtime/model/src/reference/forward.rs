@@ -8,7 +8,7 @@ use crate::engine::EngineError;
 use crate::layers::attention::{AttnShape, causal_attention};
 use crate::layers::linear::{PARALLEL_MIN_MACS, add_bias_rows, matmul};
 use crate::layers::mlp::{SwigluWeights, silu, swiglu};
-use crate::layers::norm::{rms_norm_in_place, rms_norm_rows};
+use crate::layers::norm::rms_norm_rows;
 use crate::layers::router::route;
 use rayon::prelude::*;
 
@@ -43,9 +43,28 @@ impl ReferenceEngine {
         if let Some(tr) = self.trace.as_mut() {
             tr.final_rms.extend(rms_rows(&x, h));
         }
-        rms_norm_rows(&mut x, &self.weights.final_norm, self.geometry.rms_norm_eps);
+        self.norm_rows(&mut x, &self.weights.final_norm, self.geometry.rms_norm_eps);
         self.round(&mut x);
         Ok(x)
+    }
+
+    /// RMSNorm of rows (`w.len()` wide). In BF16 mode as the CUDA kernels
+    /// (`cuda/norm.cu`, the q/k norm of `cuda/rope.cu`) compute it: the sum
+    /// of squares in f32 (the oracle sums in f64) and `1 / sqrt(ss / n + eps)`
+    /// in f32 (the kernels' `rsqrtf` is within 2 ulp of it). Measured on the
+    /// H200 reports, this moves the emulation's router near-tie flips onto
+    /// the GPU's (`examples/emulation_vs_gpu_routes.rs`).
+    fn norm_rows(&self, x: &mut [f32], w: &[f32], eps: f32) {
+        if self.activations == Activations::F32 {
+            return rms_norm_rows(x, w, eps);
+        }
+        for row in x.chunks_exact_mut(w.len()) {
+            let ss: f32 = row.iter().map(|v| v * v).sum();
+            let inv = 1.0 / (ss / w.len() as f32 + eps).sqrt();
+            for (v, &wv) in row.iter_mut().zip(w) {
+                *v = *v * inv * wv;
+            }
+        }
     }
 
     /// Rounds `v` to BF16 when emulating the CUDA engine's activations
@@ -111,7 +130,7 @@ impl ReferenceEngine {
         let lw: &LayerWeights = &self.weights.layers[layer];
         let a = &lw.attn;
         let mut xn = x.to_vec();
-        rms_norm_rows(&mut xn, &lw.input_norm, eps);
+        self.norm_rows(&mut xn, &lw.input_norm, eps);
         self.round(&mut xn);
         let (mut q, mut k, mut v) = (vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd]);
         matmul(&a.q, qd, h, &xn, &mut q);
@@ -130,8 +149,8 @@ impl ReferenceEngine {
             super::fault::swap_kv_heads(&mut k, shape);
             super::fault::swap_kv_heads(&mut v, shape);
         }
-        rms_norm_rows(&mut q, &a.q_norm, eps);
-        rms_norm_rows(&mut k, &a.k_norm, eps);
+        self.norm_rows(&mut q, &a.q_norm, eps);
+        self.norm_rows(&mut k, &a.k_norm, eps);
         for t in 0..n {
             self.rotate(&mut q[t * qd..(t + 1) * qd], start + t);
             self.rotate(&mut k[t * kvd..(t + 1) * kvd], start + t);
@@ -168,9 +187,7 @@ impl ReferenceEngine {
         let n = x.len() / h;
         let lw = &self.weights.layers[layer];
         let mut xn = x.to_vec();
-        for row in xn.chunks_exact_mut(h) {
-            rms_norm_in_place(row, &lw.post_attention_norm, g.rms_norm_eps);
-        }
+        self.norm_rows(&mut xn, &lw.post_attention_norm, g.rms_norm_eps);
         self.round(&mut xn);
         let mut router_logits = None;
         let y = match &lw.mlp {

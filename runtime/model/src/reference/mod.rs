@@ -57,7 +57,8 @@ pub struct ReferenceOptions {
 /// stream, every accumulation, the router logits and the router softmax stay
 /// f32. Attention follows the tensor-core prefill kernel (`flash.rs`): an
 /// online softmax over 64-key tiles in the log2 domain whose probabilities
-/// are rounded to BF16 for the `P·V` product (the row sum keeps them f32). It
+/// are rounded to BF16 for the `P·V` product (the row sum keeps them f32);
+/// RMSNorms sum their squares in f32 as the kernels do. It
 /// tells whether a GPU/reference difference is what BF16 activations alone
 /// produce on that model. (The CUDA decode path of chunks of at most 8
 /// tokens keeps the expert SwiGLU product in f32; this follows prefill.)
