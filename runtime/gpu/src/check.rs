@@ -72,10 +72,10 @@
 //! fixture's sequences pooled ([`pooled`]); rules 1 and 4 hold for each.
 //!
 //! **Two paths of the engine** (chunked vs whole prefill, greedy decode vs
-//! prefill; [`Evidence::EnginePaths`]) use the same rule with `τ =
-//! max(0.01, 0.01·|z|)`: the emulation follows the prefill path's rounding
-//! points, so it cannot say which of two BF16 paths flips. The oracle is
-//! one path's run and `g`, `z` come from its own router logits.
+//! prefill; [`Evidence::EnginePaths`]) use the same rule, `s` measured
+//! between the two paths' gaps: the emulation follows the prefill path's
+//! rounding points, so it cannot say which of two BF16 paths flips. The
+//! oracle is one path's run and `g`, `z` come from its own router logits.
 //!
 //! Without route evidence ([`Evidence::None`], `--no-reference`) nothing
 //! over the bound is explained.
@@ -810,8 +810,8 @@ pub struct FidelityReport {
     /// Max error over positions that are not explained flips (must be ≤ bound).
     pub max_err_non_flip: f32,
     pub median_err: f32,
-    /// The near-tie threshold's measured part ([`gap_spread`]; 0 without
-    /// an emulation).
+    /// The near-tie threshold's measured part ([`gap_spread`] of the
+    /// emulation, or of the two engine paths; 0 without routes).
     pub gap_spread: f32,
     /// The rate rules (flips ≤ 2%, argmax ≥ 98%) apply to this report; off
     /// for a sequence judged within its pooled group ([`pooled`]).
@@ -988,8 +988,11 @@ pub fn classify(
         } => (Some(oracle), Some(emulation), Some(engine), emulation_err),
         Evidence::EnginePaths { oracle, engine } => (Some(oracle), None, Some(engine), None),
     };
-    let spread = match (oracle, emulation) {
-        (Some(o), Some(e)) => gap_spread(o, e),
+    // How far rounding moves router gaps on this sequence: the BF16
+    // emulation against f32, or the two engine paths against each other.
+    let spread = match (oracle, emulation, engine) {
+        (Some(o), Some(b), _) => gap_spread(o, b),
+        (Some(o), None, Some(g)) => gap_spread(o, g),
         _ => 0.0,
     };
     let layer_routes = |p: usize, m: usize| -> Option<LayerRoutes> {

@@ -114,7 +114,12 @@ fn thresholds_catch_every_fault_on_the_cpu() {
                 &moe_layers,
                 traced.evidence(&routes),
             );
-            assert!(!rep.passed(), "{f:?} passes the criterion: {}", rep.line());
+            eprintln!("{}", rep.line());
+            assert!(
+                rep.unexplained > 0 && !rep.passed(),
+                "{f:?} is not caught by the criterion's bug rule: {}",
+                rep.line()
+            );
         }
     }
 }
@@ -144,10 +149,15 @@ fn gpu_check_fails_on_every_planted_fault() {
         .iter()
         .map(|p| Traced::new(&mut r, p, &moe_layers).expect("traced reference"))
         .collect();
+    // The criterion's bug rule: every position over the bound of the
+    // correct engine is a near-tie flip or carries one. (Its rates need
+    // the long real-text sequences of `bench --check`: on these 105
+    // random-token positions one flip early in a prompt is 1% and carries
+    // to a fifth of the rest.)
     let rep = criterion("criterion, no fault", &mut gpu, &traced, &prompts);
     assert!(
-        rep.passed(),
-        "the correct engine fails the criterion: {}",
+        rep.unexplained == 0 && rep.missing_positions == 0,
+        "the correct engine has unexplained positions: {}",
         rep.line()
     );
     let mut first = Vec::new();
@@ -161,8 +171,8 @@ fn gpu_check_fails_on_every_planted_fault() {
         gpu.set_fault(f).expect("planting a fault");
         let rep = criterion(&format!("criterion, {f:?}"), &mut gpu, &traced, &prompts);
         assert!(
-            !rep.passed(),
-            "{f:?} planted in the CUDA engine passes the criterion: {}",
+            rep.unexplained > 0 && !rep.passed(),
+            "{f:?} planted in the CUDA engine is not caught by the criterion's bug rule: {}",
             rep.line()
         );
         for (p, want) in prompts.iter().zip(&clean) {
