@@ -17,7 +17,6 @@
 //! as tools/witness/int4.py does, since krasis-model cannot depend on
 //! krasis-cache), i.e. what `krasis_cache::Int4Experts` returns.
 
-use half::f16;
 use krasis_model::reference::{
     Activations, CheckpointExperts, ReferenceEngine, ReferenceOptions, Trace,
 };
@@ -25,51 +24,16 @@ use krasis_model::synth::{
     self, GENERATOR_VERSION, RECORD_FILE, SynthDtype, SynthSpec, TokenizerSource,
 };
 use krasis_model::tokenizer::Tokenizer;
-use krasis_model::{
-    Checkpoint, ExpertF32, ExpertWeights, MlpKind, ModelConfig, ModelError, testutil,
-};
+use krasis_model::{Checkpoint, MlpKind, ModelConfig, testutil};
 use serde_json::{Value, json};
+use shared::Int4RoundTrip;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod shared;
+
 /// The `bench --check` bound: 3% of the largest |logit| of the sequence.
 const REL_BOUND: f32 = 0.03;
-const GROUP: usize = 128;
-
-/// Checkpoint experts after the INT4 cache's quantize/dequantize round trip.
-struct Int4RoundTrip(CheckpointExperts);
-
-/// Symmetric INT4, groups of 128 along K (rows are K-contiguous):
-/// `s = f16(amax / 7)`, `q = clamp(round_ties_even(w / s) + 8, 0, 15)`,
-/// value `(q - 8) * s`; a zero scale gives zeros.
-fn int4_roundtrip(w: &mut [f32]) {
-    assert_eq!(w.len() % GROUP, 0);
-    for g in w.chunks_exact_mut(GROUP) {
-        let amax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = f16::from_f32(amax / 7.0).to_f32();
-        if s == 0.0 {
-            g.fill(0.0);
-            continue;
-        }
-        for v in g {
-            let q = ((*v / s).round_ties_even() + 8.0).clamp(0.0, 15.0);
-            *v = (q - 8.0) * s;
-        }
-    }
-}
-
-impl ExpertWeights for Int4RoundTrip {
-    fn describe(&self) -> String {
-        format!("INT4 round trip of {}", self.0.describe())
-    }
-    fn expert_f32(&self, layer: usize, expert: usize) -> Result<ExpertF32, ModelError> {
-        let mut e = self.0.expert_f32(layer, expert)?;
-        for m in [&mut e.gate, &mut e.up, &mut e.down] {
-            int4_roundtrip(m);
-        }
-        Ok(e)
-    }
-}
 
 /// `tiny`/`tiny-dense` with head_dim 64, seed 1, BF16, the Qwen tokenizer:
 /// `krasis-runtime synth --preset P --seed 1 --dtype bf16 --set head_dim=64`.

@@ -25,7 +25,6 @@
 //! of `assets/text/kjv-genesis-exodus.txt`. Needs the Qwen vocabulary
 //! (`bash tools/vocab.sh`).
 
-use half::f16;
 use krasis_model::reference::{
     Activations, CheckpointExperts, ReferenceEngine, ReferenceOptions, Trace,
 };
@@ -33,47 +32,15 @@ use krasis_model::synth::{
     self, GENERATOR_VERSION, RECORD_FILE, SynthDtype, SynthSpec, TokenizerSource,
 };
 use krasis_model::tokenizer::Tokenizer;
-use krasis_model::{Checkpoint, ExpertF32, ExpertWeights, ModelConfig, ModelError, testutil};
+use krasis_model::{Checkpoint, ModelConfig, testutil};
 use serde_json::{Value, json};
+use shared::Int4RoundTrip;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-const GROUP: usize = 128;
-
-/// Checkpoint experts after the INT4 cache's quantize/dequantize round trip
-/// (runtime/cache/src/layout.rs, as in `bf16_conditioning`).
-struct Int4RoundTrip(CheckpointExperts);
-
-fn int4_roundtrip(w: &mut [f32]) {
-    assert_eq!(w.len() % GROUP, 0);
-    for g in w.chunks_exact_mut(GROUP) {
-        let amax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = f16::from_f32(amax / 7.0).to_f32();
-        if s == 0.0 {
-            g.fill(0.0);
-            continue;
-        }
-        for v in g {
-            let q = ((*v / s).round_ties_even() + 8.0).clamp(0.0, 15.0);
-            *v = (q - 8.0) * s;
-        }
-    }
-}
-
-impl ExpertWeights for Int4RoundTrip {
-    fn describe(&self) -> String {
-        format!("INT4 round trip of {}", self.0.describe())
-    }
-    fn expert_f32(&self, layer: usize, expert: usize) -> Result<ExpertF32, ModelError> {
-        let mut e = self.0.expert_f32(layer, expert)?;
-        for m in [&mut e.gate, &mut e.up, &mut e.down] {
-            int4_roundtrip(m);
-        }
-        Ok(e)
-    }
-}
+mod shared;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
