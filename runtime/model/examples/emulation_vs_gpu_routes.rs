@@ -28,13 +28,10 @@
 use krasis_model::reference::{
     Activations, CheckpointExperts, ReferenceEngine, ReferenceOptions, Trace,
 };
-use krasis_model::synth::{
-    self, GENERATOR_VERSION, RECORD_FILE, SynthDtype, SynthSpec, TokenizerSource,
-};
 use krasis_model::tokenizer::Tokenizer;
-use krasis_model::{Checkpoint, ModelConfig, testutil};
-use serde_json::{Value, json};
-use shared::Int4RoundTrip;
+use krasis_model::{Checkpoint, ModelConfig};
+use serde_json::Value;
+use shared::{Int4RoundTrip, checkpoint};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -44,25 +41,6 @@ mod shared;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Same directory as `bf16_conditioning` builds.
-fn checkpoint(preset: &str) -> PathBuf {
-    let overrides = vec![("head_dim".to_string(), json!(64))];
-    let spec = SynthSpec::new(preset, 1, SynthDtype::Bf16, 0.0, &overrides).unwrap();
-    let vocab = testutil::qwen_vocab();
-    let mut h = blake3::Hasher::new();
-    h.update(format!("{GENERATOR_VERSION}/{}", spec.config_json()).as_bytes());
-    h.update(&std::fs::read(&vocab).unwrap());
-    let key = h.finalize().to_hex();
-    let dir =
-        testutil::testdata_dir().join(format!("bf16-conditioning-{preset}-hd64-{}", &key[..16]));
-    if !dir.join(RECORD_FILE).exists() {
-        let mut opts = synth::SynthOptions::new(spec);
-        opts.tokenizer = TokenizerSource::Qwen { vocab: Some(vocab) };
-        synth::synthesize(&opts, &dir).unwrap_or_else(|e| panic!("synthesizing {preset}: {e}"));
-    }
-    dir
 }
 
 /// The tokens a comparison ran over, or `None` for engine-vs-engine ones.
