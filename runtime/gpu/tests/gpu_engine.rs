@@ -13,7 +13,7 @@ use krasis_model::{Engine, GenerateRequest, SamplingParams};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use support::{gpu_or_skip, visible};
+use support::{gpu_or_skip, tokens, visible};
 
 mod support;
 
@@ -29,18 +29,6 @@ fn synth(dir: &Path, preset: &str, overrides: &[(&str, serde_json::Value)]) -> P
     let out = dir.join(preset);
     synthesize(&opts, &out).expect("synthesize");
     out
-}
-
-fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab as u64) as u32
-        })
-        .collect()
 }
 
 fn load(model: &Path, cache: &Path, chunk: usize) -> CudaEngine {

@@ -77,21 +77,30 @@ pub fn causal_attention(
     shape: AttnShape,
     out: &mut [f32],
 ) {
+    per_query_head(q, start_pos, shape, out, |qh, n_keys, kv_head, o| {
+        attend_head(qh, keys, values, n_keys, kv_head, shape, o)
+    });
+}
+
+/// Runs `head(q_head, n_keys, kv_head, out_head)` for every (query position,
+/// head) of `q` (`[n, q_dim]`, positions `start_pos..start_pos + n`, causal:
+/// `n_keys` visible keys), writing `out` (`[n, q_dim]`). Heads and positions
+/// are independent, so they run in parallel once the work is large enough.
+/// Shared by [`causal_attention`] and the reference engine's emulation of the
+/// tiled prefill kernel.
+pub fn per_query_head(
+    q: &[f32],
+    start_pos: usize,
+    shape: AttnShape,
+    out: &mut [f32],
+    head: impl Fn(&[f32], usize, usize, &mut [f32]) + Sync,
+) {
     let d = shape.head_dim;
-    assert_eq!(
-        q.len() % shape.q_dim(),
-        0,
-        "causal_attention: q is not [n, q_dim]"
-    );
-    assert_eq!(
-        q.len(),
-        out.len(),
-        "causal_attention: out is not [n, q_dim]"
-    );
+    assert_eq!(q.len() % shape.q_dim(), 0, "attention: q is not [n, q_dim]");
+    assert_eq!(q.len(), out.len(), "attention: out is not [n, q_dim]");
     let one = |(i, (o, qh)): (usize, (&mut [f32], &[f32]))| {
         let (t, h) = (i / shape.num_heads, i % shape.num_heads);
-        let n_keys = start_pos + t + 1;
-        attend_head(qh, keys, values, n_keys, shape.kv_head(h), shape, o);
+        head(qh, start_pos + t + 1, shape.kv_head(h), o);
     };
     let n = q.len() / shape.q_dim();
     // Two multiply-adds (score, value) per query element and visible key.

@@ -10,9 +10,8 @@
 //! caller, as the kernel's store does). The f32 oracle keeps
 //! [`causal_attention`](crate::layers::attention::causal_attention).
 
-use crate::layers::attention::AttnShape;
-use crate::layers::linear::{PARALLEL_MIN_MACS, dot};
-use rayon::prelude::*;
+use crate::layers::attention::{AttnShape, per_query_head};
+use crate::layers::linear::dot;
 
 /// Keys per tile (`BN` of every `attn_prefill_mma_d*` instantiation).
 pub const KEY_TILE: usize = 64;
@@ -81,23 +80,9 @@ pub fn causal_attention_tiled(
     shape: AttnShape,
     out: &mut [f32],
 ) {
-    let d = shape.head_dim;
-    assert_eq!(q.len() % shape.q_dim(), 0, "q is not [n, q_dim]");
-    assert_eq!(q.len(), out.len(), "out is not [n, q_dim]");
-    let one = |(i, (o, qh)): (usize, (&mut [f32], &[f32]))| {
-        let (t, h) = (i / shape.num_heads, i % shape.num_heads);
-        let n_keys = start_pos + t + 1;
-        attend_head_tiled(qh, keys, values, n_keys, shape.kv_head(h), shape, o);
-    };
-    let n = q.len() / shape.q_dim();
-    if 2 * q.len() * (start_pos + n) < PARALLEL_MIN_MACS {
-        out.chunks_mut(d).zip(q.chunks(d)).enumerate().for_each(one);
-    } else {
-        out.par_chunks_mut(d)
-            .zip(q.par_chunks(d))
-            .enumerate()
-            .for_each(one);
-    }
+    per_query_head(q, start_pos, shape, out, |qh, n_keys, kv_head, o| {
+        attend_head_tiled(qh, keys, values, n_keys, kv_head, shape, o)
+    });
 }
 
 #[cfg(test)]
