@@ -17,7 +17,10 @@ pub use capabilities::{ArchitectureCaps, ArchitectureDefaults, BackendCaps, Capa
 pub use events::ProgressEvent;
 pub use options::{API_KEY_ENV, Backend, LaunchOptions, OptionError};
 pub use size::{SizeError, format_size, parse_size};
-pub use status::{EXIT_ENGINE_FAULT, EngineStats, Health, HealthStatus, Phase};
+pub use status::{
+    Activity, EXIT_ENGINE_FAULT, EngineStats, Health, HealthStatus, LiveRequest, Phase,
+    REQUEST_LOG_LEN, RequestRecord,
+};
 
 /// Version of the launcher <-> runtime contract. Bumped on any incompatible
 /// change so a launcher refuses a runtime it does not understand.

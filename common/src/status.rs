@@ -42,9 +42,89 @@ pub struct Health {
 /// supervisor restarts it. (70 is `EX_SOFTWARE` of sysexits.h.)
 pub const EXIT_ENGINE_FAULT: i32 = 70;
 
-/// Live figures for the launcher's run screen (`GET /v1/stats`).
+/// What the engine is doing at the moment `/v1/stats` answered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activity {
+    #[default]
+    Idle,
+    /// Prefilling a prompt ([`LiveRequest::prefilled_tokens`] of
+    /// [`LiveRequest::prompt_tokens`]).
+    Prefilling,
+    /// Decoding ([`LiveRequest::generated_tokens`] so far).
+    Decoding,
+}
+
+/// The request the engine is running, as of this stats snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LiveRequest {
+    /// Server-assigned, increasing; the same id appears in the request log.
+    pub id: u64,
+    /// `/v1/chat/completions` or `/v1/completions`.
+    pub endpoint: String,
+    /// The client's socket address, e.g. `127.0.0.1:51234`.
+    pub client: Option<String>,
+    pub prompt_tokens: u64,
+    pub prefilled_tokens: u64,
+    pub generated_tokens: u64,
+    /// The request's token limit for the completion.
+    pub max_tokens: u64,
+    /// Since the engine took the job (queue wait excluded).
+    pub elapsed_ms: f64,
+    /// Time to the first generated token, once there is one.
+    pub ttft_ms: Option<f64>,
+    /// Rates so far in this request (0 until measurable).
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+}
+
+/// One finished request, for the launcher's request log.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RequestRecord {
+    pub id: u64,
+    /// When it ended, milliseconds since the Unix epoch.
+    pub finished_unix_ms: u64,
+    pub endpoint: String,
+    pub client: Option<String>,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// Time to the first generated token (None when none was produced).
+    pub ttft_ms: Option<f64>,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    /// `stop`, `length`, `tool_calls`, `cancelled` (the client went away or
+    /// the server shut down) or `error`.
+    pub finish_reason: String,
+}
+
+/// How many finished requests `/v1/stats` keeps in [`EngineStats::recent_requests`].
+pub const REQUEST_LOG_LEN: usize = 64;
+
+/// Live figures for the launcher's run screen (`GET /v1/stats`). The
+/// launcher polls it every 200 ms; everything here is cheap to snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineStats {
+    /// Idle, or what the running request is doing.
+    #[serde(default)]
+    pub activity: Activity,
+    /// The running request, if any.
+    #[serde(default)]
+    pub current: Option<LiveRequest>,
+    /// Sequences the engine is running now (0 or 1 until batching).
+    #[serde(default)]
+    pub active_sequences: u64,
+    /// Time to first token of the last finished request that produced one.
+    #[serde(default)]
+    pub last_ttft_ms: Option<f64>,
+    /// The last [`REQUEST_LOG_LEN`] finished requests, oldest first.
+    #[serde(default)]
+    pub recent_requests: Vec<RequestRecord>,
+    /// Page-locked host memory the engine holds (expert cache, mapped
+    /// embedding, staging), when it uses any.
+    #[serde(default)]
+    pub pinned_host_bytes: Option<u64>,
     pub requests_completed: u64,
     /// Requests whose client went away, stopped early (during prefill
     /// too); not counted as completed.
@@ -60,8 +140,8 @@ pub struct EngineStats {
     pub vram: Option<VramStats>,
 }
 
-/// The GPU expert cache: what calibration decided, and the last request's
-/// traffic.
+/// The GPU expert cache: what calibration decided, and the traffic of the
+/// running request (updated while it decodes), or of the last one when idle.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct HcsStats {
@@ -97,4 +177,7 @@ pub struct VramStats {
     pub limit_bytes: Option<u64>,
     pub free_bytes: u64,
     pub min_free_bytes: u64,
+    /// The calibrated safety margin kept free (600 MiB by default).
+    #[serde(default)]
+    pub margin_bytes: u64,
 }

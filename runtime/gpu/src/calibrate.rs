@@ -119,6 +119,7 @@ impl CudaEngine {
             },
             stop_token_ids: Vec::new(),
             cancel: Default::default(),
+            live: Default::default(),
         };
         self.generate(&req, &mut |_| ControlFlow::Continue(()))
             .map_err(|e| {

@@ -646,9 +646,13 @@ impl Engine for CudaEngine {
                 limit_bytes: b.limit,
                 free_bytes: free,
                 min_free_bytes: self.min_free.unwrap_or(free).min(free),
+                margin_bytes: 0,
             });
         }
         s.hcs = self.hcs_stats();
+        if let (Some(v), Some(h)) = (s.vram.as_mut(), s.hcs.as_ref()) {
+            v.margin_bytes = h.safety_margin_bytes;
+        }
         Some(s)
     }
 }

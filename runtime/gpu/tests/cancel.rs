@@ -32,6 +32,7 @@ fn request(prompt: &[u32], max: usize) -> (GenerateRequest, Arc<AtomicBool>) {
         sampling: SamplingParams::greedy(),
         stop_token_ids: vec![],
         cancel: CancelToken::new(flag.clone()),
+        live: Default::default(),
     };
     (req, flag)
 }

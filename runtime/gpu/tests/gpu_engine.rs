@@ -124,6 +124,7 @@ fn decode_graphs_eager_and_prefill_agree() {
             sampling: SamplingParams::greedy(),
             stop_token_ids: vec![],
             cancel: Default::default(),
+            live: Default::default(),
         };
         gpu.generate(&req, &mut |t| {
             out.push(t);
@@ -167,6 +168,7 @@ fn decode_graphs_eager_and_prefill_agree() {
         },
         stop_token_ids: vec![],
         cancel: Default::default(),
+        live: Default::default(),
     };
     let mut a = Vec::new();
     gpu.generate(&req, &mut |t| {

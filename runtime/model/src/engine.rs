@@ -2,9 +2,10 @@
 //! tests drive every backend (CPU reference, CUDA) through this trait, so a
 //! backend is a drop-in and the same checks run against each.
 
+use krasis_common::status::EngineStats;
 use std::ops::ControlFlow;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Sampling settings for one request. `temperature == 0` is greedy.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +65,42 @@ impl CancelToken {
     }
 }
 
+/// Live figures of one running generation, written by the engine thread and
+/// read by the server's stats endpoint while the request runs (the launcher's
+/// run screen polls it several times a second). The engine stores how many
+/// prompt tokens it has prefilled after every prefill chunk, and publishes its
+/// expert-cache and memory figures *so far in this request* at most every
+/// ~100 ms of decode. The default handle has no reader and costs nothing to
+/// write; clones share the same figures.
+#[derive(Debug, Clone, Default)]
+pub struct LiveProgress(Arc<LiveInner>);
+
+#[derive(Debug, Default)]
+struct LiveInner {
+    prefilled: AtomicU64,
+    engine: Mutex<Option<EngineStats>>,
+}
+
+impl LiveProgress {
+    /// Prompt tokens prefilled so far (0 before the first chunk ends).
+    pub fn set_prefilled(&self, tokens: usize) {
+        self.0.prefilled.store(tokens as u64, Ordering::Relaxed);
+    }
+    pub fn prefilled(&self) -> u64 {
+        self.0.prefilled.load(Ordering::Relaxed)
+    }
+    /// The engine's figures so far in this request (the same shape
+    /// [`Engine::stats`] returns after it).
+    pub fn publish_engine(&self, stats: EngineStats) {
+        if let Ok(mut e) = self.0.engine.lock() {
+            *e = Some(stats);
+        }
+    }
+    pub fn engine(&self) -> Option<EngineStats> {
+        self.0.engine.lock().ok().and_then(|e| e.clone())
+    }
+}
+
 /// One generation: the prompt is prefilled, then up to `max_new_tokens`
 /// tokens are decoded; generation ends early on any of `stop_token_ids`
 /// (the stop token is reported but counts as the end), when the callback
@@ -76,6 +113,8 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     pub stop_token_ids: Vec<u32>,
     pub cancel: CancelToken,
+    /// Where the engine reports progress while it runs.
+    pub live: LiveProgress,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,7 +20,7 @@ pub use arch::{Geometry, MlpKind, ModelConfig};
 pub use checkpoint::{Checkpoint, DType, TensorView};
 pub use engine::{
     CancelToken, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,
-    GenerateStats, SamplingParams,
+    GenerateStats, LiveProgress, SamplingParams,
 };
 pub use error::ModelError;
 pub use experts::{ExpertF32, ExpertWeights};

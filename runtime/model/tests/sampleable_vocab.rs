@@ -44,6 +44,7 @@ fn reference_engine_never_emits_a_padding_id() {
         },
         stop_token_ids: vec![],
         cancel: Default::default(),
+        live: Default::default(),
     };
     let mut ids = Vec::new();
     engine

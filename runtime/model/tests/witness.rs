@@ -102,6 +102,7 @@ fn tiny_prefill_64_decode_32_is_fast() {
         sampling: SamplingParams::greedy(),
         stop_token_ids: vec![],
         cancel: Default::default(),
+        live: Default::default(),
     };
     let t = std::time::Instant::now();
     let o = e

@@ -143,6 +143,7 @@ fn generate_into(a: &Args, out: &mut dyn Write) -> anyhow::Result<GenerateOutcom
         sampling,
         stop_token_ids: tokenizer.eos_token_ids().to_vec(),
         cancel: Default::default(),
+        live: Default::default(),
     };
     let mut decoder = tokenizer.incremental();
     let mut failure: Option<anyhow::Error> = None;
@@ -211,6 +212,7 @@ mod tests {
             sampling: SamplingParams::greedy(),
             stop_token_ids: tok.eos_token_ids().to_vec(),
             cancel: Default::default(),
+            live: Default::default(),
         };
         let mut ids = Vec::new();
         e.generate(&req, &mut |t| {

@@ -59,6 +59,7 @@ fn request(prompt: &[u32], max: usize) -> GenerateRequest {
         sampling: SamplingParams::greedy(),
         stop_token_ids: vec![],
         cancel: Default::default(),
+        live: Default::default(),
     }
 }
 

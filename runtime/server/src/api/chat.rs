@@ -101,6 +101,7 @@ pub async fn chat_completions(
         sampling: req.common.sampling(&state.config.default_sampling),
         stop_token_ids: model.tokenizer.eos_token_ids().to_vec(),
         cancel: Default::default(),
+        live: Default::default(),
     };
     // Legacy function calling has one call per message.
     let max_calls = (legacy || req.parallel_tool_calls == Some(false)).then_some(1);

@@ -73,6 +73,7 @@ pub async fn completions(
         sampling: req.common.sampling(&state.config.default_sampling),
         stop_token_ids: model.tokenizer.eos_token_ids().to_vec(),
         cancel: Default::default(),
+        live: Default::default(),
     };
     let job = submit(&model, slot, gen_req, req.common.stop_strings())?;
     let meta = ResponseMeta::new("cmpl", &state.config.model_id, req.common.include_usage());

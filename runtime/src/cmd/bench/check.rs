@@ -57,6 +57,7 @@ fn greedy(e: &mut dyn Engine, prompt: &[u32], n: usize) -> anyhow::Result<Vec<u3
         sampling: SamplingParams::greedy(),
         stop_token_ids: Vec::new(),
         cancel: Default::default(),
+        live: Default::default(),
     };
     let mut out = Vec::new();
     e.generate(&req, &mut |t| {

@@ -115,6 +115,7 @@ pub(super) fn greedy(
         sampling: SamplingParams::greedy(),
         stop_token_ids: Vec::new(),
         cancel: Default::default(),
+        live: Default::default(),
     };
     let out = engine
         .generate(&req, &mut |_| ControlFlow::Continue(()))
