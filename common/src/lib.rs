@@ -9,13 +9,17 @@
 
 pub mod capabilities;
 pub mod events;
+pub mod inspect;
 pub mod options;
+pub mod plan;
 pub mod size;
 pub mod status;
 
 pub use capabilities::{ArchitectureCaps, ArchitectureDefaults, BackendCaps, Capabilities};
 pub use events::ProgressEvent;
+pub use inspect::{InspectReport, ModelFacts, ModelReport};
 pub use options::{API_KEY_ENV, Backend, LaunchOptions, OptionError};
+pub use plan::{DEFAULT_SAFETY_MARGIN_MIB, Plan};
 pub use size::{SizeError, format_size, parse_size};
 pub use status::{
     Activity, EXIT_ENGINE_FAULT, EngineStats, Health, HealthStatus, LiveRequest, Phase,

@@ -132,7 +132,7 @@ impl Default for LaunchOptions {
             attention_precision: "bf16".into(),
             kv_format: "bf16".into(),
             vram_limit_bytes: None,
-            safety_margin_mib: 600,
+            safety_margin_mib: crate::plan::DEFAULT_SAFETY_MARGIN_MIB,
             hcs: true,
             heatmap: HeatmapChoice::Auto,
             pruning: "off".into(),
