@@ -343,9 +343,12 @@ impl Engine for ReferenceEngine {
         let h = self.geometry.hidden;
         let mut logits = Vec::new();
         let done = self.prefill(&req.prompt, &req.cancel, |e, start, hidden| {
-            if start + hidden.len() / h == n {
+            let end = start + hidden.len() / h;
+            if end == n {
                 logits = e.logits(&hidden[hidden.len() - h..]);
             }
+            // The server's stats endpoint shows "prefilling end of n".
+            req.live.set_prefilled(end);
         })?;
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
         // Also when it came during the last chunk: no token after a cancel.
