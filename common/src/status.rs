@@ -72,7 +72,10 @@ pub struct LiveRequest {
     pub max_tokens: u64,
     /// Since the engine took the job (queue wait excluded).
     pub elapsed_ms: f64,
-    /// Time to the first generated token, once there is one.
+    /// Time to first token, once there is one: from the request's arrival
+    /// at the server (its admission, before the body is read) to its first
+    /// generated token, so queue wait and prompt preparation count, as they
+    /// do for the client.
     pub ttft_ms: Option<f64>,
     /// Rates so far in this request (0 until measurable).
     pub prefill_tok_s: f64,
@@ -90,12 +93,15 @@ pub struct RequestRecord {
     pub client: Option<String>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
-    /// Time to the first generated token (None when none was produced).
+    /// Time to first token as [`LiveRequest::ttft_ms`] defines it (None
+    /// when none was produced).
     pub ttft_ms: Option<f64>,
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
-    /// `stop`, `length`, `tool_calls`, `cancelled` (the client went away or
-    /// the server shut down) or `error`.
+    /// The finish reason the client received: `stop`, `length`, `tool_calls`
+    /// (`function_call` for legacy function calling); or `cancelled` (the
+    /// client went away, or the server shut down) or `error` (the client got
+    /// an error instead of an answer).
     pub finish_reason: String,
 }
 
@@ -112,10 +118,12 @@ pub struct EngineStats {
     /// The running request, if any.
     #[serde(default)]
     pub current: Option<LiveRequest>,
-    /// Sequences the engine is running now (0 or 1 until batching).
+    /// Sequences the engine is running now (0 or 1 until batching); the
+    /// requests waiting for it are [`EngineStats::queue_len`].
     #[serde(default)]
     pub active_sequences: u64,
-    /// Time to first token of the last finished request that produced one.
+    /// Time to first token ([`LiveRequest::ttft_ms`]) of the last finished
+    /// request that produced one.
     #[serde(default)]
     pub last_ttft_ms: Option<f64>,
     /// The last [`REQUEST_LOG_LEN`] finished requests, oldest first.
@@ -131,6 +139,7 @@ pub struct EngineStats {
     #[serde(default)]
     pub requests_cancelled: u64,
     pub requests_rejected: u64,
+    /// Requests queued for the engine (prepared, not yet running).
     pub queue_len: u64,
     pub last_prompt_tokens: u64,
     pub last_generated_tokens: u64,

@@ -9,8 +9,11 @@
 
 pub mod api;
 pub mod error;
+pub mod live;
 pub mod output;
+pub mod requests;
 pub mod state;
+pub mod stats;
 pub mod testkit;
 pub mod worker;
 
@@ -19,6 +22,7 @@ pub use error::ApiError;
 pub use state::{AppState, ServerConfig};
 
 use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// How long [`serve`] lets in-flight responses finish after it was told to
@@ -48,7 +52,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<Stopped> {
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router(state.clone()))
+    // With each connection's peer address, which the request log shows.
+    let app = router(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
+    let server = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = drain_rx.await;
         })

@@ -6,7 +6,8 @@
 
 use crate::error::ApiError;
 use crate::output::tools::{ToolGrammar, detect_grammar};
-use crate::worker::{SharedStats, Worker};
+use crate::stats::SharedStats;
+use crate::worker::Worker;
 use krasis_common::status::{EngineStats, Health, HealthStatus, Phase};
 use krasis_model::chat_template::ChatTemplate;
 use krasis_model::tokenizer::Tokenizer;

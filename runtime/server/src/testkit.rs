@@ -4,8 +4,10 @@
 //! deterministically while the real tokenizer, chat template and output
 //! parsers all run. Like the real engines it honours the request's
 //! [`CancelToken`](krasis_model::CancelToken) between (simulated) prefill
-//! chunks and decode steps.
+//! chunks and decode steps, and reports its progress through the request's
+//! [`LiveProgress`](krasis_model::LiveProgress) as they do.
 
+use krasis_common::status::{EngineStats, HcsStats, VramStats};
 use krasis_model::{
     Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats,
 };
@@ -29,6 +31,7 @@ pub struct ScriptedEngine {
     prefill_chunk: usize,
     chunk_delay: Duration,
     failure: Option<Failure>,
+    cache_figures: bool,
     /// Tokens handed to callbacks, across all requests.
     pub produced: Arc<AtomicUsize>,
     /// Prefill chunks run, across all requests.
@@ -45,6 +48,7 @@ impl ScriptedEngine {
             prefill_chunk: usize::MAX,
             chunk_delay: Duration::ZERO,
             failure: None,
+            cache_figures: false,
             produced: Arc::new(AtomicUsize::new(0)),
             prefill_chunks: Arc::new(AtomicUsize::new(0)),
         }
@@ -64,10 +68,42 @@ impl ScriptedEngine {
         self
     }
 
+    /// Reports expert-cache and VRAM figures like the CUDA engine: after a
+    /// request [`Engine::stats`] has [`LAST_HIT_RATE`] and pinned memory,
+    /// and while one decodes, [`LIVE_HIT_RATE`] and [`LIVE_FREE_BYTES`] are
+    /// published after every token (pinned memory is not).
+    pub fn with_cache_figures(mut self) -> Self {
+        self.cache_figures = true;
+        self
+    }
+
     /// Sleeps this long before each token, like a real decode step.
     pub fn with_token_delay(mut self, d: Duration) -> Self {
         self.token_delay = d;
         self
+    }
+}
+
+/// The figures [`ScriptedEngine::with_cache_figures`] reports.
+pub const LAST_HIT_RATE: f64 = 0.25;
+pub const LIVE_HIT_RATE: f64 = 0.75;
+pub const LIVE_FREE_BYTES: u64 = 3 << 30;
+pub const PINNED_BYTES: u64 = 5 << 20;
+const TOTAL_BYTES: u64 = 8 << 30;
+
+fn cache_figures(hit_rate: f64, free_bytes: u64, pinned: Option<u64>) -> EngineStats {
+    EngineStats {
+        hcs: Some(HcsStats {
+            hit_rate,
+            ..HcsStats::default()
+        }),
+        vram: Some(VramStats {
+            total_bytes: TOTAL_BYTES,
+            free_bytes,
+            ..VramStats::default()
+        }),
+        pinned_host_bytes: pinned,
+        ..EngineStats::default()
     }
 }
 
@@ -104,7 +140,8 @@ impl Engine for ScriptedEngine {
             prompt_tokens: req.prompt.len(),
             ..Default::default()
         };
-        for _ in req.prompt.chunks(self.prefill_chunk) {
+        let mut prefilled = 0;
+        for chunk in req.prompt.chunks(self.prefill_chunk) {
             if req.cancel.is_cancelled() {
                 stats.prefill_seconds = start.elapsed().as_secs_f64();
                 return Ok(GenerateOutcome {
@@ -116,6 +153,8 @@ impl Engine for ScriptedEngine {
                 std::thread::sleep(self.chunk_delay);
             }
             self.prefill_chunks.fetch_add(1, Ordering::Relaxed);
+            prefilled += chunk.len();
+            req.live.set_prefilled(prefilled);
         }
         stats.prefill_seconds = start.elapsed().as_secs_f64();
         let start = Instant::now();
@@ -137,6 +176,10 @@ impl Engine for ScriptedEngine {
             }
             stats.generated_tokens += 1;
             self.produced.fetch_add(1, Ordering::Relaxed);
+            if self.cache_figures {
+                req.live
+                    .publish_engine(cache_figures(LIVE_HIT_RATE, LIVE_FREE_BYTES, None));
+            }
             if on_token(tok).is_break() {
                 finish = FinishReason::Cancelled;
                 break;
@@ -156,5 +199,10 @@ impl Engine for ScriptedEngine {
 
     fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
         Ok(vec![vec![0.0; self.vocab_size]; tokens.len()])
+    }
+
+    fn stats(&self) -> Option<EngineStats> {
+        self.cache_figures
+            .then(|| cache_figures(LAST_HIT_RATE, TOTAL_BYTES, Some(PINNED_BYTES)))
     }
 }

@@ -4,7 +4,7 @@
 use super::extract::read_json;
 use super::request::{ChatRequest, PromptKind, max_new_tokens, requested_tokens};
 use super::response::{self, ResponseMeta, Shape};
-use super::{admit, messages, off_thread, submit};
+use super::{admit, messages, off_thread, origin, submit};
 use crate::error::ApiError;
 use crate::output::OutputParser;
 use crate::output::tools::{Forced, ToolParser, ToolSet};
@@ -32,6 +32,7 @@ pub async fn chat_completions(
     let model = state.model()?;
     // Before the body is read: a full server does no work for the request.
     let slot = admit(&model)?;
+    let origin = origin("/v1/chat/completions", &http);
     let mut req: ChatRequest = read_json(http).await?;
     req.common.validate()?;
     req.common.check_model(&state.config.model_id)?;
@@ -105,7 +106,7 @@ pub async fn chat_completions(
     };
     // Legacy function calling has one call per message.
     let max_calls = (legacy || req.parallel_tool_calls == Some(false)).then_some(1);
-    let job = submit(&model, slot, gen_req, req.common.stop_strings())?;
+    let job = submit(&model, slot, gen_req, req.common.stop_strings(), origin)?;
     let meta = ResponseMeta::new(
         "chatcmpl",
         &state.config.model_id,

@@ -3,7 +3,7 @@
 use super::extract::read_json;
 use super::request::{CompletionRequest, PromptKind, max_new_tokens, requested_tokens};
 use super::response::{self, ResponseMeta, Shape};
-use super::{admit, off_thread, submit};
+use super::{admit, off_thread, origin, submit};
 use crate::error::ApiError;
 use crate::state::AppState;
 use axum::extract::{Request, State};
@@ -20,6 +20,7 @@ pub async fn completions(
     let model = state.model()?;
     // Before the body is read: a full server does no work for the request.
     let slot = admit(&model)?;
+    let origin = origin("/v1/completions", &http);
     let mut req: CompletionRequest = read_json(http).await?;
     req.common.validate()?;
     req.common.check_model(&state.config.model_id)?;
@@ -75,7 +76,7 @@ pub async fn completions(
         cancel: Default::default(),
         live: Default::default(),
     };
-    let job = submit(&model, slot, gen_req, req.common.stop_strings())?;
+    let job = submit(&model, slot, gen_req, req.common.stop_strings(), origin)?;
     let meta = ResponseMeta::new("cmpl", &state.config.model_id, req.common.include_usage());
     Ok(if req.common.stream() {
         response::stream(job, meta, Shape::Text)

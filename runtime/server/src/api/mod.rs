@@ -11,13 +11,15 @@ mod request;
 mod response;
 
 use crate::error::ApiError;
+use crate::live::Origin;
 use crate::state::{AppState, LoadedModel};
 use crate::worker::{Job, Slot, StreamMsg, SubmitError};
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request};
 use axum::middleware;
 use axum::routing::{get, post};
 use krasis_model::GenerateRequest;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -96,12 +98,24 @@ pub fn admit(model: &LoadedModel) -> Result<Slot, ApiError> {
     model.worker.reserve().map_err(submit_error)
 }
 
+/// The request's route and client, for the stats and the request log. The
+/// client's address is there when the server runs with connect info, as
+/// [`crate::serve`] does.
+pub fn origin(endpoint: &'static str, http: &Request) -> Origin {
+    let client = http
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    Origin { endpoint, client }
+}
+
 /// Queues an admitted generation.
 pub fn submit(
     model: &LoadedModel,
     slot: Slot,
     request: GenerateRequest,
     stop_strings: Vec<String>,
+    origin: Origin,
 ) -> Result<Submitted, ApiError> {
     let (tx, rx) = unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
@@ -111,6 +125,7 @@ pub fn submit(
         events: tx,
         cancel: cancel.clone(),
         slot,
+        origin,
     };
     model.worker.submit(job).map_err(submit_error)?;
     Ok(Submitted {

@@ -261,13 +261,16 @@ pub fn stream(job: Submitted, meta: ResponseMeta, mut shape: Shape) -> Response 
                     }
                 }
                 Some(StreamMsg::Text(_)) => {}
-                Some(StreamMsg::Done(Ok(fin))) => {
+                Some(StreamMsg::Done(Ok(fin), mut report)) => {
                     if !cut {
                         for ev in shape.finish() {
                             pending.extend(w.deltas(ev).into_iter().map(|d| w.chunk(d, None)));
                         }
                     }
                     let reason = finish_reason(fin.finish, shape.tool_calls(), w.legacy);
+                    // Logged before the client can see the end.
+                    report.set_finish_reason(reason);
+                    drop(report);
                     let empty = if w.chat {
                         json!({})
                     } else {
@@ -279,7 +282,7 @@ pub fn stream(job: Submitted, meta: ResponseMeta, mut shape: Shape) -> Response 
                     }
                     break;
                 }
-                Some(StreamMsg::Done(Err(e))) => {
+                Some(StreamMsg::Done(Err(e), _report)) => {
                     pending.push(gen_error(&e, kind).body());
                     break;
                 }
@@ -330,7 +333,7 @@ pub async fn collect(
     let Submitted { mut rx, guard } = job;
     let mut events = Vec::new();
     let mut cut = false;
-    let fin = loop {
+    let (fin, mut report) = loop {
         match rx.recv().await {
             Some(StreamMsg::Text(t)) if !cut => {
                 events.extend(shape.push(&t));
@@ -340,8 +343,8 @@ pub async fn collect(
                 }
             }
             Some(StreamMsg::Text(_)) => {}
-            Some(StreamMsg::Done(Ok(fin))) => break fin,
-            Some(StreamMsg::Done(Err(e))) => return Err(gen_error(&e, kind)),
+            Some(StreamMsg::Done(Ok(fin), report)) => break (fin, report),
+            Some(StreamMsg::Done(Err(e), _report)) => return Err(gen_error(&e, kind)),
             None => return Err(ApiError::internal("the generation ended without a result")),
         }
     };
@@ -350,6 +353,8 @@ pub async fn collect(
     }
     let legacy = shape.is_legacy();
     let reason = finish_reason(fin.finish, shape.tool_calls(), legacy);
+    report.set_finish_reason(reason);
+    drop(report);
     let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
     for ev in events {
         match ev {
