@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 /// Bytes of cuBLAS workspace. Set explicitly so cuBLAS never allocates while a
 /// CUDA graph is being captured.
-const BLAS_WORKSPACE_BYTES: usize = 64 << 20;
+pub const BLAS_WORKSPACE_BYTES: usize = 64 << 20;
 
 /// Facts about the device, for reports and the bench identity.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -15,13 +15,14 @@ use crate::experts::ExpertTable;
 use crate::forward::{Model, Positions};
 use crate::options::{CudaEngineOptions, GEMV_MAX_TOKENS};
 use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
+use crate::stats::LivePublisher;
 use crate::weights::ModelWeights;
 use cudarc::driver::{CudaGraph, sys};
-use krasis_common::status::{EngineStats, VramStats};
+use krasis_common::status::EngineStats;
 use krasis_kernels::{Int4Layout, Kernels};
 use krasis_model::{
     CancelToken, Checkpoint, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome,
-    GenerateRequest, GenerateStats, Geometry, ModelConfig, SamplingParams,
+    GenerateRequest, GenerateStats, Geometry, LiveProgress, ModelConfig, SamplingParams,
 };
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -64,13 +65,13 @@ pub struct CudaEngine {
     /// eager step, once every kernel module and cuBLAS kernel is loaded).
     eager_steps: usize,
     pub(crate) report: LoadReport,
-    stats: EngineStats,
-    min_free: Option<u64>,
+    pub(crate) stats: EngineStats,
+    pub(crate) min_free: Option<u64>,
     /// Ids `0..sampleable` have text; padded LM-head rows are never sampled.
     pub(crate) sampleable: usize,
     cache: Option<Arc<krasis_cache::ExpertCache>>,
     /// HCS traffic of the last request.
-    last_hcs: Option<krasis_common::status::HcsStats>,
+    pub(crate) last_hcs: Option<krasis_common::status::HcsStats>,
 }
 
 impl CudaEngine {
@@ -205,10 +206,6 @@ impl CudaEngine {
         r.map(|_| counts)
     }
 
-    pub(crate) fn last_hcs_stats(&self) -> Option<&krasis_common::status::HcsStats> {
-        self.last_hcs.as_ref()
-    }
-
     pub fn gpu(&self) -> &Gpu {
         &self.model.gpu
     }
@@ -334,8 +331,13 @@ impl CudaEngine {
         tokens: &[u32],
         after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<()> {
-        self.prefill_cancellable(tokens, &CancelToken::default(), after)
-            .map(|_| ())
+        self.prefill_cancellable(
+            tokens,
+            &CancelToken::default(),
+            &LiveProgress::default(),
+            after,
+        )
+        .map(|_| ())
     }
 
     /// [`CudaEngine::prefill`] that looks at `cancel` before every chunk
@@ -343,14 +345,21 @@ impl CudaEngine {
     /// it is set: `Ok(false)`, with `after` not run for the chunks left.
     /// The engine is then as after any prefill (HCS reclaimable tier
     /// reloaded); the next prefill starts again at position 0.
+    ///
+    /// `live` counts the tokens prefilled so far, after every chunk. The
+    /// count is taken when a chunk's work is issued, which is within one
+    /// layer of when it is done: grouped MoE prefill reads its per-expert
+    /// row counts back once per MoE layer, so the host never runs ahead of
+    /// the GPU by more than that.
     pub(crate) fn prefill_cancellable(
         &mut self,
         tokens: &[u32],
         cancel: &CancelToken,
+        live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<bool> {
         if self.model.hcs.is_some() {
-            return self.model.prefill_streamed(tokens, cancel, after);
+            return self.model.prefill_streamed(tokens, cancel, live, after);
         }
         let cap = self.model.scratch.cap;
         for (ci, chunk) in tokens.chunks(cap).enumerate() {
@@ -365,6 +374,7 @@ impl CudaEngine {
                 .map_err(GpuError::driver("copying prompt tokens to the GPU"))?;
             m.forward_layers(chunk.len(), Positions::Prefill(start))?;
             after(m, start, chunk.len())?;
+            live.set_prefilled(start + chunk.len());
         }
         Ok(true)
     }
@@ -372,8 +382,13 @@ impl CudaEngine {
     /// Starts a generation: clears the sampler's per-request token counts
     /// and prefills `prompt` (non-empty), leaving the last position's logits
     /// in `scratch.logits[0]`. `Ok(false)`: `cancel` was set before the
-    /// last chunk (no logits).
-    fn prefill_to_sample(&mut self, prompt: &[u32], cancel: &CancelToken) -> Result<bool> {
+    /// last chunk (no logits). `live` counts the prefilled tokens.
+    fn prefill_to_sample(
+        &mut self,
+        prompt: &[u32],
+        cancel: &CancelToken,
+        live: &LiveProgress,
+    ) -> Result<bool> {
         {
             let m = &mut self.model;
             m.gpu
@@ -383,7 +398,7 @@ impl CudaEngine {
         }
         let n = prompt.len();
         let last_chunk_start = (n - 1) / self.model.scratch.cap * self.model.scratch.cap;
-        self.prefill_cancellable(prompt, cancel, |m, start, _| {
+        self.prefill_cancellable(prompt, cancel, live, |m, start, _| {
             if start == last_chunk_start {
                 m.lm_head(n - 1 - start, 1)?;
             }
@@ -494,7 +509,9 @@ impl CudaEngine {
             });
         }
         // No token once cancelled, even when that came during the last chunk.
-        if !self.prefill_to_sample(&req.prompt, &req.cancel)? || req.cancel.is_cancelled() {
+        if !self.prefill_to_sample(&req.prompt, &req.cancel, &req.live)?
+            || req.cancel.is_cancelled()
+        {
             self.end_cancelled()?;
             stats.prefill_seconds = t0.elapsed().as_secs_f64();
             return Ok(GenerateOutcome {
@@ -506,6 +523,7 @@ impl CudaEngine {
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut pos = n;
+        let mut publisher = LivePublisher::new();
         let finish = loop {
             stats.generated_tokens += 1;
             if on_token(token).is_break() {
@@ -523,9 +541,16 @@ impl CudaEngine {
             self.decode_step(pos)?;
             token = self.sample(&params, stats.generated_tokens as u64)?;
             pos += 1;
+            // Decode steps so far: one per token after the first.
+            if publisher.due() {
+                self.publish_live(&req.live, stats.generated_tokens);
+            }
         };
         stats.decode_seconds = t1.elapsed().as_secs_f64();
         self.collect_hcs(stats.generated_tokens)?;
+        // The request's exact final figures (copy timings all read).
+        req.live
+            .publish_engine(self.engine_stats(self.last_hcs.as_ref()));
         self.stats.requests_completed += 1;
         self.stats.last_prompt_tokens = n as u64;
         self.stats.last_generated_tokens = stats.generated_tokens as u64;
@@ -548,7 +573,7 @@ impl CudaEngine {
         }
         let params = kernel_sampling(&SamplingParams::greedy())?;
         let np = prompt.len();
-        self.prefill_to_sample(prompt, &CancelToken::default())?;
+        self.prefill_to_sample(prompt, &CancelToken::default(), &LiveProgress::default())?;
         let v = self.model.geometry.vocab_size;
         let (mut toks, mut rows) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut pos = np;
@@ -567,29 +592,6 @@ impl CudaEngine {
         }
         self.collect_hcs(n)?;
         Ok((toks, rows))
-    }
-
-    /// Turns the HCS counters of the request just finished into
-    /// per-token figures for the stats endpoint and bench.
-    fn collect_hcs(&mut self, generated: usize) -> Result<()> {
-        let Some(h) = self.model.hcs.as_mut() else {
-            return Ok(());
-        };
-        let (c, copies) = h.take_stats()?;
-        // The first token comes from prefill; decode steps = generated - 1.
-        let steps = generated.saturating_sub(1).max(1) as f64;
-        self.last_hcs = Some(krasis_common::status::HcsStats {
-            hit_rate: c.hit_rate(),
-            cold_experts_per_token: copies.decode_copies as f64 / steps,
-            cold_bytes_per_token: copies.decode_bytes as f64 / steps,
-            copy_ms_per_token: copies.decode_copy_ms / steps,
-            promotions: c.promotions,
-            evictions: c.evictions,
-            prefill_stream_bytes: copies.prefill_bytes,
-            reload_bytes: copies.reload_bytes,
-            ..Default::default()
-        });
-        Ok(())
     }
 
     fn run_prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
@@ -637,23 +639,7 @@ impl Engine for CudaEngine {
     }
 
     fn stats(&self) -> Option<EngineStats> {
-        let mut s = self.stats.clone();
-        if let Ok((free, total)) = self.model.gpu.mem_info() {
-            let b = self.model.gpu.budget;
-            let free = b.free(free as u64);
-            s.vram = Some(VramStats {
-                total_bytes: total as u64,
-                limit_bytes: b.limit,
-                free_bytes: free,
-                min_free_bytes: self.min_free.unwrap_or(free).min(free),
-                margin_bytes: 0,
-            });
-        }
-        s.hcs = self.hcs_stats();
-        if let (Some(v), Some(h)) = (s.vram.as_mut(), s.hcs.as_ref()) {
-            v.margin_bytes = h.safety_margin_bytes;
-        }
-        Some(s)
+        Some(self.engine_stats(self.last_hcs.as_ref()))
     }
 }
 
@@ -703,7 +689,7 @@ fn int4_layout(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<Int4Layou
 }
 
 /// Refuses geometries the kernels cannot run, before anything is uploaded.
-fn check_supported(g: &Geometry) -> Result<()> {
+pub(crate) fn check_supported(g: &Geometry) -> Result<()> {
     let mut why = Vec::new();
     if ![64, 128, 192, 256].contains(&g.head_dim) {
         why.push(format!(

@@ -13,6 +13,11 @@ use crate::error::{GpuError, Result};
 use cudarc::driver::{CudaSlice, CudaView};
 use krasis_cache::{ExpertCache, ExpertLayout};
 
+/// Device bytes of the expert pointer table (one address per expert).
+pub fn pointer_table_bytes(moe_layers: usize, num_experts: usize) -> usize {
+    (moe_layers * num_experts).max(1) * std::mem::size_of::<u64>()
+}
+
 pub struct ExpertTable {
     pub layout: ExpertLayout,
     pub num_experts: usize,

@@ -16,9 +16,11 @@ pub mod host_table;
 mod moe;
 pub mod monitor;
 pub mod options;
+pub mod plan;
 pub mod profile;
 pub mod scratch;
 pub mod setup;
+pub mod stats;
 mod streamed;
 pub mod weights;
 

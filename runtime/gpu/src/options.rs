@@ -46,7 +46,7 @@ impl Default for CudaEngineOptions {
             vram_limit: None,
             hcs: true,
             heatmap: krasis_common::options::HeatmapChoice::Auto,
-            safety_margin: 600 << 20,
+            safety_margin: krasis_common::plan::DEFAULT_SAFETY_MARGIN_MIB << 20,
             host_backing: krasis_cache::HostBacking::RegisterMmap,
         }
     }

@@ -85,11 +85,7 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(gpu: &Gpu, g: &Geometry, capacity: usize) -> Result<Self> {
-        let geom = KvGeom {
-            n_kv_heads: g.num_kv_heads,
-            head_dim: g.head_dim,
-            capacity,
-        };
+        let geom = kv_geom(g, capacity);
         let mut k = Vec::with_capacity(g.num_layers);
         let mut v = Vec::with_capacity(g.num_layers);
         for l in 0..g.num_layers {
@@ -102,6 +98,21 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         2 * self.k.len() * self.geom.len() * 2
     }
+}
+
+/// The shape of each layer's K (and V) buffer for `capacity` positions.
+pub fn kv_geom(g: &Geometry, capacity: usize) -> KvGeom {
+    KvGeom {
+        n_kv_heads: g.num_kv_heads,
+        head_dim: g.head_dim,
+        capacity,
+    }
+}
+
+/// Device bytes of the KV cache [`KvCache::new`] allocates: K and V, BF16,
+/// every layer.
+pub fn kv_bytes(g: &Geometry, capacity: usize) -> usize {
+    2 * g.num_layers * kv_geom(g, capacity).len() * 2
 }
 
 /// BF16 bytes the prefill path may spend on dequantized experts at once.
@@ -140,76 +151,163 @@ pub fn bytes_for(g: &Geometry, cap: usize, gemv_tokens: usize) -> usize {
 /// with HCS, experts cross PCIe once per prompt whatever the chunk, so a
 /// smaller chunk costs GEMM efficiency only, while coverage buys decode.
 pub fn chunk_for_budget(gpu: &Gpu, g: &Geometry, want: usize) -> Result<usize> {
-    let free = gpu.free_in_budget()? as usize;
+    Ok(chunk_for_free(gpu.free_in_budget()?, g, want))
+}
+
+/// [`chunk_for_budget`] for `free` bytes in the budget (the plan calls it
+/// with the free memory it predicts at that point of the load).
+pub fn chunk_for_free(free: u64, g: &Geometry, want: usize) -> usize {
+    let free = free as usize;
     let floor = want.min(256);
     let mut cap = want;
     while cap > floor && bytes_for(g, cap, crate::options::GEMV_MAX_TOKENS) > free / 4 {
         cap = (cap / 2).max(floor);
     }
-    Ok(cap)
+    cap
+}
+
+/// Element counts of every scratch buffer for `cap` tokens: what
+/// [`Scratch::new`] allocates, and what the pre-flight plan adds up, so the
+/// two cannot differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScratchLens {
+    pub cap: usize,
+    pub ids: usize,
+    pub residual: usize,
+    pub normed: usize,
+    pub qkv: usize,
+    pub attn: usize,
+    pub attn_ws: usize,
+    pub router: usize,
+    pub topk: usize,
+    pub act: usize,
+    pub logits: usize,
+    pub counts: usize,
+    pub sample_ws: usize,
+    pub grouped: Option<GroupedLens>,
+    /// `(gate_up, act)` of the dense MLP.
+    pub dense: Option<(usize, usize)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupedLens {
+    pub experts: usize,
+    pub pairs: usize,
+    pub xg: usize,
+    pub h13: usize,
+    pub hact: usize,
+    pub y: usize,
+    pub dequant_experts: usize,
+    pub w13: usize,
+    pub w2: usize,
+}
+
+impl ScratchLens {
+    pub fn new(g: &Geometry, cap: usize, gemv_tokens: usize) -> Self {
+        let (h, q, kv, e, k) = (g.hidden, g.q_dim(), g.kv_dim(), g.num_experts, g.top_k);
+        let i = g.expert_intermediate;
+        let grouped = (g.mlp_kinds.contains(&MlpKind::Moe) && cap > gemv_tokens).then(|| {
+            let pairs = cap * k;
+            let dq = dequant_batch(e, h, i);
+            GroupedLens {
+                experts: e,
+                pairs,
+                xg: pairs * h,
+                h13: pairs * 2 * i,
+                hact: pairs * i,
+                y: pairs * h,
+                dequant_experts: dq,
+                w13: dq * 2 * i * h,
+                w2: dq * h * i,
+            }
+        });
+        let dense = g
+            .mlp_kinds
+            .contains(&MlpKind::Dense)
+            .then(|| (cap * 2 * g.intermediate, cap * g.intermediate));
+        ScratchLens {
+            cap,
+            ids: cap,
+            residual: cap * h,
+            normed: cap * h,
+            qkv: cap * (q + 2 * kv),
+            attn: cap * q,
+            attn_ws: decode_workspace_len(g.num_heads, g.head_dim),
+            router: cap * e.max(1),
+            topk: cap * k.max(1),
+            act: gemv_tokens.min(cap) * k.max(1) * i.max(1),
+            logits: LOGIT_ROWS * g.vocab_size,
+            counts: g.vocab_size,
+            sample_ws: krasis_kernels::sample_workspace_len(g.vocab_size),
+            grouped,
+            dense,
+        }
+    }
+
+    /// Device bytes of all the buffers (every element is 4 bytes but the
+    /// BF16 ones, which are 2).
+    pub fn bytes(&self) -> usize {
+        let f32s = self.residual + self.attn_ws + self.router + self.topk + self.act + self.logits;
+        let u32s = self.ids + 1 + self.topk + self.counts + self.sample_ws;
+        let bf16s = self.normed + self.qkv + self.attn;
+        let mut b = 4 * (f32s + u32s) + 2 * bf16s;
+        if let Some(gr) = &self.grouped {
+            let u32s = gr.experts + (gr.experts + 1) + 2 * gr.pairs + gr.experts;
+            b += 4 * (u32s + gr.y) + 2 * (gr.xg + gr.h13 + gr.hact + gr.w13 + gr.w2);
+        }
+        if let Some((gu, act)) = self.dense {
+            b += 2 * (gu + act);
+        }
+        b
+    }
 }
 
 impl Scratch {
     pub fn new(gpu: &Gpu, g: &Geometry, cap: usize, gemv_tokens: usize) -> Result<Self> {
-        let (h, q, kv, e, k) = (g.hidden, g.q_dim(), g.kv_dim(), g.num_experts, g.top_k);
-        let i = g.expert_intermediate;
-        let has_moe = g.mlp_kinds.contains(&MlpKind::Moe);
-        let has_dense = g.mlp_kinds.contains(&MlpKind::Dense);
-        let grouped = if has_moe && cap > gemv_tokens {
-            let pairs = cap * k;
-            let dq = dequant_batch(e, h, i);
-            let iota: Vec<u32> = (0..e as u32).collect();
-            Some(GroupedScratch {
-                counts: gpu.alloc(e, "expert counts")?,
-                offsets: gpu.alloc(e + 1, "expert offsets")?,
-                row_pair: gpu.alloc(pairs, "grouped row -> pair")?,
-                pair_row: gpu.alloc(pairs, "pair -> grouped row")?,
-                iota: gpu.upload(&iota, "expert ids")?,
-                xg: gpu.alloc(pairs * h, "grouped expert inputs")?,
-                h13: gpu.alloc(pairs * 2 * i, "grouped gate/up outputs")?,
-                hact: gpu.alloc(pairs * i, "grouped SwiGLU outputs")?,
-                y: gpu.alloc(pairs * h, "grouped expert outputs")?,
-                dequant_experts: dq,
-                w13: gpu.alloc(dq * 2 * i * h, "dequantized gate/up experts (one batch)")?,
-                w2: gpu.alloc(dq * h * i, "dequantized down experts (one batch)")?,
-            })
-        } else {
-            None
+        let n = ScratchLens::new(g, cap, gemv_tokens);
+        let grouped = match n.grouped {
+            Some(gr) => {
+                let iota: Vec<u32> = (0..gr.experts as u32).collect();
+                Some(GroupedScratch {
+                    counts: gpu.alloc(gr.experts, "expert counts")?,
+                    offsets: gpu.alloc(gr.experts + 1, "expert offsets")?,
+                    row_pair: gpu.alloc(gr.pairs, "grouped row -> pair")?,
+                    pair_row: gpu.alloc(gr.pairs, "pair -> grouped row")?,
+                    iota: gpu.upload(&iota, "expert ids")?,
+                    xg: gpu.alloc(gr.xg, "grouped expert inputs")?,
+                    h13: gpu.alloc(gr.h13, "grouped gate/up outputs")?,
+                    hact: gpu.alloc(gr.hact, "grouped SwiGLU outputs")?,
+                    y: gpu.alloc(gr.y, "grouped expert outputs")?,
+                    dequant_experts: gr.dequant_experts,
+                    w13: gpu.alloc(gr.w13, "dequantized gate/up experts (one batch)")?,
+                    w2: gpu.alloc(gr.w2, "dequantized down experts (one batch)")?,
+                })
+            }
+            None => None,
         };
-        let dense = if has_dense {
-            Some(DenseScratch {
-                gate_up: gpu.alloc(cap * 2 * g.intermediate, "dense MLP gate/up")?,
-                act: gpu.alloc(cap * g.intermediate, "dense MLP activations")?,
-            })
-        } else {
-            None
+        let dense = match n.dense {
+            Some((gate_up, act)) => Some(DenseScratch {
+                gate_up: gpu.alloc(gate_up, "dense MLP gate/up")?,
+                act: gpu.alloc(act, "dense MLP activations")?,
+            }),
+            None => None,
         };
-        let router_cols = e.max(1);
         Ok(Scratch {
             cap,
-            ids: gpu.alloc_zeros(cap, "token ids")?,
+            ids: gpu.alloc_zeros(n.ids, "token ids")?,
             pos: gpu.alloc_zeros(1, "decode position")?,
-            residual: gpu.alloc(cap * h, "residual stream")?,
-            normed: gpu.alloc(cap * h, "normalized hidden state")?,
-            qkv: gpu.alloc(cap * (q + 2 * kv), "q/k/v projections")?,
-            attn: gpu.alloc(cap * q, "attention output")?,
-            attn_ws: gpu.alloc(
-                decode_workspace_len(g.num_heads, g.head_dim),
-                "decode attention workspace",
-            )?,
-            router: gpu.alloc(cap * router_cols, "router logits")?,
-            topk_ids: gpu.alloc(cap * k.max(1), "selected experts")?,
-            topk_w: gpu.alloc(cap * k.max(1), "expert weights")?,
-            act: gpu.alloc(
-                gemv_tokens.min(cap) * k.max(1) * i.max(1),
-                "expert activations",
-            )?,
-            logits: gpu.alloc(LOGIT_ROWS * g.vocab_size, "logits")?,
-            counts: gpu.alloc_zeros(g.vocab_size, "sampling token counts")?,
-            sample_ws: gpu.alloc(
-                krasis_kernels::sample_workspace_len(g.vocab_size),
-                "sampler workspace",
-            )?,
+            residual: gpu.alloc(n.residual, "residual stream")?,
+            normed: gpu.alloc(n.normed, "normalized hidden state")?,
+            qkv: gpu.alloc(n.qkv, "q/k/v projections")?,
+            attn: gpu.alloc(n.attn, "attention output")?,
+            attn_ws: gpu.alloc(n.attn_ws, "decode attention workspace")?,
+            router: gpu.alloc(n.router, "router logits")?,
+            topk_ids: gpu.alloc(n.topk, "selected experts")?,
+            topk_w: gpu.alloc(n.topk, "expert weights")?,
+            act: gpu.alloc(n.act, "expert activations")?,
+            logits: gpu.alloc(n.logits, "logits")?,
+            counts: gpu.alloc_zeros(n.counts, "sampling token counts")?,
+            sample_ws: gpu.alloc(n.sample_ws, "sampler workspace")?,
             grouped,
             dense,
         })

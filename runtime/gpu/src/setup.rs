@@ -13,9 +13,6 @@ use krasis_common::status::HcsStats;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Staging buffers hold at least this many bytes of whole layers (more
-/// layers per group for models with small layers, so copies stay large).
-const MIN_GROUP_BYTES: usize = 64 << 20;
 /// Resident slots are allocated in chunks of this size, checking free
 /// memory before each.
 const RESIDENT_CHUNK_BYTES: usize = 256 << 20;
@@ -53,9 +50,7 @@ impl CudaEngine {
             opts.host_backing,
         )?);
         let host_prepare = host.prepare_time().as_secs_f64();
-        let group = MIN_GROUP_BYTES
-            .div_ceil(layer_bytes)
-            .clamp(1, moe_layers.len());
+        let group = crate::plan::staging_group(layer_bytes, moe_layers.len());
         let hcs = Hcs::new(
             &self.model.gpu,
             host,
@@ -81,38 +76,41 @@ impl CudaEngine {
             host_backing: opts.host_backing.name().into(),
             host_prepare_seconds: host_prepare,
         };
-        if free + staging >= all_bytes + floor {
-            // Everything fits: the all-resident path (CUDA graphs, no host
-            // work per layer). The staging region goes first.
-            self.model.hcs = None;
-            self.model.gpu.sync("releasing staging")?;
-            let table = ExpertTable::upload_all(&self.model.gpu, &cache)?;
-            self.report.expert_bytes = table.resident_bytes;
-            self.model.experts = Some(table);
-        } else {
-            let (ranked, source) = prior(model_dir, &cache, g.top_k, &opts.heatmap, total)?;
-            let want = (free.saturating_sub(floor) / stride as u64) as usize;
-            let hcs = self.model.hcs.as_mut().expect("set above");
-            let resident = hcs.grow_resident(
-                &self.model.gpu,
-                &ranked,
-                want.min(total),
-                RESIDENT_CHUNK_BYTES,
-                floor,
-            )?;
-            report.shape = Some(hcs.shape);
-            report.experts_on_gpu = hcs.res.held();
-            report.expert_bytes_on_gpu = (hcs.res.slots() * stride) as u64;
-            report.heatmap = source;
-            tracing::info!(
-                resident_tier = resident,
-                on_gpu = hcs.res.held(),
-                total,
-                gib = report.expert_bytes_on_gpu as f64 / (1u64 << 30) as f64,
-                margin_mib = opts.safety_margin >> 20,
-                "HCS sized"
-            );
-            self.report.expert_bytes = report.expert_bytes_on_gpu as usize;
+        // The rule the pre-flight plan applies too (`plan::decide`).
+        match crate::plan::decide(free, staging, all_bytes, floor, stride) {
+            crate::plan::Decision::AllResident => {
+                // Everything fits: the all-resident path (CUDA graphs, no host
+                // work per layer). The staging region goes first.
+                self.model.hcs = None;
+                self.model.gpu.sync("releasing staging")?;
+                let table = ExpertTable::upload_all(&self.model.gpu, &cache)?;
+                self.report.expert_bytes = table.resident_bytes;
+                self.model.experts = Some(table);
+            }
+            crate::plan::Decision::Hcs { want } => {
+                let (ranked, source) = prior(model_dir, &cache, g.top_k, &opts.heatmap, total)?;
+                let hcs = self.model.hcs.as_mut().expect("set above");
+                let resident = hcs.grow_resident(
+                    &self.model.gpu,
+                    &ranked,
+                    want.min(total),
+                    RESIDENT_CHUNK_BYTES,
+                    floor,
+                )?;
+                report.shape = Some(hcs.shape);
+                report.experts_on_gpu = hcs.res.held();
+                report.expert_bytes_on_gpu = (hcs.res.slots() * stride) as u64;
+                report.heatmap = source;
+                tracing::info!(
+                    resident_tier = resident,
+                    on_gpu = hcs.res.held(),
+                    total,
+                    gib = report.expert_bytes_on_gpu as f64 / (1u64 << 30) as f64,
+                    margin_mib = opts.safety_margin >> 20,
+                    "HCS sized"
+                );
+                self.report.expert_bytes = report.expert_bytes_on_gpu as usize;
+            }
         }
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         let lr = &self.report;
@@ -146,8 +144,13 @@ impl CudaEngine {
     /// HCS figures for the stats endpoint and bench: the decision, and the
     /// last request's traffic.
     pub fn hcs_stats(&self) -> Option<HcsStats> {
+        self.hcs_stats_with(self.last_hcs.as_ref())
+    }
+
+    /// The decision with `traffic` as the per-token figures.
+    pub(crate) fn hcs_stats_with(&self, traffic: Option<&HcsStats>) -> Option<HcsStats> {
         let r = self.report.hcs.as_ref()?;
-        let mut s = self.last_hcs_stats().cloned().unwrap_or_default();
+        let mut s = traffic.cloned().unwrap_or_default();
         s.resident_experts = r.experts_on_gpu as u64;
         s.total_experts = r.total_experts as u64;
         s.resident_bytes = r.expert_bytes_on_gpu;

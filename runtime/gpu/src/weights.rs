@@ -131,6 +131,16 @@ impl ModelWeights {
                 mlp,
             });
         }
+        // The pre-flight plan sizes the weights with [`weight_bytes`]; a
+        // load that put other sizes on the device would make every plan
+        // wrong, so it is refused rather than served.
+        let planned = weight_bytes(g);
+        if (up.bytes, host_bytes) != (planned.device, planned.host) {
+            return Err(GpuError::Unsupported(format!(
+                "internal: uploaded {} B of weights (+{} B in host memory) but weight_bytes() plans {} B (+{} B)",
+                up.bytes, host_bytes, planned.device, planned.host
+            )));
+        }
         Ok(ModelWeights {
             embed,
             final_norm,
@@ -138,6 +148,38 @@ impl ModelWeights {
             bytes: up.bytes,
             host_bytes,
         })
+    }
+}
+
+/// Where [`ModelWeights::upload`] puts the non-expert weights, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightBytes {
+    /// BF16 in VRAM: attention, norms, routers, dense MLPs, the LM head (and
+    /// the input embedding when tied to it).
+    pub device: usize,
+    /// BF16 in mapped host memory: the untied input embedding.
+    pub host: usize,
+}
+
+/// The sizes [`ModelWeights::upload`] allocates for `g` (it checks its own
+/// total against this), tensor by tensor.
+pub fn weight_bytes(g: &Geometry) -> WeightBytes {
+    let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
+    let table = g.vocab_size * h;
+    // The LM head (or the tied embedding), the final norm.
+    let mut elems = table + h;
+    for kind in &g.mlp_kinds {
+        // Fused q/k/v, o_proj, the two RMSNorms and the q/k norms.
+        elems += (q + 2 * kv) * h + h * q + 2 * h + 2 * hd;
+        elems += match kind {
+            MlpKind::Moe => g.num_experts * h,
+            MlpKind::Dense => 3 * g.intermediate * h,
+        };
+    }
+    let host = if g.tie_word_embeddings { 0 } else { table };
+    WeightBytes {
+        device: 2 * elems,
+        host: 2 * host,
     }
 }
 
@@ -192,5 +234,45 @@ pub fn to_bf16_bits(t: &TensorView<'_>) -> Vec<bf16> {
             .chunks_exact(4)
             .map(|c| bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use krasis_model::ModelConfig;
+
+    /// The plan's weight sizes are the checkpoint's non-expert tensors, in
+    /// BF16, for a tied and an untied synthetic model with dense layers.
+    #[test]
+    fn weight_bytes_are_the_checkpoints_non_expert_tensors() {
+        for (preset, tie) in [("tiny", false), ("tiny", true), ("tiny-dense", false)] {
+            let dir = krasis_model::testutil::tiny_checkpoint_with(
+                preset,
+                &[("tie_word_embeddings", serde_json::json!(tie))],
+            );
+            let config = ModelConfig::load(&dir).unwrap();
+            let g = config.geometry();
+            let ckpt = Checkpoint::open(&dir).unwrap();
+            let experts: std::collections::HashSet<String> = g
+                .moe_layers()
+                .flat_map(|l| {
+                    (0..g.num_experts).flat_map({
+                        let config = &config;
+                        move |e| config.expert_tensor_names(l, e)
+                    })
+                })
+                .collect();
+            let mut elems = 0;
+            for name in ckpt.tensor_names() {
+                if !experts.contains(name) {
+                    elems += ckpt.get(name).unwrap().numel();
+                }
+            }
+            let w = weight_bytes(&g);
+            assert_eq!(w.device + w.host, 2 * elems, "{preset} tie={tie}");
+            let table = 2 * g.vocab_size * g.hidden;
+            assert_eq!(w.host, if tie { 0 } else { table }, "{preset} tie={tie}");
+        }
     }
 }

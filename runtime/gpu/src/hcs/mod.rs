@@ -108,6 +108,21 @@ impl Hcs {
         2 * group_layers * layer_bytes
     }
 
+    /// How the reclaimable tier's `2 * group_layers * num_experts` slots
+    /// divide into (prior, recency tail) slots during decode.
+    pub fn reclaimable_split(
+        moe_layers: usize,
+        num_experts: usize,
+        top_k: usize,
+        group_layers: usize,
+    ) -> (usize, usize) {
+        let reclaimable = 2 * group_layers * num_experts;
+        let tail = (moe_layers * top_k).clamp(2 * top_k, (reclaimable / 2).max(2 * top_k));
+        let tail = tail.min(reclaimable);
+        let prior = (reclaimable - tail).min(moe_layers * num_experts);
+        (prior, tail)
+    }
+
     /// Allocates the staging region and the decode exchange buffers. The
     /// resident tier is added later by [`Hcs::grow_resident`] (after
     /// calibration has measured what it may use).
@@ -129,9 +144,8 @@ impl Hcs {
         )?;
         let base = addr(&staging, &gpu.stream);
         let reclaimable = 2 * group_layers * num_experts;
-        let tail = (moe_layers.len() * top_k).clamp(2 * top_k, (reclaimable / 2).max(2 * top_k));
-        let tail = tail.min(reclaimable);
-        let prior = (reclaimable - tail).min(moe_layers.len() * num_experts);
+        let (prior, tail) =
+            Self::reclaimable_split(moe_layers.len(), num_experts, top_k, group_layers);
         let shape = HcsShape {
             resident_slots: 0,
             prior_slots: prior,
@@ -254,6 +268,21 @@ impl Hcs {
 
     pub fn expert_bytes(&self) -> usize {
         self.stride
+    }
+
+    /// Page-locked host memory this cache holds: the expert backing and the
+    /// per-layer exchange buffers of decode.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.host.pinned_bytes() + (self.ids_host.bytes() + self.sel_host.bytes()) as u64
+    }
+
+    /// This request's counters so far, without collecting the copy timings
+    /// still pending (no driver call, nothing reset): for live figures
+    /// while decode runs. `copies.decode_copy_ms` then covers the copies
+    /// whose events were already read (each layer's latest copy is read at
+    /// that layer's next miss or when the request ends).
+    pub fn peek_stats(&self) -> (&Counters, &CopyStats) {
+        (&self.res.counters, &self.copies)
     }
 
     /// Copies `(slot, moe layer, expert)` from the host backing on the copy
