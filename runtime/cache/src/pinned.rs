@@ -65,6 +65,9 @@ pub struct PinnedExperts {
     /// Start of the DMA-ready copy of `cache.data()`.
     data: *const u8,
     len: usize,
+    /// Page-locked bytes this value holds: the whole registered file
+    /// (header and index included) or the allocated copy of the data.
+    locked: usize,
     /// What to release on drop: the registered or allocated base pointer.
     base: *mut std::ffi::c_void,
     prepare_time: Duration,
@@ -84,7 +87,7 @@ impl PinnedExperts {
     ) -> Result<Self, CacheError> {
         ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
         let start = Instant::now();
-        let (base, data) = match mode {
+        let (base, data, locked) = match mode {
             HostBacking::RegisterMmap => {
                 let file = cache.file_bytes();
                 let base = file.as_ptr() as *mut std::ffi::c_void;
@@ -99,7 +102,7 @@ impl PinnedExperts {
                             "{e}; if this GPU or kernel cannot pin read-only file pages, use copy-to-pinned"
                         ),
                     })?;
-                (base, cache.data().as_ptr())
+                (base, cache.data().as_ptr(), file.len())
             }
             HostBacking::CopyToPinned => {
                 let src = cache.data();
@@ -112,7 +115,7 @@ impl PinnedExperts {
                 dst.par_chunks_mut(64 << 20)
                     .zip(src.par_chunks(64 << 20))
                     .for_each(|(d, s)| d.copy_from_slice(s));
-                (base, base as *const u8)
+                (base, base as *const u8, src.len().max(1))
             }
         };
         Ok(PinnedExperts {
@@ -121,6 +124,7 @@ impl PinnedExperts {
             ctx: ctx.clone(),
             mode,
             data,
+            locked,
             base,
             prepare_time: start.elapsed(),
         })
@@ -135,6 +139,11 @@ impl PinnedExperts {
     }
     pub fn cache(&self) -> &Arc<ExpertCache> {
         &self.cache
+    }
+    /// Host memory this backing keeps page-locked (what the stats endpoint
+    /// reports as pinned): the registered file, or the pinned copy.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.locked as u64
     }
     /// All expert regions, page-locked (same bytes as `cache().data()`).
     pub fn data(&self) -> &[u8] {

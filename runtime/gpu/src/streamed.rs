@@ -19,12 +19,18 @@
 //! The request's cancel token is looked at before every chunk of every
 //! group; once set, the prompt stops there (no `after` calls), and the
 //! reclaimable tier is reloaded as after any prefill.
+//!
+//! No token is fully prefilled before the last group, so the live count of
+//! prefilled tokens is the work done in token equivalents: after each
+//! (group, chunk), the span's tokens × layers run so far / all layers. It
+//! rises at every chunk of every group and reaches the prompt's length
+//! exactly when its last group is done.
 
 use crate::error::{GpuError, Result};
 use crate::forward::{Model, Positions};
 use crate::scratch::Scratch;
 use cudarc::driver::CudaSlice;
-use krasis_model::CancelToken;
+use krasis_model::{CancelToken, LiveProgress};
 
 /// Swaps chunk `c`'s residual into the scratch for the duration of `f`.
 fn with_chunk<T>(
@@ -57,11 +63,12 @@ impl Model {
     }
 
     /// Streams `tokens` through the layer groups; `Ok(false)` when
-    /// `cancel` stopped it.
+    /// `cancel` stopped it. `live` counts progress (see the module comment).
     pub(crate) fn prefill_streamed(
         &mut self,
         tokens: &[u32],
         cancel: &CancelToken,
+        live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<bool> {
         let (cap, h) = (self.scratch.cap, self.geometry.hidden);
@@ -106,7 +113,8 @@ impl Model {
                 },
                 Err(e) => return Err(e),
             };
-            if !self.prefill_span(tokens, &chunks, &mut bufs, cancel, &mut after)? {
+            let watch = (cancel, live);
+            if !self.prefill_span(tokens, &chunks, &mut bufs, watch, &mut after)? {
                 return Ok(false);
             }
             start += len;
@@ -121,14 +129,14 @@ impl Model {
         tokens: &[u32],
         chunks: &[(usize, usize)],
         bufs: &mut [CudaSlice<f32>],
-        cancel: &CancelToken,
+        watch: (&CancelToken, &LiveProgress),
         after: &mut impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<bool> {
         let (Some(hcs), Some(table)) = (self.hcs.as_mut(), self.experts.as_mut()) else {
             return Err(GpuError::Hcs("streamed prefill without HCS".into()));
         };
         hcs.begin_prefill(&self.gpu, table)?;
-        let r = self.stream_groups(tokens, chunks, bufs, cancel, after);
+        let r = self.stream_groups(tokens, chunks, bufs, watch, after);
         // The reclaimable tier comes back even when a chunk failed or the
         // request was cancelled, so the next request starts from the same
         // state.
@@ -147,7 +155,7 @@ impl Model {
         tokens: &[u32],
         chunks: &[(usize, usize)],
         bufs: &mut [CudaSlice<f32>],
-        cancel: &CancelToken,
+        (cancel, live): (&CancelToken, &LiveProgress),
         after: &mut impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<bool> {
         for (c, &(start, len)) in chunks.iter().enumerate() {
@@ -159,8 +167,11 @@ impl Model {
         }
         let groups = self.group_layers();
         let hcs_groups = groups.len();
+        let span_start = chunks.first().map_or(0, |c| c.0);
+        let layers = groups.iter().map(Vec::len).sum::<usize>().max(1);
+        let mut layer_tokens = 0;
         self.with_hcs(|h, gpu| h.stage_group(gpu, 0))?;
-        for (gi, layers) in groups.iter().enumerate() {
+        for (gi, group) in groups.iter().enumerate() {
             if gi + 1 < hcs_groups {
                 self.with_hcs(|h, gpu| h.stage_group(gpu, gi + 1))?;
             }
@@ -170,11 +181,13 @@ impl Model {
                     return Ok(false);
                 }
                 with_chunk(self, &mut bufs[c], |m| {
-                    for &l in layers {
+                    for &l in group {
                         m.layer(l, len, Positions::Prefill(start))?;
                     }
                     Ok(())
                 })?;
+                layer_tokens += len * group.len();
+                live.set_prefilled(span_start + layer_tokens / layers);
             }
             self.with_hcs(|h, gpu| h.computed(gpu, gi))?;
         }

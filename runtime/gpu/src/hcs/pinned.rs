@@ -36,6 +36,11 @@ impl<T: Copy + Default> PinnedBuf<T> {
         })
     }
 
+    /// Page-locked bytes allocated (at least one element).
+    pub fn bytes(&self) -> usize {
+        self.len.max(1) * std::mem::size_of::<T>()
+    }
+
     /// The host view. Callers only read or write elements whose last device
     /// copy has completed (checked by an event wait before the access).
     pub fn as_slice(&self) -> &[T] {
