@@ -85,10 +85,20 @@ pub enum Cmd {
 
 #[derive(Subcommand, Debug)]
 pub enum ProfilesCmd {
-    /// List saved profiles.
+    /// List your profiles and the shipped examples.
     List,
-    /// Print a profile as TOML.
+    /// Print a profile (yours, else a shipped example) as TOML.
     Show { name: String },
+    /// Copy a shipped example into your profiles, to edit it.
+    Copy {
+        /// The example's name (see `krasis profiles list`).
+        example: String,
+        /// The new profile's name (default: the example's).
+        name: Option<String>,
+        /// Replace an existing profile of that name.
+        #[arg(long)]
+        force: bool,
+    },
     /// Validate the given options and save them as a profile.
     Save {
         name: String,
@@ -106,7 +116,8 @@ pub enum ProfilesCmd {
 
 #[derive(Args, Debug, Default, Clone)]
 pub struct ServeArgs {
-    /// Start from this saved profile; flags given here override its values.
+    /// Start from this saved profile or shipped example (see `krasis profiles
+    /// list`); flags given here override its values.
     #[arg(long, value_name = "NAME", conflicts_with = "profile_file")]
     pub profile: Option<String>,
     /// Start from this profile file.
@@ -141,7 +152,8 @@ pub enum OnOff {
 /// runtime's recommended default.
 #[derive(Args, Debug, Default, Clone)]
 pub struct OptionFlags {
-    /// Hugging Face model directory.
+    /// Hugging Face model directory, or a model's name (`Qwen/Qwen3-30B-A3B`,
+    /// `krasis-demo-tiny`) looked up in the model roots.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// cuda or reference (default: cuda when a GPU is usable, else reference).

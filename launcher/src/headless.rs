@@ -2,7 +2,11 @@
 //! `build-cache` and `bench`. Prints to the terminal; the runtime's own logs
 //! stream to stderr.
 
-use crate::cli::{DemoArgs, Global, OptionFlags, ProfilesCmd, ServeArgs};
+mod info;
+
+pub use info::{probe_cmd, profiles_cmd};
+
+use crate::cli::{DemoArgs, Global, OptionFlags, ServeArgs};
 use crate::estimate::estimate;
 use crate::paths::Dirs;
 use crate::probe::{Hardware, ModelSummary, Probe, SystemProbe, models};
@@ -95,7 +99,7 @@ fn load_profile(
     file: Option<&Path>,
 ) -> anyhow::Result<Option<Profile>> {
     Ok(match (name, file) {
-        (Some(n), _) => Some(ctx.store().load(n)?),
+        (Some(n), _) => Some(profiles::examples::load_named(&ctx.store(), n)?),
         (None, Some(f)) => Some(profiles::load_file(f)?),
         (None, None) => None,
     })
@@ -113,11 +117,40 @@ pub fn serve(ctx: &Ctx, a: &ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let (rt, caps) = ctx.caps()?;
     let profile = load_profile(ctx, a.profile.as_deref(), a.profile_file.as_deref())?;
-    if a.opts.model.is_none() && profile.is_none() {
-        bail!("no model given: pass --model DIR, --profile NAME, or try `krasis demo`");
+    let mut flags = a.opts.clone();
+    let mut profile = profile.map(|p| p.options);
+    let model = match (&mut flags.model, &mut profile) {
+        (Some(m), _) => m,
+        (None, Some(p)) => &mut p.model,
+        (None, None) => {
+            bail!("no model given: pass --model DIR, --profile NAME, or try `krasis demo`")
+        }
+    };
+    let demo = resolve_model_name(ctx, &rt, model)?;
+    if demo {
+        println!("{DEMO_NOTICE}");
     }
-    let (opts, summary) = resolve_options(&caps, profile.map(|p| p.options), &a.opts)?;
-    run_headless(ctx, &rt, &opts, &summary, a.dry_run, false)
+    let (opts, summary) = resolve_options(&caps, profile, &flags)?;
+    run_headless(ctx, &rt, &opts, &summary, a.dry_run, demo)
+}
+
+/// A model given by name rather than as a directory is looked up in the
+/// model roots (an error lists them all). The demo model's name, found
+/// nowhere, is created in the data directory as `krasis demo` does, so the
+/// shipped `demo-cpu` profile works on a fresh machine. Returns whether the
+/// model is the demo model.
+fn resolve_model_name(ctx: &Ctx, rt: &Path, model: &mut PathBuf) -> anyhow::Result<bool> {
+    let demo_dir = ctx.dirs.demo_model();
+    match profiles::resolve::resolve_model(model, &ctx.probe().roots) {
+        Ok(found) => *model = found,
+        Err(_) if demo_dir.file_name() == Some(model.as_os_str()) => {
+            ensure_demo_model(rt, &demo_dir)?;
+            *model = demo_dir.clone();
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let canon = |p: &Path| p.canonicalize().ok();
+    Ok(canon(model).is_some() && canon(model) == canon(&demo_dir))
 }
 
 pub fn demo(ctx: &Ctx, a: &DemoArgs) -> anyhow::Result<ExitCode> {
@@ -315,133 +348,6 @@ fn print_event(ev: &ProgressEvent, demo: bool) {
         ProgressEvent::Fatal { message } => eprintln!("FATAL: {message}"),
         ProgressEvent::Progress { .. } => {}
     }
-}
-
-pub fn probe_cmd(ctx: &Ctx, json: bool, cache_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    let mut p = ctx.probe();
-    p.cache_root = cache_dir;
-    let hw = p.hardware();
-    let found = p.models();
-    let caps = ctx.caps();
-    if json {
-        let runtime = match &caps {
-            Ok((path, c)) => serde_json::json!({ "path": path, "capabilities": c }),
-            Err(e) => serde_json::json!({ "error": e.to_string() }),
-        };
-        let out = serde_json::json!({
-            "hardware": hw,
-            "model_roots": p.roots,
-            "models": found,
-            "runtime": runtime,
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    print!(
-        "{}",
-        crate::tui::screens::hardware::describe(&hw).join("\n")
-    );
-    println!();
-    println!("models ({} found):", found.len());
-    for root in &p.roots {
-        println!("  searched {:?}: {}", root.kind, root.path.display());
-    }
-    for m in &found {
-        match &m.summary {
-            Ok(s) => println!(
-                "  {}  [{}] {:.2}B params, experts INT4 {} (source {} {}), cache {}\n    {}",
-                m.name,
-                s.model_type,
-                s.total_params as f64 / 1e9,
-                fmt_bytes(s.int4_expert_bytes),
-                s.source_dtype,
-                fmt_bytes(s.source_expert_bytes),
-                s.cache.describe(),
-                m.path.display()
-            ),
-            Err(e) => println!("  {}  unusable: {e}\n    {}", m.name, m.path.display()),
-        }
-    }
-    match caps {
-        Ok((path, c)) => {
-            println!(
-                "runtime: {} (version {})",
-                path.display(),
-                c.runtime_version
-            );
-            for b in &c.backends {
-                match &b.reason {
-                    None => println!("  backend {}: available", b.name),
-                    Some(r) => println!("  backend {}: unavailable: {r}", b.name),
-                }
-            }
-            for a in &c.architectures {
-                println!(
-                    "  {}: experts {}, attention {}, KV {}, pruning {}, HCS {}",
-                    a.model_type,
-                    a.expert_precisions.join("/"),
-                    a.attention_precisions.join("/"),
-                    a.kv_formats.join("/"),
-                    a.pruning_modes.join("/"),
-                    if a.hcs { "yes" } else { "no" }
-                );
-            }
-        }
-        Err(e) => println!("runtime: {e}"),
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-pub fn profiles_cmd(ctx: &Ctx, cmd: &ProfilesCmd) -> anyhow::Result<ExitCode> {
-    let store = ctx.store();
-    match cmd {
-        ProfilesCmd::List => {
-            let all = store.list()?;
-            if all.is_empty() {
-                println!(
-                    "no profiles in {} (create one with `krasis profiles save NAME --model DIR ...`)",
-                    store.dir.display()
-                );
-            }
-            for (name, p) in all {
-                match p {
-                    Ok(p) => println!(
-                        "{name:<24} {} [{}]{}",
-                        p.options.model.display(),
-                        p.options.backend.as_str(),
-                        p.description.map(|d| format!("  {d}")).unwrap_or_default()
-                    ),
-                    Err(e) => println!("{name:<24} INVALID: {e}"),
-                }
-            }
-        }
-        ProfilesCmd::Show { name } => print!("{}", profiles::to_toml(&store.load(name)?)),
-        ProfilesCmd::Save {
-            name,
-            description,
-            force,
-            opts,
-        } => {
-            profiles::check_name(name)?;
-            if !force && store.path(name)?.exists() {
-                bail!("profile '{name}' already exists; pass --force to replace it");
-            }
-            let (_, caps) = ctx.caps()?;
-            let (options, _) = resolve_options(&caps, None, opts)?;
-            let path = store.save(&Profile {
-                schema: profiles::SCHEMA,
-                name: name.clone(),
-                description: description.clone(),
-                options,
-            })?;
-            println!("saved {}", path.display());
-        }
-        ProfilesCmd::Delete { name } => {
-            let path = store.delete(name)?;
-            println!("deleted {}", path.display());
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs a runtime tool in the foreground with the terminal attached, so its

@@ -16,6 +16,14 @@
 //! Profiles never hold an API key: `api_key` in a file is refused, and a key
 //! held in memory (typed in the TUI, or from `KRASIS_API_KEY`) is left out
 //! when saving. A profile names a key file instead (`api_key_file`).
+//!
+//! The repository's `profiles/*.toml` ship inside the binary as examples
+//! ([`examples`]); `--profile NAME` finds the user's own profile first, then
+//! an example. A profile's `model` may be a name looked up in the model roots
+//! ([`resolve`]).
+
+pub mod examples;
+pub mod resolve;
 
 use krasis_common::LaunchOptions;
 use serde::{Deserialize, Serialize};
@@ -45,7 +53,9 @@ pub enum ProfileError {
     },
     #[error("{file}: {reason}")]
     Rejected { file: PathBuf, reason: String },
-    #[error("no profile named '{name}' in {dir} (see `krasis profiles list`)")]
+    #[error(
+        "no profile named '{name}' in {dir}, and no shipped example of that name (see `krasis profiles list`)"
+    )]
     NotFound { name: String, dir: PathBuf },
     #[error(
         "'{0}' is not a valid profile name; use letters, digits, '-', '_' and '.' (not starting with '.')"
@@ -214,22 +224,41 @@ impl Store {
             };
             return Err(ProfileError::Rejected { file: path, reason });
         }
+        self.write_atomic(&p.name, &path, &text)
+    }
+
+    /// Saves profile text as written (comments kept) under `name`, after
+    /// checking that it parses and that its `name` is `name`.
+    pub fn save_text(&self, name: &str, text: &str) -> Result<PathBuf, ProfileError> {
+        let path = self.path(name)?;
+        let p = parse(text, &path)?;
+        if p.name != name {
+            return Err(ProfileError::Rejected {
+                file: path,
+                reason: format!("its name is '{}', not '{name}'", p.name),
+            });
+        }
+        self.write_atomic(name, &path, text)
+    }
+
+    /// A crash leaves either the old file or the new one, never half of one.
+    fn write_atomic(&self, name: &str, path: &Path, text: &str) -> Result<PathBuf, ProfileError> {
         std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
         let tmp = self
             .dir
-            .join(format!(".{}.toml.tmp-{}", p.name, std::process::id()));
+            .join(format!(".{name}.toml.tmp-{}", std::process::id()));
         let write = || -> std::io::Result<()> {
             use std::io::Write;
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(text.as_bytes())?;
             f.sync_all()?;
-            std::fs::rename(&tmp, &path)
+            std::fs::rename(&tmp, path)
         };
         write().map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
-            io(&path)(e)
+            io(path)(e)
         })?;
-        Ok(path)
+        Ok(path.to_path_buf())
     }
 
     pub fn delete(&self, name: &str) -> Result<PathBuf, ProfileError> {
@@ -371,12 +400,10 @@ mod tests {
 
     #[test]
     fn shipped_examples_load_and_validate() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
-        let s = Store::new(dir);
-        let all = s.list().unwrap();
-        assert!(all.len() >= 2, "expected shipped example profiles");
-        for (name, p) in all {
-            let p = p.unwrap_or_else(|e| panic!("profiles/{name}.toml: {e}"));
+        assert!(examples::EXAMPLES.len() >= 2, "expected shipped example profiles");
+        for e in examples::EXAMPLES {
+            let name = e.name;
+            let p = e.profile().unwrap_or_else(|e| panic!("profiles/{name}.toml: {e}"));
             assert_eq!(p.name, name);
             let caps = crate::runtime::tests::fake_caps(true);
             caps.check_options(&p.options, "qwen3_moe")

@@ -7,6 +7,8 @@ pub mod fake;
 pub mod gpu;
 pub mod host;
 pub mod models;
+pub mod report;
+pub mod report_text;
 
 pub use gpu::{GpuInfo, GpuReport};
 pub use host::HostInfo;
