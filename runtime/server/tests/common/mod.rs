@@ -45,6 +45,8 @@ pub struct Opts {
     pub fail: Option<fn(&str) -> Option<EngineError>>,
     pub cors_origins: Vec<String>,
     pub check_host: bool,
+    /// The engine reports HCS/VRAM figures (see `ScriptedEngine::with_cache_figures`).
+    pub cache_figures: bool,
 }
 
 impl Default for Opts {
@@ -63,6 +65,7 @@ impl Default for Opts {
             fail: None,
             cors_origins: Vec::new(),
             check_host: true,
+            cache_figures: false,
         }
     }
 }
@@ -89,6 +92,9 @@ pub fn harness(opts: Opts, reply: impl Fn(&str) -> String + Send + 'static) -> H
         ScriptedEngine::new(vocab, opts.context, responder).with_token_delay(opts.token_delay);
     if let Some((chunk, delay)) = opts.prefill {
         engine = engine.with_prefill(chunk, delay);
+    }
+    if opts.cache_figures {
+        engine = engine.with_cache_figures();
     }
     if let Some(fail) = opts.fail {
         let tok = tokenizer();
