@@ -149,15 +149,25 @@ impl BackendFormat {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum CacheState {
-    Valid { path: PathBuf, bytes: u64 },
+    Valid {
+        path: PathBuf,
+        bytes: u64,
+    },
     /// Not built yet: built on first launch with the cuda backend, or with
     /// `krasis build-cache`.
-    Missing { path: PathBuf },
+    Missing {
+        path: PathBuf,
+    },
     /// Present but unusable (stale, other format, damaged); rebuilt on launch.
-    Invalid { path: PathBuf, reason: String },
+    Invalid {
+        path: PathBuf,
+        reason: String,
+    },
     /// This model has no INT4 cache (no routed experts, shapes the format
     /// cannot hold, no cache directory).
-    Unavailable { reason: String },
+    Unavailable {
+        reason: String,
+    },
 }
 
 impl CacheState {
@@ -212,10 +222,37 @@ impl HeatmapState {
     }
 }
 
+/// A count as people read parameter counts: `30.5B`, `145.2M`, `9.4K`,
+/// `512` (one decimal, the largest unit it reaches; never `0.0B`).
+pub fn format_count(n: u64) -> String {
+    const UNITS: [(&str, f64); 4] = [("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)];
+    let Some(i) = UNITS.iter().position(|&(_, d)| n as f64 >= d) else {
+        return n.to_string();
+    };
+    let v = n as f64 / UNITS[i].1;
+    // 999,960 is `1.0M`, not `1000.0K`.
+    if (v * 10.0).round() >= 10_000.0 && i > 0 {
+        return format!("{:.1}{}", v / 1000.0, UNITS[i - 1].0);
+    }
+    format!("{v:.1}{}", UNITS[i].0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn counts_get_a_sensible_unit() {
+        assert_eq!(format_count(30_532_122_624), "30.5B");
+        assert_eq!(format_count(145_200_000), "145.2M");
+        assert_eq!(format_count(9_400), "9.4K");
+        assert_eq!(format_count(512), "512");
+        assert_eq!(format_count(0), "0");
+        assert_eq!(format_count(999_960), "1.0M");
+        assert_eq!(format_count(1_000), "1.0K");
+        assert_eq!(format_count(2_400_000_000_000), "2.4T");
+    }
 
     #[test]
     fn entries_are_tagged_by_status_not_wrapped() {

@@ -32,6 +32,10 @@ enum Command {
     Heatmap(cmd::heatmap::Args),
     /// Print what this runtime build implements.
     Capabilities(cmd::capabilities::Args),
+    /// Print the facts of model directories (geometry, parameters, formats, cache).
+    Inspect(cmd::inspect::Args),
+    /// Print the pre-flight memory plan for a model and engine options.
+    Plan(cmd::plan::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +49,8 @@ fn main() -> std::process::ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Heatmap(a) => cmd::heatmap::run(a),
         Command::Capabilities(a) => cmd::capabilities::run(a),
+        Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -72,6 +72,17 @@ pub fn device_names() -> Result<Vec<String>> {
         .collect()
 }
 
+/// `(free, total)` bytes of device `ordinal` as the engine sees them when
+/// it opens it: after its CUDA context exists (the pre-flight plan's budget).
+pub fn free_at_open(ordinal: usize) -> Result<(u64, u64)> {
+    check_ordinal(ordinal, &device_names()?)?;
+    let ctx = CudaContext::new(ordinal).map_err(GpuError::driver("creating the CUDA context"))?;
+    let (free, total) = ctx
+        .mem_get_info()
+        .map_err(GpuError::driver("querying free device memory"))?;
+    Ok((free as u64, total as u64))
+}
+
 /// The engine's share of the device: at most `limit` bytes in use, counted
 /// from the driver-visible free memory right after the context exists
 /// (memory other processes take afterwards counts too, conservatively).

@@ -85,7 +85,7 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     pub heatmap: String,
     /// Free VRAM kept in reserve after calibration, MiB.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = krasis_common::DEFAULT_SAFETY_MARGIN_MIB)]
     pub safety_margin_mib: u64,
     /// With --vram-limit: also measure the all-resident engine (no limit)
     /// first, for the bounds of the constrained figures.

@@ -31,7 +31,7 @@ pub struct EngineArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_vram_limit)]
     pub vram_limit: Option<u64>,
     /// Free VRAM kept in reserve after calibration, in MiB (cuda backend).
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = krasis_common::DEFAULT_SAFETY_MARGIN_MIB)]
     pub safety_margin_mib: u64,
     /// Keep hot experts in spare VRAM and copy the others on demand:
     /// on|off (cuda backend, where it defaults to on; off needs every expert
@@ -92,7 +92,9 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<Box<dyn Engine>> {
                     "--vram-limit applies to the cuda backend; the reference backend runs on the CPU"
                 );
             }
-            if args.heatmap != "auto" || args.safety_margin_mib != 600 {
+            if args.heatmap != "auto"
+                || args.safety_margin_mib != krasis_common::DEFAULT_SAFETY_MARGIN_MIB
+            {
                 bail!(
                     "--heatmap and --safety-margin-mib apply to the cuda backend's expert cache; \
                      the reference backend keeps every expert in host memory"

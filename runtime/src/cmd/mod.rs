@@ -4,6 +4,8 @@ pub mod capabilities;
 pub mod engines;
 pub mod generate;
 pub mod heatmap;
+pub mod inspect;
+pub mod plan;
 pub mod serve;
 pub mod synth;
 
