@@ -182,7 +182,7 @@ mod tests {
         assert_eq!((l.id, l.endpoint.as_str()), (7, "/v1/completions"));
         assert_eq!(l.client.as_deref(), Some("127.0.0.1:4242"));
         let ttft = l.ttft_ms.unwrap();
-        assert!(ttft >= 0.0 && ttft < 20.0, "{ttft}");
+        assert!(ttft >= 0.0, "{ttft}");
         assert_eq!(r.ttft().map(ms), Some(ttft));
         // Two tokens after the first, in at least 20 ms.
         assert!(
