@@ -329,3 +329,62 @@ fn killed_runtime_is_restarted_and_the_key_stays_out_of_argv() {
         "port {port} still served after shutdown"
     );
 }
+
+/// `profiles/demo-cpu.toml` exactly as shipped, on a machine that has never
+/// run `krasis demo`: its model name is resolved (the demo model created in
+/// the data dir), it serves a chat, and stops cleanly.
+#[test]
+fn the_shipped_demo_profile_serves_a_chat() {
+    let rt = runtime();
+    let t = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = krasis_isolated(t.path())
+        .arg("--runtime")
+        .arg(&rt)
+        .args(["serve", "--profile", "demo-cpu", "--port"])
+        .arg(port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = Output::follow(&mut child);
+    let ready = out.wait_for(false, Duration::from_secs(180), |l| {
+        l.starts_with("READY: ")
+    });
+    let url = format!("http://127.0.0.1:{port}");
+    assert!(ready.contains(&url), "{ready}");
+    assert!(
+        out.seen
+            .iter()
+            .any(|l| l.contains("Creating the demo model in") && l.contains("krasis-demo-tiny")),
+        "{:#?}",
+        out.seen
+    );
+    let http = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let r = http
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&serde_json::json!({
+            "model": "krasis-demo-tiny",
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 4,
+        }))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "chat failed: {}", r.status());
+    let body: serde_json::Value = r.json().unwrap();
+    assert!(
+        body["choices"][0]["message"]["content"].is_string(),
+        "{body}"
+    );
+
+    sigterm(child.id());
+    let st = wait_exit(&mut child, Duration::from_secs(30));
+    assert!(st.success(), "launcher exit {st:?}; output {:#?}", out.seen);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "port {port} still served after shutdown"
+    );
+}

@@ -45,27 +45,9 @@ fn row(name: &str, p: &Result<Profile, profiles::ProfileError>) -> Vec<String> {
 }
 
 fn print_rows(rows: &[Vec<String>]) {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let width: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter(|r| r.len() > c + 1)
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for r in rows {
-        let mut line = String::from("  ");
-        for (c, cell) in r.iter().enumerate() {
-            if c + 1 == r.len() {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<w$}  ", w = width[c]));
-            }
-        }
-        println!("{}", line.trim_end());
-    }
+    let mut out = String::new();
+    report_text::table(&mut out, "  ", rows);
+    print!("{out}");
 }
 
 fn list(ctx: &Ctx) -> anyhow::Result<()> {

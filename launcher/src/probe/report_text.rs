@@ -17,14 +17,15 @@ pub fn fmt_count(n: u64) -> String {
 }
 
 /// Rows of cells as left-aligned columns two spaces apart, each line
-/// starting with `indent`.
-fn table(out: &mut String, indent: &str, rows: &[Vec<String>]) {
+/// starting with `indent`. Shared with `krasis profiles list`.
+pub fn table(out: &mut String, indent: &str, rows: &[Vec<String>]) {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let width: Vec<usize> = (0..cols)
         .map(|c| {
+            // A row's last cell runs on, so it does not widen its column.
             rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
+                .filter(|r| r.len() > c + 1)
+                .map(|r| r[c].chars().count())
                 .max()
                 .unwrap_or(0)
         })

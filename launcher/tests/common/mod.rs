@@ -1,6 +1,8 @@
 //! Helpers shared by the launcher's integration tests.
 #![allow(dead_code)]
 
+pub mod shape;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -35,6 +37,28 @@ pub fn krasis_cmd(tmp: &Path) -> Command {
     c
 }
 
+/// [`krasis_cmd`] that also sees no model roots of this machine: it runs in
+/// `tmp` (so `./models` is `tmp/models`) with the Hugging Face cache at
+/// `tmp/hub`.
+///
+/// The runtime finds the Qwen vocabulary under the working directory's
+/// ancestors, so `tmp/.cache/vocab` links to the workspace's copy (its
+/// fallback, the workspace it was built in, is not always this one).
+pub fn krasis_isolated(tmp: &Path) -> Command {
+    let vocab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/vocab");
+    let link = tmp.join(".cache/vocab");
+    if vocab.is_dir() && !link.exists() {
+        std::fs::create_dir_all(tmp.join(".cache")).unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&vocab, &link).unwrap();
+    }
+    let mut c = krasis_cmd(tmp);
+    c.current_dir(tmp)
+        .env("HF_HUB_CACHE", tmp.join("hub"))
+        .env_remove("HF_HOME");
+    c
+}
+
 /// A qwen3_moe model directory the launcher can read (config.json and a
 /// placeholder safetensors file: the launcher never opens weights).
 pub fn fake_model(dir: &Path) -> PathBuf {
@@ -50,6 +74,27 @@ pub fn fake_model(dir: &Path) -> PathBuf {
     .unwrap();
     std::fs::write(m.join("model.safetensors"), b"").unwrap();
     m
+}
+
+/// Runs `c`, asserts it succeeded, returns its stdout.
+pub fn run_ok(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        out.status.success(),
+        "failed: {c:?}\nstdout:\n{so}\nstderr:\n{se}"
+    );
+    so
+}
+
+/// Runs `c`, asserts it failed, returns its stderr.
+pub fn run_err(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    assert!(!out.status.success(), "should have failed: {c:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 pub fn free_port() -> u16 {
