@@ -1,16 +1,24 @@
 //! TUI state and how events change it. No terminal here: `App::update` takes
 //! an [`Event`] and returns the [`Action`]s for the loop to carry out, which is
-//! what the key-driven tests exercise.
+//! what the key-driven tests exercise. Keys become commands through the one
+//! table in [`super::keys`].
+
+mod live;
+mod run;
+
+pub use live::{HISTORY, Live, LogView, Progress};
 
 use super::event::{Action, Event};
-use super::fields::FIELDS;
+use super::fields::{FIELDS, FieldCtx};
+use super::keys::{self, Cmd};
 use crate::estimate::{Estimate, estimate};
-use crate::probe::{Hardware, ModelInfo, ModelSummary, Probe};
-use crate::supervisor::SupEvent;
+use crate::probe::{Hardware, ModelInfo, ModelSummary, Probe, models};
+use crate::runtime::{PlanCache, RuntimeFacts};
 use crate::validate::validate_with_model;
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseEventKind};
-use krasis_common::{Capabilities, EngineStats, LaunchOptions, ProgressEvent};
+use krasis_common::{Capabilities, EngineStats, LaunchOptions};
 use std::collections::VecDeque;
+use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Screen {
@@ -56,8 +64,9 @@ pub enum RunStatus {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunState {
     pub status: RunStatus,
+    /// Startup phases of the current runtime process, the last one current.
     pub phases: Vec<(String, String)>,
-    pub progress: Option<(String, u64, u64, String)>,
+    pub progress: Option<Progress>,
     pub hcs: Option<String>,
     pub fatal: Option<String>,
     pub log: VecDeque<String>,
@@ -68,6 +77,9 @@ pub struct RunState {
     /// Automatic restarts after crashes since launch, and the latest one.
     pub crashes: u32,
     pub last_crash: Option<String>,
+    /// Sparkline histories and the request log, from the stats polls.
+    pub live: Live,
+    pub log_view: LogView,
 }
 
 impl Default for RunState {
@@ -84,6 +96,8 @@ impl Default for RunState {
             launched: None,
             crashes: 0,
             last_crash: None,
+            live: Live::default(),
+            log_view: LogView::default(),
         }
     }
 }
@@ -103,12 +117,19 @@ pub struct App {
     /// A validation error or notice for the footer.
     pub message: Option<String>,
     pub run: RunState,
+    /// The `?` overlay is open.
+    pub help: bool,
     pub quit: bool,
+    /// The runtime's model facts and plans; plans are remembered per
+    /// (model, options) so drawing never spawns a process per frame.
+    pub facts: std::sync::Arc<dyn RuntimeFacts>,
+    pub plans: PlanCache,
 }
 
 impl App {
     pub fn new(probe: &dyn Probe, caps: Result<Capabilities, String>) -> Self {
         let models = probe.models();
+        let facts = probe.facts();
         let model_idx = models.iter().position(|m| m.summary.is_ok()).unwrap_or(0);
         App {
             screen: Screen::Model,
@@ -121,8 +142,28 @@ impl App {
             editing: None,
             message: None,
             run: RunState::default(),
+            help: false,
             quit: false,
+            facts,
+            plans: PlanCache::default(),
         }
+    }
+
+    /// Asks the runtime again about every listed model (one `inspect`), so
+    /// what changed on disk shows: a cache built by the last launch, a
+    /// heatmap recorded since. Plans are kept: they do not depend on it.
+    pub fn refresh_models(&mut self) {
+        let found: Vec<models::FoundDir> = self
+            .models
+            .iter()
+            .map(|m| models::FoundDir {
+                path: m.path.clone(),
+                name: m.name.clone(),
+                root: m.root,
+            })
+            .collect();
+        let cache_dir = self.opts.cache_dir.clone();
+        self.models = models::with_facts(found, self.facts.as_ref(), cache_dir.as_deref());
     }
 
     pub fn selected_model(&self) -> Option<(&ModelInfo, &ModelSummary)> {
@@ -137,18 +178,20 @@ impl App {
         validate_with_model(&self.opts, caps, s).map_err(|e| e.to_string())
     }
 
+    /// The runtime's plan for the chosen options (asked once per options).
     pub fn estimate(&self) -> Option<Estimate> {
-        let (_, s) = self.selected_model()?;
+        self.selected_model()?;
         let gpu = self
             .hardware
             .gpus
             .gpus()
             .iter()
             .find(|g| g.index == self.opts.gpu)
-            .map(|g| (g.total_bytes, g.free_bytes));
+            .map(|g| (g.free_bytes, g.total_bytes));
         Some(estimate(
+            self.facts.as_ref(),
+            &self.plans,
             &self.opts,
-            s,
             self.hardware.host.available_ram_bytes,
             gpu,
         ))
@@ -165,6 +208,12 @@ impl App {
     }
 
     pub fn update(&mut self, ev: Event) -> Vec<Action> {
+        self.update_at(ev, Instant::now())
+    }
+
+    /// [`App::update`] with the event's arrival time (rates and ETAs are
+    /// measured from arrival times; tests pass their own).
+    pub fn update_at(&mut self, ev: Event, now: Instant) -> Vec<Action> {
         match ev {
             Event::Key(k) if k.kind != KeyEventKind::Release => self.key(k),
             Event::Key(_) | Event::Resize(..) => Vec::new(),
@@ -174,19 +223,14 @@ impl App {
                 _ => Vec::new(),
             },
             Event::Runtime(e) => {
-                self.runtime_event(e);
+                self.runtime_event(e, now);
                 Vec::new()
             }
-            Event::Stats(Ok(s)) => {
-                self.run.stats = Some(s);
-                self.run.stats_error = None;
+            Event::Stats(s) => {
+                self.stats(s);
                 Vec::new()
             }
-            Event::Stats(Err(e)) => {
-                self.run.stats_error = Some(e);
-                Vec::new()
-            }
-            Event::StopSignal => self.quit_actions(),
+            Event::StopSignal | Event::TerminalLost => self.quit_actions(),
         }
     }
 
@@ -200,55 +244,108 @@ impl App {
         }
     }
 
+    /// The key tables that apply now, the current mode's first: what the
+    /// footer shows and the overlay lists.
+    pub fn key_tables(&self) -> Vec<&'static [keys::Binding]> {
+        if self.help {
+            vec![keys::HELP]
+        } else if self.editing.is_some() {
+            vec![keys::EDITING]
+        } else {
+            vec![keys::screen(self.screen), keys::GLOBAL]
+        }
+    }
+
     fn key(&mut self, k: KeyEvent) -> Vec<Action> {
         if k.modifiers.contains(KeyModifiers::CONTROL) && k.code == KeyCode::Char('c') {
             return self.quit_actions();
         }
+        if self.help {
+            if keys::lookup(keys::HELP, &k) == Some(Cmd::CloseHelp) {
+                self.help = false;
+            }
+            return Vec::new();
+        }
         if self.editing.is_some() {
             return self.edit_key(k);
         }
-        if k.code == KeyCode::Char('q') {
-            return self.quit_actions();
-        }
-        match self.screen {
-            Screen::Model => self.model_key(k),
-            Screen::Hardware => self.nav_key(k, Screen::Model, Screen::Options),
-            Screen::Options => self.options_key(k),
-            Screen::Summary => self.summary_key(k),
-            Screen::Run => self.run_key(k),
+        match keys::command(self.screen, &k) {
+            Some(cmd) => self.command(cmd),
+            None => Vec::new(),
         }
     }
 
-    fn go(&mut self, s: Screen) {
+    fn command(&mut self, cmd: Cmd) -> Vec<Action> {
+        match (self.screen, cmd) {
+            (_, Cmd::Quit) => return self.quit_actions(),
+            (_, Cmd::Help) => self.help = true,
+            (_, Cmd::GoTo(s)) => self.goto(s),
+            (Screen::Model, Cmd::Prev | Cmd::Next) => {
+                let n = self.models.len().max(1);
+                let step = if cmd == Cmd::Next { 1 } else { n - 1 };
+                self.model_idx = (self.model_idx + step) % n;
+            }
+            (Screen::Model, Cmd::Forward) => self.choose_model(),
+            (Screen::Hardware, Cmd::Forward) => self.goto(Screen::Options),
+            (Screen::Hardware, Cmd::Back) => self.go(Screen::Model),
+            (Screen::Options, _) => self.options_command(cmd),
+            (Screen::Summary, Cmd::Launch) => return self.launch(),
+            (Screen::Summary, Cmd::SaveProfile) => {
+                self.editing = Some(String::new());
+                self.message = Some("profile name, then Enter (Esc cancels)".into());
+            }
+            (Screen::Summary, Cmd::Back) => self.go(Screen::Options),
+            (Screen::Run, _) => return self.run_command(cmd),
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    pub(super) fn go(&mut self, s: Screen) {
+        if s == Screen::Model && self.screen != Screen::Model {
+            self.refresh_models();
+        }
         self.screen = s;
         self.message = None;
     }
 
-    fn nav_key(&mut self, k: KeyEvent, back: Screen, next: Screen) -> Vec<Action> {
-        match k.code {
-            KeyCode::Enter | KeyCode::Tab | KeyCode::Right => self.go(next),
-            KeyCode::Esc | KeyCode::BackTab | KeyCode::Left => self.go(back),
-            _ => {}
+    /// Why a tab cannot be shown yet, if it cannot: the flow's order, so a
+    /// number key never lands on a screen with nothing valid to show.
+    pub fn reachable(&self, s: Screen) -> Result<(), String> {
+        match s {
+            Screen::Model | Screen::Hardware => Ok(()),
+            Screen::Options if self.opts.model.as_os_str().is_empty() => {
+                Err("choose a model first: select one on 1 Model and press Enter".into())
+            }
+            Screen::Options => Ok(()),
+            Screen::Summary => {
+                self.reachable(Screen::Options)?;
+                self.validation()
+                    .map_err(|e| format!("the summary needs valid options: {e}"))
+            }
+            Screen::Run if self.run.launched.is_none() => {
+                Err("nothing launched yet: press Enter on 4 Summary to launch".into())
+            }
+            Screen::Run => Ok(()),
         }
-        Vec::new()
     }
 
-    fn model_key(&mut self, k: KeyEvent) -> Vec<Action> {
-        let n = self.models.len();
-        match k.code {
-            KeyCode::Up | KeyCode::Char('k') if n > 0 => {
-                self.model_idx = (self.model_idx + n - 1) % n;
-            }
-            KeyCode::Down | KeyCode::Char('j') if n > 0 => {
-                self.model_idx = (self.model_idx + 1) % n
-            }
-            KeyCode::Enter | KeyCode::Tab | KeyCode::Right => self.choose_model(),
-            _ => {}
+    /// Goes to `s`, or says why not.
+    fn goto(&mut self, s: Screen) {
+        match self.reachable(s) {
+            Ok(()) => self.go(s),
+            Err(e) => self.message = Some(e),
         }
-        Vec::new()
     }
 
     fn choose_model(&mut self) {
+        // The facts shown from here on are today's: a cache may have been
+        // built since the list was read.
+        if let Some(m) = self.models.get(self.model_idx) {
+            let fresh =
+                models::inspect_one(self.facts.as_ref(), &m.path, self.opts.cache_dir.as_deref());
+            self.models[self.model_idx].summary = fresh;
+        }
         let Some(m) = self.models.get(self.model_idx) else {
             self.message =
                 Some("no models found; add one under ./models or pass --model-root DIR".into());
@@ -286,39 +383,51 @@ impl App {
         self.go(Screen::Hardware);
     }
 
-    fn options_key(&mut self, k: KeyEvent) -> Vec<Action> {
+    fn field_ctx(&self) -> Option<FieldCtx<'_>> {
+        Some(FieldCtx {
+            caps: self.caps.as_ref().ok()?,
+            model_type: self.selected_model().map(|(_, s)| s.model_type.as_str()),
+            gpus: self.hardware.gpus.gpus(),
+        })
+    }
+
+    /// Why the selected field cannot be used, if it cannot.
+    pub fn field_unavailable(&self, i: usize) -> Option<String> {
+        FIELDS[i].unavailable(&self.opts, self.field_ctx()?)
+    }
+
+    fn options_command(&mut self, cmd: Cmd) {
         let n = FIELDS.len();
-        match k.code {
-            KeyCode::Up | KeyCode::Char('k') => self.field_idx = (self.field_idx + n - 1) % n,
-            KeyCode::Down | KeyCode::Char('j') => self.field_idx = (self.field_idx + 1) % n,
-            KeyCode::Left | KeyCode::Right | KeyCode::Char(' ') => {
-                let f = FIELDS[self.field_idx];
-                let forward = k.code != KeyCode::Left;
-                match self.caps.as_ref() {
-                    Ok(caps) if f.is_choice() => {
-                        let mt = self.selected_model().map(|(_, s)| s.model_type.clone());
-                        f.cycle(&mut self.opts, caps, mt.as_deref(), forward);
+        let f = FIELDS[self.field_idx];
+        match cmd {
+            Cmd::Prev => self.field_idx = (self.field_idx + n - 1) % n,
+            Cmd::Next => self.field_idx = (self.field_idx + 1) % n,
+            Cmd::ChoicePrev | Cmd::ChoiceNext | Cmd::Edit => {
+                if let Some(why) = self.field_unavailable(self.field_idx) {
+                    self.message = Some(format!("{}: not available: {why}", f.label()));
+                    return;
+                }
+                let choose = cmd != Cmd::Edit;
+                match self.field_ctx() {
+                    Some(cx) if choose && f.is_choice() => {
+                        let mut o = self.opts.clone();
+                        f.cycle(&mut o, cx, cmd == Cmd::ChoiceNext);
+                        self.opts = o;
                         self.message = self.validation().err();
                     }
-                    _ => self.message = Some(format!("{}: press Enter to type a value", f.label())),
+                    _ if choose => {
+                        self.message = Some(format!("{}: press Enter to type a value", f.label()))
+                    }
+                    _ if f.is_choice() => {
+                        self.message = Some(format!("{}: use Left/Right to choose", f.label()))
+                    }
+                    _ => self.editing = Some(f.text(&self.opts)),
                 }
             }
-            KeyCode::Enter => {
-                let f = FIELDS[self.field_idx];
-                if f.is_choice() {
-                    self.message = Some(format!("{}: use Left/Right to choose", f.label()));
-                } else {
-                    self.editing = Some(f.text(&self.opts));
-                }
-            }
-            KeyCode::Tab => match self.validation() {
-                Ok(()) => self.go(Screen::Summary),
-                Err(e) => self.message = Some(e),
-            },
-            KeyCode::Esc | KeyCode::BackTab => self.go(Screen::Hardware),
+            Cmd::Forward => self.goto(Screen::Summary),
+            Cmd::Back => self.go(Screen::Hardware),
             _ => {}
         }
-        Vec::new()
     }
 
     fn edit_key(&mut self, k: KeyEvent) -> Vec<Action> {
@@ -365,133 +474,21 @@ impl App {
         }]
     }
 
-    fn summary_key(&mut self, k: KeyEvent) -> Vec<Action> {
-        match k.code {
-            KeyCode::Enter => match self.validation() {
-                Ok(()) => {
-                    self.run = RunState {
-                        status: RunStatus::Starting,
-                        launched: Some(self.opts.clone()),
-                        ..RunState::default()
-                    };
-                    self.go(Screen::Run);
-                    return vec![Action::Launch(self.opts.clone())];
-                }
-                Err(e) => self.message = Some(e),
-            },
-            KeyCode::Char('p') => {
-                self.editing = Some(String::new());
-                self.message = Some("profile name, then Enter (Esc cancels)".into());
-            }
-            KeyCode::Esc | KeyCode::BackTab | KeyCode::Left => self.go(Screen::Options),
-            _ => {}
+    fn launch(&mut self) -> Vec<Action> {
+        if self.runtime_active() {
+            self.message = Some("a runtime is already running: stop it on 5 Run (s) first".into());
+            return Vec::new();
         }
-        Vec::new()
-    }
-
-    fn run_key(&mut self, k: KeyEvent) -> Vec<Action> {
-        match k.code {
-            KeyCode::Char('s') if self.runtime_active() => {
-                self.run.status = RunStatus::Stopping;
-                vec![Action::Stop]
-            }
-            KeyCode::Char('r') => {
-                let Some(o) = self.run.launched.clone() else {
-                    return Vec::new();
-                };
-                let was_active = self.runtime_active();
-                self.run = RunState {
-                    status: RunStatus::Starting,
-                    launched: Some(o.clone()),
-                    ..RunState::default()
-                };
-                if was_active {
-                    vec![Action::Restart(o)]
-                } else {
-                    vec![Action::Launch(o)]
-                }
-            }
-            KeyCode::Esc | KeyCode::Char('b') if !self.runtime_active() => {
-                self.go(Screen::Summary);
-                Vec::new()
-            }
-            _ => Vec::new(),
+        if let Err(e) = self.validation() {
+            self.message = Some(e);
+            return Vec::new();
         }
-    }
-
-    fn push_log(&mut self, l: String) {
-        if self.run.log.len() == LOG_LINES {
-            self.run.log.pop_front();
-        }
-        self.run.log.push_back(l);
-    }
-
-    fn runtime_event(&mut self, e: SupEvent) {
-        match e {
-            SupEvent::Log(l) => self.push_log(l),
-            SupEvent::Restarting(r) => {
-                let message = r.to_string();
-                self.push_log(message.clone());
-                self.run.crashes += 1;
-                self.run.last_crash = Some(message.clone());
-                self.run.progress = None;
-                self.run.stats = None;
-                self.run.stats_error = None;
-                self.run.status = RunStatus::Restarting { message };
-            }
-            SupEvent::Restarted { pid } => {
-                self.push_log(format!("runtime restarted (pid {pid})"));
-                self.run.phases.clear();
-                self.run.hcs = None;
-                self.run.fatal = None;
-                self.run.status = RunStatus::Starting;
-            }
-            SupEvent::Exited {
-                success,
-                description,
-            } => {
-                self.run.status = RunStatus::Exited {
-                    success,
-                    description,
-                };
-            }
-            SupEvent::Progress(p) => match p {
-                ProgressEvent::Phase { phase, detail } => {
-                    self.run.progress = None;
-                    self.run.phases.push((phase, detail));
-                }
-                ProgressEvent::Progress {
-                    task,
-                    done,
-                    total,
-                    unit,
-                } => {
-                    self.run.progress = Some((task, done, total, unit));
-                }
-                ProgressEvent::HcsDecision {
-                    resident_experts,
-                    total_experts,
-                    bytes,
-                    safety_margin_bytes,
-                } => {
-                    self.run.hcs = Some(format!(
-                        "{resident_experts}/{total_experts} experts resident ({}), {} kept free",
-                        crate::units::fmt_bytes(bytes),
-                        crate::units::fmt_bytes(safety_margin_bytes)
-                    ));
-                }
-                ProgressEvent::Ready { url, .. } => {
-                    self.run.progress = None;
-                    self.run.status = RunStatus::Ready { url };
-                }
-                ProgressEvent::Log { level, message } => {
-                    self.push_log(format!("{level}: {message}"))
-                }
-                ProgressEvent::Fatal { message } => {
-                    self.push_log(format!("FATAL: {message}"));
-                    self.run.fatal = Some(message);
-                }
-            },
-        }
+        self.run = RunState {
+            status: RunStatus::Starting,
+            launched: Some(self.opts.clone()),
+            ..RunState::default()
+        };
+        self.go(Screen::Run);
+        vec![Action::Launch(self.opts.clone())]
     }
 }

@@ -1,6 +1,8 @@
 //! The options form: which fields exist, how each is shown, cycled through
-//! the runtime's capability lists, or typed in.
+//! the runtime's capability lists, or typed in, and which ones the selected
+//! backend or this machine cannot use (shown disabled, with the reason).
 
+use crate::probe::GpuInfo;
 use crate::units::{fmt_bytes, format_size_exact, parse_size};
 use krasis_common::options::HeatmapChoice;
 use krasis_common::{Backend, Capabilities, LaunchOptions};
@@ -22,9 +24,12 @@ pub enum Field {
     ApiKey,
     ApiKeyFile,
     CorsOrigins,
+    Gpu,
 }
 
-pub const FIELDS: [Field; 15] = [
+/// In form order. GPU comes last so the rows above keep their places (the
+/// tmux flow test counts them).
+pub const FIELDS: [Field; 16] = [
     Field::Backend,
     Field::ExpertPrecision,
     Field::AttentionPrecision,
@@ -40,7 +45,17 @@ pub const FIELDS: [Field; 15] = [
     Field::ApiKey,
     Field::ApiKeyFile,
     Field::CorsOrigins,
+    Field::Gpu,
 ];
+
+/// What availability and choices are derived from: the runtime's report
+/// and the probed GPUs.
+#[derive(Clone, Copy)]
+pub struct FieldCtx<'a> {
+    pub caps: &'a Capabilities,
+    pub model_type: Option<&'a str>,
+    pub gpus: &'a [GpuInfo],
+}
 
 impl Field {
     pub fn label(self) -> &'static str {
@@ -60,6 +75,7 @@ impl Field {
             Field::ApiKey => "API key (this run only)",
             Field::ApiKeyFile => "API key file",
             Field::CorsOrigins => "CORS origins",
+            Field::Gpu => "GPU (CUDA device)",
         }
     }
 
@@ -73,6 +89,7 @@ impl Field {
                 | Field::KvFormat
                 | Field::Hcs
                 | Field::Pruning
+                | Field::Gpu
         )
     }
 
@@ -113,6 +130,7 @@ impl Field {
                     o.cors_origins.join(", ")
                 }
             }
+            Field::Gpu => o.gpu.to_string(),
         }
     }
 
@@ -199,8 +217,9 @@ impl Field {
     }
 
     /// What the runtime offers for a choice field.
-    pub fn choices(self, caps: &Capabilities, model_type: Option<&str>) -> Vec<String> {
-        let arch = model_type.and_then(|t| caps.architecture(t));
+    pub fn choices(self, cx: FieldCtx) -> Vec<String> {
+        let caps = cx.caps;
+        let arch = cx.model_type.and_then(|t| caps.architecture(t));
         match self {
             Field::Backend => caps
                 .backends
@@ -223,19 +242,53 @@ impl Field {
                 }
                 v
             }
+            Field::Gpu => cx.gpus.iter().map(|g| g.index.to_string()).collect(),
             _ => Vec::new(),
         }
     }
 
+    /// Why this field cannot be used with `o` on this machine, if it cannot:
+    /// the row is shown disabled with this reason and does not change.
+    pub fn unavailable(self, o: &LaunchOptions, cx: FieldCtx) -> Option<String> {
+        match self {
+            Field::VramLimit | Field::SafetyMargin | Field::Gpu => {
+                if let Some(b) = cx.caps.backend(Backend::Cuda.as_str())
+                    && !b.available
+                {
+                    return Some(format!(
+                        "a GPU setting, and the cuda backend cannot run here: {}",
+                        b.reason.as_deref().unwrap_or("no reason given")
+                    ));
+                }
+                if o.backend != Backend::Cuda {
+                    return Some(format!(
+                        "a GPU setting; the {} backend runs on the CPU",
+                        o.backend.as_str()
+                    ));
+                }
+                (self == Field::Gpu && cx.gpus.is_empty())
+                    .then(|| "the hardware probe found no GPU".to_string())
+            }
+            // Asked of the one authority: would these options pass with
+            // HCS on? Only a refusal of HCS itself disables the field.
+            Field::Hcs => {
+                let with_hcs = LaunchOptions {
+                    hcs: true,
+                    ..o.clone()
+                };
+                match cx.caps.check_options(&with_hcs, cx.model_type?) {
+                    Err(e) if e.option == "hcs" => Some(e.reason),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
     /// Moves to the next/previous offered value.
-    pub fn cycle(
-        self,
-        o: &mut LaunchOptions,
-        caps: &Capabilities,
-        model_type: Option<&str>,
-        forward: bool,
-    ) {
-        let c = self.choices(caps, model_type);
+    pub fn cycle(self, o: &mut LaunchOptions, cx: FieldCtx, forward: bool) {
+        let (caps, model_type) = (cx.caps, cx.model_type);
+        let c = self.choices(cx);
         if c.is_empty() {
             return;
         }
@@ -261,6 +314,15 @@ impl Field {
                         && model_type
                             .and_then(|t| caps.architecture(t))
                             .is_some_and(|a| a.hcs);
+                    // A limit the new backend cannot use is not passed on.
+                    if Field::VramLimit.unavailable(o, cx).is_some() {
+                        o.vram_limit_bytes = None;
+                    }
+                }
+            }
+            Field::Gpu => {
+                if let Ok(g) = v.parse() {
+                    o.gpu = g;
                 }
             }
             Field::ExpertPrecision => o.expert_precision = v,

@@ -1,13 +1,18 @@
 //! One module per screen; this one draws the frame around them: the screen
-//! tabs on top and the key hints and messages at the bottom.
+//! tabs on top, the key hints and messages at the bottom, and the `?`
+//! overlay over everything.
 
 pub mod hardware;
+pub mod help;
 pub mod model;
 pub mod options;
 pub mod run;
+mod run_live;
+mod run_log;
 pub mod summary;
 
 use super::app::{App, Screen};
+use super::keys;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Color, Modifier, Style};
@@ -15,10 +20,15 @@ use ratatui::text::Line;
 use ratatui::widgets::{Paragraph, Tabs, Wrap};
 
 pub fn draw(app: &App, f: &mut Frame) {
+    let hints = keys::footer(&app.key_tables());
+    let width = f.area().width.max(1) as usize;
+    // The hints wrap rather than vanish on a narrow terminal.
+    let hint_rows = hints.chars().count().div_ceil(width).clamp(1, 3) as u16;
+    let message_rows = u16::from(app.message.is_some());
     let [top, body, bottom] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(3),
-        Constraint::Length(2),
+        Constraint::Length(hint_rows + message_rows),
     ])
     .areas(f.area());
     let idx = Screen::ALL
@@ -26,10 +36,18 @@ pub fn draw(app: &App, f: &mut Frame) {
         .position(|s| *s == app.screen)
         .unwrap_or(0);
     f.render_widget(
-        Tabs::new(Screen::ALL.iter().map(|s| s.title()))
-            .select(idx)
-            .highlight_style(Style::default().add_modifier(Modifier::REVERSED))
-            .divider("|"),
+        Tabs::new(Screen::ALL.iter().map(|s| {
+            // Tabs that cannot be reached yet are dimmed (the number key
+            // says why).
+            let style = match app.reachable(*s) {
+                Ok(()) => Style::default(),
+                Err(_) => Style::default().fg(Color::DarkGray),
+            };
+            Line::styled(s.title(), style)
+        }))
+        .select(idx)
+        .highlight_style(Style::default().add_modifier(Modifier::REVERSED))
+        .divider("|"),
         top,
     );
     match app.screen {
@@ -39,16 +57,6 @@ pub fn draw(app: &App, f: &mut Frame) {
         Screen::Summary => summary::render(app, f, body),
         Screen::Run => run::render(app, f, body),
     }
-    let hints = match (app.screen, app.editing.is_some()) {
-        (_, true) => "type, Enter: accept  Esc: cancel",
-        (Screen::Model, _) => "Up/Down: select  Enter: choose  q: quit",
-        (Screen::Hardware, _) => "Enter: options  Esc: back  q: quit",
-        (Screen::Options, _) => {
-            "Up/Down: field  Left/Right: choose  Enter: edit  Tab: summary  Esc: back  q: quit"
-        }
-        (Screen::Summary, _) => "Enter: launch  p: save as profile  Esc: back  q: quit",
-        (Screen::Run, _) => "s: stop  r: restart  b: back (when stopped)  q: quit",
-    };
     let mut lines = vec![Line::styled(hints, Style::default().fg(Color::DarkGray))];
     if let Some(m) = &app.message {
         lines.insert(
@@ -57,4 +65,7 @@ pub fn draw(app: &App, f: &mut Frame) {
         );
     }
     f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: true }), bottom);
+    if app.help {
+        help::render(app, f);
+    }
 }

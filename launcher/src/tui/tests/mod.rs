@@ -1,5 +1,12 @@
 //! Screen snapshots (text in a TestBackend buffer) and key-driven state
-//! transitions, with fake hardware, models and capabilities.
+//! transitions, with fake hardware, models and capabilities. The flow
+//! through the screens is here; the run screen's dashboard, the keys and
+//! the options a backend cannot use have their own modules.
+
+mod dashboard;
+mod facts;
+mod options_gating;
+mod tabs_and_help;
 
 use super::app::{App, RunStatus, Screen};
 use super::event::{Action, Event};
@@ -46,6 +53,31 @@ fn screen_text(a: &App, w: u16, h: u16) -> String {
         s.push('\n');
     }
     s
+}
+
+/// Model chosen, defaults taken, launched: the run screen, starting.
+fn launched(gpu: bool) -> App {
+    let mut a = app(gpu);
+    keys(
+        &mut a,
+        &[KeyCode::Enter, KeyCode::Enter, KeyCode::Tab, KeyCode::Enter],
+    );
+    assert_eq!(a.screen, Screen::Run);
+    a
+}
+
+fn progress(a: &mut App, e: ProgressEvent) {
+    a.update(Event::Runtime(SupEvent::Progress(e)));
+}
+
+fn ready(a: &mut App) {
+    progress(
+        a,
+        ProgressEvent::Ready {
+            url: "http://127.0.0.1:8080".into(),
+            model: "m".into(),
+        },
+    );
 }
 
 #[test]
@@ -111,23 +143,39 @@ fn options_offer_only_what_the_runtime_implements() {
     a.field_idx = 3;
     key(&mut a, KeyCode::Right);
     assert_eq!(a.opts.kv_format, "bf16");
-    // HCS on is offered by the architecture but refused for the reference backend.
+    // HCS is offered by the architecture but refused for the reference
+    // backend: the field does not change and says why.
     a.field_idx = 7;
     key(&mut a, KeyCode::Right);
-    assert!(a.opts.hcs);
+    assert!(!a.opts.hcs);
     assert!(
         a.message.as_deref().unwrap().contains("cuda backend"),
         "{:?}",
         a.message
     );
+    // Invalid options (here a context beyond the model's) do not reach the
+    // summary.
+    a.field_idx = 4;
+    key(&mut a, KeyCode::Enter);
+    typed(&mut a, "999999");
+    key(&mut a, KeyCode::Enter);
     key(&mut a, KeyCode::Tab);
     assert_eq!(
         a.screen,
         Screen::Options,
         "invalid options must not reach the summary"
     );
-    key(&mut a, KeyCode::Left);
-    assert!(!a.opts.hcs);
+    assert!(
+        a.message
+            .as_deref()
+            .unwrap()
+            .contains("max_position_embeddings")
+    );
+    key(&mut a, KeyCode::Enter);
+    for _ in 0..6 {
+        key(&mut a, KeyCode::Backspace);
+    }
+    key(&mut a, KeyCode::Enter);
     assert_eq!(a.message, None);
     let s = screen_text(&a, 100, 24);
     assert!(s.contains("KV cache format") && s.contains("bf16"), "{s}");
@@ -261,9 +309,10 @@ fn run_screen_follows_the_runtime_and_offers_restart() {
     let s = screen_text(&a, 120, 30);
     assert!(s.contains("READY at http://127.0.0.1:8080"), "{s}");
     assert!(s.contains("HCS: 2000/6144 experts resident"));
-    assert!(s.contains("prefill 812.5 tok/s  decode 21.2 tok/s"), "{s}");
-    assert!(s.contains("HCS hit rate 62.5%"));
-    assert!(s.contains("free VRAM 1.0 GiB of 24.0 GiB"));
+    assert!(s.contains("prefill   812.5 tok/s"), "{s}");
+    assert!(s.contains("decode     21.2 tok/s"), "{s}");
+    assert!(s.contains("hit 62.5%"), "{s}");
+    assert!(s.contains("23.0 GiB / 24.0 GiB GPU"), "{s}");
     // The runtime dies: the launcher stays, shows why, offers restart.
     a.update(Event::Runtime(SupEvent::Exited {
         success: false,

@@ -1,0 +1,87 @@
+//! Options the selected backend or this machine cannot use are shown
+//! disabled, with the reason from the capability report, and do not change.
+
+use super::*;
+use crate::tui::fields::{FIELDS, Field};
+
+fn at(a: &mut App, f: Field) {
+    a.field_idx = FIELDS.iter().position(|x| *x == f).unwrap();
+}
+
+fn options(gpu: bool) -> App {
+    let mut a = app(gpu);
+    keys(&mut a, &[KeyCode::Enter, KeyCode::Enter]);
+    assert_eq!(a.screen, Screen::Options);
+    a
+}
+
+#[test]
+fn without_a_gpu_the_gpu_settings_are_disabled_with_the_reason() {
+    let mut a = options(false);
+    let s = screen_text(&a, 140, 30);
+    let row = |name: &str| s.lines().find(|l| l.contains(name)).unwrap().to_string();
+    for f in ["VRAM limit", "Safety margin", "GPU (CUDA device)"] {
+        assert!(
+            row(f).contains(
+                "n/a: a GPU setting, and the cuda backend cannot run here: no NVIDIA driver"
+            ),
+            "{}\n{s}",
+            row(f)
+        );
+    }
+    assert!(
+        row("HCS").contains("n/a: HCS keeps experts in GPU memory and needs the cuda backend"),
+        "{s}"
+    );
+    // Not editable: Enter explains instead of opening an editor.
+    at(&mut a, Field::VramLimit);
+    key(&mut a, KeyCode::Enter);
+    assert_eq!(a.editing, None);
+    assert!(
+        a.message
+            .as_deref()
+            .unwrap()
+            .contains("VRAM limit: not available")
+    );
+    at(&mut a, Field::Hcs);
+    key(&mut a, KeyCode::Right);
+    assert!(!a.opts.hcs);
+    let s = screen_text(&a, 100, 30);
+    assert!(
+        s.contains("HCS (hot experts in VRAM) is not available"),
+        "{s}"
+    );
+}
+
+#[test]
+fn the_reference_backend_disables_gpu_settings_on_a_gpu_machine() {
+    let mut a = options(true);
+    at(&mut a, Field::VramLimit);
+    key(&mut a, KeyCode::Enter);
+    typed(&mut a, "20GiB");
+    key(&mut a, KeyCode::Enter);
+    assert_eq!(a.opts.vram_limit_bytes, Some(20 << 30));
+    at(&mut a, Field::Gpu);
+    key(&mut a, KeyCode::Right);
+    assert_eq!(a.opts.gpu, 0, "the one probed GPU");
+    at(&mut a, Field::Backend);
+    key(&mut a, KeyCode::Right);
+    assert_eq!(a.opts.backend, Backend::Reference);
+    assert_eq!(
+        a.opts.vram_limit_bytes, None,
+        "a limit the CPU cannot use is dropped"
+    );
+    assert!(!a.opts.hcs);
+    let s = screen_text(&a, 140, 30);
+    let vram = s.lines().find(|l| l.contains("VRAM limit")).unwrap();
+    assert!(
+        vram.contains("n/a: a GPU setting; the reference backend runs on the CPU"),
+        "{s}"
+    );
+    // Back to cuda: usable again.
+    key(&mut a, KeyCode::Right);
+    assert_eq!(a.opts.backend, Backend::Cuda);
+    at(&mut a, Field::VramLimit);
+    key(&mut a, KeyCode::Enter);
+    assert!(a.editing.is_some());
+}
