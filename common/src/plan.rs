@@ -191,9 +191,9 @@ impl Plan {
                 .join(", ")
         };
         let mut v = vec![format!(
-            "host RAM: {} ({})",
-            b(self.host.total_bytes),
-            list(&self.host.items)
+            "host RAM for {}: {} in all",
+            list(&self.host.items),
+            b(self.host.total_bytes)
         )];
         match &self.gpu {
             None => v.push(format!(
@@ -242,7 +242,7 @@ impl Plan {
                         b(e.all_bytes)
                     ),
                     Placement::Hcs => format!(
-                        "experts: HCS, {} of {} on the GPU ({}, {:.1}% coverage)",
+                        "HCS: {}/{} experts on the GPU ({}, {:.1}% coverage)",
                         e.on_gpu_experts,
                         e.total_experts,
                         b(e.on_gpu_bytes),
@@ -257,7 +257,9 @@ impl Plan {
                 });
                 match &g.verdict {
                     Verdict::Fits => {}
-                    Verdict::DoesNotFit { reason } => v.push(format!("WILL NOT FIT: {reason}")),
+                    Verdict::DoesNotFit { reason } => {
+                        v.push(format!("WARNING: will not fit: {reason}"))
+                    }
                     Verdict::Unknown { reason } => v.push(format!("fit unknown: {reason}")),
                 }
             }

@@ -11,6 +11,7 @@ use crate::estimate::estimate;
 use crate::paths::Dirs;
 use crate::probe::{Hardware, ModelSummary, Probe, SystemProbe, models};
 use crate::profiles::{self, Profile, Store};
+use crate::runtime::RuntimeFacts;
 use crate::supervisor::{RestartPolicy, SupEvent, Supervisor};
 use crate::units::fmt_bytes;
 use crate::{runtime, signals, validate};
@@ -47,8 +48,16 @@ impl Ctx {
     pub fn store(&self) -> Store {
         Store::new(self.dirs.profiles())
     }
+    /// The runtime's model facts and plans (`krasis-runtime inspect`/`plan`).
+    pub fn facts(&self) -> std::sync::Arc<dyn RuntimeFacts> {
+        self.probe().facts()
+    }
     pub fn probe(&self) -> SystemProbe {
-        SystemProbe::new(self.dirs.models(), &self.global.model_roots)
+        SystemProbe::new(
+            self.dirs.models(),
+            &self.global.model_roots,
+            self.global.runtime.as_deref(),
+        )
     }
 }
 
@@ -64,16 +73,24 @@ pub fn serve_command(opts: &LaunchOptions) -> (Vec<String>, Vec<(String, String)
 /// Profile (if any) + flags + the runtime's defaults, validated once.
 pub fn resolve_options(
     caps: &Capabilities,
+    facts: &dyn RuntimeFacts,
     profile: Option<LaunchOptions>,
     flags: &OptionFlags,
 ) -> anyhow::Result<(LaunchOptions, ModelSummary)> {
     let from_profile = profile.is_some();
+    // The architecture, as the runtime reads it.
+    let model_type = || {
+        flags
+            .model
+            .as_deref()
+            .and_then(|d| models::inspect_one(facts, d, None).ok())
+            .map(|s| s.model_type)
+    };
     let mut opts = match profile {
         Some(p) => p,
         None => {
             // Recommended defaults depend on the model's architecture.
-            let model_type = flags.model.as_deref().and_then(models::model_type);
-            model_type
+            model_type()
                 .and_then(|t| caps.default_options(&t))
                 .unwrap_or_default()
         }
@@ -82,14 +99,11 @@ pub fn resolve_options(
     if !from_profile && flags.hcs.is_none() {
         // HCS follows the backend unless asked for explicitly.
         opts.hcs = opts.backend == Backend::Cuda
-            && flags
-                .model
-                .as_deref()
-                .and_then(models::model_type)
+            && model_type()
                 .and_then(|t| caps.architecture(&t).map(|a| a.hcs))
                 .unwrap_or(false);
     }
-    let summary = validate::validate(&opts, caps).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let summary = validate::validate(&opts, caps, facts).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok((opts, summary))
 }
 
@@ -130,7 +144,7 @@ pub fn serve(ctx: &Ctx, a: &ServeArgs) -> anyhow::Result<ExitCode> {
     if demo {
         println!("{DEMO_NOTICE}");
     }
-    let (opts, summary) = resolve_options(&caps, profile, &flags)?;
+    let (opts, summary) = resolve_options(&caps, &*ctx.facts(), profile, &flags)?;
     run_headless(ctx, &rt, &opts, &summary, a.dry_run, demo)
 }
 
@@ -162,7 +176,7 @@ pub fn demo(ctx: &Ctx, a: &DemoArgs) -> anyhow::Result<ExitCode> {
         flags.model = Some(dir);
     }
     println!("{DEMO_NOTICE}");
-    let (opts, summary) = resolve_options(&caps, None, &flags)?;
+    let (opts, summary) = resolve_options(&caps, &*ctx.facts(), None, &flags)?;
     run_headless(ctx, &rt, &opts, &summary, a.dry_run, true)
 }
 
@@ -195,12 +209,13 @@ pub fn ensure_demo_model(rt: &Path, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_plan(opts: &LaunchOptions, m: &ModelSummary, hw: &Hardware) {
+fn print_plan(ctx: &Ctx, opts: &LaunchOptions, m: &ModelSummary, hw: &Hardware) {
     println!(
-        "model: {} ({}, {:.2}B params, {} experts x {} MoE layers, top-{})",
+        "model: {} ({}, {} params, {} active per token, {} experts x {} MoE layers, top-{})",
         opts.model.display(),
         m.model_type,
-        m.total_params as f64 / 1e9,
+        crate::units::fmt_count(m.total_params),
+        crate::units::fmt_count(m.active_params),
         m.num_experts,
         m.moe_layers,
         m.top_k
@@ -208,7 +223,7 @@ fn print_plan(opts: &LaunchOptions, m: &ModelSummary, hw: &Hardware) {
     println!(
         "backend: {}   experts: {}   attention: {}   KV: {}   HCS: {}   pruning: {}",
         opts.backend.as_str(),
-        opts.expert_precision,
+        m.experts_for(opts.backend),
         opts.attention_precision,
         opts.kv_format,
         if opts.hcs { "on" } else { "off" },
@@ -219,8 +234,14 @@ fn print_plan(opts: &LaunchOptions, m: &ModelSummary, hw: &Hardware) {
         .gpus()
         .iter()
         .find(|g| g.index == opts.gpu)
-        .map(|g| (g.total_bytes, g.free_bytes));
-    let e = estimate(opts, m, hw.host.available_ram_bytes, gpu);
+        .map(|g| (g.free_bytes, g.total_bytes));
+    let e = estimate(
+        &*ctx.facts(),
+        &crate::runtime::PlanCache::default(),
+        opts,
+        hw.host.available_ram_bytes,
+        gpu,
+    );
     for l in e.lines() {
         println!("  {l}");
     }
@@ -235,7 +256,7 @@ pub fn run_headless(
     demo: bool,
 ) -> anyhow::Result<ExitCode> {
     let hw = ctx.probe().hardware();
-    print_plan(opts, summary, &hw);
+    print_plan(ctx, opts, summary, &hw);
     if dry_run {
         println!("dry run: options are valid; not starting the runtime");
         return Ok(ExitCode::SUCCESS);
@@ -385,7 +406,8 @@ pub fn build_cache(
             model.display()
         );
     }
-    models::summarize(model, None).map_err(|e| anyhow::anyhow!("{}: {e}", model.display()))?;
+    models::inspect_one(&*ctx.facts(), model, cache_dir)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", model.display()))?;
     let mut args = vec![
         "build-cache".to_string(),
         "--model".into(),

@@ -1,8 +1,14 @@
-//! Finding the `krasis-runtime` binary and asking it what it implements.
+//! Finding the `krasis-runtime` binary and asking it what it implements
+//! (`capabilities`), what a model directory holds (`inspect`) and how a
+//! launch would place memory (`plan`). The runtime is the one authority on
+//! those facts; the launcher never reads configs or caches itself.
 
-use krasis_common::{Capabilities, PROTOCOL_VERSION};
+use krasis_common::{Backend, Capabilities, InspectReport, LaunchOptions, PROTOCOL_VERSION, Plan};
+use krasis_common::{ModelReport, size::format_size_exact};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 pub const RUNTIME_NAME: &str = if cfg!(windows) {
     "krasis-runtime.exe"
@@ -100,6 +106,170 @@ pub fn parse_report(runtime: &Path, stdout: &[u8]) -> Result<Capabilities, Runti
         });
     }
     Ok(caps)
+}
+
+/// Model facts and memory plans from the runtime. Behind a trait so the
+/// TUI's tests use fakes (`probe::fake`).
+pub trait RuntimeFacts: Send + Sync {
+    /// One entry per directory, in order (`krasis-runtime inspect`).
+    fn inspect(
+        &self,
+        dirs: &[PathBuf],
+        cache_dir: Option<&Path>,
+    ) -> Result<Vec<ModelReport>, String>;
+    /// The plan for `krasis-runtime plan ARGS` (see [`plan_args`]).
+    fn plan(&self, args: &[String]) -> Result<Plan, String>;
+}
+
+/// Runs `krasis-runtime ARGS --json` and parses its report.
+fn run_json<T: serde::de::DeserializeOwned>(runtime: &Path, args: &[String]) -> Result<T, String> {
+    let what = args.first().map_or("", |s| s.as_str());
+    let out = crate::supervisor::retry_busy(|| {
+        Command::new(runtime)
+            .args(args)
+            .arg("--json")
+            .env("KRASIS_LOG", "error")
+            .output()
+    })
+    .map_err(|e| format!("could not run {} {what}: {e}", runtime.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} {what} failed: {}",
+            runtime.display(),
+            String::from_utf8_lossy(&out.stderr)
+                .trim()
+                .trim_start_matches("error: ")
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "{} {what} printed a report this launcher cannot read: {e}",
+            runtime.display()
+        )
+    })
+}
+
+/// The real runtime binary (or why there is none).
+pub struct RuntimeClient {
+    pub runtime: Result<PathBuf, String>,
+}
+
+impl RuntimeFacts for RuntimeClient {
+    fn inspect(
+        &self,
+        dirs: &[PathBuf],
+        cache_dir: Option<&Path>,
+    ) -> Result<Vec<ModelReport>, String> {
+        let rt = self.runtime.as_ref().map_err(|e| e.clone())?;
+        if dirs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut args = vec!["inspect".to_string()];
+        for d in dirs {
+            args.push("--model".into());
+            args.push(d.display().to_string());
+        }
+        if let Some(c) = cache_dir {
+            args.push("--cache-dir".into());
+            args.push(c.display().to_string());
+        }
+        let r: InspectReport = run_json(rt, &args)?;
+        if r.protocol_version != PROTOCOL_VERSION {
+            return Err(format!(
+                "{} speaks protocol {}, this launcher speaks {PROTOCOL_VERSION}; install matching krasis and krasis-runtime",
+                rt.display(),
+                r.protocol_version
+            ));
+        }
+        if r.models.len() != dirs.len() {
+            return Err(format!(
+                "{} inspect answered for {} of {} directories",
+                rt.display(),
+                r.models.len(),
+                dirs.len()
+            ));
+        }
+        Ok(r.models)
+    }
+
+    fn plan(&self, args: &[String]) -> Result<Plan, String> {
+        let rt = self.runtime.as_ref().map_err(|e| e.clone())?;
+        let p: Plan = run_json(rt, args)?;
+        if p.protocol_version != PROTOCOL_VERSION {
+            return Err(format!(
+                "{} speaks protocol {}, this launcher speaks {PROTOCOL_VERSION}",
+                rt.display(),
+                p.protocol_version
+            ));
+        }
+        Ok(p)
+    }
+}
+
+/// `krasis-runtime plan` arguments for `opts` on a device with `device`
+/// (free, total) bytes as the launcher's probe measured them (so planning
+/// never creates a CUDA context next to a running engine). The engine
+/// flags are the ones `serve` gets for the same options.
+pub fn plan_args(opts: &LaunchOptions, device: Option<(u64, u64)>) -> Vec<String> {
+    let mut a = vec![
+        "plan".to_string(),
+        "--model".into(),
+        opts.model.display().to_string(),
+        "--backend".into(),
+        opts.backend.as_str().into(),
+    ];
+    if let Some(c) = opts.context_length {
+        a.push("--context-length".into());
+        a.push(c.to_string());
+    }
+    if opts.backend == Backend::Cuda {
+        a.extend([
+            "--safety-margin-mib".into(),
+            opts.safety_margin_mib.to_string(),
+            "--hcs".into(),
+            if opts.hcs { "on" } else { "off" }.into(),
+            "--heatmap".into(),
+            opts.heatmap.to_arg(),
+            "--gpu".into(),
+            opts.gpu.to_string(),
+        ]);
+        if let Some(v) = opts.vram_limit_bytes {
+            a.push("--vram-limit".into());
+            a.push(format_size_exact(v));
+        }
+        if let Some(d) = &opts.cache_dir {
+            a.push("--cache-dir".into());
+            a.push(d.display().to_string());
+        }
+        if let Some((free, total)) = device {
+            a.push("--device-free".into());
+            a.push(free.to_string());
+            a.push("--device-total".into());
+            a.push(total.to_string());
+        }
+    }
+    a
+}
+
+/// Plans remembered per argument list, so a screen drawn many times a
+/// second asks the runtime once per (model, options).
+pub struct PlanCache {
+    plans: Mutex<HashMap<Vec<String>, Result<Plan, String>>>,
+}
+
+impl Default for PlanCache {
+    fn default() -> Self {
+        PlanCache {
+            plans: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl PlanCache {
+    pub fn get(&self, facts: &dyn RuntimeFacts, args: Vec<String>) -> Result<Plan, String> {
+        let mut m = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(args).or_insert_with_key(|a| facts.plan(a)).clone()
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! (`Capabilities::check_options`), and checks against the model itself.
 
 use crate::probe::{ModelSummary, models};
+use crate::runtime::RuntimeFacts;
 use krasis_common::{Capabilities, LaunchOptions, OptionError};
 
 /// Validates `opts` for a model whose facts are already known.
@@ -45,8 +46,13 @@ fn check_key_file(opts: &LaunchOptions) -> Result<(), OptionError> {
     .map_err(|e| OptionError::new("api_key_file", e.reason))
 }
 
-/// Reads the model named in `opts` from disk, then [`validate_with_model`].
-pub fn validate(opts: &LaunchOptions, caps: &Capabilities) -> Result<ModelSummary, OptionError> {
+/// Asks the runtime about the model named in `opts`, then
+/// [`validate_with_model`].
+pub fn validate(
+    opts: &LaunchOptions,
+    caps: &Capabilities,
+    facts: &dyn RuntimeFacts,
+) -> Result<ModelSummary, OptionError> {
     opts.validate()?;
     let dir = &opts.model;
     if !dir.is_dir() {
@@ -67,7 +73,7 @@ pub fn validate(opts: &LaunchOptions, caps: &Capabilities) -> Result<ModelSummar
             ),
         ));
     }
-    let summary = models::summarize(dir, opts.cache_dir.as_deref())
+    let summary = models::inspect_one(facts, dir, opts.cache_dir.as_deref())
         .map_err(|e| OptionError::new("model", e))?;
     validate_with_model(opts, caps, &summary)?;
     Ok(summary)
@@ -76,7 +82,7 @@ pub fn validate(opts: &LaunchOptions, caps: &Capabilities) -> Result<ModelSummar
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::fake::a3b;
+    use crate::probe::fake::{FakeFacts, a3b};
     use crate::runtime::tests::fake_caps;
 
     #[test]
@@ -125,14 +131,14 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         o.model = t.path().join("nope");
         assert!(
-            validate(&o, &caps)
+            validate(&o, &caps, &FakeFacts::default())
                 .unwrap_err()
                 .reason
                 .contains("not a directory")
         );
         o.model = t.path().to_path_buf();
         assert!(
-            validate(&o, &caps)
+            validate(&o, &caps, &FakeFacts::default())
                 .unwrap_err()
                 .reason
                 .contains("config.json")

@@ -118,7 +118,7 @@ pub fn profiles_cmd(ctx: &Ctx, cmd: &ProfilesCmd) -> anyhow::Result<ExitCode> {
             if let Some(m) = &mut flags.model {
                 resolve_model_name(ctx, &rt, m)?;
             }
-            let (options, _) = resolve_options(&caps, None, &flags)?;
+            let (options, _) = resolve_options(&caps, &*ctx.facts(), None, &flags)?;
             let path = store.save(&Profile {
                 schema: profiles::SCHEMA,
                 name: name.clone(),

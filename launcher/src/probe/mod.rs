@@ -14,8 +14,10 @@ pub use gpu::{GpuInfo, GpuReport};
 pub use host::HostInfo;
 pub use models::{CacheStatus, ModelInfo, ModelRoot, ModelSummary};
 
+use crate::runtime::{RuntimeClient, RuntimeFacts};
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Hardware {
@@ -26,23 +28,33 @@ pub struct Hardware {
 /// Source of hardware and model facts.
 pub trait Probe {
     fn hardware(&self) -> Hardware;
+    /// Every model directory found, with the runtime's facts about it.
     fn models(&self) -> Vec<ModelInfo>;
+    /// The runtime's model facts and memory plans, kept by front ends that
+    /// re-inspect a model (after a cache build) or plan a launch later.
+    fn facts(&self) -> Arc<dyn RuntimeFacts>;
 }
 
-/// Probes the real machine and the model roots it was given.
+/// Probes the real machine and the model roots it was given; model facts
+/// come from `krasis-runtime inspect`.
 pub struct SystemProbe {
     pub roots: Vec<ModelRoot>,
     /// Expert cache root to check (None: the platform cache directory).
     pub cache_root: Option<PathBuf>,
+    pub runtime: Arc<RuntimeClient>,
 }
 
 impl SystemProbe {
     /// The standard roots (./models, the Hugging Face hub cache, the Krasis
-    /// data dir) plus the user's own.
-    pub fn new(data_models: PathBuf, extra: &[PathBuf]) -> Self {
+    /// data dir) plus the user's own; `runtime` is `--runtime` if given
+    /// (else the runtime next to `krasis`, else on PATH).
+    pub fn new(data_models: PathBuf, extra: &[PathBuf], runtime: Option<&Path>) -> Self {
         SystemProbe {
             roots: models::default_roots(data_models, extra),
             cache_root: None,
+            runtime: Arc::new(RuntimeClient {
+                runtime: crate::runtime::locate(runtime).map_err(|e| e.to_string()),
+            }),
         }
     }
 }
@@ -55,6 +67,13 @@ impl Probe for SystemProbe {
         }
     }
     fn models(&self) -> Vec<ModelInfo> {
-        models::discover(&self.roots, self.cache_root.as_deref())
+        models::with_facts(
+            models::discover(&self.roots),
+            self.runtime.as_ref(),
+            self.cache_root.as_deref(),
+        )
+    }
+    fn facts(&self) -> Arc<dyn RuntimeFacts> {
+        self.runtime.clone()
     }
 }

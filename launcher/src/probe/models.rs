@@ -1,8 +1,10 @@
 //! Finds Hugging Face model directories (a `config.json` next to
-//! `*.safetensors`) under the standard roots and reads their real geometry.
+//! `*.safetensors`) under the standard roots. What a directory holds comes
+//! from the runtime (`krasis-runtime inspect`), never from reading its
+//! config here.
 
-use krasis_cache::ExpertLayout;
-use krasis_model::{Geometry, ModelConfig};
+use crate::runtime::RuntimeFacts;
+use krasis_common::{Backend, ModelFacts, ModelReport};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -25,59 +27,19 @@ pub struct ModelRoot {
     pub kind: RootKind,
 }
 
-/// The model's INT4 expert cache as the runtime would find it. The header
-/// and the source identity are checked here; the per-layer checksums are
-/// verified by the runtime when it opens the cache.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "status", rename_all = "snake_case")]
-pub enum CacheStatus {
-    Valid {
-        path: PathBuf,
-        bytes: u64,
-    },
-    /// Present but unusable (stale, other format, damaged); rebuilt on launch.
-    Invalid {
-        path: PathBuf,
-        reason: String,
-    },
-    /// Not built yet; built on first launch or with `krasis build-cache`.
-    Missing {
-        path: PathBuf,
-    },
-    /// The checkpoint could not be opened as a cache source.
-    Unknown {
-        reason: String,
-    },
-}
+/// The model's INT4 expert cache as the runtime found it
+/// (`krasis-runtime inspect`).
+pub use krasis_common::inspect::{BackendFormat, CacheState as CacheStatus, HeatmapState};
 
-impl CacheStatus {
-    pub fn describe(&self) -> String {
-        use crate::units::fmt_bytes;
-        match self {
-            CacheStatus::Valid { path, bytes } => {
-                format!("built ({}) at {}", fmt_bytes(*bytes), path.display())
-            }
-            CacheStatus::Invalid { path, reason } => {
-                format!("unusable ({reason}); rebuilt on launch: {}", path.display())
-            }
-            CacheStatus::Missing { .. } => "not built yet (built on first launch)".into(),
-            CacheStatus::Unknown { reason } => format!("cannot tell: {reason}"),
-        }
-    }
-}
-
-/// The `model_type` in `DIR/config.json`, if it parses.
-pub fn model_type(dir: &Path) -> Option<String> {
-    ModelConfig::load(dir)
-        .ok()
-        .map(|c| c.model_type().to_string())
-}
-
+/// What the launcher shows of a model: the runtime's facts
+/// (`krasis_common::inspect::ModelFacts`) in the launcher's terms.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelSummary {
     pub model_type: String,
     pub total_params: u64,
     pub routed_expert_params: u64,
+    /// Parameters one token uses (non-expert + top-k experts per MoE layer).
+    pub active_params: u64,
     pub num_layers: usize,
     pub moe_layers: usize,
     pub num_experts: usize,
@@ -90,9 +52,44 @@ pub struct ModelSummary {
     /// All routed experts in the checkpoint's own precision.
     pub source_expert_bytes: u64,
     pub source_dtype: String,
+    /// What each backend really computes with for this model.
+    pub backends: Vec<BackendFormat>,
     pub cache: CacheStatus,
-    #[serde(skip)]
-    pub geometry: Geometry,
+    pub heatmap: HeatmapState,
+}
+
+impl ModelSummary {
+    pub fn from_facts(f: ModelFacts) -> Self {
+        let g = &f.geometry;
+        ModelSummary {
+            model_type: f.model_type,
+            total_params: f.params.total,
+            routed_expert_params: f.params.routed_experts,
+            active_params: f.params.active_per_token,
+            num_layers: g.num_layers as usize,
+            moe_layers: g.moe_layers as usize,
+            num_experts: g.num_experts as usize,
+            top_k: g.experts_per_token as usize,
+            max_position_embeddings: g.max_position_embeddings as usize,
+            int4_expert_stride: f.formats.int4_expert_stride,
+            int4_expert_bytes: f.formats.int4_expert_bytes,
+            source_expert_bytes: f.formats.checkpoint_expert_bytes,
+            source_dtype: f.formats.checkpoint_dtype,
+            backends: f.formats.backends,
+            cache: f.cache,
+            heatmap: f.heatmap,
+        }
+    }
+
+    /// The engine's expert precision for `backend`, as its load logs it:
+    /// `int4 (INT4 expert cache)` on cuda, `bf16 (checkpoint)` on the
+    /// reference engine.
+    pub fn experts_for(&self, backend: Backend) -> String {
+        self.backends
+            .iter()
+            .find(|b| b.backend == backend)
+            .map_or_else(|| "unknown".into(), BackendFormat::describe_experts)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -107,6 +104,57 @@ pub struct ModelInfo {
 impl ModelInfo {
     pub fn model_type(&self) -> Option<&str> {
         self.summary.as_ref().ok().map(|s| s.model_type.as_str())
+    }
+}
+
+/// A model directory found on disk (before the runtime is asked about it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundDir {
+    pub path: PathBuf,
+    pub name: String,
+    pub root: RootKind,
+}
+
+/// Asks the runtime about every directory in one `inspect`; each gets its
+/// facts or the reason it cannot be served (all the same reason when the
+/// runtime itself cannot answer).
+pub fn with_facts(
+    found: Vec<FoundDir>,
+    facts: &dyn RuntimeFacts,
+    cache_root: Option<&Path>,
+) -> Vec<ModelInfo> {
+    let dirs: Vec<PathBuf> = found.iter().map(|d| d.path.clone()).collect();
+    let answers = facts.inspect(&dirs, cache_root);
+    found
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| ModelInfo {
+            summary: match &answers {
+                Ok(reports) => summary_of(reports[i].clone()),
+                Err(e) => Err(format!("cannot inspect: {e}")),
+            },
+            path: d.path,
+            name: d.name,
+            root: d.root,
+        })
+        .collect()
+}
+
+/// The runtime's facts about one directory (one `inspect`).
+pub fn inspect_one(
+    facts: &dyn RuntimeFacts,
+    dir: &Path,
+    cache_root: Option<&Path>,
+) -> Result<ModelSummary, String> {
+    let mut r = facts.inspect(&[dir.to_path_buf()], cache_root)?;
+    summary_of(r.pop().ok_or("the runtime gave no answer")?)
+}
+
+/// The launcher's view of one `inspect` entry.
+pub fn summary_of(r: ModelReport) -> Result<ModelSummary, String> {
+    match r {
+        ModelReport::Ok(f) => Ok(ModelSummary::from_facts(f)),
+        ModelReport::Error { reason, .. } => Err(reason),
     }
 }
 
@@ -141,19 +189,19 @@ pub fn default_roots(data_models: PathBuf, extra: &[PathBuf]) -> Vec<ModelRoot> 
     roots
 }
 
-pub fn discover(roots: &[ModelRoot], cache_root: Option<&Path>) -> Vec<ModelInfo> {
-    let mut found: Vec<ModelInfo> = Vec::new();
+/// Model directories under `roots` (filesystem only: a `config.json` next
+/// to `*.safetensors`), each once.
+pub fn discover(roots: &[ModelRoot]) -> Vec<FoundDir> {
+    let mut found: Vec<FoundDir> = Vec::new();
     for root in roots {
         for dir in candidate_dirs(root) {
             let canon = dir.canonicalize().unwrap_or(dir.clone());
             if found.iter().any(|m| m.path == canon) {
                 continue;
             }
-            let name = display_name(root.kind, &dir);
-            found.push(ModelInfo {
-                summary: summarize(&canon, cache_root),
+            found.push(FoundDir {
+                name: display_name(root.kind, &dir),
                 path: canon,
-                name,
                 root: root.kind,
             });
         }
@@ -233,98 +281,4 @@ fn display_name(kind: RootKind, dir: &Path) -> String {
         }
     }
     base(dir)
-}
-
-/// Reads the model's config and computes its sizes; the error says why the
-/// directory cannot be served.
-pub fn summarize(dir: &Path, cache_root: Option<&Path>) -> Result<ModelSummary, String> {
-    let cfg = ModelConfig::load(dir).map_err(|e| e.to_string())?;
-    let g = cfg.geometry();
-    let layout = ExpertLayout::new(g.hidden, g.expert_intermediate).ok_or_else(|| {
-        format!(
-            "expert shape hidden={} intermediate={} is not a multiple of 128; the INT4 cache cannot hold it",
-            g.hidden, g.expert_intermediate
-        )
-    })?;
-    let (source_dtype, source_bytes_per_param) = source_dtype(dir);
-    let moe_layers = g.num_moe_layers();
-    let experts_total = (moe_layers * g.num_experts) as u64;
-    Ok(ModelSummary {
-        model_type: cfg.model_type().to_string(),
-        total_params: g.total_params(),
-        routed_expert_params: g.routed_expert_params(),
-        num_layers: g.num_layers,
-        moe_layers,
-        num_experts: g.num_experts,
-        top_k: g.top_k,
-        max_position_embeddings: g.max_position_embeddings,
-        int4_expert_stride: layout.expert_stride as u64,
-        int4_expert_bytes: layout.expert_stride as u64 * experts_total,
-        source_expert_bytes: g.routed_expert_params() * source_bytes_per_param,
-        source_dtype,
-        cache: cache_status(dir, cache_root),
-        geometry: g,
-    })
-}
-
-/// `torch_dtype` (or `dtype`) from config.json; BF16 when absent, which is
-/// what Qwen3-MoE checkpoints ship.
-fn source_dtype(dir: &Path) -> (String, u64) {
-    let v: Option<serde_json::Value> = std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
-    let d = v
-        .as_ref()
-        .and_then(|v| v.get("torch_dtype").or_else(|| v.get("dtype")))
-        .and_then(|d| d.as_str())
-        .unwrap_or("bfloat16")
-        .to_string();
-    let bytes = match d.as_str() {
-        "float32" => 4,
-        "float8_e4m3fn" | "int8" => 1,
-        _ => 2,
-    };
-    (d, bytes)
-}
-
-/// Where the runtime looks for the cache (`krasis_cache::cache_path`), and
-/// whether what is there was built from this checkpoint.
-pub fn cache_status(dir: &Path, cache_root: Option<&Path>) -> CacheStatus {
-    let source = match krasis_cache::ModelSource::open(dir) {
-        Ok(s) => s,
-        Err(e) => {
-            return CacheStatus::Unknown {
-                reason: e.to_string(),
-            };
-        }
-    };
-    let path = match krasis_cache::cache_path(&source, cache_root) {
-        Ok(p) => p,
-        Err(e) => {
-            return CacheStatus::Unknown {
-                reason: e.to_string(),
-            };
-        }
-    };
-    let Ok(meta) = std::fs::metadata(&path) else {
-        return CacheStatus::Missing { path };
-    };
-    match krasis_cache::ExpertCache::open_with(
-        &path,
-        source.config(),
-        krasis_cache::Verify::HeaderOnly,
-    ) {
-        Ok(c) if c.source() == source.identity() => CacheStatus::Valid {
-            path,
-            bytes: meta.len(),
-        },
-        Ok(_) => CacheStatus::Invalid {
-            path,
-            reason: "built from a different checkpoint".into(),
-        },
-        Err(e) => CacheStatus::Invalid {
-            path,
-            reason: e.to_string(),
-        },
-    }
 }

@@ -209,7 +209,8 @@ pub struct Architecture {
 
 /// What asking for the runtime gave: its path and capabilities, or why not
 /// (with the path when it was found but did not answer).
-pub type RuntimeFacts = Result<(std::path::PathBuf, Capabilities), (Option<std::path::PathBuf>, String)>;
+pub type RuntimeFacts =
+    Result<(std::path::PathBuf, Capabilities), (Option<std::path::PathBuf>, String)>;
 
 fn path_text(p: &Path) -> String {
     p.display().to_string()
@@ -319,7 +320,9 @@ fn cache_entry(c: &CacheStatus) -> Cache {
             (CacheState::Invalid, Some(path), None, Some(reason.clone()))
         }
         CacheStatus::Missing { path } => (CacheState::Missing, Some(path), None, None),
-        CacheStatus::Unknown { reason } => (CacheState::Unknown, None, None, Some(reason.clone())),
+        CacheStatus::Unavailable { reason } => {
+            (CacheState::Unknown, None, None, Some(reason.clone()))
+        }
     };
     Cache {
         status,
@@ -387,10 +390,8 @@ mod tests {
     use super::shape;
 
     fn doc() -> String {
-        std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/probe-json.md"),
-        )
-        .expect("docs/probe-json.md")
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/probe-json.md"))
+            .expect("docs/probe-json.md")
     }
 
     /// The shapes the integration test cannot reach on a machine without a

@@ -2,7 +2,8 @@
 
 use crate::probe::{GpuReport, Hardware};
 use crate::tui::app::App;
-use crate::units::fmt_bytes;
+use crate::units::{fmt_bytes, fmt_count};
+use krasis_common::Backend;
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
@@ -51,6 +52,32 @@ pub fn describe(hw: &Hardware) -> Vec<String> {
     v
 }
 
+/// What the chosen model asks of this machine per backend, from the
+/// runtime's facts: the CUDA engine holds the INT4 expert cache in host
+/// RAM; the reference engine reads the checkpoint's own experts.
+pub fn model_needs(app: &App) -> Vec<String> {
+    let Some((m, s)) = app.selected_model() else {
+        return Vec::new();
+    };
+    if s.num_experts == 0 {
+        return Vec::new();
+    }
+    vec![
+        String::new(),
+        format!("{} ({} parameters):", m.name, fmt_count(s.total_params)),
+        format!(
+            "  cuda backend: experts {}, {} in host RAM",
+            s.experts_for(Backend::Cuda),
+            fmt_bytes(s.int4_expert_bytes)
+        ),
+        format!(
+            "  reference backend: experts {}, {} mapped from disk",
+            s.experts_for(Backend::Reference),
+            fmt_bytes(s.source_expert_bytes)
+        ),
+    ]
+}
+
 pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let mut lines = describe(&app.hardware);
     lines.push(String::new());
@@ -66,6 +93,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
         }
         Err(e) => lines.push(format!("runtime: {e}")),
     }
+    lines.extend(model_needs(app));
     f.render_widget(
         Paragraph::new(lines.join("\n"))
             .wrap(Wrap { trim: true })

@@ -1,7 +1,8 @@
 //! Model screen: every model directory found, with its size facts.
 
 use crate::tui::app::App;
-use crate::units::fmt_bytes;
+use crate::units::{fmt_bytes, fmt_count};
+use krasis_common::Backend;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
@@ -9,7 +10,7 @@ use ratatui::widgets::{Block, Borders, List, ListItem, ListState, Paragraph, Wra
 
 pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let [list_area, detail] =
-        Layout::vertical([Constraint::Min(3), Constraint::Length(7)]).areas(area);
+        Layout::vertical([Constraint::Min(3), Constraint::Length(8)]).areas(area);
     if app.models.is_empty() {
         f.render_widget(
             Paragraph::new("No models found in ./models, the Hugging Face cache or the Krasis data directory.\nDownload one (e.g. huggingface-cli download Qwen/Qwen3-30B-A3B), add --model-root DIR, or quit and run `krasis demo`.")
@@ -24,11 +25,7 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
         .iter()
         .map(|m| {
             let tail = match &m.summary {
-                Ok(s) => format!(
-                    "{}  {:.1}B params",
-                    s.model_type,
-                    s.total_params as f64 / 1e9
-                ),
+                Ok(s) => format!("{}  {} params", s.model_type, fmt_count(s.total_params)),
                 Err(_) => "unusable".into(),
             };
             ListItem::new(format!("{}  [{}]", m.name, tail))
@@ -47,17 +44,21 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
         None => String::new(),
         Some(m) => match &m.summary {
             Ok(s) => format!(
-                "{}\n{} layers ({} MoE), {} experts, top-{}, max context {}\nexperts: INT4 {} (source {} {})\nexpert cache: {}",
+                "{}\n{} parameters ({} active per token); {} layers ({} MoE), {} experts, top-{}, max context {}\nexperts: cuda {} {}, reference {} {}\nexpert cache: {}\nheatmap: {}",
                 m.path.display(),
+                fmt_count(s.total_params),
+                fmt_count(s.active_params),
                 s.num_layers,
                 s.moe_layers,
                 s.num_experts,
                 s.top_k,
                 s.max_position_embeddings,
+                s.experts_for(Backend::Cuda),
                 fmt_bytes(s.int4_expert_bytes),
-                s.source_dtype,
+                s.experts_for(Backend::Reference),
                 fmt_bytes(s.source_expert_bytes),
-                s.cache.describe()
+                s.cache.describe(),
+                s.heatmap.describe()
             ),
             Err(e) => format!("{}\ncannot be served: {e}", m.path.display()),
         },

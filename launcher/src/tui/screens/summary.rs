@@ -3,12 +3,40 @@
 
 use crate::tui::app::App;
 use crate::tui::fields::FIELDS;
+use crate::units::fmt_count;
+use krasis_common::Backend;
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 
-pub fn render(app: &App, f: &mut Frame, area: Rect) {
+/// The model facts the runtime reported, for the chosen backend: the
+/// expert precision its engine really uses, parameters with a unit, and
+/// the expert cache as it is on disk now.
+pub fn model_lines(app: &App) -> Vec<String> {
     let mut lines = vec![format!("model: {}", app.opts.model.display())];
+    if let Some((_, s)) = app.selected_model() {
+        lines.push(format!(
+            "  {}: {} parameters, {} active per token ({} of {} experts per token)",
+            s.model_type,
+            fmt_count(s.total_params),
+            fmt_count(s.active_params),
+            s.top_k,
+            s.num_experts
+        ));
+        lines.push(format!(
+            "  experts as the {} engine runs them: {}",
+            app.opts.backend.as_str(),
+            s.experts_for(app.opts.backend)
+        ));
+        if app.opts.backend == Backend::Cuda {
+            lines.push(format!("  expert cache: {}", s.cache.describe()));
+        }
+    }
+    lines
+}
+
+pub fn render(app: &App, f: &mut Frame, area: Rect) {
+    let mut lines = model_lines(app);
     for field in FIELDS {
         lines.push(format!("  {:<28}{}", field.label(), field.show(&app.opts)));
     }
