@@ -15,6 +15,7 @@ use crate::layout::GROUP_SIZE;
 use crate::lock::{CacheLock, LockWait};
 use crate::quant::QUANTIZER_VERSION;
 use crate::source::ModelSource;
+use krasis_common::events::{ByteProgress, EventSink, task};
 use rayon::prelude::*;
 use std::fs::{File, OpenOptions};
 use std::io::IsTerminal;
@@ -51,6 +52,9 @@ pub struct BuildOptions<'a> {
     /// Draw a progress bar on stderr (only when stderr is a terminal).
     pub progress_bar: bool,
     pub on_layer: Option<LayerHook<'a>>,
+    /// Where byte-progress events of the build go (source bytes quantized,
+    /// throttled; see [`ByteProgress`]).
+    pub progress: Option<EventSink<'a>>,
 }
 
 impl Default for BuildOptions<'_> {
@@ -60,6 +64,7 @@ impl Default for BuildOptions<'_> {
             wait: LockWait::Wait,
             progress_bar: true,
             on_layer: None,
+            progress: None,
         }
     }
 }
@@ -214,6 +219,10 @@ fn build_inner(
 
     let total = source.total_source_bytes();
     let bar = progress_bar(opts.progress_bar, total, path);
+    let events = opts
+        .progress
+        .map(|sink| ByteProgress::start(sink, task::BUILD_EXPERT_CACHE, total));
+    let expert_bytes = source.expert_source_bytes();
     let mut buf = vec![0u8; layer_bytes];
     let mut entries = Vec::with_capacity(moe_layers.len());
     let mut content = blake3::Hasher::new();
@@ -221,7 +230,13 @@ fn build_inner(
         let hashes: Vec<Option<blake3::Hash>> = buf
             .par_chunks_mut(layout.expert_stride)
             .enumerate()
-            .map(|(e, out)| source.quantize_expert(layer, e, out))
+            .map(|(e, out)| {
+                let hash = source.quantize_expert(layer, e, out);
+                if let Some(p) = &events {
+                    p.add(expert_bytes);
+                }
+                hash
+            })
             .collect::<Result<_, _>>()?;
         let mut layer_content = blake3::Hasher::new();
         for h in hashes.iter().flatten() {
@@ -276,6 +291,9 @@ fn build_inner(
     drop(file);
     tmp.persist(path).map_err(|e| CacheError::io(path, e))?;
     bar.finish_and_clear();
+    if let Some(p) = events {
+        p.finish();
+    }
     let report = BuildReport {
         path: path.to_path_buf(),
         file_bytes: header.file_bytes,

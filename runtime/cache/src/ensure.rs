@@ -6,6 +6,7 @@ use crate::error::CacheError;
 use crate::format::FILE_NAME;
 use crate::lock::CacheLock;
 use crate::source::ModelSource;
+use krasis_common::events::EventSink;
 use std::path::{Path, PathBuf};
 
 /// The platform cache root (`~/.cache/krasis` on Linux).
@@ -91,7 +92,20 @@ pub fn ensure_cache(
     model_dir: &Path,
     cache_root: Option<&Path>,
 ) -> Result<ExpertCache, CacheError> {
+    ensure_cache_reporting(model_dir, cache_root, None)
+}
+
+/// [`ensure_cache`] that sends a build's byte progress to `progress`.
+pub fn ensure_cache_reporting(
+    model_dir: &Path,
+    cache_root: Option<&Path>,
+    progress: Option<EventSink<'_>>,
+) -> Result<ExpertCache, CacheError> {
     let source = ModelSource::open(model_dir)?;
     let path = cache_path(&source, cache_root)?;
-    Ok(ensure_cache_at(&source, &path, &BuildOptions::default())?.cache)
+    let opts = BuildOptions {
+        progress,
+        ..BuildOptions::default()
+    };
+    Ok(ensure_cache_at(&source, &path, &opts)?.cache)
 }

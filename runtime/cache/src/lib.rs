@@ -28,7 +28,10 @@ pub mod verify;
 
 pub use builder::{BuildOptions, BuildReport, LayerDone, build};
 pub use cache::{ExpertCache, Verify};
-pub use ensure::{cache_path, default_cache_root, ensure_cache, ensure_cache_at, open_for_source};
+pub use ensure::{
+    cache_path, default_cache_root, ensure_cache, ensure_cache_at, ensure_cache_reporting,
+    open_for_source,
+};
 pub use error::CacheError;
 pub use format::{FILE_NAME, FORMAT_VERSION, Header, SourceIdentity};
 pub use heatmap::{

@@ -16,6 +16,7 @@
 use crate::cache::ExpertCache;
 use crate::error::CacheError;
 use cudarc::driver::{CudaContext, result, sys};
+use krasis_common::events::{ByteProgress, EventSink, task};
 use rayon::prelude::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,6 +79,25 @@ pub struct PinnedExperts {
 unsafe impl Send for PinnedExperts {}
 unsafe impl Sync for PinnedExperts {}
 
+/// Bytes per parallel work item when faulting in or copying the cache.
+const PIN_CHUNK: usize = 64 << 20;
+
+/// Reads one byte of every page of `bytes`, in parallel, so the pages are
+/// resident before `cuMemHostRegister` locks them (which would otherwise
+/// fault them in one by one, with no progress to show), reporting the
+/// bytes done.
+fn fault_in(bytes: &[u8], progress: Option<&ByteProgress<'_>>) {
+    const PAGE: usize = 4096;
+    bytes.par_chunks(PIN_CHUNK).for_each(|c| {
+        for i in (0..c.len()).step_by(PAGE) {
+            std::hint::black_box(c[i]);
+        }
+        if let Some(p) = progress {
+            p.add(c.len() as u64);
+        }
+    });
+}
+
 impl PinnedExperts {
     /// Makes `cache`'s expert data DMA-ready on `ctx` with `mode`.
     pub fn new(
@@ -85,11 +105,28 @@ impl PinnedExperts {
         ctx: &Arc<CudaContext>,
         mode: HostBacking,
     ) -> Result<Self, CacheError> {
+        Self::new_reporting(cache, ctx, mode, None)
+    }
+
+    /// [`PinnedExperts::new`] that sends byte progress (bytes made
+    /// page-locked, [`task::PIN_EXPERTS`]) to `progress`.
+    pub fn new_reporting(
+        cache: Arc<ExpertCache>,
+        ctx: &Arc<CudaContext>,
+        mode: HostBacking,
+        progress: Option<EventSink<'_>>,
+    ) -> Result<Self, CacheError> {
         ctx.bind_to_thread().map_err(cuda("cuCtxSetCurrent"))?;
         let start = Instant::now();
+        let total = match mode {
+            HostBacking::RegisterMmap => cache.file_bytes().len(),
+            HostBacking::CopyToPinned => cache.data().len(),
+        };
+        let progress = progress.map(|s| ByteProgress::start(s, task::PIN_EXPERTS, total as u64));
         let (base, data, locked) = match mode {
             HostBacking::RegisterMmap => {
                 let file = cache.file_bytes();
+                fault_in(file, progress.as_ref());
                 let base = file.as_ptr() as *mut std::ffi::c_void;
                 let flags = sys::CU_MEMHOSTREGISTER_READ_ONLY | sys::CU_MEMHOSTREGISTER_PORTABLE;
                 // SAFETY: `file` is a live mapping (kept alive by `cache`),
@@ -112,12 +149,20 @@ impl PinnedExperts {
                         .map_err(cuda("cuMemHostAlloc"))?;
                 // SAFETY: base points to src.len() writable bytes we own.
                 let dst = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, src.len()) };
-                dst.par_chunks_mut(64 << 20)
-                    .zip(src.par_chunks(64 << 20))
-                    .for_each(|(d, s)| d.copy_from_slice(s));
+                dst.par_chunks_mut(PIN_CHUNK)
+                    .zip(src.par_chunks(PIN_CHUNK))
+                    .for_each(|(d, s)| {
+                        d.copy_from_slice(s);
+                        if let Some(p) = &progress {
+                            p.add(s.len() as u64);
+                        }
+                    });
                 (base, base as *const u8, src.len().max(1))
             }
         };
+        if let Some(p) = progress {
+            p.finish();
+        }
         Ok(PinnedExperts {
             len: cache.data().len(),
             cache,

@@ -18,6 +18,7 @@ use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
 use crate::stats::LivePublisher;
 use crate::weights::ModelWeights;
 use cudarc::driver::{CudaGraph, sys};
+use krasis_common::events::EventSink;
 use krasis_common::status::EngineStats;
 use krasis_kernels::{Int4Layout, Kernels};
 use krasis_model::{
@@ -79,6 +80,17 @@ impl CudaEngine {
     /// the checkpoint (BF16), routed experts from the INT4 cache (opened, or
     /// built when missing/stale), KV cache and scratch preallocated.
     pub fn load(model_dir: &Path, opts: &CudaEngineOptions) -> Result<Self> {
+        Self::load_reporting(model_dir, opts, None)
+    }
+
+    /// [`CudaEngine::load`] that sends the byte progress of its long steps
+    /// (weights, an expert cache build, pinning the cache, uploading
+    /// experts) to `progress`, as `krasis_common::events::task`s.
+    pub fn load_reporting(
+        model_dir: &Path,
+        opts: &CudaEngineOptions,
+        progress: Option<EventSink<'_>>,
+    ) -> Result<Self> {
         let t0 = Instant::now();
         let config = ModelConfig::load(model_dir)?;
         let g = config.geometry();
@@ -100,12 +112,13 @@ impl CudaEngine {
         let gpu = Gpu::open_limited(opts.device, opts.vram_limit)?;
         let kernels = Kernels::new(&gpu.ctx, &opts.kernel_cache)?;
         let ckpt = Checkpoint::open(model_dir)?;
-        let weights = ModelWeights::upload(&gpu, &ckpt, &g)?;
+        let weights = ModelWeights::upload(&gpu, &ckpt, &g, progress)?;
         drop(ckpt);
         let (experts, int4, cache) = if g.num_moe_layers() > 0 {
-            let cache = Arc::new(krasis_cache::ensure_cache(
+            let cache = Arc::new(krasis_cache::ensure_cache_reporting(
                 model_dir,
                 opts.cache_root.as_deref(),
+                progress,
             )?);
             let int4 = int4_layout(&cache.layout(), &g)?;
             if cache.moe_layers() != g.moe_layers().collect::<Vec<_>>() {
@@ -121,7 +134,7 @@ impl CudaEngine {
             let table = if opts.hcs {
                 ExpertTable::unbacked(&gpu, &cache)?
             } else {
-                ExpertTable::upload_all(&gpu, &cache).map_err(|e| match e {
+                ExpertTable::upload_all(&gpu, &cache, progress).map_err(|e| match e {
                     GpuError::OverLimit { .. } => GpuError::Unsupported(format!(
                         "every expert must be resident with HCS off, and they do not fit: {e}"
                     )),
@@ -183,7 +196,7 @@ impl CudaEngine {
             last_hcs: None,
         };
         if let (true, Some(cache)) = (opts.hcs, cache) {
-            engine.setup_experts(model_dir, cache, opts)?;
+            engine.setup_experts(model_dir, cache, opts, progress)?;
         }
         engine.report.load_seconds = t0.elapsed().as_secs_f64();
         tracing::info!(report = ?engine.report, device = %engine.model.gpu.info.name, "CUDA engine loaded");

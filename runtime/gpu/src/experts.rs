@@ -12,6 +12,7 @@ use crate::device::{Gpu, addr};
 use crate::error::{GpuError, Result};
 use cudarc::driver::{CudaSlice, CudaView};
 use krasis_cache::{ExpertCache, ExpertLayout};
+use krasis_common::events::{ByteProgress, EventSink, task};
 
 /// Device bytes of the expert pointer table (one address per expert).
 pub fn pointer_table_bytes(moe_layers: usize, num_experts: usize) -> usize {
@@ -33,17 +34,25 @@ pub struct ExpertTable {
 }
 
 impl ExpertTable {
-    /// Uploads every expert of every MoE layer of `cache`.
-    pub fn upload_all(gpu: &Gpu, cache: &ExpertCache) -> Result<Self> {
+    /// Uploads every expert of every MoE layer of `cache`, sending the
+    /// bytes uploaded to `progress` ([`task::UPLOAD_EXPERTS`]).
+    pub fn upload_all(
+        gpu: &Gpu,
+        cache: &ExpertCache,
+        progress: Option<EventSink<'_>>,
+    ) -> Result<Self> {
         let layout = cache.layout();
         let num_experts = cache.num_experts();
         let moe_layers: Vec<usize> = cache.moe_layers().to_vec();
+        let need = num_experts * layout.expert_stride;
+        let progress = progress.map(|s| {
+            ByteProgress::start(s, task::UPLOAD_EXPERTS, (moe_layers.len() * need) as u64)
+        });
         let mut resident = Vec::with_capacity(moe_layers.len());
         let mut host_ptrs = Vec::with_capacity(moe_layers.len() * num_experts);
         let mut resident_bytes = 0;
         for &layer in &moe_layers {
             let bytes = cache.layer_bytes(layer);
-            let need = num_experts * layout.expert_stride;
             if bytes.len() < need {
                 return Err(GpuError::Cache(format!(
                     "layer {layer} region of {} holds {} bytes but {num_experts} experts of stride {} need {need}",
@@ -57,6 +66,12 @@ impl ExpertTable {
             host_ptrs.extend((0..num_experts).map(|e| base + (e * layout.expert_stride) as u64));
             resident_bytes += need;
             resident.push(dev);
+            if let Some(p) = &progress {
+                p.add(need as u64);
+            }
+        }
+        if let Some(p) = progress {
+            p.finish();
         }
         let ptrs = gpu.upload(&host_ptrs, "expert pointer table")?;
         Ok(ExpertTable {

@@ -8,6 +8,7 @@ use crate::experts::ExpertTable;
 use crate::hcs::{Hcs, HcsShape};
 use crate::options::CudaEngineOptions;
 use krasis_cache::{ExpertCache, PinnedExperts};
+use krasis_common::events::EventSink;
 use krasis_common::options::HeatmapChoice;
 use krasis_common::status::HcsStats;
 use std::path::Path;
@@ -37,6 +38,7 @@ impl CudaEngine {
         model_dir: &Path,
         cache: Arc<ExpertCache>,
         opts: &CudaEngineOptions,
+        progress: Option<EventSink<'_>>,
     ) -> Result<()> {
         let g = self.geometry().clone();
         let moe_layers = cache.moe_layers().to_vec();
@@ -44,10 +46,11 @@ impl CudaEngine {
         let stride = cache.layout().expert_stride;
         let total = moe_layers.len() * e;
         let layer_bytes = e * stride;
-        let host = Arc::new(PinnedExperts::new(
+        let host = Arc::new(PinnedExperts::new_reporting(
             cache.clone(),
             &self.model.gpu.ctx,
             opts.host_backing,
+            progress,
         )?);
         let host_prepare = host.prepare_time().as_secs_f64();
         let group = crate::plan::staging_group(layer_bytes, moe_layers.len());
@@ -83,7 +86,7 @@ impl CudaEngine {
                 // work per layer). The staging region goes first.
                 self.model.hcs = None;
                 self.model.gpu.sync("releasing staging")?;
-                let table = ExpertTable::upload_all(&self.model.gpu, &cache)?;
+                let table = ExpertTable::upload_all(&self.model.gpu, &cache, progress)?;
                 self.report.expert_bytes = table.resident_bytes;
                 self.model.experts = Some(table);
             }

@@ -14,6 +14,7 @@ use crate::error::{GpuError, Result};
 use crate::host_table::HostTable;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
+use krasis_common::events::{ByteProgress, EventSink, task};
 use krasis_model::arch::qwen3_moe::TensorNames;
 use krasis_model::{Checkpoint, DType, Geometry, MlpKind, TensorView};
 
@@ -73,17 +74,34 @@ impl ModelWeights {
         }
     }
 
-    pub fn upload(gpu: &Gpu, ckpt: &Checkpoint, g: &Geometry) -> Result<Self> {
+    /// Converts and uploads (or maps) every non-expert weight, sending the
+    /// bytes placed to `progress` ([`task::LOAD_WEIGHTS`]; the total is
+    /// [`weight_bytes`], device and host).
+    pub fn upload(
+        gpu: &Gpu,
+        ckpt: &Checkpoint,
+        g: &Geometry,
+        progress: Option<EventSink<'_>>,
+    ) -> Result<Self> {
         if g.attention_bias {
             return Err(GpuError::Unsupported(
                 "attention_bias=true (q/k/v biases) is not implemented by the CUDA engine".into(),
             ));
         }
         let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
+        let planned = weight_bytes(g);
+        let progress = progress.map(|s| {
+            ByteProgress::start(
+                s,
+                task::LOAD_WEIGHTS,
+                (planned.device + planned.host) as u64,
+            )
+        });
         let mut up = Uploader {
             gpu,
             ckpt,
             bytes: 0,
+            progress: progress.as_ref(),
         };
         let (embed, host_bytes) = if g.tie_word_embeddings {
             let e = up.bf16(&[TensorNames::EMBED], &[g.vocab_size, h])?;
@@ -92,6 +110,7 @@ impl ModelWeights {
             let t = ckpt.expect(TensorNames::EMBED, &[g.vocab_size, h])?;
             let embed = HostTable::new(&gpu.stream, &to_bf16_bits(&t), TensorNames::EMBED)?;
             let n = embed.bytes();
+            up.done(n);
             let head = up.bf16(&[TensorNames::LM_HEAD], &[g.vocab_size, h])?;
             (Embedding::Untied { embed, head }, n)
         };
@@ -131,21 +150,24 @@ impl ModelWeights {
                 mlp,
             });
         }
+        let bytes = up.bytes;
         // The pre-flight plan sizes the weights with [`weight_bytes`]; a
         // load that put other sizes on the device would make every plan
         // wrong, so it is refused rather than served.
-        let planned = weight_bytes(g);
-        if (up.bytes, host_bytes) != (planned.device, planned.host) {
+        if (bytes, host_bytes) != (planned.device, planned.host) {
             return Err(GpuError::Unsupported(format!(
                 "internal: uploaded {} B of weights (+{} B in host memory) but weight_bytes() plans {} B (+{} B)",
-                up.bytes, host_bytes, planned.device, planned.host
+                bytes, host_bytes, planned.device, planned.host
             )));
+        }
+        if let Some(p) = progress {
+            p.finish();
         }
         Ok(ModelWeights {
             embed,
             final_norm,
             layers,
-            bytes: up.bytes,
+            bytes,
             host_bytes,
         })
     }
@@ -187,14 +209,23 @@ struct Uploader<'a> {
     gpu: &'a Gpu,
     ckpt: &'a Checkpoint,
     bytes: usize,
+    progress: Option<&'a ByteProgress<'a>>,
 }
 
 impl Uploader<'_> {
+    fn done(&self, bytes: usize) {
+        if let Some(p) = self.progress {
+            p.add(bytes as u64);
+        }
+    }
+
     fn bf16(&mut self, name: &[&str], shape: &[usize]) -> Result<CudaSlice<bf16>> {
         let t = self.ckpt.expect(name[0], shape)?;
         let host = to_bf16_bits(&t);
         self.bytes += host.len() * 2;
-        self.gpu.upload(&host, name[0])
+        let dev = self.gpu.upload(&host, name[0])?;
+        self.done(host.len() * 2);
+        Ok(dev)
     }
 
     /// Row-concatenation of `[rows_i, cols]` tensors.
@@ -206,7 +237,9 @@ impl Uploader<'_> {
             host.extend(to_bf16_bits(&t));
         }
         self.bytes += host.len() * 2;
-        self.gpu.upload(&host, &parts[0].0)
+        let dev = self.gpu.upload(&host, &parts[0].0)?;
+        self.done(host.len() * 2);
+        Ok(dev)
     }
 
     fn bf16_one(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>> {

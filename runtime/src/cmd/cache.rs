@@ -73,18 +73,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             detail: path.display().to_string(),
         },
     );
-    let hook = |d: &krasis_cache::LayerDone| -> Result<(), String> {
-        emit(
-            json,
-            ProgressEvent::Progress {
-                task: "expert_cache".into(),
-                done: d.source_bytes_done,
-                total: d.source_bytes_total,
-                unit: "bytes".into(),
-            },
-        );
-        Ok(())
-    };
+    let sink = |e: ProgressEvent| emit(json, e);
     let opts = BuildOptions {
         threads: a.threads,
         wait: if a.no_wait {
@@ -93,7 +82,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             LockWait::Wait
         },
         progress_bar: !json,
-        on_layer: Some(&hook),
+        on_layer: None,
+        progress: Some(&sink),
     };
     if a.force {
         krasis_cache::build(&source, &path, &opts)?;

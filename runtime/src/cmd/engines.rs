@@ -4,6 +4,7 @@
 //! for; nothing falls back to another backend.
 
 use anyhow::{Context, bail};
+use krasis_common::events::EventSink;
 use krasis_common::options::Backend;
 use krasis_model::Engine;
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
@@ -83,6 +84,15 @@ pub(crate) fn parse_vram_limit(s: &str) -> Result<u64, String> {
 
 /// Loads the engine `args` ask for.
 pub fn load_engine(args: &EngineArgs) -> anyhow::Result<Box<dyn Engine>> {
+    load_engine_reporting(args, None)
+}
+
+/// [`load_engine`] that sends the byte progress of loading (weights, expert
+/// cache build, pinning, expert upload) to `progress`.
+pub fn load_engine_reporting(
+    args: &EngineArgs,
+    progress: Option<EventSink<'_>>,
+) -> anyhow::Result<Box<dyn Engine>> {
     match args.backend {
         Backend::Reference => {
             // These would be silently ignored by a CPU engine that reads
@@ -120,12 +130,13 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<Box<dyn Engine>> {
             let opts = ReferenceOptions {
                 context_length: args.context_length,
             };
-            let engine = ReferenceEngine::load(&args.model, opts).with_context(|| {
-                format!(
-                    "loading {} with the reference backend",
-                    args.model.display()
-                )
-            })?;
+            let engine = ReferenceEngine::load_reporting(&args.model, opts, progress)
+                .with_context(|| {
+                    format!(
+                        "loading {} with the reference backend",
+                        args.model.display()
+                    )
+                })?;
             tracing::info!(
                 model = %args.model.display(),
                 experts = %engine.expert_source(),
@@ -135,10 +146,11 @@ pub fn load_engine(args: &EngineArgs) -> anyhow::Result<Box<dyn Engine>> {
             Ok(Box::new(engine))
         }
         Backend::Cuda => {
-            let engine = krasis_gpu::CudaEngine::load(&args.model, &args.cuda_options())
-                .with_context(|| {
-                    format!("loading {} with the cuda backend", args.model.display())
-                })?;
+            let engine =
+                krasis_gpu::CudaEngine::load_reporting(&args.model, &args.cuda_options(), progress)
+                    .with_context(|| {
+                        format!("loading {} with the cuda backend", args.model.display())
+                    })?;
             Ok(Box::new(engine))
         }
     }

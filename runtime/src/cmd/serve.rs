@@ -2,8 +2,9 @@
 //! loads), load the engine, tokenizer and chat template, then serve the
 //! OpenAI-compatible API until Ctrl-C / SIGTERM.
 
-use super::engines::{EngineArgs, load_engine};
+use super::engines::{EngineArgs, load_engine_reporting};
 use anyhow::{Context, bail};
+use krasis_common::events::EventSink;
 use krasis_common::options::{API_KEY_ARGV_REFUSED, HeatmapChoice, read_api_key_file};
 use krasis_common::status::EXIT_ENGINE_FAULT;
 use krasis_common::{API_KEY_ENV, Backend, Capabilities, LaunchOptions, Phase, ProgressEvent};
@@ -362,7 +363,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let load_state = state.clone();
     let engine_args = args.engine.clone();
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        let engine = load_engine(&engine_args)?;
+        // Byte progress of the load's long steps, for the launcher's bar.
+        let sink = |e: ProgressEvent| emit(progress, e);
+        let sink: EventSink<'_> = &sink;
+        let engine = load_engine_reporting(&engine_args, progress.then_some(sink))?;
         // What calibration decided, for the launcher's run screen.
         if let Some(h) = engine.stats().and_then(|s| s.hcs) {
             emit(

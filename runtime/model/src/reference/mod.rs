@@ -27,6 +27,7 @@ use crate::error::ModelError;
 use crate::experts::ExpertWeights;
 use crate::layers::rope::Rope;
 use crate::sampling::Sampler;
+use krasis_common::events::{ByteProgress, EventSink, task};
 use kv::KvCache;
 use std::collections::HashSet;
 use std::ops::ControlFlow;
@@ -115,6 +116,17 @@ impl std::fmt::Debug for ReferenceEngine {
 impl ReferenceEngine {
     /// Loads `dir` with routed experts read from the checkpoint itself.
     pub fn load(dir: &Path, opts: ReferenceOptions) -> Result<Self, ModelError> {
+        Self::load_reporting(dir, opts, None)
+    }
+
+    /// [`ReferenceEngine::load`] that sends the byte progress of reading
+    /// the non-expert weights ([`task::LOAD_WEIGHTS`], stored bytes) to
+    /// `progress`. (Routed experts are read from the checkpoint when used.)
+    pub fn load_reporting(
+        dir: &Path,
+        opts: ReferenceOptions,
+        progress: Option<EventSink<'_>>,
+    ) -> Result<Self, ModelError> {
         let config = ModelConfig::load(dir)?;
         let ckpt = Arc::new(Checkpoint::open(dir)?);
         if config.geometry().num_moe_layers() > 0 && !has_any_routed_expert(&config, &ckpt) {
@@ -127,7 +139,7 @@ impl ReferenceEngine {
         }
         ckpt.validate(&config.expected_tensors())?;
         let experts = Arc::new(CheckpointExperts::new(ckpt.clone(), &config));
-        Self::build(dir, &config, &ckpt, experts, opts)
+        Self::build(dir, &config, &ckpt, experts, opts, progress)
     }
 
     /// Loads `dir` with routed experts from `experts` (e.g. the INT4 cache,
@@ -147,7 +159,7 @@ impl ReferenceEngine {
             expected.retain(|(n, _)| !names.contains(n));
         }
         ckpt.validate(&expected)?;
-        Self::build(dir, &config, &ckpt, experts, opts)
+        Self::build(dir, &config, &ckpt, experts, opts, None)
     }
 
     fn build(
@@ -156,6 +168,7 @@ impl ReferenceEngine {
         ckpt: &Checkpoint,
         experts: Arc<dyn ExpertWeights>,
         opts: ReferenceOptions,
+        progress: Option<EventSink<'_>>,
     ) -> Result<Self, ModelError> {
         let g = config.geometry();
         let context = match opts.context_length {
@@ -174,7 +187,14 @@ impl ReferenceEngine {
             }
             Some(c) => c,
         };
-        let weights = Weights::load(ckpt, &g)?;
+        let progress = progress.map(|s| {
+            let total = dense_tensor_bytes(config, ckpt);
+            ByteProgress::start(s, task::LOAD_WEIGHTS, total)
+        });
+        let weights = Weights::load(ckpt, &g, progress.as_ref())?;
+        if let Some(p) = progress {
+            p.finish();
+        }
         let sampleable = crate::tokenizer::sampleable_vocab(dir, g.vocab_size)?;
         Ok(ReferenceEngine {
             sampleable,
@@ -304,6 +324,19 @@ fn routed_expert_names(config: &ModelConfig) -> HashSet<String> {
     g.moe_layers()
         .flat_map(|l| (0..g.num_experts).flat_map(move |e| config.expert_tensor_names(l, e)))
         .collect()
+}
+
+/// Stored bytes of the tensors [`Weights::load`] reads: every expected
+/// tensor but the routed experts.
+fn dense_tensor_bytes(config: &ModelConfig, ckpt: &Checkpoint) -> u64 {
+    let routed = routed_expert_names(config);
+    config
+        .expected_tensors()
+        .iter()
+        .filter(|(n, _)| !routed.contains(n))
+        .filter_map(|(n, _)| ckpt.get(n).ok())
+        .map(|t| t.bytes.len() as u64)
+        .sum()
 }
 
 fn has_any_routed_expert(config: &ModelConfig, ckpt: &Checkpoint) -> bool {

@@ -4,7 +4,25 @@ use crate::arch::qwen3_moe::TensorNames;
 use crate::arch::{Geometry, MlpKind};
 use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
+use krasis_common::events::ByteProgress;
 use rayon::prelude::*;
+
+/// Reads tensors as f32, counting the stored bytes read into `progress`.
+struct Reader<'a> {
+    ckpt: &'a Checkpoint,
+    progress: Option<&'a ByteProgress<'a>>,
+}
+
+impl Reader<'_> {
+    fn read_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let t = self.ckpt.expect(name, shape)?;
+        let v = t.to_f32();
+        if let Some(p) = self.progress {
+            p.add(t.bytes.len() as u64);
+        }
+        Ok(v)
+    }
+}
 
 pub(crate) struct AttnWeights {
     /// `[q_dim, H]`, `[kv_dim, H]`, `[kv_dim, H]`, `[H, q_dim]`.
@@ -48,8 +66,14 @@ pub(crate) struct Weights {
 
 impl Weights {
     /// Reads every dense tensor (shapes were validated by the caller, but
-    /// are checked again here because this is where they are relied on).
-    pub fn load(ckpt: &Checkpoint, g: &Geometry) -> Result<Self, ModelError> {
+    /// are checked again here because this is where they are relied on),
+    /// adding the stored bytes read to `progress`.
+    pub fn load(
+        ckpt: &Checkpoint,
+        g: &Geometry,
+        progress: Option<&ByteProgress<'_>>,
+    ) -> Result<Self, ModelError> {
+        let ckpt = &Reader { ckpt, progress };
         let h = g.hidden;
         let layers = g
             .mlp_kinds
@@ -76,7 +100,7 @@ impl Weights {
 }
 
 fn load_layer(
-    ckpt: &Checkpoint,
+    ckpt: &Reader<'_>,
     g: &Geometry,
     i: usize,
     kind: MlpKind,

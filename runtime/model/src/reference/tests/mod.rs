@@ -380,3 +380,18 @@ fn every_fault_changes_the_logits_and_none_restores_them() {
 }
 
 mod cancel;
+
+/// The byte progress of loading counts exactly the total it announces.
+#[test]
+fn weight_load_progress_counts_every_byte_it_reads() {
+    use krasis_common::events::{ByteProgress, ProgressEvent, task};
+    let dir = small_vocab();
+    let config = ModelConfig::load(&dir).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let sink = |_: ProgressEvent| {};
+    let total = dense_tensor_bytes(&config, &ckpt);
+    let p = ByteProgress::start(&sink, task::LOAD_WEIGHTS, total);
+    Weights::load(&ckpt, &config.geometry(), Some(&p)).unwrap();
+    assert!(total > 0);
+    assert_eq!(p.done(), total);
+}
