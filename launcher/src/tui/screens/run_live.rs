@@ -318,7 +318,8 @@ fn hcs_off(st: Option<&EngineStats>) -> String {
 
 fn hcs_text(st: Option<&EngineStats>, compact: bool) -> String {
     let Some(h) = st.and_then(|s| s.hcs.as_ref()) else {
-        return hcs_off(st);
+        // The wide form has said so on the bar's row already.
+        return if compact { hcs_off(st) } else { String::new() };
     };
     let traffic = format!(
         "hit {:.1}%  cold {}/tok  copy {}/tok",

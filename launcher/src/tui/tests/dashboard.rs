@@ -251,6 +251,7 @@ fn cpu_engine_shows_no_vram_and_hcs_off() {
         s.contains("HCS: off") && s.contains("pinned host RAM none"),
         "{s}"
     );
+    assert_eq!(s.matches("HCS: off").count(), 1, "said once\n{s}");
     assert!(s.contains("decode      2.5 tok/s"), "{s}");
 }
 
