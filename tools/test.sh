@@ -42,6 +42,7 @@ bash installer/test_install.sh
 
 step "launcher TUI driven through tmux"
 bash tests/launcher/tui_tmux.sh
+bash tests/launcher/lifecycle_tmux.sh
 
 step "Windows cross-check (x86_64-pc-windows-gnu)"
 if rustup target list --installed 2>/dev/null | grep -qx x86_64-pc-windows-gnu \

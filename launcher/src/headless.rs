@@ -268,17 +268,16 @@ pub fn run_headless(
     let mut bar: Option<(String, indicatif::ProgressBar)> = None;
     loop {
         if signals::stop_requested() {
-            if let Some((_, b)) = bar.take() {
-                b.abandon();
-            }
-            println!("stopping the runtime ...");
-            let how = sup.shutdown(SHUTDOWN_GRACE);
-            println!("runtime {how}");
-            return Ok(ExitCode::SUCCESS);
+            return Ok(stop_on_signal(&mut sup, bar.take().map(|(_, b)| b)));
         }
         let Some(ev) = sup.next_event(Duration::from_millis(200)) else {
             continue;
         };
+        if signals::stop_requested() {
+            // After a hangup the terminal may be gone, and printing to it
+            // would panic: stop first.
+            continue;
+        }
         match ev {
             SupEvent::Progress(ProgressEvent::Progress {
                 task,
@@ -340,6 +339,26 @@ pub fn run_headless(
                 return Ok(ExitCode::SUCCESS);
             }
         }
+    }
+}
+
+/// SIGINT, SIGTERM or SIGHUP arrived: stop the runtime and say how it ended.
+/// Success only when it stopped cleanly; a runtime that had to be killed
+/// after [`SHUTDOWN_GRACE`], or died of another signal, fails the launcher.
+/// Nothing here may panic on a terminal that hung up (hence no `println!`).
+fn stop_on_signal(sup: &mut Supervisor, bar: Option<indicatif::ProgressBar>) -> ExitCode {
+    use std::io::Write;
+    if let Some(b) = bar {
+        b.abandon();
+    }
+    let _ = writeln!(std::io::stdout(), "stopping the runtime ...");
+    let how = sup.shutdown(SHUTDOWN_GRACE);
+    if how.clean {
+        let _ = writeln!(std::io::stdout(), "runtime {how}");
+        ExitCode::SUCCESS
+    } else {
+        let _ = writeln!(std::io::stderr(), "error: runtime {how}");
+        ExitCode::FAILURE
     }
 }
 

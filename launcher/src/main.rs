@@ -35,8 +35,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         None => {
             if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
-                krasis::tui::run(&ctx)?;
-                Ok(ExitCode::SUCCESS)
+                krasis::tui::run(&ctx)
             } else {
                 let _ = Cli::command().print_help();
                 eprintln!(
@@ -45,10 +44,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::from(2))
             }
         }
-        Some(Cmd::Tui) => {
-            krasis::tui::run(&ctx)?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Some(Cmd::Tui) => krasis::tui::run(&ctx),
         Some(Cmd::Serve(a)) => headless::serve(&ctx, &a),
         Some(Cmd::Demo(a)) => headless::demo(&ctx, &a),
         Some(Cmd::Probe { json, cache_dir }) => headless::probe_cmd(&ctx, json, cache_dir),

@@ -4,6 +4,9 @@ use crate::supervisor::SupEvent;
 use crossterm::event::{KeyEvent, MouseEvent};
 use krasis_common::{EngineStats, LaunchOptions};
 
+// `Stats` carries a whole `EngineStats` by value: a few events a second go
+// through the loop's channel, so boxing it would only cost readability.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Event {
     Key(KeyEvent),
@@ -13,8 +16,12 @@ pub enum Event {
     Runtime(SupEvent),
     /// From polling `/v1/stats` once the server is ready.
     Stats(Result<EngineStats, String>),
-    /// SIGTERM/SIGHUP arrived.
+    /// SIGTERM, SIGHUP or SIGINT arrived.
     StopSignal,
+    /// The terminal hung up or can no longer be read (its window, tmux
+    /// session or ssh connection closed). Like [`Event::StopSignal`], but
+    /// nothing may be drawn any more.
+    TerminalLost,
 }
 
 #[derive(Debug, Clone, PartialEq)]
