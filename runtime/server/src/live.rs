@@ -76,14 +76,16 @@ impl Running {
         self.generated.load(Ordering::Acquire)
     }
 
-    /// Time to first token (from arrival), once there is one.
+    /// Time to first token, once there is one.
     pub fn ttft(&self) -> Option<Duration> {
-        (self.generated.load(Ordering::Acquire) > 0)
-            .then(|| self.first_token_at() - self.info.arrived)
+        let first = Duration::from_micros(self.first_token_us.load(Ordering::Relaxed));
+        (self.generated.load(Ordering::Acquire) > 0).then(|| self.ttft_of(first))
     }
 
-    fn first_token_at(&self) -> Instant {
-        self.started + Duration::from_micros(self.first_token_us.load(Ordering::Relaxed))
+    /// From the request's arrival (admission), not from `started`: the
+    /// client waited through the queue too.
+    fn ttft_of(&self, first_token: Duration) -> Duration {
+        self.started + first_token - self.info.arrived
     }
 
     /// What the job is doing and its figures so far, as of `now`.
@@ -100,7 +102,7 @@ impl Running {
         } else {
             // The first token ends the prefill; the decode rate counts the
             // tokens after it, as `GenerateStats::decode_tok_s` does.
-            let ttft = self.started + first - self.info.arrived;
+            let ttft = self.ttft_of(first);
             let decode = rate(generated - 1, last.saturating_sub(first));
             (
                 Activity::Decoding,
