@@ -259,3 +259,49 @@ def test_an_engine_fault_answers_then_exits_70(scripted_bin, tiny_model, tmp_pat
         assert s.proc.wait(timeout=5) == 70
     finally:
         s.stop()
+
+
+def test_stats_show_a_streaming_request_live_then_log_it(long_prefill_server):
+    """The launcher's run screen polls /v1/stats: prefill progress, then
+    decode progress with a TTFT, then idle with the request in the log."""
+    s = long_prefill_server
+    done = {}
+
+    def request():
+        stream = client(s, timeout=60).completions.create(
+            model="tiny", prompt=long_prompt(), max_tokens=48, stream=True,
+            stream_options={"include_usage": True},
+        )
+        done["chunks"] = list(stream)
+
+    th = threading.Thread(target=request)
+    th.start()
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        _, st = get_json(s, "/v1/stats")
+        seen.append(st)
+        if st["recent_requests"]:
+            break
+        time.sleep(0.05)
+    th.join(timeout=10)
+    usage = done["chunks"][-1].usage
+    live = [st for st in seen if st["current"]]
+    prefill = [st["current"]["prefilled_tokens"] for st in live if st["activity"] == "prefilling"]
+    decode = [st["current"] for st in live if st["activity"] == "decoding"]
+    # The prefill is seen part-way (chunk by chunk), never going back.
+    assert any(0 < p < usage.prompt_tokens for p in prefill), prefill
+    assert prefill == sorted(prefill), prefill
+    assert decode and all(c["ttft_ms"] is not None for c in decode), decode
+    assert all(st["active_sequences"] == 1 for st in live)
+    c = live[0]["current"]
+    assert (c["endpoint"], c["prompt_tokens"], c["max_tokens"]) == (
+        "/v1/completions", usage.prompt_tokens, 48)
+    assert c["client"].startswith("127.0.0.1:"), c
+    end = seen[-1]
+    assert end["activity"] == "idle" and end["current"] is None, end
+    r = end["recent_requests"][-1]
+    assert (r["endpoint"], r["client"]) == ("/v1/completions", c["client"]), r
+    assert r["finish_reason"] == done["chunks"][-2].choices[0].finish_reason, r
+    assert (r["prompt_tokens"], r["completion_tokens"]) == (usage.prompt_tokens, usage.completion_tokens), r
+    assert r["ttft_ms"] == decode[0]["ttft_ms"] == end["last_ttft_ms"], (r, decode[0])
