@@ -5,7 +5,9 @@
 //! launcher can watch a model load. The engine runs on one thread behind a
 //! bounded queue ([`worker`]). Model text is turned into OpenAI responses by
 //! [`output`]: stop strings, `<think>` reasoning, and tool calls in the
-//! grammar the chat template teaches.
+//! grammar the chat template teaches. `/v1/stats` shows the running
+//! request live ([`live`]), the last finished ones ([`requests`]) and the
+//! engine's figures ([`stats`]).
 
 pub mod api;
 pub mod error;
