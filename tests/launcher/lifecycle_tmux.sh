@@ -104,26 +104,35 @@ new_port() { PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0
 "$BIN/krasis-runtime" synth --preset tiny --out "$TMP/models/tiny" >/dev/null 2>&1 || fail "synth"
 export HF_HOME="$TMP/hf"
 
-# Starts COMMAND in a fresh tmux session whose pane process is the launcher
-# itself (exec), kept after it exits so its exit status can be read; its
-# stderr goes to $TMP/stderr (what it says after leaving the TUI).
+# Starts COMMAND in a fresh tmux session, in the pane's shell as a user
+# would; LAUNCHER is its pid. Its stderr goes to $TMP/stderr (what it says
+# after leaving the TUI), its exit status to $TMP/status.
 start() {
+    local i pane
     T kill-server 2>/dev/null || true
-    echo "set -g remain-on-exit on" >"$TMP/tmux.conf"
+    rm -f "$TMP/status"
     : >"$TMP/stderr"
-    T -f "$TMP/tmux.conf" new-session -d -s k -x 120 -y 40 -c "$TMP" "exec $* 2>$TMP/stderr"
-    LAUNCHER=$(T display -p -t k '#{pane_pid}')
+    T -f /dev/null new-session -d -s k -x 120 -y 40 -c "$TMP" \
+        "$* 2>$TMP/stderr; echo \$? >$TMP/status; sleep 60"
+    pane=$(T display -p -t k '#{pane_pid}')
+    LAUNCHER=""
+    for ((i = 0; i < 100; i++)); do
+        LAUNCHER=$(pgrep -P "$pane" -x krasis || true)
+        [ -n "$LAUNCHER" ] && break
+        sleep 0.05
+    done
+    [ -n "$LAUNCHER" ] || fail "the launcher did not start"
 }
 start_tui() { start "$BIN/krasis --config-dir $TMP/c --data-dir $TMP/d tui"; wait_for "tiny" 20; }
-# The launcher exited with STATUS (read from the dead pane).
+# The launcher exited with STATUS.
 exited_with() {
     local i
     for ((i = 0; i < 50; i++)); do
-        [ "$(T display -p -t k '#{pane_dead}')" = 1 ] && break
+        [ -s "$TMP/status" ] && break
         sleep 0.1
     done
     local st
-    st=$(T display -p -t k '#{pane_dead_status}')
+    st=$(cat "$TMP/status" 2>/dev/null || true)
     [ "$st" = "$1" ] || fail "the launcher exited with status '$st', expected $1"
 }
 

@@ -87,19 +87,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     input::spawn(tty.clone(), move |e| input_tx.send(Inbox::Event(e)).is_ok());
     let mut s = Session::new(rt, ctx.store(), SHUTDOWN_GRACE, tx);
     while !app.quit {
-        let mut events = Vec::new();
-        if s.draw(&app, &mut term) {
-            if let Ok(m) = inbox.recv_timeout(TICK) {
-                events.extend(s.accept(m));
-            }
-            while let Ok(m) = inbox.try_recv() {
-                events.extend(s.accept(m));
-            }
-        }
-        // Also when the input thread is stuck in crossterm (see `input`).
-        if !matches!(events.last(), Some(Event::TerminalLost)) && tty.lost() {
-            events.push(Event::TerminalLost);
-        }
+        let mut events = s.wait(&app, &mut term, &inbox, TICK, || tty.lost());
         if signals::stop_requested() {
             events.push(Event::StopSignal);
         }

@@ -16,7 +16,7 @@ use ratatui::backend::Backend;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
 /// How often the run screen's numbers are refreshed from `/v1/stats` (the
@@ -144,6 +144,35 @@ impl Session {
                 && generation == self.generation)
                 .then_some(Event::Stats(stats)),
         }
+    }
+
+    /// One turn of the loop: draws, waits up to `tick` for input or stats,
+    /// and returns what arrived. A failed draw, or `lost()` (the terminal
+    /// hung up, checked after the wait so a reader stuck in crossterm does
+    /// not hide it), adds [`Event::TerminalLost`] and returns at once:
+    /// nothing is waited for or drawn on a terminal that is gone.
+    pub fn wait<B: Backend>(
+        &mut self,
+        app: &App,
+        term: &mut Terminal<B>,
+        inbox: &Receiver<Inbox>,
+        tick: Duration,
+        lost: impl Fn() -> bool,
+    ) -> Vec<Event> {
+        let mut events = Vec::new();
+        if self.draw(app, term) {
+            if let Ok(m) = inbox.recv_timeout(tick) {
+                events.extend(self.accept(m));
+            }
+            while let Ok(m) = inbox.try_recv() {
+                events.extend(self.accept(m));
+            }
+        }
+        if !self.terminal_ok || lost() {
+            events.retain(|e| !matches!(e, Event::TerminalLost));
+            events.push(Event::TerminalLost);
+        }
+        events
     }
 
     /// Everything the runtime reported since the last call.

@@ -225,7 +225,62 @@ fn a_failed_draw_counts_as_a_lost_terminal() {
     let f = fixture("exit 0", Duration::from_secs(1));
     let mut s = f.session;
     let mut term = Terminal::new(Broken).unwrap();
-    assert!(!s.draw(&f.app, &mut term));
+    // The loop neither waits nor spins: one turn says the terminal is lost.
+    let t0 = Instant::now();
+    let evs = s.wait(&f.app, &mut term, &f.inbox, Duration::from_secs(5), || {
+        false
+    });
+    assert!(matches!(evs[..], [Event::TerminalLost]), "{evs:?}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn a_turn_of_the_loop_returns_input_or_the_lost_terminal_after_at_most_a_tick() {
+    let mut f = fixture("exit 0", Duration::from_secs(1));
+    let tick = Duration::from_millis(50);
+    let (tx, rx) = channel();
+    let key = || {
+        Event::Key(crossterm::event::KeyEvent::from(
+            crossterm::event::KeyCode::Char('x'),
+        ))
+    };
+    // Nothing arrives: back after the tick, with nothing.
+    let t0 = Instant::now();
+    assert!(
+        f.session
+            .wait(&f.app, &mut f.term, &rx, tick, || false)
+            .is_empty()
+    );
+    assert!(t0.elapsed() >= tick && t0.elapsed() < Duration::from_secs(2));
+    // Input waiting: all of it, stale stats left out.
+    tx.send(Inbox::Event(key())).unwrap();
+    tx.send(Inbox::Stats {
+        generation: 7,
+        stats: Err("old".into()),
+    })
+    .unwrap();
+    tx.send(Inbox::Event(key())).unwrap();
+    let evs = f.session.wait(&f.app, &mut f.term, &rx, tick, || false);
+    assert!(matches!(evs[..], [Event::Key(_), Event::Key(_)]), "{evs:?}");
+    // The terminal hung up while the reader is stuck (it sends nothing).
+    let draws = f.term.backend().draws;
+    let evs = f.session.wait(&f.app, &mut f.term, &rx, tick, || true);
+    assert!(matches!(evs[..], [Event::TerminalLost]), "{evs:?}");
+    // The reader noticed too: still one event.
+    tx.send(Inbox::Event(Event::TerminalLost)).unwrap();
+    let evs = f.session.wait(&f.app, &mut f.term, &rx, tick, || true);
+    assert!(matches!(evs[..], [Event::TerminalLost]), "{evs:?}");
+    f.session
+        .handle(&mut f.app, Event::TerminalLost, &mut f.term);
+    assert!(f.app.quit);
+    // From now on nothing is drawn and nothing waited for.
+    let t0 = Instant::now();
+    let evs = f
+        .session
+        .wait(&f.app, &mut f.term, &rx, Duration::from_secs(5), || false);
+    assert!(matches!(evs[..], [Event::TerminalLost]), "{evs:?}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert_eq!(f.term.backend().draws, draws + 2);
 }
 
 #[test]
