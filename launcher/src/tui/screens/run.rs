@@ -187,6 +187,7 @@ fn request_row(q: &RequestRecord, narrow: bool) -> Row<'static> {
 }
 
 /// Local wall-clock time `HH:MM:SS` of a Unix time in milliseconds.
+#[cfg(unix)]
 fn clock(unix_ms: u64) -> String {
     let t = (unix_ms / 1000) as libc::time_t;
     // SAFETY: localtime_r only writes the `tm` we own; a zeroed `tm` is a
@@ -196,4 +197,12 @@ fn clock(unix_ms: u64) -> String {
         return "?".into();
     }
     format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+}
+
+/// Elsewhere (Windows has no `localtime_r`), UTC, marked as such so the
+/// column is never mistaken for local time.
+#[cfg(not(unix))]
+fn clock(unix_ms: u64) -> String {
+    let s = unix_ms / 1000 % 86_400;
+    format!("{:02}:{:02}:{:02}Z", s / 3600, s / 60 % 60, s % 60)
 }
