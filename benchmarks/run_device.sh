@@ -9,7 +9,7 @@
 #          | generate-a3b-24l
 #   The VRAM limit of heatmap-*, hcs-bench-* and hcs-32k-* is the issue's for the preset
 #   (a3b-24l 6GiB, a3b 8GiB) unless HCS_LIMIT is set. dist/gpu holds krasis-runtime, the
-#   engine's gpu_engine-*, cancel-*, fault_injection-*, routes-* and the kernels' gpu-* test
+#   engine's gpu_engine-*, cancel-*, fault_injection-*, routes-*, live-* and the kernels' gpu-* test
 #   binaries, and kbench.
 #   Scratch (synthetic checkpoints, INT4 cache, logs) goes under $KRASIS_DEVICE_TMP (/tmp).
 # Every phase runs even when an earlier one fails; logs go to OUT_DIR/results.tgz, rewritten
@@ -81,8 +81,8 @@ for phase in "$@"; do
       dist/gpu/kbench --gemv 2>&1 | tee "$out/kbench.log" || fail "kbench: kbench --gemv" ;;
     tests)
       # Every engine test binary of runtime/gpu/tests: the engine against the
-      # CPU reference, cancellation, planted faults, route recording.
-      for g in 'gpu_engine-*' 'cancel-*' 'fault_injection-*' 'routes-*'; do run_tests tests "$g"; done \
+      # CPU reference, cancellation, planted faults, route recording, live figures.
+      for g in 'gpu_engine-*' 'cancel-*' 'fault_injection-*' 'routes-*' 'live-*'; do run_tests tests "$g"; done \
         | tee "$out/tests.log" | sed -n -E '/^--- |test result|FAILED|panicked/p' \
         || fail "tests: the log pipeline" ;;
     check-tiny|check-tiny-dense)

@@ -25,7 +25,7 @@ stub() { # path exit-status text
 stub "$bin/nvidia-smi" 0 "name, driver_version\nStub GPU, 0.0"
 stub "$repo/dist/gpu/gpu-0001" 0 "test result: ok. 3 passed; 0 failed"
 stub "$repo/dist/gpu/gpu_engine-0001" 0 "test result: ok. 5 passed; 0 failed"
-for t in cancel fault_injection routes; do stub "$repo/dist/gpu/$t-0001" 0 "test result: ok. 1 passed; 0 failed"; done
+for t in cancel fault_injection routes live; do stub "$repo/dist/gpu/$t-0001" 0 "test result: ok. 1 passed; 0 failed"; done
 stub "$repo/dist/gpu/kbench" 0 "gemv 1 us"
 # krasis-runtime: fails (exit 1) when its subcommand, or `bench --check`
 # as "check", is listed in $STUB_FAIL; prints INFO noise the phases filter.
