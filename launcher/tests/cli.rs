@@ -147,7 +147,7 @@ fn unsupported_combinations_are_refused_before_anything_loads() {
     assert!(err.contains("API key"), "{err}");
     let out = run_ok(&mut serve(&["--backend", "reference"]));
     assert!(
-        out.contains("host RAM for routed experts from the checkpoint (bfloat16)"),
+        out.contains("host RAM for routed experts from the checkpoint (bf16, memory-mapped)"),
         "{out}"
     );
     assert!(out.contains("dry run: options are valid"), "{out}");
@@ -163,8 +163,9 @@ fn unsupported_combinations_are_refused_before_anything_loads() {
     assert!(err.contains("--runtime /nonexistent/rt"), "{err}");
 }
 
-/// A stand-in runtime: reports the real capabilities, then serves by
-/// printing events and waiting for SIGTERM; records its pid.
+/// A stand-in runtime: reports the real capabilities, asks the real runtime
+/// for model facts and plans (`inspect`, `plan`), then serves by printing
+/// events and waiting for SIGTERM; records its pid.
 #[cfg(unix)]
 fn fake_runtime(dir: &Path, on_serve: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
@@ -177,8 +178,9 @@ fn fake_runtime(dir: &Path, on_serve: &str) -> PathBuf {
     std::fs::write(
         &p,
         format!(
-            "#!/bin/sh\nif [ \"$1\" = capabilities ]; then cat {caps}; exit 0; fi\necho $$ > {pid}\necho \"$@\" > {args}\n{on_serve}\n",
+            "#!/bin/sh\nif [ \"$1\" = capabilities ]; then cat {caps}; exit 0; fi\nif [ \"$1\" = inspect ] || [ \"$1\" = plan ]; then exec {real} \"$@\"; fi\necho $$ > {pid}\necho \"$@\" > {args}\n{on_serve}\n",
             caps = dir.join("caps.json").display(),
+            real = runtime().display(),
             pid = dir.join("rt.pid").display(),
             args = dir.join("rt.args").display(),
         ),

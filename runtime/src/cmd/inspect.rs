@@ -105,7 +105,7 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
             } else if expert_dtype.is_some() {
                 "checkpoint".into()
             } else {
-                "not in the checkpoint (the reference engine cannot load it)".into()
+                "absent from the checkpoint; the reference engine cannot load it".into()
             },
             compute: "f32".into(),
             kv: "f32".into(),
