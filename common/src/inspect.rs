@@ -40,6 +40,9 @@ pub struct InspectReport {
 /// One model directory: its facts, or why it cannot be served. A broken or
 /// unsupported directory is an entry, never a failed command, so one bad
 /// directory does not hide the others.
+// One report per model directory, made once and read once: boxing the
+// facts would only add indirection.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum ModelReport {
