@@ -46,6 +46,16 @@ fn parameters_are_shown_with_a_unit() {
     let s = screen_text(&a, 160, 40);
     assert!(s.contains("30.5B parameters, 3.4B active per token"), "{s}");
     assert!(!s.contains("0.0B"), "{s}");
+    // A small model (the demo has 1.5M parameters) is not `0.0B`.
+    let mut a = app(true);
+    if let Ok(m) = a.models[0].summary.as_mut() {
+        m.total_params = 1_548_800;
+        m.active_params = 577_600;
+    }
+    let s = screen_text(&a, 120, 30);
+    assert!(s.contains("qwen3_moe  1.5M params"), "{s}");
+    assert!(s.contains("577.6K active per token"), "{s}");
+    assert!(!s.contains("0.0B"), "{s}");
 }
 
 fn built() -> CacheState {
