@@ -400,10 +400,15 @@ mod tests {
 
     #[test]
     fn shipped_examples_load_and_validate() {
-        assert!(examples::EXAMPLES.len() >= 2, "expected shipped example profiles");
+        assert!(
+            examples::EXAMPLES.len() >= 2,
+            "expected shipped example profiles"
+        );
         for e in examples::EXAMPLES {
             let name = e.name;
-            let p = e.profile().unwrap_or_else(|e| panic!("profiles/{name}.toml: {e}"));
+            let p = e
+                .profile()
+                .unwrap_or_else(|e| panic!("profiles/{name}.toml: {e}"));
             assert_eq!(p.name, name);
             let caps = crate::runtime::tests::fake_caps(true);
             caps.check_options(&p.options, "qwen3_moe")

@@ -69,10 +69,7 @@ fn probe_json_matches_the_documented_shape() {
     assert_eq!(ok["facts"]["experts_per_token"], 2);
     let bad = by_name("llama");
     assert_eq!(bad["status"], "unusable");
-    assert!(
-        bad["reason"].as_str().unwrap().contains("llama"),
-        "{bad:#}"
-    );
+    assert!(bad["reason"].as_str().unwrap().contains("llama"), "{bad:#}");
     let kinds: Vec<&str> = v["model_roots"]
         .as_array()
         .unwrap()
@@ -131,7 +128,11 @@ fn probe_text_reads_naturally() {
     assert!(row.contains("3 x 8, top 2"), "{row}");
     assert!(row.contains(" KiB"), "{row}");
     let header = text.lines().find(|l| l.contains("NAME")).unwrap();
-    assert_eq!(header.find("TYPE"), row.find("qwen3_moe"), "\n{header}\n{row}");
+    assert_eq!(
+        header.find("TYPE"),
+        row.find("qwen3_moe"),
+        "\n{header}\n{row}"
+    );
     assert!(text.contains("unusable: "), "{text}");
     assert!(
         text.contains("(Hugging Face cache; does not exist)"),
@@ -139,7 +140,16 @@ fn probe_text_reads_naturally() {
     );
     assert!(text.contains("\nRuntime: krasis-runtime "), "{text}");
     // No Debug output: Rust enum and Option names, or braces.
-    for bad in ["Some(", "None", "Ok(", "Err(", "HfHub", "KrasisData", "{", "0.00B"] {
+    for bad in [
+        "Some(",
+        "None",
+        "Ok(",
+        "Err(",
+        "HfHub",
+        "KrasisData",
+        "{",
+        "0.00B",
+    ] {
         assert!(!text.contains(bad), "{bad:?} in:\n{text}");
     }
 }
@@ -173,7 +183,10 @@ fn profiles_list_shows_the_shipped_examples_and_copies_them() {
     assert!(out.contains("copied example 'demo-cpu'"), "{out}");
     let copy = std::fs::read_to_string(t.path().join("config/profiles/my-demo.toml")).unwrap();
     assert!(copy.contains("name = \"my-demo\""), "{copy}");
-    assert!(copy.contains("# The random-weights tiny demo model"), "{copy}");
+    assert!(
+        copy.contains("# The random-weights tiny demo model"),
+        "{copy}"
+    );
     let out = run_ok(krasis_isolated(t.path()).args(["profiles", "list"]));
     let (mine, _) = out.split_once("Shipped examples").unwrap();
     assert!(mine.contains("\n  my-demo  "), "{out}");
@@ -204,7 +217,10 @@ fn the_shipped_demo_profile_works_as_shipped() {
     let out = run_ok(&mut serve());
     assert!(!out.contains("Creating the demo model"), "{out}");
     assert!(
-        out.contains(&format!("model: {}", demo.canonicalize().unwrap().display())),
+        out.contains(&format!(
+            "model: {}",
+            demo.canonicalize().unwrap().display()
+        )),
         "{out}"
     );
 }
@@ -230,7 +246,13 @@ fn a_missing_model_names_every_root_searched() {
     );
     let by_flag = run_err(
         krasis_isolated(t.path())
-            .args(["serve", "--model", "Qwen/No-Such-Model", "--dry-run", "--runtime"])
+            .args([
+                "serve",
+                "--model",
+                "Qwen/No-Such-Model",
+                "--dry-run",
+                "--runtime",
+            ])
             .arg(runtime())
             .arg("--model-root")
             .arg(&extra),
@@ -242,8 +264,14 @@ fn a_missing_model_names_every_root_searched() {
         );
         for line in [
             "  models (under the working directory; does not exist)".to_string(),
-            format!("  {} (Hugging Face cache; does not exist)", t.path().join("hub").display()),
-            format!("  {} (Krasis data directory", t.path().join("data/models").display()),
+            format!(
+                "  {} (Hugging Face cache; does not exist)",
+                t.path().join("hub").display()
+            ),
+            format!(
+                "  {} (Krasis data directory",
+                t.path().join("data/models").display()
+            ),
             format!("  {} (given with --model-root)", extra.display()),
         ] {
             assert!(err.contains(&line), "missing {line:?} in:\n{err}");

@@ -263,13 +263,21 @@ mod tests {
             &Ok(("/opt/krasis-runtime".into(), caps)),
         );
         let t = render(&r);
-        assert!(t.starts_with("GPUs: 1 found (NVIDIA driver 580.00)\n"), "{t}");
         assert!(
-            t.contains("  0:  Fake RTX 4090  23.0 GiB free of 24.0 GiB  compute 8.9  PCIe gen 4 x16\n"),
+            t.starts_with("GPUs: 1 found (NVIDIA driver 580.00)\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "  0:  Fake RTX 4090  23.0 GiB free of 24.0 GiB  compute 8.9  PCIe gen 4 x16\n"
+            ),
             "{t}"
         );
         assert!(t.contains("Models: 2 found, 1 usable."), "{t}");
-        assert!(t.contains("unusable: model_type 'llama' is not supported"), "{t}");
+        assert!(
+            t.contains("unusable: model_type 'llama' is not supported"),
+            "{t}"
+        );
         // No Debug output (`Some(..)`, `Found {`, `HfHub`) anywhere.
         for bad in ["Some(", "None", "{", "HfHub", "KrasisData", "Ok("] {
             assert!(!t.contains(bad), "{bad:?} in\n{t}");

@@ -6,9 +6,9 @@
 //! a copy (`krasis profiles copy`) in their own profiles directory.
 
 use super::{Profile, ProfileError, Store, parse};
-use std::path::PathBuf;
 #[cfg(test)]
 use std::path::Path;
+use std::path::PathBuf;
 
 pub struct Example {
     pub name: &'static str,

@@ -59,8 +59,9 @@ pub fn krasis_isolated(tmp: &Path) -> Command {
     c
 }
 
-/// A qwen3_moe model directory the launcher can read (config.json and a
-/// placeholder safetensors file: the launcher never opens weights).
+/// A qwen3_moe model directory `krasis-runtime inspect` accepts: config.json
+/// and a safetensors file whose header names one empty BF16 tensor (inspect
+/// reads headers only, so no weights are needed).
 pub fn fake_model(dir: &Path) -> PathBuf {
     let m = dir.join("fake-qwen3-moe");
     std::fs::create_dir_all(&m).unwrap();
@@ -72,7 +73,11 @@ pub fn fake_model(dir: &Path) -> PathBuf {
 "torch_dtype":"bfloat16"}"#,
     )
     .unwrap();
-    std::fs::write(m.join("model.safetensors"), b"").unwrap();
+    let header =
+        br#"{"model.embed_tokens.weight":{"dtype":"BF16","shape":[0],"data_offsets":[0,0]}}"#;
+    let mut st = (header.len() as u64).to_le_bytes().to_vec();
+    st.extend_from_slice(header);
+    std::fs::write(m.join("model.safetensors"), st).unwrap();
     m
 }
 
