@@ -22,7 +22,8 @@ ready=$(date +%s.%N)
 pid=$(pgrep -f "serve --model $model" | head -1)
 # ~4K tokens of real English text (assets/text, public domain).
 prompt=$(head -c 16000 assets/text/kjv-genesis-exodus.txt | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))')
-body="{\"model\":\"m\",\"prompt\":$prompt,\"max_tokens\":400,\"stream\":true,\"temperature\":0}"
+id=$(curl -s "$url/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+body="{\"model\":\"$id\",\"prompt\":$prompt,\"max_tokens\":400,\"stream\":true,\"temperature\":0}"
 r0=$(date +%s.%N)
 curl -sN "$url/v1/completions" -H 'Content-Type: application/json' -d "$body" > "$out/stream.txt" &
 cpid=$!
