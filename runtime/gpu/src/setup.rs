@@ -66,6 +66,9 @@ impl CudaEngine {
         let staging = Hcs::staging_bytes(layer_bytes, group) as u64;
         self.model.hcs = Some(hcs);
         let cal = self.calibrate(model_dir, opts.safety_margin)?;
+        // Calibration's prompts are not requests: their expert traffic (every
+        // expert cold) must not show in `/v1/stats` as the last request's.
+        self.last_hcs = None;
         let floor = cal.transient_at_context + opts.safety_margin;
         let free = self.model.gpu.free_in_budget()?;
         let all_bytes = (total * stride) as u64;

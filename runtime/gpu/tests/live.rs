@@ -74,6 +74,14 @@ fn watch_prefill(e: &mut CudaEngine, prompt: &[u32]) -> Vec<u64> {
 fn live_figures(label: &str, e: &mut CudaEngine) {
     let hcs = e.hcs_active();
     let vocab = e.info().vocab_size;
+    // Before any request nothing is reported as traffic (the calibration
+    // prompts at load are not requests).
+    let idle = e.stats().expect("stats");
+    let h = idle.hcs.as_ref().expect("HCS figures");
+    assert!(
+        h.cold_bytes_per_token == 0.0 && h.copy_ms_per_token == 0.0,
+        "{label}: traffic before any request: {h:?}"
+    );
     let prompt = tokens(CONTEXT - 600, vocab, 21);
     let n = prompt.len() as u64;
     run(e, &request(&prompt, 1)); // warm-up
@@ -151,6 +159,12 @@ fn live_figures(label: &str, e: &mut CudaEngine) {
             (0.0..=1.0).contains(&h.hit_rate) && h.cold_bytes_per_token >= 0.0,
             "{label} at {at:?}: {h:?}"
         );
+        if !hcs {
+            assert_eq!(
+                h.cold_bytes_per_token, 0.0,
+                "{label}: all resident, yet cold"
+            );
+        }
     }
     // The last figures published are the engine's own after the request.
     let last = req.live.engine().expect("final figures");
