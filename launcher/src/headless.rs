@@ -377,9 +377,7 @@ fn print_event(ev: &ProgressEvent, demo: bool) {
         ),
         ProgressEvent::Ready { url, model } => {
             println!("READY: {url} (model \"{model}\")");
-            println!(
-                "  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
-            );
+            println!("  try: {}", first_request(url, model));
             if demo {
                 println!("{DEMO_NOTICE}");
             }
@@ -438,4 +436,15 @@ pub fn build_cache(
     }
     args.extend(rest.iter().cloned());
     forward(ctx, &args)
+}
+
+/// The first request a newcomer is shown. It sets `max_tokens`: without it a
+/// random-weights demo model answers with its whole context of noise.
+pub fn first_request(url: &str, model: &str) -> String {
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 64,
+    });
+    format!("curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'")
 }
