@@ -184,6 +184,8 @@ pub struct HcsStats {
 pub struct VramStats {
     pub total_bytes: u64,
     pub limit_bytes: Option<u64>,
+    /// Free memory within `limit_bytes` when a limit is set (the engine's
+    /// budget), else free on the whole card.
     pub free_bytes: u64,
     pub min_free_bytes: u64,
     /// The calibrated safety margin kept free (600 MiB by default).

@@ -246,14 +246,16 @@ fn counts(st: Option<&EngineStats>, queue: bool) -> String {
     )
 }
 
-/// VRAM in use (the whole card's) against the limit krasis was given, with
+/// VRAM in use against the limit krasis was given (or the whole card), with
 /// the safety margin marked at the limit's end.
 fn vram_bar(st: Option<&EngineStats>, compact: bool) -> Item {
     let Some(v) = st.and_then(|s| s.vram.as_ref()) else {
         return Item::Text(Line::raw(no_vram(st)));
     };
     let limit = v.limit_bytes.unwrap_or(v.total_bytes).max(1);
-    let used = v.total_bytes.saturating_sub(v.free_bytes);
+    // `free_bytes` is what is left within the limit when one is set (the
+    // engine's budget), else on the whole card: used is the rest of the same.
+    let used = limit.saturating_sub(v.free_bytes);
     // What the bar's right end is: the limit krasis was given, or the card.
     let end = if v.limit_bytes.is_some() {
         "limit"

@@ -37,8 +37,14 @@ pub fn model_lines(app: &App) -> Vec<String> {
 
 pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let mut lines = model_lines(app);
-    for field in FIELDS {
-        lines.push(format!("  {:<28}{}", field.label(), field.show(&app.opts)));
+    for (i, field) in FIELDS.iter().enumerate() {
+        // The same rule as the options form: a setting the backend or this
+        // machine cannot use is not shown as if it applied.
+        let value = match app.field_unavailable(i) {
+            Some(why) => format!("n/a: {why}"),
+            None => field.show(&app.opts),
+        };
+        lines.push(format!("  {:<28}{value}", field.label()));
     }
     lines.push(String::new());
     lines.push("Estimate:".into());

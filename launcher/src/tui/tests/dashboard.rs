@@ -59,6 +59,7 @@ pub(super) fn decoding(generated: u64, decode_tok_s: f64) -> EngineStats {
         vram: Some(VramStats {
             total_bytes: 24 << 30,
             limit_bytes: Some(22 << 30),
+            // Free within the 22 GiB limit, as the engine reports it.
             free_bytes: 4 << 30,
             min_free_bytes: 3 << 30,
             margin_bytes: 600 << 20,
@@ -87,7 +88,7 @@ fn decoding_request_shows_state_rates_memory_and_hcs() {
         "decode     44.0 tok/s",
         "TTFT last 412 ms  now 380 ms  elapsed 12.3 s",
         "queue 2  active 1  done 6  cancelled 1  rejected 0",
-        "20.0 GiB / 22.0 GiB limit",
+        "18.0 GiB / 22.0 GiB limit",
         "margin 600.0 MiB  free 4.0 GiB  min free 3.0 GiB",
         "32.6% of experts resident (2000/6144)",
         "hit 62.5%  cold 12.0 MiB/tok  copy 1.24 ms/tok",
@@ -215,7 +216,7 @@ fn dashboard_degrades_at_80x24_and_keeps_the_essentials() {
         "decode     44.0 tok/s",
         "TTFT last 412 ms",
         "queue 2  active 1",
-        "20.0 GiB / 22.0 GiB limit, margin 600.0 MiB",
+        "18.0 GiB / 22.0 GiB limit, margin 600.0 MiB",
         "HCS 32.6% resident  hit 62.5%",
         "pinned host RAM 17.4 GiB",
         "Requests (9)",

@@ -5,6 +5,7 @@
 
 mod dashboard;
 mod facts;
+mod h200;
 mod options_gating;
 mod tabs_and_help;
 

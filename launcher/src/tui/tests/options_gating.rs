@@ -85,3 +85,17 @@ fn the_reference_backend_disables_gpu_settings_on_a_gpu_machine() {
     key(&mut a, KeyCode::Enter);
     assert!(a.editing.is_some());
 }
+
+#[test]
+fn the_summary_does_not_show_gpu_settings_as_if_they_applied() {
+    // No GPU: the default backend is the reference one; Tab to the summary.
+    let mut a = options(false);
+    key(&mut a, KeyCode::Tab);
+    assert_eq!(a.screen, Screen::Summary);
+    let s = screen_text(&a, 140, 40);
+    let row = |name: &str| s.lines().find(|l| l.contains(name)).unwrap().to_string();
+    for f in ["VRAM limit", "Safety margin"] {
+        assert!(row(f).contains("n/a:"), "{}\n{s}", row(f));
+        assert!(!row(f).contains("whole GPU"), "{}", row(f));
+    }
+}
