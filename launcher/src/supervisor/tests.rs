@@ -2,6 +2,7 @@
 //! HTTP server.
 
 use super::*;
+use krasis_common::status::HealthStatus;
 
 /// A stand-in runtime: a shell script that prints events and logs, and
 /// either exits, or waits for SIGTERM (or ignores it).
