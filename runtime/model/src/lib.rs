@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod engine;
 pub mod error;
 pub mod experts;
+pub mod formats;
 pub mod layers;
 pub mod reference;
 pub mod sampling;
@@ -24,3 +25,4 @@ pub use engine::{
 };
 pub use error::ModelError;
 pub use experts::{ExpertF32, ExpertWeights};
+pub use formats::{Mxfp4Error, Mxfp4Matrix, Mxfp4Shape, Mxfp4Tensor};
