@@ -16,9 +16,13 @@ A block is refused (the Rust loader must refuse it too) when its scale is NaN
 or any product is outside float32's finite range; the fixture records the
 first refused (expert, row, block) in row-major order and why.
 
-Usage (only NumPy is needed):
+Usage (only NumPy is needed, except for --transformers):
   python tools/witness/mxfp4_oracle.py          # rewrite the fixture
   python tools/witness/mxfp4_oracle.py --check  # regenerate, compare, exit 1 on difference
+  python tools/witness/mxfp4_oracle.py --transformers
+      # a second witness where torch and transformers are installed (the GPU
+      # machine): decode the committed fixture's cases with transformers'
+      # convert_moe_packed_tensors in float32 and bfloat16 and compare bit for bit
 """
 
 import argparse
@@ -190,6 +194,37 @@ def build():
     }
 
 
+def cross_check_transformers():
+    """Compare the committed fixture with transformers' own MXFP4 decode; 0 when equal."""
+    import torch
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    with open(FIXTURE, encoding="utf-8") as f:
+        doc = json.load(f)
+    failures = 0
+    for case in doc["decoded"]:
+        e, r, k = case["experts"], case["rows"], case["cols"]
+        blocks = np.frombuffer(bytes.fromhex(case["blocks"]), dtype=np.uint8).reshape(e, r, k // BLOCK, 16)
+        scales = np.array(case["scales"], dtype=np.uint8).reshape(e, r, k // BLOCK)
+        want = np.array(case["expected_f32_bits"], dtype=np.uint32)
+        for dtype in (torch.float32, torch.bfloat16):
+            # transformers returns [E, K, R] (the transposed nn.Linear weight).
+            out = convert_moe_packed_tensors(torch.from_numpy(blocks.copy()), torch.from_numpy(scales.copy()), dtype=dtype)
+            got = out.transpose(1, 2).to(torch.float32).contiguous().cpu().numpy().view(np.uint32).reshape(-1)
+            bad = np.flatnonzero(got != want)
+            if bad.size:
+                failures += 1
+                i = int(bad[0])
+                print(
+                    f"{case['name']} ({dtype}): {bad.size} elements differ, first {i}: "
+                    f"transformers {got[i:i + 1].view(np.float32)[0]!r} vs fixture {want[i:i + 1].view(np.float32)[0]!r}",
+                    file=sys.stderr,
+                )
+            else:
+                print(f"{case['name']} ({dtype}): {want.size} values equal")
+    return 1 if failures else 0
+
+
 def dump(doc):
     return json.dumps(doc, indent=1) + "\n"
 
@@ -197,7 +232,12 @@ def dump(doc):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with the committed fixture instead of writing it")
+    ap.add_argument(
+        "--transformers", action="store_true", help="cross-check the fixture with transformers (needs torch)"
+    )
     args = ap.parse_args()
+    if args.transformers:
+        return cross_check_transformers()
     doc = build()
     if args.check:
         with open(FIXTURE, encoding="utf-8") as f:
