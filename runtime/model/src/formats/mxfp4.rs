@@ -11,7 +11,7 @@
 //!   consecutive K elements of one row; element `2j` is the LOW nibble of byte
 //!   `j`, element `2j+1` the HIGH nibble.
 //! - `<proj>_scales`: U8 `[experts, rows, cols/32]`, one E8M0 scale per block:
-//!   the value `2^(s-127)`; `s = 255` is NaN (OCP MX v1.0 §5.4.1, E8M0 has no
+//!   the value `2^(s-127)`; `s = 255` is NaN (OCP MX v1.0: E8M0 has no
 //!   zero, sign or infinity).
 //! - `<proj>_bias`: BF16 `[experts, rows]`, not quantized (read it as any BF16
 //!   tensor; it is not part of this format).
@@ -69,7 +69,10 @@
 //!   GPU weight equals [`Mxfp4Matrix::dequant_row`] bit for bit, so the CPU
 //!   reference over this decode is the oracle for the kernels as it is for
 //!   INT4 today. Prefill kernels decode a tile to BF16 (also exact) for the
-//!   tensor cores.
+//!   tensor cores. The nibble order is the checkpoint's, not the spec's (the
+//!   spec leaves packing open): llama.cpp's GGML MXFP4 block is different
+//!   (scale byte first, element `j` low and `j+16` high), so kernels modelled
+//!   on it must re-index, not re-pack the cache.
 
 use thiserror::Error;
 
