@@ -52,7 +52,7 @@ pub async fn chat_completions(
     let opts = RenderOptions {
         add_generation_prompt: true,
         tools: plan.for_template.clone(),
-        extra: req.chat_template_kwargs.take().unwrap_or_default(),
+        extra: template_kwargs(&mut req)?,
     };
     let raw_messages = std::mem::take(&mut req.messages);
     let forced_prefix = plan.forced_prefix.clone();
@@ -90,7 +90,15 @@ pub async fn chat_completions(
     })
     .await?;
 
-    let mut parser = OutputParser::new(opens_reasoning, plan.parser);
+    let mut parser = match model.grammar.as_ref().filter(|g| g.whole_output()) {
+        // Harmony: channels carry the reasoning, so its parser reads every
+        // response, with no functions to call when none were declared.
+        Some(g) => OutputParser::whole(
+            plan.parser
+                .unwrap_or_else(|| g.parser(Arc::new(ToolSet::default()))),
+        ),
+        None => OutputParser::new(opens_reasoning, plan.parser),
+    };
     if let Some(prefix) = &plan.forced_prefix {
         // The forced opening is part of the call the parser must see.
         let early = parser.push(prefix);
@@ -178,6 +186,42 @@ fn map_legacy_functions(req: &mut ChatRequest) -> Result<bool, ApiError> {
     Ok(true)
 }
 
+/// Reasoning efforts the gpt-oss template knows (it writes `Reasoning: X`).
+const REASONING_EFFORTS: [&str; 3] = ["low", "medium", "high"];
+
+/// `chat_template_kwargs` plus `reasoning_effort`, which the template reads
+/// as a variable of that name.
+fn template_kwargs(req: &mut ChatRequest) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut kwargs = req.chat_template_kwargs.take().unwrap_or_default();
+    let Some(effort) = req.reasoning_effort.take().filter(|v| !v.is_null()) else {
+        return Ok(kwargs);
+    };
+    if !effort
+        .as_str()
+        .is_some_and(|e| REASONING_EFFORTS.contains(&e))
+    {
+        return Err(ApiError::invalid_param(
+            "reasoning_effort",
+            format!(
+                "reasoning_effort is {effort}; it must be one of {}",
+                REASONING_EFFORTS.join(", ")
+            ),
+        ));
+    }
+    match kwargs.get("reasoning_effort") {
+        Some(k) if *k != effort => Err(ApiError::invalid_param(
+            "reasoning_effort",
+            format!(
+                "reasoning_effort is {effort} but chat_template_kwargs.reasoning_effort is {k}; send one"
+            ),
+        )),
+        _ => {
+            kwargs.insert("reasoning_effort".into(), effort);
+            Ok(kwargs)
+        }
+    }
+}
+
 fn check_unsupported(req: &ChatRequest) -> Result<(), ApiError> {
     if req.logprobs == Some(true) || req.top_logprobs.is_some_and(|n| n > 0) {
         return Err(ApiError::unsupported(
@@ -249,7 +293,7 @@ fn plan_tools(req: &ChatRequest, model: &LoadedModel) -> Result<ToolPlan, ApiErr
     let grammar = model.grammar.as_ref().ok_or_else(|| {
         ApiError::unsupported(
             "tools",
-            "this model's chat template teaches no tool-call grammar this server can parse (supported: Qwen hermes JSON, Qwen3-Coder XML), so tools cannot be used with it",
+            "this model's chat template teaches no tool-call grammar this server can parse (supported: Qwen hermes JSON, Qwen3-Coder XML, gpt-oss harmony), so tools cannot be used with it",
         )
     })?;
     Ok(ToolPlan {

@@ -49,6 +49,9 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Passed to the chat template as its `reasoning_effort` variable (the
+    /// gpt-oss template writes it into the system message).
+    pub reasoning_effort: Option<Value>,
     pub response_format: Option<Value>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,

@@ -1,5 +1,6 @@
 //! Turning the model's text stream into OpenAI response parts: stop strings
-//! ([`stop`]), reasoning ([`reasoning`]) and tool calls ([`tools`]).
+//! ([`stop`]), reasoning ([`reasoning`]) and tool calls ([`tools`], which also
+//! holds gpt-oss's harmony format, where channels carry the reasoning).
 
 pub mod reasoning;
 pub mod stop;
@@ -22,9 +23,12 @@ pub enum OutputEvent {
 }
 
 /// Reasoning split first (a tool call inside reasoning is only thought about),
-/// then tool calls in the answer text when the request declared tools.
+/// then tool calls in the answer text when the request declared tools. For a
+/// whole-output grammar (harmony) there is no `<think>` splitting: its parser
+/// reads everything and says itself what is reasoning.
 pub struct OutputParser {
-    reasoning: ReasoningSplitter,
+    /// `None` for a whole-output grammar.
+    reasoning: Option<ReasoningSplitter>,
     tools: Option<Box<dyn ToolParser>>,
     calls: usize,
 }
@@ -32,21 +36,36 @@ pub struct OutputParser {
 impl OutputParser {
     pub fn new(prompt_opens_reasoning: bool, tools: Option<Box<dyn ToolParser>>) -> Self {
         OutputParser {
-            reasoning: ReasoningSplitter::new(prompt_opens_reasoning),
+            reasoning: Some(ReasoningSplitter::new(prompt_opens_reasoning)),
             tools,
+            calls: 0,
+        }
+    }
+
+    /// For a grammar whose parser reads the whole output
+    /// ([`tools::ToolGrammar::whole_output`]).
+    pub fn whole(parser: Box<dyn ToolParser>) -> Self {
+        OutputParser {
+            reasoning: None,
+            tools: Some(parser),
             calls: 0,
         }
     }
 
     pub fn push(&mut self, text: &str) -> Vec<OutputEvent> {
         let mut pieces = Vec::new();
-        self.reasoning.push(text, &mut pieces);
+        match self.reasoning.as_mut() {
+            Some(r) => r.push(text, &mut pieces),
+            None => pieces.push(Piece::Content(text.to_string())),
+        }
         self.route(pieces, false)
     }
 
     pub fn finish(&mut self) -> Vec<OutputEvent> {
         let mut pieces = Vec::new();
-        self.reasoning.finish(&mut pieces);
+        if let Some(r) = self.reasoning.as_mut() {
+            r.finish(&mut pieces);
+        }
         self.route(pieces, true)
     }
 
@@ -83,6 +102,7 @@ impl OutputParser {
         for e in events.drain(..) {
             match e {
                 ToolEvent::Text(t) => out.push(OutputEvent::Content(t)),
+                ToolEvent::Reasoning(r) => out.push(OutputEvent::Reasoning(r)),
                 ToolEvent::Call(c) => {
                     out.push(OutputEvent::ToolCall {
                         index: self.calls,

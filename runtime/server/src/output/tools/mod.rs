@@ -7,11 +7,13 @@
 //! nothing the model wrote disappears.
 
 mod block;
+mod harmony;
 mod hermes;
 mod qwen_xml;
 pub mod schema;
 
 pub use block::BlockParser;
+pub use harmony::{Harmony, HarmonyParser, Header, Scanner, Segment, parse_header};
 pub use hermes::HermesJson;
 pub use qwen_xml::QwenXml;
 pub use schema::ToolSet;
@@ -30,6 +32,9 @@ pub struct ParsedCall {
 pub enum ToolEvent {
     Text(String),
     Call(ParsedCall),
+    /// Reasoning, from grammars that read the whole output
+    /// ([`ToolGrammar::whole_output`]); the Qwen grammars never emit it.
+    Reasoning(String),
 }
 
 /// How the request constrains tool use (after `tool_choice: none` has removed
@@ -44,8 +49,8 @@ pub enum Forced {
     Named(String),
 }
 
-/// A tool-call grammar (Qwen hermes JSON, Qwen3-Coder XML; DeepSeek, GLM and
-/// gpt-oss grammars implement the same trait).
+/// A tool-call grammar (Qwen hermes JSON, Qwen3-Coder XML, gpt-oss harmony;
+/// DeepSeek and GLM grammars implement the same trait).
 pub trait ToolGrammar: Send + Sync + std::fmt::Debug {
     /// Short name used in logs and error messages.
     fn name(&self) -> &'static str;
@@ -56,6 +61,14 @@ pub trait ToolGrammar: Send + Sync + std::fmt::Debug {
     /// Text appended to the prompt (after the generation prompt) that makes
     /// the model start the forced call; `None` for [`Forced::Auto`].
     fn forced_prefix(&self, forced: &Forced) -> Option<String>;
+
+    /// True when the parser reads the whole output, reasoning included
+    /// (harmony's channels), and is used even when the request declares no
+    /// tools; false when `<think>` splitting comes first and the parser sees
+    /// only the answer text.
+    fn whole_output(&self) -> bool {
+        false
+    }
 }
 
 /// A streaming parser over answer text.
@@ -69,6 +82,13 @@ pub trait ToolParser: Send {
 /// Picks the grammar the template teaches, or `None` when the template has no
 /// grammar this build understands (requests with tools are then refused).
 pub fn detect_grammar(template_source: &str) -> Option<Arc<dyn ToolGrammar>> {
+    // gpt-oss: the template writes harmony's message markers itself.
+    if ["<|start|>", "<|channel|>", "<|message|>"]
+        .iter()
+        .all(|m| template_source.contains(m))
+    {
+        return Some(Arc::new(Harmony));
+    }
     if template_source.contains("<function=") && template_source.contains("<parameter=") {
         return Some(Arc::new(QwenXml));
     }

@@ -1,0 +1,344 @@
+//! gpt-oss harmony output: the parser against OpenAI's own parser (the
+//! `openai-harmony` package, through `tests/fixtures/harmony/completions.json`
+//! written by `tools/harmony/oracle.py`), streamed in every split; then the
+//! chat endpoint with a harmony template.
+
+mod common;
+
+use common::*;
+use krasis_model::chat_template::ChatTemplate;
+use krasis_server::output::tools::{
+    Forced, Harmony, Scanner, Segment, ToolGrammar, ToolSet, detect_grammar,
+};
+use krasis_server::output::{OutputEvent, OutputParser};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn fixture() -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/harmony/completions.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The completion cut into pieces at the given byte offsets (char boundaries).
+fn pieces<'a>(text: &'a str, cuts: &[usize]) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut last = 0;
+    for &c in cuts {
+        out.push(&text[last..c]);
+        last = c;
+    }
+    out.push(&text[last..]);
+    out
+}
+
+/// Every way the tests stream a completion: whole, split once at each char
+/// boundary, and one char at a time.
+fn splits(text: &str) -> Vec<Vec<&str>> {
+    let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).skip(1).collect();
+    let mut all = vec![vec![text]];
+    all.extend(bounds.iter().map(|&b| pieces(text, &[b])));
+    all.push(pieces(text, &bounds));
+    all
+}
+
+/// Messages as the oracle's fixture writes them.
+fn scan(chunks: &[&str]) -> Vec<Value> {
+    let mut s = Scanner::default();
+    let mut segs = Vec::new();
+    for c in chunks {
+        s.push(c, &mut segs);
+    }
+    s.finish(&mut segs);
+    let mut msgs: Vec<Value> = Vec::new();
+    for seg in segs {
+        match seg {
+            Segment::Begin(h) => msgs.push(json!({
+                "channel": h.channel, "recipient": h.recipient,
+                "content_type": h.content_type, "content": "",
+            })),
+            Segment::Text(t) => {
+                let m = msgs.last_mut().expect("text before any header");
+                let c = m["content"].as_str().unwrap().to_string() + &t;
+                m["content"] = json!(c);
+            }
+            Segment::End => {}
+        }
+    }
+    msgs
+}
+
+#[test]
+fn scanner_reads_every_completion_as_openai_harmony_does_in_every_split() {
+    let f = fixture();
+    let cases = f["cases"].as_array().unwrap();
+    assert!(cases.len() >= 8);
+    for case in cases {
+        let completion = case["completion"].as_str().unwrap();
+        let expected = case["messages"].as_array().unwrap();
+        for chunks in splits(completion) {
+            assert_eq!(
+                &scan(&chunks),
+                expected,
+                "case {} split as {chunks:?}",
+                case["name"]
+            );
+        }
+    }
+}
+
+fn all_tools() -> Arc<ToolSet> {
+    let names = ["get_weather", "get_time", "search", "write_file"];
+    let tools: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"type": "function", "function": {"name": n}}))
+        .collect();
+    Arc::new(ToolSet::from_openai(&tools))
+}
+
+/// (reasoning, content, [(name, arguments)]) with text pieces joined.
+type Answer = (String, String, Vec<(String, Value)>);
+
+fn answer(tools: Arc<ToolSet>, chunks: &[&str]) -> Answer {
+    let mut p = OutputParser::whole(Harmony.parser(tools));
+    let mut events = Vec::new();
+    for c in chunks {
+        events.extend(p.push(c));
+    }
+    events.extend(p.finish());
+    let (mut r, mut c, mut calls) = (String::new(), String::new(), Vec::new());
+    for e in events {
+        match e {
+            OutputEvent::Reasoning(t) => r.push_str(&t),
+            OutputEvent::Content(t) => c.push_str(&t),
+            OutputEvent::ToolCall {
+                index,
+                name,
+                arguments,
+                ..
+            } => {
+                assert_eq!(index, calls.len());
+                calls.push((name, serde_json::from_str(&arguments).unwrap()));
+            }
+        }
+    }
+    (r, c, calls)
+}
+
+/// The documented mapping applied to the oracle's messages.
+fn expected_answer(messages: &[Value]) -> Answer {
+    let (mut r, mut c, mut calls) = (String::new(), String::new(), Vec::new());
+    for m in messages {
+        let content = m["content"].as_str().unwrap();
+        match (m["channel"].as_str(), m["recipient"].as_str()) {
+            (_, Some(to)) => {
+                let name = to.strip_prefix("functions.").unwrap().to_string();
+                calls.push((name, serde_json::from_str(content).unwrap()));
+            }
+            (Some("analysis"), None) => r.push_str(content),
+            _ => c.push_str(content),
+        }
+    }
+    (r, c, calls)
+}
+
+#[test]
+fn channels_map_to_reasoning_content_and_tool_calls_in_every_split() {
+    let f = fixture();
+    for case in f["cases"].as_array().unwrap() {
+        let completion = case["completion"].as_str().unwrap();
+        let expected = expected_answer(case["messages"].as_array().unwrap());
+        for chunks in splits(completion) {
+            assert_eq!(
+                answer(all_tools(), &chunks),
+                expected,
+                "case {} split as {chunks:?}",
+                case["name"]
+            );
+        }
+    }
+}
+
+const CALL: &str = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>";
+
+#[test]
+fn calls_that_cannot_be_handed_to_the_client_stay_text() {
+    // Arguments that are not a JSON object: returned as content, no call.
+    for bad in ["{\"city\": ", "[1, 2]", "not json"] {
+        let text = format!("{CALL}{bad}<|call|>");
+        assert_eq!(
+            answer(all_tools(), &[&text]),
+            (String::new(), bad.to_string(), vec![]),
+            "{bad}"
+        );
+    }
+    // Cut off by max_tokens mid-arguments: the same.
+    let cut = format!("{CALL}{{\"city\": \"Os");
+    assert_eq!(answer(all_tools(), &[&cut]).2, vec![]);
+    // No tools declared, or an undeclared function: not a call.
+    let ok = format!("{CALL}{{\"city\":\"Oslo\"}}<|call|>");
+    let none = answer(Arc::new(ToolSet::default()), &[&ok]);
+    assert_eq!(none, (String::new(), "{\"city\":\"Oslo\"}".into(), vec![]));
+    let browse = "<|channel|>analysis to=browser.search<|message|>{\"query\":\"x\"}<|call|>";
+    assert_eq!(
+        answer(all_tools(), &[browse]),
+        ("{\"query\":\"x\"}".into(), String::new(), vec![])
+    );
+}
+
+#[test]
+fn unfinished_or_markerless_output_is_handled() {
+    // A header cut off before its message began carries no text.
+    let cut = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|chan";
+    assert_eq!(
+        answer(all_tools(), &[cut]),
+        ("hm".into(), String::new(), vec![])
+    );
+    // Output that never speaks harmony is still the answer.
+    assert_eq!(
+        answer(all_tools(), &["plain words"]),
+        (String::new(), "plain words".into(), vec![])
+    );
+    // Truncated reasoning is reasoning, including a dangling `<|`.
+    assert_eq!(
+        answer(all_tools(), &["<|channel|>analysis<|message|>half <|"]),
+        ("half <|".into(), String::new(), vec![])
+    );
+}
+
+#[test]
+fn forced_choice_prefixes_parse_as_the_call_they_force() {
+    let named = Harmony
+        .forced_prefix(&Forced::Named("get_weather".into()))
+        .unwrap();
+    let required = Harmony.forced_prefix(&Forced::Required).unwrap();
+    assert!(Harmony.forced_prefix(&Forced::Auto).is_none());
+    let want = vec![("get_weather".to_string(), json!({"city": "Oslo"}))];
+    let a = answer(all_tools(), &[&named, "{\"city\":\"Oslo\"}<|call|>"]);
+    assert_eq!(a.2, want);
+    let b = answer(
+        all_tools(),
+        &[
+            &required,
+            "get_weather <|constrain|>json<|message|>{\"city\":\"Oslo\"}",
+        ],
+    );
+    assert_eq!(b.2, want);
+}
+
+/// A reduced harmony template (the markers, the system message with
+/// `Reasoning:` and the generation prompt as the gpt-oss template writes
+/// them); enough for detection, rendering and the kwargs.
+const HARMONY_TEMPLATE: &str = "\
+{%- if reasoning_effort is not defined %}{%- set reasoning_effort = 'medium' %}{%- endif -%}\
+<|start|>system<|message|>You are ChatGPT.\n\
+Reasoning: {{ reasoning_effort }}\n\n# Valid channels: analysis, commentary, final.<|end|>\
+{%- for m in messages %}<|start|>{{ m.role }}\
+{%- if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}<|end|>\
+{%- endfor %}\
+{%- if add_generation_prompt %}<|start|>assistant{%- endif %}";
+
+#[test]
+fn harmony_templates_select_the_harmony_grammar() {
+    assert_eq!(detect_grammar(HARMONY_TEMPLATE).unwrap().name(), "harmony");
+    assert!(detect_grammar(HARMONY_TEMPLATE).unwrap().whole_output());
+    // The Qwen markers alone do not.
+    assert_ne!(detect_grammar("<tool_call>").unwrap().name(), "harmony");
+}
+
+fn harmony_harness(reply: impl Fn(&str) -> String + Send + 'static) -> Harness {
+    let opts = Opts {
+        template: Some(
+            ChatTemplate::from_source(HARMONY_TEMPLATE, None, Some("<|return|>".into())).unwrap(),
+        ),
+        ..Opts::default()
+    };
+    harness(opts, reply)
+}
+
+fn user(text: &str) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": text}]})
+}
+
+#[tokio::test]
+async fn chat_splits_channels_and_passes_reasoning_effort_to_the_template() {
+    let h = harmony_harness(|prompt| {
+        let effort = prompt
+            .lines()
+            .find_map(|l| l.strip_prefix("Reasoning: "))
+            .unwrap_or("?")
+            .to_string();
+        format!(
+            "<|channel|>analysis<|message|>effort {effort}<|end|><|start|>assistant<|channel|>final<|message|>Hi!"
+        )
+    });
+    let mut body = user("hi");
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["content"], "Hi!");
+    assert_eq!(m["reasoning_content"], "effort medium");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    body["reasoning_effort"] = json!("high");
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["reasoning"], "effort high");
+
+    body["reasoning_effort"] = json!("extreme");
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "reasoning_effort");
+
+    body["reasoning_effort"] = json!("low");
+    body["chat_template_kwargs"] = json!({"reasoning_effort": "high"});
+    let (status, _) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn streamed_harmony_call_follows_the_openai_shape() {
+    let h = harmony_harness(|_| {
+        "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\", \"days\": 2}<|call|>".into()
+    });
+    let mut body = user("Weather in Paris?");
+    body["tools"] = json!([weather_tool()]);
+    body["stream"] = json!(true);
+    let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
+    let (events, done) = sse_events(&text);
+    assert!(done);
+    let delta = |key: &str| -> String {
+        events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
+            .collect()
+    };
+    assert_eq!(delta("reasoning_content"), "Need weather.");
+    assert_eq!(delta("content"), "Checking.");
+    let frags: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"].get("tool_calls"))
+        .flat_map(|t| t.as_array().unwrap())
+        .collect();
+    assert_eq!(frags[0]["index"], 0);
+    assert_eq!(frags[0]["function"]["name"], "get_weather");
+    assert!(frags[0]["id"].as_str().unwrap().starts_with("call_"));
+    let args: String = frags
+        .iter()
+        .map(|f| f["function"]["arguments"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&args).unwrap(),
+        json!({"city": "Paris", "days": 2})
+    );
+    let finish = events
+        .iter()
+        .find_map(|e| e["choices"][0]["finish_reason"].as_str());
+    assert_eq!(finish, Some("tool_calls"));
+    assert!(
+        !text.contains("<|"),
+        "no harmony marker reaches the client: {text}"
+    );
+}
