@@ -342,3 +342,58 @@ async fn streamed_harmony_call_follows_the_openai_shape() {
         "no harmony marker reaches the client: {text}"
     );
 }
+
+/// The checkpoint's own template (see tests/fixtures/harmony/README.md).
+fn gpt_oss_template() -> ChatTemplate {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/harmony/openai-gpt-oss-120b.jinja");
+    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    ChatTemplate::from_source(&src, None, Some("<|return|>".into())).unwrap()
+}
+
+#[tokio::test]
+async fn the_checkpoint_template_is_detected_and_renders_effort_and_tools() {
+    let t = gpt_oss_template();
+    assert_eq!(detect_grammar(t.source()).unwrap().name(), "harmony");
+    let h = harness(
+        Opts {
+            template: Some(t),
+            ..Opts::default()
+        },
+        |prompt| {
+            assert!(prompt.contains("Reasoning: low\n"), "{prompt}");
+            assert!(prompt.contains("namespace functions {"), "{prompt}");
+            assert!(prompt.contains("type get_weather = (_: {"), "{prompt}");
+            // The previous call and its result, as harmony writes them.
+            assert!(prompt.contains(
+                "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+            ), "{prompt}");
+            assert!(
+                prompt.contains(
+                    "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+                ),
+                "{prompt}"
+            );
+            assert!(prompt.ends_with("<|start|>assistant"), "{prompt}");
+            "<|channel|>analysis<|message|>It is sunny.<|end|><|start|>assistant<|channel|>final<|message|>Sunny, 21 °C.".into()
+        },
+    );
+    let body = json!({
+        "model": MODEL,
+        "reasoning_effort": "low",
+        "tools": [weather_tool()],
+        "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": null, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}
+            }]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"},
+        ],
+    });
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["content"], "Sunny, 21 °C.");
+    assert_eq!(m["reasoning_content"], "It is sunny.");
+}
