@@ -397,3 +397,13 @@ async fn the_checkpoint_template_is_detected_and_renders_effort_and_tools() {
     assert_eq!(m["content"], "Sunny, 21 °C.");
     assert_eq!(m["reasoning_content"], "It is sunny.");
 }
+
+#[tokio::test]
+async fn harmony_models_decode_special_tokens_for_the_parser() {
+    // The test vocabulary's `<|im_start|>` stands in for gpt-oss's special
+    // markers: dropped in decoding, the parser could never see `<|channel|>`.
+    let h = harmony_harness(|_| "<|channel|>final<|message|>a<|im_start|>b".into());
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &user("hi")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "a<|im_start|>b");
+}

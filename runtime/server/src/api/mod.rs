@@ -126,6 +126,8 @@ pub fn submit(
         cancel: cancel.clone(),
         slot,
         origin,
+        // A whole-output grammar (harmony) reads the special-token markers.
+        keep_special_tokens: model.grammar.as_ref().is_some_and(|g| g.whole_output()),
     };
     model.worker.submit(job).map_err(submit_error)?;
     Ok(Submitted {

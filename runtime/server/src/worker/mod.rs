@@ -114,6 +114,10 @@ pub struct Job {
     /// The admission this job holds; released just before its `Done`.
     pub slot: Slot,
     pub origin: Origin,
+    /// Decode special tokens into the text instead of dropping them: harmony's
+    /// message markers (`<|channel|>`, `<|message|>`, …) are special tokens,
+    /// and its output parser needs them.
+    pub keep_special_tokens: bool,
 }
 
 /// A job in the queue, with the facts fixed when it was queued.

@@ -188,7 +188,7 @@ fn generate(
     job: &Job,
     running: &Running,
 ) -> Result<(Finished, GenerateStats), GenError> {
-    let mut decoder = tokenizer.incremental();
+    let mut decoder = tokenizer.incremental_with(!job.keep_special_tokens);
     let mut stop = StopMatcher::new(job.stop_strings.clone());
     let mut completion_tokens = 0usize;
     let mut stopped_by_string = false;
