@@ -364,7 +364,9 @@ async fn the_checkpoint_template_is_detected_and_renders_effort_and_tools() {
             assert!(prompt.contains("Reasoning: low\n"), "{prompt}");
             assert!(prompt.contains("namespace functions {"), "{prompt}");
             assert!(prompt.contains("type get_weather = (_: {"), "{prompt}");
-            // The previous call and its result, as harmony writes them.
+            // The previous call, its reasoning and its result, as harmony
+            // writes them.
+            assert!(prompt.contains("<|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to="), "{prompt}");
             assert!(prompt.contains(
                 "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
             ), "{prompt}");
@@ -384,7 +386,7 @@ async fn the_checkpoint_template_is_detected_and_renders_effort_and_tools() {
         "tools": [weather_tool()],
         "messages": [
             {"role": "user", "content": "Weather in Oslo?"},
-            {"role": "assistant", "content": null, "tool_calls": [{
+            {"role": "assistant", "content": null, "reasoning_content": "Need the weather.", "tool_calls": [{
                 "id": "call_1", "type": "function",
                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}
             }]},
@@ -406,4 +408,38 @@ async fn harmony_models_decode_special_tokens_for_the_parser() {
     let (status, v) = post_json(&app(&h), "/v1/chat/completions", &user("hi")).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], "a<|im_start|>b");
+}
+
+#[tokio::test]
+async fn a_tool_call_message_with_content_and_reasoning_still_renders() {
+    // The template refuses `thinking` beside content on a tool-call message;
+    // the content is then what it renders as the analysis.
+    let h = harness(
+        Opts {
+            template: Some(gpt_oss_template()),
+            ..Opts::default()
+        },
+        |prompt| {
+            assert!(
+                prompt.contains("<|channel|>analysis<|message|>Checking.<|end|>"),
+                "{prompt}"
+            );
+            "<|channel|>final<|message|>Done.".into()
+        },
+    );
+    let body = json!({
+        "model": MODEL,
+        "tools": [weather_tool()],
+        "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": "Checking.", "reasoning_content": "Need it.", "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}
+            }]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"},
+        ],
+    });
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "Done.");
 }

@@ -63,6 +63,16 @@ fn normalize_one(i: usize, m: &Value) -> Result<Value, ApiError> {
                 .and_then(Value::as_str);
             if let Some(r) = reasoning {
                 out.insert("reasoning_content".into(), json!(r));
+                // The gpt-oss template reads it as `thinking` (and keeps it
+                // before a tool call, as harmony asks, dropping it otherwise).
+                // It refuses a tool-call message with both content and
+                // thinking, and renders such content as the analysis itself.
+                let has_calls = ["tool_calls", "function_call"]
+                    .iter()
+                    .any(|k| obj.get(*k).is_some_and(|c| !c.is_null()));
+                if !has_calls || out["content"] == "" {
+                    out.insert("thinking".into(), json!(r));
+                }
             }
             if let Some(calls) = obj.get("tool_calls").filter(|c| !c.is_null()) {
                 out.insert("tool_calls".into(), tool_calls(&param, calls)?);
