@@ -52,5 +52,10 @@ else
   echo "WARNING: could not install the x86_64-pc-windows-gnu target; Windows cross-check not run" >&2
 fi
 
+step "independent oracles reproduce their committed fixtures (NumPy MXFP4, openai-harmony)"
+"$venv/bin/python" -m unittest tools/witness/test_mxfp4_oracle.py
+"$venv/bin/python" tools/witness/mxfp4_oracle.py --check
+"$venv/bin/python" tools/harmony/oracle.py --check
+
 step "python end-to-end tests (official openai client against krasis-runtime)"
 "$venv/bin/python" -m pytest -q tests/e2e

@@ -35,6 +35,11 @@ use krasis_cache::PinnedExperts;
 use pinned::PinnedBuf;
 use std::sync::Arc;
 
+/// Allowance for the driver rounding a device allocation up to its
+/// granularity (2 MiB), kept free besides the floor when sizing the last
+/// resident chunk.
+const ALLOC_SLACK: u64 = 2 << 20;
+
 /// How the cache is laid out; decided by calibration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct HcsShape {
@@ -212,12 +217,19 @@ impl Hcs {
         let mut mem = Vec::new();
         let mut addrs = Vec::new();
         while addrs.len() < want {
-            let n = per_chunk.min(want - addrs.len());
-            let bytes = n * self.stride;
+            // The last chunk takes only what is left above the floor, so at
+            // most one expert's worth of the budget stays unused (stopping at
+            // the first full chunk that did not fit left up to a whole chunk,
+            // ~100 experts, idle, and the pre-flight plan, which divides the
+            // room by the stride, disagreed by as much). The driver rounds
+            // allocations up, hence the slack.
             let free = gpu.free_in_budget()?;
-            if free < floor + bytes as u64 {
+            let room = free.saturating_sub(floor + ALLOC_SLACK) / self.stride as u64;
+            let n = per_chunk.min(want - addrs.len()).min(room as usize);
+            if n == 0 {
                 break;
             }
+            let bytes = n * self.stride;
             let chunk = gpu.alloc::<u8>(bytes, "resident HCS experts")?;
             let base = addr(&chunk, &gpu.stream);
             addrs.extend((0..n).map(|i| base + (i * self.stride) as u64));
