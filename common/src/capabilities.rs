@@ -21,10 +21,18 @@ pub struct BackendCaps {
     pub reason: Option<String>,
 }
 
+/// One architecture as the runtime implements it. The runtime derives these
+/// from its architecture registry (`krasis_model::arch::registry`); nothing
+/// on this side of the contract lists architectures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ArchitectureCaps {
     /// Hugging Face `model_type`, e.g. `qwen3_moe`.
     pub model_type: String,
+    /// Human name of the family, e.g. "Qwen3 MoE".
+    pub display_name: String,
+    /// Backends that build this architecture (a subset of the report's
+    /// `backends`; whether each can run here is said there).
+    pub backends: Vec<String>,
     pub expert_precisions: Vec<String>,
     pub attention_precisions: Vec<String>,
     pub kv_formats: Vec<String>,
@@ -43,37 +51,15 @@ pub struct ArchitectureDefaults {
     pub multi_gpu: String,
 }
 
-impl ArchitectureCaps {
-    /// `qwen3_moe` as this build implements it: INT4 experts, BF16 attention
-    /// and KV cache, HCS (a cuda-backend feature; `check_options` refuses it
-    /// with the reference backend), exact decode only, one GPU.
-    pub fn qwen3_moe() -> Self {
-        let v = |s: &str| vec![s.to_string()];
-        ArchitectureCaps {
-            model_type: "qwen3_moe".into(),
-            expert_precisions: v("int4"),
-            attention_precisions: v("bf16"),
-            kv_formats: v("bf16"),
-            hcs: true,
-            pruning_modes: v("off"),
-            multi_gpu_modes: v("single"),
-            defaults: ArchitectureDefaults {
-                expert_precision: "int4".into(),
-                attention_precision: "bf16".into(),
-                kv_format: "bf16".into(),
-                pruning: "off".into(),
-                multi_gpu: "single".into(),
-            },
-        }
-    }
-}
-
 impl Capabilities {
-    /// The report of this build: the reference backend (always available),
-    /// the cuda backend (`Err(reason)` when it cannot run here), and every
-    /// implemented architecture. The runtime prints it; tests use it as the
-    /// report of a runtime with or without a GPU.
-    pub fn of_this_build(runtime_version: &str, cuda: Result<(), String>) -> Self {
+    /// A report: the reference backend (always available), the cuda backend
+    /// (`Err(reason)` when it cannot run here), and `architectures` (the
+    /// runtime passes those of its registry).
+    pub fn new(
+        runtime_version: &str,
+        cuda: Result<(), String>,
+        architectures: Vec<ArchitectureCaps>,
+    ) -> Self {
         Capabilities {
             protocol_version: crate::PROTOCOL_VERSION,
             runtime_version: runtime_version.to_string(),
@@ -89,7 +75,7 @@ impl Capabilities {
                     reason: cuda.err(),
                 },
             ],
-            architectures: vec![ArchitectureCaps::qwen3_moe()],
+            architectures,
         }
     }
 
@@ -149,6 +135,15 @@ impl Capabilities {
                 ),
             )
         })?;
+        if !arch.backends.iter().any(|b| b == backend) {
+            return Err(OptionError::new(
+                "backend",
+                format!(
+                    "the '{backend}' backend does not implement '{model_type}' in this runtime (choose from: {})",
+                    join(arch.backends.iter().map(|s| s.as_str()))
+                ),
+            ));
+        }
         one_of(
             "expert_precision",
             &opts.expert_precision,
@@ -182,10 +177,12 @@ impl Capabilities {
 
     /// The options this runtime recommends for `model_type` on this machine:
     /// the architecture's defaults, the cuda backend when it can run (the
-    /// reference engine otherwise), and HCS exactly when the backend has it.
+    /// reference engine otherwise, or when the architecture has no cuda
+    /// build), and HCS exactly when the backend has it.
     pub fn default_options(&self, model_type: &str) -> Option<LaunchOptions> {
         let arch = self.architecture(model_type)?;
-        let cuda = self.backend("cuda").is_some_and(|b| b.available);
+        let cuda = self.backend("cuda").is_some_and(|b| b.available)
+            && arch.backends.iter().any(|b| b == "cuda");
         let backend = if cuda {
             Backend::Cuda
         } else {
@@ -241,7 +238,14 @@ mod tests {
         } else {
             Err("no NVIDIA driver".into())
         };
-        Capabilities::of_this_build("test", reason)
+        Capabilities::new("test", reason, fixture_architectures())
+    }
+
+    /// The runtime's registry as recorded in `fixtures/architectures.json`
+    /// (a runtime test keeps that file equal to the registry).
+    pub(crate) fn fixture_architectures() -> Vec<ArchitectureCaps> {
+        serde_json::from_str(include_str!("../fixtures/architectures.json"))
+            .expect("fixtures/architectures.json parses")
     }
 
     #[test]
@@ -289,5 +293,28 @@ mod tests {
         assert_eq!(err.unwrap_err().option, "hcs");
         let err = c.check_options(&base, "llama");
         assert!(err.unwrap_err().reason.contains("qwen3_moe"));
+    }
+
+    #[test]
+    fn a_backend_the_architecture_lacks_is_refused_and_not_defaulted() {
+        let mut c = caps(true);
+        let model_type = c.architectures[0].model_type.clone();
+        c.architectures[0].backends = vec!["reference".into()];
+        let mut o = c.default_options(&model_type).unwrap();
+        assert_eq!(o.backend, Backend::Reference);
+        assert!(!o.hcs);
+        o.model = "m".into();
+        c.check_options(&o, &model_type).unwrap();
+        let err = c
+            .check_options(
+                &LaunchOptions {
+                    backend: Backend::Cuda,
+                    ..o
+                },
+                &model_type,
+            )
+            .unwrap_err();
+        assert_eq!(err.option, "backend");
+        assert!(err.reason.contains("does not implement"), "{}", err.reason);
     }
 }

@@ -276,14 +276,19 @@ impl PlanCache {
 pub mod tests {
     use super::*;
 
-    /// What this build's runtime reports, with or without a usable GPU.
+    /// What this build's runtime reports, with or without a usable GPU. The
+    /// architectures are the runtime registry's, recorded in common's fixture
+    /// (a runtime test keeps it current); the launcher has no list of its own.
     pub fn fake_caps(cuda: bool) -> Capabilities {
         let reason = if cuda {
             Ok(())
         } else {
             Err("no NVIDIA driver".into())
         };
-        Capabilities::of_this_build("0.1.0", reason)
+        let architectures =
+            serde_json::from_str(include_str!("../../common/fixtures/architectures.json"))
+                .expect("common/fixtures/architectures.json parses");
+        Capabilities::new("0.1.0", reason, architectures)
     }
 
     #[test]

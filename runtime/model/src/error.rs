@@ -17,7 +17,7 @@ pub enum ModelError {
     BadConfig { path: PathBuf, reason: String },
     #[error(
         "{path}: model_type '{model_type}' is not supported; supported: {}",
-        crate::arch::SUPPORTED_MODEL_TYPES.join(", ")
+        crate::arch::registry::model_types().join(", ")
     )]
     UnsupportedModelType { model_type: String, path: PathBuf },
     #[error("{path}: bad safetensors file: {reason}")]

@@ -3,6 +3,7 @@
 //! what is listed here, so the report must be exactly what the code does.
 
 use krasis_common::Capabilities;
+use krasis_model::arch::registry;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -23,7 +24,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
 /// The capability report of this build on this machine.
 pub fn report() -> Capabilities {
-    Capabilities::of_this_build(env!("CARGO_PKG_VERSION"), cuda_availability())
+    of_this_build(env!("CARGO_PKG_VERSION"), cuda_availability())
+}
+
+/// The report of this build with the cuda backend's availability given
+/// (tests use it as the report of a runtime with or without a GPU). The
+/// architectures are the registry's, never restated.
+pub fn of_this_build(runtime_version: &str, cuda: Result<(), String>) -> Capabilities {
+    Capabilities::new(runtime_version, cuda, registry::caps())
 }
 
 /// Loads the CUDA driver library dynamically (cudarc) and counts devices, so a
@@ -58,8 +66,10 @@ fn human(c: &Capabilities) -> String {
     s += "architectures:\n";
     for a in &c.architectures {
         s += &format!(
-            "  {}\n    experts: {}\n    attention: {}\n    kv: {}\n    hcs: {}\n    pruning: {}\n    multi-gpu: {}\n",
+            "  {} ({})\n    backends: {}\n    experts: {}\n    attention: {}\n    kv: {}\n    hcs: {}\n    pruning: {}\n    multi-gpu: {}\n",
             a.model_type,
+            a.display_name,
+            a.backends.join(", "),
             a.expert_precisions.join(", "),
             a.attention_precisions.join(", "),
             a.kv_formats.join(", "),
@@ -88,5 +98,50 @@ mod tests {
         let back: Capabilities = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c);
         assert!(human(&c).contains("qwen3_moe"));
+    }
+
+    /// Every registered architecture is in the report with the backends
+    /// that build it, and with options the report's own check accepts.
+    #[test]
+    fn report_lists_every_registry_entry_with_its_backends() {
+        for cuda in [Ok(()), Err("no GPU".to_string())] {
+            let c = of_this_build("test", cuda);
+            assert_eq!(c.architectures.len(), registry::ARCHITECTURES.len());
+            for arch in registry::ARCHITECTURES {
+                let a = c.architecture(arch.model_type).unwrap();
+                let want: Vec<&str> = arch.backends.iter().map(|b| b.as_str()).collect();
+                assert_eq!(a.backends, want, "{}", arch.model_type);
+                for b in &a.backends {
+                    assert!(
+                        c.backend(b).is_some(),
+                        "{}: unknown backend {b}",
+                        a.model_type
+                    );
+                }
+                let mut o = c.default_options(arch.model_type).unwrap();
+                o.model = "m".into();
+                c.check_options(&o, arch.model_type).unwrap();
+            }
+        }
+    }
+
+    /// `common/fixtures/architectures.json` (the report the launcher's and
+    /// common's unit tests use in place of a runtime process) is exactly
+    /// what the registry reports.
+    #[test]
+    fn common_fixture_is_the_registry() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../common/fixtures/architectures.json"
+        );
+        let fixture: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let now = serde_json::to_value(registry::caps()).unwrap();
+        assert_eq!(
+            fixture,
+            now,
+            "{path} is stale; regenerate it with\n  krasis-runtime capabilities --json | jq .architectures > common/fixtures/architectures.json\nwhich gives:\n{}",
+            serde_json::to_string_pretty(&now).unwrap()
+        );
     }
 }

@@ -527,7 +527,7 @@ mod tests {
     fn unimplemented_engine_options_are_refused_before_loading() {
         let dir = model_dir("qwen3_moe");
         for cuda in [false, true] {
-            let caps = Capabilities::of_this_build(
+            let caps = crate::cmd::capabilities::of_this_build(
                 "test",
                 if cuda { Ok(()) } else { Err("no GPU".into()) },
             );
@@ -561,7 +561,7 @@ mod tests {
             }
         }
         // An architecture this build does not have, and HCS without a GPU engine.
-        let caps = Capabilities::of_this_build("test", Err("no GPU".into()));
+        let caps = crate::cmd::capabilities::of_this_build("test", Err("no GPU".into()));
         let llama = model_dir("llama");
         let a = vec![
             "--model".to_string(),
@@ -636,7 +636,7 @@ mod tests {
     #[test]
     fn placeholder_key_is_refused_on_a_public_bind() {
         let dir = model_dir("qwen3_moe");
-        let caps = Capabilities::of_this_build("test", Err("no GPU".into()));
+        let caps = crate::cmd::capabilities::of_this_build("test", Err("no GPU".into()));
         let mut args = parse(vec![
             "--model".to_string(),
             dir.path().display().to_string(),

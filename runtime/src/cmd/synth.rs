@@ -2,6 +2,7 @@
 //! checkpoint (see `krasis_model::synth`).
 
 use anyhow::Context;
+use krasis_model::arch::registry;
 use krasis_model::synth::{
     self, ChatTemplateKind, SynthDtype, SynthOptions, SynthSpec, TokenizerSource,
 };
@@ -9,8 +10,8 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model geometry: tiny, tiny-dense, a3b, a3b-24l or qcn.
-    #[arg(long)]
+    /// Model geometry (the architecture registry's presets).
+    #[arg(long, value_parser = preset_parser())]
     pub preset: String,
     /// Output directory (must not exist, or be empty).
     #[arg(long)]
@@ -44,6 +45,14 @@ pub struct Args {
     /// Write no tokenizer.json / tokenizer_config.json (weights and configs only).
     #[arg(long)]
     pub no_tokenizer: bool,
+}
+
+/// `--preset` values with their one-line summaries, from the registry, so
+/// help and validation list exactly the presets that exist.
+fn preset_parser() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(
+        registry::presets().map(|(_, p)| clap::builder::PossibleValue::new(p.name).help(p.summary)),
+    )
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -94,4 +103,42 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         s.bytes_per_second() / 1e9
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    #[test]
+    fn preset_flag_offers_exactly_the_registry_presets() {
+        let cmd = Cli::command();
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == "preset")
+            .unwrap();
+        let offered: Vec<String> = arg
+            .get_possible_values()
+            .iter()
+            .map(|v| v.get_name().to_string())
+            .collect();
+        let registered: Vec<String> = registry::presets()
+            .map(|(_, p)| p.name.to_string())
+            .collect();
+        assert_eq!(offered, registered);
+        for name in &registered {
+            Cli::try_parse_from(["synth", "--preset", name, "--out", "o"]).unwrap();
+        }
+        let e = Cli::try_parse_from(["synth", "--preset", "nope", "--out", "o"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("a3b-24l"), "{e}");
+    }
 }

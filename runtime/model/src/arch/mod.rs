@@ -1,14 +1,14 @@
-//! Architecture registry. Each supported Hugging Face `model_type` has one
-//! module here with a typed config and typed tensor names; everything else
-//! (loading, layers, engines) is shared and dispatches on [`ModelConfig`].
+//! Architectures. Each supported Hugging Face `model_type` has one module
+//! here with a typed config and typed tensor names, and one entry in
+//! [`registry::ARCHITECTURES`] (see there for how to add a family);
+//! everything else (loading, layers, engines) is shared and dispatches on
+//! [`ModelConfig`].
 
 pub mod qwen3_moe;
+pub mod registry;
 
 use crate::error::ModelError;
 use std::path::Path;
-
-/// `model_type` values this build can load.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3_moe"];
 
 /// A parsed `config.json` of a supported architecture.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,12 +37,10 @@ impl ModelConfig {
                 path: path.to_path_buf(),
                 reason: "no \"model_type\" field".into(),
             })?;
-        match model_type {
-            "qwen3_moe" => Ok(ModelConfig::Qwen3Moe(
-                qwen3_moe::Qwen3MoeConfig::from_value(value.clone(), path)?,
-            )),
-            other => Err(ModelError::UnsupportedModelType {
-                model_type: other.to_string(),
+        match registry::find(model_type) {
+            Some(arch) => (arch.parse)(value.clone(), path),
+            None => Err(ModelError::UnsupportedModelType {
+                model_type: model_type.to_string(),
                 path: path.to_path_buf(),
             }),
         }
@@ -50,7 +48,19 @@ impl ModelConfig {
 
     pub fn model_type(&self) -> &'static str {
         match self {
-            ModelConfig::Qwen3Moe(_) => "qwen3_moe",
+            ModelConfig::Qwen3Moe(_) => qwen3_moe::MODEL_TYPE,
+        }
+    }
+
+    /// This config's registry entry.
+    pub fn architecture(&self) -> &'static registry::Architecture {
+        registry::find(self.model_type()).expect("every ModelConfig variant is registered")
+    }
+
+    /// The token-embedding tensor (present in every checkpoint).
+    pub fn embed_tensor_name(&self) -> &'static str {
+        match self {
+            ModelConfig::Qwen3Moe(_) => qwen3_moe::TensorNames::EMBED,
         }
     }
 

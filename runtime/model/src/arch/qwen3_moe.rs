@@ -5,10 +5,43 @@
 //! SwiGLU routed experts, and dense SwiGLU MLPs on the layers listed in
 //! `mlp_only_layers` or skipped by `decoder_sparse_step`.
 
-use super::{Geometry, MlpKind};
+pub mod presets;
+
+use super::registry::{Architecture, OptionDefaults, OptionSupport};
+use super::{Geometry, MlpKind, ModelConfig};
 use crate::error::ModelError;
+use krasis_common::Backend;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+/// The `model_type` of these checkpoints.
+pub const MODEL_TYPE: &str = "qwen3_moe";
+
+/// The registry entry: both engines build it; INT4 experts, BF16 attention
+/// and KV cache, HCS (a cuda-backend feature; `check_options` refuses it
+/// with the reference backend), exact decode only, one GPU.
+pub const ARCHITECTURE: Architecture = Architecture {
+    model_type: MODEL_TYPE,
+    display_name: "Qwen3 MoE",
+    parse: |v, path| Ok(ModelConfig::Qwen3Moe(Qwen3MoeConfig::from_value(v, path)?)),
+    backends: &[Backend::Reference, Backend::Cuda],
+    options: OptionSupport {
+        expert_precisions: &["int4"],
+        attention_precisions: &["bf16"],
+        kv_formats: &["bf16"],
+        hcs: true,
+        pruning_modes: &["off"],
+        multi_gpu_modes: &["single"],
+        defaults: OptionDefaults {
+            expert_precision: "int4",
+            attention_precision: "bf16",
+            kv_format: "bf16",
+            pruning: "off",
+            multi_gpu: "single",
+        },
+    },
+    presets: presets::PRESETS,
+};
 
 fn default_rope_theta() -> f64 {
     10000.0

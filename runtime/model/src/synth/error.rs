@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
-    #[error("unknown synth preset '{name}'; known presets: {}", super::PRESETS.join(", "))]
+    #[error("unknown synth preset '{name}'; known presets: {}", super::preset_names().join(", "))]
     UnknownPreset { name: String },
     #[error("--set {key}: {reason}")]
     BadOverride { key: String, reason: String },

@@ -25,7 +25,7 @@ mod tests;
 
 pub use error::SynthError;
 pub use files::{ChatTemplateKind, TokenizerSource};
-pub use presets::{PRESETS, preset_config, preset_geometry};
+pub use presets::{preset_config, preset_geometry, preset_names};
 pub use record::{GENERATOR_VERSION, RECORD_FILE, SynthRecord};
 pub use spec::{SynthDtype, SynthSpec, TensorDesc, expert_weights, parse_override};
 pub use values::{Init, router_scales};
