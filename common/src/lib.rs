@@ -27,5 +27,7 @@ pub use status::{
 };
 
 /// Version of the launcher <-> runtime contract. Bumped on any incompatible
-/// change so a launcher refuses a runtime it does not understand.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// change so a launcher refuses a runtime it does not understand. 2: the
+/// `inspect` and `plan` reports, architectures with `display_name` and
+/// `backends`, the live `/v1/stats` fields.
+pub const PROTOCOL_VERSION: u32 = 2;

@@ -94,6 +94,21 @@ pub fn capabilities(runtime: &Path) -> Result<Capabilities, RuntimeError> {
 }
 
 pub fn parse_report(runtime: &Path, stdout: &[u8]) -> Result<Capabilities, RuntimeError> {
+    // The version first: a runtime of another protocol may report a shape
+    // this launcher cannot parse, and the user should read "install matching
+    // versions", not a missing-field error.
+    #[derive(serde::Deserialize)]
+    struct Version {
+        protocol_version: u32,
+    }
+    if let Ok(v) = serde_json::from_slice::<Version>(stdout)
+        && v.protocol_version != PROTOCOL_VERSION
+    {
+        return Err(RuntimeError::Protocol {
+            path: runtime.to_path_buf(),
+            theirs: v.protocol_version,
+        });
+    }
     let caps: Capabilities =
         serde_json::from_slice(stdout).map_err(|e| RuntimeError::BadReport {
             path: runtime.to_path_buf(),
@@ -304,6 +319,13 @@ pub mod tests {
             Err(RuntimeError::Protocol { .. })
         ));
         assert!(parse_report(Path::new("rt"), b"not json").is_err());
+        // A runtime of the previous protocol, whose report lacks fields this
+        // one needs, is told apart by its version, not by a parse error.
+        let old = br#"{"protocol_version": 1, "version": "0.0.9"}"#;
+        assert!(matches!(
+            parse_report(Path::new("rt"), old),
+            Err(RuntimeError::Protocol { theirs: 1, .. })
+        ));
     }
 
     #[test]
