@@ -12,14 +12,15 @@
 mod support;
 
 use krasis_gpu::CudaEngine;
-use krasis_model::{
-    CancelToken, Engine, FinishReason, GenerateOutcome, GenerateRequest, SamplingParams,
-};
+use krasis_model::{CancelToken, Engine, FinishReason, GenerateRequest};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-use support::{cuda, cuda_options, gpu_or_skip, synth, tokens};
+use support::{
+    cuda, cuda_options, generate_all, gpu_or_skip, greedy_request, no_resident_options, synth,
+    tokens,
+};
 
 const CONTEXT: usize = 8192;
 const CHUNK: usize = 32;
@@ -27,31 +28,16 @@ const CHUNK: usize = 32;
 fn request(prompt: &[u32], max: usize) -> (GenerateRequest, Arc<AtomicBool>) {
     let flag = Arc::new(AtomicBool::new(false));
     let req = GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_new_tokens: max,
-        sampling: SamplingParams::greedy(),
-        stop_token_ids: vec![],
         cancel: CancelToken::new(flag.clone()),
-        live: Default::default(),
+        ..greedy_request(prompt, max)
     };
     (req, flag)
-}
-
-fn run(e: &mut CudaEngine, req: &GenerateRequest) -> (Vec<u32>, GenerateOutcome) {
-    let mut out = Vec::new();
-    let o = e
-        .generate(req, &mut |t| {
-            out.push(t);
-            ControlFlow::Continue(())
-        })
-        .expect("generate");
-    (out, o)
 }
 
 /// What a request gives on a clean engine: its greedy tokens and the
 /// prompt logits of the same prompt.
 fn fingerprint(e: &mut CudaEngine, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let (toks, o) = run(e, &request(prompt, 16).0);
+    let (toks, o) = generate_all(e, &request(prompt, 16).0);
     assert_eq!(o.finish, FinishReason::Length);
     (toks, e.prompt_logits(prompt).expect("prompt logits"))
 }
@@ -65,16 +51,16 @@ fn cancels_cleanly(label: &str, e: &mut CudaEngine) {
     // Already cancelled: nothing runs.
     let (req, flag) = request(&long, 4);
     flag.store(true, Ordering::Relaxed);
-    let (toks, o) = run(e, &req);
+    let (toks, o) = generate_all(e, &req);
     assert_eq!(
         (o.finish, toks.len(), o.stats.generated_tokens),
         (FinishReason::Cancelled, 0, 0)
     );
 
     // The full prefill, timed (after a warm-up of the same length).
-    run(e, &request(&long, 1).0);
+    generate_all(e, &request(&long, 1).0);
     let t = Instant::now();
-    let (toks, o) = run(e, &request(&long, 1).0);
+    let (toks, o) = generate_all(e, &request(&long, 1).0);
     let full = t.elapsed();
     assert_eq!((toks.len(), o.finish), (1, FinishReason::Length));
 
@@ -86,7 +72,7 @@ fn cancels_cleanly(label: &str, e: &mut CudaEngine) {
         flag.store(true, Ordering::Relaxed);
     });
     let t = Instant::now();
-    let (toks, o) = run(e, &req);
+    let (toks, o) = generate_all(e, &req);
     let took = t.elapsed();
     setter.join().unwrap();
     eprintln!(
@@ -161,11 +147,7 @@ fn cancel_hcs_streamed_prefill() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let model = synth(tmp.path(), "tiny");
-    let mut opts = cuda_options(&tmp.path().join("cache"), CONTEXT, CHUNK);
-    // A margin larger than the GPU: no expert resident, HCS with only the
-    // reclaimable tier, and prefill streamed through the layer groups.
-    opts.safety_margin = 1 << 50;
-    opts.heatmap = krasis_common::options::HeatmapChoice::Off;
+    let opts = no_resident_options(&tmp.path().join("cache"), CONTEXT, CHUNK);
     let mut e = cuda(&model, &opts);
     assert!(e.hcs_active(), "HCS was not forced on");
     cancels_cleanly("HCS", &mut e);

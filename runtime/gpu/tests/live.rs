@@ -13,42 +13,24 @@ mod support;
 
 use krasis_common::status::EngineStats;
 use krasis_gpu::CudaEngine;
-use krasis_model::{Engine, FinishReason, GenerateRequest, SamplingParams};
+use krasis_model::{Engine, FinishReason};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use support::{cuda, cuda_options, gpu_or_skip, synth, tokens};
+use support::{
+    cuda, cuda_options, generate_all, gpu_or_skip, greedy_request, no_resident_options, synth,
+    tokens,
+};
 
 const CONTEXT: usize = 4096;
 const CHUNK: usize = 32;
 /// Decoded tokens of the slow-client request (1 ms per token: > 400 ms).
 const DECODE: usize = 400;
 
-fn request(prompt: &[u32], max: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_new_tokens: max,
-        sampling: SamplingParams::greedy(),
-        stop_token_ids: vec![],
-        cancel: Default::default(),
-        live: Default::default(),
-    }
-}
-
-fn run(e: &mut CudaEngine, req: &GenerateRequest) -> Vec<u32> {
-    let mut out = Vec::new();
-    e.generate(req, &mut |t| {
-        out.push(t);
-        ControlFlow::Continue(())
-    })
-    .expect("generate");
-    out
-}
-
 /// The prefilled counts a watcher thread sees while `prompt` prefills.
 fn watch_prefill(e: &mut CudaEngine, prompt: &[u32]) -> Vec<u64> {
-    let req = request(prompt, 1);
+    let req = greedy_request(prompt, 1);
     let (live, done) = (req.live.clone(), Arc::new(AtomicBool::new(false)));
     let d = done.clone();
     let watcher = std::thread::spawn(move || {
@@ -62,7 +44,7 @@ fn watch_prefill(e: &mut CudaEngine, prompt: &[u32]) -> Vec<u64> {
         }
         seen
     });
-    run(e, &req);
+    generate_all(e, &req);
     done.store(true, Ordering::Relaxed);
     let mut seen = watcher.join().unwrap();
     if *seen.last().unwrap() != req.live.prefilled() {
@@ -84,7 +66,7 @@ fn live_figures(label: &str, e: &mut CudaEngine) {
     );
     let prompt = tokens(CONTEXT - 600, vocab, 21);
     let n = prompt.len() as u64;
-    run(e, &request(&prompt, 1)); // warm-up
+    generate_all(e, &greedy_request(&prompt, 1)); // warm-up
     let seen = watch_prefill(e, &prompt);
     eprintln!("{label}: prefilled counts seen: {seen:?}");
     assert_eq!(*seen.last().unwrap(), n, "{label}: ends at the prompt");
@@ -104,8 +86,8 @@ fn live_figures(label: &str, e: &mut CudaEngine) {
     // A slow client keeps decode running; the callback looks at what the
     // engine has published so far.
     let short = tokens(64, vocab, 22);
-    let want = run(e, &request(&short, DECODE));
-    let req = request(&short, DECODE);
+    let want = generate_all(e, &greedy_request(&short, DECODE)).0;
+    let req = greedy_request(&short, DECODE);
     let live = req.live.clone();
     let mut got = Vec::new();
     let mut snapshots: Vec<(Duration, EngineStats)> = Vec::new();
@@ -195,11 +177,7 @@ fn live_hcs() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let model = synth(tmp.path(), "tiny");
-    let mut opts = cuda_options(&tmp.path().join("cache"), CONTEXT, CHUNK);
-    // As in cancel.rs: no expert resident, prefill streamed through the
-    // layer groups, every decode lookup outside the prior a miss.
-    opts.safety_margin = 1 << 50;
-    opts.heatmap = krasis_common::options::HeatmapChoice::Off;
+    let opts = no_resident_options(&tmp.path().join("cache"), CONTEXT, CHUNK);
     let mut e = cuda(&model, &opts);
     assert!(e.hcs_active(), "HCS was not forced on");
     live_figures("HCS", &mut e);

@@ -12,17 +12,6 @@ use krasis_server::testkit::{LAST_HIT_RATE, LIVE_FREE_BYTES, LIVE_HIT_RATE, PINN
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
-async fn start(h: &Harness) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(krasis_server::serve(
-        listener,
-        h.state.clone(),
-        std::future::pending(),
-    ));
-    url
-}
-
 fn chat(text: &str, stream: bool, max_tokens: u64) -> Value {
     json!({
         "model": MODEL,
@@ -76,7 +65,7 @@ fn slow(queue_depth: usize) -> Harness {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_follow_a_streaming_request_from_prefill_to_the_log() {
     let h = slow(4);
-    let url = start(&h).await;
+    let url = serve_loopback(&h).await;
     let client = reqwest::Client::new();
     let body = chat(&"word ".repeat(40), true, 50);
     let req = client
@@ -225,7 +214,7 @@ async fn stats_follow_a_streaming_request_from_prefill_to_the_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_request_is_queued_and_its_ttft_counts_the_wait() {
     let h = slow(2);
-    let url = start(&h).await;
+    let url = serve_loopback(&h).await;
     let client = reqwest::Client::new();
     let send = |text: &str| {
         let req = client
@@ -275,7 +264,7 @@ async fn a_waiting_request_is_queued_and_its_ttft_counts_the_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_is_logged_as_cancelled() {
     let h = slow(2);
-    let url = start(&h).await;
+    let url = serve_loopback(&h).await;
     let resp = reqwest::Client::new()
         .post(format!("{url}/v1/chat/completions"))
         .json(&chat("go", true, 200))
@@ -309,12 +298,11 @@ async fn a_client_that_disconnects_is_logged_as_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_logs_the_running_and_the_queued_request_as_cancelled() {
     let h = slow(2);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(krasis_server::serve(listener, h.state.clone(), async {
+    let (url, serving) = serve_loopback_until(&h, async {
         let _ = stopped.await;
-    }));
+    })
+    .await;
     let client = reqwest::Client::new();
     for text in ["one", "two"] {
         let req = client

@@ -11,27 +11,13 @@ use serde_json::{Value, json};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-async fn start(h: &Harness) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(krasis_server::serve(
-        listener,
-        h.state.clone(),
-        std::future::pending(),
-    ));
-    url
-}
-
-type Serving = tokio::task::JoinHandle<std::io::Result<krasis_server::Stopped>>;
-
 /// Serves until the returned sender fires (or the engine faults).
 async fn start_stoppable(h: &Harness) -> (String, tokio::sync::oneshot::Sender<()>, Serving) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(krasis_server::serve(listener, h.state.clone(), async {
+    let (url, serving) = serve_loopback_until(h, async {
         let _ = rx.await;
-    }));
+    })
+    .await;
     (url, tx, serving)
 }
 
@@ -66,7 +52,7 @@ fn slow_long() -> Harness {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_client_disconnect_cancels_generation() {
     let h = slow_long();
-    let url = start(&h).await;
+    let url = serve_loopback(&h).await;
     let client = reqwest::Client::new();
     let resp = client
         .post(format!("{url}/v1/chat/completions"))
@@ -103,7 +89,7 @@ async fn streaming_client_disconnect_cancels_generation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_streaming_client_disconnect_cancels_generation() {
     let h = slow_long();
-    let url = start(&h).await;
+    let url = serve_loopback(&h).await;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
         .build()
@@ -124,7 +110,7 @@ async fn non_streaming_client_disconnect_cancels_generation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_queue_answers_503_with_retry_after() {
     let h = slow_long();
-    let url = start(&h).await;
+    let url = serve_loopback(&h).await;
     let client = reqwest::Client::new();
     let running = client
         .post(format!("{url}/v1/chat/completions"))
@@ -244,7 +230,7 @@ async fn load_16_clients_20_requests_each_complete_or_503_without_growth() {
             "<think>\nshort\n</think>\n\nA reply of a dozen or so tokens for the load test.".into()
         }
     });
-    let url = start(&h).await;
+    let url = serve_loopback(&h).await;
 
     let run_round = |url: String| async move {
         let mut tasks = Vec::new();
@@ -357,7 +343,7 @@ async fn load_16_clients_20_requests_each_complete_or_503_without_growth() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_503_before_reading_the_body() {
     let h = slow_long();
-    let url = start(&h).await;
+    let url = serve_loopback(&h).await;
     let client = reqwest::Client::new();
     let running = client
         .post(format!("{url}/v1/chat/completions"))
@@ -393,7 +379,7 @@ async fn a_full_queue_answers_503_before_reading_the_body() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_prompt_is_refused_fast_while_others_are_served() {
     let h = harness(Opts::default(), |_| "fine".into());
-    let url = start(&h).await;
+    let url = serve_loopback(&h).await;
     let big = "All work and no play makes Jack a dull boy. ".repeat(200_000);
     assert!(big.len() > 7 << 20 && big.len() < krasis_server::api::BODY_LIMIT);
 
@@ -461,7 +447,7 @@ async fn a_disconnect_during_prefill_stops_it_at_the_next_chunk() {
         ..Opts::default()
     };
     let h = harness(opts, |_| "done".into());
-    let url = start(&h).await;
+    let url = serve_loopback(&h).await;
     // About 200 prompt tokens: 50 chunks, 2.5 s of prefill.
     let long = "word ".repeat(200);
     let client = reqwest::Client::builder()

@@ -1,6 +1,6 @@
-//! Shared by the GPU test binaries `gpu_engine`, `cancel` and `fault_injection`: the
-//! visible skip without a device, tiny synthetic checkpoints, prompts, and
-//! the engines over one INT4 cache.
+//! Shared by the GPU test binaries `gpu_engine`, `cancel`, `fault_injection` and
+//! `live`: the visible skip without a device, tiny synthetic checkpoints, prompts,
+//! requests, and the engines over one INT4 cache.
 
 #![allow(dead_code)] // each binary uses a subset
 
@@ -8,6 +8,8 @@ use krasis_gpu::{CudaEngine, CudaEngineOptions};
 use krasis_kernels::GpuTestDevice;
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use krasis_model::synth::{SynthDtype, SynthOptions, SynthSpec, TokenizerSource, synthesize};
+use krasis_model::{Engine, GenerateOutcome, GenerateRequest, SamplingParams};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -71,6 +73,41 @@ pub fn cuda_options(cache: &Path, context: usize, chunk: usize) -> CudaEngineOpt
         cache_root: Some(cache.to_path_buf()),
         ..CudaEngineOptions::default()
     }
+}
+
+/// `cuda_options` with HCS forced on and nothing resident: a safety margin
+/// larger than any GPU leaves only the reclaimable tier, so prefill streams
+/// through the layer groups and every decode lookup outside the prior misses.
+pub fn no_resident_options(cache: &Path, context: usize, chunk: usize) -> CudaEngineOptions {
+    CudaEngineOptions {
+        safety_margin: 1 << 50,
+        heatmap: krasis_common::options::HeatmapChoice::Off,
+        ..cuda_options(cache, context, chunk)
+    }
+}
+
+/// A greedy request for `max` tokens with no stop tokens.
+pub fn greedy_request(prompt: &[u32], max: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_new_tokens: max,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+        cancel: Default::default(),
+        live: Default::default(),
+    }
+}
+
+/// Runs `req` to its end: the tokens and the outcome.
+pub fn generate_all(e: &mut CudaEngine, req: &GenerateRequest) -> (Vec<u32>, GenerateOutcome) {
+    let mut out = Vec::new();
+    let o = e
+        .generate(req, &mut |t| {
+            out.push(t);
+            ControlFlow::Continue(())
+        })
+        .expect("generate");
+    (out, o)
 }
 
 pub fn cuda(model: &Path, opts: &CudaEngineOptions) -> CudaEngine {

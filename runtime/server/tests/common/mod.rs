@@ -192,3 +192,24 @@ pub fn weather_tool() -> Value {
         }
     })
 }
+
+/// Serves `h` on a loopback socket until the test ends; its base URL.
+pub async fn serve_loopback(h: &Harness) -> String {
+    serve_loopback_until(h, std::future::pending()).await.0
+}
+
+pub type Serving = tokio::task::JoinHandle<std::io::Result<krasis_server::Stopped>>;
+
+/// Serves `h` on a loopback socket until `stop` resolves (or the engine
+/// faults); its base URL and the serving task.
+pub async fn serve_loopback_until(
+    h: &Harness,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (String, Serving) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    (
+        url,
+        tokio::spawn(krasis_server::serve(listener, h.state.clone(), stop)),
+    )
+}
