@@ -10,18 +10,9 @@
 # (cargo build -p krasis -p krasis-runtime).
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="${CARGO_TARGET_DIR:-$REPO/target}/debug"
-for c in tmux curl python3; do
-    command -v $c >/dev/null || { echo "lifecycle_tmux: $c is not installed" >&2; exit 1; }
-done
-for b in krasis krasis-runtime; do
-    [ -x "$BIN/$b" ] || { echo "lifecycle_tmux: $BIN/$b missing; run cargo build -p krasis -p krasis-runtime" >&2; exit 1; }
-done
-
-TMP="$(mktemp -d)"
-SOCK="$TMP/tmux.sock"
-T() { tmux -S "$SOCK" "$@"; }
+NAME=lifecycle_tmux
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+need tmux curl python3
 
 # Pids of this test's krasis and krasis-runtime processes that still run
 # (a zombie has ended; a container may have no init to reap it).
@@ -42,22 +33,9 @@ cleanup() {
 trap cleanup EXIT
 
 CASE=""
-fail() {
-    echo "lifecycle_tmux: FAIL [$CASE]: $*" >&2
-    echo "--- screen ---" >&2
-    T capture-pane -p -t k 2>/dev/null >&2 || true
+on_fail() {
     echo "--- processes ---" >&2
     for p in $(ours); do ps -o pid,ppid,stat,pcpu,args -p "$p" >&2 || true; done
-    exit 1
-}
-screen_has() { T capture-pane -p -t k 2>/dev/null | grep -qF -- "$1"; }
-wait_for() { # TEXT SECONDS
-    local i
-    for ((i = 0; i < $2 * 10; i++)); do
-        screen_has "$1" && return 0
-        sleep 0.1
-    done
-    fail "'$1' did not appear within $2 s"
 }
 healthy() { curl -s --max-time 2 "http://127.0.0.1:$PORT/health" | grep -q '"status":"ok"'; }
 wait_healthy() {
@@ -99,9 +77,9 @@ assert_idle() { # PID WHAT
     pct=$(cpu_percent "$1")
     [ "$pct" -lt 10 ] || fail "$2 uses ${pct}% CPU while idle"
 }
-new_port() { PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'); }
+new_port() { PORT=$(free_port); }
 
-"$BIN/krasis-runtime" synth --preset tiny --out "$TMP/models/tiny" >/dev/null 2>&1 || fail "synth"
+synth_tiny
 export HF_HOME="$TMP/hf"
 
 # Starts COMMAND in a fresh tmux session, in the pane's shell as a user
@@ -139,25 +117,8 @@ exited_with() {
 # From the model screen: choose the tiny model, set the port, launch, and
 # wait until the server answers; RUNTIME is its pid.
 launch_on_run_screen() {
-    local i
     new_port
-    T send-keys -t k Enter            # choose the model
-    wait_for "GPU:" 10
-    T send-keys -t k Enter            # hardware -> options
-    wait_for "Options for" 10
-    for ((i = 0; i < 30; i++)); do
-        screen_has "> Port" && break
-        T send-keys -t k Down
-        sleep 0.1
-    done
-    screen_has "> Port" || fail "no Port field in the options form"
-    T send-keys -t k Enter
-    for _ in 1 2 3 4 5; do T send-keys -t k BSpace; done
-    T send-keys -t k "$PORT" Enter
-    wait_for "$PORT" 5
-    T send-keys -t k Tab              # summary
-    wait_for "Valid. Press Enter to launch." 10
-    T send-keys -t k Enter            # launch
+    launch_tiny
     wait_healthy
     RUNTIME=$(pgrep -f "krasis-runtime serve --model $TMP/models/tiny") || fail "no runtime process while ready"
     [ "$(awk '{print $4}' "/proc/$RUNTIME/stat")" = "$LAUNCHER" ] || fail "the runtime is not the launcher's child"
