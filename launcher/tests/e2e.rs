@@ -84,21 +84,7 @@ fn profile_to_ready_to_chat_to_clean_shutdown() {
     assert_eq!(health.status, krasis_common::status::HealthStatus::Ok);
     assert!(health.model_loaded);
     assert_eq!(health.backend, "reference");
-    let r = http
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&serde_json::json!({
-            "model": health.model.clone().unwrap_or_default(),
-            "messages": [{"role": "user", "content": "Hello"}],
-            "max_tokens": 4,
-        }))
-        .send()
-        .unwrap();
-    assert!(r.status().is_success(), "chat failed: {}", r.status());
-    let body: serde_json::Value = r.json().unwrap();
-    assert!(
-        body["choices"][0]["message"]["content"].is_string(),
-        "{body}"
-    );
+    let body = chat_hello(&http, &url, &health.model.clone().unwrap_or_default());
     assert!(
         body["usage"]["completion_tokens"].as_u64().unwrap() >= 1,
         "{body}"
@@ -200,6 +186,27 @@ fn only_runtime_child(launcher: u32, timeout: Duration) -> u32 {
 }
 
 /// Health says ok, the key is needed and enough, and the model generates.
+/// A 4-token chat answer to "Hello" from `model` at `url`, checked to be a
+/// successful chat completion with text.
+fn chat_hello(http: &reqwest::blocking::Client, url: &str, model: &str) -> serde_json::Value {
+    let r = http
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 4,
+        }))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "chat failed: {}", r.status());
+    let body: serde_json::Value = r.json().unwrap();
+    assert!(
+        body["choices"][0]["message"]["content"].is_string(),
+        "{body}"
+    );
+    body
+}
+
 fn serves_with_key(url: &str, key: &str) {
     let health = krasis::supervisor::StatsClient::new(url, None)
         .unwrap()
@@ -364,21 +371,7 @@ fn the_shipped_demo_profile_serves_a_chat() {
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap();
-    let r = http
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&serde_json::json!({
-            "model": "krasis-demo-tiny",
-            "messages": [{"role": "user", "content": "Hello"}],
-            "max_tokens": 4,
-        }))
-        .send()
-        .unwrap();
-    assert!(r.status().is_success(), "chat failed: {}", r.status());
-    let body: serde_json::Value = r.json().unwrap();
-    assert!(
-        body["choices"][0]["message"]["content"].is_string(),
-        "{body}"
-    );
+    chat_hello(&http, &url, "krasis-demo-tiny");
 
     sigterm(child.id());
     let st = wait_exit(&mut child, Duration::from_secs(30));

@@ -123,28 +123,10 @@ async fn streamed_tool_call_fragments_follow_the_openai_shape() {
     let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
     let (events, done) = sse_events(&text);
     assert!(done);
-    let frags: Vec<&Value> = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"].get("tool_calls"))
-        .flat_map(|t| t.as_array().unwrap())
-        .collect();
+    let frags = assert_streamed_weather_call(&events);
     assert!(frags.len() >= 2, "{text}");
     assert!(frags.iter().all(|f| f["index"] == 0));
     assert_eq!(frags[0]["type"], "function");
-    assert_eq!(frags[0]["function"]["name"], "get_weather");
-    assert!(frags[0]["id"].as_str().unwrap().starts_with("call_"));
-    let args: String = frags
-        .iter()
-        .map(|f| f["function"]["arguments"].as_str().unwrap_or(""))
-        .collect();
-    assert_eq!(
-        serde_json::from_str::<Value>(&args).unwrap(),
-        json!({"city": "Paris", "days": 2})
-    );
-    let finish = events
-        .iter()
-        .find_map(|e| e["choices"][0]["finish_reason"].as_str());
-    assert_eq!(finish, Some("tool_calls"));
 }
 
 #[tokio::test]

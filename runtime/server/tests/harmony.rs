@@ -317,26 +317,7 @@ async fn streamed_harmony_call_follows_the_openai_shape() {
     };
     assert_eq!(delta("reasoning_content"), "Need weather.");
     assert_eq!(delta("content"), "Checking.");
-    let frags: Vec<&Value> = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"].get("tool_calls"))
-        .flat_map(|t| t.as_array().unwrap())
-        .collect();
-    assert_eq!(frags[0]["index"], 0);
-    assert_eq!(frags[0]["function"]["name"], "get_weather");
-    assert!(frags[0]["id"].as_str().unwrap().starts_with("call_"));
-    let args: String = frags
-        .iter()
-        .map(|f| f["function"]["arguments"].as_str().unwrap_or(""))
-        .collect();
-    assert_eq!(
-        serde_json::from_str::<Value>(&args).unwrap(),
-        json!({"city": "Paris", "days": 2})
-    );
-    let finish = events
-        .iter()
-        .find_map(|e| e["choices"][0]["finish_reason"].as_str());
-    assert_eq!(finish, Some("tool_calls"));
+    assert_streamed_weather_call(&events);
     assert!(
         !text.contains("<|"),
         "no harmony marker reaches the client: {text}"

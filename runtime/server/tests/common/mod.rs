@@ -193,6 +193,34 @@ pub fn weather_tool() -> Value {
     })
 }
 
+/// Checks a streamed `get_weather(city: Paris, days: 2)` call in `events`
+/// (SSE chunks) has the OpenAI shape: the first fragment carries index 0,
+/// the name and a `call_` id, the fragments' arguments join into that JSON,
+/// and the finish reason is `tool_calls`. Returns the fragments.
+pub fn assert_streamed_weather_call(events: &[Value]) -> Vec<&Value> {
+    let frags: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"].get("tool_calls"))
+        .flat_map(|t| t.as_array().unwrap())
+        .collect();
+    assert_eq!(frags[0]["index"], 0);
+    assert_eq!(frags[0]["function"]["name"], "get_weather");
+    assert!(frags[0]["id"].as_str().unwrap().starts_with("call_"));
+    let args: String = frags
+        .iter()
+        .map(|f| f["function"]["arguments"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&args).unwrap(),
+        serde_json::json!({"city": "Paris", "days": 2})
+    );
+    let finish = events
+        .iter()
+        .find_map(|e| e["choices"][0]["finish_reason"].as_str());
+    assert_eq!(finish, Some("tool_calls"));
+    frags
+}
+
 /// Serves `h` on a loopback socket until the test ends; its base URL.
 pub async fn serve_loopback(h: &Harness) -> String {
     serve_loopback_until(h, std::future::pending()).await.0
