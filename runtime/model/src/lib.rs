@@ -17,7 +17,7 @@ pub mod synth;
 pub mod testutil;
 pub mod tokenizer;
 
-pub use arch::{Geometry, MlpKind, ModelConfig};
+pub use arch::{ExpertStorage, FusedMxfp4Names, Geometry, MlpKind, ModelConfig};
 pub use checkpoint::{Checkpoint, DType, TensorView};
 pub use engine::{
     CancelToken, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,

@@ -78,7 +78,18 @@ impl ModelConfig {
         }
     }
 
-    /// Names of the routed-expert tensors of one expert: (gate, up, down).
+    /// How MoE layer `layer`'s routed experts are stored in the checkpoint.
+    pub fn expert_storage(&self, layer: usize) -> ExpertStorage {
+        match self {
+            ModelConfig::Qwen3Moe(_) => {
+                let _ = layer;
+                ExpertStorage::PerExpert
+            }
+        }
+    }
+
+    /// Names of the routed-expert tensors of one expert: (gate, up, down),
+    /// for [`ExpertStorage::PerExpert`] layers.
     pub fn expert_tensor_names(&self, layer: usize, expert: usize) -> [String; 3] {
         match self {
             ModelConfig::Qwen3Moe(_) => {
@@ -91,6 +102,37 @@ impl ModelConfig {
             }
         }
     }
+}
+
+/// How one MoE layer's routed experts are stored in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExpertStorage {
+    /// One float tensor (BF16/F16/F32) per expert and projection, named by
+    /// [`ModelConfig::expert_tensor_names`]: gate `[I, H]`, up `[I, H]`,
+    /// down `[H, I]` (qwen3_moe, glm4_moe, deepseek_v3).
+    PerExpert,
+    /// All experts of the layer in MXFP4 tensors (`*_blocks` U8
+    /// `[E, rows, cols/32, 16]` + `*_scales` U8 `[E, rows, cols/32]`, see
+    /// [`crate::formats::mxfp4`]) plus optional float biases (gpt_oss).
+    FusedMxfp4(FusedMxfp4Names),
+}
+
+/// Tensor names of a [`ExpertStorage::FusedMxfp4`] layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FusedMxfp4Names {
+    /// `[E, 2I, H/32, 16]`: gate and up rows.
+    pub gate_up_blocks: String,
+    pub gate_up_scales: String,
+    /// `[E, 2I]`, when the experts have biases.
+    pub gate_up_bias: Option<String>,
+    /// `[E, H, I/32, 16]`.
+    pub down_blocks: String,
+    pub down_scales: String,
+    /// `[E, H]`.
+    pub down_bias: Option<String>,
+    /// Gate and up rows alternate (row `2j` gate j, `2j + 1` up j), as in
+    /// gpt-oss; otherwise rows `0..I` are gate and `I..2I` up.
+    pub gate_up_interleaved: bool,
 }
 
 /// What the MLP of a layer is.
