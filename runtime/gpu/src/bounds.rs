@@ -26,7 +26,7 @@ pub struct Bound {
 pub fn decode_bytes_per_token(g: &Geometry, int4_expert_bytes: usize, ctx: usize) -> f64 {
     let (h, q, kv) = (g.hidden as f64, g.q_dim() as f64, g.kv_dim() as f64);
     let mut b = 0.0;
-    for kind in &g.mlp_kinds {
+    for kind in g.layers.iter().map(|l| l.mlp) {
         b += 2.0 * ((q + 2.0 * kv) * h + h * q); // qkv + o_proj, bf16
         b += 2.0 * 2.0 * ctx as f64 * kv; // K and V, bf16
         b += match kind {
@@ -47,7 +47,7 @@ pub fn prefill_flops(g: &Geometry, tokens: usize) -> f64 {
         tokens as f64,
     );
     let mut per_token = 0.0;
-    for kind in &g.mlp_kinds {
+    for kind in g.layers.iter().map(|l| l.mlp) {
         per_token += 2.0 * ((q + 2.0 * kv) * h + h * q);
         per_token += match kind {
             MlpKind::Moe => {

@@ -94,7 +94,7 @@ impl CudaEngine {
         let t0 = Instant::now();
         let config = ModelConfig::load(model_dir)?;
         let g = config.geometry();
-        check_supported(&g)?;
+        crate::support::check_supported(&g)?;
         let sampleable = krasis_model::tokenizer::sampleable_vocab(model_dir, g.vocab_size)?;
         let context = opts.context_length.unwrap_or(g.max_position_embeddings);
         if context == 0 || context > g.max_position_embeddings {
@@ -112,7 +112,7 @@ impl CudaEngine {
         let gpu = Gpu::open_limited(opts.device, opts.vram_limit)?;
         let kernels = Kernels::new(&gpu.ctx, &opts.kernel_cache)?;
         let ckpt = Checkpoint::open(model_dir)?;
-        let weights = ModelWeights::upload(&gpu, &ckpt, &g, progress)?;
+        let weights = ModelWeights::upload(&gpu, &ckpt, &config, progress)?;
         drop(ckpt);
         let (experts, int4, cache) = if g.num_moe_layers() > 0 {
             let cache = Arc::new(krasis_cache::ensure_cache_reporting(
@@ -680,6 +680,8 @@ fn int4_layout(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<Int4Layou
     let mine = Int4Layout {
         hidden: l.hidden,
         intermediate: l.intermediate,
+        // The cache is format v1 (group 128) until it records its group.
+        group: 128,
         w13_q: l.w13_q,
         w13_s: l.w13_s,
         w2_q: l.w2_q,
@@ -693,60 +695,10 @@ fn int4_layout(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<Int4Layou
     }
     // The kernels hard-code format v1; a cache whose offsets differ from
     // what they expect is refused rather than misread.
-    if Int4Layout::new(l.hidden, l.intermediate) != Some(mine) {
+    if Int4Layout::new(l.hidden, l.intermediate, 128) != Some(mine) {
         return Err(GpuError::Cache(format!(
             "cache expert layout {l:?} differs from the format-v1 layout the kernels implement"
         )));
     }
     Ok(mine)
-}
-
-/// Refuses geometries the kernels cannot run, before anything is uploaded.
-pub(crate) fn check_supported(g: &Geometry) -> Result<()> {
-    let mut why = Vec::new();
-    if ![64, 128, 192, 256].contains(&g.head_dim) {
-        why.push(format!(
-            "head_dim {} (supported: 64, 128, 192, 256)",
-            g.head_dim
-        ));
-    }
-    if g.num_heads / g.num_kv_heads.max(1) > 16 {
-        why.push(format!(
-            "GQA group of {} query heads per KV head (at most 16)",
-            g.num_heads / g.num_kv_heads
-        ));
-    }
-    if !g.hidden.is_multiple_of(128) {
-        why.push(format!("hidden {} (must be a multiple of 128)", g.hidden));
-    }
-    if g.num_moe_layers() > 0 {
-        if g.num_experts > krasis_kernels::ROUTER_MAX_EXPERTS {
-            why.push(format!(
-                "{} experts (at most {})",
-                g.num_experts,
-                krasis_kernels::ROUTER_MAX_EXPERTS
-            ));
-        }
-        if g.top_k > krasis_kernels::ROUTER_MAX_TOPK {
-            why.push(format!(
-                "top-{} routing (at most {})",
-                g.top_k,
-                krasis_kernels::ROUTER_MAX_TOPK
-            ));
-        }
-        if g.expert_intermediate > 4096 || g.hidden > 8192 {
-            why.push(format!(
-                "expert {}x{} (INT4 decode kernels support hidden <= 8192, expert width <= 4096)",
-                g.hidden, g.expert_intermediate
-            ));
-        }
-    }
-    if why.is_empty() {
-        Ok(())
-    } else {
-        Err(GpuError::Unsupported(format!(
-            "the CUDA engine cannot run this model: {}",
-            why.join("; ")
-        )))
-    }
 }

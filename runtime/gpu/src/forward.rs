@@ -449,7 +449,7 @@ pub(crate) fn attention(
             "qkv projection",
         )?;
     }
-    let theta = g.rope_theta as f32;
+    let theta = g.rope.theta as f32;
     let scale = 1.0 / (g.head_dim as f32).sqrt();
     let kvg = kv.geom;
     let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);

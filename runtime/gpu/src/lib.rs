@@ -22,6 +22,7 @@ pub mod scratch;
 pub mod setup;
 pub mod stats;
 mod streamed;
+pub mod support;
 pub mod weights;
 
 pub use device::{Budget, DeviceInfo, Gpu, probe};

@@ -74,7 +74,11 @@ pub(crate) fn router(
         t,
         g.num_experts,
         g.top_k,
-        g.norm_topk_prob,
+        // support.rs admits only the softmax-then-top-k router.
+        matches!(
+            g.router.kind,
+            krasis_model::arch::RouterKind::SoftmaxTopK { renormalize: true }
+        ),
         &mut sc.topk_ids,
         &mut sc.topk_w,
     )?;

@@ -67,7 +67,7 @@ pub fn decide(free: u64, staging: u64, all_bytes: u64, floor: u64, stride: usize
 
 /// Why the CUDA engine refuses geometry `g` at load, if it does.
 pub fn unsupported(g: &Geometry) -> Option<String> {
-    crate::engine::check_supported(g)
+    crate::support::check_supported(g)
         .err()
         .map(|e| e.to_string())
 }

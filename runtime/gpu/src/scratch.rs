@@ -135,10 +135,10 @@ pub fn bytes_for(g: &Geometry, cap: usize, gemv_tokens: usize) -> usize {
     );
     let i = g.expert_intermediate;
     let mut per_token = 4 * h + 2 * h + 2 * (q + 2 * kv) + 2 * q + 4 * e.max(1) + 8 * k + 4;
-    if g.mlp_kinds.contains(&MlpKind::Moe) && cap > gemv_tokens {
+    if g.has_mlp(MlpKind::Moe) && cap > gemv_tokens {
         per_token += k * (2 * h + 2 * 2 * i + 2 * i + 4 * h + 8);
     }
-    if g.mlp_kinds.contains(&MlpKind::Dense) {
+    if g.has_mlp(MlpKind::Dense) {
         per_token += 6 * g.intermediate;
     }
     per_token * cap
@@ -206,7 +206,7 @@ impl ScratchLens {
     pub fn new(g: &Geometry, cap: usize, gemv_tokens: usize) -> Self {
         let (h, q, kv, e, k) = (g.hidden, g.q_dim(), g.kv_dim(), g.num_experts, g.top_k);
         let i = g.expert_intermediate;
-        let grouped = (g.mlp_kinds.contains(&MlpKind::Moe) && cap > gemv_tokens).then(|| {
+        let grouped = (g.has_mlp(MlpKind::Moe) && cap > gemv_tokens).then(|| {
             let pairs = cap * k;
             let dq = dequant_batch(e, h, i);
             GroupedLens {
@@ -222,8 +222,7 @@ impl ScratchLens {
             }
         });
         let dense = g
-            .mlp_kinds
-            .contains(&MlpKind::Dense)
+            .has_mlp(MlpKind::Dense)
             .then(|| (cap * 2 * g.intermediate, cap * g.intermediate));
         ScratchLens {
             cap,

@@ -15,8 +15,8 @@ use crate::host_table::HostTable;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use krasis_common::events::{ByteProgress, EventSink, task};
-use krasis_model::arch::qwen3_moe::TensorNames;
-use krasis_model::{Checkpoint, DType, Geometry, MlpKind, TensorView};
+use krasis_model::arch::{LayerTensor, ModelTensor};
+use krasis_model::{Checkpoint, DType, Geometry, MlpKind, ModelConfig, TensorView};
 
 pub struct LayerWeights {
     pub input_norm: CudaSlice<bf16>,
@@ -80,15 +80,16 @@ impl ModelWeights {
     pub fn upload(
         gpu: &Gpu,
         ckpt: &Checkpoint,
-        g: &Geometry,
+        config: &ModelConfig,
         progress: Option<EventSink<'_>>,
     ) -> Result<Self> {
-        if g.attention_bias {
-            return Err(GpuError::Unsupported(
-                "attention_bias=true (q/k/v biases) is not implemented by the CUDA engine".into(),
-            ));
-        }
+        let g = &config.geometry();
+        // Only the components `support::check_supported` admits are
+        // uploaded; it runs before this.
+        crate::support::check_supported(g)?;
         let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
+        let embed_name = config.tensor_name(ModelTensor::Embed);
+        let head_name = config.tensor_name(ModelTensor::LmHead);
         let planned = weight_bytes(g);
         let progress = progress.map(|s| {
             ByteProgress::start(
@@ -104,26 +105,27 @@ impl ModelWeights {
             progress: progress.as_ref(),
         };
         let (embed, host_bytes) = if g.tie_word_embeddings {
-            let e = up.bf16(&[TensorNames::EMBED], &[g.vocab_size, h])?;
+            let e = up.bf16(&[&embed_name], &[g.vocab_size, h])?;
             (Embedding::Tied(e), 0)
         } else {
-            let t = ckpt.expect(TensorNames::EMBED, &[g.vocab_size, h])?;
-            let embed = HostTable::new(&gpu.stream, &to_bf16_bits(&t), TensorNames::EMBED)?;
+            let t = ckpt.expect(&embed_name, &[g.vocab_size, h])?;
+            let embed = HostTable::new(&gpu.stream, &to_bf16_bits(&t), &embed_name)?;
             let n = embed.bytes();
             up.done(n);
-            let head = up.bf16(&[TensorNames::LM_HEAD], &[g.vocab_size, h])?;
+            let head = up.bf16(&[&head_name], &[g.vocab_size, h])?;
             (Embedding::Untied { embed, head }, n)
         };
-        let final_norm = up.bf16_one(TensorNames::FINAL_NORM, &[h])?;
+        let final_norm = up.bf16_one(&config.tensor_name(ModelTensor::FinalNorm), &[h])?;
         let mut layers = Vec::with_capacity(g.num_layers);
         let mut moe_index = 0;
-        for (i, kind) in g.mlp_kinds.iter().enumerate() {
-            let t = TensorNames::layer(i);
-            let qkv = up.bf16_fused(&[(t.q_proj(), q), (t.k_proj(), kv), (t.v_proj(), kv)], h)?;
-            let mlp = match kind {
+        for i in 0..g.num_layers {
+            let t = |role: LayerTensor| config.layer_tensor_name(i, role);
+            use LayerTensor::*;
+            let qkv = up.bf16_fused(&[(t(QProj), q), (t(KProj), kv), (t(VProj), kv)], h)?;
+            let mlp = match g.mlp_kind(i) {
                 MlpKind::Moe => {
                     let m = MlpWeights::Moe {
-                        router: up.bf16(&[&t.router()], &[g.num_experts, h])?,
+                        router: up.bf16(&[&t(Router)], &[g.num_experts, h])?,
                         moe_index,
                     };
                     moe_index += 1;
@@ -131,22 +133,19 @@ impl ModelWeights {
                 }
                 MlpKind::Dense => MlpWeights::Dense {
                     gate_up: up.bf16_fused(
-                        &[
-                            (t.dense_gate(), g.intermediate),
-                            (t.dense_up(), g.intermediate),
-                        ],
+                        &[(t(DenseGate), g.intermediate), (t(DenseUp), g.intermediate)],
                         h,
                     )?,
-                    down: up.bf16(&[&t.dense_down()], &[h, g.intermediate])?,
+                    down: up.bf16(&[&t(DenseDown)], &[h, g.intermediate])?,
                 },
             };
             layers.push(LayerWeights {
-                input_norm: up.bf16_one(&t.input_norm(), &[h])?,
-                post_attention_norm: up.bf16_one(&t.post_attention_norm(), &[h])?,
-                q_norm: up.bf16_one(&t.q_norm(), &[hd])?,
-                k_norm: up.bf16_one(&t.k_norm(), &[hd])?,
+                input_norm: up.bf16_one(&t(InputNorm), &[h])?,
+                post_attention_norm: up.bf16_one(&t(PostAttentionNorm), &[h])?,
+                q_norm: up.bf16_one(&t(QNorm), &[hd])?,
+                k_norm: up.bf16_one(&t(KNorm), &[hd])?,
                 qkv,
-                o_proj: up.bf16(&[&t.o_proj()], &[h, q])?,
+                o_proj: up.bf16(&[&t(OProj)], &[h, q])?,
                 mlp,
             });
         }
@@ -190,7 +189,7 @@ pub fn weight_bytes(g: &Geometry) -> WeightBytes {
     let table = g.vocab_size * h;
     // The LM head (or the tied embedding), the final norm.
     let mut elems = table + h;
-    for kind in &g.mlp_kinds {
+    for kind in g.layers.iter().map(|l| l.mlp) {
         // Fused q/k/v, o_proj, the two RMSNorms and the q/k norms.
         elems += (q + 2 * kv) * h + h * q + 2 * h + 2 * hd;
         elems += match kind {

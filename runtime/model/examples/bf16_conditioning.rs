@@ -127,7 +127,7 @@ fn run_preset(preset: &str, long_tokens: usize) {
     let config = ModelConfig::load(&dir).unwrap();
     let g = config.geometry();
     let moe: Vec<usize> = (0..g.num_layers)
-        .filter(|&l| g.mlp_kinds[l] == MlpKind::Moe)
+        .filter(|&l| g.mlp_kind(l) == MlpKind::Moe)
         .collect();
     let experts = Arc::new(Int4RoundTrip(CheckpointExperts::new(
         Arc::new(Checkpoint::open(&dir).unwrap()),
@@ -140,7 +140,7 @@ fn run_preset(preset: &str, long_tokens: usize) {
     println!(
         "\n## {preset} (head_dim {}, layers {:?}, top-{} of {} experts; {})",
         g.head_dim,
-        g.mlp_kinds,
+        g.layers.iter().map(|l| l.mlp).collect::<Vec<_>>(),
         g.top_k,
         g.num_experts,
         dir.display()

@@ -12,6 +12,19 @@ pub struct ExpertF32 {
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
     pub down: Vec<f32>,
+    /// Projection biases, for families whose experts have them
+    /// (`ExpertSpec::bias`).
+    pub bias: Option<ExpertBias>,
+}
+
+/// Biases of one routed expert.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertBias {
+    /// `[I]` each, added to the gate and up projections.
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// `[H]`, added to the down projection.
+    pub down: Vec<f32>,
 }
 
 pub trait ExpertWeights: Send + Sync {

@@ -24,5 +24,5 @@ pub use engine::{
     GenerateStats, LiveProgress, SamplingParams,
 };
 pub use error::ModelError;
-pub use experts::{ExpertF32, ExpertWeights};
+pub use experts::{ExpertBias, ExpertF32, ExpertWeights};
 pub use formats::{Mxfp4Error, Mxfp4Matrix, Mxfp4Shape, Mxfp4Tensor};

@@ -71,7 +71,7 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
         ckpt.get(&gate).ok().map(|t| t.dtype)
     });
     let stored =
-        expert_dtype.or_else(|| ckpt.get(config.embed_tensor_name()).ok().map(|t| t.dtype));
+        expert_dtype.or_else(|| ckpt.get(&config.embed_tensor_name()).ok().map(|t| t.dtype));
     let checkpoint_dtype = stored.map_or("unknown".into(), |d| d.name().to_lowercase());
     let layout = ExpertLayout::new(g.hidden, g.expert_intermediate);
     let stride = layout.map_or(0, |l| l.expert_stride as u64);

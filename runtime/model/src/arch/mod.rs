@@ -4,8 +4,16 @@
 //! everything else (loading, layers, engines) is shared and dispatches on
 //! [`ModelConfig`].
 
+pub mod plan;
 pub mod qwen3_moe;
 pub mod registry;
+pub mod tensors;
+
+pub use plan::{
+    Activation, AttentionKind, AttentionSpec, ExpertSpec, LayerSpec, MlpKind, RopeScaling,
+    RopeSpec, RouterKind, RouterSpec,
+};
+pub use tensors::{LayerTensor, ModelTensor};
 
 use crate::error::ModelError;
 use std::path::Path;
@@ -58,9 +66,21 @@ impl ModelConfig {
     }
 
     /// The token-embedding tensor (present in every checkpoint).
-    pub fn embed_tensor_name(&self) -> &'static str {
+    pub fn embed_tensor_name(&self) -> String {
+        self.tensor_name(ModelTensor::Embed)
+    }
+
+    /// The checkpoint name of a tensor outside the layers.
+    pub fn tensor_name(&self, t: ModelTensor) -> String {
         match self {
-            ModelConfig::Qwen3Moe(_) => qwen3_moe::TensorNames::EMBED,
+            ModelConfig::Qwen3Moe(_) => qwen3_moe::TensorNames::model(t).to_string(),
+        }
+    }
+
+    /// The checkpoint name of role `t` of decoder layer `layer`.
+    pub fn layer_tensor_name(&self, layer: usize, t: LayerTensor) -> String {
+        match self {
+            ModelConfig::Qwen3Moe(_) => qwen3_moe::TensorNames::layer(layer).role(t),
         }
     }
 
@@ -71,11 +91,48 @@ impl ModelConfig {
         }
     }
 
-    /// Every tensor the checkpoint must contain, with its shape.
+    /// Every tensor the checkpoint must contain, with its shape: the roles
+    /// the layer plan implies plus each MoE layer's expert storage.
     pub fn expected_tensors(&self) -> Vec<(String, Vec<usize>)> {
-        match self {
-            ModelConfig::Qwen3Moe(c) => c.expected_tensors(),
+        let g = self.geometry();
+        let (h, ne, ei) = (g.hidden, g.num_experts, g.expert_intermediate);
+        let mut v = vec![(self.tensor_name(ModelTensor::Embed), vec![g.vocab_size, h])];
+        for l in 0..g.num_layers {
+            for (role, shape) in LayerTensor::present(&g, l) {
+                v.push((self.layer_tensor_name(l, role), shape));
+            }
+            if g.mlp_kind(l) != MlpKind::Moe {
+                continue;
+            }
+            match self.expert_storage(l) {
+                ExpertStorage::PerExpert => {
+                    for e in 0..ne {
+                        let [gate, up, down] = self.expert_tensor_names(l, e);
+                        v.push((gate, vec![ei, h]));
+                        v.push((up, vec![ei, h]));
+                        v.push((down, vec![h, ei]));
+                    }
+                }
+                ExpertStorage::FusedMxfp4(n) => {
+                    use crate::formats::mxfp4::{BLOCK_BYTES, BLOCK_VALUES as b};
+                    v.push((n.gate_up_blocks, vec![ne, 2 * ei, h / b, BLOCK_BYTES]));
+                    v.push((n.gate_up_scales, vec![ne, 2 * ei, h / b]));
+                    v.push((n.down_blocks, vec![ne, h, ei / b, BLOCK_BYTES]));
+                    v.push((n.down_scales, vec![ne, h, ei / b]));
+                    if let Some(bias) = n.gate_up_bias {
+                        v.push((bias, vec![ne, 2 * ei]));
+                    }
+                    if let Some(bias) = n.down_bias {
+                        v.push((bias, vec![ne, h]));
+                    }
+                }
+            }
         }
+        v.push((self.tensor_name(ModelTensor::FinalNorm), vec![h]));
+        if !g.tie_word_embeddings {
+            v.push((self.tensor_name(ModelTensor::LmHead), vec![g.vocab_size, h]));
+        }
+        v
     }
 
     /// How MoE layer `layer`'s routed experts are stored in the checkpoint.
@@ -135,15 +192,6 @@ pub struct FusedMxfp4Names {
     pub gate_up_interleaved: bool,
 }
 
-/// What the MLP of a layer is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MlpKind {
-    /// Routed experts (plus a shared expert when `shared_expert_intermediate > 0`).
-    Moe,
-    /// A plain SwiGLU MLP of `intermediate` width.
-    Dense,
-}
-
 /// Architecture-independent model geometry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Geometry {
@@ -159,14 +207,15 @@ pub struct Geometry {
     pub expert_intermediate: usize,
     pub num_experts: usize,
     pub top_k: usize,
-    pub norm_topk_prob: bool,
     pub rms_norm_eps: f32,
-    pub rope_theta: f64,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
-    pub attention_bias: bool,
-    /// Per layer: MoE or dense.
-    pub mlp_kinds: Vec<MlpKind>,
+    pub rope: RopeSpec,
+    pub attention: AttentionSpec,
+    pub router: RouterSpec,
+    pub experts: ExpertSpec,
+    /// The layer plan: per decoder layer its attention and MLP kind.
+    pub layers: Vec<LayerSpec>,
 }
 
 impl Geometry {
@@ -177,11 +226,19 @@ impl Geometry {
         self.num_kv_heads * self.head_dim
     }
     pub fn moe_layers(&self) -> impl Iterator<Item = usize> + '_ {
-        self.mlp_kinds
+        self.layers
             .iter()
             .enumerate()
-            .filter(|(_, k)| **k == MlpKind::Moe)
+            .filter(|(_, l)| l.mlp == MlpKind::Moe)
             .map(|(i, _)| i)
+    }
+    /// The MLP kind of layer `l`.
+    pub fn mlp_kind(&self, l: usize) -> MlpKind {
+        self.layers[l].mlp
+    }
+    /// Whether any layer has this MLP kind.
+    pub fn has_mlp(&self, kind: MlpKind) -> bool {
+        self.layers.iter().any(|l| l.mlp == kind)
     }
     pub fn num_moe_layers(&self) -> usize {
         self.moe_layers().count()
@@ -200,17 +257,33 @@ impl Geometry {
         p += h; // final norm
         let q = self.q_dim() as u64;
         let kv = self.kv_dim() as u64;
-        let mut per_attn = h * q + 2 * h * kv + q * h + 2 * self.head_dim as u64 + 2 * h;
-        if self.attention_bias {
-            per_attn += q + 2 * kv + h; // q, k, v and o_proj biases
+        let a = &self.attention;
+        let mut per_attn = h * q + 2 * h * kv + q * h + 2 * h;
+        if a.qk_norm {
+            per_attn += 2 * self.head_dim as u64;
         }
-        for k in &self.mlp_kinds {
+        if a.qkv_bias {
+            per_attn += q + 2 * kv;
+        }
+        if a.o_bias {
+            per_attn += h;
+        }
+        if a.sinks {
+            per_attn += self.num_heads as u64;
+        }
+        let e = self.num_experts as u64;
+        let i = self.expert_intermediate as u64;
+        let mut per_moe = e * (self.expert_params() as u64) + e * h;
+        if self.router.bias {
+            per_moe += e;
+        }
+        if self.experts.bias {
+            per_moe += e * (2 * i + h);
+        }
+        for l in &self.layers {
             p += per_attn;
-            p += match k {
-                MlpKind::Moe => {
-                    self.num_experts as u64 * (self.expert_params() as u64)
-                        + self.num_experts as u64 * h
-                }
+            p += match l.mlp {
+                MlpKind::Moe => per_moe,
                 MlpKind::Dense => 3 * h * self.intermediate as u64,
             };
         }

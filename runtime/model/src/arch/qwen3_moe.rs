@@ -8,7 +8,10 @@
 pub mod presets;
 
 use super::registry::{Architecture, OptionDefaults, OptionSupport};
-use super::{Geometry, MlpKind, ModelConfig};
+use super::{
+    Activation, AttentionKind, AttentionSpec, ExpertSpec, Geometry, LayerSpec, LayerTensor,
+    MlpKind, ModelConfig, ModelTensor, RopeScaling, RopeSpec, RouterKind, RouterSpec,
+};
 use crate::error::ModelError;
 use krasis_common::Backend;
 use serde::{Deserialize, Serialize};
@@ -204,58 +207,39 @@ impl Qwen3MoeConfig {
             expert_intermediate: self.moe_intermediate_size,
             num_experts: self.num_experts,
             top_k: self.num_experts_per_tok,
-            norm_topk_prob: self.norm_topk_prob,
             rms_norm_eps: self.rms_norm_eps as f32,
-            rope_theta: self.rope_theta,
             max_position_embeddings: self.max_position_embeddings,
             tie_word_embeddings: self.tie_word_embeddings,
-            attention_bias: self.attention_bias,
-            mlp_kinds: self.mlp_kinds(),
+            rope: RopeSpec {
+                theta: self.rope_theta,
+                scaling: RopeScaling::None,
+            },
+            // transformers gives o_proj a bias too when attention_bias is set.
+            attention: AttentionSpec {
+                qk_norm: true,
+                qkv_bias: self.attention_bias,
+                o_bias: self.attention_bias,
+                sinks: false,
+            },
+            router: RouterSpec {
+                kind: RouterKind::SoftmaxTopK {
+                    renormalize: self.norm_topk_prob,
+                },
+                bias: false,
+            },
+            experts: ExpertSpec {
+                activation: Activation::Swiglu,
+                bias: false,
+            },
+            layers: self
+                .mlp_kinds()
+                .into_iter()
+                .map(|mlp| LayerSpec {
+                    attention: AttentionKind::Full,
+                    mlp,
+                })
+                .collect(),
         }
-    }
-
-    pub fn expected_tensors(&self) -> Vec<(String, Vec<usize>)> {
-        let g = self.geometry();
-        let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
-        let mut v = vec![(TensorNames::EMBED.to_string(), vec![g.vocab_size, h])];
-        for (i, kind) in g.mlp_kinds.iter().enumerate() {
-            let t = TensorNames::layer(i);
-            v.push((t.input_norm(), vec![h]));
-            v.push((t.post_attention_norm(), vec![h]));
-            v.push((t.q_proj(), vec![q, h]));
-            v.push((t.k_proj(), vec![kv, h]));
-            v.push((t.v_proj(), vec![kv, h]));
-            v.push((t.o_proj(), vec![h, q]));
-            if g.attention_bias {
-                v.push((t.q_bias(), vec![q]));
-                v.push((t.k_bias(), vec![kv]));
-                v.push((t.v_bias(), vec![kv]));
-                // transformers gives o_proj a bias too when attention_bias is set.
-                v.push((t.o_bias(), vec![h]));
-            }
-            v.push((t.q_norm(), vec![hd]));
-            v.push((t.k_norm(), vec![hd]));
-            match kind {
-                MlpKind::Moe => {
-                    v.push((t.router(), vec![g.num_experts, h]));
-                    for e in 0..g.num_experts {
-                        v.push((t.expert_gate(e), vec![g.expert_intermediate, h]));
-                        v.push((t.expert_up(e), vec![g.expert_intermediate, h]));
-                        v.push((t.expert_down(e), vec![h, g.expert_intermediate]));
-                    }
-                }
-                MlpKind::Dense => {
-                    v.push((t.dense_gate(), vec![g.intermediate, h]));
-                    v.push((t.dense_up(), vec![g.intermediate, h]));
-                    v.push((t.dense_down(), vec![h, g.intermediate]));
-                }
-            }
-        }
-        v.push((TensorNames::FINAL_NORM.to_string(), vec![h]));
-        if !g.tie_word_embeddings {
-            v.push((TensorNames::LM_HEAD.to_string(), vec![g.vocab_size, h]));
-        }
-        v
     }
 }
 
@@ -276,6 +260,39 @@ impl TensorNames {
     }
     fn n(&self, s: &str) -> String {
         format!("{}{}", self.prefix, s)
+    }
+    /// The name of a tensor outside the layers.
+    pub fn model(t: ModelTensor) -> &'static str {
+        match t {
+            ModelTensor::Embed => Self::EMBED,
+            ModelTensor::FinalNorm => Self::FINAL_NORM,
+            ModelTensor::LmHead => Self::LM_HEAD,
+        }
+    }
+    /// The name of a layer role (`Sinks` and `RouterBias`, which this
+    /// family never has, get the names they would have).
+    pub fn role(&self, t: LayerTensor) -> String {
+        use LayerTensor::*;
+        match t {
+            InputNorm => self.input_norm(),
+            PostAttentionNorm => self.post_attention_norm(),
+            QProj => self.q_proj(),
+            KProj => self.k_proj(),
+            VProj => self.v_proj(),
+            OProj => self.o_proj(),
+            QBias => self.q_bias(),
+            KBias => self.k_bias(),
+            VBias => self.v_bias(),
+            OBias => self.o_bias(),
+            QNorm => self.q_norm(),
+            KNorm => self.k_norm(),
+            Sinks => self.n("self_attn.sinks"),
+            Router => self.router(),
+            RouterBias => self.n("mlp.gate.bias"),
+            DenseGate => self.dense_gate(),
+            DenseUp => self.dense_up(),
+            DenseDown => self.dense_down(),
+        }
     }
     pub fn input_norm(&self) -> String {
         self.n("input_layernorm.weight")

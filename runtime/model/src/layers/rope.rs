@@ -1,6 +1,9 @@
 //! Rotary position embedding, Hugging Face `rotate_half` convention: element
 //! `i` of a head is rotated together with element `i + head_dim/2` (not with
-//! its neighbour), by the angle `pos * theta^(-2i/head_dim)`.
+//! its neighbour), by the angle `pos * theta^(-2i/head_dim)`, or by YaRN's
+//! blended frequencies with cos/sin scaled ([`RopeScaling::Yarn`]).
+
+use crate::arch::{RopeScaling, RopeSpec};
 
 /// Precomputed cos/sin tables for positions `0..max_positions`.
 #[derive(Debug, Clone)]
@@ -17,21 +20,28 @@ impl Rope {
     /// product, exactly as `Qwen3MoeRotaryEmbedding` does, so large
     /// positions round the same way they do in transformers.
     pub fn new(head_dim: usize, theta: f64, max_positions: usize) -> Self {
+        let spec = RopeSpec {
+            theta,
+            scaling: RopeScaling::None,
+        };
+        Self::with_spec(head_dim, spec, max_positions)
+    }
+
+    /// Tables for a model's [`RopeSpec`].
+    pub fn with_spec(head_dim: usize, spec: RopeSpec, max_positions: usize) -> Self {
         assert!(
             head_dim >= 2 && head_dim.is_multiple_of(2),
             "RoPE needs an even head_dim, got {head_dim}"
         );
         let half = head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
-            .collect();
+        let (inv_freq, scale) = inv_freq(head_dim, spec);
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for pos in 0..max_positions {
             for &f in &inv_freq {
                 let angle = pos as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
+                cos.push(angle.cos() * scale);
+                sin.push(angle.sin() * scale);
             }
         }
         Rope {
@@ -83,6 +93,64 @@ impl Rope {
     }
 }
 
+/// `theta^(2i/d)` in f32 as transformers computes `base ** (arange / dim)`.
+fn pos_freqs(head_dim: usize, theta: f64) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| (theta as f32).powf((2 * i) as f32 / head_dim as f32))
+        .collect()
+}
+
+/// The inverse frequencies and the cos/sin scale of `spec`, following
+/// transformers' `_compute_default_rope_parameters` and
+/// `_compute_yarn_parameters` operation by operation (f32 tensors, f64
+/// scalars).
+pub fn inv_freq(head_dim: usize, spec: RopeSpec) -> (Vec<f32>, f32) {
+    let pos = pos_freqs(head_dim, spec.theta);
+    match spec.scaling {
+        RopeScaling::None => (pos.iter().map(|p| 1.0 / p).collect(), 1.0),
+        RopeScaling::Yarn {
+            factor,
+            original_max_position,
+            beta_fast,
+            beta_slow,
+            truncate,
+        } => {
+            let d = head_dim as f64;
+            let correction_dim = |rotations: f64| {
+                d * (original_max_position as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                    / (2.0 * spec.theta.ln())
+            };
+            let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+            if low == high {
+                high += 0.001;
+            }
+            let inv = pos
+                .iter()
+                .enumerate()
+                .map(|(i, &p)| {
+                    let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+                    let extrapolation_factor = 1.0 - ramp;
+                    let extrapolated = 1.0 / p;
+                    let interpolated = 1.0 / (factor as f32 * p);
+                    interpolated * (1.0 - extrapolation_factor)
+                        + extrapolated * extrapolation_factor
+                })
+                .collect();
+            // get_mscale(factor) = 0.1 ln(factor) + 1 (factor > 1).
+            let scale = if factor <= 1.0 {
+                1.0
+            } else {
+                (0.1 * factor.ln() + 1.0) as f32
+            };
+            (inv, scale)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +197,41 @@ mod tests {
         r.apply(&mut a, 7);
         let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>();
         assert!((n(&a) - n(&q)).abs() < 1e-5);
+    }
+
+    #[test]
+    fn yarn_keeps_fast_dimensions_and_interpolates_slow_ones() {
+        // gpt-oss: head_dim 64, theta 150000, factor 32 over 4096 positions.
+        let spec = RopeSpec {
+            theta: 150_000.0,
+            scaling: RopeScaling::Yarn {
+                factor: 32.0,
+                original_max_position: 4096,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                truncate: false,
+            },
+        };
+        let (inv, scale) = inv_freq(64, spec);
+        let (plain, one) = inv_freq(
+            64,
+            RopeSpec {
+                theta: 150_000.0,
+                scaling: RopeScaling::None,
+            },
+        );
+        assert_eq!(one, 1.0);
+        assert!((scale - (0.1 * 32f32.ln() + 1.0)).abs() < 1e-6);
+        // Dimension 0 rotates ~650 times in 4096 tokens (> beta_fast):
+        // extrapolated, unchanged. The last rotates < once: interpolated.
+        assert_eq!(inv[0], plain[0]);
+        assert!((inv[31] - plain[31] / 32.0).abs() <= 1e-6 * plain[31]);
+        // In between, strictly between the two.
+        // (The ramp runs over dimensions 8.09..17.4 here.)
+        assert!(inv[12] < plain[12] && inv[12] > plain[12] / 32.0);
+        assert_eq!(inv[8], plain[8]);
+        // And the tables carry the scale.
+        let r = Rope::with_spec(64, spec, 2);
+        assert!((r.tables(0).0[0] - scale).abs() < 1e-6);
     }
 }

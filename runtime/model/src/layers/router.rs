@@ -1,6 +1,38 @@
-//! The MoE router of `Qwen3MoeSparseMoeBlock`: softmax over all expert
-//! logits in f32, the top-k experts, and (when `norm_topk_prob`) their
-//! weights renormalised to sum to one.
+//! MoE routers: from a token's router logits (bias already added) to its
+//! `(expert, weight)` pairs, per [`RouterKind`]:
+//! - `SoftmaxTopK` (`Qwen3MoeSparseMoeBlock`): softmax over all expert
+//!   logits in f32, the top-k experts, and (when `renormalize`, the config's
+//!   `norm_topk_prob`) their weights renormalised to sum to one;
+//! - `TopKSoftmax` (`GptOssTopKRouter`): the top-k logits, then a softmax
+//!   over those k.
+
+use crate::arch::RouterKind;
+
+/// The `(expert, weight)` pairs of one token under `kind`, highest weight
+/// first, ties to the lower expert index.
+pub fn route_with(kind: RouterKind, logits: &[f32], top_k: usize) -> Vec<(usize, f32)> {
+    match kind {
+        RouterKind::SoftmaxTopK { renormalize } => route(logits, top_k, renormalize),
+        RouterKind::TopKSoftmax => topk_softmax(logits, top_k),
+    }
+}
+
+/// The top-k logits and a softmax over them.
+pub fn topk_softmax(logits: &[f32], top_k: usize) -> Vec<(usize, f32)> {
+    assert!(
+        top_k >= 1 && top_k <= logits.len(),
+        "topk_softmax: top_k {top_k} outside 1..={}",
+        logits.len()
+    );
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let chosen: Vec<f32> = order[..top_k].iter().map(|&e| logits[e]).collect();
+    order[..top_k]
+        .iter()
+        .copied()
+        .zip(softmax(&chosen))
+        .collect()
+}
 
 /// Numerically stable softmax.
 pub fn softmax(logits: &[f32]) -> Vec<f32> {
@@ -54,6 +86,19 @@ mod tests {
         assert!((raw[0].1 - 0.4).abs() < 1e-6 && (raw[1].1 - 0.3).abs() < 1e-6);
         let norm = route(&logits, 2, true);
         assert!((norm[0].1 - 4.0 / 7.0).abs() < 1e-6 && (norm[1].1 - 3.0 / 7.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn topk_then_softmax_over_the_chosen_only() {
+        // Logits [ln 1, ln 4, ln 2, ln 3]: top-2 = experts 1, 3 with
+        // softmax weights 4/7, 3/7 (the others never enter the softmax).
+        let logits: Vec<f32> = [1.0f32, 4.0, 2.0, 3.0].iter().map(|v| v.ln()).collect();
+        let r = route_with(RouterKind::TopKSoftmax, &logits, 2);
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 3]);
+        assert!((r[0].1 - 4.0 / 7.0).abs() < 1e-6 && (r[1].1 - 3.0 / 7.0).abs() < 1e-6);
+        // Softmax-then-top-k without renormalisation differs: 0.4 and 0.3.
+        let s = route_with(RouterKind::SoftmaxTopK { renormalize: false }, &logits, 2);
+        assert!((s[0].1 - 0.4).abs() < 1e-6);
     }
 
     #[test]

@@ -48,12 +48,13 @@ impl ExpertWeights for CheckpointExperts {
             gate: self.ckpt.read_f32(&gate, &[i, h])?,
             up: self.ckpt.read_f32(&up, &[i, h])?,
             down: self.ckpt.read_f32(&down, &[h, i])?,
+            bias: None,
         })
     }
 }
 
 fn check_expert_index(g: &Geometry, layer: usize, expert: usize) -> Result<(), ModelError> {
-    if g.mlp_kinds.get(layer) != Some(&MlpKind::Moe) || expert >= g.num_experts {
+    if layer >= g.num_layers || g.mlp_kind(layer) != MlpKind::Moe || expert >= g.num_experts {
         return Err(ModelError::Other(format!(
             "expert {expert} of layer {layer} does not exist: the model has {} layers \
              (MoE: {:?}) with {} experts each",

@@ -10,8 +10,10 @@
 //! caller, as the kernel's store does). The f32 oracle keeps
 //! [`causal_attention`](crate::layers::attention::causal_attention).
 
+use crate::arch::AttentionKind;
 use crate::layers::attention::{AttnShape, per_query_head};
 use crate::layers::linear::dot;
+use std::ops::Range;
 
 /// Keys per tile (`BN` of every `attn_prefill_mma_d*` instantiation).
 pub const KEY_TILE: usize = 64;
@@ -20,25 +22,34 @@ fn bf16(x: f32) -> f32 {
     half::bf16::from_f32(x).to_f32()
 }
 
-/// One query head over keys `0..n_keys`, as one row of `attn_prefill_mma`.
+/// One query head over the keys `visible`, as one row of
+/// `attn_prefill_mma`. A sink logit starts the online softmax as its first
+/// "key" (running maximum at the sink, row sum 1) and contributes no value.
+#[allow(clippy::too_many_arguments)]
 fn attend_head_tiled(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
-    n_keys: usize,
+    visible: Range<usize>,
     kv_head: usize,
     shape: AttnShape,
+    sink: Option<f32>,
     out: &mut [f32],
 ) {
     let (d, kv_dim) = (shape.head_dim, shape.kv_dim());
     // ops/attention.rs: scale = 1 / sqrt(head_dim), sl2 = scale * LOG2_E.
     let sl2 = (1.0 / (d as f32).sqrt()) * std::f32::consts::LOG2_E;
     let col = kv_head * d..(kv_head + 1) * d;
-    let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+    let (mut m, mut l) = match sink {
+        Some(s) => (s * std::f32::consts::LOG2_E, 1f32),
+        None => (f32::NEG_INFINITY, 0f32),
+    };
     out.fill(0.0);
     let mut s = [0f32; KEY_TILE];
-    for n0 in (0..n_keys).step_by(KEY_TILE) {
-        let n1 = (n0 + KEY_TILE).min(n_keys);
+    // Tiles stay aligned at absolute position 0, as the kernel's are.
+    let first_tile = visible.start / KEY_TILE * KEY_TILE;
+    for t0 in (first_tile..visible.end).step_by(KEY_TILE) {
+        let (n0, n1) = (t0.max(visible.start), (t0 + KEY_TILE).min(visible.end));
         let s = &mut s[..n1 - n0];
         let mut mx = f32::NEG_INFINITY;
         for (j, sj) in (n0..n1).zip(s.iter_mut()) {
@@ -72,16 +83,20 @@ fn attend_head_tiled(
 
 /// [`causal_attention`](crate::layers::attention::causal_attention) with the
 /// prefill kernel's tiling and rounding (see the module doc).
+#[allow(clippy::too_many_arguments)]
 pub fn causal_attention_tiled(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
     start_pos: usize,
     shape: AttnShape,
+    kind: AttentionKind,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    per_query_head(q, start_pos, shape, out, |qh, n_keys, kv_head, o| {
-        attend_head_tiled(qh, keys, values, n_keys, kv_head, shape, o)
+    per_query_head(q, start_pos, shape, kind, out, |qh, visible, h, o| {
+        let sink = sinks.map(|s| s[h]);
+        attend_head_tiled(qh, keys, values, visible, shape.kv_head(h), shape, sink, o)
     });
 }
 
@@ -106,7 +121,7 @@ mod tests {
         let v: Vec<f32> = (0..n * 8).map(|i| val(i + 101)).collect();
         let (mut a, mut b) = (vec![0f32; n * 16], vec![0f32; n * 16]);
         causal_attention(&q, &k, &v, 0, shape, &mut a);
-        causal_attention_tiled(&q, &k, &v, 0, shape, &mut b);
+        causal_attention_tiled(&q, &k, &v, 0, shape, AttentionKind::Full, None, &mut b);
         for (x, y) in a.iter().zip(&b) {
             assert!((x - y).abs() <= 1e-2 * (1.0 + x.abs()), "{x} vs {y}");
         }

@@ -1,15 +1,18 @@
-//! The `Qwen3MoeForCausalLM` forward pass over a batch of consecutive
-//! positions: a prompt chunk (prefill) or one token (decode).
+//! The forward pass over a batch of consecutive positions (a prompt chunk
+//! or one decode token), wired from the layer plan: per layer the shared
+//! attention component (optional q/k norm, biases, sinks, sliding window,
+//! the model's RoPE) and the layer's mixer (dense gated MLP, or router +
+//! routed experts with the family's router kind and activation).
 
 use super::trace::{attention_peaks, rms_rows};
 use super::weights::{LayerWeights, MlpWeights};
 use super::{Activations, ReferenceEngine};
 use crate::engine::EngineError;
-use crate::layers::attention::{AttnShape, causal_attention};
+use crate::layers::attention::{AttnShape, attention};
 use crate::layers::linear::{PARALLEL_MIN_MACS, add_bias_rows, matmul};
-use crate::layers::mlp::{SwigluWeights, silu, swiglu};
+use crate::layers::mlp::{SwigluWeights, activate, swiglu};
 use crate::layers::norm::rms_norm_rows;
-use crate::layers::router::route;
+use crate::layers::router::route_with;
 use rayon::prelude::*;
 
 impl ReferenceEngine {
@@ -81,7 +84,8 @@ impl ReferenceEngine {
     /// GEMM outputs and the SwiGLU product are rounded, as the CUDA prefill
     /// path stores them.
     fn swiglu(&self, w: SwigluWeights<'_>, x: &[f32]) -> Vec<f32> {
-        if self.activations == Activations::F32 {
+        if self.activations == Activations::F32 || w.bias.is_some() {
+            // The CUDA engine has no biased-expert path to emulate yet.
             return swiglu(w, x);
         }
         let (h, i) = (w.hidden, w.intermediate);
@@ -92,7 +96,7 @@ impl ReferenceEngine {
         self.round(&mut g);
         self.round(&mut u);
         for (gv, uv) in g.iter_mut().zip(&u) {
-            *gv = silu(*gv) * uv;
+            *gv = activate(w.activation, *gv, *uv);
         }
         self.round(&mut g);
         let mut out = vec![0f32; n * h];
@@ -129,6 +133,7 @@ impl ReferenceEngine {
         let n = x.len() / h;
         let lw: &LayerWeights = &self.weights.layers[layer];
         let a = &lw.attn;
+        let kind = g.layers[layer].attention;
         let mut xn = x.to_vec();
         self.norm_rows(&mut xn, &lw.input_norm, eps);
         self.round(&mut xn);
@@ -136,7 +141,7 @@ impl ReferenceEngine {
         matmul(&a.q, qd, h, &xn, &mut q);
         matmul(&a.k, kvd, h, &xn, &mut k);
         matmul(&a.v, kvd, h, &xn, &mut v);
-        if let Some([qb, kb, vb, _]) = &a.bias {
+        if let Some([qb, kb, vb]) = &a.qkv_bias {
             add_bias_rows(&mut q, qb);
             add_bias_rows(&mut k, kb);
             add_bias_rows(&mut v, vb);
@@ -149,8 +154,10 @@ impl ReferenceEngine {
             super::fault::swap_kv_heads(&mut k, shape);
             super::fault::swap_kv_heads(&mut v, shape);
         }
-        self.norm_rows(&mut q, &a.q_norm, eps);
-        self.norm_rows(&mut k, &a.k_norm, eps);
+        if let Some([qn, kn]) = &a.qk_norm {
+            self.norm_rows(&mut q, qn, eps);
+            self.norm_rows(&mut k, kn, eps);
+        }
         for t in 0..n {
             self.rotate(&mut q[t * qd..(t + 1) * qd], start + t);
             self.rotate(&mut k[t * kvd..(t + 1) * kvd], start + t);
@@ -160,10 +167,13 @@ impl ReferenceEngine {
         self.kv.write(layer, start, &k, &v);
         let (keys, values) = self.kv.layer(layer, start + n);
         let mut attn = vec![0f32; n * qd];
+        let sinks = a.sinks.as_deref();
         if self.activations == Activations::Bf16 {
-            super::flash::causal_attention_tiled(&q, keys, values, start, shape, &mut attn);
+            super::flash::causal_attention_tiled(
+                &q, keys, values, start, shape, kind, sinks, &mut attn,
+            );
         } else {
-            causal_attention(&q, keys, values, start, shape, &mut attn);
+            attention(&q, keys, values, start, shape, kind, sinks, &mut attn);
         }
         if let Some(tr) = self.trace.as_mut() {
             tr.attn_peak[layer].extend(attention_peaks(&q, keys, start, shape));
@@ -171,7 +181,7 @@ impl ReferenceEngine {
         self.round(&mut attn);
         let mut o = vec![0f32; n * h];
         matmul(&a.o, h, qd, &attn, &mut o);
-        if let Some([_, _, _, ob]) = &a.bias {
+        if let Some(ob) = &a.o_bias {
             add_bias_rows(&mut o, ob);
         }
         for (xv, ov) in x.iter_mut().zip(&o) {
@@ -198,12 +208,20 @@ impl ReferenceEngine {
                     down,
                     hidden: h,
                     intermediate: g.intermediate,
+                    activation: crate::arch::Activation::Swiglu,
+                    bias: None,
                 },
                 &xn,
             ),
-            MlpWeights::Moe { router } => {
+            MlpWeights::Moe {
+                router,
+                router_bias,
+            } => {
                 let mut logits = vec![0f32; n * g.num_experts];
                 matmul(router, g.num_experts, h, &xn, &mut logits);
+                if let Some(b) = router_bias {
+                    add_bias_rows(&mut logits, b);
+                }
                 let y = self.moe(layer, &logits, &xn, n)?;
                 router_logits = Some(logits);
                 y
@@ -231,7 +249,7 @@ impl ReferenceEngine {
         // users[e] = [(token, weight)] of the tokens that chose expert e.
         let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
         for (t, l) in router_logits.chunks_exact(ne).enumerate() {
-            let chosen = route(l, g.top_k, g.norm_topk_prob);
+            let chosen = route_with(g.router.kind, l, g.top_k);
             #[cfg(any(test, feature = "fault-injection"))]
             let chosen = super::fault::combined(self.fault, chosen);
             for (e, w) in chosen {
@@ -269,6 +287,8 @@ impl ReferenceEngine {
                 down: &w.down,
                 hidden: h,
                 intermediate: g.expert_intermediate,
+                activation: g.experts.activation,
+                bias: w.bias.as_ref(),
             };
             Ok((e, self.swiglu(weights, &xs)))
         };

@@ -191,14 +191,14 @@ impl ReferenceEngine {
             let total = dense_tensor_bytes(config, ckpt);
             ByteProgress::start(s, task::LOAD_WEIGHTS, total)
         });
-        let weights = Weights::load(ckpt, &g, progress.as_ref())?;
+        let weights = Weights::load(ckpt, config, progress.as_ref())?;
         if let Some(p) = progress {
             p.finish();
         }
         let sampleable = crate::tokenizer::sampleable_vocab(dir, g.vocab_size)?;
         Ok(ReferenceEngine {
             sampleable,
-            rope: Rope::new(g.head_dim, g.rope_theta, context),
+            rope: Rope::with_spec(g.head_dim, g.rope, context),
             kv: KvCache::new(g.num_layers, context, g.kv_dim()),
             experts: ExpertCache::new(experts, &g),
             weights,

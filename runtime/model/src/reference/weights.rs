@@ -1,11 +1,11 @@
 //! The non-expert weights of a model, converted to f32 once at load time.
 
-use crate::arch::qwen3_moe::TensorNames;
-use crate::arch::{Geometry, MlpKind};
+use crate::arch::{Geometry, LayerTensor, MlpKind, ModelConfig, ModelTensor};
 use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
 use krasis_common::events::ByteProgress;
 use rayon::prelude::*;
+use std::collections::HashMap;
 
 /// Reads tensors as f32, counting the stored bytes read into `progress`.
 struct Reader<'a> {
@@ -30,11 +30,14 @@ pub(crate) struct AttnWeights {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
     pub o: Vec<f32>,
-    /// q, k, v and o biases, present when `attention_bias`.
-    pub bias: Option<[Vec<f32>; 4]>,
-    /// Per-head RMSNorm weights, `[head_dim]` each.
-    pub q_norm: Vec<f32>,
-    pub k_norm: Vec<f32>,
+    /// q, k and v biases (`AttentionSpec::qkv_bias`).
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
+    /// o_proj bias (`AttentionSpec::o_bias`).
+    pub o_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights, `[head_dim]` each (`AttentionSpec::qk_norm`).
+    pub qk_norm: Option<[Vec<f32>; 2]>,
+    /// `[num_heads]` sink logits (`AttentionSpec::sinks`).
+    pub sinks: Option<Vec<f32>>,
 }
 
 pub(crate) enum MlpWeights {
@@ -44,8 +47,12 @@ pub(crate) enum MlpWeights {
         up: Vec<f32>,
         down: Vec<f32>,
     },
-    /// Router `[num_experts, H]`; the experts come from an `ExpertWeights`.
-    Moe { router: Vec<f32> },
+    /// Router `[num_experts, H]` and its bias; the experts come from an
+    /// `ExpertWeights`.
+    Moe {
+        router: Vec<f32>,
+        router_bias: Option<Vec<f32>>,
+    },
 }
 
 pub(crate) struct LayerWeights {
@@ -65,31 +72,32 @@ pub(crate) struct Weights {
 }
 
 impl Weights {
-    /// Reads every dense tensor (shapes were validated by the caller, but
-    /// are checked again here because this is where they are relied on),
-    /// adding the stored bytes read to `progress`.
+    /// Reads every non-expert tensor the layer plan implies (shapes were
+    /// validated by the caller, but are checked again here because this is
+    /// where they are relied on), adding the stored bytes read to
+    /// `progress`.
     pub fn load(
         ckpt: &Checkpoint,
-        g: &Geometry,
+        config: &ModelConfig,
         progress: Option<&ByteProgress<'_>>,
     ) -> Result<Self, ModelError> {
         let ckpt = &Reader { ckpt, progress };
+        let g = config.geometry();
         let h = g.hidden;
-        let layers = g
-            .mlp_kinds
-            .par_iter()
-            .enumerate()
-            .map(|(i, kind)| load_layer(ckpt, g, i, *kind))
+        let layers = (0..g.num_layers)
+            .into_par_iter()
+            .map(|l| load_layer(ckpt, config, &g, l))
             .collect::<Result<Vec<_>, _>>()?;
         let lm_head = if g.tie_word_embeddings {
             None
         } else {
-            Some(ckpt.read_f32(TensorNames::LM_HEAD, &[g.vocab_size, h])?)
+            let name = config.tensor_name(ModelTensor::LmHead);
+            Some(ckpt.read_f32(&name, &[g.vocab_size, h])?)
         };
         Ok(Weights {
-            embed: ckpt.read_f32(TensorNames::EMBED, &[g.vocab_size, h])?,
+            embed: ckpt.read_f32(&config.tensor_name(ModelTensor::Embed), &[g.vocab_size, h])?,
             layers,
-            final_norm: ckpt.read_f32(TensorNames::FINAL_NORM, &[h])?,
+            final_norm: ckpt.read_f32(&config.tensor_name(ModelTensor::FinalNorm), &[h])?,
             lm_head,
         })
     }
@@ -101,44 +109,58 @@ impl Weights {
 
 fn load_layer(
     ckpt: &Reader<'_>,
+    config: &ModelConfig,
     g: &Geometry,
-    i: usize,
-    kind: MlpKind,
+    l: usize,
 ) -> Result<LayerWeights, ModelError> {
-    let t = TensorNames::layer(i);
-    let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
-    let bias = if g.attention_bias {
-        Some([
-            ckpt.read_f32(&t.q_bias(), &[q])?,
-            ckpt.read_f32(&t.k_bias(), &[kv])?,
-            ckpt.read_f32(&t.v_bias(), &[kv])?,
-            ckpt.read_f32(&t.o_bias(), &[h])?,
-        ])
-    } else {
-        None
+    let mut roles: HashMap<LayerTensor, Vec<f32>> = HashMap::new();
+    for (role, shape) in LayerTensor::present(g, l) {
+        let v = ckpt.read_f32(&config.layer_tensor_name(l, role), &shape)?;
+        roles.insert(role, v);
+    }
+    // `present` listed every role the plan implies, so a missing one here
+    // is a plan/loader disagreement, reported rather than panicking.
+    let mut take = |role: LayerTensor| {
+        roles.remove(&role).ok_or_else(|| {
+            ModelError::Other(format!(
+                "layer {l}: the layer plan has no {role:?} tensor but the reference engine needs it"
+            ))
+        })
     };
+    use LayerTensor::*;
+    let a = g.attention;
     let attn = AttnWeights {
-        q: ckpt.read_f32(&t.q_proj(), &[q, h])?,
-        k: ckpt.read_f32(&t.k_proj(), &[kv, h])?,
-        v: ckpt.read_f32(&t.v_proj(), &[kv, h])?,
-        o: ckpt.read_f32(&t.o_proj(), &[h, q])?,
-        bias,
-        q_norm: ckpt.read_f32(&t.q_norm(), &[hd])?,
-        k_norm: ckpt.read_f32(&t.k_norm(), &[hd])?,
+        q: take(QProj)?,
+        k: take(KProj)?,
+        v: take(VProj)?,
+        o: take(OProj)?,
+        qkv_bias: if a.qkv_bias {
+            Some([take(QBias)?, take(KBias)?, take(VBias)?])
+        } else {
+            None
+        },
+        o_bias: a.o_bias.then(|| take(OBias)).transpose()?,
+        qk_norm: if a.qk_norm {
+            Some([take(QNorm)?, take(KNorm)?])
+        } else {
+            None
+        },
+        sinks: a.sinks.then(|| take(Sinks)).transpose()?,
     };
-    let mlp = match kind {
+    let mlp = match g.mlp_kind(l) {
         MlpKind::Dense => MlpWeights::Dense {
-            gate: ckpt.read_f32(&t.dense_gate(), &[g.intermediate, h])?,
-            up: ckpt.read_f32(&t.dense_up(), &[g.intermediate, h])?,
-            down: ckpt.read_f32(&t.dense_down(), &[h, g.intermediate])?,
+            gate: take(DenseGate)?,
+            up: take(DenseUp)?,
+            down: take(DenseDown)?,
         },
         MlpKind::Moe => MlpWeights::Moe {
-            router: ckpt.read_f32(&t.router(), &[g.num_experts, h])?,
+            router: take(Router)?,
+            router_bias: g.router.bias.then(|| take(RouterBias)).transpose()?,
         },
     };
     Ok(LayerWeights {
-        input_norm: ckpt.read_f32(&t.input_norm(), &[h])?,
-        post_attention_norm: ckpt.read_f32(&t.post_attention_norm(), &[h])?,
+        input_norm: take(InputNorm)?,
+        post_attention_norm: take(PostAttentionNorm)?,
         attn,
         mlp,
     })

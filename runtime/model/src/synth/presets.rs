@@ -53,7 +53,7 @@ mod tests {
         assert_eq!(a.num_layers, 24);
         assert_eq!(a.num_experts, 128);
         let td = g("tiny-dense");
-        assert_eq!(td.mlp_kinds[0], crate::arch::MlpKind::Dense);
+        assert_eq!(td.mlp_kind(0), crate::arch::MlpKind::Dense);
         assert!(td.tie_word_embeddings);
         assert!(g("tiny").max_position_embeddings >= 4096);
     }

@@ -54,7 +54,7 @@ pub fn probe(spec: &SynthSpec, tokens: &[usize], with_logits: bool) -> Probe {
     let mut layer_rms = Vec::new();
     let mut expert_counts = Vec::new();
     let group = g.num_heads / g.num_kv_heads;
-    for (l, kind) in g.mlp_kinds.iter().enumerate() {
+    for (l, kind) in g.layers.iter().map(|s| &s.mlp).enumerate() {
         let n = TensorNames::layer(l);
         let (in_norm, post_norm) = (t(&n.input_norm()), t(&n.post_attention_norm()));
         let (wv, wo) = (t(&n.v_proj()), t(&n.o_proj()));
@@ -83,7 +83,9 @@ pub fn probe(spec: &SynthSpec, tokens: &[usize], with_logits: bool) -> Probe {
                 let mut order: Vec<usize> = (0..p.len()).collect();
                 order.sort_by(|a, b| p[*b].total_cmp(&p[*a]));
                 let top = &order[..g.top_k];
-                let norm: f32 = if g.norm_topk_prob {
+                let norm: f32 = if g.router.kind
+                    == (crate::arch::RouterKind::SoftmaxTopK { renormalize: true })
+                {
                     top.iter().map(|e| p[*e]).sum()
                 } else {
                     p.iter().sum()

@@ -338,7 +338,7 @@ impl SynthSpec {
     /// Is `layer` a MoE layer with an expert `expert`?
     pub fn has_expert(&self, layer: usize, expert: usize) -> bool {
         let g = self.geometry();
-        layer < g.num_layers && g.mlp_kinds[layer] == MlpKind::Moe && expert < g.num_experts
+        layer < g.num_layers && g.mlp_kind(layer) == MlpKind::Moe && expert < g.num_experts
     }
 }
 
@@ -360,5 +360,6 @@ pub fn expert_weights(spec: &SynthSpec, layer: usize, expert: usize) -> ExpertF3
         gate: gen_one(&gate, [i, h]),
         up: gen_one(&up, [i, h]),
         down: gen_one(&down, [h, i]),
+        bias: None,
     }
 }

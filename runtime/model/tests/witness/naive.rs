@@ -91,7 +91,7 @@ pub fn logits(dir: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
         for (pos, x) in xs.iter().enumerate() {
             let xn = rms(x, &m.t(&t.input_norm()), eps);
             let (mut q, mut k, mut v) = (linear(&wq, &xn), linear(&wk, &xn), linear(&wv, &xn));
-            if g.attention_bias {
+            if g.attention.qkv_bias {
                 for (y, b) in [
                     (&mut q, t.q_bias()),
                     (&mut k, t.k_bias()),
@@ -105,7 +105,7 @@ pub fn logits(dir: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
             let mut q: Vec<Vec<f32>> = q.chunks(d).map(|c| rms(c, &qn, eps)).collect();
             let mut k: Vec<Vec<f32>> = k.chunks(d).map(|c| rms(c, &kn, eps)).collect();
             for head in q.iter_mut().chain(k.iter_mut()) {
-                rope(head, pos, g.rope_theta);
+                rope(head, pos, g.rope.theta);
             }
             qs.push(q);
             ks.push(k);
@@ -133,7 +133,7 @@ pub fn logits(dir: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
                 }
             }
             let mut o = linear(&wo, &attn);
-            if g.attention_bias {
+            if g.attention.o_bias {
                 for (o, b) in o.iter_mut().zip(m.t(&t.o_bias())) {
                     *o += b;
                 }
@@ -142,7 +142,7 @@ pub fn logits(dir: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
                 *xv += o;
             }
             let xn = rms(x, &m.t(&t.post_attention_norm()), eps);
-            let y = match g.mlp_kinds[layer] {
+            let y = match g.mlp_kind(layer) {
                 MlpKind::Dense => mlp(
                     &m.t(&t.dense_gate()),
                     &m.t(&t.dense_up()),
@@ -157,7 +157,9 @@ pub fn logits(dir: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
                     let mut order: Vec<usize> = (0..p.len()).collect();
                     order.sort_by(|a, b| p[*b].partial_cmp(&p[*a]).unwrap());
                     let mut chosen: Vec<usize> = order[..g.top_k].to_vec();
-                    let norm: f32 = if g.norm_topk_prob {
+                    let norm: f32 = if g.router.kind
+                        == (krasis_model::arch::RouterKind::SoftmaxTopK { renormalize: true })
+                    {
                         chosen.iter().map(|&e| p[e]).sum()
                     } else {
                         1.0

@@ -238,6 +238,7 @@ impl ExpertWeights for WrongShape {
             gate: vec![0.0; 4],
             up: vec![0.0; 4],
             down: vec![0.0; 4],
+            bias: None,
         })
     }
 }
@@ -391,7 +392,7 @@ fn weight_load_progress_counts_every_byte_it_reads() {
     let sink = |_: ProgressEvent| {};
     let total = dense_tensor_bytes(&config, &ckpt);
     let p = ByteProgress::start(&sink, task::LOAD_WEIGHTS, total);
-    Weights::load(&ckpt, &config.geometry(), Some(&p)).unwrap();
+    Weights::load(&ckpt, &config, Some(&p)).unwrap();
     assert!(total > 0);
     assert_eq!(p.done(), total);
 }

@@ -1,0 +1,147 @@
+//! The layer plan: what each architecture's description says about its
+//! components, in the shared vocabulary both engines build from.
+//!
+//! An architecture module (`arch/<model_type>.rs`) parses its `config.json`
+//! into these values; the CPU reference (`reference/`) and the CUDA engine
+//! (`krasis_gpu`) read only them, never the model type. Model-wide choices
+//! (RoPE, the attention's extras, the router, the expert activation) are
+//! single values; what varies by layer (attention window, dense or MoE
+//! mixer) is in [`LayerSpec`]. This is the llama.cpp shape (hyperparameters
+//! plus per-layer arrays, wired over shared `build_attn`/`build_moe_ffn`)
+//! and vLLM's (the MoE layer takes its routing function as a part).
+//!
+//! A component an engine does not implement is refused when the engine is
+//! built (see `krasis_gpu::supports`), naming the component; nothing falls
+//! back to a different computation.
+
+/// Rotary position embedding of every layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeSpec {
+    pub theta: f64,
+    pub scaling: RopeScaling,
+}
+
+/// How the rotary frequencies are stretched for long contexts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// `theta^(-2i/d)` as written.
+    None,
+    /// YaRN (Peng et al. 2023) as transformers' `_compute_yarn_parameters`:
+    /// frequencies blended between interpolated (`/ factor`) and
+    /// extrapolated by a linear ramp over the dimensions whose wavelengths
+    /// fall between `beta_fast` and `beta_slow` rotations in
+    /// `original_max_position` tokens, and cos/sin scaled by
+    /// `0.1 ln(factor) + 1`. gpt-oss: factor 32 over 4,096 positions.
+    Yarn {
+        factor: f64,
+        original_max_position: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        /// Round the ramp's ends to whole dimensions (transformers'
+        /// default `true`; gpt-oss sets `false`).
+        truncate: bool,
+    },
+}
+
+/// Model-wide extras of the attention block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AttentionSpec {
+    /// Per-head RMSNorm of q and k before RoPE (qwen3_moe).
+    pub qk_norm: bool,
+    /// Biases on the q, k and v projections.
+    pub qkv_bias: bool,
+    /// A bias on the output projection.
+    pub o_bias: bool,
+    /// A learned logit per query head that joins every softmax and is then
+    /// dropped (gpt_oss "attention sinks": lets a head attend to nothing).
+    pub sinks: bool,
+}
+
+/// Which keys a layer's queries see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// Every earlier position (causal).
+    Full,
+    /// Only the last `window` positions including the query's own
+    /// (transformers: key `j` is visible from query `i` iff
+    /// `0 <= i - j < window`).
+    Sliding { window: usize },
+}
+
+impl AttentionKind {
+    /// First key position visible from a query at `pos`.
+    pub fn first_key(self, pos: usize) -> usize {
+        match self {
+            AttentionKind::Full => 0,
+            AttentionKind::Sliding { window } => (pos + 1).saturating_sub(window),
+        }
+    }
+}
+
+/// What the MLP of a layer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MlpKind {
+    /// Routed experts.
+    Moe,
+    /// A plain SwiGLU MLP of `Geometry::intermediate` width.
+    Dense,
+}
+
+/// One decoder layer's plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerSpec {
+    pub attention: AttentionKind,
+    pub mlp: MlpKind,
+}
+
+/// How a MoE router turns its logits into `(expert, weight)` pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterKind {
+    /// Softmax over all experts in f32, the top-k, and (when `renormalize`)
+    /// their weights divided by their sum (qwen3_moe `norm_topk_prob`).
+    SoftmaxTopK { renormalize: bool },
+    /// The top-k of the raw logits, then a softmax over those k
+    /// (gpt_oss, Mixtral).
+    TopKSoftmax,
+}
+
+/// The router of every MoE layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterSpec {
+    pub kind: RouterKind,
+    /// The router linear has a bias.
+    pub bias: bool,
+}
+
+/// The gated activation between an expert's gate/up and down projections.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Activation {
+    /// `silu(gate) * up`.
+    Swiglu,
+    /// gpt_oss: `gate = min(gate, limit)`, `up = clamp(up, -limit, limit)`,
+    /// `(up + 1) * gate * sigmoid(alpha * gate)`.
+    ClampedSwiglu { limit: f32, alpha: f32 },
+}
+
+/// The routed experts of every MoE layer (their sizes are in `Geometry`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpertSpec {
+    pub activation: Activation,
+    /// gate/up and down projections have biases.
+    pub bias: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sliding_window_first_key_matches_the_transformers_mask() {
+        let w = AttentionKind::Sliding { window: 4 };
+        // Query 5 sees keys 2..=5 (5 - j < 4).
+        assert_eq!(w.first_key(5), 2);
+        assert_eq!(w.first_key(3), 0);
+        assert_eq!(w.first_key(0), 0);
+        assert_eq!(AttentionKind::Full.first_key(100), 0);
+    }
+}

@@ -1,0 +1,88 @@
+//! Typed tensor roles. An architecture names each role in its checkpoint
+//! (`ModelConfig::tensor_name`, `ModelConfig::layer_tensor_name`); which
+//! roles a layer has, and their shapes, follow from the layer plan alone,
+//! so loaders and the checkpoint validation are shared by every family.
+
+use super::{Geometry, MlpKind};
+
+/// A tensor outside the decoder layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelTensor {
+    /// `[vocab, H]`.
+    Embed,
+    /// `[H]`.
+    FinalNorm,
+    /// `[vocab, H]`; absent when tied to the embedding.
+    LmHead,
+}
+
+/// A non-expert tensor of one decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerTensor {
+    InputNorm,
+    PostAttentionNorm,
+    QProj,
+    KProj,
+    VProj,
+    OProj,
+    QBias,
+    KBias,
+    VBias,
+    OBias,
+    QNorm,
+    KNorm,
+    /// `[num_heads]` attention-sink logits.
+    Sinks,
+    Router,
+    RouterBias,
+    DenseGate,
+    DenseUp,
+    DenseDown,
+}
+
+impl LayerTensor {
+    /// The roles layer `l` of `g` has, routed experts aside, with their
+    /// shapes (`[out, in]` for linear weights, as stored).
+    pub fn present(g: &Geometry, l: usize) -> Vec<(LayerTensor, Vec<usize>)> {
+        use LayerTensor::*;
+        let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
+        let a = &g.attention;
+        let mut v = vec![
+            (InputNorm, vec![h]),
+            (PostAttentionNorm, vec![h]),
+            (QProj, vec![q, h]),
+            (KProj, vec![kv, h]),
+            (VProj, vec![kv, h]),
+            (OProj, vec![h, q]),
+        ];
+        if a.qkv_bias {
+            v.extend([(QBias, vec![q]), (KBias, vec![kv]), (VBias, vec![kv])]);
+        }
+        if a.o_bias {
+            v.push((OBias, vec![h]));
+        }
+        if a.qk_norm {
+            v.extend([(QNorm, vec![hd]), (KNorm, vec![hd])]);
+        }
+        if a.sinks {
+            v.push((Sinks, vec![g.num_heads]));
+        }
+        match g.mlp_kind(l) {
+            MlpKind::Moe => {
+                v.push((Router, vec![g.num_experts, h]));
+                if g.router.bias {
+                    v.push((RouterBias, vec![g.num_experts]));
+                }
+            }
+            MlpKind::Dense => {
+                let i = g.intermediate;
+                v.extend([
+                    (DenseGate, vec![i, h]),
+                    (DenseUp, vec![i, h]),
+                    (DenseDown, vec![h, i]),
+                ]);
+            }
+        }
+        v
+    }
+}
