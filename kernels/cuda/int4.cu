@@ -1,9 +1,11 @@
-// INT4 expert kernels (cache format v1, see runtime/cache/src/layout.rs).
+// INT4 expert kernels (cache format v2 precision "int4", group g in
+// {32, 64, 128}; g = 128 is format v1; see runtime/cache/src/layout.rs).
 //
 // Weights: w13_q [2I, H] and w2_q [H, I] nibble-packed row-major (element k
-// of a row in byte k/2, low nibble for even k), f16 scales [rows, K/128],
-// value (q - 8) * s. One 16-byte load = 32 consecutive K elements of a row,
-// all inside one 128-group, so each load needs exactly one scale.
+// of a row in byte k/2, low nibble for even k), f16 scales [rows, K/g],
+// value (q - 8) * s, H and I multiples of g. One 16-byte load = 32
+// consecutive K elements of a row, all inside one group (32 | g), so each
+// load needs exactly one scale.
 // Experts are found through a device pointer table: base = table[ids[p]].
 // An id past the table, a null or a misaligned base turns that pair's
 // output into NaN instead of reading arbitrary memory.
@@ -47,8 +49,31 @@
 // launches w2 as a programmatic dependent (PDL) of w13: w13 calls
 // griddepcontrol.launch_dependents at its start, w2 issues its weight loads,
 // then griddepcontrol.wait before it touches act or res.
+// Groups below 128 and widths past 4096 / 2048 (the GEN entry points).
+// The tile stays 16 rows x 128 K (4 lanes x 32 K), so with g < 128 one mma
+// sums over ns = 128/g scale groups (lane tq's chunk is group tq*ns/4 of
+// the tile) and a scale can no longer be applied to C afterwards. The 8 B
+// columns, which the g = 128 path fills with copies of x, now separate the
+// groups: lane (g', tq) zeroes its B registers unless its chunk's group is
+// (g' >> 1) % ns, so C column c holds group (c >> 1) % ns only (w2 keeps
+// hi in even, lo in odd columns). Lane tq < ns then owns group tq: its C
+// columns 2tq, 2tq+1 are that group, it scales them with that group's
+// scale (the other lanes with 0), and the 4 lanes of a quad are summed
+// ((0+1)+(2+3)) after the K loop. Same loads, same mma count, a few selects
+// and shuffles more. K need not be a multiple of 128 (gpt-oss: 2880 = 22.5
+// tiles): the chunks past K load nothing and zero their B, their scales are
+// 0. Widths: H up to 8192 (64 tiles) in blocks of up to 16 warps, keeping
+// NCL <= 4 tiles per warp, i.e. the registers of the 8-warp NCL 3/4 entry
+// points (128 at most, no spills); x in shared memory sized for 8192
+// (20 KB). I up to 4096 in w2 with 8 tiles per work item (<= 64 items for
+// top_k 16); its act staging, top_k * ceil(I/128) * 576 bytes, must fit the
+// 227 KB a block may use on sm_90, so top_k 16 stops at I 3072 (the host
+// refuses more). The g = 128 fast-path entry points are the same template
+// with GEN = false, which compiles to the code they had before (checked:
+// identical SASS), so the a3b decode is unaffected.
 // int4_dequant_bf16: one thread per 16-byte chunk -> 32 bf16 (exact value
-// (q-8)*s in f32, rounded once), for the prefill cuBLAS path.
+// (q-8)*s in f32, rounded once), for the prefill cuBLAS path; its scale is
+// group (chunk >> gl), gl = log2(g / 32).
 // Nibbles become floats with the 2^23 magic-number trick (exact).
 
 #define MAGIC_F 8388608.0f  // 2^23
@@ -104,17 +129,34 @@ __device__ __forceinline__ uint4 perm8(uint4 u) {
                       __byte_perm(u.y, u.w, 0x7632));
 }
 
+// GEN paths: zero this lane's B registers unless `keep` (its chunk lies in
+// the scale group its B column carries, and inside K).
+__device__ __forceinline__ void mask_b(uint4* xv, bool keep) {
+    if (!keep) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xv[i] = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// Sum over the 4 lanes tq of a quad, in a fixed order ((0+1)+(2+3)).
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+    return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+}
+
 // Shared x layout: 32-element chunk c32 (group G = c32/4, lane tq = c32%4)
 // at u32 offset c32*20 (16 used + 4 pad: the 4 tq of a warp hit distinct banks).
 #define XS_STRIDE 20
-#define W13_MAX_WARPS 8
 
-template <int NCL>
+// GEN = false: the g = 128 fast path (H a multiple of 128, one scale per
+// tile; the code the a3b decode was measured with). GEN = true: any group
+// gl = log2(g / 32) and a partial last tile, as described in the header.
+template <int NCL, int MAXH, int MAXW, bool GEN>
 __device__ __forceinline__ void w13_swiglu(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                            const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq,
-                                           u64 os, u32 slot_mask, float* __restrict__ act) {
-    __shared__ __align__(16) u32 xs[4096 / 32 * XS_STRIDE];
-    __shared__ float part[W13_MAX_WARPS][32];
+                                           u64 os, u32 slot_mask, u32 gl, float* __restrict__ act) {
+    __shared__ __align__(16) u32 xs[MAXH / 32 * XS_STRIDE];
+    __shared__ float part[MAXW][32];
     // x chunks per thread: H/8 chunks over 32*ceil(H/128/NCL) threads.
     constexpr int XPRE = (NCL + 1) / 2;
 #if __CUDA_ARCH__ >= 900
@@ -128,7 +170,9 @@ __device__ __forceinline__ void w13_swiglu(const bf16_t* __restrict__ x, const u
     if (j >= 32 || ((slot_mask >> j) & 1u) == 0) return;  // block-uniform
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 g = lane >> 2, tq = lane & 3;
-    const u32 nw = blockDim.x >> 5, ng = H / 128;
+    const u32 nw = blockDim.x >> 5, ng = GEN ? (H + 127) / 128 : H / 128;
+    // GEN: ns scale groups per tile, nsg per row, H / 32 valid 32-chunks.
+    const u32 ns = GEN ? 4u >> gl : 1u, nsg = GEN ? H >> (5 + gl) : ng, nch = H / 32;
     const u32 i0 = blockIdx.x * 16;
     const unsigned char* base = expert_base(table, n_table, ids[p]);
     if (base == nullptr) {
@@ -158,12 +202,16 @@ __device__ __forceinline__ void w13_swiglu(const bf16_t* __restrict__ x, const u
             for (int h = 0; h < 2; ++h) {
                 const u32 G = warp * NCL + gg;
                 const u64 row = (u64)tile * I + i0 + g + 8 * h;
-                if (G < ng) {
+                if (G < ng && (!GEN || G * 4 + tq < nch)) {
                     q[tile][gg][h] = ld_stream16(wq + row * rb + G * 64 + tq * 16);
-                    sh[tile][gg][h] = wsc[row * ng + G];
+                    if (!GEN) sh[tile][gg][h] = wsc[row * ng + G];
                 } else {
                     q[tile][gg][h] = make_uint4(0, 0, 0, 0);
-                    sh[tile][gg][h] = 0;
+                    if (!GEN) sh[tile][gg][h] = 0;
+                }
+                if (GEN) {  // the scale of the group this lane's C columns hold
+                    const u32 sg = G * ns + tq;
+                    sh[tile][gg][h] = (G < ng && tq < ns && sg < nsg) ? wsc[row * nsg + sg] : (f16_t)0;
                 }
             }
     // Stage x permuted into shared memory (H/8 <= XPRE * blockDim chunks).
@@ -179,7 +227,8 @@ __device__ __forceinline__ void w13_swiglu(const bf16_t* __restrict__ x, const u
         const u32 G = warp * NCL + gg;
         if (G < ng) {  // warp-uniform
             const uint4* xp = (const uint4*)&xs[(G * 4 + tq) * XS_STRIDE];
-            const uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+            uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+            if (GEN) mask_b(xv, G * 4 + tq < nch && ((tq * ns) >> 2) == ((g >> 1) & (ns - 1)));
 #pragma unroll
             for (int tile = 0; tile < 2; ++tile) {
                 float c[4];
@@ -188,6 +237,12 @@ __device__ __forceinline__ void w13_swiglu(const bf16_t* __restrict__ x, const u
                 acc[tile][1] += h2f(sh[tile][gg][1]) * c[2];
             }
         }
+    }
+    if (GEN) {  // lanes tq < ns hold one group each, the others 0
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) acc[tile][h] = quad_sum(acc[tile][h]);
     }
     if (tq == 0) {
         part[warp][g] = acc[0][0];
@@ -206,30 +261,44 @@ __device__ __forceinline__ void w13_swiglu(const bf16_t* __restrict__ x, const u
     }
 }
 
-// One entry point per groups-per-warp count (NCL = ceil(H / 1024), H <= 4096).
-extern "C" __global__ void __launch_bounds__(256, 3)
-    int4_w13_swiglu_1(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
-                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask,
-                      float* __restrict__ act) {
-    w13_swiglu<1>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask, act);
+// The g = 128 fast path, one entry point per tiles-per-warp count
+// (NCL = ceil(H / 1024), H <= 4096, <= 8 warps).
+#define W13_ARGS                                                                                                 \
+    const bf16_t *__restrict__ x, const u64 *__restrict__ table, u32 n_table, const u32 *__restrict__ ids,       \
+        u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask
+#define W13_PASS x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask
+extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_1(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<1, 4096, 8, false>(W13_PASS, 0, act);
 }
-extern "C" __global__ void __launch_bounds__(256, 3)
-    int4_w13_swiglu_2(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
-                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask,
-                      float* __restrict__ act) {
-    w13_swiglu<2>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask, act);
+extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_2(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<2, 4096, 8, false>(W13_PASS, 0, act);
 }
-extern "C" __global__ void __launch_bounds__(256, 2)
-    int4_w13_swiglu_3(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
-                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask,
-                      float* __restrict__ act) {
-    w13_swiglu<3>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask, act);
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_3(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<3, 4096, 8, false>(W13_PASS, 0, act);
 }
-extern "C" __global__ void __launch_bounds__(256, 2)
-    int4_w13_swiglu_4(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
-                      const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask,
-                      float* __restrict__ act) {
-    w13_swiglu<4>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask, act);
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_4(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<4, 4096, 8, false>(W13_PASS, 0, act);
+}
+// Any group (gl = log2(g / 32)), H <= 4096 in <= 8 warps: NCL = ceil(tiles / 8).
+extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_g1(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<1, 4096, 8, true>(W13_PASS, gl, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_g2(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<2, 4096, 8, true>(W13_PASS, gl, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_g3(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<3, 4096, 8, true>(W13_PASS, gl, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_g4(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<4, 4096, 8, true>(W13_PASS, gl, act);
+}
+// Any group, 4096 < H <= 8192 in <= 16 warps: NCL = ceil(tiles / 16) in {3, 4},
+// the same registers per thread as the 8-warp NCL 3/4 entry points.
+extern "C" __global__ void __launch_bounds__(512, 1) int4_w13_swiglu_w16_3(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<3, 8192, 16, true>(W13_PASS, gl, act);
+}
+extern "C" __global__ void __launch_bounds__(512, 1) int4_w13_swiglu_w16_4(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<4, 8192, 16, true>(W13_PASS, gl, act);
 }
 
 // Shared act layout (dynamic): for (j, group G, lane tq) a block of
@@ -238,17 +307,18 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 #define AS_STRIDE 36
 #define W2_MAX_ITEMS 64
 
-template <int GPW>
+template <int GPW, bool GEN>
 __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const u64* __restrict__ table, u32 n_table,
                                            const u32* __restrict__ ids, const float* __restrict__ w, u32 n_tokens,
-                                           u32 k, u32 H, u32 I, u64 oq, u64 os, float* __restrict__ res) {
+                                           u32 k, u32 H, u32 I, u64 oq, u64 os, u32 gl, float* __restrict__ res) {
     extern __shared__ __align__(16) u32 as_[];
     __shared__ float part[W2_MAX_ITEMS][16];
     const u32 t = blockIdx.y;
     if (t >= n_tokens) return;
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 g = lane >> 2, tq = lane & 3;
-    const u32 nw = blockDim.x >> 5, ng = I / 128;
+    const u32 nw = blockDim.x >> 5, ng = GEN ? (I + 127) / 128 : I / 128;
+    const u32 ns = GEN ? 4u >> gl : 1u, nsg = GEN ? I >> (5 + gl) : ng, nch = I / 32;
     const u32 nkp = (ng + GPW - 1) / GPW, items = k * nkp;
     const u32 n0 = blockIdx.x * 16;
     const u64 rb = I / 2;
@@ -269,12 +339,16 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
             for (int h = 0; h < 2; ++h) {
                 const u32 G = kp * GPW + gg;
                 const u64 row = n0 + g + 8 * h;
-                if (valid && G < ng) {
+                if (valid && G < ng && (!GEN || G * 4 + tq < nch)) {
                     q[gg][h] = ld_stream16(wq + row * rb + G * 64 + tq * 16);
-                    sh[gg][h] = wsc[row * ng + G];
+                    if (!GEN) sh[gg][h] = wsc[row * ng + G];
                 } else {
                     q[gg][h] = make_uint4(0, 0, 0, 0);
-                    sh[gg][h] = 0;
+                    if (!GEN) sh[gg][h] = 0;
+                }
+                if (GEN) {
+                    const u32 sg = G * ns + tq;
+                    sh[gg][h] = (valid && G < ng && tq < ns && sg < nsg) ? wsc[row * nsg + sg] : (f16_t)0;
                 }
             }
     };
@@ -312,12 +386,17 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
             const u32 G = kp * GPW + gg;
             if (G < ng) {
                 const uint4* xp = (const uint4*)(as_ + ((j * ng + G) * 4 + tq) * AS_STRIDE + (g & 1) * 16);
-                const uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+                uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+                if (GEN) mask_b(xv, G * 4 + tq < nch && ((tq * ns) >> 2) == ((g >> 1) & (ns - 1)));
                 float c[4];
                 tile16(q[gg][0], q[gg][1], xv, c);
                 acc0 += h2f(sh[gg][0]) * (c[0] + c[1]);
                 acc1 += h2f(sh[gg][1]) * (c[2] + c[3]);
             }
+        }
+        if (GEN) {
+            acc0 = quad_sum(acc0);
+            acc1 = quad_sum(acc1);
         }
         if (!valid) acc0 = acc1 = NAN_F;
         if (tq == 0) {
@@ -340,24 +419,33 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
     }
 }
 
-// One entry point per chunk count (NCLI = ceil(I / 1024), I <= 2048); each
-// work item covers 2*NCLI scale groups, so a block has <= 64 items.
-extern "C" __global__ void __launch_bounds__(768)
-    int4_w2_combine_1(const float* __restrict__ act, const u64* __restrict__ table, u32 n_table,
-                      const u32* __restrict__ ids, const float* __restrict__ w, u32 n_tokens, u32 k, u32 H, u32 I,
-                      u64 oq, u64 os, float* __restrict__ res) {
-    w2_combine<2>(act, table, n_table, ids, w, n_tokens, k, H, I, oq, os, res);
+// The g = 128 fast path, one entry point per chunk count (NCLI =
+// ceil(I / 1024), I <= 2048); each work item covers 2*NCLI scale groups, so
+// a block has <= 64 items.
+#define W2_ARGS                                                                                                  \
+    const float *__restrict__ act, const u64 *__restrict__ table, u32 n_table, const u32 *__restrict__ ids,      \
+        const float *__restrict__ w, u32 n_tokens, u32 k, u32 H, u32 I, u64 oq, u64 os
+#define W2_PASS act, table, n_table, ids, w, n_tokens, k, H, I, oq, os
+extern "C" __global__ void __launch_bounds__(768) int4_w2_combine_1(W2_ARGS, float* __restrict__ res) {
+    w2_combine<2, false>(W2_PASS, 0, res);
 }
-extern "C" __global__ void __launch_bounds__(512)
-    int4_w2_combine_2(const float* __restrict__ act, const u64* __restrict__ table, u32 n_table,
-                      const u32* __restrict__ ids, const float* __restrict__ w, u32 n_tokens, u32 k, u32 H, u32 I,
-                      u64 oq, u64 os, float* __restrict__ res) {
-    w2_combine<4>(act, table, n_table, ids, w, n_tokens, k, H, I, oq, os, res);
+extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_2(W2_ARGS, float* __restrict__ res) {
+    w2_combine<4, false>(W2_PASS, 0, res);
 }
-
+// Any group (gl = log2(g / 32)) and a partial last tile: tiles = ceil(I / 128)
+// <= 8, 16, 32 with 2, 4, 8 tiles per item (still <= 64 items for top_k 16).
+extern "C" __global__ void __launch_bounds__(768) int4_w2_combine_g1(W2_ARGS, u32 gl, float* __restrict__ res) {
+    w2_combine<2, true>(W2_PASS, gl, res);
+}
+extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_g2(W2_ARGS, u32 gl, float* __restrict__ res) {
+    w2_combine<4, true>(W2_PASS, gl, res);
+}
+extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_g3(W2_ARGS, u32 gl, float* __restrict__ res) {
+    w2_combine<8, true>(W2_PASS, gl, res);
+}
 
 extern "C" __global__ void int4_dequant_bf16(const u64* __restrict__ table, u32 n_table, const u32* __restrict__ ids,
-                                             u32 n, u32 H, u32 I, u64 o13q, u64 o13s, u64 o2q, u64 o2s,
+                                             u32 n, u32 H, u32 I, u32 gl, u64 o13q, u64 o13s, u64 o2q, u64 o2s,
                                              bf16_t* __restrict__ w13_out, bf16_t* __restrict__ w2_out) {
     const u32 x = blockIdx.y;
     if (x >= n) return;
@@ -392,7 +480,7 @@ extern "C" __global__ void int4_dequant_bf16(const u64* __restrict__ table, u32 
         return;
     }
     const uint4 qv = ld_stream16(q + row * (K / 2) + c * 16);
-    const float s = h2f(sc[row * (K / 128) + c / 4]);
+    const float s = h2f(sc[row * (K >> (5 + gl)) + (c >> gl)]);
     const u32 w[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

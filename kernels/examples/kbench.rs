@@ -160,22 +160,27 @@ fn main() -> anyhow::Result<()> {
     }
 
     // ---- INT4 decode GEMVs: a3b (H 2048, I 768, top-8 of 128) and qcn
-    // (H 2048, I 512, top-10 of 512; 128 experts allocated, ids cycle).
+    // (H 2048, I 512, top-10 of 512; 128 experts allocated, ids cycle) on
+    // the g = 128 fast path; dsv3 (DeepSeek-like H 7168, I 2048, top-8,
+    // 32 experts allocated: 0.7 GB) and oss (gpt-oss-120b-like H 2880,
+    // I 2880, group 32, top-4, 32 experts) on the general entry points.
     let baseline = args
         .baseline
         .as_deref()
         .map(|p| load_baseline(&ctx, p))
         .transpose()?;
-    for (label, h, i, e, topk) in [
-        ("a3b", 2048usize, 768usize, 128usize, 8usize),
-        ("qcn", 2048, 512, 128, 10),
+    for (label, h, i, g, e, topk) in [
+        ("a3b", 2048usize, 768usize, 128usize, 128usize, 8usize),
+        ("qcn", 2048, 512, 128, 128, 10),
+        ("dsv3", 7168, 2048, 128, 32, 8),
+        ("oss g32", 2880, 2880, 32, 32, 4),
     ] {
         let buf = bench_int4(
             &k,
             &s,
             &mut rng,
             label,
-            (h, i, e, topk),
+            (h, i, g, e, topk),
             &baseline,
             &mut rows,
         )?;
@@ -479,27 +484,27 @@ fn load_baseline(ctx: &Arc<cudarc::driver::CudaContext>, path: &str) -> anyhow::
 
 type Experts = (CudaSlice<u8>, CudaSlice<u64>, Int4Layout);
 
-/// Times both INT4 decode GEMVs for one token on `shape` = (H, I, experts,
-/// top_k), random weights with sane scales, expert sets cycling over 64
+/// Times both INT4 decode GEMVs for one token on `shape` = (H, I, group,
+/// experts, top_k), random weights with sane scales, expert sets cycling over 64
 /// random draws (so successive launches read different experts).
 fn bench_int4(
     k: &Kernels,
     s: &Arc<CudaStream>,
     rng: &mut StdRng,
     label: &str,
-    shape: (usize, usize, usize, usize),
+    shape: (usize, usize, usize, usize, usize),
     baseline: &Option<Baseline>,
     rows: &mut Vec<String>,
 ) -> anyhow::Result<Experts> {
-    let (h, i, e, topk) = shape;
-    let layout = Int4Layout::new(h, i).unwrap();
+    let (h, i, g, e, topk) = shape;
+    let layout = Int4Layout::new(h, i, g).context("INT4 layout")?;
     let stride = layout.used_bytes().div_ceil(4096) * 4096;
     let mut host = vec![0u8; e * stride];
     rng.fill(&mut host[..]);
     // Sane scales (f16 0.01) so outputs stay finite.
     for x in 0..e {
         let b = &mut host[x * stride..];
-        for (off, n) in [(layout.w13_s, 2 * i * h / 128), (layout.w2_s, h * i / 128)] {
+        for (off, n) in [(layout.w13_s, 2 * i * h / g), (layout.w2_s, h * i / g)] {
             for j in 0..n {
                 b[off + 2 * j..off + 2 * j + 2]
                     .copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
@@ -525,8 +530,8 @@ fn bench_int4(
     let x = s.clone_htod(&rand_bf16(rng, h))?;
     let mut act = s.alloc_zeros::<f32>(topk * i)?;
     let mut res = s.alloc_zeros::<f32>(h)?;
-    let w13_bytes = (layout.w13_s - layout.w13_q) + 2 * i * (h / 128) * 2;
-    let w2_bytes = h * i / 2 + h * (i / 128) * 2;
+    let w13_bytes = (layout.w13_s - layout.w13_q) + 2 * i * (h / g) * 2;
+    let w2_bytes = h * i / 2 + h * (i / g) * 2;
     let gbs = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
     let sl = |it: usize| ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
     let t13 = time_ms(s, 200, |it| {
@@ -547,7 +552,7 @@ fn bench_int4(
     })?;
     let (b13, b2) = (topk * w13_bytes, topk * w2_bytes);
     rows.push(format!(
-        "{label} H{h} I{i} top{topk}: graph-timed w13 {:.2} us {:.0} GB/s, w2 {:.2} us {:.0} GB/s, layer (w13+w2 in one graph) {:.2} us {:.0} GB/s",
+        "{label} H{h} I{i} g{g} top{topk}: graph-timed w13 {:.2} us {:.0} GB/s, w2 {:.2} us {:.0} GB/s, layer (w13+w2 in one graph) {:.2} us {:.0} GB/s",
         g13 * 1e3,
         gbs(b13, g13),
         g2 * 1e3,
@@ -564,7 +569,11 @@ fn bench_int4(
         (t13 + t2) * 1e3,
         gbs(b13 + b2, t13 + t2)
     ));
-    if let Some(b) = baseline {
+    // The baseline entry points exist for the fast path's shapes only.
+    if let Some(b) = baseline
+        .as_ref()
+        .filter(|_| g == 128 && h <= 2048 && i <= 2048)
+    {
         let n_table = e as u32;
         let (kk, hh, ii, one) = (topk as u32, h as u32, i as u32, 1u32);
         let (o13q, o13s) = (layout.w13_q as u64, layout.w13_s as u64);

@@ -73,13 +73,136 @@ fn source_hash_changes_with_source() {
 #[test]
 fn int4_layout_matches_cache_format_v1() {
     // Numbers from runtime/cache/src/layout.rs for the a3b expert.
-    let l = Int4Layout::new(2048, 768).unwrap();
+    let l = Int4Layout::new(2048, 768, 128).unwrap();
     assert_eq!(l.w13_q, 0);
     assert_eq!(l.w13_s, 2 * 768 * 2048 / 2);
     assert_eq!(l.w2_q, l.w13_s + 2 * 768 * 16 * 2);
     assert_eq!(l.w2_s, l.w2_q + 2048 * 768 / 2);
     assert_eq!(l.used_bytes(), l.w2_s + 2048 * 6 * 2);
-    assert!(Int4Layout::new(2048, 100).is_none());
+    assert!(Int4Layout::new(2048, 100, 128).is_none());
+}
+
+#[test]
+fn int4_layout_v2_groups() {
+    // layout_spec.md: w13_q [2I, H/2], w13_s [2I, H/g] f16, w2_q [H, I/2],
+    // w2_s [H, I/g] f16, each array 256-byte aligned, in that order.
+    let align = |x: usize| x.div_ceil(256) * 256;
+    for (h, i, g) in [
+        (2880usize, 2880usize, 32usize),
+        (2880, 2880, 64),
+        (7168, 2048, 128),
+        (2048, 1408, 64),
+        (5120, 1536, 32),
+        (2880, 96, 32),
+    ] {
+        let l = Int4Layout::new(h, i, g).unwrap();
+        assert_eq!(l.group, g);
+        assert_eq!(l.w13_q, 0);
+        assert_eq!(l.w13_s, align(2 * i * h / 2));
+        assert_eq!(l.w2_q, align(l.w13_s + 2 * i * (h / g) * 2), "{h}x{i} g{g}");
+        assert_eq!(l.w2_s, align(l.w2_q + h * i / 2));
+        assert_eq!(l.used_bytes(), l.w2_s + h * (i / g) * 2);
+    }
+    // 2880 = 22.5 x 128: fine for 32 and 64, not for 128.
+    assert!(Int4Layout::new(2880, 2880, 128).is_none());
+    assert!(Int4Layout::new(2048, 48, 32).is_none());
+    for g in [0, 16, 96, 256] {
+        assert!(Int4Layout::new(2048, 768, g).is_none(), "group {g}");
+    }
+    // g = 128 is byte-identical to the v1 offsets for every family's shape.
+    for (h, i) in [
+        (2048usize, 768usize),
+        (4096, 1536),
+        (7168, 2048),
+        (5120, 1408),
+    ] {
+        let a = Int4Layout::new(h, i, 128).unwrap();
+        let b = Int4Layout::new(h, i, 64).unwrap();
+        assert_eq!((a.w13_q, a.w13_s), (b.w13_q, b.w13_s));
+        assert!(b.w2_q > a.w2_q && b.used_bytes() > a.used_bytes());
+    }
+}
+
+#[test]
+fn int4_reference_groups() {
+    // Each group of `g` elements gets its own scale: a row whose halves
+    // (and quarters) differ by 100x keeps the small values for g < 128.
+    for (k, g) in [
+        (2880usize, 32usize),
+        (2880, 64),
+        (1408, 64),
+        (7168, 128),
+        (256, 32),
+    ] {
+        let rows = 3;
+        let w: Vec<f32> = (0..rows * k)
+            .map(|i| {
+                let mag = if (i % k) / g % 2 == 0 { 1.0 } else { 0.01 };
+                mag * (((i * 37 % 101) as f32 - 50.0) / 50.0)
+            })
+            .collect();
+        let (q, s) = cpu::quantize_rows(&w, rows, k, g);
+        assert_eq!(q.len(), rows * k / 2);
+        assert_eq!(s.len(), rows * k / g, "k {k} g {g}");
+        for (j, sc) in s.iter().enumerate() {
+            let (r, grp) = (j / (k / g), j % (k / g));
+            let amax = w[r * k + grp * g..][..g]
+                .iter()
+                .fold(0f32, |a, v| a.max(v.abs()));
+            assert_eq!(*sc, f16::from_f32(amax / 7.0), "scale {j} of k {k} g {g}");
+        }
+        let d = cpu::dequant_rows(&q, &s, rows, k, g);
+        for (i, (a, b)) in w.iter().zip(&d).enumerate() {
+            let sc = s[(i / k) * (k / g) + (i % k) / g].to_f32();
+            assert!(
+                (a - b).abs() <= 0.5 * sc + 1e-7,
+                "k {k} g {g} element {i}: {a} vs {b} (scale {sc})"
+            );
+        }
+    }
+}
+
+#[test]
+fn int4_reference_expert_roundtrip_odd_shapes() {
+    // write_expert places each array at the layout's offsets with the
+    // layout's group; reading the block back by hand gives the same values.
+    for (h, i, g) in [
+        (2880usize, 64usize, 32usize),
+        (2880, 128, 64),
+        (256, 1408, 64),
+        (7168, 128, 128),
+    ] {
+        let l = Int4Layout::new(h, i, g).unwrap();
+        let w13: Vec<f32> = (0..2 * i * h)
+            .map(|x| ((x * 7919 % 211) as f32 - 105.0) / 300.0)
+            .collect();
+        let w2: Vec<f32> = (0..h * i)
+            .map(|x| ((x * 104729 % 173) as f32 - 86.0) / 200.0)
+            .collect();
+        let mut block = vec![0u8; l.used_bytes()];
+        let (d13, d2) = cpu::write_expert(&mut block, &l, &w13, &w2);
+        let scales = |off: usize, n: usize| -> Vec<f16> {
+            block[off..off + 2 * n]
+                .chunks(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                .collect()
+        };
+        let s13 = scales(l.w13_s, 2 * i * h / g);
+        let s2 = scales(l.w2_s, h * i / g);
+        let r13 = cpu::dequant_rows(&block[l.w13_q..][..i * h], &s13, 2 * i, h, g);
+        let r2 = cpu::dequant_rows(&block[l.w2_q..][..h * i / 2], &s2, h, i, g);
+        assert!(r13 == d13 && r2 == d2, "{h}x{i} g{g}");
+        // Quantization error is bounded by half a step of the group's scale.
+        for (x, (a, b)) in w2.iter().zip(&d2).enumerate() {
+            let sc = s2[(x / i) * (i / g) + (x % i) / g].to_f32();
+            assert!((a - b).abs() <= 0.5 * sc + 1e-7, "{h}x{i} g{g} w2[{x}]");
+        }
+        // And the f64 expert FFN runs on the odd shape.
+        let x: Vec<f32> = (0..h).map(|v| ((v % 13) as f32 - 6.0) / 6.0).collect();
+        let (act, y) = cpu::expert_forward(&d13, &d2, h, i, &x);
+        assert_eq!((act.len(), y.len()), (i, h));
+        assert!(y.iter().all(|v| v.is_finite()));
+    }
 }
 
 #[test]
@@ -88,10 +211,10 @@ fn int4_reference_roundtrip() {
     let w: Vec<f32> = (0..rows * k)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
         .collect();
-    let (q, s) = cpu::quantize_rows(&w, rows, k);
+    let (q, s) = cpu::quantize_rows(&w, rows, k, 128);
     assert_eq!(q.len(), rows * k / 2);
     assert_eq!(s.len(), rows * 2);
-    let d = cpu::dequant_rows(&q, &s, rows, k);
+    let d = cpu::dequant_rows(&q, &s, rows, k, 128);
     for (i, (a, b)) in w.iter().zip(&d).enumerate() {
         let sc = s[(i / k) * 2 + (i % k) / 128].to_f32();
         assert!(
@@ -103,11 +226,11 @@ fn int4_reference_roundtrip() {
     let mut one = vec![0f32; 128];
     one[0] = 7.0;
     one[1] = -7.0;
-    let (q, s) = cpu::quantize_rows(&one, 1, 128);
+    let (q, s) = cpu::quantize_rows(&one, 1, 128, 128);
     assert_eq!(s[0], f16::from_f32(1.0));
     assert_eq!(q[0], 15 | (1 << 4));
     // All-zero group: scale 0, every q = 8.
-    let (q, s) = cpu::quantize_rows(&[0f32; 128], 1, 128);
+    let (q, s) = cpu::quantize_rows(&[0f32; 128], 1, 128, 128);
     assert_eq!(s[0].to_f32(), 0.0);
     assert!(q.iter().all(|&b| b == 0x88));
 }

@@ -2,10 +2,11 @@
 //! batched decode GEMVs through a device-side expert pointer table, and
 //! dequantization to bf16 for prefill GEMMs.
 //!
-//! Expert format (see `runtime/cache/src/layout.rs`, format version 1):
-//! `w13_q` `[2I, H]` and `w2_q` `[H, I]` nibble-packed row-major (element
-//! `k` of a row in byte `k/2`, low nibble for even `k`), f16 scales
-//! `w13_s` `[2I, H/128]` and `w2_s` `[H, I/128]`, value `(q - 8) * s`.
+//! Expert format (cache format v2, precision "int4", group `g` in
+//! {32, 64, 128}; `g = 128` is format v1): `w13_q` `[2I, H]` and `w2_q`
+//! `[H, I]` nibble-packed row-major (element `k` of a row in byte `k/2`,
+//! low nibble for even `k`), f16 scales `w13_s` `[2I, H/g]` and
+//! `w2_s` `[H, I/g]`, value `(q - 8) * s`. `H` and `I` are multiples of `g`.
 //!
 //! The pointer table is a u64 `[n_table]` device array of expert-block base
 //! addresses (e.g. one entry per expert of a layer, pointing into the cache
@@ -25,21 +26,32 @@ use crate::launch::{
 };
 use crate::{Kernels, Result};
 
-const GROUP: usize = 128;
-
+/// The INT4 group sizes the kernels implement (cache format v2).
+pub const INT4_GROUPS: [usize; 3] = [32, 64, 128];
 /// Largest hidden size of the INT4 decode GEMVs.
-pub const INT4_DECODE_MAX_HIDDEN: usize = 4096;
-/// Largest expert FFN width of the INT4 decode GEMVs.
-pub const INT4_DECODE_MAX_INTER: usize = 2048;
+pub const INT4_DECODE_MAX_HIDDEN: usize = 8192;
+/// Largest expert FFN width of the INT4 decode GEMVs (with top_k 16 only
+/// up to 3072: see [`Kernels::int4_w2_combine`]).
+pub const INT4_DECODE_MAX_INTER: usize = 4096;
 /// Largest top-k of [`Kernels::int4_w2_combine`].
 pub const INT4_DECODE_MAX_TOPK: usize = 16;
+/// The g = 128 fast path (the code the a3b decode was tuned with) serves
+/// H up to this; past it, or for g < 128, the general entry points run.
+const FAST_MAX_HIDDEN: usize = 4096;
+const FAST_MAX_INTER: usize = 2048;
+/// Shared memory one w2 block may use: sm_90's 227 KiB opt-in less the
+/// 4 KiB of static partials.
+const W2_MAX_DYN_SMEM: usize = 227 * 1024 - 4096;
 
 /// Byte offsets of the four arrays inside one expert block, plus the
-/// matrix dims. Mirrors `krasis_cache::layout::ExpertLayout` (format v1).
+/// matrix dims and the scale group. Mirrors the INT4 expert layout of
+/// cache format v2 (`krasis_cache::layout`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Int4Layout {
     pub hidden: usize,
     pub intermediate: usize,
+    /// Elements per f16 scale along K: 32, 64 or 128.
+    pub group: usize,
     pub w13_q: usize,
     pub w13_s: usize,
     pub w2_q: usize,
@@ -47,21 +59,23 @@ pub struct Int4Layout {
 }
 
 impl Int4Layout {
-    /// The format-v1 layout: arrays back to back, each 256-byte aligned.
-    /// `None` unless both dims are positive multiples of 128.
-    pub fn new(hidden: usize, intermediate: usize) -> Option<Self> {
-        let (h, i) = (hidden, intermediate);
-        if h == 0 || i == 0 || h % GROUP != 0 || i % GROUP != 0 {
+    /// The format-v2 INT4 layout: arrays back to back, each 256-byte
+    /// aligned (`group = 128` gives exactly the v1 offsets). `None` unless
+    /// `group` is 32, 64 or 128 and both dims are positive multiples of it.
+    pub fn new(hidden: usize, intermediate: usize, group: usize) -> Option<Self> {
+        let (h, i, g) = (hidden, intermediate, group);
+        if !INT4_GROUPS.contains(&g) || h == 0 || i == 0 || h % g != 0 || i % g != 0 {
             return None;
         }
         let align = |x: usize| x.div_ceil(256) * 256;
         let w13_q = 0;
         let w13_s = align(w13_q + i * h);
-        let w2_q = align(w13_s + 2 * i * (h / GROUP) * 2);
+        let w2_q = align(w13_s + 2 * i * (h / g) * 2);
         let w2_s = align(w2_q + h * i / 2);
         Some(Int4Layout {
             hidden: h,
             intermediate: i,
+            group: g,
             w13_q,
             w13_s,
             w2_q,
@@ -71,16 +85,24 @@ impl Int4Layout {
 
     /// Bytes the four arrays span from the block start.
     pub fn used_bytes(&self) -> usize {
-        self.w2_s + self.hidden * (self.intermediate / GROUP) * 2
+        self.w2_s + self.hidden * (self.intermediate / self.group) * 2
+    }
+
+    /// log2(group / 32), the kernels' `gl` argument (valid after `validate`).
+    fn gl(&self) -> u32 {
+        (self.group / 32).trailing_zeros()
     }
 
     fn validate(&self, k: &'static str) -> Result<()> {
-        let (h, i) = (self.hidden, self.intermediate);
-        ensure(
-            k,
-            h > 0 && i > 0 && h % GROUP == 0 && i % GROUP == 0,
-            || format!("hidden = {h} and intermediate = {i} must be positive multiples of 128"),
-        )?;
+        let (h, i, g) = (self.hidden, self.intermediate, self.group);
+        ensure(k, INT4_GROUPS.contains(&g), || {
+            format!("group = {g} is not one of the INT4 groups 32, 64, 128")
+        })?;
+        ensure(k, h > 0 && i > 0 && h % g == 0 && i % g == 0, || {
+            format!(
+                "hidden = {h} and intermediate = {i} must be positive multiples of the group {g}"
+            )
+        })?;
         for (name, off) in [
             ("w13_q", self.w13_q),
             ("w13_s", self.w13_s),
@@ -95,7 +117,7 @@ impl Int4Layout {
             }
         }
         if self.w13_s < self.w13_q + i * h
-            || self.w2_q < self.w13_s + 2 * i * (h / GROUP) * 2
+            || self.w2_q < self.w13_s + 2 * i * (h / g) * 2
             || self.w2_s < self.w2_q + h * i / 2
         {
             return Err(shape_err(k, format!("arrays of {self:?} overlap")));
@@ -118,8 +140,9 @@ impl Kernels {
     ///   `u32::MAX` computes every pair.
     /// - `act`: f32 `[n_tokens*top_k, I]`.
     ///
-    /// `H <= 4096` (Qwen3-30B-A3B: 2048, Qwen3-235B-A22B: 4096),
-    /// `top_k <= 16`.
+    /// `H <= 8192` (Qwen3-30B-A3B 2048, gpt-oss 2880, Qwen3-235B 4096,
+    /// GLM-4.5 5120, DeepSeek-V3 7168), any group of [`INT4_GROUPS`],
+    /// `top_k <= 16`. `g = 128` with `H <= 4096` runs the fast path.
     #[allow(clippy::too_many_arguments)]
     pub fn int4_w13_swiglu(
         &self,
@@ -133,27 +156,19 @@ impl Kernels {
         slot_mask: u32,
         act: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        const NAMES: [&str; 4] = [
-            "int4_w13_swiglu_1",
-            "int4_w13_swiglu_2",
-            "int4_w13_swiglu_3",
-            "int4_w13_swiglu_4",
-        ];
-        let k0 = NAMES[0];
+        let k0 = "int4_w13_swiglu_1";
         layout.validate(k0)?;
         let (h, i) = (layout.hidden, layout.intermediate);
         ensure(k0, h <= INT4_DECODE_MAX_HIDDEN, || {
             format!(
-                "hidden = {h} exceeds the 4096 the INT4 decode GEMV supports (dequantize + GEMM instead)"
+                "hidden = {h} exceeds the {INT4_DECODE_MAX_HIDDEN} the INT4 decode GEMV supports (dequantize + GEMM instead)"
             )
         })?;
         ensure(k0, (1..=INT4_DECODE_MAX_TOPK).contains(&top_k), || {
             format!("top_k = {top_k} must be in 1..=16")
         })?;
-        // NCL = 128-groups of K per warp; <= 8 warps split K.
-        let ncl = h.div_ceil(1024);
-        let k = NAMES[ncl - 1];
-        let warps = (h / GROUP).div_ceil(ncl) as u32;
+        let (k, warps, general) = w13_entry(h, layout.group);
+        let warps = warps as u32;
         let n_pairs = n_tokens * top_k;
         check_len(k, "x", x.len(), n_tokens * h)?;
         check_len(k, "ids", ids.len(), n_pairs)?;
@@ -173,12 +188,12 @@ impl Kernels {
         let f = self.func(k)?;
         let mut b = builder(stream, f);
         b.arg(&xp).arg(&tp).arg(&n_table).arg(&ip).arg(&np).arg(&kk);
-        b.arg(&hh)
-            .arg(&ii)
-            .arg(&oq)
-            .arg(&os)
-            .arg(&slot_mask)
-            .arg(&ap);
+        b.arg(&hh).arg(&ii).arg(&oq).arg(&os).arg(&slot_mask);
+        let gl = layout.gl();
+        if general {
+            b.arg(&gl);
+        }
+        b.arg(&ap);
         // 16 gate + 16 up rows per block, K split over the warps; y = pair.
         submit(k, b, cfg((ii / 16, np, 1), 32 * warps, 0))
     }
@@ -192,9 +207,12 @@ impl Kernels {
     /// - `weights`: f32 `[n_tokens*top_k]` router weights.
     /// - `residual`: f32 `[n_tokens, H]`.
     ///
-    /// `I <= 2048`, `top_k <= 16`. The block stages the token's `act` rows
-    /// in `top_k * I * 4.5` bytes of shared memory (27 KB for top-8, I 768);
-    /// past 44 KB it opts in to more (fine on sm_80/sm_90, up to 147 KB).
+    /// `I <= 4096`, any group of [`INT4_GROUPS`], `top_k <= 16`. The block
+    /// stages the token's `act` rows in `top_k * ceil(I/128) * 576` bytes of
+    /// shared memory (27 KB for top-8, I 768; 207 KB for top-16, I 2880);
+    /// past 44 KB it opts in to more, and past sm_90's 223 KiB (top-16 with
+    /// I > 3072, top-8 is fine to 4096) the launch is refused.
+    /// `g = 128` with `I <= 2048` runs the fast path.
     ///
     /// On sm_90+ this launches as a programmatic dependent of the previous
     /// kernel on `stream` (normally [`Kernels::int4_w13_swiglu`]): it may
@@ -217,26 +235,22 @@ impl Kernels {
         layout: &Int4Layout,
         residual: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        const NAMES: [&str; 2] = ["int4_w2_combine_1", "int4_w2_combine_2"];
-        // Groups per work item and most warps per block of each entry point.
-        const GPW: [usize; 2] = [2, 4];
-        const MAX_WARPS: [usize; 2] = [24, 16];
-        let k0 = NAMES[0];
+        let k0 = "int4_w2_combine_1";
         layout.validate(k0)?;
         let (h, i) = (layout.hidden, layout.intermediate);
         ensure(k0, i <= INT4_DECODE_MAX_INTER, || {
             format!(
-                "intermediate = {i} exceeds the 2048 the INT4 decode GEMV supports (dequantize + GEMM instead)"
+                "intermediate = {i} exceeds the {INT4_DECODE_MAX_INTER} the INT4 decode GEMV supports (dequantize + GEMM instead)"
             )
         })?;
         ensure(k0, (1..=INT4_DECODE_MAX_TOPK).contains(&top_k), || {
             format!("top_k = {top_k} must be in 1..=16")
         })?;
-        let v = i.div_ceil(1024) - 1;
-        let k = NAMES[v];
-        let items = top_k * (i / GROUP).div_ceil(GPW[v]);
-        let warps = items.min(MAX_WARPS[v]) as u32;
-        let smem = top_k * (i / GROUP) * 4 * 36 * 4;
+        let (k, gpw, max_warps, general) = w2_entry(i, layout.group);
+        let tiles = i.div_ceil(128);
+        let items = top_k * tiles.div_ceil(gpw);
+        let warps = items.min(max_warps) as u32;
+        let smem = w2_smem(k, top_k, i)?;
         let n_pairs = n_tokens * top_k;
         check_len(k, "act", act.len(), n_pairs * i)?;
         check_len(k, "ids", ids.len(), n_pairs)?;
@@ -249,7 +263,7 @@ impl Kernels {
             h as u32,
             i as u32,
         );
-        let (oq, os) = (layout.w2_q as u64, layout.w2_s as u64);
+        let (oq, os, gl) = (layout.w2_q as u64, layout.w2_s as u64, layout.gl());
         let f = self.func(k)?;
         if smem > 44 * 1024 {
             use cudarc::driver::sys::CUfunction_attribute_enum as A;
@@ -269,7 +283,7 @@ impl Kernels {
         // 16 output rows x all top_k experts per block; y = token.
         let config = cfg((hh / 16, t, 1), 32 * warps, smem as u32);
         if self.compute_capability().0 >= 9 {
-            let mut args: [*mut c_void; 12] = [
+            let mut args: Vec<*mut c_void> = vec![
                 &ap as *const u64 as *mut c_void,
                 &tp as *const u64 as *mut c_void,
                 &n_table as *const u32 as *mut c_void,
@@ -281,8 +295,11 @@ impl Kernels {
                 &ii as *const u32 as *mut c_void,
                 &oq as *const u64 as *mut c_void,
                 &os as *const u64 as *mut c_void,
-                &rp as *const u64 as *mut c_void,
             ];
+            if general {
+                args.push(&gl as *const u32 as *mut c_void);
+            }
+            args.push(&rp as *const u64 as *mut c_void);
             // SAFETY: the arguments match the kernel's parameter list in
             // order and type, point to locals that outlive the call, and
             // the buffer lengths were checked against the dims above.
@@ -296,7 +313,11 @@ impl Kernels {
             .arg(&wp)
             .arg(&t)
             .arg(&kk);
-        b.arg(&hh).arg(&ii).arg(&oq).arg(&os).arg(&rp);
+        b.arg(&hh).arg(&ii).arg(&oq).arg(&os);
+        if general {
+            b.arg(&gl);
+        }
+        b.arg(&rp);
         submit(k, b, config)
     }
 
@@ -327,7 +348,7 @@ impl Kernels {
         })?;
         let n_table = dim_u32(K, "n_table", table.len())?;
         let chunks = 3 * i * h / 32;
-        let (hh, ii, nn) = (h as u32, i as u32, n as u32);
+        let (hh, ii, nn, gl) = (h as u32, i as u32, n as u32, layout.gl());
         let offs = [
             layout.w13_q as u64,
             layout.w13_s as u64,
@@ -340,7 +361,13 @@ impl Kernels {
         let (bp, _g4) = w2_out.device_ptr_mut(stream);
         let f = self.func(K)?;
         let mut b = builder(stream, f);
-        b.arg(&tp).arg(&n_table).arg(&ip).arg(&nn).arg(&hh).arg(&ii);
+        b.arg(&tp)
+            .arg(&n_table)
+            .arg(&ip)
+            .arg(&nn)
+            .arg(&hh)
+            .arg(&ii)
+            .arg(&gl);
         b.arg(&offs[0])
             .arg(&offs[1])
             .arg(&offs[2])
@@ -355,13 +382,82 @@ impl Kernels {
     }
 }
 
+/// The w13 entry point for hidden `h` and group `g`: (name, warps per
+/// block, whether it takes `gl`). K runs in 128-wide tiles (the last one
+/// partial when `g < 128` and 128 does not divide `h`), `NCL` tiles per warp.
+fn w13_entry(h: usize, g: usize) -> (&'static str, usize, bool) {
+    const FAST: [&str; 4] = [
+        "int4_w13_swiglu_1",
+        "int4_w13_swiglu_2",
+        "int4_w13_swiglu_3",
+        "int4_w13_swiglu_4",
+    ];
+    const GEN8: [&str; 4] = [
+        "int4_w13_swiglu_g1",
+        "int4_w13_swiglu_g2",
+        "int4_w13_swiglu_g3",
+        "int4_w13_swiglu_g4",
+    ];
+    const GEN16: [&str; 2] = ["int4_w13_swiglu_w16_3", "int4_w13_swiglu_w16_4"];
+    let tiles = h.div_ceil(128);
+    if h <= FAST_MAX_HIDDEN {
+        // <= 8 warps; for g = 128 this is today's NCL = ceil(H / 1024).
+        let ncl = tiles.div_ceil(8);
+        let name = if g == 128 {
+            FAST[ncl - 1]
+        } else {
+            GEN8[ncl - 1]
+        };
+        (name, tiles.div_ceil(ncl), g != 128)
+    } else {
+        // <= 16 warps keep NCL at 3 or 4 (the registers of the 8-warp ones).
+        let ncl = tiles.div_ceil(16);
+        (GEN16[ncl - 3], tiles.div_ceil(ncl), true)
+    }
+}
+
+/// Dynamic shared memory of a w2 block: per (expert, tile, lane quad) 36
+/// u32 of hi/lo act pairs. Refused past what one block may use.
+fn w2_smem(k: &'static str, top_k: usize, i: usize) -> Result<usize> {
+    let smem = top_k * i.div_ceil(128) * 4 * 36 * 4;
+    ensure(k, smem <= W2_MAX_DYN_SMEM, || {
+        format!(
+            "top_k = {top_k} x intermediate = {i} needs {smem} bytes of shared memory, more than the {W2_MAX_DYN_SMEM} a block may use (lower top_k or dequantize + GEMM)"
+        )
+    })?;
+    Ok(smem)
+}
+
+/// The w2 entry point for width `i` and group `g`: (name, tiles per work
+/// item, most warps per block, whether it takes `gl`). Tiles per item grow
+/// with `I` so a block never has more than 64 items (top_k 16 x 4 parts).
+fn w2_entry(i: usize, g: usize) -> (&'static str, usize, usize, bool) {
+    const FAST: [&str; 2] = ["int4_w2_combine_1", "int4_w2_combine_2"];
+    const GEN: [&str; 3] = [
+        "int4_w2_combine_g1",
+        "int4_w2_combine_g2",
+        "int4_w2_combine_g3",
+    ];
+    const GPW: [usize; 3] = [2, 4, 8];
+    const MAX_WARPS: [usize; 3] = [24, 16, 16];
+    let tiles = i.div_ceil(128);
+    let v = match tiles {
+        0..=8 => 0,
+        9..=16 => 1,
+        _ => 2,
+    };
+    let fast = g == 128 && i <= FAST_MAX_INTER;
+    let name = if fast { FAST[v] } else { GEN[v] };
+    (name, GPW[v], MAX_WARPS[v], !fast)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn layout_validation_refuses_bad_offsets() {
-        let l = Int4Layout::new(2048, 768).unwrap();
+        let l = Int4Layout::new(2048, 768, 128).unwrap();
         assert!(l.validate("t").is_ok());
         assert!(
             Int4Layout {
@@ -380,5 +476,59 @@ mod tests {
             Int4Layout { hidden: 2000, ..l }.validate("t").is_err(),
             "not a multiple of 128"
         );
+        let l = Int4Layout::new(2880, 2880, 64).unwrap();
+        assert!(l.validate("t").is_ok());
+        assert!(
+            Int4Layout { group: 128, ..l }.validate("t").is_err(),
+            "2880 is not a multiple of 128"
+        );
+        assert!(
+            Int4Layout { group: 16, ..l }.validate("t").is_err(),
+            "group 16"
+        );
+        assert_eq!(l.gl(), 1);
+        assert_eq!(Int4Layout::new(2048, 768, 32).unwrap().gl(), 0);
+        assert_eq!(Int4Layout::new(2048, 768, 128).unwrap().gl(), 2);
+    }
+
+    #[test]
+    fn entry_points_keep_the_fast_path_and_cover_every_family() {
+        // g = 128 within today's limits: exactly today's choice.
+        assert_eq!(w13_entry(2048, 128), ("int4_w13_swiglu_2", 8, false));
+        assert_eq!(w13_entry(4096, 128), ("int4_w13_swiglu_4", 8, false));
+        assert_eq!(w13_entry(640, 128), ("int4_w13_swiglu_1", 5, false));
+        assert_eq!(w2_entry(768, 128), ("int4_w2_combine_1", 2, 24, false));
+        assert_eq!(w2_entry(2048, 128), ("int4_w2_combine_2", 4, 16, false));
+        // Smaller groups, partial tiles, wider shapes: the general ones.
+        assert_eq!(w13_entry(2048, 64), ("int4_w13_swiglu_g2", 8, true));
+        assert_eq!(w13_entry(2880, 32), ("int4_w13_swiglu_g3", 8, true));
+        assert_eq!(w13_entry(5120, 128), ("int4_w13_swiglu_w16_3", 14, true));
+        assert_eq!(w13_entry(7168, 128), ("int4_w13_swiglu_w16_4", 14, true));
+        assert_eq!(w13_entry(8192, 32), ("int4_w13_swiglu_w16_4", 16, true));
+        assert_eq!(w2_entry(1408, 64), ("int4_w2_combine_g2", 4, 16, true));
+        assert_eq!(w2_entry(2880, 32), ("int4_w2_combine_g3", 8, 16, true));
+        assert_eq!(w2_entry(4096, 128), ("int4_w2_combine_g3", 8, 16, true));
+        // Every (H, g) / (I, g) in range has an entry whose warps cover
+        // every tile, at most 4 tiles per warp, and at most 64 w2 items.
+        for g in INT4_GROUPS {
+            for h in (g..=INT4_DECODE_MAX_HIDDEN).step_by(g) {
+                let (_, warps, _) = w13_entry(h, g);
+                let ncl = h.div_ceil(128).div_ceil(warps);
+                assert!(warps <= 16 && ncl <= 4, "H {h} g {g}");
+            }
+            for i in (g..=INT4_DECODE_MAX_INTER).step_by(g) {
+                let (_, gpw, _, _) = w2_entry(i, g);
+                assert!(16 * i.div_ceil(128).div_ceil(gpw) <= 64, "I {i} g {g}");
+            }
+        }
+    }
+
+    #[test]
+    fn w2_shared_memory_is_bounded() {
+        assert_eq!(w2_smem("t", 8, 768).unwrap(), 8 * 6 * 576);
+        assert!(w2_smem("t", 16, 2880).is_ok());
+        assert!(w2_smem("t", 8, 4096).is_ok());
+        let e = w2_smem("t", 16, 4096).unwrap_err().to_string();
+        assert!(e.contains("shared memory"), "{e}");
     }
 }

@@ -60,19 +60,34 @@ fn int4_decode_gemv_matches_reference() {
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
     // a3b and qcn dims at 1 and up to 8 tokens, then odd dims exercising
-    // every entry point: partial K splits, H up to 4096, I up to 2048 with
-    // top_k 16 (the shared-memory opt-in of w2).
-    for (h, i, n_exp, t, k) in [
-        (2048usize, 768usize, 16usize, 1usize, 8usize),
-        (2048, 768, 16, 2, 8),
-        (2048, 512, 12, 8, 10),
-        (1152, 1280, 6, 3, 3),
-        (4096, 384, 5, 2, 4),
-        (3072, 256, 4, 1, 3),
-        (640, 128, 3, 5, 2),
-        (1024, 2048, 16, 1, 16),
+    // every g = 128 fast entry point: partial K splits, H up to 4096, I up
+    // to 2048 with top_k 16 (the shared-memory opt-in of w2). Then every
+    // general entry point (comment: w13 / w2 entry each row hits): groups
+    // 32 and 64, partial 128-wide tiles (2880 = 22.5 x 128, 1408, 96) and
+    // the families' widths H 2880..7168, I 768..2880.
+    for (h, i, gs, n_exp, t, k) in [
+        (2048usize, 768usize, 128usize, 16usize, 1usize, 8usize),
+        (2048, 768, 128, 16, 2, 8),
+        (2048, 512, 128, 12, 8, 10),
+        (1152, 1280, 128, 6, 3, 3),
+        (4096, 384, 128, 5, 2, 4),
+        (3072, 256, 128, 4, 1, 3),
+        (640, 128, 128, 3, 5, 2),
+        (1024, 2048, 128, 16, 1, 16),
+        (640, 96, 32, 3, 3, 2),      // g1 / g1, partial tiles in both
+        (2048, 768, 64, 9, 2, 8),    // g2 / g1
+        (2048, 768, 32, 9, 1, 8),    // g2 / g1
+        (2880, 2880, 32, 5, 1, 4),   // g3 / g3 (gpt-oss, group 32)
+        (2880, 2880, 64, 4, 2, 4),   // g3 / g3 (group 64)
+        (2880, 1408, 32, 17, 1, 16), // g3 / g2, top_k 16
+        (4096, 1536, 64, 9, 1, 8),   // g4 / g2 (Qwen3-235B-like)
+        (5120, 1408, 128, 9, 1, 8),  // w16_3 / g2 (GLM-4.5-like)
+        (5120, 1536, 32, 4, 2, 3),   // w16_3 / g2
+        (7168, 2048, 128, 9, 1, 8),  // w16_4 / fast 2 (DeepSeek-like)
+        (7168, 2880, 64, 3, 1, 2),   // w16_4 / g3
+        (8192, 4096, 128, 3, 1, 2),  // w16_4 / g3 at the limits
     ] {
-        let layout = Int4Layout::new(h, i).unwrap();
+        let layout = Int4Layout::new(h, i, gs).unwrap();
         let ex = experts(g, &s, &mut rng, &layout, n_exp);
         let mut ids = Vec::new();
         for _ in 0..t {
@@ -112,7 +127,7 @@ fn int4_decode_gemv_matches_reference() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert!(
             bits(&runs[0].0) == bits(&runs[1].0) && bits(&runs[0].1) == bits(&runs[1].1),
-            "H={h} I={i}: two runs differ"
+            "H={h} I={i} g={gs}: two runs differ"
         );
         let (act, res) = runs.swap_remove(0);
 
@@ -132,10 +147,15 @@ fn int4_decode_gemv_matches_reference() {
                 want_res[tok * h + n] += acc[n] as f32;
             }
         }
-        assert_close(&format!("w13+swiglu H={h} I={i}"), &act, &want_act, 1e-4);
+        assert_close(
+            &format!("w13+swiglu H={h} I={i} g={gs}"),
+            &act,
+            &want_act,
+            1e-4,
+        );
         let got: Vec<f32> = res.iter().zip(&res0).map(|(a, b)| a - b).collect();
         let want: Vec<f32> = want_res.iter().zip(&res0).map(|(a, b)| a - b).collect();
-        assert_close(&format!("w2+combine H={h} I={i}"), &got, &want, 1e-4);
+        assert_close(&format!("w2+combine H={h} I={i} g={gs}"), &got, &want, 1e-4);
 
         // Dequantization to bf16 is exact up to the one rounding.
         let sel: Vec<u32> = vec![2, 0, (n_exp - 1) as u32];
@@ -150,11 +170,11 @@ fn int4_decode_gemv_matches_reference() {
             let w2: Vec<bf16> = cpu::to_bf16(&ex.w2[e as usize]);
             assert!(
                 g13[x * 2 * i * h..][..2 * i * h] == w13[..],
-                "dequant w13 of expert {e}"
+                "dequant w13 of expert {e} (H={h} I={i} g={gs})"
             );
             assert!(
                 g2[x * h * i..][..h * i] == w2[..],
-                "dequant w2 of expert {e}"
+                "dequant w2 of expert {e} (H={h} I={i} g={gs})"
             );
         }
     }
@@ -165,33 +185,51 @@ fn int4_invalid_expert_is_nan() {
     let name = "int4_invalid_expert_is_nan";
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
-    let layout = Int4Layout::new(1024, 256).unwrap();
-    let ex = experts(g, &s, &mut rng, &layout, 2);
-    let ids = vec![0u32, 7]; // 7 is past the 2-entry table
-    let x = randn_bf16(&mut rng, 1024, 1.0);
-    let mut act = poison_f32(&s, 2 * 256);
-    g.kernels
-        .int4_w13_swiglu(
-            &s,
-            &up(&s, &x),
-            &ex.table,
-            &up(&s, &ids),
-            1,
-            2,
-            &layout,
-            u32::MAX,
-            &mut act,
-        )
-        .unwrap();
-    let a = down(&s, &act);
-    assert!(
-        a[..256].iter().all(|v| v.is_finite()),
-        "valid expert must be finite"
-    );
-    assert!(
-        a[256..].iter().all(|v| v.is_nan()),
-        "invalid expert must be NaN"
-    );
+    // The fast path and the general entry points (partial tiles, w16).
+    for (h, i, gs) in [
+        (1024usize, 256usize, 128usize),
+        (2880, 1408, 32),
+        (5120, 2880, 64),
+    ] {
+        let layout = Int4Layout::new(h, i, gs).unwrap();
+        let ex = experts(g, &s, &mut rng, &layout, 2);
+        // Token 0 uses valid experts; token 1 also uses 7, past the table.
+        let ids = vec![0u32, 1, 1, 7];
+        let d_ids = up(&s, &ids);
+        let x = randn_bf16(&mut rng, 2 * h, 1.0);
+        let mut act = poison_f32(&s, 4 * i);
+        g.kernels
+            .int4_w13_swiglu(
+                &s,
+                &up(&s, &x),
+                &ex.table,
+                &d_ids,
+                2,
+                2,
+                &layout,
+                u32::MAX,
+                &mut act,
+            )
+            .unwrap();
+        let mut res = up(&s, &vec![0f32; 2 * h]);
+        let w = up(&s, &[0.5f32, 0.5, 0.5, 0.5]);
+        g.kernels
+            .int4_w2_combine(&s, &act, &ex.table, &d_ids, &w, 2, 2, &layout, &mut res)
+            .unwrap();
+        let (a, r) = (down(&s, &act), down(&s, &res));
+        assert!(
+            a[..3 * i].iter().all(|v| v.is_finite()),
+            "H={h} I={i} g={gs}: valid experts must be finite"
+        );
+        assert!(
+            a[3 * i..].iter().all(|v| v.is_nan()),
+            "H={h} I={i} g={gs}: invalid expert must be NaN"
+        );
+        assert!(
+            r[..h].iter().all(|v| v.is_finite()) && r[h..].iter().all(|v| v.is_nan()),
+            "H={h} I={i} g={gs}: the token with an invalid expert must be NaN, only it"
+        );
+    }
 }
 
 #[test]
@@ -199,9 +237,24 @@ fn int4_w13_slot_mask() {
     let name = "int4_w13_slot_mask";
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
-    let (h, i, n_exp, t, k) = (2048usize, 768usize, 10usize, 3usize, 8usize);
-    let layout = Int4Layout::new(h, i).unwrap();
-    let ex = experts(g, &s, &mut rng, &layout, n_exp);
+    // The fast path (a3b) and a general entry point (group 64, partial tile).
+    for (h, i, gs) in [(2048usize, 768usize, 128usize), (2880, 384, 64)] {
+        slot_mask_case(g, &s, &mut rng, h, i, gs);
+    }
+}
+
+fn slot_mask_case(
+    g: &crate::common::Gpu,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    rng: &mut rand::rngs::StdRng,
+    h: usize,
+    i: usize,
+    gs: usize,
+) {
+    let s = s.clone();
+    let (n_exp, t, k) = (10usize, 3usize, 8usize);
+    let layout = Int4Layout::new(h, i, gs).unwrap();
+    let ex = experts(g, &s, rng, &layout, n_exp);
     // Table entries past the real experts: NULL and a 16-byte aligned
     // address that faults if it is ever read.
     let mut table = down(&s, &ex.table);
@@ -209,7 +262,7 @@ fn int4_w13_slot_mask() {
     table.push(0);
     table.push(0x0000_7ead_beef_0000);
     let table = up(&s, &table);
-    let x = randn_bf16(&mut rng, t * h, 1.0);
+    let x = randn_bf16(rng, t * h, 1.0);
     let xf = f32s(&x);
     let d_x = up(&s, &x);
     for (mask, masked_out_ids) in [
@@ -221,7 +274,7 @@ fn int4_w13_slot_mask() {
         let mut ids = Vec::new();
         for _ in 0..t {
             let mut all: Vec<u32> = (0..n_exp as u32).collect();
-            all.shuffle(&mut rng);
+            all.shuffle(rng);
             ids.extend_from_slice(&all[..k]);
         }
         for (p, id) in ids.iter_mut().enumerate() {
@@ -253,7 +306,7 @@ fn int4_w13_slot_mask() {
             if mask >> (p % k) & 1 == 0 {
                 assert!(
                     row.iter().all(|v| v.is_nan()),
-                    "mask {mask:#x}: masked-out pair {p} was written"
+                    "H={h} g={gs} mask {mask:#x}: masked-out pair {p} was written"
                 );
             } else {
                 let e = ids[p] as usize;
@@ -265,7 +318,7 @@ fn int4_w13_slot_mask() {
         }
         if !want_in.is_empty() {
             assert_close(
-                &format!("masked w13 mask {mask:#x}"),
+                &format!("masked w13 H={h} g={gs} mask {mask:#x}"),
                 &got_in,
                 &want_in,
                 1e-4,
