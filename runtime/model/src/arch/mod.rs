@@ -4,6 +4,7 @@
 //! everything else (loading, layers, engines) is shared and dispatches on
 //! [`ModelConfig`].
 
+pub mod gpt_oss;
 pub mod plan;
 pub mod qwen3_moe;
 pub mod registry;
@@ -22,6 +23,7 @@ use std::path::Path;
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelConfig {
     Qwen3Moe(qwen3_moe::Qwen3MoeConfig),
+    GptOss(gpt_oss::GptOssConfig),
 }
 
 impl ModelConfig {
@@ -57,6 +59,7 @@ impl ModelConfig {
     pub fn model_type(&self) -> &'static str {
         match self {
             ModelConfig::Qwen3Moe(_) => qwen3_moe::MODEL_TYPE,
+            ModelConfig::GptOss(_) => gpt_oss::MODEL_TYPE,
         }
     }
 
@@ -74,6 +77,7 @@ impl ModelConfig {
     pub fn tensor_name(&self, t: ModelTensor) -> String {
         match self {
             ModelConfig::Qwen3Moe(_) => qwen3_moe::TensorNames::model(t).to_string(),
+            ModelConfig::GptOss(_) => gpt_oss::TensorNames::model(t).to_string(),
         }
     }
 
@@ -81,6 +85,7 @@ impl ModelConfig {
     pub fn layer_tensor_name(&self, layer: usize, t: LayerTensor) -> String {
         match self {
             ModelConfig::Qwen3Moe(_) => qwen3_moe::TensorNames::layer(layer).role(t),
+            ModelConfig::GptOss(_) => gpt_oss::TensorNames::layer(layer, t),
         }
     }
 
@@ -88,6 +93,7 @@ impl ModelConfig {
     pub fn geometry(&self) -> Geometry {
         match self {
             ModelConfig::Qwen3Moe(c) => c.geometry(),
+            ModelConfig::GptOss(c) => c.geometry(),
         }
     }
 
@@ -138,15 +144,36 @@ impl ModelConfig {
     /// How MoE layer `layer`'s routed experts are stored in the checkpoint.
     pub fn expert_storage(&self, layer: usize) -> ExpertStorage {
         match self {
-            ModelConfig::Qwen3Moe(_) => {
-                let _ = layer;
-                ExpertStorage::PerExpert
-            }
+            ModelConfig::Qwen3Moe(_) => ExpertStorage::PerExpert,
+            ModelConfig::GptOss(_) => gpt_oss::GptOssConfig::expert_storage(layer),
+        }
+    }
+
+    /// Every checkpoint tensor holding MoE layer `layer`'s routed experts,
+    /// whatever their storage.
+    pub fn routed_expert_tensor_names(&self, layer: usize) -> Vec<String> {
+        match self.expert_storage(layer) {
+            ExpertStorage::PerExpert => (0..self.geometry().num_experts)
+                .flat_map(|e| self.expert_tensor_names(layer, e))
+                .collect(),
+            ExpertStorage::FusedMxfp4(n) => [
+                Some(n.gate_up_blocks),
+                Some(n.gate_up_scales),
+                n.gate_up_bias,
+                Some(n.down_blocks),
+                Some(n.down_scales),
+                n.down_bias,
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
         }
     }
 
     /// Names of the routed-expert tensors of one expert: (gate, up, down),
-    /// for [`ExpertStorage::PerExpert`] layers.
+    /// for [`ExpertStorage::PerExpert`] layers. (A fused layer has no such
+    /// tensors: the names returned for it are absent from its checkpoint,
+    /// so a caller that did not check the storage gets "tensor not found".)
     pub fn expert_tensor_names(&self, layer: usize, expert: usize) -> [String; 3] {
         match self {
             ModelConfig::Qwen3Moe(_) => {
@@ -157,6 +184,8 @@ impl ModelConfig {
                     t.expert_down(expert),
                 ]
             }
+            ModelConfig::GptOss(_) => ["gate_proj", "up_proj", "down_proj"]
+                .map(|p| format!("model.layers.{layer}.mlp.experts.{expert}.{p}.weight")),
         }
     }
 }

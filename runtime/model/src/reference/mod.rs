@@ -322,7 +322,7 @@ impl ReferenceEngine {
 fn routed_expert_names(config: &ModelConfig) -> HashSet<String> {
     let g = config.geometry();
     g.moe_layers()
-        .flat_map(|l| (0..g.num_experts).flat_map(move |e| config.expert_tensor_names(l, e)))
+        .flat_map(|l| config.routed_expert_tensor_names(l))
         .collect()
 }
 
