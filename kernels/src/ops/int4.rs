@@ -21,110 +21,20 @@ use std::ffi::c_void;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::launch::{
-    builder, cfg, check_len, dim_u32, ensure, launch_dependent, shape_err, submit,
-};
+use crate::launch::{builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit};
 use crate::{Kernels, Result};
 
-/// The INT4 group sizes the kernels implement (cache format v2).
-pub const INT4_GROUPS: [usize; 3] = [32, 64, 128];
-/// Largest hidden size of the INT4 decode GEMVs.
-pub const INT4_DECODE_MAX_HIDDEN: usize = 8192;
-/// Largest expert FFN width of the INT4 decode GEMVs (with top_k 16 only
-/// up to 3072: see [`Kernels::int4_w2_combine`]).
-pub const INT4_DECODE_MAX_INTER: usize = 4096;
-/// Largest top-k of [`Kernels::int4_w2_combine`].
-pub const INT4_DECODE_MAX_TOPK: usize = 16;
+mod layout;
+
+pub use layout::{
+    INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPS, Int4Layout,
+};
+
 /// The g = 128 fast path (the code the a3b decode was tuned with) serves
-/// H up to this; past it, or for g < 128, the general entry points run.
+/// H up to this and I up to `FAST_MAX_INTER`; past them, or for g < 128,
+/// the general entry points run.
 const FAST_MAX_HIDDEN: usize = 4096;
 const FAST_MAX_INTER: usize = 2048;
-/// Shared memory one w2 block may use: sm_90's 227 KiB opt-in less the
-/// 4 KiB of static partials.
-const W2_MAX_DYN_SMEM: usize = 227 * 1024 - 4096;
-
-/// Byte offsets of the four arrays inside one expert block, plus the
-/// matrix dims and the scale group. Mirrors the INT4 expert layout of
-/// cache format v2 (`krasis_cache::layout`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Int4Layout {
-    pub hidden: usize,
-    pub intermediate: usize,
-    /// Elements per f16 scale along K: 32, 64 or 128.
-    pub group: usize,
-    pub w13_q: usize,
-    pub w13_s: usize,
-    pub w2_q: usize,
-    pub w2_s: usize,
-}
-
-impl Int4Layout {
-    /// The format-v2 INT4 layout: arrays back to back, each 256-byte
-    /// aligned (`group = 128` gives exactly the v1 offsets). `None` unless
-    /// `group` is 32, 64 or 128 and both dims are positive multiples of it.
-    pub fn new(hidden: usize, intermediate: usize, group: usize) -> Option<Self> {
-        let (h, i, g) = (hidden, intermediate, group);
-        if !INT4_GROUPS.contains(&g) || h == 0 || i == 0 || h % g != 0 || i % g != 0 {
-            return None;
-        }
-        let align = |x: usize| x.div_ceil(256) * 256;
-        let w13_q = 0;
-        let w13_s = align(w13_q + i * h);
-        let w2_q = align(w13_s + 2 * i * (h / g) * 2);
-        let w2_s = align(w2_q + h * i / 2);
-        Some(Int4Layout {
-            hidden: h,
-            intermediate: i,
-            group: g,
-            w13_q,
-            w13_s,
-            w2_q,
-            w2_s,
-        })
-    }
-
-    /// Bytes the four arrays span from the block start.
-    pub fn used_bytes(&self) -> usize {
-        self.w2_s + self.hidden * (self.intermediate / self.group) * 2
-    }
-
-    /// log2(group / 32), the kernels' `gl` argument (valid after `validate`).
-    fn gl(&self) -> u32 {
-        (self.group / 32).trailing_zeros()
-    }
-
-    fn validate(&self, k: &'static str) -> Result<()> {
-        let (h, i, g) = (self.hidden, self.intermediate, self.group);
-        ensure(k, INT4_GROUPS.contains(&g), || {
-            format!("group = {g} is not one of the INT4 groups 32, 64, 128")
-        })?;
-        ensure(k, h > 0 && i > 0 && h % g == 0 && i % g == 0, || {
-            format!(
-                "hidden = {h} and intermediate = {i} must be positive multiples of the group {g}"
-            )
-        })?;
-        for (name, off) in [
-            ("w13_q", self.w13_q),
-            ("w13_s", self.w13_s),
-            ("w2_q", self.w2_q),
-            ("w2_s", self.w2_s),
-        ] {
-            if off % 16 != 0 {
-                return Err(shape_err(
-                    k,
-                    format!("offset {name} = {off} is not 16-byte aligned"),
-                ));
-            }
-        }
-        if self.w13_s < self.w13_q + i * h
-            || self.w2_q < self.w13_s + 2 * i * (h / g) * 2
-            || self.w2_s < self.w2_q + h * i / 2
-        {
-            return Err(shape_err(k, format!("arrays of {self:?} overlap")));
-        }
-        Ok(())
-    }
-}
 
 impl Kernels {
     /// Decode gate/up GEMV with SwiGLU fused:
@@ -156,17 +66,8 @@ impl Kernels {
         slot_mask: u32,
         act: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        let k0 = "int4_w13_swiglu_1";
-        layout.validate(k0)?;
+        layout.check_w13("int4_w13_swiglu_1", top_k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
-        ensure(k0, h <= INT4_DECODE_MAX_HIDDEN, || {
-            format!(
-                "hidden = {h} exceeds the {INT4_DECODE_MAX_HIDDEN} the INT4 decode GEMV supports (dequantize + GEMM instead)"
-            )
-        })?;
-        ensure(k0, (1..=INT4_DECODE_MAX_TOPK).contains(&top_k), || {
-            format!("top_k = {top_k} must be in 1..=16")
-        })?;
         let (k, warps, general) = w13_entry(h, layout.group);
         let warps = warps as u32;
         let n_pairs = n_tokens * top_k;
@@ -235,22 +136,11 @@ impl Kernels {
         layout: &Int4Layout,
         residual: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        let k0 = "int4_w2_combine_1";
-        layout.validate(k0)?;
+        let smem = layout.check_w2("int4_w2_combine_1", top_k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
-        ensure(k0, i <= INT4_DECODE_MAX_INTER, || {
-            format!(
-                "intermediate = {i} exceeds the {INT4_DECODE_MAX_INTER} the INT4 decode GEMV supports (dequantize + GEMM instead)"
-            )
-        })?;
-        ensure(k0, (1..=INT4_DECODE_MAX_TOPK).contains(&top_k), || {
-            format!("top_k = {top_k} must be in 1..=16")
-        })?;
         let (k, gpw, max_warps, general) = w2_entry(i, layout.group);
-        let tiles = i.div_ceil(128);
-        let items = top_k * tiles.div_ceil(gpw);
+        let items = top_k * i.div_ceil(128).div_ceil(gpw);
         let warps = items.min(max_warps) as u32;
-        let smem = w2_smem(k, top_k, i)?;
         let n_pairs = n_tokens * top_k;
         check_len(k, "act", act.len(), n_pairs * i)?;
         check_len(k, "ids", ids.len(), n_pairs)?;
@@ -416,18 +306,6 @@ fn w13_entry(h: usize, g: usize) -> (&'static str, usize, bool) {
     }
 }
 
-/// Dynamic shared memory of a w2 block: per (expert, tile, lane quad) 36
-/// u32 of hi/lo act pairs. Refused past what one block may use.
-fn w2_smem(k: &'static str, top_k: usize, i: usize) -> Result<usize> {
-    let smem = top_k * i.div_ceil(128) * 4 * 36 * 4;
-    ensure(k, smem <= W2_MAX_DYN_SMEM, || {
-        format!(
-            "top_k = {top_k} x intermediate = {i} needs {smem} bytes of shared memory, more than the {W2_MAX_DYN_SMEM} a block may use (lower top_k or dequantize + GEMM)"
-        )
-    })?;
-    Ok(smem)
-}
-
 /// The w2 entry point for width `i` and group `g`: (name, tiles per work
 /// item, most warps per block, whether it takes `gl`). Tiles per item grow
 /// with `I` so a block never has more than 64 items (top_k 16 x 4 parts).
@@ -454,42 +332,6 @@ fn w2_entry(i: usize, g: usize) -> (&'static str, usize, usize, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn layout_validation_refuses_bad_offsets() {
-        let l = Int4Layout::new(2048, 768, 128).unwrap();
-        assert!(l.validate("t").is_ok());
-        assert!(
-            Int4Layout {
-                w2_q: l.w2_q + 8,
-                ..l
-            }
-            .validate("t")
-            .is_err(),
-            "misaligned"
-        );
-        assert!(
-            Int4Layout { w13_s: 16, ..l }.validate("t").is_err(),
-            "overlap"
-        );
-        assert!(
-            Int4Layout { hidden: 2000, ..l }.validate("t").is_err(),
-            "not a multiple of 128"
-        );
-        let l = Int4Layout::new(2880, 2880, 64).unwrap();
-        assert!(l.validate("t").is_ok());
-        assert!(
-            Int4Layout { group: 128, ..l }.validate("t").is_err(),
-            "2880 is not a multiple of 128"
-        );
-        assert!(
-            Int4Layout { group: 16, ..l }.validate("t").is_err(),
-            "group 16"
-        );
-        assert_eq!(l.gl(), 1);
-        assert_eq!(Int4Layout::new(2048, 768, 32).unwrap().gl(), 0);
-        assert_eq!(Int4Layout::new(2048, 768, 128).unwrap().gl(), 2);
-    }
 
     #[test]
     fn entry_points_keep_the_fast_path_and_cover_every_family() {
@@ -521,14 +363,5 @@ mod tests {
                 assert!(16 * i.div_ceil(128).div_ceil(gpw) <= 64, "I {i} g {g}");
             }
         }
-    }
-
-    #[test]
-    fn w2_shared_memory_is_bounded() {
-        assert_eq!(w2_smem("t", 8, 768).unwrap(), 8 * 6 * 576);
-        assert!(w2_smem("t", 16, 2880).is_ok());
-        assert!(w2_smem("t", 8, 4096).is_ok());
-        let e = w2_smem("t", 16, 4096).unwrap_err().to_string();
-        assert!(e.contains("shared memory"), "{e}");
     }
 }
