@@ -174,7 +174,8 @@ impl CudaEngine {
                 geometry: g,
                 weights,
                 experts,
-                int4,
+                // support.rs admitted only SwiGLU experts.
+                ffn: int4.map(crate::expert_ffn::ExpertFfn::Int4Swiglu),
                 kv,
                 scratch,
                 gemv_tokens: GEMV_MAX_TOKENS,

@@ -19,12 +19,13 @@
 use crate::blas::{Gemm, OutType, gemm};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
+use crate::expert_ffn::ExpertFfn;
 use crate::experts::ExpertTable;
 use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
 use crate::weights::{Embedding, MlpWeights, ModelWeights};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
-use krasis_kernels::{Int4Layout, Kernels, QkvGeom, StartPos};
+use krasis_kernels::{Kernels, QkvGeom, StartPos};
 use krasis_model::Geometry;
 
 /// Everything resident on the device for one model.
@@ -34,7 +35,8 @@ pub struct Model {
     pub geometry: Geometry,
     pub weights: ModelWeights,
     pub experts: Option<ExpertTable>,
-    pub int4: Option<Int4Layout>,
+    /// The routed-expert arithmetic (format and activation).
+    pub ffn: Option<ExpertFfn>,
     pub kv: KvCache,
     pub scratch: Scratch,
     /// Chunks of at most this many tokens use the INT4 GEMV expert path.
@@ -124,11 +126,17 @@ pub(crate) struct Ctx<'a> {
     pub g: &'a Geometry,
     pub w: &'a ModelWeights,
     pub experts: Option<&'a ExpertTable>,
-    pub int4: Option<&'a Int4Layout>,
+    pub ffn: Option<&'a ExpertFfn>,
     pub gemv_tokens: usize,
 }
 
 impl Ctx<'_> {
+    /// The expert FFN of a model with MoE layers.
+    pub(crate) fn ffn(&self) -> Result<&ExpertFfn> {
+        self.ffn
+            .ok_or_else(|| GpuError::Unsupported("MoE layer but no expert format loaded".into()))
+    }
+
     fn qkv_geom(&self, t: usize) -> QkvGeom {
         QkvGeom {
             n_tokens: t,
@@ -216,7 +224,7 @@ impl Model {
                 g: &self.geometry,
                 w: &self.weights,
                 experts: self.experts.as_ref(),
-                int4: self.int4.as_ref(),
+                ffn: self.ffn.as_ref(),
                 gemv_tokens: self.gemv_tokens,
             },
             Mut {
@@ -314,11 +322,7 @@ impl Model {
                 if let Some(log) = token_routes {
                     crate::moe::log_token_routes(&cx, sc, *moe_index, t, at, log)?;
                 }
-                match (at, hcs) {
-                    (Positions::Decode, Some(hcs)) => hcs.decode_experts(&cx, sc, *moe_index)?,
-                    _ if t <= cx.gemv_tokens => crate::moe::experts_gemv(&cx, sc, *moe_index, t)?,
-                    _ => crate::moe::experts_grouped(&cx, sc, *moe_index, t)?,
-                }
+                crate::moe::routed_experts(&cx, sc, hcs, *moe_index, t, at)?;
             }
             MlpWeights::Dense { gate_up, down } => {
                 let ds = sc.dense.as_mut().ok_or_else(|| {

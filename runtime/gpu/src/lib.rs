@@ -9,6 +9,7 @@ pub mod check;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod expert_ffn;
 pub mod experts;
 pub mod forward;
 pub mod hcs;

@@ -14,23 +14,38 @@
 
 use crate::blas::OutType;
 use crate::error::{GpuError, Result};
+use crate::expert_ffn::ExpertFfn;
 use crate::forward::{Ctx, Positions};
 use crate::scratch::Scratch;
 
 fn table_parts<'a>(
     cx: &'a Ctx<'_>,
     moe_index: usize,
-) -> Result<(
-    cudarc::driver::CudaView<'a, u64>,
-    &'a krasis_kernels::Int4Layout,
-)> {
+) -> Result<(cudarc::driver::CudaView<'a, u64>, &'a ExpertFfn)> {
     let experts = cx
         .experts
         .ok_or_else(|| GpuError::Unsupported("MoE layer but no expert table loaded".into()))?;
-    let layout = cx
-        .int4
-        .ok_or_else(|| GpuError::Unsupported("MoE layer but no INT4 layout".into()))?;
-    Ok((experts.layer(moe_index), layout))
+    Ok((experts.layer(moe_index), cx.ffn()?))
+}
+
+/// The routed experts of MoE layer `moe_index` for `t` tokens whose routes
+/// are in `scratch.topk_ids`/`topk_w`, added into the residual. The one
+/// place the MoE component meets expert residency: HCS serves decode
+/// (copying misses on demand); otherwise the layer's pointer table names
+/// every expert (all resident, or streamed prefill's staging buffers).
+pub(crate) fn routed_experts(
+    cx: &Ctx<'_>,
+    sc: &mut Scratch,
+    hcs: Option<&mut crate::hcs::Hcs>,
+    moe_index: usize,
+    t: usize,
+    at: Positions,
+) -> Result<()> {
+    match (at, hcs) {
+        (Positions::Decode, Some(hcs)) => hcs.decode_experts(cx, sc, moe_index),
+        _ if t <= cx.gemv_tokens => experts_gemv(cx, sc, moe_index, t),
+        _ => experts_grouped(cx, sc, moe_index, t),
+    }
 }
 
 /// Router GEMM (f32 logits) and softmax top-k of decoder layer `l` over
@@ -85,46 +100,15 @@ pub(crate) fn router(
     Ok(())
 }
 
-pub(crate) fn experts_gemv(
-    cx: &Ctx<'_>,
-    sc: &mut Scratch,
-    moe_index: usize,
-    t: usize,
-) -> Result<()> {
-    let (table, layout) = table_parts(cx, moe_index)?;
-    let (s, kn, k) = (&cx.gpu.stream, cx.kn, cx.g.top_k);
-    kn.int4_w13_swiglu(
-        s,
-        &sc.normed,
-        &table,
-        &sc.topk_ids,
-        t,
-        k,
-        layout,
-        u32::MAX,
-        &mut sc.act,
-    )?;
-    kn.int4_w2_combine(
-        s,
-        &sc.act,
-        &table,
-        &sc.topk_ids,
-        &sc.topk_w,
-        t,
-        k,
-        layout,
-        &mut sc.residual,
-    )?;
-    Ok(())
+fn experts_gemv(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {
+    let (table, ffn) = table_parts(cx, moe_index)?;
+    let ids = &sc.topk_ids;
+    ffn.gate_up_act(cx, &sc.normed, &table, ids, t, u32::MAX, &mut sc.act)?;
+    ffn.down_combine(cx, &sc.act, &table, ids, &sc.topk_w, t, &mut sc.residual)
 }
 
-pub(crate) fn experts_grouped(
-    cx: &Ctx<'_>,
-    sc: &mut Scratch,
-    moe_index: usize,
-    t: usize,
-) -> Result<()> {
-    let (table, layout) = table_parts(cx, moe_index)?;
+fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {
+    let (table, ffn) = table_parts(cx, moe_index)?;
     let (s, kn, g) = (&cx.gpu.stream, cx.kn, cx.g);
     let (e, k, h, i) = (g.num_experts, g.top_k, g.hidden, g.expert_intermediate);
     let pairs = t * k;
@@ -162,12 +146,11 @@ pub(crate) fn experts_grouped(
         if offsets[b1] == offsets[b0] {
             continue;
         }
-        kn.int4_dequant(
-            s,
+        ffn.dequant(
+            cx,
             &table,
             &gs.iota.slice(b0..b1),
             b1 - b0,
-            layout,
             &mut gs.w13,
             &mut gs.w2,
         )?;
@@ -186,11 +169,10 @@ pub(crate) fn experts_grouped(
                 "expert gate/up",
             )?;
         }
-        kn.swiglu(
-            s,
+        ffn.activate_rows(
+            cx,
             &gs.h13.slice(offsets[b0] as usize * 2 * i..),
             (offsets[b1] - offsets[b0]) as usize,
-            i,
             &mut gs.hact.slice_mut(offsets[b0] as usize * i..),
         )?;
         for x in b0..b1 {

@@ -92,7 +92,7 @@ impl CudaEngine {
                 let MlpWeights::Moe { moe_index, .. } = cx.w.layers[l].mlp else {
                     return Ok(());
                 };
-                crate::moe::experts_gemv(&cx, sc, moe_index, 1)
+                crate::moe::routed_experts(&cx, sc, None, moe_index, 1, Positions::Decode)
             })?;
         }
         let params = krasis_kernels::SamplingParams::default();

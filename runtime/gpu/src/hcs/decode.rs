@@ -21,10 +21,8 @@ impl Hcs {
         sc: &mut Scratch,
         moe_index: usize,
     ) -> Result<()> {
-        let (s, kn) = (&cx.gpu.stream, cx.kn);
-        let layout = cx
-            .int4
-            .ok_or_else(|| GpuError::Unsupported("MoE layer but no INT4 layout".into()))?;
+        let s = &cx.gpu.stream;
+        let ffn = cx.ffn()?;
         let k = self.top_k;
         // SAFETY: ids_host holds k pinned u32; the copy is complete once
         // ev_ids has been waited on, before the host reads it.
@@ -88,17 +86,7 @@ impl Hcs {
         if hit_mask != 0 && miss_mask != 0 {
             up(base, &sel[..k], "resident")?;
             let table = self.sel_dev.slice(0..k);
-            kn.int4_w13_swiglu(
-                s,
-                &sc.normed,
-                &table,
-                iota,
-                1,
-                k,
-                layout,
-                hit_mask,
-                &mut sc.act,
-            )?;
+            ffn.gate_up_act(cx, &sc.normed, &table, iota, 1, hit_mask, &mut sc.act)?;
         }
         if miss_mask != 0 {
             s.wait(&self.ev_copy)
@@ -111,19 +99,8 @@ impl Hcs {
         } else {
             u32::MAX
         };
-        kn.int4_w13_swiglu(s, &sc.normed, &table, iota, 1, k, layout, mask, &mut sc.act)?;
-        kn.int4_w2_combine(
-            s,
-            &sc.act,
-            &table,
-            iota,
-            &sc.topk_w,
-            1,
-            k,
-            layout,
-            &mut sc.residual,
-        )?;
-        Ok(())
+        ffn.gate_up_act(cx, &sc.normed, &table, iota, 1, mask, &mut sc.act)?;
+        ffn.down_combine(cx, &sc.act, &table, iota, &sc.topk_w, 1, &mut sc.residual)
     }
 
     fn copy_misses(
