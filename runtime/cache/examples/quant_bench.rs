@@ -44,6 +44,7 @@ fn main() {
                 },
                 rows,
                 k,
+                128,
                 &mut q[m * h * i / 2..(m + 1) * h * i / 2],
                 &mut s[m * h * i / 64..(m + 1) * h * i / 64],
             )
@@ -90,7 +91,8 @@ fn main() {
         let path = tmp.path().join(format!("{lean}.kcache"));
         let r = build(&source, &path, &BuildOptions::default()).unwrap();
         let t = Instant::now();
-        let cache = krasis_cache::ExpertCache::open(&path, source.config()).unwrap();
+        let cache =
+            krasis_cache::ExpertCache::open(&path, source.config(), source.format()).unwrap();
         let open_s = t.elapsed().as_secs_f64();
         println!(
             "build from {}: {layers} layers x {experts} experts, {:.2} GB source in {:.2} s = {:.3} GB/s on {} threads (synth {synth_s:.1} s); open+checksums {:.3} s ({:.2} GB/s)",

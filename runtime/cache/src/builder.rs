@@ -1,6 +1,6 @@
 //! Building the cache: one MoE layer at a time (memory stays at one layer's
-//! INT4 bytes plus the source pages the kernel maps in), experts of a layer
-//! quantized in parallel, written to a temp file in the target directory,
+//! cache bytes plus the source pages the kernel maps in), experts of a layer
+//! quantized (INT4) or copied (MXFP4) in parallel, written to a temp file in the target directory,
 //! fsync'ed, renamed into place and the directory fsync'ed. The temp file
 //! gets its magic bytes last, so an interrupted build never leaves a file
 //! that looks valid; the next build (under the lock) deletes leftovers.
@@ -11,7 +11,6 @@ use crate::format::{
     DATA_ALIGN, FORMAT_VERSION, HASH_PLACEHOLDER, Header, LayerEntry, PREAMBLE_BYTES, align_up,
     encode_preamble,
 };
-use crate::layout::GROUP_SIZE;
 use crate::lock::{CacheLock, LockWait};
 use crate::quant::QUANTIZER_VERSION;
 use crate::source::ModelSource;
@@ -55,6 +54,10 @@ pub struct BuildOptions<'a> {
     /// Where byte-progress events of the build go (source bytes quantized,
     /// throttled; see [`ByteProgress`]).
     pub progress: Option<EventSink<'a>>,
+    /// Delete a format-1 cache found where this one goes and build format 2
+    /// (`krasis-runtime build-cache`, the command the refusal names). Off by
+    /// default: engines refuse a format-1 cache rather than replace it.
+    pub replace_format_1: bool,
 }
 
 impl Default for BuildOptions<'_> {
@@ -65,6 +68,7 @@ impl Default for BuildOptions<'_> {
             progress_bar: true,
             on_layer: None,
             progress: None,
+            replace_format_1: false,
         }
     }
 }
@@ -137,7 +141,8 @@ fn header_for(
     Header {
         format_version: FORMAT_VERSION,
         quantizer_version: QUANTIZER_VERSION,
-        group_size: GROUP_SIZE,
+        expert_format: layout.format,
+        expert_bias: layout.has_bias,
         model_type: source.config().model_type().to_string(),
         hidden: g.hidden,
         expert_intermediate: g.expert_intermediate,
@@ -218,7 +223,7 @@ fn build_inner(
     let io = |e: std::io::Error| CacheError::io(&tmp.path, e);
 
     let total = source.total_source_bytes();
-    let bar = progress_bar(opts.progress_bar, total, path);
+    let bar = progress_bar(opts.progress_bar, total, path, source.format());
     let events = opts
         .progress
         .map(|sink| ByteProgress::start(sink, task::BUILD_EXPERT_CACHE, total));
@@ -231,7 +236,7 @@ fn build_inner(
             .par_chunks_mut(layout.expert_stride)
             .enumerate()
             .map(|(e, out)| {
-                let hash = source.quantize_expert(layer, e, out);
+                let hash = source.write_expert(layer, e, out);
                 if let Some(p) = &events {
                     p.add(expert_bytes);
                 }
@@ -311,7 +316,12 @@ fn build_inner(
     Ok(report)
 }
 
-fn progress_bar(enabled: bool, total: u64, path: &Path) -> indicatif::ProgressBar {
+fn progress_bar(
+    enabled: bool,
+    total: u64,
+    path: &Path,
+    format: crate::layout::ExpertFormat,
+) -> indicatif::ProgressBar {
     if !enabled || !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
@@ -327,7 +337,8 @@ fn progress_bar(enabled: bool, total: u64, path: &Path) -> indicatif::ProgressBa
         .progress_chars("=> "),
     );
     bar.set_message(format!(
-        "INT4 experts -> {}",
+        "{} experts -> {}",
+        format.precision().name().to_uppercase(),
         path.file_name().unwrap_or_default().to_string_lossy()
     ));
     bar

@@ -5,7 +5,7 @@
 
 use crate::error::CacheError;
 use crate::format::{FORMAT_VERSION, Header, SourceIdentity, decode};
-use crate::layout::{ExpertLayout, GROUP_SIZE};
+use crate::layout::{ExpertFormat, ExpertLayout};
 use crate::quant::QUANTIZER_VERSION;
 use krasis_model::ModelConfig;
 use memmap2::Mmap;
@@ -26,7 +26,7 @@ pub enum Verify {
     HeaderOnly,
 }
 
-/// A validated, memory-mapped INT4 expert cache.
+/// A validated, memory-mapped expert cache (INT4 or MXFP4 experts).
 pub struct ExpertCache {
     path: PathBuf,
     map: Mmap,
@@ -49,15 +49,25 @@ impl std::fmt::Debug for ExpertCache {
 }
 
 impl ExpertCache {
-    /// Opens the cache at `path` for the model described by `config`,
-    /// verifying every layer checksum.
-    pub fn open(path: &Path, config: &ModelConfig) -> Result<Self, CacheError> {
-        Self::open_with(path, config, Verify::Checksums)
+    /// Opens the cache at `path` for the model described by `config`, in
+    /// the format the model's experts are cached in
+    /// ([`crate::ModelSource::format`] of its directory), verifying every
+    /// layer checksum.
+    pub fn open(
+        path: &Path,
+        config: &ModelConfig,
+        format: ExpertFormat,
+    ) -> Result<Self, CacheError> {
+        Self::open_with(path, config, format, Verify::Checksums)
     }
 
+    /// [`Self::open`] with a choice of how much to verify. A header whose
+    /// expert format is not `format` is refused
+    /// ([`CacheError::FormatMismatch`], naming both).
     pub fn open_with(
         path: &Path,
         config: &ModelConfig,
+        format: ExpertFormat,
         verify: Verify,
     ) -> Result<Self, CacheError> {
         let file = File::open(path).map_err(|e| CacheError::io(path, e))?;
@@ -66,7 +76,7 @@ impl ExpertCache {
         // of scope as for any mmap reader.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| CacheError::io(path, e))?;
         let (_, header) = decode(path, &map)?;
-        let layout = check_header(path, &header, config)?;
+        let layout = check_header(path, &header, config, format)?;
         let mut position = vec![None; header.num_layers];
         for (j, &l) in header.moe_layers.iter().enumerate() {
             position[l] = Some(j);
@@ -126,6 +136,10 @@ impl ExpertCache {
     /// Per-expert byte layout (same for every expert).
     pub fn layout(&self) -> ExpertLayout {
         self.layout
+    }
+    /// Precision and group of the experts (from the validated header).
+    pub fn format(&self) -> ExpertFormat {
+        self.layout.format
     }
     /// Decoder layer indices that have experts, in file order.
     pub fn moe_layers(&self) -> &[usize] {
@@ -218,7 +232,12 @@ impl ExpertCache {
 }
 
 /// Checks the header against this build and against `config`; returns the layout.
-fn check_header(path: &Path, h: &Header, config: &ModelConfig) -> Result<ExpertLayout, CacheError> {
+fn check_header(
+    path: &Path,
+    h: &Header,
+    config: &ModelConfig,
+    format: ExpertFormat,
+) -> Result<ExpertLayout, CacheError> {
     let stale = |reason: String| CacheError::Stale {
         path: path.to_path_buf(),
         reason,
@@ -234,11 +253,18 @@ fn check_header(path: &Path, h: &Header, config: &ModelConfig) -> Result<ExpertL
             h.format_version
         )));
     }
-    if h.quantizer_version != QUANTIZER_VERSION || h.group_size != GROUP_SIZE {
+    if h.quantizer_version != QUANTIZER_VERSION {
         return Err(stale(format!(
-            "quantizer version {} with group size {} (this build: version {QUANTIZER_VERSION}, group {GROUP_SIZE})",
-            h.quantizer_version, h.group_size
+            "quantizer version {} (this build: version {QUANTIZER_VERSION})",
+            h.quantizer_version
         )));
+    }
+    if h.expert_format != format {
+        return Err(CacheError::FormatMismatch {
+            path: path.to_path_buf(),
+            cached: h.expert_format,
+            wanted: format,
+        });
     }
     let g = config.geometry();
     let want_moe: Vec<usize> = g.moe_layers().collect();
@@ -277,10 +303,19 @@ fn check_header(path: &Path, h: &Header, config: &ModelConfig) -> Result<ExpertL
             )));
         }
     }
-    let layout = ExpertLayout::new(h.hidden, h.expert_intermediate).ok_or_else(|| {
+    let layout = ExpertLayout::new(
+        h.expert_format,
+        h.hidden,
+        h.expert_intermediate,
+        h.expert_bias,
+    )
+    .ok_or_else(|| {
         invalid(format!(
-            "impossible geometry {}x{}",
-            h.hidden, h.expert_intermediate
+            "impossible geometry {}x{} for {} experts{}",
+            h.hidden,
+            h.expert_intermediate,
+            h.expert_format,
+            if h.expert_bias { " with biases" } else { "" }
         ))
     })?;
     if h.expert_stride != layout.expert_stride

@@ -3,7 +3,7 @@
 use crate::builder::{BuildOptions, BuildReport, build_locked};
 use crate::cache::ExpertCache;
 use crate::error::CacheError;
-use crate::format::FILE_NAME;
+use crate::format::{FILE_NAME, V1_FILE_NAME, V1_MAGIC};
 use crate::lock::CacheLock;
 use crate::source::ModelSource;
 use krasis_common::events::EventSink;
@@ -19,8 +19,10 @@ pub fn default_cache_root() -> Result<PathBuf, CacheError> {
         })
 }
 
-/// `<root>/experts/<source-id>/experts-int4-v1.kcache`, with `root` the
-/// platform cache directory unless `cache_root` is given.
+/// `<root>/experts/<source-id>/experts-v2.kcache`, with `root` the
+/// platform cache directory unless `cache_root` is given. (Format 1 put
+/// `experts-int4-v1.kcache` in the same directory: the source id of a
+/// float checkpoint is unchanged, so [`ensure_cache_at`] finds it there.)
 pub fn cache_path(source: &ModelSource, cache_root: Option<&Path>) -> Result<PathBuf, CacheError> {
     let root = match cache_root {
         Some(r) => r.to_path_buf(),
@@ -32,9 +34,10 @@ pub fn cache_path(source: &ModelSource, cache_root: Option<&Path>) -> Result<Pat
         .join(FILE_NAME))
 }
 
-/// Opens the cache at `path` and checks that it was built from `source`.
+/// Opens the cache at `path` and checks that it was built from `source`
+/// in the source's expert format.
 pub fn open_for_source(path: &Path, source: &ModelSource) -> Result<ExpertCache, CacheError> {
-    let cache = ExpertCache::open(path, source.config())?;
+    let cache = ExpertCache::open(path, source.config(), source.format())?;
     if cache.source() != source.identity() {
         return Err(CacheError::Stale {
             path: path.to_path_buf(),
@@ -56,17 +59,87 @@ pub struct Ensured {
     pub built: Option<BuildReport>,
 }
 
+/// Single-quotes `s` for a POSIX shell when it holds anything but safe
+/// characters, so the rebuild command can be pasted as printed.
+fn shell_word(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// The exact `build-cache` command that (re)builds the cache of `source` at
+/// `path`: `--cache-dir` is named when `path` lies under a root other than
+/// the platform default.
+pub fn rebuild_command(source: &ModelSource, path: &Path) -> String {
+    let mut cmd = format!(
+        "krasis-runtime build-cache --model {}",
+        shell_word(&source.dir().to_string_lossy())
+    );
+    let root = path.ancestors().nth(3);
+    if let Some(root) = root
+        && cache_path(source, Some(root)).ok().as_deref() == Some(path)
+        && default_cache_root().ok().as_deref() != Some(root)
+    {
+        cmd.push_str(&format!(
+            " --cache-dir {}",
+            shell_word(&root.to_string_lossy())
+        ));
+    }
+    cmd
+}
+
+/// A format-1 cache next to `path` (by name), as the error that refuses it.
+fn format_1_beside(path: &Path, command: &str) -> Option<CacheError> {
+    let old = path.with_file_name(V1_FILE_NAME);
+    if !old.exists() {
+        return None;
+    }
+    // The name says format 1; the preamble says which version exactly when
+    // it is readable.
+    let mut version = 1;
+    if let Ok(bytes) = std::fs::read(&old).map(|b| b.into_iter().take(12).collect::<Vec<u8>>())
+        && bytes.len() == 12
+        && bytes[..8] == V1_MAGIC
+    {
+        version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    }
+    Some(CacheError::OldFormat {
+        path: old,
+        version,
+        command: command.to_string(),
+    })
+}
+
 /// Opens the valid cache of `source` at `path`, or (re)builds it when it is
 /// missing, damaged or stale. A concurrent builder is waited for (or
 /// refused, per `opts.wait`), and its result used when valid.
+///
+/// A format-1 cache (by file name next to `path`, or by magic at `path`)
+/// is refused with [`CacheError::OldFormat`] and the exact rebuild command,
+/// unless `opts.replace_format_1` (set by that command) says to delete it
+/// and build format 2.
 pub fn ensure_cache_at(
     source: &ModelSource,
     path: &Path,
     opts: &BuildOptions<'_>,
 ) -> Result<Ensured, CacheError> {
+    let command = rebuild_command(source, path);
+    if let Some(CacheError::OldFormat { path: old, .. }) = format_1_beside(path, &command) {
+        if !opts.replace_format_1 {
+            return Err(format_1_beside(path, &command).expect("still there"));
+        }
+        tracing::warn!(file = %old.display(), "removing a format-1 expert cache (replaced by format 2)");
+        std::fs::remove_file(&old).map_err(|e| CacheError::io(&old, e))?;
+    }
     match open_for_source(path, source) {
         Ok(cache) => return Ok(Ensured { cache, built: None }),
-        Err(e) if e.is_rebuildable() => {
+        Err(e @ CacheError::OldFormat { .. }) if !opts.replace_format_1 => {
+            return Err(e.with_rebuild_command(&command));
+        }
+        Err(e) if e.is_rebuildable() || matches!(e, CacheError::OldFormat { .. }) => {
             if !matches!(e, CacheError::Missing { .. }) {
                 tracing::warn!("rebuilding the expert cache: {e}");
             }

@@ -1,7 +1,7 @@
-//! On-disk container of the cache (format version 1).
+//! On-disk container of the cache (format version 2).
 //!
 //! ```text
-//! [0, 128)              preamble: magic "KRSXINT4", format version (u32 LE),
+//! [0, 128)              preamble: magic "KRSXEXP2", format version (u32 LE),
 //!                       reserved u32, header JSON length (u64), data offset
 //!                       (u64), file length (u64), blake3 of the header JSON
 //!                       (32 bytes), zero padding
@@ -13,18 +13,30 @@
 //! ```
 //! The builder writes the preamble last, so a file whose build was
 //! interrupted has no magic and is never mistaken for a cache.
+//!
+//! Format 2 records the expert precision and group ([`ExpertFormat`]) in the
+//! header. Its magic and file name are precision-neutral and differ from
+//! format 1's ("KRSXINT4", `experts-int4-v1.kcache`): a format-1 reader finds
+//! no file of its name and refuses this magic, and this reader recognises a
+//! format-1 file by its magic or its name and refuses it with the rebuild
+//! command ([`CacheError::OldFormat`]) instead of misreading or replacing it.
 
 use crate::error::CacheError;
+use crate::layout::ExpertFormat;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-pub const MAGIC: [u8; 8] = *b"KRSXINT4";
+pub const MAGIC: [u8; 8] = *b"KRSXEXP2";
 /// Bump on any change to this container, the header fields, or `layout.rs`.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// Magic of format-1 caches (INT4 group 128 only), recognised to refuse them.
+pub const V1_MAGIC: [u8; 8] = *b"KRSXINT4";
+/// Name of a format-1 cache file, next to where format 2 puts its file.
+pub const V1_FILE_NAME: &str = "experts-int4-v1.kcache";
 pub const PREAMBLE_BYTES: usize = 128;
 pub const DATA_ALIGN: usize = 4096;
 /// Name of the cache file inside its directory.
-pub const FILE_NAME: &str = "experts-int4-v1.kcache";
+pub const FILE_NAME: &str = "experts-v2.kcache";
 /// Upper bound on the header JSON, far above any real model (a few KiB per
 /// layer); it stops a corrupt length field from driving a huge parse.
 const MAX_HEADER_BYTES: u64 = 64 << 20;
@@ -39,16 +51,20 @@ pub enum SourceIdentity {
     Checkpoint {
         /// blake3 of `config.json` as stored.
         config_blake3: String,
-        /// Number of routed-expert tensors (3 per expert per MoE layer).
+        /// Number of routed-expert tensors (3 per expert per MoE layer for
+        /// per-expert storage; per MoE layer the fused MXFP4 blocks, scales
+        /// and biases otherwise).
         expert_tensors: usize,
         /// blake3 over "name dtype shape" lines of every expert tensor, in
-        /// (layer, expert, gate/up/down) order.
+        /// (layer, expert, gate/up/down) order, or (layer, gate_up blocks,
+        /// scales, bias, down blocks, scales, bias) for fused MXFP4.
         tensor_table_blake3: String,
-        /// Distinct dtypes of the expert tensors ("BF16", ...).
+        /// Distinct dtypes of the expert tensors ("BF16", "U8", ...).
         dtypes: Vec<String>,
         /// blake3 over a few KiB of expert data per layer (start of the first
         /// expert's gate, middle of the middle expert's up, end of the last
-        /// expert's down): catches a different revision or seed with the
+        /// expert's down; for fused MXFP4 the same three places of the
+        /// gate_up blocks, down blocks and down scales): catches a different revision or seed with the
         /// same names and shapes at open time for ~3 page reads per layer.
         /// Full content is checked by `build-cache --verify`.
         expert_sample_blake3: String,
@@ -89,8 +105,13 @@ pub struct LayerEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Header {
     pub format_version: u32,
+    /// INT4 quantizer rule version (recorded for MXFP4 too, where the
+    /// bits are copied and the rule is unused).
     pub quantizer_version: u32,
-    pub group_size: usize,
+    /// Precision and group of the experts; the layout derives from it.
+    pub expert_format: ExpertFormat,
+    /// Whether expert blocks carry bias arrays (see `layout.rs`).
+    pub expert_bias: bool,
     pub model_type: String,
     pub hidden: usize,
     pub expert_intermediate: usize,
@@ -103,7 +124,9 @@ pub struct Header {
     pub file_bytes: u64,
     pub source: SourceIdentity,
     /// Checkpoints: blake3 over the per-layer hashes of the per-expert
-    /// hashes of the raw tensor bytes (gate ‖ up ‖ down), hex. `None` for
+    /// hashes of the raw tensor bytes (gate ‖ up ‖ down; for fused MXFP4
+    /// the expert's gate_up blocks ‖ scales ‖ bias ‖ down blocks ‖ scales ‖
+    /// bias as stored), hex. `None` for
     /// synthetic sources, whose recipe already determines every value.
     pub source_content_blake3: Option<String>,
     /// `krasis-cache <version>` of the writer, informational.
@@ -146,13 +169,16 @@ pub fn decode(path: &Path, file: &[u8]) -> Result<(Preamble, Header), CacheError
             file.len()
         )));
     }
+    let version = u32::from_le_bytes(file[8..12].try_into().expect("4 bytes"));
+    if file[0..8] == V1_MAGIC {
+        return Err(CacheError::old_format(path, version));
+    }
     if file[0..8] != MAGIC {
         return Err(bad(
-            "wrong magic bytes (not an INT4 expert cache, or an interrupted build)".into(),
+            "wrong magic bytes (not an expert cache, or an interrupted build)".into(),
         ));
     }
     let u64_at = |o: usize| u64::from_le_bytes(file[o..o + 8].try_into().expect("8 bytes"));
-    let version = u32::from_le_bytes(file[8..12].try_into().expect("4 bytes"));
     if version != FORMAT_VERSION {
         return Err(CacheError::Stale {
             path: path.to_path_buf(),

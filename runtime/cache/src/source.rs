@@ -6,9 +6,10 @@
 
 use crate::error::CacheError;
 use crate::format::SourceIdentity;
-use crate::layout::ExpertLayout;
+use crate::layout::{ExpertFormat, ExpertLayout, ExpertPrecision};
+use crate::mxfp4::{FusedLayer, fused_tensors};
 use crate::quant::{ExpertPart, GroupError, SourceMatrix, quantize_expert};
-use krasis_model::{Checkpoint, DType, ModelConfig};
+use krasis_model::{Checkpoint, DType, ExpertStorage, FusedMxfp4Names, ModelConfig};
 use std::path::{Path, PathBuf};
 
 use krasis_model::synth::RECORD_FILE as SYNTH_RECORD_FILE;
@@ -18,12 +19,13 @@ enum Kind {
     Synthetic(Box<krasis_model::synth::SynthSpec>),
 }
 
-/// An opened model directory, ready to hand out experts for quantization.
+/// An opened model directory, ready to hand out experts for the cache.
 pub struct ModelSource {
     dir: PathBuf,
     config: ModelConfig,
     layout: ExpertLayout,
     moe_layers: Vec<usize>,
+    storage: Storage,
     identity: SourceIdentity,
     /// Source bytes of one expert (checkpoint precision; BF16-equivalent for
     /// synthetic sources), for progress and throughput reports.
@@ -47,8 +49,63 @@ fn hash_file(path: &Path) -> Result<(Vec<u8>, String), CacheError> {
     Ok((bytes, h))
 }
 
-/// Layout for `config`, or why the model cannot have an INT4 expert cache.
-pub fn layout_for(config: &ModelConfig, dir: &Path) -> Result<ExpertLayout, CacheError> {
+/// How the MoE layers' experts are stored: one plan for all of them (a
+/// checkpoint mixing per-expert and fused layers is refused).
+#[derive(Debug, Clone)]
+enum Storage {
+    PerExpert,
+    /// Names per MoE layer, in `moe_layers` order.
+    FusedMxfp4(Vec<FusedMxfp4Names>),
+}
+
+fn storage_plan(
+    moe_layers: &[usize],
+    storage: &dyn Fn(usize) -> ExpertStorage,
+    dir: &Path,
+) -> Result<Storage, CacheError> {
+    let mut fused = Vec::new();
+    for &l in moe_layers {
+        match storage(l) {
+            ExpertStorage::PerExpert => {}
+            ExpertStorage::FusedMxfp4(n) => fused.push(n),
+        }
+    }
+    match fused.len() {
+        0 => Ok(Storage::PerExpert),
+        n if n == moe_layers.len() => {
+            for n in &fused {
+                if n.gate_up_bias.is_some() != n.down_bias.is_some() {
+                    return Err(CacheError::UnsupportedSource {
+                        dir: dir.to_path_buf(),
+                        reason: format!(
+                            "MXFP4 experts with a bias on only one projection ({:?} / {:?}); the MXFP4 block layout has both or neither",
+                            n.gate_up_bias, n.down_bias
+                        ),
+                    });
+                }
+            }
+            Ok(Storage::FusedMxfp4(fused))
+        }
+        n => Err(CacheError::UnsupportedSource {
+            dir: dir.to_path_buf(),
+            reason: format!(
+                "{n} of {} MoE layers store MXFP4 experts and the rest float experts; one expert cache holds one format",
+                moe_layers.len()
+            ),
+        }),
+    }
+}
+
+/// The expert format of a model whose experts are stored as `storage`,
+/// with `requested` precision (`None`: the model's own). MXFP4 checkpoints
+/// are cached natively (never re-quantised to INT4); float checkpoints as
+/// INT4 with the largest group dividing H and I (never "converted" to MXFP4).
+fn choose_format(
+    config: &ModelConfig,
+    storage: &Storage,
+    requested: Option<ExpertPrecision>,
+    dir: &Path,
+) -> Result<ExpertFormat, CacheError> {
     let g = config.geometry();
     if g.num_moe_layers() == 0 || g.num_experts == 0 {
         return Err(CacheError::UnsupportedSource {
@@ -56,26 +113,90 @@ pub fn layout_for(config: &ModelConfig, dir: &Path) -> Result<ExpertLayout, Cach
             reason: "the model has no routed experts, so there is nothing to cache".into(),
         });
     }
-    ExpertLayout::new(g.hidden, g.expert_intermediate).ok_or_else(|| CacheError::UnsupportedSource {
+    let refuse = |reason: String| CacheError::Precision {
         dir: dir.to_path_buf(),
-        reason: format!(
-            "hidden_size {} and moe_intermediate_size {} must both be multiples of {} for INT4 groups",
-            g.hidden,
-            g.expert_intermediate,
-            crate::GROUP_SIZE
-        ),
-    })
+        reason,
+    };
+    let (h, i) = (g.hidden, g.expert_intermediate);
+    match (storage, requested) {
+        (Storage::FusedMxfp4(_), Some(ExpertPrecision::Int4)) => Err(refuse(format!(
+            "the checkpoint stores its {} experts in MXFP4; precision int4 would re-quantise them, which krasis does not do: use precision mxfp4 (this model's default), which keeps the checkpoint's bits",
+            config.model_type()
+        ))),
+        (Storage::FusedMxfp4(_), _) => {
+            if ExpertLayout::new(ExpertFormat::Mxfp4, h, i, false).is_none() {
+                return Err(CacheError::UnsupportedSource {
+                    dir: dir.to_path_buf(),
+                    reason: format!(
+                        "hidden_size {h} and expert intermediate size {i} must both be multiples of 32 for MXFP4 blocks"
+                    ),
+                });
+            }
+            Ok(ExpertFormat::Mxfp4)
+        }
+        (Storage::PerExpert, Some(ExpertPrecision::Mxfp4)) => Err(refuse(format!(
+            "the checkpoint stores its {} experts as floats, not MXFP4; precision mxfp4 keeps a checkpoint's own MXFP4 bits and never quantises float weights to MXFP4: use precision int4 (this model's default)",
+            config.model_type()
+        ))),
+        (Storage::PerExpert, _) => {
+            ExpertFormat::int4_for(h, i).ok_or_else(|| CacheError::UnsupportedSource {
+                dir: dir.to_path_buf(),
+                reason: format!(
+                    "hidden_size {h} and expert intermediate size {i} must both be multiples of 32 (INT4 groups are 128, 64 or 32)"
+                ),
+            })
+        }
+    }
 }
 
 impl ModelSource {
     /// Opens `dir` (config.json plus safetensors, or a synthetic recipe when
-    /// its routed experts were omitted) and computes its identity without
-    /// reading weight data.
+    /// its routed experts were omitted) in the model's own expert precision
+    /// and computes its identity without reading weight data.
     pub fn open(dir: &Path) -> Result<Self, CacheError> {
+        Self::open_with(dir, None)
+    }
+
+    /// [`Self::open`] with an explicit precision; a precision the checkpoint
+    /// cannot be cached in exactly (int4 for MXFP4 experts, mxfp4 for float
+    /// experts) is refused with [`CacheError::Precision`].
+    pub fn open_with(dir: &Path, precision: Option<ExpertPrecision>) -> Result<Self, CacheError> {
         let config = ModelConfig::load(dir)?;
-        let layout = layout_for(&config, dir)?;
+        let storage = |l: usize| config.expert_storage(l);
+        Self::open_described(dir, precision, &storage)
+    }
+
+    /// [`Self::open_with`] with the expert storage given by `storage` (MoE
+    /// layer -> how its experts are stored) instead of read from the
+    /// architecture description: for a family whose description does not
+    /// yet say, and for tests that pair a small config with hand-written
+    /// MXFP4 tensors.
+    pub fn open_described(
+        dir: &Path,
+        precision: Option<ExpertPrecision>,
+        storage: &dyn Fn(usize) -> ExpertStorage,
+    ) -> Result<Self, CacheError> {
+        let config = ModelConfig::load(dir)?;
         let g = config.geometry();
         let moe_layers: Vec<usize> = g.moe_layers().collect();
+        let plan = storage_plan(&moe_layers, storage, dir)?;
+        let format = choose_format(&config, &plan, precision, dir)?;
+        let has_bias = match &plan {
+            Storage::FusedMxfp4(n) => n[0].gate_up_bias.is_some(),
+            Storage::PerExpert => false,
+        };
+        if let Storage::FusedMxfp4(n) = &plan
+            && n.iter().any(|n| n.gate_up_bias.is_some() != has_bias)
+        {
+            return Err(CacheError::UnsupportedSource {
+                dir: dir.to_path_buf(),
+                reason:
+                    "some MoE layers have expert biases and some not; one expert layout holds one"
+                        .into(),
+            });
+        }
+        let layout = ExpertLayout::new(format, g.hidden, g.expert_intermediate, has_bias)
+            .expect("choose_format checked the geometry");
         let (_, config_blake3) = hash_file(&dir.join("config.json"))?;
         let record_path = dir.join(SYNTH_RECORD_FILE);
         let synthetic_record = if record_path.exists() {
@@ -101,11 +222,18 @@ impl ModelSource {
                     reason: format!("cannot regenerate the omitted experts: {e}"),
                 }
             })?;
+            if !matches!(plan, Storage::PerExpert) {
+                return Err(CacheError::UnsupportedSource {
+                    dir: dir.to_path_buf(),
+                    reason: "synthetic recipes generate float experts, but the architecture stores MXFP4 experts".into(),
+                });
+            }
             return Ok(ModelSource {
                 dir: dir.to_path_buf(),
                 config,
                 layout,
                 moe_layers,
+                storage: plan,
                 identity: SourceIdentity::Synthetic {
                     config_blake3,
                     spec_blake3,
@@ -116,51 +244,24 @@ impl ModelSource {
             });
         }
         let ckpt = Checkpoint::open(dir)?;
-        let mut table = blake3::Hasher::new();
-        let mut dtypes: Vec<String> = Vec::new();
-        let mut expert_tensors = 0usize;
-        let mut first_expert_bytes = None;
-        let mut sample = blake3::Hasher::new();
-        let (h, i) = (g.hidden, g.expert_intermediate);
-        for &layer in &moe_layers {
-            for e in 0..g.num_experts {
-                let names = config.expert_tensor_names(layer, e);
-                let shapes = [[i, h], [i, h], [h, i]];
-                let mut bytes = 0u64;
-                for (name, shape) in names.iter().zip(shapes) {
-                    let t = ckpt.expect(name, &shape)?;
-                    table.update(format!("{name} {} {:?}\n", t.dtype.name(), t.shape).as_bytes());
-                    if !dtypes.iter().any(|d| d == t.dtype.name()) {
-                        dtypes.push(t.dtype.name().to_string());
-                    }
-                    bytes += t.bytes.len() as u64;
-                    expert_tensors += 1;
-                }
-                first_expert_bytes.get_or_insert(bytes);
-            }
-            let names = |e: usize| config.expert_tensor_names(layer, e);
-            let n = g.num_experts;
-            let first = ckpt.get(&names(0)[0])?.bytes;
-            let middle = ckpt.get(&names(n / 2)[1])?.bytes;
-            let last = ckpt.get(&names(n - 1)[2])?.bytes;
-            const SAMPLE: usize = 4096;
-            sample.update(&first[..first.len().min(SAMPLE)]);
-            sample.update(&middle[middle.len() / 2..(middle.len() / 2 + SAMPLE).min(middle.len())]);
-            sample.update(&last[last.len().saturating_sub(SAMPLE)..]);
-        }
+        let ident = match &plan {
+            Storage::PerExpert => per_expert_identity(&ckpt, &config, &moe_layers)?,
+            Storage::FusedMxfp4(names) => fused_identity(&ckpt, names, g.num_experts, &layout)?,
+        };
         Ok(ModelSource {
             dir: dir.to_path_buf(),
             config,
             layout,
             moe_layers,
+            storage: plan,
             identity: SourceIdentity::Checkpoint {
                 config_blake3,
-                expert_tensors,
-                tensor_table_blake3: table.finalize().to_hex().to_string(),
-                dtypes,
-                expert_sample_blake3: sample.finalize().to_hex().to_string(),
+                expert_tensors: ident.tensors,
+                tensor_table_blake3: ident.table.finalize().to_hex().to_string(),
+                dtypes: ident.dtypes,
+                expert_sample_blake3: ident.sample.finalize().to_hex().to_string(),
             },
-            expert_source_bytes: first_expert_bytes.unwrap_or(0),
+            expert_source_bytes: ident.expert_bytes,
             kind: Kind::Checkpoint(ckpt),
         })
     }
@@ -173,6 +274,10 @@ impl ModelSource {
     }
     pub fn layout(&self) -> ExpertLayout {
         self.layout
+    }
+    /// Precision and group of the cache this source builds.
+    pub fn format(&self) -> ExpertFormat {
+        self.layout.format
     }
     pub fn moe_layers(&self) -> &[usize] {
         &self.moe_layers
@@ -195,15 +300,28 @@ impl ModelSource {
         self.expert_source_bytes * (self.moe_layers.len() * self.num_experts()) as u64
     }
 
-    /// Quantizes one expert into `out` (one `expert_stride` block). For
-    /// checkpoints also returns the blake3 of the source bytes
-    /// (gate ‖ up ‖ down as stored), which the header records.
-    pub fn quantize_expert<'a>(
+    /// Writes one expert into `out` (one `expert_stride` block): INT4
+    /// quantized from floats, or MXFP4 copied bit for bit. For checkpoints
+    /// also returns the blake3 of the source bytes as stored (gate ‖ up ‖
+    /// down, or the fused tensors' slices of this expert), which the header
+    /// records.
+    pub fn write_expert<'a>(
         &'a self,
         layer: usize,
         expert: usize,
         out: &mut [u8],
     ) -> Result<Option<blake3::Hash>, CacheError> {
+        if let (Storage::FusedMxfp4(names), Kind::Checkpoint(ckpt)) = (&self.storage, &self.kind) {
+            let j = self
+                .moe_layers
+                .iter()
+                .position(|&l| l == layer)
+                .ok_or_else(|| {
+                    CacheError::OutOfRange(format!("decoder layer {layer} has no routed experts"))
+                })?;
+            let fused = FusedLayer::open(ckpt, &names[j], self.num_experts(), &self.layout)?;
+            return fused.copy_expert(expert, &self.layout, out).map(Some);
+        }
         let names = self.config.expert_tensor_names(layer, expert);
         let fail = |(part, e): (ExpertPart, GroupError)| {
             let idx = match part {
@@ -247,6 +365,103 @@ impl ModelSource {
             }
         }
     }
+}
+
+/// What [`SourceIdentity::Checkpoint`] records, accumulated.
+struct Ident {
+    tensors: usize,
+    table: blake3::Hasher,
+    dtypes: Vec<String>,
+    sample: blake3::Hasher,
+    expert_bytes: u64,
+}
+
+impl Ident {
+    fn new() -> Self {
+        Ident {
+            tensors: 0,
+            table: blake3::Hasher::new(),
+            dtypes: Vec::new(),
+            sample: blake3::Hasher::new(),
+            expert_bytes: 0,
+        }
+    }
+    fn add(&mut self, name: &str, dtype: &str, shape: &[usize]) {
+        self.table
+            .update(format!("{name} {dtype} {shape:?}\n").as_bytes());
+        if !self.dtypes.iter().any(|d| d == dtype) {
+            self.dtypes.push(dtype.to_string());
+        }
+        self.tensors += 1;
+    }
+}
+
+const SAMPLE: usize = 4096;
+
+fn sample_start(h: &mut blake3::Hasher, b: &[u8]) {
+    h.update(&b[..b.len().min(SAMPLE)]);
+}
+fn sample_middle(h: &mut blake3::Hasher, b: &[u8]) {
+    h.update(&b[b.len() / 2..(b.len() / 2 + SAMPLE).min(b.len())]);
+}
+fn sample_end(h: &mut blake3::Hasher, b: &[u8]) {
+    h.update(&b[b.len().saturating_sub(SAMPLE)..]);
+}
+
+/// Identity of per-expert float tensors (unchanged from format 1, so a
+/// format-1 cache of the same checkpoint sits in the same directory and is
+/// found and refused with the rebuild command).
+fn per_expert_identity(
+    ckpt: &Checkpoint,
+    config: &ModelConfig,
+    moe_layers: &[usize],
+) -> Result<Ident, CacheError> {
+    let g = config.geometry();
+    let (h, i) = (g.hidden, g.expert_intermediate);
+    let mut id = Ident::new();
+    let mut first_expert_bytes = None;
+    for &layer in moe_layers {
+        for e in 0..g.num_experts {
+            let names = config.expert_tensor_names(layer, e);
+            let shapes = [[i, h], [i, h], [h, i]];
+            let mut bytes = 0u64;
+            for (name, shape) in names.iter().zip(shapes) {
+                let t = ckpt.expect(name, &shape)?;
+                id.add(name, t.dtype.name(), t.shape);
+                bytes += t.bytes.len() as u64;
+            }
+            first_expert_bytes.get_or_insert(bytes);
+        }
+        let names = |e: usize| config.expert_tensor_names(layer, e);
+        let n = g.num_experts;
+        sample_start(&mut id.sample, ckpt.get(&names(0)[0])?.bytes);
+        sample_middle(&mut id.sample, ckpt.get(&names(n / 2)[1])?.bytes);
+        sample_end(&mut id.sample, ckpt.get(&names(n - 1)[2])?.bytes);
+    }
+    id.expert_bytes = first_expert_bytes.unwrap_or(0);
+    Ok(id)
+}
+
+/// Identity of fused MXFP4 tensors: every tensor's name, dtype and shape,
+/// and samples of the gate_up blocks, down blocks and down scales.
+fn fused_identity(
+    ckpt: &Checkpoint,
+    names: &[FusedMxfp4Names],
+    experts: usize,
+    layout: &ExpertLayout,
+) -> Result<Ident, CacheError> {
+    let mut id = Ident::new();
+    for n in names {
+        for (name, dtype, shape) in fused_tensors(n, experts, layout) {
+            let t = crate::mxfp4::expect_tensor(ckpt, &name, dtype, &shape)?;
+            id.add(&name, dtype.name(), t.shape);
+        }
+        sample_start(&mut id.sample, ckpt.raw(&n.gate_up_blocks)?.bytes);
+        sample_middle(&mut id.sample, ckpt.raw(&n.down_blocks)?.bytes);
+        sample_end(&mut id.sample, ckpt.raw(&n.down_scales)?.bytes);
+    }
+    id.expert_bytes = FusedLayer::expert_bytes(layout);
+    Ok(id)
 }
 
 fn f32_matrix(v: &[f32]) -> SourceMatrix<'_> {

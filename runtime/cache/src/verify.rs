@@ -1,5 +1,5 @@
 //! Full verification of a cache against its source: every expert is
-//! quantized again and compared byte for byte, and (for checkpoints) the
+//! quantized (INT4) or copied (MXFP4) again and compared byte for byte, and (for checkpoints) the
 //! source content hash is recomputed and compared with the header. Costs as
 //! much CPU as a build (no writes); `build-cache --verify` runs it.
 
@@ -22,6 +22,13 @@ pub fn verify_against_source(
     source: &ModelSource,
 ) -> Result<VerifyReport, CacheError> {
     let start = Instant::now();
+    if cache.format() != source.format() {
+        return Err(CacheError::FormatMismatch {
+            path: cache.path().to_path_buf(),
+            cached: cache.format(),
+            wanted: source.format(),
+        });
+    }
     if cache.source() != source.identity() {
         return Err(CacheError::Stale {
             path: cache.path().to_path_buf(),
@@ -38,13 +45,13 @@ pub fn verify_against_source(
             .map_init(
                 || vec![0u8; stride],
                 |buf, (e, stored)| {
-                    let h = source.quantize_expert(layer, e, buf)?;
+                    let h = source.write_expert(layer, e, buf)?;
                     if buf.as_slice() != stored {
                         let at = buf.iter().zip(stored).position(|(a, b)| a != b).unwrap_or(0);
                         return Err(CacheError::Invalid {
                             path: cache.path().to_path_buf(),
                             reason: format!(
-                                "expert {e} of layer {layer} differs from a fresh quantization of the source at byte {at} of its block"
+                                "expert {e} of layer {layer} differs from a fresh build from the source at byte {at} of its block"
                             ),
                         });
                     }

@@ -6,7 +6,7 @@ use common::*;
 use half::f16;
 use krasis_cache::quant::{SourceMatrix, quantize_rows};
 use krasis_cache::{
-    BuildOptions, CacheError, ExpertCache, Int4Experts, LockWait, ModelSource, SourceIdentity,
+    BuildOptions, CacheError, CacheExperts, ExpertCache, LockWait, ModelSource, SourceIdentity,
     Verify, build, ensure_cache_at,
 };
 use krasis_model::{DType, ExpertWeights};
@@ -95,6 +95,7 @@ fn build_open_and_one_copy_per_expert() {
             },
             rows,
             k,
+            128,
             &mut q,
             &mut s,
         )
@@ -118,7 +119,7 @@ fn build_open_and_one_copy_per_expert() {
     assert_eq!(&block[layout.w2_s..layout.w2_s + ds.len()], &ds[..]);
 
     // Dequantized weights are within half a step of the source.
-    let int4 = Int4Experts::new(Arc::new(cache));
+    let int4 = CacheExperts::new(Arc::new(cache));
     let w = int4.expert_f32(1, 5).unwrap();
     let src = ckpt.get(&down_name).unwrap().to_f32();
     for (j, (a, b)) in src.iter().zip(&w.down).enumerate() {
@@ -146,7 +147,7 @@ fn truncated_file_is_refused_then_rebuilt() {
         .unwrap()
         .set_len(len - 4096)
         .unwrap();
-    let e = ExpertCache::open(&path, source.config()).unwrap_err();
+    let e = ExpertCache::open(&path, source.config(), source.format()).unwrap_err();
     assert!(matches!(e, CacheError::Invalid { .. }), "{e}");
     let msg = e.to_string();
     assert!(
@@ -164,12 +165,12 @@ fn flipped_byte_names_the_layer_and_is_rebuilt() {
     let source = ModelSource::open(&small_model(tmp.path())).unwrap();
     let path = cache_file(tmp.path());
     build(&source, &path, &quiet()).unwrap();
-    let good = ExpertCache::open(&path, source.config()).unwrap();
+    let good = ExpertCache::open(&path, source.config(), source.format()).unwrap();
     let target = good.layer_offset(1) + 12345;
     let len = good.layer_len() as u64;
     drop(good);
     flip_byte(&path, target);
-    let e = ExpertCache::open(&path, source.config()).unwrap_err();
+    let e = ExpertCache::open(&path, source.config(), source.format()).unwrap_err();
     match &e {
         CacheError::Checksum {
             layer, offset, end, ..
@@ -181,12 +182,15 @@ fn flipped_byte_names_the_layer_and_is_rebuilt() {
     }
     assert!(e.to_string().contains("decoder layer 1"), "{e}");
     // The explicit fast mode skips layer checksums (documented), nothing else.
-    assert!(ExpertCache::open_with(&path, source.config(), Verify::HeaderOnly).is_ok());
+    assert!(
+        ExpertCache::open_with(&path, source.config(), source.format(), Verify::HeaderOnly).is_ok()
+    );
     let again = ensure_cache_at(&source, &path, &quiet()).unwrap();
     assert!(again.built.is_some());
     // A flipped header byte is caught by the header checksum.
     flip_byte(&path, 200);
-    let e = ExpertCache::open_with(&path, source.config(), Verify::HeaderOnly).unwrap_err();
+    let e = ExpertCache::open_with(&path, source.config(), source.format(), Verify::HeaderOnly)
+        .unwrap_err();
     assert!(e.to_string().contains("header"), "{e}");
 }
 
@@ -226,7 +230,7 @@ fn different_geometry_is_a_mismatch() {
     let mut o = small_overrides();
     o.push(("num_experts".into(), serde_json::json!(16)));
     let other = spec("tiny", 7, &o);
-    let e = ExpertCache::open(&path, other.config()).unwrap_err();
+    let e = ExpertCache::open(&path, other.config(), source.format()).unwrap_err();
     assert!(matches!(e, CacheError::Mismatch { .. }), "{e}");
     assert!(
         e.to_string()
@@ -316,7 +320,7 @@ fn concurrent_builders_wait_or_fail_cleanly() {
         let w = waiter.join().unwrap().unwrap();
         assert!(w.built.is_none(), "the waiter reuses the finished cache");
     });
-    ExpertCache::open(path, source.config()).unwrap();
+    ExpertCache::open(path, source.config(), source.format()).unwrap();
 }
 
 #[test]

@@ -88,7 +88,7 @@ fn killed_build_leaves_nothing_valid() {
     assert!(!path.exists(), "nothing at the cache path");
     let partial = temp_files(&path);
     assert_eq!(partial.len(), 1, "{partial:?}");
-    let e = ExpertCache::open(&partial[0], source.config()).unwrap_err();
+    let e = ExpertCache::open(&partial[0], source.config(), source.format()).unwrap_err();
     assert!(matches!(e, CacheError::Invalid { .. }), "{e}");
     // The OS dropped the dead builder's lock.
     drop(krasis_cache::lock::CacheLock::acquire(&path, LockWait::Fail).unwrap());

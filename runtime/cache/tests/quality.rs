@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use krasis_cache::{BuildOptions, Int4Experts, ModelSource, ensure_cache_at};
+use krasis_cache::{BuildOptions, CacheExperts, ModelSource, ensure_cache_at};
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use krasis_model::synth::SynthExperts;
 use krasis_model::{ExpertF32, ExpertWeights, ModelError};
@@ -80,7 +80,7 @@ fn run(dir: &Path, experts: Arc<dyn ExpertWeights>, toks: &[u32]) -> Vec<Vec<f32
 
 /// Deliberately wrong dequantizations, to show the bounds can fail.
 struct Broken {
-    inner: Int4Experts,
+    inner: CacheExperts,
     scale: f32,
     swap_gate_up: bool,
 }
@@ -104,7 +104,7 @@ impl ExpertWeights for Broken {
 struct Case {
     dir: std::path::PathBuf,
     bf16: Vec<Vec<f32>>,
-    int4: Int4Experts,
+    int4: CacheExperts,
     toks: Vec<u32>,
 }
 
@@ -125,7 +125,7 @@ fn case(tmp: &Path, preset: &str, overrides: &[(String, serde_json::Value)], n: 
     Case {
         dir,
         bf16,
-        int4: Int4Experts::new(Arc::new(cache)),
+        int4: CacheExperts::new(Arc::new(cache)),
         toks,
     }
 }
@@ -222,7 +222,7 @@ fn expert_outputs_have_int4_sized_error() {
     let cache = ensure_cache_at(&source, &tmp.path().join("m.kcache"), &opts)
         .unwrap()
         .cache;
-    let int4 = Int4Experts::new(Arc::new(cache));
+    let int4 = CacheExperts::new(Arc::new(cache));
     let broken = Broken {
         inner: int4.clone(),
         scale: 1.1,

@@ -15,7 +15,7 @@
 
 mod common;
 
-use krasis_cache::{BuildOptions, Int4Experts, ModelSource, ensure_cache_at};
+use krasis_cache::{BuildOptions, CacheExperts, ModelSource, ensure_cache_at};
 use krasis_model::Engine;
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use krasis_model::synth::{SynthDtype, SynthSpec};
@@ -84,7 +84,7 @@ fn check_case(case_dir: &Path, dir: &Path, tmp: &Path) {
     let cache = ensure_cache_at(&source, &tmp.join("w.kcache"), &opts)
         .unwrap()
         .cache;
-    let experts = Arc::new(Int4Experts::new(Arc::new(cache)));
+    let experts = Arc::new(CacheExperts::new(Arc::new(cache)));
     let sequences = case["sequences"].as_array().expect("sequences");
     for (n, seq) in sequences.iter().enumerate() {
         let toks: Vec<u32> = seq

@@ -88,7 +88,7 @@ mod tests {
 
     #[test]
     fn a3b_24l_decode_bytes_are_about_1_8_gb() {
-        let expert = krasis_cache::ExpertLayout::new(2048, 768)
+        let expert = krasis_cache::ExpertLayout::int4(2048, 768)
             .unwrap()
             .used_bytes;
         let b = decode_bytes_per_token(&a3b_24l(), expert, 0);

@@ -678,11 +678,18 @@ fn kernel_sampling(p: &SamplingParams) -> Result<krasis_kernels::SamplingParams,
 }
 
 fn int4_layout(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<Int4Layout> {
+    // The engine runs INT4 experts only so far; an MXFP4 cache is refused by
+    // name rather than read as INT4.
+    let krasis_cache::ExpertFormat::Int4 { group } = l.format else {
+        return Err(GpuError::Unsupported(format!(
+            "the expert cache holds {} experts; the CUDA engine runs INT4 expert caches only (use the reference backend for this model)",
+            l.format
+        )));
+    };
     let mine = Int4Layout {
         hidden: l.hidden,
         intermediate: l.intermediate,
-        // The cache is format v1 (group 128) until it records its group.
-        group: 128,
+        group,
         w13_q: l.w13_q,
         w13_s: l.w13_s,
         w2_q: l.w2_q,
@@ -694,11 +701,11 @@ fn int4_layout(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<Int4Layou
             l.hidden, l.intermediate, g.hidden, g.expert_intermediate
         )));
     }
-    // The kernels hard-code format v1; a cache whose offsets differ from
-    // what they expect is refused rather than misread.
-    if Int4Layout::new(l.hidden, l.intermediate, 128) != Some(mine) {
+    // The kernels hard-code the format-2 INT4 layout; a cache whose offsets
+    // differ from what they expect is refused rather than misread.
+    if Int4Layout::new(l.hidden, l.intermediate, group) != Some(mine) {
         return Err(GpuError::Cache(format!(
-            "cache expert layout {l:?} differs from the format-v1 layout the kernels implement"
+            "cache expert layout {l:?} differs from the format-2 INT4 layout the kernels implement"
         )));
     }
     Ok(mine)

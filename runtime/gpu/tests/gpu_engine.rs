@@ -43,7 +43,7 @@ fn load(model: &Path, cache: &Path, chunk: usize) -> CudaEngine {
 
 fn reference(model: &Path, cache: &Path) -> ReferenceEngine {
     let c = krasis_cache::ensure_cache(model, Some(cache)).expect("INT4 cache");
-    let experts = Arc::new(krasis_cache::Int4Experts::new(Arc::new(c)));
+    let experts = Arc::new(krasis_cache::CacheExperts::new(Arc::new(c)));
     ReferenceEngine::with_experts(
         model,
         ReferenceOptions {

@@ -6,6 +6,11 @@
 //! shard is reported at open time with the tensor and shard named, never as a
 //! crash mid-inference. Tensor bytes stay in the page cache (mmap); readers
 //! convert BF16/F16/F32 to f32 on demand.
+//!
+//! U8 tensors (MXFP4 `*_blocks`/`*_scales`) are packed data, not numbers:
+//! [`Checkpoint::get`] (the float view, whose `to_f32` is total) refuses them
+//! with [`ModelError::WrongDtype`], and [`Checkpoint::raw`] hands out their
+//! bytes for a format decoder such as [`crate::formats::mxfp4`].
 
 use crate::error::ModelError;
 use half::{bf16, f16};
@@ -46,10 +51,40 @@ impl DType {
     }
 }
 
+/// Element type of a stored tensor as the file says, including packed
+/// storage that is not a float type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoredDType {
+    Float(DType),
+    /// Bytes (MXFP4 blocks and scales).
+    U8,
+}
+
+impl StoredDType {
+    pub fn size(self) -> usize {
+        match self {
+            StoredDType::Float(d) => d.size(),
+            StoredDType::U8 => 1,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            StoredDType::Float(d) => d.name(),
+            StoredDType::U8 => "U8",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "U8" => Some(StoredDType::U8),
+            _ => DType::parse(s).map(StoredDType::Float),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     shard: usize,
-    dtype: Result<DType, String>,
+    dtype: Result<StoredDType, String>,
     shape: Vec<usize>,
     /// Absolute byte range in the shard file.
     start: usize,
@@ -84,6 +119,27 @@ impl TensorView<'_> {
         let mut v = vec![0f32; self.numel()];
         self.to_f32_into(&mut v);
         v
+    }
+}
+
+/// A borrowed view of one tensor's bytes in any supported storage type.
+#[derive(Debug, Clone, Copy)]
+pub struct RawTensorView<'a> {
+    pub name: &'a str,
+    pub dtype: StoredDType,
+    pub shape: &'a [usize],
+    pub bytes: &'a [u8],
+    pub file: &'a Path,
+}
+
+impl<'a> RawTensorView<'a> {
+    /// The view [`crate::formats::mxfp4`] reads (`from_safetensors`).
+    pub fn as_mxfp4_raw(&self) -> crate::formats::mxfp4::RawTensor<'a, 'a> {
+        crate::formats::mxfp4::RawTensor {
+            dtype: self.dtype.name(),
+            shape: self.shape,
+            bytes: self.bytes,
+        }
     }
 }
 
@@ -222,8 +278,29 @@ impl Checkpoint {
         self.shards.iter().map(|s| s.path.as_path()).collect()
     }
 
-    /// Looks a tensor up without checking its shape.
+    /// Looks a float tensor up without checking its shape; a U8 tensor is
+    /// refused with [`ModelError::WrongDtype`] (read it with [`Self::raw`]).
     pub fn get(&self, name: &str) -> Result<TensorView<'_>, ModelError> {
+        let t = self.raw(name)?;
+        match t.dtype {
+            StoredDType::Float(dtype) => Ok(TensorView {
+                name: t.name,
+                dtype,
+                shape: t.shape,
+                bytes: t.bytes,
+                file: t.file,
+            }),
+            StoredDType::U8 => Err(ModelError::WrongDtype {
+                tensor: name.to_string(),
+                file: t.file.to_path_buf(),
+                found: "U8 (packed data such as MXFP4 blocks, not numbers)".into(),
+            }),
+        }
+    }
+
+    /// Looks a tensor of any supported storage type (floats and U8) up
+    /// without checking its shape.
+    pub fn raw(&self, name: &str) -> Result<RawTensorView<'_>, ModelError> {
         let (key, e) =
             self.entries
                 .get_key_value(name)
@@ -237,13 +314,27 @@ impl Checkpoint {
             file: shard.path.clone(),
             found,
         })?;
-        Ok(TensorView {
+        Ok(RawTensorView {
             name: key,
             dtype,
             shape: &e.shape,
             bytes: &shard.map[e.start..e.end],
             file: &shard.path,
         })
+    }
+
+    /// [`Self::raw`] and a shape check.
+    pub fn expect_raw(&self, name: &str, shape: &[usize]) -> Result<RawTensorView<'_>, ModelError> {
+        let t = self.raw(name)?;
+        if t.shape != shape {
+            return Err(ModelError::WrongShape {
+                tensor: name.to_string(),
+                file: t.file.to_path_buf(),
+                expected: shape.to_vec(),
+                found: t.shape.to_vec(),
+            });
+        }
+        Ok(t)
     }
 
     /// Looks a tensor up and checks its shape.
@@ -266,11 +357,12 @@ impl Checkpoint {
     }
 
     /// Checks that exactly `expected` tensors exist, with those shapes and
-    /// supported dtypes: missing, unexpected, misshapen and mistyped tensors
-    /// are all reported before anything runs.
+    /// supported dtypes (floats, and U8 for packed formats): missing,
+    /// unexpected, misshapen and mistyped tensors are all reported before
+    /// anything runs.
     pub fn validate(&self, expected: &[(String, Vec<usize>)]) -> Result<(), ModelError> {
         for (name, shape) in expected {
-            self.expect(name, shape)?;
+            self.expect_raw(name, shape)?;
         }
         let wanted: std::collections::HashSet<&str> =
             expected.iter().map(|(n, _)| n.as_str()).collect();
@@ -339,7 +431,7 @@ fn parse_header(
             .and_then(|a| a.iter().map(|x| x.as_u64()).collect())
             .filter(|v: &Vec<u64>| v.len() == 2)
             .ok_or_else(|| bad(format!("tensor '{name}' has no valid data_offsets")))?;
-        let dtype = DType::parse(dtype_s).ok_or_else(|| dtype_s.to_string());
+        let dtype = StoredDType::parse(dtype_s).ok_or_else(|| dtype_s.to_string());
         let (start, end) = (base as u64 + offs[0], base as u64 + offs[1]);
         if end < start {
             return Err(bad(format!("tensor '{name}' has inverted data_offsets")));
@@ -379,4 +471,80 @@ fn parse_header(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes `model.safetensors` holding `tensors` (name, dtype, shape, bytes).
+    fn write(dir: &Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) {
+        let mut header = serde_json::Map::new();
+        let mut data = Vec::new();
+        for (name, dtype, shape, bytes) in tensors {
+            header.insert(
+                name.to_string(),
+                serde_json::json!({"dtype": dtype, "shape": shape,
+                    "data_offsets": [data.len(), data.len() + bytes.len()]}),
+            );
+            data.extend_from_slice(bytes);
+        }
+        let h = serde_json::to_vec(&header).unwrap();
+        let mut file = (h.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(&h);
+        file.extend_from_slice(&data);
+        std::fs::write(dir.join("model.safetensors"), file).unwrap();
+    }
+
+    #[test]
+    fn checkpoint_u8_tensors_are_raw_bytes_not_floats() {
+        let tmp = tempfile::tempdir().unwrap();
+        let blocks: Vec<u8> = (0..64).collect();
+        let bias = half::bf16::from_f32(1.5).to_le_bytes().repeat(2);
+        write(
+            tmp.path(),
+            &[
+                ("e.blocks", "U8", vec![1, 2, 2, 16], blocks.clone()),
+                ("e.bias", "BF16", vec![1, 2], bias),
+            ],
+        );
+        let ck = Checkpoint::open(tmp.path()).unwrap();
+        let raw = ck.expect_raw("e.blocks", &[1, 2, 2, 16]).unwrap();
+        assert_eq!(raw.dtype, StoredDType::U8);
+        assert_eq!(raw.bytes, &blocks[..]);
+        assert_eq!(raw.as_mxfp4_raw().dtype, "U8");
+        // The float view refuses packed bytes with a typed error, no panic.
+        match ck.get("e.blocks") {
+            Err(ModelError::WrongDtype { tensor, found, .. }) => {
+                assert_eq!(tensor, "e.blocks");
+                assert!(found.starts_with("U8"), "{found}");
+            }
+            other => panic!("expected WrongDtype, got {other:?}"),
+        }
+        assert!(ck.read_f32("e.blocks", &[1, 2, 2, 16]).is_err());
+        assert!(ck.expect_raw("e.blocks", &[2, 2, 16]).is_err());
+        // Floats read both ways.
+        assert_eq!(ck.get("e.bias").unwrap().to_f32(), vec![1.5, 1.5]);
+        assert_eq!(
+            ck.raw("e.bias").unwrap().dtype,
+            StoredDType::Float(DType::BF16)
+        );
+        // validate() accepts U8 tensors at their shapes.
+        ck.validate(&[
+            ("e.blocks".into(), vec![1, 2, 2, 16]),
+            ("e.bias".into(), vec![1, 2]),
+        ])
+        .unwrap();
+    }
+
+    #[test]
+    fn checkpoint_u8_length_is_checked_and_unknown_dtypes_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        write(tmp.path(), &[("s", "U8", vec![2, 3], vec![0; 5])]);
+        let e = Checkpoint::open(tmp.path()).unwrap_err();
+        assert!(e.to_string().contains("needs 6"), "{e}");
+        write(tmp.path(), &[("i", "I64", vec![1], vec![0; 8])]);
+        let ck = Checkpoint::open(tmp.path()).unwrap();
+        assert!(matches!(ck.raw("i"), Err(ModelError::WrongDtype { .. })));
+    }
 }

@@ -1,4 +1,4 @@
-//! `krasis-runtime build-cache`: build (or check) the INT4 routed-expert
+//! `krasis-runtime build-cache`: build (or check) the routed-expert
 //! cache of a model, optionally verify it against the source, and measure
 //! the GPU host-backing modes.
 
@@ -18,7 +18,8 @@ pub struct Args {
     #[arg(long)]
     pub model: PathBuf,
     /// Cache root (default: the platform cache directory, e.g. ~/.cache/krasis);
-    /// the file goes to <root>/experts/<source-id>/experts-int4-v1.kcache.
+    /// the file goes to <root>/experts/<source-id>/experts-v2.kcache
+    /// (a format-1 experts-int4-v1.kcache found there is deleted and replaced).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// Quantizer threads (default: all cores).
@@ -84,6 +85,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         progress_bar: !json,
         on_layer: None,
         progress: Some(&sink),
+        // This is the command a format-1 refusal names: replace it.
+        replace_format_1: true,
     };
     if a.force {
         krasis_cache::build(&source, &path, &opts)?;

@@ -73,7 +73,7 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
     let stored =
         expert_dtype.or_else(|| ckpt.get(&config.embed_tensor_name()).ok().map(|t| t.dtype));
     let checkpoint_dtype = stored.map_or("unknown".into(), |d| d.name().to_lowercase());
-    let layout = ExpertLayout::new(g.hidden, g.expert_intermediate);
+    let layout = ExpertLayout::int4(g.hidden, g.expert_intermediate);
     let stride = layout.map_or(0, |l| l.expert_stride as u64);
     let experts = (g.num_moe_layers() * g.num_experts) as u64;
     let has_experts = experts > 0;
@@ -180,20 +180,21 @@ fn cache_and_heatmap(
     let Ok(meta) = std::fs::metadata(&path) else {
         return (CacheState::Missing { path }, no_cache("is not built yet"));
     };
-    let cache = match ExpertCache::open_with(&path, source.config(), Verify::HeaderOnly) {
-        Ok(c) if c.source() == source.identity() => c,
-        Ok(_) => {
-            let reason = "built from a different checkpoint".to_string();
-            return (CacheState::Invalid { path, reason }, no_cache("is stale"));
-        }
-        Err(e) => {
-            let reason = e.to_string();
-            return (
-                CacheState::Invalid { path, reason },
-                no_cache("is unusable"),
-            );
-        }
-    };
+    let cache =
+        match ExpertCache::open_with(&path, source.config(), source.format(), Verify::HeaderOnly) {
+            Ok(c) if c.source() == source.identity() => c,
+            Ok(_) => {
+                let reason = "built from a different checkpoint".to_string();
+                return (CacheState::Invalid { path, reason }, no_cache("is stale"));
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                return (
+                    CacheState::Invalid { path, reason },
+                    no_cache("is unusable"),
+                );
+            }
+        };
     let hpath = krasis_cache::default_heatmap_path(&path);
     // The engine binds heatmaps to BF16 attention (`setup::prior`).
     let heatmap = if !hpath.exists() {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::layout::GROUP_SIZE;
 use proptest::prelude::*;
 
 /// Straight transcription of the rule in `layout.rs`, without the
@@ -18,9 +19,13 @@ fn reference_group(w: &[f32]) -> (Vec<u8>, u16) {
 }
 
 fn quantize_f32(w: &[f32], rows: usize, k: usize) -> (Vec<u8>, Vec<u8>) {
+    quantize_f32_group(w, rows, k, GROUP_SIZE)
+}
+
+fn quantize_f32_group(w: &[f32], rows: usize, k: usize, group: usize) -> (Vec<u8>, Vec<u8>) {
     let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut q = vec![0u8; rows * k / 2];
-    let mut s = vec![0u8; rows * k / GROUP_SIZE * 2];
+    let mut s = vec![0u8; rows * k / group * 2];
     quantize_rows(
         SourceMatrix {
             dtype: DType::F32,
@@ -28,6 +33,7 @@ fn quantize_f32(w: &[f32], rows: usize, k: usize) -> (Vec<u8>, Vec<u8>) {
         },
         rows,
         k,
+        group,
         &mut q,
         &mut s,
     )
@@ -52,7 +58,7 @@ fn hand_computed_group() {
     assert_eq!(&q[..4], &[0x4F, 0x8A, 0xA1, 0x8C]);
     assert!(q[4..].iter().all(|&b| b == 0x88));
     let mut out = [0f32; GROUP_SIZE];
-    dequantize_rows(&q, &sc, &mut out);
+    dequantize_rows(&q, &sc, GROUP_SIZE, &mut out);
     assert_eq!(out[0], 7.0 * s);
     assert_eq!(out[0], 0.999_755_86);
     assert_eq!(out[1], -4.0 * s);
@@ -96,7 +102,7 @@ fn non_finite_and_overflow_are_refused() {
         dtype: DType::F32,
         bytes: &bytes,
     };
-    let e = quantize_rows(src, 2, 128, &mut q, &mut s).unwrap_err();
+    let e = quantize_rows(src, 2, 128, 128, &mut q, &mut s).unwrap_err();
     assert_eq!(e, GroupError::NonFinite { index: 128 });
     w[130] = 1e6;
     let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -104,7 +110,7 @@ fn non_finite_and_overflow_are_refused() {
         dtype: DType::F32,
         bytes: &bytes,
     };
-    let e = quantize_rows(src, 2, 128, &mut q, &mut s).unwrap_err();
+    let e = quantize_rows(src, 2, 128, 128, &mut q, &mut s).unwrap_err();
     assert!(
         matches!(e, GroupError::ScaleOverflow { index: 128, .. }),
         "{e:?}"
@@ -113,7 +119,7 @@ fn non_finite_and_overflow_are_refused() {
 
 #[test]
 fn expert_round_trip_uses_the_layout() {
-    let layout = ExpertLayout::new(256, 128).unwrap();
+    let layout = ExpertLayout::int4(256, 128).unwrap();
     let (h, i) = (256, 128);
     let make = |n: usize, salt: f32| -> Vec<f32> {
         (0..n)
@@ -142,7 +148,7 @@ fn expert_round_trip_uses_the_layout() {
     let e = dequantize_expert(&layout, &block);
     let mut up = vec![0f32; i * h];
     let (uq, us) = quantize_f32(&u, i, h);
-    dequantize_rows(&uq, &us, &mut up);
+    dequantize_rows(&uq, &us, GROUP_SIZE, &mut up);
     assert_eq!(e.up, up);
 }
 
@@ -174,7 +180,7 @@ proptest! {
         let rows = 4;
         let mut q = vec![0u8; rows * GROUP_SIZE / 2];
         let mut s = vec![0u8; rows * 2];
-        quantize_rows(SourceMatrix { dtype, bytes: &bytes }, rows, GROUP_SIZE, &mut q, &mut s).unwrap();
+        quantize_rows(SourceMatrix { dtype, bytes: &bytes }, rows, GROUP_SIZE, GROUP_SIZE, &mut q, &mut s).unwrap();
         for r in 0..rows {
             let (rq, rs) = reference_group(&vals[r * GROUP_SIZE..(r + 1) * GROUP_SIZE]);
             prop_assert_eq!(&q[r * 64..(r + 1) * 64], &rq[..]);
@@ -187,7 +193,7 @@ proptest! {
         let rows = 4;
         let (q, s) = quantize_f32(&w, rows, GROUP_SIZE);
         let mut out = vec![0f32; w.len()];
-        dequantize_rows(&q, &s, &mut out);
+        dequantize_rows(&q, &s, GROUP_SIZE, &mut out);
         for (j, (a, b)) in w.iter().zip(&out).enumerate() {
             let sc = f16::from_bits(u16::from_le_bytes([s[2 * (j / GROUP_SIZE)], s[2 * (j / GROUP_SIZE) + 1]])).to_f32();
             // Normal f16 scales (amax >= 7 * 2^-14) only: the strategy keeps
@@ -212,7 +218,67 @@ fn portable_and_dispatched_kernels_agree() {
     };
     let (mut q1, mut s1) = (vec![0u8; rows * 64], vec![0u8; rows * 2]);
     let (mut q2, mut s2) = (vec![0u8; rows * 64], vec![0u8; rows * 2]);
-    quantize_rows(src, rows, GROUP_SIZE, &mut q1, &mut s1).unwrap();
-    quantize_rows_portable(src, rows, GROUP_SIZE, &mut q2, &mut s2).unwrap();
+    quantize_rows(src, rows, GROUP_SIZE, GROUP_SIZE, &mut q1, &mut s1).unwrap();
+    quantize_rows_portable::<GROUP_SIZE>(src, rows, GROUP_SIZE, &mut q2, &mut s2).unwrap();
     assert_eq!((q1, s1), (q2, s2));
+}
+
+proptest! {
+    /// Groups 64 and 32 follow the same rule per group: a row of 128
+    /// elements is 2 or 4 independent groups, each its own scale.
+    #[test]
+    fn smaller_groups_match_the_reference_rule(w in group_strategy(), small in any::<bool>()) {
+        let g = if small { 32 } else { 64 };
+        let (rows, k) = (4, GROUP_SIZE);
+        let (q, s) = quantize_f32_group(&w, rows, k, g);
+        prop_assert_eq!(s.len(), rows * k / g * 2);
+        for (j, grp) in w.chunks(g).enumerate() {
+            let (rq, rs) = reference_group(grp);
+            prop_assert_eq!(&q[j * g / 2..(j + 1) * g / 2], &rq[..]);
+            prop_assert_eq!(u16::from_le_bytes([s[2 * j], s[2 * j + 1]]), rs);
+        }
+        let mut out = vec![0f32; w.len()];
+        dequantize_rows(&q, &s, g, &mut out);
+        for (j, (a, b)) in w.iter().zip(&out).enumerate() {
+            let sc = f16::from_bits(u16::from_le_bytes([s[2 * (j / g)], s[2 * (j / g) + 1]])).to_f32();
+            prop_assert!((a - b).abs() <= sc / 2.0, "element {j}: {a} vs {b}, s {sc}");
+        }
+    }
+}
+
+#[test]
+fn group_64_expert_round_trip_uses_the_layout() {
+    let layout = ExpertLayout::int4(192, 64).unwrap();
+    assert_eq!(layout.group(), 64);
+    let (h, i) = (192, 64);
+    let make = |n: usize, salt: f32| -> Vec<f32> {
+        (0..n)
+            .map(|j| ((j as f32 * 0.41 + salt).sin()) * 0.05)
+            .collect()
+    };
+    let (g, u, d) = (make(i * h, 0.1), make(i * h, 0.2), make(h * i, 0.3));
+    let as_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let (gb, ub, db) = (as_bytes(&g), as_bytes(&u), as_bytes(&d));
+    let m = |bytes| SourceMatrix {
+        dtype: DType::F32,
+        bytes,
+    };
+    let mut block = vec![0xAAu8; layout.expert_stride];
+    quantize_expert(&layout, m(&gb), m(&ub), m(&db), &mut block).unwrap();
+    assert!(block[layout.used_bytes..].iter().all(|&b| b == 0));
+    let (uq, us) = quantize_f32_group(&u, i, h, 64);
+    let half_q = layout.w13_q_bytes() / 2;
+    assert_eq!(&block[half_q..2 * half_q], &uq[..]);
+    let half_s = layout.w13_s_bytes() / 2;
+    assert_eq!(
+        &block[layout.w13_s + half_s..layout.w13_s + 2 * half_s],
+        &us[..]
+    );
+    let (dq, ds) = quantize_f32_group(&d, h, i, 64);
+    assert_eq!(&block[layout.w2_s..layout.w2_s + ds.len()], &ds[..]);
+    assert_eq!(&block[layout.w2_q..layout.w2_q + dq.len()], &dq[..]);
+    let e = dequantize_expert(&layout, &block);
+    let mut down = vec![0f32; h * i];
+    dequantize_rows(&dq, &ds, 64, &mut down);
+    assert_eq!(e.down, down);
 }

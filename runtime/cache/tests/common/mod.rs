@@ -49,3 +49,56 @@ pub fn write_synth(
 pub fn small_model(parent: &Path) -> PathBuf {
     write_synth(parent, "model", spec("tiny", 7, &small_overrides()), false)
 }
+
+/// Writes `dir/model.safetensors` holding `tensors` (name, dtype, shape,
+/// bytes), in the order given.
+pub fn write_safetensors(dir: &Path, tensors: &[(String, &str, Vec<usize>, Vec<u8>)]) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        header.insert(
+            name.clone(),
+            json!({"dtype": dtype, "shape": shape,
+                "data_offsets": [data.len(), data.len() + bytes.len()]}),
+        );
+        data.extend_from_slice(bytes);
+    }
+    let h = serde_json::to_vec(&header).unwrap();
+    let mut file = (h.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&h);
+    file.extend_from_slice(&data);
+    std::fs::write(dir.join("model.safetensors"), file).unwrap();
+}
+
+/// A `config.json` of the `tiny` preset with `overrides`, alone in
+/// `parent/name` (the caller adds the safetensors).
+pub fn write_config(parent: &Path, name: &str, overrides: &[(&str, Value)]) -> PathBuf {
+    let dir = parent.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = krasis_model::synth::preset_config("tiny").expect("tiny preset");
+    for (k, v) in overrides {
+        cfg[*k] = v.clone();
+    }
+    cfg["torch_dtype"] = json!("bfloat16");
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec_pretty(&cfg).unwrap(),
+    )
+    .unwrap();
+    dir
+}
+
+/// Deterministic bytes (an LCG), different for each `salt`.
+pub fn bytes(n: usize, salt: u64) -> Vec<u8> {
+    let mut x = salt
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u8
+        })
+        .collect()
+}

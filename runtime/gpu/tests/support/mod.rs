@@ -117,7 +117,7 @@ pub fn cuda(model: &Path, opts: &CudaEngineOptions) -> CudaEngine {
 /// The CPU reference engine over the same INT4 cache as the CUDA engine.
 pub fn reference(model: &Path, cache: &Path, context: usize) -> ReferenceEngine {
     let c = krasis_cache::ensure_cache(model, Some(cache)).expect("INT4 cache");
-    let experts = Arc::new(krasis_cache::Int4Experts::new(Arc::new(c)));
+    let experts = Arc::new(krasis_cache::CacheExperts::new(Arc::new(c)));
     ReferenceEngine::with_experts(
         model,
         ReferenceOptions {

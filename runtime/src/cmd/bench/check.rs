@@ -217,7 +217,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     } else {
         let cache = krasis_cache::ensure_cache(&a.model, a.cache_dir.as_deref())
             .context("opening the INT4 cache for the reference engine")?;
-        let experts = Arc::new(krasis_cache::Int4Experts::new(Arc::new(cache)));
+        let experts = Arc::new(krasis_cache::CacheExperts::new(Arc::new(cache)));
         let mut reference = ReferenceEngine::with_experts(
             &a.model,
             ReferenceOptions {

@@ -213,7 +213,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     );
     let g = engine.geometry().clone();
     let info = engine.gpu().info.clone();
-    let expert_bytes = krasis_cache::ExpertLayout::new(g.hidden, g.expert_intermediate)
+    let expert_bytes = krasis_cache::ExpertLayout::int4(g.hidden, g.expert_intermediate)
         .map_or(0, |l| l.used_bytes);
     let copy_rates = engine.measure_copy_rates()?.map(|(e, b, n)| CopyRates {
         expert_gb_s: e,

@@ -1,30 +1,32 @@
 //! The cache as an [`ExpertWeights`] source for the CPU reference engine:
-//! each expert is dequantized with the exact rule, so the reference engine
-//! over this source computes what an exact INT4 GPU kernel must.
+//! each expert is decoded with the exact rule of its format (INT4 dequantized,
+//! MXFP4 decoded with its biases), so the reference engine over this source
+//! computes what an exact GPU kernel over the same cache must.
 
 use crate::cache::ExpertCache;
-use crate::quant::dequantize_expert;
+use crate::layout::ExpertFormat;
 use krasis_model::{ExpertF32, ExpertWeights, ModelError};
 use std::sync::Arc;
 
 #[derive(Debug, Clone)]
-pub struct Int4Experts {
+pub struct CacheExperts {
     cache: Arc<ExpertCache>,
 }
 
-impl Int4Experts {
+impl CacheExperts {
     pub fn new(cache: Arc<ExpertCache>) -> Self {
-        Int4Experts { cache }
+        CacheExperts { cache }
     }
     pub fn cache(&self) -> &Arc<ExpertCache> {
         &self.cache
     }
 }
 
-impl ExpertWeights for Int4Experts {
+impl ExpertWeights for CacheExperts {
     fn describe(&self) -> String {
         format!(
-            "INT4 cache v{} ({})",
+            "{} cache v{} ({})",
+            self.cache.format(),
             crate::format::FORMAT_VERSION,
             self.cache.path().display()
         )
@@ -39,6 +41,15 @@ impl ExpertWeights for Int4Experts {
                 self.cache.moe_layers()
             ))
         })?;
-        Ok(dequantize_expert(&self.cache.layout(), block))
+        let layout = self.cache.layout();
+        match layout.format {
+            ExpertFormat::Int4 { .. } => Ok(crate::quant::dequantize_expert(&layout, block)),
+            ExpertFormat::Mxfp4 => crate::mxfp4::dequantize_expert(&layout, block).map_err(|e| {
+                ModelError::Other(format!(
+                    "{}: expert {expert} of layer {layer}: {e}",
+                    self.cache.path().display()
+                ))
+            }),
+        }
     }
 }
