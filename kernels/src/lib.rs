@@ -38,7 +38,7 @@ pub use launch::Elem;
 pub use ops::attention::{DECODE_MAX_SPLITS, decode_workspace_len};
 pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS};
 pub use ops::int4::{
-    INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, Int4Layout,
+    INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPS, Int4Layout,
 };
 pub use ops::moe::{ROUTER_MAX_EXPERTS, ROUTER_MAX_TOPK};
 pub use ops::rope::{KvGeom, QkvGeom, StartPos};

@@ -79,11 +79,17 @@ pub(crate) fn check_supported(g: &Geometry) -> Result<()> {
                 krasis_kernels::ROUTER_MAX_TOPK
             ));
         }
-        if g.expert_intermediate > 4096 || g.hidden > 8192 {
-            why.push(format!(
-                "expert {}x{} (INT4 decode kernels support hidden <= 8192, expert width <= 4096)",
-                g.hidden, g.expert_intermediate
-            ));
+        // The INT4 group is the largest of 128/64/32 dividing both widths,
+        // as the cache chooses it; the decode GEMVs' own limits decide.
+        let (h, i) = (g.hidden, g.expert_intermediate);
+        let fits = krasis_kernels::INT4_GROUPS
+            .iter()
+            .rev()
+            .find_map(|&grp| krasis_kernels::Int4Layout::new(h, i, grp))
+            .ok_or_else(|| format!("expert {h}x{i} (no INT4 group of 32/64/128 divides both)"))
+            .and_then(|l| l.check_decode(g.top_k).map_err(|e| e.to_string()));
+        if let Err(e) = fits {
+            why.push(e);
         }
     }
     if why.is_empty() {
@@ -103,7 +109,10 @@ mod tests {
     use krasis_model::synth::preset_config;
 
     fn a3b() -> Geometry {
-        preset_config("a3b-24l").unwrap().geometry()
+        let json = preset_config("a3b-24l").unwrap().to_string();
+        krasis_model::ModelConfig::from_json_str(&json, std::path::Path::new("a3b-24l"))
+            .unwrap()
+            .geometry()
     }
 
     #[test]
