@@ -76,6 +76,9 @@
 
 use thiserror::Error;
 
+mod encode;
+pub use encode::{MAX_ENCODED_SCALE, encode_block, encode_rows, quantize_block, scale_for};
+
 /// Values per block (the MX "k", 32 for every OCP MX format).
 pub const BLOCK_VALUES: usize = 32;
 /// Bytes of packed E2M1 values per block (two values per byte).

@@ -287,3 +287,144 @@ fn gate_up_rows_are_interleaved_even_gate_odd_up() {
     m.dequant_row(3, &mut row);
     assert_eq!(row, up[32..]);
 }
+
+// ---- The encoder (`mxfp4/encode.rs`) ----
+
+/// Deterministic test values of assorted magnitudes (no RNG crate needed).
+fn lcg_values(seed: u64, n: usize, spread: i32) -> Vec<f32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (x >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+            let e = ((x >> 8) % (2 * spread as u64 + 1)) as i32 - spread;
+            (u * 2.0 - 1.0) * 2f32.powi(e)
+        })
+        .collect()
+}
+
+#[test]
+fn encoder_scale_is_the_smallest_that_fits_the_block_max() {
+    // amax <= 6 * 2^e, smallest e: 6 → 2^0, 6.0001 → 2^1, 3 → 2^-1, 0.75 → 2^-3.
+    assert_eq!(scale_for(6.0), Some(127));
+    assert_eq!(scale_for(6.000001), Some(128));
+    assert_eq!(scale_for(3.0), Some(126));
+    assert_eq!(scale_for(3.000001), Some(127));
+    assert_eq!(scale_for(0.75), Some(124));
+    // Zero and blocks below 6 * 2^-127 take byte 0.
+    assert_eq!(scale_for(0.0), Some(0));
+    assert_eq!(scale_for(f32::MIN_POSITIVE), Some(0));
+    // The largest accepted scale, and refusals above it / for non-finite.
+    assert_eq!(scale_for(6.0 * 2f32.powi(125)), Some(MAX_ENCODED_SCALE));
+    assert_eq!(scale_for(f32::MAX), None);
+    assert_eq!(scale_for(f32::INFINITY), None);
+    assert_eq!(scale_for(f32::NAN), None);
+    for seed in 0..200 {
+        let v = lcg_values(seed, 32, 40);
+        let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let s = scale_for(amax).unwrap();
+        let e = i32::from(s) - SCALE_BIAS;
+        assert!(f64::from(amax) <= 6.0 * 2f64.powi(e), "{amax} {s}");
+        assert!(
+            s == 0 || f64::from(amax) > 6.0 * 2f64.powi(e - 1),
+            "{amax} {s}"
+        );
+    }
+}
+
+#[test]
+fn encoder_rounds_to_the_nearest_representable_value_ties_to_even() {
+    for seed in 0..500 {
+        let v = lcg_values(seed, 32, 30);
+        let mut block = [0u8; BLOCK_BYTES];
+        let s = encode_block(&v, &mut block).unwrap();
+        let mut out = [0f32; BLOCK_VALUES];
+        decode_block(&block, s, &mut out);
+        let scale = f64::from(e8m0_to_f32(s));
+        for (x, y) in v.iter().zip(out) {
+            // No value of this scale is nearer than the one chosen.
+            let err = (f64::from(*x) - f64::from(y)).abs();
+            for m in E2M1_VALUES {
+                let cand = f64::from(m) * scale;
+                assert!(
+                    err <= (f64::from(*x) - cand).abs(),
+                    "{x} → {y}, {cand} nearer"
+                );
+            }
+        }
+    }
+    // Ties at scale 1 go to the even code: 0.25→0, 0.75→1, 1.25→1, 1.75→2,
+    // 2.5→2, 3.5→4, 5→4 (the block max 6 pins the scale to 2^0).
+    let mut v = [0f32; 32];
+    v[0] = 6.0;
+    let ties = [
+        (0.25, 0.0),
+        (0.75, 1.0),
+        (1.25, 1.0),
+        (1.75, 2.0),
+        (2.5, 2.0),
+        (3.5, 4.0),
+        (5.0, 4.0),
+    ];
+    for (i, (x, _)) in ties.iter().enumerate() {
+        v[1 + 2 * i] = *x;
+        v[2 + 2 * i] = -*x;
+    }
+    let q = quantize_block(&v).unwrap();
+    for (i, (x, want)) in ties.iter().enumerate() {
+        assert_eq!(q[1 + 2 * i], *want, "{x}");
+        assert_eq!(q[2 + 2 * i], -*want, "-{x}");
+    }
+    // A negative value that rounds to zero keeps its sign (code 8).
+    v[1] = -0.1;
+    let mut block = [0u8; BLOCK_BYTES];
+    encode_block(&v, &mut block).unwrap();
+    assert_eq!(block[0] >> 4, 8);
+    assert_eq!(block[0] & 0x0F, 7); // 6.0 is code 7
+}
+
+#[test]
+fn encoder_is_exact_for_representable_blocks() {
+    for s in [0u8, 1, 100, 127, 140, MAX_ENCODED_SCALE] {
+        for seed in 0..50 {
+            let codes: Vec<u8> = lcg_values(seed + u64::from(s) * 1000, 32, 0)
+                .iter()
+                .map(|u| ((u.abs() * 16.0) as u8).min(15))
+                .collect();
+            let v: Vec<f32> = codes.iter().map(|&c| decode(c, s)).collect();
+            let q = quantize_block(&v).unwrap();
+            for (a, b) in v.iter().zip(q) {
+                assert_eq!(*a, b, "scale {s}");
+            }
+        }
+    }
+}
+
+#[test]
+fn encode_rows_lays_blocks_out_like_the_checkpoint() {
+    let (rows, cols) = (3, 64);
+    let v = lcg_values(7, rows * cols, 4);
+    let mut blocks = vec![0u8; rows * cols / 2];
+    let mut scales = vec![0u8; rows * cols / 32];
+    encode_rows(&v, cols, &mut blocks, &mut scales).unwrap();
+    let shape = Mxfp4Shape::new(1, rows, cols).unwrap();
+    let t = Mxfp4Tensor::new("t", shape, &blocks, &scales).unwrap();
+    let m = t.expert(0).unwrap();
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        m.dequant_row(r, &mut row);
+        for (k, chunk) in v[r * cols..(r + 1) * cols].chunks(32).enumerate() {
+            assert_eq!(
+                &row[k * 32..(k + 1) * 32],
+                &quantize_block(chunk).unwrap()[..]
+            );
+        }
+    }
+    let mut bad = v.clone();
+    bad[100] = f32::NAN;
+    assert_eq!(encode_rows(&bad, cols, &mut blocks, &mut scales), Err(3));
+}
