@@ -16,6 +16,11 @@ the rule of runtime/cache/src/layout.rs) into a temporary copy of the
 checkpoint, because transformers 5 fuses experts at load time and the
 dequantized values are not representable in bf16.
 
+gpt_oss checkpoints (MXFP4 experts) run variant `source` only: their experts
+are decoded by our NumPy oracle into a temporary unquantized copy
+(witness_gpt_oss.py), since transformers' own MXFP4 path needs triton kernels
+and would share the format decode under test.
+
 Usage: witness.py --checkpoint DIR --sequences FILE.json --out DIR
                   [--variant source|int4] [--device auto|cpu|cuda]
 """
@@ -32,6 +37,8 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt_oss_layout  # noqa: E402
+import witness_gpt_oss  # noqa: E402
 from int4 import int4_roundtrip  # noqa: E402
 
 TOP = 20
@@ -214,9 +221,24 @@ def main():
         if device == "cuda" and not torch.cuda.is_available():
             fail("--device cuda but torch sees no CUDA device")
 
+    gpt_oss = cfg.get("model_type") == "gpt_oss"
+    if gpt_oss and args.variant != "source":
+        fail("gpt_oss experts are MXFP4 in the checkpoint itself: only variant source exists")
     tmp = None
     load_dir = ckpt
-    if args.variant == "int4":
+    extra = {}
+    if gpt_oss:
+        tmp = tempfile.mkdtemp(prefix="witness-gpt-oss-")
+        try:
+            n = witness_gpt_oss.make_copy(ckpt, tmp, cfg)
+        except (witness_gpt_oss.WitnessError, gpt_oss_layout.LayoutError) as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            fail(f"{ckpt}: {e}")
+        print(f"witness: dequantized {n} MXFP4 expert tensors with the NumPy oracle", file=sys.stderr)
+        load_dir = tmp
+        # The transcribed per-expert loop of GptOssExperts, not grouped_mm.
+        extra["experts_implementation"] = "eager"
+    elif args.variant == "int4":
         tmp = tempfile.mkdtemp(prefix="witness-int4-")
         n = make_int4_copy(ckpt, tmp)
         if n == 0:
@@ -228,19 +250,36 @@ def main():
         major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
         dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
         model = AutoModelForCausalLM.from_pretrained(
-            load_dir, attn_implementation="eager", **{dtype_kw: torch.float32}
+            load_dir, attn_implementation="eager", **{dtype_kw: torch.float32}, **extra
         )
         model.eval()
         n_params = sum(p.numel() for p in model.parameters())
-        want = expected_params(cfg)
+        want = witness_gpt_oss.expected_params(cfg) if gpt_oss else expected_params(cfg)
         if n_params != want:
             fail(f"loaded model has {n_params} parameters, the config's geometry has {want}")
         wrong = {str(p.dtype) for p in model.parameters() if p.dtype != torch.float32}
         if wrong:
             fail(f"model parameters are not all float32 ({sorted(wrong)})")
-        checked = verify_experts(model, expected_experts(load_dir))
-        print(f"witness: {n_params} parameters, {checked} routed experts verified", file=sys.stderr)
+        if gpt_oss:
+            try:
+                summary = witness_gpt_oss.verify(model, ckpt, cfg, seqs)
+            except (witness_gpt_oss.WitnessError, gpt_oss_layout.LayoutError) as e:
+                fail(str(e))
+            print(f"witness: {n_params} parameters; {summary}", file=sys.stderr)
+        else:
+            checked = verify_experts(model, expected_experts(load_dir))
+            print(f"witness: {n_params} parameters, {checked} routed experts verified", file=sys.stderr)
         model.to(device)
+        exercised = None
+        if gpt_oss:
+            longest = max(seqs, key=lambda s: len(s["ids"]))
+            ids = torch.tensor([longest["ids"]], dtype=torch.long, device=device)
+            try:
+                exercised = witness_gpt_oss.exercise(model, ids, cfg["sliding_window"])
+            except witness_gpt_oss.WitnessError as e:
+                fail(str(e))
+            exercised["sequence"] = longest["name"]
+            print(f"witness: window and sinks exercised: {exercised}", file=sys.stderr)
 
         for i, s in enumerate(seqs):
             ids = torch.tensor([s["ids"]], dtype=torch.long, device=device)
@@ -286,6 +325,11 @@ def main():
         "sequences": [s["ids"] for s in seqs],
         "sequence_names": [s["name"] for s in seqs],
     }
+    if gpt_oss:
+        case["int4_rule"] = None
+        case["mxfp4_rule"] = witness_gpt_oss.SOURCE_RULE
+        case["experts_implementation"] = model.config._experts_implementation
+        case["exercised"] = exercised
     with open(os.path.join(args.out, "case.json"), "w") as f:
         json.dump(case, f, indent=1)
     print(f"witness: wrote {args.out}", file=sys.stderr)
