@@ -94,7 +94,7 @@ def build():
     ]
     if enc.decode_utf8(english) != ENGLISH:
         sys.exit("english: o200k round trip failed")
-    if not chat[0] == 200006 or not enc.decode_utf8(chat).endswith("<|start|>assistant"):
+    if chat[0] != 200006 or not enc.decode_utf8(chat).endswith("<|start|>assistant"):
         sys.exit(f"harmony: unexpected rendering {enc.decode_utf8(chat)!r}")
     for s in seqs:
         if not 16 < len(s["ids"]) <= 128:

@@ -58,7 +58,9 @@ class HandBuilt(unittest.TestCase):
     def test_names_shapes_dtype(self):
         gu = self.out["model.layers.0.mlp.experts.gate_up_proj"]
         dn = self.out["model.layers.0.mlp.experts.down_proj"]
-        self.assertEqual(sorted(self.out), ["model.layers.0.mlp.experts.down_proj", "model.layers.0.mlp.experts.gate_up_proj"])
+        self.assertEqual(
+            sorted(self.out), ["model.layers.0.mlp.experts.down_proj", "model.layers.0.mlp.experts.gate_up_proj"]
+        )
         self.assertEqual(gu.shape, (E, H, 2 * I))  # GptOssExperts.gate_up_proj
         self.assertEqual(dn.shape, (E, I, H))  # GptOssExperts.down_proj
         self.assertEqual((gu.dtype, dn.dtype), (np.float32, np.float32))

@@ -17,10 +17,12 @@ exist to pin (sliding-window layers, sinks, YaRN) are checked to be active.
 
 import json
 import os
+import sys
 
 import numpy as np
 
-import gpt_oss_layout as gl
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt_oss_layout as gl  # noqa: E402
 
 SOURCE_RULE = (
     "MXFP4 experts decoded by tools/witness/mxfp4_oracle.py (OCP MX v1.0), laid out as transformers' "
@@ -61,7 +63,9 @@ def _oracle_experts(cfg, tensors):
     packed = {k: t.numpy() for k, t in tensors.items() if gl.PACKED.match(k)}
     want = 4 * cfg["num_hidden_layers"]
     if len(packed) != want:
-        raise WitnessError(f"{len(packed)} packed MXFP4 expert tensors, the config's {cfg['num_hidden_layers']} layers need {want}")
+        raise WitnessError(
+            f"{len(packed)} packed MXFP4 expert tensors, the config's {cfg['num_hidden_layers']} layers need {want}"
+        )
     return gl.convert(packed, cfg["hidden_size"], cfg["intermediate_size"], cfg["num_local_experts"])
 
 
@@ -122,7 +126,9 @@ def verify(model, src, cfg, seqs):
             continue
         # "Both layouts": a load that kept the checkpoint's [E, rows, cols] is named as such.
         if key in experts and got.shape == want.transpose(1, 2).shape and torch.equal(got, want.transpose(1, 2)):
-            raise WitnessError(f"{key}: loaded transposed ([E, rows, cols] of the checkpoint), not as GptOssExperts uses it")
+            raise WitnessError(
+                f"{key}: loaded transposed ([E, rows, cols] of the checkpoint), not as GptOssExperts uses it"
+            )
         raise WitnessError(f"{key}: loaded {tuple(got.shape)} differs from the checkpoint's {tuple(want.shape)} values")
 
     probed = _probe_experts(model, cfg, tensors)
@@ -175,7 +181,9 @@ def _probe_experts(model, cfg, tensors):
             want = gl.expert_reference(x, w_gu[e], b_gu[e], w_dn[e], b_dn[e])
             err = np.abs(got - want).max() / max(1.0, np.abs(want).max())
             if not err < 1e-5:
-                raise WitnessError(f"layer {layer} expert {e}: GptOssExperts differs from the reference by {err:.3g} (relative)")
+                raise WitnessError(
+                    f"layer {layer} expert {e}: GptOssExperts differs from the reference by {err:.3g} (relative)"
+                )
             n += 1
     return n
 
