@@ -1,5 +1,5 @@
-// Elementwise kernels: embedding gather, residual adds, f32->bf16 cast and
-// SwiGLU.
+// Elementwise kernels: embedding gather, residual adds, per-column bias
+// adds, f32->bf16 cast and SwiGLU.
 //
 // Design: memory-bound one-pass kernels. The embedding gather moves 16 bytes
 // (8 bf16) per load and widens to the f32 residual stream. Grid-stride loops
@@ -47,4 +47,31 @@ extern "C" __global__ void swiglu_bf16(const bf16_t* __restrict__ gate_up, bf16_
         float g = bf2f(row[c]), u = bf2f(row[inter + c]);
         out[i] = f2bf(silu(g) * u);
     }
+}
+
+// rows[r, c] += bias[c] (f32 bias, in place; f32 sum rounded once for bf16
+// rows): the per-expert down bias of a grouped prefill GEMM output.
+template <typename T>
+__device__ __forceinline__ void add_bias_rows(T* __restrict__ y, const float* __restrict__ bias, u32 rows, u32 cols);
+template <>
+__device__ __forceinline__ void add_bias_rows<float>(float* __restrict__ y, const float* __restrict__ bias, u32 rows,
+                                                     u32 cols) {
+    const u64 n = (u64)rows * cols;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        y[i] += bias[i % cols];
+}
+template <>
+__device__ __forceinline__ void add_bias_rows<bf16_t>(bf16_t* __restrict__ y, const float* __restrict__ bias, u32 rows,
+                                                      u32 cols) {
+    const u64 n = (u64)rows * cols;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        y[i] = f2bf(bf2f(y[i]) + bias[i % cols]);
+}
+
+extern "C" __global__ void add_bias_rows_f32(float* __restrict__ y, const float* __restrict__ bias, u32 rows, u32 cols) {
+    add_bias_rows<float>(y, bias, rows, cols);
+}
+extern "C" __global__ void add_bias_rows_bf16(bf16_t* __restrict__ y, const float* __restrict__ bias, u32 rows,
+                                              u32 cols) {
+    add_bias_rows<bf16_t>(y, bias, rows, cols);
 }

@@ -1,10 +1,11 @@
 //! Micro-benchmarks of the hot kernels on the first CUDA device, with the
 //! a3b (Qwen3-30B-A3B) shapes, plus prefill attention at the qcn heads (16 q,
 //! 2 kv, head_dim 256). Times are CUDA-event medians after warm-up.
-//! Usage: `kbench [--int4] [--gemv] [--prefill] [--baseline-int4 OLD.cu]`
+//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--prefill] [--baseline-int4 OLD.cu]`
 //! (prints a table; exits with an error without a GPU). `--gemv` times only
 //! the BF16 decode GEMVs next to cuBLAS; `--int4` times only the INT4 decode
-//! GEMVs; `--prefill` times only prefill attention (d128 and d256);
+//! GEMVs; `--mxfp4` times only the MXFP4 decode GEMVs (gpt-oss-20b shape);
+//! `--prefill` times only prefill attention (d128 and d256);
 //! `--baseline-int4` also times the entry points of an older `int4.cu` with
 //! the pre-slot-mask signatures (w13: 128 threads, grid (I/16, pairs); w2:
 //! 32*top_k threads, grid (H/16, tokens)), for before/after numbers.
@@ -84,6 +85,8 @@ fn rand_bf16(rng: &mut StdRng, n: usize) -> Vec<bf16> {
 struct Args {
     /// Only the INT4 decode GEMVs.
     int4_only: bool,
+    /// Only the MXFP4 decode GEMVs.
+    mxfp4_only: bool,
     /// Only the BF16 decode GEMVs (and cuBLAS at the same shapes).
     gemv_only: bool,
     /// Only prefill attention (a3b d128 and qcn d256).
@@ -95,6 +98,7 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let mut args = Args {
         int4_only: false,
+        mxfp4_only: false,
         gemv_only: false,
         prefill_only: false,
         baseline: None,
@@ -103,12 +107,13 @@ fn main() -> anyhow::Result<()> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--int4" => args.int4_only = true,
+            "--mxfp4" => args.mxfp4_only = true,
             "--gemv" => args.gemv_only = true,
             "--prefill" => args.prefill_only = true,
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--int4, --gemv, --prefill, --baseline-int4 FILE)"
+                    "unknown argument {other} (--int4, --mxfp4, --gemv, --prefill, --baseline-int4 FILE)"
                 )
             }
         }
@@ -145,6 +150,14 @@ fn main() -> anyhow::Result<()> {
         ));
         bench_prefill_qcn(&k, &s, &mut rng, &mut rows)?;
         println!("\n==== kbench (prefill attention) ====");
+        for r in rows {
+            println!("{r}");
+        }
+        return Ok(());
+    }
+    if args.mxfp4_only {
+        bench_mxfp4(&k, &s, &mut rng, &mut rows)?;
+        println!("\n==== kbench (mxfp4) ====");
         for r in rows {
             println!("{r}");
         }
@@ -187,6 +200,9 @@ fn main() -> anyhow::Result<()> {
         if label == "a3b" && !args.int4_only {
             a3b_experts = Some(buf);
         }
+    }
+    if !args.int4_only {
+        bench_mxfp4(&k, &s, &mut rng, &mut rows)?;
     }
     if args.int4_only {
         println!("\n==== kbench (int4) ====");
@@ -928,6 +944,108 @@ fn bench_gemv(
         gbs(bytes, t_chain),
         t_chain_blas * 1e3,
         gbs(bytes, t_chain_blas)
+    ));
+    Ok(())
+}
+
+// ---- MXFP4 ----
+
+/// Times both MXFP4 decode GEMVs for one token at gpt-oss-20b's expert
+/// shape (H 2880, I 2880, 32 experts with biases, top-4, clamped SwiGLU):
+/// random codes, scale 2^-7, expert sets cycling over 64 random draws.
+/// GB/s counts the bytes each kernel must read: codes, scales and bias.
+fn bench_mxfp4(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    rows: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    use krasis_kernels::ops::mxfp4::{ExpertActivation, Mxfp4Layout};
+    let (h, i, e, topk) = (2880usize, 2880usize, 32usize, 4usize);
+    let a = ExpertActivation::ClampedSwiglu {
+        limit: 7.0,
+        alpha: 1.702,
+    };
+    let layout = Mxfp4Layout::new(h, i, true).context("MXFP4 layout")?;
+    let stride = layout.used_bytes().div_ceil(4096) * 4096;
+    let mut host = vec![0u8; e * stride];
+    rng.fill(&mut host[..]);
+    for x in 0..e {
+        let b = &mut host[x * stride..];
+        b[layout.w13_s..][..2 * i * h / 32].fill(120);
+        b[layout.w2_s..][..h * i / 32].fill(120);
+        // Biases: bf16 0.0625 (finite, whatever the random bytes were).
+        for (off, n) in [(layout.w13_b, 2 * i), (layout.w2_b, h)] {
+            for j in 0..n {
+                b[off + 2 * j..][..2].copy_from_slice(&bf16::from_f32(0.0625).to_le_bytes());
+            }
+        }
+    }
+    let buf: CudaSlice<u8> = s.clone_htod(&host)?;
+    let base = buf.device_ptr(s).0;
+    let table: Vec<u64> = (0..e).map(|x| base + (x * stride) as u64).collect();
+    let table = s.clone_htod(&table)?;
+    let n_sets = 64;
+    let mut ids = Vec::new();
+    for _ in 0..n_sets {
+        let mut all: Vec<u32> = (0..e as u32).collect();
+        for j in 0..topk {
+            let r = rng.random_range(j..e);
+            all.swap(j, r);
+        }
+        ids.extend_from_slice(&all[..topk]);
+    }
+    let ids = s.clone_htod(&ids)?;
+    let w = s.clone_htod(&vec![0.25f32; topk])?;
+    let x = s.clone_htod(&rand_bf16(rng, h))?;
+    let mut act = s.alloc_zeros::<f32>(topk * i)?;
+    let mut res = s.alloc_zeros::<f32>(h)?;
+    let w13_bytes = i * h + 2 * i * h / 32 + 2 * i * 2;
+    let w2_bytes = h * i / 2 + h * i / 32 + h * 2;
+    let gbs = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
+    let sl = |it: usize| ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
+    let g13 = time_graph_ms(s, 64, |it| {
+        Ok(k.mxfp4_w13_act(
+            s,
+            &x,
+            &table,
+            &sl(it),
+            1,
+            topk,
+            &layout,
+            u32::MAX,
+            a,
+            &mut act,
+        )?)
+    })?;
+    let g2 = time_graph_ms(s, 64, |it| {
+        Ok(k.mxfp4_w2_combine(s, &act, &table, &sl(it), &w, 1, topk, &layout, &mut res)?)
+    })?;
+    let gl = time_graph_ms(s, 64, |it| {
+        k.mxfp4_w13_act(
+            s,
+            &x,
+            &table,
+            &sl(it),
+            1,
+            topk,
+            &layout,
+            u32::MAX,
+            a,
+            &mut act,
+        )?;
+        Ok(k.mxfp4_w2_combine(s, &act, &table, &sl(it), &w, 1, topk, &layout, &mut res)?)
+    })?;
+    let (b13, b2) = (topk * w13_bytes, topk * w2_bytes);
+    rows.push(format!(
+        "mxfp4 oss-20b H{h} I{i} top{topk} M1: graph-timed w13 {:.2} us {:.0} GB/s, w2 {:.2} us {:.0} GB/s, layer (w13+w2 in one graph) {:.2} us {:.0} GB/s ({} bytes)",
+        g13 * 1e3,
+        gbs(b13, g13),
+        g2 * 1e3,
+        gbs(b2, g2),
+        gl * 1e3,
+        gbs(b13 + b2, gl),
+        b13 + b2
     ));
     Ok(())
 }

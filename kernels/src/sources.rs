@@ -26,6 +26,8 @@ pub const MODULES: &[Module] = &[
             "add_f32_into_f32",
             "cast_f32_to_bf16",
             "swiglu_bf16",
+            "add_bias_rows_f32",
+            "add_bias_rows_bf16",
         ],
     },
     Module {
@@ -41,12 +43,12 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "rope",
         source: include_str!("../cuda/rope.cu"),
-        kernels: &["qk_norm_rope_bf16"],
+        kernels: &["qk_norm_rope_bf16", "rope_table_bf16"],
     },
     Module {
         name: "kv_cache",
         source: include_str!("../cuda/kv_cache.cu"),
-        kernels: &["kv_append_bf16"],
+        kernels: &["kv_append_bf16", "kv_append_ring_bf16"],
     },
     Module {
         name: "attention_prefill",
@@ -56,17 +58,30 @@ pub const MODULES: &[Module] = &[
             "attn_prefill_mma_d128",
             "attn_prefill_mma_d256",
             "attn_prefill_simt",
+            "attn_prefill_mma_ring_d64",
+            "attn_prefill_mma_ring_d128",
+            "attn_prefill_simt_ring",
         ],
     },
     Module {
         name: "attention_decode",
         source: include_str!("../cuda/attention_decode.cu"),
-        kernels: &["attn_decode_split", "attn_decode_combine"],
+        kernels: &[
+            "attn_decode_split",
+            "attn_decode_combine",
+            "attn_decode_split_ring",
+            "attn_decode_combine_ring",
+        ],
     },
     Module {
         name: "router",
         source: include_str!("../cuda/router.cu"),
-        kernels: &["router_topk_f32", "router_topk_bf16"],
+        kernels: &[
+            "router_topk_f32",
+            "router_topk_bf16",
+            "router_topk_then_softmax_f32",
+            "router_topk_then_softmax_bf16",
+        ],
     },
     Module {
         name: "moe",
@@ -99,6 +114,21 @@ pub const MODULES: &[Module] = &[
             "int4_w2_combine_g2",
             "int4_w2_combine_g3",
             "int4_dequant_bf16",
+        ],
+    },
+    Module {
+        name: "mxfp4",
+        source: include_str!("../cuda/mxfp4.cu"),
+        kernels: &[
+            "mxfp4_w13_act_1",
+            "mxfp4_w13_act_2",
+            "mxfp4_w13_act_3",
+            "mxfp4_w13_act_4",
+            "mxfp4_w2_combine_2",
+            "mxfp4_w2_combine_4",
+            "mxfp4_dequant_bf16",
+            "bias_act_rows_bf16",
+            "bias_act_rows_f32",
         ],
     },
     Module {

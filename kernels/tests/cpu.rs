@@ -345,3 +345,475 @@ fn device_probe_never_panics() {
     eprintln!("device present: {}", dev.is_some());
     assert!(krasis_kernels::try_open_device(1 << 20).is_none());
 }
+
+// ---- MXFP4 ----
+
+mod mxfp4 {
+    use half::bf16;
+    use krasis_kernels::ops::mxfp4::{ExpertActivation, Mxfp4Layout};
+    use krasis_kernels::reference as cpu;
+
+    const GPT_OSS: ExpertActivation = ExpertActivation::ClampedSwiglu {
+        limit: 7.0,
+        alpha: 1.702,
+    };
+
+    #[test]
+    fn reference_decodes_hand_values() {
+        // Codes 0..=15 in order (element 2j low nibble of byte j), scale 127.
+        let q: Vec<u8> = (0..16u8)
+            .map(|j| (2 * j % 16) | ((2 * j + 1) % 16) << 4)
+            .collect();
+        let s = [127u8];
+        let want = [
+            0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0,
+            -6.0,
+        ];
+        let got = cpu::mxfp4_decode_rows(&q, &s, 1, 32);
+        for c in 0..32 {
+            assert_eq!(got[c].to_bits(), want[c % 16].to_bits(), "code {}", c % 16);
+        }
+        // Nibble order: byte 0x21 is element 0 = code 1, element 1 = code 2.
+        let mut q = vec![0u8; 16];
+        q[0] = 0x21;
+        assert_eq!(cpu::mxfp4_decode_rows(&q, &[127], 1, 32)[..2], [0.5, 1.0]);
+        // Scales: 128 doubles, 126 halves, 0 is 2^-127, 255 is NaN.
+        q[0] = 0x2F;
+        assert_eq!(cpu::mxfp4_decode_rows(&q, &[128], 1, 32)[..2], [-12.0, 2.0]);
+        assert_eq!(cpu::mxfp4_decode_rows(&q, &[126], 1, 32)[..2], [-3.0, 0.5]);
+        let tiny = cpu::mxfp4_decode_rows(&q, &[0], 1, 32);
+        assert_eq!(tiny[1].to_bits(), 0x0040_0000, "1.0 * 2^-127 (subnormal)");
+        assert_eq!(tiny[0], -6.0 * 2f32.powi(-127));
+        assert!(
+            cpu::mxfp4_decode_rows(&q, &[255], 1, 32)
+                .iter()
+                .all(|v| v.is_nan())
+        );
+        assert_eq!(cpu::e8m0(254), 2f32.powi(127));
+        // One scale per 32 values of a row: the second block uses s[1].
+        let got = cpu::mxfp4_decode_rows(&[0x22; 32], &[127, 129], 1, 64);
+        assert!(got[..32].iter().all(|&v| v == 1.0) && got[32..].iter().all(|&v| v == 4.0));
+    }
+
+    #[test]
+    fn reference_activations_hand_values() {
+        let sig = |z: f64| 1.0 / (1.0 + (-z).exp());
+        let a = cpu::expert_activation(ExpertActivation::Swiglu, 1.0, 2.0);
+        assert!((a - 2.0 * sig(1.0)).abs() < 1e-15);
+        // The +1 on up: up = 0 still passes gate * sigmoid(alpha * gate).
+        let a = cpu::expert_activation(GPT_OSS, 1.0, 0.0);
+        assert!((a - sig(1.702)).abs() < 1e-7, "{a}");
+        // Gate is clamped from above only, up on both sides.
+        let a = cpu::expert_activation(GPT_OSS, 10.0, 10.0);
+        assert!((a - 8.0 * 7.0 * sig(1.702 * 7.0)).abs() < 1e-6, "{a}");
+        let a = cpu::expert_activation(GPT_OSS, 10.0, -10.0);
+        assert!((a - -6.0 * 7.0 * sig(1.702 * 7.0)).abs() < 1e-6, "{a}");
+        let a = cpu::expert_activation(GPT_OSS, -10.0, 3.0);
+        assert!((a - 4.0 * -10.0 * sig(-17.02)).abs() < 1e-12, "{a}");
+        // NaN is not clamped away.
+        assert!(cpu::expert_activation(GPT_OSS, f64::NAN, 1.0).is_nan());
+        assert!(cpu::expert_activation(GPT_OSS, 1.0, f64::NAN).is_nan());
+    }
+
+    #[test]
+    fn reference_expert_forward_hand_values() {
+        // H = I = 32; every weight 1.0 * 2^-5 (code 2, scale 122), x = 1:
+        // each gate/up dot is 1.0; biases make gate 1.5 and up -0.25.
+        let (h, i) = (32usize, 32usize);
+        let l = Mxfp4Layout::new(h, i, true).unwrap();
+        let ex = cpu::Mxfp4Expert {
+            w13_q: vec![0x22; 2 * i * h / 2],
+            w13_s: vec![122; 2 * i],
+            w13_b: (0..2 * i)
+                .map(|r| bf16::from_f32(if r < i { 0.5 } else { -1.25 }))
+                .collect(),
+            w2_q: vec![0x22; h * i / 2],
+            w2_s: vec![122; h],
+            w2_b: vec![bf16::from_f32(0.75); h],
+        };
+        let mut block = vec![0u8; l.used_bytes()];
+        ex.write(&mut block, &l);
+        assert_eq!(block[l.w13_b..][..2], bf16::from_f32(0.5).to_le_bytes());
+        assert_eq!(block[l.w2_s], 122);
+        let d = ex.decode(&l);
+        let (act, y) = cpu::mxfp4_expert_forward(&d, h, i, &[1.0; 32], GPT_OSS);
+        // alpha is the f32 1.702, as the kernels take it.
+        let alpha = 1.702f32 as f64;
+        let a = ((-0.25f64 + 1.0) * 1.5 / (1.0 + (-alpha * 1.5).exp())) as f32;
+        assert!(act.iter().all(|&v| v == a), "{:?} vs {a}", act[0]);
+        let want = (32.0 * a as f64 / 32.0 + 0.75) as f32;
+        assert!(
+            y.iter().all(|&v| (v - want).abs() < 1e-6),
+            "{} vs {want}",
+            y[0]
+        );
+        // Without biases the same weights give silu(1) * 1.
+        let nb = cpu::Mxfp4Expert {
+            w13_b: vec![],
+            w2_b: vec![],
+            ..ex
+        };
+        let l = Mxfp4Layout::new(h, i, false).unwrap();
+        let (act, _) =
+            cpu::mxfp4_expert_forward(&nb.decode(&l), h, i, &[1.0; 32], ExpertActivation::Swiglu);
+        let want = (1.0 / (1.0 + (-1.0f64).exp())) as f32;
+        assert!(act.iter().all(|&v| (v - want).abs() < 1e-7));
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|k| u8::from_str_radix(&s[k..k + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// The fixture of the independent NumPy oracle
+    /// (tools/witness/mxfp4_oracle.py), also pinned by runtime/model's
+    /// MXFP4 decoder: `decoded` cases with the f32 bits of every value,
+    /// `refused` cases naming the (expert, row, block) with a NaN scale or
+    /// an overflowing product.
+    #[test]
+    fn reference_matches_the_numpy_oracle_bit_for_bit() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/mxfp4/decode.json");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let fx: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let num = |c: &serde_json::Value, k: &str| c[k].as_u64().unwrap() as usize;
+        let case_data = |c: &serde_json::Value| {
+            let (e, r, k) = (num(c, "experts"), num(c, "rows"), num(c, "cols"));
+            let blocks = hex(c["blocks"].as_str().unwrap());
+            let scales: Vec<u8> = c["scales"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u8)
+                .collect();
+            assert_eq!(
+                (blocks.len(), scales.len()),
+                (e * r * k / 2, e * r * k / 32)
+            );
+            // [experts, rows, cols/32, 16] is row-major rows of cols/2 bytes.
+            (e * r, k, cpu::mxfp4_decode_rows(&blocks, &scales, e * r, k))
+        };
+        let decoded = fx["decoded"].as_array().unwrap();
+        assert!(decoded.len() >= 5);
+        for c in decoded {
+            let name = c["name"].as_str().unwrap();
+            let (_, _, got) = case_data(c);
+            let want = c["expected_f32_bits"].as_array().unwrap();
+            assert_eq!(got.len(), want.len(), "{name}");
+            for (n, (g, w)) in got.iter().zip(want).enumerate() {
+                let w = w.as_u64().unwrap() as u32;
+                assert_eq!(
+                    g.to_bits(),
+                    w,
+                    "{name}: element {n}: reference {g} vs oracle {}",
+                    f32::from_bits(w)
+                );
+            }
+        }
+        // The refused blocks decode to NaN (scale 255) or contain an
+        // infinity (overflow): the reference follows the spec there too.
+        let refused = fx["refused"].as_array().unwrap();
+        assert!(refused.len() >= 3);
+        for c in refused {
+            let name = c["name"].as_str().unwrap();
+            let (_, k, got) = case_data(c);
+            let row = num(c, "expert") * num(c, "rows") + num(c, "row");
+            let blk = &got[row * k + num(c, "block") * 32..][..32];
+            match c["reason"].as_str().unwrap() {
+                "nan_scale" => assert!(blk.iter().all(|v| v.is_nan()), "{name}"),
+                "overflow" => assert!(blk.iter().any(|v| v.is_infinite()), "{name}"),
+                other => panic!("{name}: unknown reason {other}"),
+            }
+        }
+    }
+}
+
+// ---- RoPE from a frequency table, top-k-then-softmax router, router bias ----
+
+mod rope_table_router {
+    use half::bf16;
+    use krasis_kernels::QkvGeom;
+    use krasis_kernels::ops::moe::RouterMode;
+    use krasis_kernels::reference as cpu;
+
+    fn bf(x: &[f32]) -> Vec<bf16> {
+        x.iter().map(|&v| bf16::from_f32(v)).collect()
+    }
+
+    #[test]
+    fn rope_table_reference_hand_values() {
+        // One q head and one kv head of d = 4: row [q0..q3 | k0..k3 | v0..v3].
+        let geom = QkvGeom {
+            n_tokens: 2,
+            n_q_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 4,
+        };
+        let row: Vec<f32> = (1..=12).map(|v| v as f32).collect();
+        let x0 = bf(&[row.clone(), row.clone()].concat());
+        // Position 0 rotates by nothing: only the scale acts (v untouched).
+        let mut x = x0.clone();
+        cpu::rope_table(&mut x, geom, 0, &[1.0, 0.1], 2.0);
+        let want0: Vec<f32> = (1..=12)
+            .map(|v| if v <= 8 { 2.0 * v as f32 } else { v as f32 })
+            .collect();
+        assert_eq!(cpu::to_f32(&x[..12]), want0);
+        // Token 1 at position 1 with the table [1, 0.1] and scale 1: the
+        // angles are the table itself (not theta-derived).
+        let (a0, a1) = (1.0f32, 0.1f32);
+        let rot = |x1: f32, x2: f32, a: f32| {
+            let (c, s) = (a.cos(), a.sin());
+            (x1 * c - x2 * s, x2 * c + x1 * s)
+        };
+        let mut x = x0.clone();
+        cpu::rope_table(&mut x, geom, 0, &[1.0, 0.1], 1.0);
+        let got = cpu::to_f32(&x[12..]);
+        for (head, off) in [(0, 0usize), (1, 4)] {
+            let b = (head * 4 + 1) as f32;
+            let (o0, o2) = rot(b, b + 2.0, a0);
+            let (o1, o3) = rot(b + 1.0, b + 3.0, a1);
+            let want = bf(&[o0, o1, o2, o3]);
+            assert_eq!(&x[12 + off..12 + off + 4], &want[..], "head {head}");
+        }
+        assert_eq!(got[8..], [9.0, 10.0, 11.0, 12.0], "v untouched");
+        // A start offset moves the position: start 1, token 0 == the above.
+        let mut y = x0.clone();
+        cpu::rope_table(&mut y, geom, 1, &[1.0, 0.1], 1.0);
+        assert_eq!(y[..12], x[12..]);
+        // Position 131071 with the f32 angle product (131071 * 0.1 in f32).
+        let mut z = x0[..12].to_vec();
+        let one = QkvGeom {
+            n_tokens: 1,
+            ..geom
+        };
+        cpu::rope_table(&mut z, one, 131_071, &[0.0, 0.1], 1.0);
+        let a = 131_071f32 * 0.1f32;
+        let (o1, o3) = rot(2.0, 4.0, a);
+        assert_eq!(
+            cpu::to_f32(&z[..4]),
+            [1.0, bf(&[o1])[0].to_f32(), 3.0, bf(&[o3])[0].to_f32()]
+        );
+    }
+
+    #[test]
+    fn router_reference_modes_and_bias_hand_values() {
+        let ln = |v: &[f32]| v.iter().map(|x| x.ln()).collect::<Vec<f32>>();
+        let close = |got: &[f32], want: &[f32]| {
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+            }
+        };
+        // Logits ln [1, 4, 2, 3]: top-2 = experts 1, 3.
+        let logits = ln(&[1.0, 4.0, 2.0, 3.0]);
+        let (ids, w) = cpu::router_topk_with(&logits, None, 4, 2, RouterMode::TopKSoftmax);
+        assert_eq!(ids, [1, 3]);
+        close(&w, &[4.0 / 7.0, 3.0 / 7.0]);
+        // Softmax over all experts without renormalisation: 0.4, 0.3.
+        let sm = RouterMode::SoftmaxTopK { normalize: false };
+        let (ids, w) = cpu::router_topk_with(&logits, None, 4, 2, sm);
+        assert_eq!(ids, [1, 3]);
+        close(&w, &[0.4, 0.3]);
+        // A bias of ln 10 on expert 0 moves it to the top in both modes.
+        let bias = ln(&[10.0, 1.0, 1.0, 1.0]);
+        let (ids, w) = cpu::router_topk_with(&logits, Some(&bias), 4, 2, RouterMode::TopKSoftmax);
+        assert_eq!(ids, [0, 1]);
+        close(&w, &[10.0 / 14.0, 4.0 / 14.0]);
+        let (ids, w) = cpu::router_topk_with(&logits, Some(&bias), 4, 2, sm);
+        assert_eq!(ids, [0, 1]);
+        close(&w, &[10.0 / 19.0, 4.0 / 19.0]);
+        // Ties go to the lower index; two tokens are two rows.
+        let two = [5.0f32, 1.0, 5.0, 5.0, 0.0, 0.0, 0.0, 9.0];
+        let (ids, w) = cpu::router_topk_with(&two, None, 4, 2, RouterMode::TopKSoftmax);
+        assert_eq!(ids, [0, 2, 3, 0]);
+        close(&w[..2], &[0.5, 0.5]);
+        let e9 = 9f32.exp();
+        close(&w[2..], &[e9 / (e9 + 1.0), 1.0 / (e9 + 1.0)]);
+        // The plain entry point is the softmax mode without bias.
+        assert_eq!(
+            cpu::router_topk(&logits, 4, 2, true),
+            cpu::router_topk_with(
+                &logits,
+                None,
+                4,
+                2,
+                RouterMode::SoftmaxTopK { normalize: true }
+            )
+        );
+        // A NaN logit poisons the top-k-then-softmax weights.
+        let (_, w) =
+            cpu::router_topk_with(&[1.0, f32::NAN, 0.0], None, 3, 2, RouterMode::TopKSoftmax);
+        assert!(w.iter().all(|v| v.is_nan()), "{w:?}");
+    }
+}
+
+// ---- Attention: gpt-oss sinks, sliding window, ring-indexed KV ----
+
+mod attention_ring {
+    use half::bf16;
+    use krasis_kernels::ops::attention::{RingAttn, ring_min_capacity};
+    use krasis_kernels::{KvGeom, QkvGeom, reference as cpu};
+
+    fn geom(n_tokens: usize, nq: usize, nkv: usize, d: usize) -> QkvGeom {
+        QkvGeom {
+            n_tokens,
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: d,
+        }
+    }
+
+    fn bf(x: &[f32]) -> Vec<bf16> {
+        x.iter().map(|&v| bf16::from_f32(v)).collect()
+    }
+
+    /// One-head cache whose row `p` has key 0 (score 0 against any q) and
+    /// value `vals[p]` in every dim.
+    fn zero_key_cache(vals: &[f32], d: usize) -> (KvGeom, Vec<bf16>, Vec<bf16>) {
+        let kv = KvGeom {
+            n_kv_heads: 1,
+            head_dim: d,
+            capacity: vals.len(),
+        };
+        let v: Vec<f32> = vals.iter().flat_map(|&x| vec![x; d]).collect();
+        (kv, vec![bf16::ZERO; kv.len()], bf(&v))
+    }
+
+    #[test]
+    fn sink_of_ln3_against_one_key_weighs_it_a_quarter() {
+        let d = 4;
+        let g = geom(1, 1, 1, d);
+        let (kv, kc, vc) = zero_key_cache(&[8.0], d);
+        let q = bf(&[0.0; 3 * 4]);
+        let ln3 = 3f32.ln();
+        let out = cpu::attention_ring(&q, g, 0, kv, &kc, &vc, 0.125, Some(&[ln3]), 0);
+        // exp(0) / (exp(0) + exp(ln 3)) = 1/4 of the value; the sink adds none.
+        for x in &out {
+            assert!((x - 2.0).abs() < 1e-6, "{out:?}");
+        }
+        // Without the sink the one key takes all the weight.
+        let plain = cpu::attention_ring(&q, g, 0, kv, &kc, &vc, 0.125, None, 0);
+        assert_eq!(plain, vec![8.0; d]);
+        // The sink joins the max: a sink far above every score leaves almost
+        // nothing (and no NaN) for the key.
+        let big = cpu::attention_ring(&q, g, 0, kv, &kc, &vc, 0.125, Some(&[1000.0]), 0);
+        assert!(big.iter().all(|x| x.is_finite() && x.abs() < 1e-30), "{big:?}");
+    }
+
+    #[test]
+    fn window_two_at_position_two_sees_keys_one_and_two() {
+        let d = 2;
+        let g = geom(1, 1, 1, d);
+        // Values 100, 1, 2 at positions 0, 1, 2; equal scores.
+        let (kv, kc, vc) = zero_key_cache(&[100.0, 1.0, 2.0], d);
+        let q = bf(&[0.0; 3 * 2]);
+        let at2 = |w: usize| cpu::attention_ring(&q, g, 2, kv, &kc, &vc, 1.0, None, w)[0];
+        assert_eq!(at2(2), 1.5);
+        assert_eq!(at2(1), 2.0);
+        assert!((at2(0) - 103.0 / 3.0).abs() < 1e-4);
+        assert!((at2(3) - 103.0 / 3.0).abs() < 1e-4);
+        assert!((at2(1000) - 103.0 / 3.0).abs() < 1e-4);
+        // Window and sink together: keys 1 and 2 plus a sink of ln 2:
+        // (1 + 2) / (1 + 1 + 2).
+        let both = cpu::attention_ring(&q, g, 2, kv, &kc, &vc, 1.0, Some(&[2f32.ln()]), 2);
+        assert!((both[0] - 0.75).abs() < 1e-6, "{both:?}");
+        // The plain entry point is full causal attention.
+        assert!((cpu::attention(&q, g, 2, kv, &kc, &vc, 1.0)[0] - 103.0 / 3.0).abs() < 1e-4);
+    }
+
+    /// Deterministic pseudo-random bf16 values in [-2, 2).
+    fn noise(seed: &mut u64, n: usize) -> Vec<bf16> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                bf16::from_f32(((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0)
+            })
+            .collect()
+    }
+
+    /// Chunks of `chunks` tokens appended to a ring of `ring_cap` rows and to
+    /// a linear cache, each chunk attending after its append: the ring's
+    /// outputs, as returned, and the linear cache's.
+    fn ring_vs_linear(
+        chunks: &[usize],
+        ring_cap: usize,
+        window: usize,
+        sinks: Option<&[f32]>,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let (nq, nkv, d) = (4, 2, 8);
+        let total: usize = chunks.iter().sum();
+        let ring = KvGeom {
+            n_kv_heads: nkv,
+            head_dim: d,
+            capacity: ring_cap,
+        };
+        let lin = KvGeom {
+            capacity: total,
+            ..ring
+        };
+        let (mut rk, mut rv) = (vec![bf16::NAN; ring.len()], vec![bf16::NAN; ring.len()]);
+        let (mut lk, mut lv) = (vec![bf16::NAN; lin.len()], vec![bf16::NAN; lin.len()]);
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        let mut seed = 7u64;
+        let mut start = 0;
+        for &n in chunks {
+            let g = geom(n, nq, nkv, d);
+            let qkv = noise(&mut seed, g.len());
+            cpu::kv_append_ring(&qkv, g, start, ring, &mut rk, &mut rv);
+            cpu::kv_append_ring(&qkv, g, start, lin, &mut lk, &mut lv);
+            got.extend(cpu::attention_ring(
+                &qkv, g, start, ring, &rk, &rv, 0.5, sinks, window,
+            ));
+            want.extend(cpu::attention_ring(
+                &qkv, g, start, lin, &lk, &lv, 0.5, sinks, window,
+            ));
+            start += n;
+        }
+        (got, want)
+    }
+
+    #[test]
+    fn ring_wraparound_overwrites_and_keeps_the_windowed_result() {
+        let sinks = [0.5f32, -1.0, 2.0, 0.0];
+        // Decode steps (chunks of 1) wrapping a 4-row ring 2.5 times, window 2.
+        let (got, want) = ring_vs_linear(&[1; 10], 4, 2, Some(&sinks));
+        assert_eq!(got, want);
+        // Chunks of 3 with the smallest ring that holds their windows.
+        let cap = ring_min_capacity(2, 3);
+        assert_eq!(cap, 4);
+        let (got, want) = ring_vs_linear(&[3, 3, 1, 3, 2, 3], cap, 2, None);
+        assert_eq!(got, want);
+        // One row fewer: the first query of a chunk has lost its oldest key
+        // (overwritten by the chunk's last), and the result is wrong. This
+        // is what the wrappers' capacity check refuses.
+        let (got, want) = ring_vs_linear(&[3, 3, 1, 3, 2, 3], cap - 1, 2, None);
+        assert_ne!(got, want);
+        // Rows hold p % capacity: after positions 0..10, row 1 holds key 9.
+        let g = geom(1, 1, 1, 2);
+        let ring = KvGeom {
+            n_kv_heads: 1,
+            head_dim: 2,
+            capacity: 4,
+        };
+        let (mut k, mut v) = (vec![bf16::ZERO; 8], vec![bf16::ZERO; 8]);
+        for p in 0..10 {
+            let row = bf(&[0.0, 0.0, p as f32, 0.0, -(p as f32), 0.0]);
+            cpu::kv_append_ring(&row, g, p, ring, &mut k, &mut v);
+        }
+        let keys: Vec<f32> = k.iter().step_by(2).map(|x| x.to_f32()).collect();
+        assert_eq!(keys, [8.0, 9.0, 6.0, 7.0]);
+        assert_eq!(v[2].to_f32(), -9.0);
+    }
+
+    #[test]
+    fn ring_attention_default_is_full_causal_without_sinks() {
+        let a = RingAttn::default();
+        assert!(a.sinks.is_none());
+        assert_eq!(a.window, 0);
+    }
+}

@@ -1,4 +1,5 @@
-//! Embedding gather, residual adds, casts and SwiGLU (`cuda/elementwise.cu`).
+//! Embedding gather, residual adds, per-column bias adds, casts and SwiGLU
+//! (`cuda/elementwise.cu`).
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
@@ -73,6 +74,39 @@ impl Kernels {
             k,
             b,
             cfg((blocks(n, THREADS as usize * 4), 1, 1), THREADS, 0),
+        )
+    }
+
+    /// `y[r, c] += bias[c]` in place for `r < rows`, `c < cols` (f32 sum,
+    /// rounded once for bf16 `y`): e.g. an expert's down bias on its
+    /// grouped prefill GEMM output before the combine.
+    ///
+    /// - `y`: `[rows, cols]` f32 or bf16; `bias`: f32 `[cols]`.
+    pub fn add_bias_rows<T: Elem>(
+        &self,
+        stream: &CudaStream,
+        y: &mut impl DevicePtrMut<T>,
+        bias: &impl DevicePtr<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let k = by_elem::<T>("add_bias_rows_f32", "add_bias_rows_bf16");
+        check_len(k, "y", y.len(), rows * cols)?;
+        check_len(k, "bias", bias.len(), cols)?;
+        let (r, c) = (dim_u32(k, "rows", rows)?, dim_u32(k, "cols", cols)?);
+        let f = self.func(k)?;
+        let (bp, _g1) = bias.device_ptr(stream);
+        let (yp, _g2) = y.device_ptr_mut(stream);
+        let mut b = builder(stream, f);
+        b.arg(&yp).arg(&bp).arg(&r).arg(&c);
+        submit(
+            k,
+            b,
+            cfg(
+                (blocks(rows * cols, THREADS as usize * 4), 1, 1),
+                THREADS,
+                0,
+            ),
         )
     }
 

@@ -5,6 +5,7 @@ pub mod elementwise;
 pub mod gemv;
 pub mod int4;
 pub mod moe;
+pub mod mxfp4;
 pub mod norm;
 pub mod rope;
 pub mod sampling;

@@ -8,4 +8,5 @@ mod elementwise;
 mod gemv;
 mod int4;
 mod moe;
+mod mxfp4;
 mod sampling;
