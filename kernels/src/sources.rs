@@ -43,12 +43,12 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "rope",
         source: include_str!("../cuda/rope.cu"),
-        kernels: &["qk_norm_rope_bf16", "rope_table_bf16"],
+        kernels: &["qk_norm_rope_bf16"],
     },
     Module {
         name: "kv_cache",
         source: include_str!("../cuda/kv_cache.cu"),
-        kernels: &["kv_append_bf16", "kv_append_ring_bf16"],
+        kernels: &["kv_append_bf16"],
     },
     Module {
         name: "attention_prefill",
@@ -58,30 +58,17 @@ pub const MODULES: &[Module] = &[
             "attn_prefill_mma_d128",
             "attn_prefill_mma_d256",
             "attn_prefill_simt",
-            "attn_prefill_mma_ring_d64",
-            "attn_prefill_mma_ring_d128",
-            "attn_prefill_simt_ring",
         ],
     },
     Module {
         name: "attention_decode",
         source: include_str!("../cuda/attention_decode.cu"),
-        kernels: &[
-            "attn_decode_split",
-            "attn_decode_combine",
-            "attn_decode_split_ring",
-            "attn_decode_combine_ring",
-        ],
+        kernels: &["attn_decode_split", "attn_decode_combine"],
     },
     Module {
         name: "router",
         source: include_str!("../cuda/router.cu"),
-        kernels: &[
-            "router_topk_f32",
-            "router_topk_bf16",
-            "router_topk_then_softmax_f32",
-            "router_topk_then_softmax_bf16",
-        ],
+        kernels: &["router_topk_f32", "router_topk_bf16"],
     },
     Module {
         name: "moe",
