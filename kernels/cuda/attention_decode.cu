@@ -22,6 +22,20 @@
 // attn_decode_combine: one block per q head merges the active splits in
 // ascending order (fixed order, no atomics) and writes bf16.
 // Precision: f32 everywhere; one rounding to bf16 at the end.
+//
+// gpt-oss variants (attn_decode_split_ring / attn_decode_combine_ring; the
+// same templates with RING set, so the plain entry points keep their code):
+// - Ring cache: key position p lives in row p % capacity (kv_cache.cu).
+// - Sliding window (window > 0): the token at pos sees keys
+//   [max(0, pos + 1 - window), pos]; the splits divide those live keys, not
+//   the context, so a sliding layer's decode cost is bounded by the window
+//   (at 128 keys: two 64-key splits per kv head) whatever the context. With
+//   window 0 the live keys are [0, pos] as in the plain kernels.
+// - Sinks (optional f32 [n_q_heads]): the combine kernel enters the head's
+//   sink logit once into the final max/sum merge (max over the splits'
+//   maxima and sink * log2(e), denominator + exp2(sink2 - max)), with no
+//   value; the split kernels never see it, so it is counted exactly once
+//   however many splits run.
 
 #define DEC_MAX_SPLITS 64
 #define DEC_TILE_ELEMS 8192  // bf16 elements of one staged K (or V) tile: 16 KB
@@ -36,10 +50,26 @@ __device__ __forceinline__ u32 decode_chunk(u32 chunk, u32 n_keys, u32 n_splits)
     return max(c, (u32)DEC_MIN_DYN_CHUNK);
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-    attn_decode_split(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
-                      float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 nkv, u32 d,
-                      u32 cap, u32 chunk, float sl2) {
+#define DEC_LOG2E 1.4426950408889634f
+
+// First live key and number of live keys of the token at pos.
+template <bool RING>
+__device__ __forceinline__ void decode_span(u32 pos, u32 cap, u32 window, u32& kfirst, u32& n_keys) {
+    if constexpr (RING) {
+        const u32 win = window ? window : 0xffffffffu;
+        kfirst = pos + 1 > win ? pos + 1 - win : 0u;
+        n_keys = pos + 1 - kfirst;
+    } else {
+        kfirst = 0;
+        n_keys = min(pos + 1, cap);
+    }
+}
+
+template <bool RING>
+__device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                                                    const bf16_t* __restrict__ vc, float* __restrict__ ws,
+                                                    const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 nkv,
+                                                    u32 d, u32 cap, u32 chunk, float sl2, u32 window) {
     __shared__ __align__(16) float qs[2048];
     __shared__ __align__(16) uint4 ks[DEC_TILE_ELEMS / 8];
     __shared__ __align__(16) uint4 vs[DEC_TILE_ELEMS / 8];
@@ -49,10 +79,11 @@ extern "C" __global__ void __launch_bounds__(128)
     const u32 G = nq / nkv;
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base;
-    const u32 n_keys = min(pos + 1, cap);
+    u32 kfirst, n_keys;
+    decode_span<RING>(pos, cap, window, kfirst, n_keys);
     chunk = decode_chunk(chunk, n_keys, gridDim.x);
-    const u32 k0 = s * chunk;
-    const u32 k1 = min(k0 + chunk, n_keys);
+    const u32 k0 = kfirst + s * chunk;
+    const u32 k1 = min(k0 + chunk, kfirst + n_keys);
     float* o_part = ws;
     float* m_part = ws + (u64)DEC_MAX_SPLITS * nq * d;
     float* l_part = m_part + DEC_MAX_SPLITS * nq;
@@ -88,8 +119,9 @@ extern "C" __global__ void __launch_bounds__(128)
         for (u32 c = threadIdx.x; c < nk * cpr; c += blockDim.x) {
             const u32 r = c / cpr, ch = c - r * cpr;
             const u32 dst = r * cpr + (ch ^ (r & 7));
-            ks[dst] = *(const uint4*)(kbase + (u64)(kb + r) * d + ch * 8);
-            vs[dst] = *(const uint4*)(vbase + (u64)(kb + r) * d + ch * 8);
+            const u32 row = RING ? (kb + r) % cap : kb + r;
+            ks[dst] = *(const uint4*)(kbase + (u64)row * d + ch * 8);
+            vs[dst] = *(const uint4*)(vbase + (u64)row * d + ch * 8);
         }
         __syncthreads();
         // Scores: one key per lane, warps split keys (halves) and heads (parity).
@@ -169,20 +201,52 @@ extern "C" __global__ void __launch_bounds__(128)
     }
 }
 
-extern "C" __global__ void attn_decode_combine(const float* __restrict__ ws, bf16_t* __restrict__ out,
-                                               const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 d,
-                                               u32 n_splits, u32 chunk) {
+extern "C" __global__ void __launch_bounds__(128)
+    attn_decode_split(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
+                      float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 nkv, u32 d,
+                      u32 cap, u32 chunk, float sl2) {
+    attn_decode_split_t<false>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_decode_split_ring(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                           const bf16_t* __restrict__ vc, float* __restrict__ ws, const u32* __restrict__ pos_ptr,
+                           u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2, u32 window) {
+    attn_decode_split_t<true>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, window);
+}
+
+template <bool RING>
+__device__ __forceinline__ void attn_decode_combine_t(const float* __restrict__ ws, bf16_t* __restrict__ out,
+                                                      const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 d,
+                                                      u32 n_splits, u32 chunk, const float* __restrict__ sinks,
+                                                      u32 window) {
     const u32 h = blockIdx.x, i = threadIdx.x;
     if (h >= nq || i >= d) return;
     const u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base;
-    chunk = decode_chunk(chunk, pos + 1, n_splits);
+    // Splits that hold live keys: s * chunk < n_keys (plain: s * chunk <= pos,
+    // kept in that form so the plain kernel's code is unchanged).
+    u32 n_keys = pos + 1;
+    if constexpr (RING) {
+        u32 kfirst;
+        decode_span<true>(pos, 0, window, kfirst, n_keys);
+    }
+    chunk = decode_chunk(chunk, n_keys, n_splits);
     const float* o_part = ws;
     const float* m_part = ws + (u64)DEC_MAX_SPLITS * nq * d;
     const float* l_part = m_part + DEC_MAX_SPLITS * nq;
     float M = NEG_INF_F;
-    for (u32 s = 0; s < n_splits && s * chunk <= pos; ++s) M = fmaxf(M, m_part[s * nq + h]);
+    float sink2 = NEG_INF_F;
+    if constexpr (RING) {
+        if (sinks) sink2 = sinks[h] * DEC_LOG2E;
+        M = sink2;
+    }
+    for (u32 s = 0; s < n_splits && (RING ? s * chunk < n_keys : s * chunk <= pos); ++s) M = fmaxf(M, m_part[s * nq + h]);
     float L = 0.0f, O = 0.0f;
-    for (u32 s = 0; s < n_splits && s * chunk <= pos; ++s) {
+    // The sink: one more logit in the denominator, no value (header).
+    if constexpr (RING) {
+        if (sinks) L = exp2f(sink2 - M);
+    }
+    for (u32 s = 0; s < n_splits && (RING ? s * chunk < n_keys : s * chunk <= pos); ++s) {
         float ms = m_part[s * nq + h];
         if (ms == NEG_INF_F) continue;
         float f = exp2f(ms - M);
@@ -190,4 +254,17 @@ extern "C" __global__ void attn_decode_combine(const float* __restrict__ ws, bf1
         O += o_part[((u64)s * nq + h) * d + i] * f;
     }
     out[(u64)h * d + i] = f2bf(O / L);
+}
+
+extern "C" __global__ void attn_decode_combine(const float* __restrict__ ws, bf16_t* __restrict__ out,
+                                               const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 d,
+                                               u32 n_splits, u32 chunk) {
+    attn_decode_combine_t<false>(ws, out, pos_ptr, pos_base, nq, d, n_splits, chunk, nullptr, 0);
+}
+
+extern "C" __global__ void attn_decode_combine_ring(const float* __restrict__ ws, bf16_t* __restrict__ out,
+                                                    const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 d,
+                                                    u32 n_splits, u32 chunk, const float* __restrict__ sinks,
+                                                    u32 window) {
+    attn_decode_combine_t<true>(ws, out, pos_ptr, pos_base, nq, d, n_splits, chunk, sinks, window);
 }

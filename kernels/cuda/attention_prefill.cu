@@ -35,6 +35,34 @@
 // Used for other head dims and as an independent implementation in tests.
 //
 // KV cache layout: [n_kv_heads][capacity][head_dim] bf16 per layer.
+//
+// gpt-oss variants (entry points *_ring; the same templates with RING set,
+// so the plain causal entry points compile to the code they had before):
+// - Ring cache: key position p lives in row p % capacity (kv_cache.cu). A
+//   chunk of n tokens is appended before it attends, so every query's window
+//   is present iff capacity >= window + n - 1 (checked by the wrappers);
+//   full layers pass capacity >= context, where p % capacity == p.
+// - Sliding window (window > 0): query at position pos sees keys j with
+//   0 <= pos - j < window (window 0: all j <= pos). The mma kernel starts at
+//   the key tile holding the window start of the query tile's first row, so
+//   a sliding layer's cost per query tile is bounded by window + 64 keys
+//   whatever the context; staged rows outside [window start, kend) are
+//   zero-filled (their ring rows may already hold newer positions) and the
+//   partial tiles are masked per row.
+// - Sinks (optional f32 [n_q_heads]): one extra logit per head that joins
+//   every row's softmax and whose probability is dropped (no value). Each
+//   row's online softmax starts from the state of having seen that logit:
+//   running max = sink * log2(e), row sum = 1 (held by one of the row's four
+//   lanes, since the lanes' partial sums are added at the end), output 0.
+//   This is exact, not an approximation: online softmax merges states
+//   (max, sum, unnormalized output) associatively and every later rescale
+//   multiplies the sink's term exactly like a key's, so the result is the
+//   softmax over {scores, sink} with the sink's probability dropped, as in
+//   transformers (max over scores and sink, denominator includes
+//   exp(sink - max)). Starting from it also keeps the running max finite,
+//   so tiles lying wholly before a row's window cost nothing extra; without
+//   sinks such a row's max is still -inf and the update subtracts 0 instead
+//   of it, so exp2 gives 0 rather than NaN.
 
 #define PF_BM 64
 #define PF_THREADS 128
@@ -94,10 +122,30 @@ __device__ __forceinline__ void pf_stage(uint4* dst, const bf16_t* src, u64 src_
     }
 }
 
-template <int D, int BN, bool QS>
+// Ring cache: tile row r is key position n0 + r, stored in row
+// (n0 + r) % cap; positions outside [lo, hi) are zero-filled.
+template <int D, int ROWS>
+__device__ __forceinline__ void pf_stage_ring(uint4* dst, const bf16_t* base, u32 n0, u32 lo, u32 hi, u32 cap) {
+    constexpr u32 CH = D / 8;
+    static_assert((ROWS * CH) % PF_THREADS == 0, "tile chunks must split evenly over the block");
+#pragma unroll
+    for (u32 it = 0; it < (ROWS * CH) / PF_THREADS; ++it) {
+        const u32 i = threadIdx.x + it * PF_THREADS;
+        const u32 r = i / CH, c = i % CH;
+        const u32 p = n0 + r;
+        uint4* d = &dst[r * CH + (c ^ (r & 7))];
+        if (p >= lo && p < hi) cp_async16(d, base + (u64)(p % cap) * D + c * 8);
+        else *d = make_uint4(0, 0, 0, 0);
+    }
+}
+
+#define PF_LOG2E 1.4426950408889634f
+
+template <int D, int BN, bool QS, bool RING>
 __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                                                  const bf16_t* __restrict__ vc, bf16_t* __restrict__ out,
-                                                 u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2) {
+                                                 u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
+                                                 const float* __restrict__ sinks, u32 window) {
     constexpr u32 CH = D / 8;  // 16-byte chunks per row of Q, K and V
     constexpr int KT = D / 16; // k-steps of S = Q K^T
     constexpr int NJ = BN / 8; // 8-key column tiles of S
@@ -125,14 +173,23 @@ __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv,
     const u32 last = start + n_tokens - 1;
     const u32 p0 = min(start + r0, last), p1 = min(start + r1, last);
     const u32 kend = min(start + m0 + PF_BM - 1, last) + 1;
-    const u32 ntiles = (kend + BN - 1) / BN;
+    // RING: keys before kstart (the window start of the tile's first row) are
+    // seen by none of its rows; the walk starts at kstart's tile, kt0.
+    u32 win = 0, kstart = 0;
+    if constexpr (RING) {
+        win = window ? window : 0xffffffffu;
+        kstart = start + m0 + 1 > win ? start + m0 + 1 - win : 0u;
+    }
+    const u32 kt0 = RING ? kstart / BN * BN : 0u;
+    const u32 ntiles = (kend - kt0 + BN - 1) / BN;
     const bf16_t* qbase = qkv + (u64)h * D;
     const bf16_t* kbase = kc + (u64)kvh * cap * D;
     const bf16_t* vbase = vc + (u64)kvh * cap * D;
 
     // Prologue: Q (QS) and K tile 0 in one commit group.
     if constexpr (QS) pf_stage<D, PF_BM>(Qs, qbase + (u64)m0 * stride, stride, n_tokens - min(m0, n_tokens));
-    pf_stage<D, BN>(Ks, kbase, D, kend);
+    if constexpr (RING) pf_stage_ring<D, BN>(Ks, kbase, kt0, kstart, kend, cap);
+    else pf_stage<D, BN>(Ks, kbase, D, kend);
     cp_async_commit();
 
     // Q as A fragments (registers) when not staged: rows r0/r1, k-step kk.
@@ -156,11 +213,18 @@ __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv,
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float mrow0 = NEG_INF_F, mrow1 = NEG_INF_F, l0 = 0.0f, l1 = 0.0f;
+    if constexpr (RING) {
+        if (sinks) { // the sink as the first logit seen (header)
+            mrow0 = mrow1 = sinks[h] * PF_LOG2E;
+            l0 = l1 = tq == 0 ? 1.0f : 0.0f;
+        }
+    }
 
     for (u32 nt = 0; nt < ntiles; ++nt) {
-        const u32 n0 = nt * BN;
+        const u32 n0 = kt0 + nt * BN;
         __syncthreads(); // every warp is done reading Vs (tile nt - 1)
-        pf_stage<D, BN>(Vs, vbase + (u64)n0 * D, D, kend - n0);
+        if constexpr (RING) pf_stage_ring<D, BN>(Vs, vbase, n0, kstart, kend, cap);
+        else pf_stage<D, BN>(Vs, vbase + (u64)n0 * D, D, kend - n0);
         cp_async_commit();
         cp_async_wait<1>(); // K tile nt (and Q) landed; V tile nt may be in flight
         __syncthreads();
@@ -196,7 +260,8 @@ __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv,
             for (int e = 0; e < 4; ++e) {
                 u32 key = n0 + j * 8 + 2 * tq + (e & 1);
                 u32 pos = e < 2 ? p0 : p1;
-                float v = key <= pos ? s[j][e] * sl2 : NEG_INF_F;
+                const bool live = RING ? key <= pos && pos - key < win : key <= pos;
+                float v = live ? s[j][e] * sl2 : NEG_INF_F;
                 s[j][e] = v;
                 if (e < 2) mx0 = fmaxf(mx0, v);
                 else mx1 = fmaxf(mx1, v);
@@ -207,16 +272,19 @@ __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv,
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         const float mn0 = fmaxf(mrow0, mx0), mn1 = fmaxf(mrow1, mx1);
-        const float al0 = exp2f(mrow0 - mn0), al1 = exp2f(mrow1 - mn1);
+        // RING: a row may have no live key yet and no sink (max -inf).
+        const float sb0 = RING && mn0 == NEG_INF_F ? 0.0f : mn0;
+        const float sb1 = RING && mn1 == NEG_INF_F ? 0.0f : mn1;
+        const float al0 = exp2f(mrow0 - sb0), al1 = exp2f(mrow1 - sb1);
         mrow0 = mn0;
         mrow1 = mn1;
         float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
-            s[j][0] = exp2f(s[j][0] - mn0);
-            s[j][1] = exp2f(s[j][1] - mn0);
-            s[j][2] = exp2f(s[j][2] - mn1);
-            s[j][3] = exp2f(s[j][3] - mn1);
+            s[j][0] = exp2f(s[j][0] - sb0);
+            s[j][1] = exp2f(s[j][1] - sb0);
+            s[j][2] = exp2f(s[j][2] - sb1);
+            s[j][3] = exp2f(s[j][3] - sb1);
             ls0 += s[j][0] + s[j][1];
             ls1 += s[j][2] + s[j][3];
         }
@@ -231,7 +299,10 @@ __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv,
         }
         cp_async_wait<0>();
         __syncthreads(); // V tile nt visible; every warp is done reading Ks
-        if (nt + 1 < ntiles) pf_stage<D, BN>(Ks, kbase + (u64)(n0 + BN) * D, D, kend - (n0 + BN));
+        if (nt + 1 < ntiles) {
+            if constexpr (RING) pf_stage_ring<D, BN>(Ks, kbase, n0 + BN, kstart, kend, cap);
+            else pf_stage<D, BN>(Ks, kbase + (u64)(n0 + BN) * D, D, kend - (n0 + BN));
+        }
         cp_async_commit(); // possibly empty: keeps the group count fixed
 #pragma unroll
         for (int kk = 0; kk < PK; ++kk) {
@@ -271,27 +342,48 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_d64(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                          const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
                          u32 nkv, u32 cap, float sl2) {
-    attn_prefill_mma<64, 64, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2);
+    attn_prefill_mma<64, 64, false, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_d128(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                           const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
                           u32 nkv, u32 cap, float sl2) {
-    attn_prefill_mma<128, 64, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2);
+    attn_prefill_mma<128, 64, false, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_d256(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                           const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
                           u32 nkv, u32 cap, float sl2) {
-    attn_prefill_mma<256, 64, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2);
+    attn_prefill_mma<256, 64, true, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-    attn_prefill_simt(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
-                      bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
-                      u32 d) {
+// gpt-oss variants (ring cache, window, sinks): head dims 64 and 128. Mirrored
+// by PREFILL_MMA_RING in ops/attention.rs.
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_mma_ring_d64(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                              const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
+                              u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window) {
+    attn_prefill_mma<64, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks, window);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_mma_ring_d128(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                               const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
+                               u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window) {
+    attn_prefill_mma<128, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks, window);
+}
+
+// SIMT: RING starts at the first row's window start (kb), reads rows
+// modulo capacity and starts each row's softmax from its sink (as above).
+// Every 32-key group holds its first key kb <= pos, so a row's max is never
+// -inf after the first group.
+template <bool RING>
+__device__ __forceinline__ void attn_prefill_simt_t(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                                                    const bf16_t* __restrict__ vc, bf16_t* __restrict__ out,
+                                                    u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
+                                                    u32 d, const float* __restrict__ sinks, u32 window) {
     __shared__ float qs[4][256];
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 t = blockIdx.x * 4 + warp, h = blockIdx.y;
@@ -307,11 +399,20 @@ extern "C" __global__ void __launch_bounds__(128)
     const u32 nd = d / 32;
     float o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     float m = NEG_INF_F, l = 0.0f;
-    for (u32 kb = 0; kb <= pos; kb += 32) {
+    u32 kfirst = 0;
+    if constexpr (RING) {
+        const u32 win = window ? window : 0xffffffffu;
+        kfirst = pos + 1 > win ? pos + 1 - win : 0u;
+        if (sinks) {
+            m = sinks[h] * PF_LOG2E;
+            l = 1.0f;
+        }
+    }
+    for (u32 kb = kfirst; kb <= pos; kb += 32) {
         u32 key = kb + lane;
         float sc = NEG_INF_F;
         if (key <= pos) {
-            const uint4* kr = (const uint4*)(kbase + (u64)key * d);
+            const uint4* kr = (const uint4*)(kbase + (u64)(RING ? key % cap : key) * d);
             float dot = 0.0f;
             for (u32 c = 0; c < d / 8; ++c) {
                 uint4 v = kr[c];
@@ -330,7 +431,7 @@ extern "C" __global__ void __launch_bounds__(128)
         u32 nk = min(32u, pos + 1 - kb);
         for (u32 k2 = 0; k2 < nk; ++k2) {
             float pk = __shfl_sync(0xffffffffu, p, k2);
-            const bf16_t* vr = vbase + (u64)(kb + k2) * d;
+            const bf16_t* vr = vbase + (u64)(RING ? (kb + k2) % cap : kb + k2) * d;
 #pragma unroll
             for (int j = 0; j < 8; ++j)
                 if ((u32)j < nd) o[j] += pk * bf2f(vr[lane + 32 * j]);
@@ -342,4 +443,18 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int j = 0; j < 8; ++j)
         if ((u32)j < nd) orow[lane + 32 * j] = f2bf(o[j] * inv);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_prefill_simt(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
+                      bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
+                      u32 d) {
+    attn_prefill_simt_t<false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, nullptr, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_prefill_simt_ring(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
+                           const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
+                           u32 nkv, u32 cap, float sl2, u32 d, const float* __restrict__ sinks, u32 window) {
+    attn_prefill_simt_t<true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, sinks, window);
 }

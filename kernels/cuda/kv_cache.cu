@@ -4,16 +4,30 @@
 // [n_kv_heads][capacity][head_dim] bf16, head-major so that attention reads
 // one head's keys as one contiguous run. Design: one block per (token, kv
 // head) copying the k and v head rows of the fused QKV output with 16-byte
-// loads/stores. A position >= capacity (possible only when the position is
-// read from device memory) is skipped rather than written out of bounds.
+// loads/stores.
+//
+// kv_append_bf16 (linear cache): position p lives in row p; a position >=
+// capacity (possible only when the position is read from device memory) is
+// skipped rather than written out of bounds.
+// kv_append_ring_bf16 (ring cache, gpt-oss sliding layers): position p lives
+// in row p % capacity, so a sliding layer keeps only the rows its window can
+// still see and a later position overwrites the oldest. With capacity >= the
+// context this is the linear layout (p % capacity == p), which is how full
+// layers of the same model use it. The host checks n_tokens <= capacity (a
+// chunk must not overwrite its own keys); the attention wrappers check that
+// the window fits (ops/attention.rs).
+// Separate entry points (one template) so the linear path's code does not
+// change for the ring one.
 
-extern "C" __global__ void kv_append_bf16(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,
+template <bool RING>
+__device__ __forceinline__ void kv_append(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,
                                           bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr, u32 pos_base,
                                           u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 cap) {
     u32 t = blockIdx.x, h = blockIdx.y;
     if (t >= n_tokens || h >= nkv) return;
     u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base + t;
-    if (pos >= cap) return;
+    if constexpr (RING) pos %= cap;
+    else if (pos >= cap) return;
     u32 stride = (nq + 2 * nkv) * d;
     const uint4* ksrc = (const uint4*)(qkv + (u64)t * stride + (u64)(nq + h) * d);
     const uint4* vsrc = (const uint4*)(qkv + (u64)t * stride + (u64)(nq + nkv + h) * d);
@@ -24,4 +38,16 @@ extern "C" __global__ void kv_append_bf16(const bf16_t* __restrict__ qkv, bf16_t
         if (c < chunks) kdst[c] = ksrc[c];
         else vdst[c - chunks] = vsrc[c - chunks];
     }
+}
+
+extern "C" __global__ void kv_append_bf16(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,
+                                          bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr, u32 pos_base,
+                                          u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 cap) {
+    kv_append<false>(qkv, kc, vc, pos_ptr, pos_base, n_tokens, nq, nkv, d, cap);
+}
+
+extern "C" __global__ void kv_append_ring_bf16(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,
+                                               bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr,
+                                               u32 pos_base, u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 cap) {
+    kv_append<true>(qkv, kc, vc, pos_ptr, pos_base, n_tokens, nq, nkv, d, cap);
 }

@@ -48,7 +48,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "kv_cache",
         source: include_str!("../cuda/kv_cache.cu"),
-        kernels: &["kv_append_bf16"],
+        kernels: &["kv_append_bf16", "kv_append_ring_bf16"],
     },
     Module {
         name: "attention_prefill",
@@ -58,12 +58,20 @@ pub const MODULES: &[Module] = &[
             "attn_prefill_mma_d128",
             "attn_prefill_mma_d256",
             "attn_prefill_simt",
+            "attn_prefill_mma_ring_d64",
+            "attn_prefill_mma_ring_d128",
+            "attn_prefill_simt_ring",
         ],
     },
     Module {
         name: "attention_decode",
         source: include_str!("../cuda/attention_decode.cu"),
-        kernels: &["attn_decode_split", "attn_decode_combine"],
+        kernels: &[
+            "attn_decode_split",
+            "attn_decode_combine",
+            "attn_decode_split_ring",
+            "attn_decode_combine_ring",
+        ],
     },
     Module {
         name: "router",

@@ -530,3 +530,174 @@ mod mxfp4 {
         }
     }
 }
+
+// ---- Attention: gpt-oss sinks, sliding window, ring-indexed KV ----
+
+mod attention_ring {
+    use half::bf16;
+    use krasis_kernels::ops::attention::{RingAttn, ring_min_capacity};
+    use krasis_kernels::{KvGeom, QkvGeom, reference as cpu};
+
+    fn geom(n_tokens: usize, nq: usize, nkv: usize, d: usize) -> QkvGeom {
+        QkvGeom {
+            n_tokens,
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: d,
+        }
+    }
+
+    fn bf(x: &[f32]) -> Vec<bf16> {
+        x.iter().map(|&v| bf16::from_f32(v)).collect()
+    }
+
+    /// One-head cache whose row `p` has key 0 (score 0 against any q) and
+    /// value `vals[p]` in every dim.
+    fn zero_key_cache(vals: &[f32], d: usize) -> (KvGeom, Vec<bf16>, Vec<bf16>) {
+        let kv = KvGeom {
+            n_kv_heads: 1,
+            head_dim: d,
+            capacity: vals.len(),
+        };
+        let v: Vec<f32> = vals.iter().flat_map(|&x| vec![x; d]).collect();
+        (kv, vec![bf16::ZERO; kv.len()], bf(&v))
+    }
+
+    #[test]
+    fn sink_of_ln3_against_one_key_weighs_it_a_quarter() {
+        let d = 4;
+        let g = geom(1, 1, 1, d);
+        let (kv, kc, vc) = zero_key_cache(&[8.0], d);
+        let q = bf(&[0.0; 3 * 4]);
+        let ln3 = 3f32.ln();
+        let out = cpu::attention_ring(&q, g, 0, kv, &kc, &vc, 0.125, Some(&[ln3]), 0);
+        // exp(0) / (exp(0) + exp(ln 3)) = 1/4 of the value; the sink adds none.
+        for x in &out {
+            assert!((x - 2.0).abs() < 1e-6, "{out:?}");
+        }
+        // Without the sink the one key takes all the weight.
+        let plain = cpu::attention_ring(&q, g, 0, kv, &kc, &vc, 0.125, None, 0);
+        assert_eq!(plain, vec![8.0; d]);
+        // The sink joins the max: a sink far above every score leaves almost
+        // nothing (and no NaN) for the key.
+        let big = cpu::attention_ring(&q, g, 0, kv, &kc, &vc, 0.125, Some(&[1000.0]), 0);
+        assert!(
+            big.iter().all(|x| x.is_finite() && x.abs() < 1e-30),
+            "{big:?}"
+        );
+    }
+
+    #[test]
+    fn window_two_at_position_two_sees_keys_one_and_two() {
+        let d = 2;
+        let g = geom(1, 1, 1, d);
+        // Values 100, 1, 2 at positions 0, 1, 2; equal scores.
+        let (kv, kc, vc) = zero_key_cache(&[100.0, 1.0, 2.0], d);
+        let q = bf(&[0.0; 3 * 2]);
+        let at2 = |w: usize| cpu::attention_ring(&q, g, 2, kv, &kc, &vc, 1.0, None, w)[0];
+        assert_eq!(at2(2), 1.5);
+        assert_eq!(at2(1), 2.0);
+        assert!((at2(0) - 103.0 / 3.0).abs() < 1e-4);
+        assert!((at2(3) - 103.0 / 3.0).abs() < 1e-4);
+        assert!((at2(1000) - 103.0 / 3.0).abs() < 1e-4);
+        // Window and sink together: keys 1 and 2 plus a sink of ln 2:
+        // (1 + 2) / (1 + 1 + 2).
+        let both = cpu::attention_ring(&q, g, 2, kv, &kc, &vc, 1.0, Some(&[2f32.ln()]), 2);
+        assert!((both[0] - 0.75).abs() < 1e-6, "{both:?}");
+        // The plain entry point is full causal attention.
+        assert!((cpu::attention(&q, g, 2, kv, &kc, &vc, 1.0)[0] - 103.0 / 3.0).abs() < 1e-4);
+    }
+
+    /// Deterministic pseudo-random bf16 values in [-2, 2).
+    fn noise(seed: &mut u64, n: usize) -> Vec<bf16> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                bf16::from_f32(((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0)
+            })
+            .collect()
+    }
+
+    /// Chunks of `chunks` tokens appended to a ring of `ring_cap` rows and to
+    /// a linear cache, each chunk attending after its append: the ring's
+    /// outputs, as returned, and the linear cache's.
+    fn ring_vs_linear(
+        chunks: &[usize],
+        ring_cap: usize,
+        window: usize,
+        sinks: Option<&[f32]>,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let (nq, nkv, d) = (4, 2, 8);
+        let total: usize = chunks.iter().sum();
+        let ring = KvGeom {
+            n_kv_heads: nkv,
+            head_dim: d,
+            capacity: ring_cap,
+        };
+        let lin = KvGeom {
+            capacity: total,
+            ..ring
+        };
+        let (mut rk, mut rv) = (vec![bf16::NAN; ring.len()], vec![bf16::NAN; ring.len()]);
+        let (mut lk, mut lv) = (vec![bf16::NAN; lin.len()], vec![bf16::NAN; lin.len()]);
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        let mut seed = 7u64;
+        let mut start = 0;
+        for &n in chunks {
+            let g = geom(n, nq, nkv, d);
+            let qkv = noise(&mut seed, g.len());
+            cpu::kv_append_ring(&qkv, g, start, ring, &mut rk, &mut rv);
+            cpu::kv_append_ring(&qkv, g, start, lin, &mut lk, &mut lv);
+            got.extend(cpu::attention_ring(
+                &qkv, g, start, ring, &rk, &rv, 0.5, sinks, window,
+            ));
+            want.extend(cpu::attention_ring(
+                &qkv, g, start, lin, &lk, &lv, 0.5, sinks, window,
+            ));
+            start += n;
+        }
+        (got, want)
+    }
+
+    #[test]
+    fn ring_wraparound_overwrites_and_keeps_the_windowed_result() {
+        let sinks = [0.5f32, -1.0, 2.0, 0.0];
+        // Decode steps (chunks of 1) wrapping a 4-row ring 2.5 times, window 2.
+        let (got, want) = ring_vs_linear(&[1; 10], 4, 2, Some(&sinks));
+        assert_eq!(got, want);
+        // Chunks of 3 with the smallest ring that holds their windows.
+        let cap = ring_min_capacity(2, 3);
+        assert_eq!(cap, 4);
+        let (got, want) = ring_vs_linear(&[3, 3, 1, 3, 2, 3], cap, 2, None);
+        assert_eq!(got, want);
+        // One row fewer: the first query of a chunk has lost its oldest key
+        // (overwritten by the chunk's last), and the result is wrong. This
+        // is what the wrappers' capacity check refuses.
+        let (got, want) = ring_vs_linear(&[3, 3, 1, 3, 2, 3], cap - 1, 2, None);
+        assert_ne!(got, want);
+        // Rows hold p % capacity: after positions 0..10, row 1 holds key 9.
+        let g = geom(1, 1, 1, 2);
+        let ring = KvGeom {
+            n_kv_heads: 1,
+            head_dim: 2,
+            capacity: 4,
+        };
+        let (mut k, mut v) = (vec![bf16::ZERO; 8], vec![bf16::ZERO; 8]);
+        for p in 0..10 {
+            let row = bf(&[0.0, 0.0, p as f32, 0.0, -(p as f32), 0.0]);
+            cpu::kv_append_ring(&row, g, p, ring, &mut k, &mut v);
+        }
+        let keys: Vec<f32> = k.iter().step_by(2).map(|x| x.to_f32()).collect();
+        assert_eq!(keys, [8.0, 9.0, 6.0, 7.0]);
+        assert_eq!(v[2].to_f32(), -9.0);
+    }
+
+    #[test]
+    fn ring_attention_default_is_full_causal_without_sinks() {
+        let a = RingAttn::default();
+        assert!(a.sinks.is_none());
+        assert_eq!(a.window, 0);
+    }
+}

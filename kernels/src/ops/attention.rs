@@ -1,5 +1,11 @@
 //! Causal GQA attention: tensor-core flash attention for prefill and
 //! split-K flash-decoding for one new token (`cuda/attention_*.cu`).
+//! The gpt-oss variant (sinks, sliding window, ring-indexed cache) is in
+//! [`ring`].
+
+mod ring;
+
+pub use ring::{RingAttn, ring_min_capacity};
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, PushKernelArg};
 use half::bf16;
@@ -106,7 +112,7 @@ impl Kernels {
             );
         };
         let kn = mma.name;
-        let args = PrefillArgs::check(kn, qkv, geom, start_pos, kv, k_cache, v_cache, out)?;
+        let args = PrefillArgs::check(kn, qkv, geom, start_pos, kv, k_cache, v_cache, out, None)?;
         let f = self.func(kn)?;
         let smem = mma.smem_bytes();
         crate::launch::allow_smem(kn, f, smem)?;
@@ -145,7 +151,7 @@ impl Kernels {
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         const K: &str = "attn_prefill_simt";
-        let args = PrefillArgs::check(K, qkv, geom, start_pos, kv, k_cache, v_cache, out)?;
+        let args = PrefillArgs::check(K, qkv, geom, start_pos, kv, k_cache, v_cache, out, None)?;
         let f = self.func(K)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
@@ -195,25 +201,7 @@ impl Kernels {
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         const K: &str = "attn_decode_split";
-        geom.validate(K)?;
-        kv.validate(K, &geom)?;
-        ensure(K, geom.n_tokens == 1, || {
-            format!("decode takes one token, got n_tokens = {}", geom.n_tokens)
-        })?;
-        let group = geom.n_q_heads / geom.n_kv_heads;
-        ensure(K, group <= 16, || {
-            format!("GQA group {group} > 16 is not supported")
-        })?;
-        check_len(K, "qkv", qkv.len(), geom.len())?;
-        check_len(K, "k_cache", k_cache.len(), kv.len())?;
-        check_len(K, "v_cache", v_cache.len(), kv.len())?;
-        check_len(
-            K,
-            "workspace",
-            workspace.len(),
-            decode_workspace_len(geom.n_q_heads, geom.head_dim),
-        )?;
-        check_len(K, "out", out.len(), geom.n_q_heads * geom.head_dim)?;
+        check_decode(K, qkv, geom, kv, k_cache, v_cache, workspace, out)?;
         let span = match start {
             StartPos::Host(p) => {
                 ensure(K, (p as usize) < kv.capacity, || {
@@ -223,24 +211,7 @@ impl Kernels {
             }
             StartPos::Device(_) => kv.capacity,
         };
-        let want = (2 * self.sm_count() as usize).div_ceil(geom.n_kv_heads);
-        let (splits, chunk) = match start {
-            StartPos::Host(_) => {
-                let splits = want
-                    .min(span.div_ceil(DECODE_MIN_CHUNK))
-                    .clamp(1, DECODE_MAX_SPLITS);
-                let chunk = span.div_ceil(splits);
-                (span.div_ceil(chunk) as u32, chunk as u32)
-            }
-            // The kernels spread the live keys over the splits themselves
-            // (chunk 0), so a short context in a long capacity still uses
-            // many blocks.
-            StartPos::Device(_) => (
-                want.min(span.div_ceil(DECODE_MIN_DYN_CHUNK))
-                    .clamp(1, DECODE_MAX_SPLITS) as u32,
-                0,
-            ),
-        };
+        let (splits, chunk) = self.decode_splits(&start, geom.n_kv_heads, span);
         let (nq, nkv, d, cap) = (
             geom.n_q_heads as u32,
             geom.n_kv_heads as u32,
@@ -280,6 +251,64 @@ impl Kernels {
     }
 }
 
+/// Shapes and buffer lengths of a decode launch (both variants).
+#[allow(clippy::too_many_arguments)]
+fn check_decode(
+    k: &'static str,
+    qkv: &impl DeviceSlice<bf16>,
+    geom: QkvGeom,
+    kv: KvGeom,
+    k_cache: &impl DeviceSlice<bf16>,
+    v_cache: &impl DeviceSlice<bf16>,
+    workspace: &impl DeviceSlice<f32>,
+    out: &impl DeviceSlice<bf16>,
+) -> Result<()> {
+    geom.validate(k)?;
+    kv.validate(k, &geom)?;
+    ensure(k, geom.n_tokens == 1, || {
+        format!("decode takes one token, got n_tokens = {}", geom.n_tokens)
+    })?;
+    let group = geom.n_q_heads / geom.n_kv_heads;
+    ensure(k, group <= 16, || {
+        format!("GQA group {group} > 16 is not supported")
+    })?;
+    check_len(k, "qkv", qkv.len(), geom.len())?;
+    check_len(k, "k_cache", k_cache.len(), kv.len())?;
+    check_len(k, "v_cache", v_cache.len(), kv.len())?;
+    check_len(
+        k,
+        "workspace",
+        workspace.len(),
+        decode_workspace_len(geom.n_q_heads, geom.head_dim),
+    )?;
+    check_len(k, "out", out.len(), geom.n_q_heads * geom.head_dim)
+}
+
+impl Kernels {
+    /// (splits, keys per split) of a decode launch over `span` keys (the
+    /// live keys with a host position; their upper bound with a device one).
+    fn decode_splits(&self, start: &StartPos<'_>, n_kv_heads: usize, span: usize) -> (u32, u32) {
+        let want = (2 * self.sm_count() as usize).div_ceil(n_kv_heads);
+        match start {
+            StartPos::Host(_) => {
+                let splits = want
+                    .min(span.div_ceil(DECODE_MIN_CHUNK))
+                    .clamp(1, DECODE_MAX_SPLITS);
+                let chunk = span.div_ceil(splits);
+                (span.div_ceil(chunk) as u32, chunk as u32)
+            }
+            // The kernels spread the live keys over the splits themselves
+            // (chunk 0), so a short context in a long capacity still uses
+            // many blocks.
+            StartPos::Device(_) => (
+                want.min(span.div_ceil(DECODE_MIN_DYN_CHUNK))
+                    .clamp(1, DECODE_MAX_SPLITS) as u32,
+                0,
+            ),
+        }
+    }
+}
+
 struct PrefillArgs {
     t: u32,
     start: u32,
@@ -299,16 +328,22 @@ impl PrefillArgs {
         k_cache: &impl DevicePtr<bf16>,
         v_cache: &impl DevicePtr<bf16>,
         out: &impl DeviceSlice<bf16>,
+        window: Option<usize>,
     ) -> Result<Self> {
         geom.validate(k)?;
         kv.validate(k, &geom)?;
-        ensure(k, start_pos + geom.n_tokens <= kv.capacity, || {
-            format!(
-                "positions {start_pos}..{} exceed the KV capacity {}",
-                start_pos + geom.n_tokens,
-                kv.capacity
-            )
-        })?;
+        match window {
+            // Linear cache, or a full layer over a ring cache (p % capacity
+            // == p): every position up to the last query is a row.
+            None | Some(0) => ensure(k, start_pos + geom.n_tokens <= kv.capacity, || {
+                format!(
+                    "positions {start_pos}..{} exceed the KV capacity {}",
+                    start_pos + geom.n_tokens,
+                    kv.capacity
+                )
+            })?,
+            Some(w) => ring::check_window_fits(k, w, geom.n_tokens, kv.capacity)?,
+        }
         check_len(k, "qkv", qkv.len(), geom.len())?;
         check_len(k, "k_cache", k_cache.len(), kv.len())?;
         check_len(k, "v_cache", v_cache.len(), kv.len())?;
