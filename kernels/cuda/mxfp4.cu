@@ -27,7 +27,10 @@
 //     e = 0, matching E2M1's own subnormal), for all 16 codes at once with
 //     2 shifts + 2 logic ops per bf16x2;
 //   - one fma.rn.bf16x2 by 2^(s-1) makes it e2m1 * 2^(s-127) (exact; bf16
-//     fma keeps subnormals). For s > 128 that factor is not a bf16, so the
+//     fma keeps subnormals, which vLLM's Marlin FP4 dequant relies on in
+//     the same way; the host model of these steps is the test
+//     decode_bit_trick_is_exact_for_every_code_and_scale in ops/mxfp4.rs).
+//     For s > 128 that factor is not a bf16, so the
 //     lane multiplies by 2^127 then by 2^(s-128) (NaN for s = 255); real
 //     checkpoints never take that branch.
 // A 32-bit word of 8 codes becomes the pairs (code j, code j+4), the

@@ -575,4 +575,51 @@ mod tests {
         );
         assert_eq!(ExpertActivation::Swiglu.args("t").unwrap().0, 0);
     }
+
+    /// Host model of the decode GEMVs' bit-level decode (`mx_factors` +
+    /// `dqmx8` in cuda/mxfp4.cu, same constants): every code of a word,
+    /// paired (j, j+4), times every non-NaN scale, must equal
+    /// `E2M1[code] * 2^(s-127)` exactly. bf16 multiplies are modelled in
+    /// f32 and rounded to bf16, which is exact here (the products have two
+    /// significant bits), so this pins the shifts, masks and factors; the
+    /// GPU tests pin the rest.
+    #[test]
+    fn decode_bit_trick_is_exact_for_every_code_and_scale() {
+        use crate::reference::{E2M1, e8m0};
+        let bf = |bits: u32| half::bf16::from_bits(bits as u16).to_f32();
+        let mul = |a: f32, b: f32| half::bf16::from_f32(a * b).to_f32();
+        for s in 0u32..=254 {
+            let (f1, f2) = if s <= 128 {
+                ((s + 126) << 7, 0x3F80u32)
+            } else {
+                (0x7F00, (s - 1) << 7)
+            };
+            // Every code in every nibble position, and mixed words (a bit
+            // leaking between neighbours would show).
+            let words = (0..16u32).map(|c| c * 0x1111_1111).chain([
+                0x7654_3210,
+                0xFEDC_BA98,
+                0x08F1_E2D3,
+                0xC4B5_A697,
+            ]);
+            for w in words {
+                let mg = [w << 6, w << 2, w >> 2, w >> 6];
+                for (j, m) in mg.iter().enumerate() {
+                    let v = (m & 0x01C0_01C0) | ((w << (12 - 4 * j)) & 0x8000_8000);
+                    for (half, code) in [(0, (w >> (4 * j)) & 15), (16, (w >> (4 * j + 16)) & 15)] {
+                        let mut got = mul(bf((v >> half) & 0xFFFF), bf(f1));
+                        if s > 128 {
+                            got = mul(got, bf(f2));
+                        }
+                        let want = E2M1[code as usize] * e8m0(s as u8);
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "s {s}, word {w:#x}, pair {j}, code {code}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
