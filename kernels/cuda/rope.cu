@@ -1,10 +1,13 @@
-// Per-head q/k RMSNorm fused with rotary position embedding (Qwen3).
+// Rotary position embedding: per-head q/k RMSNorm fused with RoPE from
+// theta (qk_norm_rope_bf16, Qwen3), and RoPE alone from a precomputed
+// frequency table (rope_table_bf16, below).
 //
-// Design: one warp per (token, head); each lane owns the rotation pairs
-// (i, i + d/2) for i = lane + 32*j, so the norm's sum of squares is a warp
-// reduction and the rotation needs no data exchange. Operates in place on
-// the fused QKV GEMM output [T, (nq + 2*nkv) * d]; q heads come first, then
-// k heads, so head index hh < nq + nkv addresses both with offset hh*d.
+// qk_norm_rope_bf16 design: one warp per (token, head); each lane owns the
+// rotation pairs (i, i + d/2) for i = lane + 32*j, so the norm's sum of
+// squares is a warp reduction and the rotation needs no data exchange.
+// Operates in place on the fused QKV GEMM output [T, (nq + 2*nkv) * d]; q
+// heads come first, then k heads, so head index hh < nq + nkv addresses
+// both with offset hh*d.
 // RoPE follows HF rotate_half: out_i = a_i*cos - b_i*sin,
 // out_{i+d/2} = b_i*cos + a_i*sin with inv_freq_i = 1 / theta^(2i/d) and
 // angle = f32(pos) * inv_freq_i.
@@ -49,6 +52,57 @@ extern "C" __global__ void qk_norm_rope_bf16(bf16_t* __restrict__ qkv, const bf1
             float c = cosf(ang), s = sinf(ang);
             x[i] = f2bf(an * c - bn * s);
             x[i + half] = f2bf(bn * c + an * s);
+        }
+    }
+}
+
+// RoPE without a q/k norm, from a precomputed inverse-frequency table
+// (gpt-oss; any family whose q/k enter RoPE straight from the projection).
+//
+// Design: the layout and threading of qk_norm_rope_bf16 (one warp per
+// (token, head), lane owns the pairs (i, i + d/2) for i = lane + 32*j), but
+// the frequencies come from `inv_freq` [d/2] f32, which the host computes
+// once per model (default RoPE or YaRN's blended frequencies), and cos/sin
+// are multiplied by `scale` (YaRN's attention factor; 1 for default RoPE).
+// One kernel then serves every RoPE variant that is "frequencies + scale";
+// qk_norm_rope_bf16 stays as it was so qwen3's hot path is untouched.
+// Arithmetic: exactly the reference engine's (krasis_model::layers::rope):
+// angle = f32(pos) * inv_freq[i] (one f32 multiply), c = cos(angle)*scale,
+// s = sin(angle)*scale, out = a*c - b*s and b*c + a*s with each product
+// and difference rounded separately (__fmul_rn/__fsub_rn/__fadd_rn, so
+// --fmad cannot contract them where the host does not), one rounding to
+// bf16. The only difference from the host is cos/sin themselves: the
+// precise (non fast-math) device sincosf is within 2 ulp over the full
+// range (CUDA Programming Guide, "Mathematical Functions", single
+// precision; the large-argument path does exact Payne-Hanek reduction, so
+// angles up to 131071 rad at position 131071 stay accurate), and glibc's
+// cosf/sinf within 1 ulp. That is <= ~3 * 2^-24 absolute on values in
+// [-1, 1], far below the final bf16 rounding (2^-9 relative), so a result
+// can differ from the host's only where the f32 value sits within a few
+// f32 ulp of a bf16 rounding boundary, and then by one bf16 ulp.
+
+extern "C" __global__ void rope_table_bf16(bf16_t* __restrict__ qkv, const float* __restrict__ inv_freq, float scale,
+                                           const u32* __restrict__ pos_ptr, u32 pos_base, u32 n_tokens, u32 nq,
+                                           u32 nkv, u32 d) {
+    u32 t = blockIdx.x;
+    u32 hh = blockIdx.y * 4 + (threadIdx.x >> 5);
+    u32 lane = threadIdx.x & 31;
+    if (t >= n_tokens || hh >= nq + nkv) return;
+    u32 stride = (nq + 2 * nkv) * d;
+    bf16_t* x = qkv + (u64)t * stride + (u64)hh * d;
+    u32 half = d / 2, np = d / 64;  // pairs per lane (d % 64 == 0, d <= 256)
+    float pos = (float)((pos_ptr ? *pos_ptr : 0u) + pos_base + t);
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) {
+        if (j < np) {
+            u32 i = lane + 32 * j;
+            float a = bf2f(x[i]), b = bf2f(x[i + half]);
+            float ang = __fmul_rn(pos, inv_freq[i]);
+            float sn, cs;
+            sincosf(ang, &sn, &cs);  // one shared range reduction
+            float c = __fmul_rn(cs, scale), s = __fmul_rn(sn, scale);
+            x[i] = f2bf(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+            x[i + half] = f2bf(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
         }
     }
 }

@@ -1,21 +1,41 @@
-// MoE router: softmax over expert logits, top-k selection, optional
-// renormalization (Qwen3 norm_topk_prob).
+// MoE routers, from each token's router logits (plus an optional f32 bias
+// [E], added in f32 before anything else) to its top-k (expert, weight)
+// pairs, in two modes:
+// - router_topk_*: softmax over all experts, top-k of the probabilities,
+//   optional renormalisation (Qwen3 norm_topk_prob);
+// - router_topk_then_softmax_*: top-k of the raw (biased) logits, then a
+//   softmax over those k only (gpt-oss GptOssTopKRouter).
 //
-// Design: one warp per token (4 tokens per block); the token's
-// probabilities live in shared memory (E <= 1024). Selection runs k rounds
-// of a warp arg-max where (value, index) compares by value, then lower
-// index, so ties resolve to the lower expert id, matching a stable
-// descending sort. Lane r keeps round r's pick; the renormalizing sum is
-// taken sequentially in selection order (the CPU reference does the same).
-// Precision: f32 softmax `exp(x - max) / sum` with a fixed reduction order.
+// Design: one warp per token (4 tokens per block); the token's values live
+// in shared memory (E <= 1024). Selection runs k rounds of a warp arg-max
+// where (value, index) compares by value, then lower index, so ties resolve
+// to the lower expert id, matching a stable descending sort. Lane r keeps
+// round r's pick; the sums over the k picks are taken sequentially in
+// selection order (the CPU references do the same).
+// Precision: f32 throughout, `exp(x - max) / sum` with a fixed reduction
+// order.
 
 template <typename T> __device__ __forceinline__ float ld_logit(const T* p, u32 i);
 template <> __device__ __forceinline__ float ld_logit<float>(const float* p, u32 i) { return p[i]; }
 template <> __device__ __forceinline__ float ld_logit<bf16_t>(const bf16_t* p, u32 i) { return bf2f(p[i]); }
 
+// Warp arg-max of (bv, bi): larger value, then lower index; every lane
+// ends with the winner.
+__device__ __forceinline__ void warp_argmax(float& bv, u32& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
 template <typename T>
-__device__ void router_topk(const T* __restrict__ logits, u32* __restrict__ ids, float* __restrict__ wout,
-                            u32 n_tokens, u32 E, u32 k, u32 norm) {
+__device__ void router_topk(const T* __restrict__ logits, const float* __restrict__ bias, u32* __restrict__ ids,
+                            float* __restrict__ wout, u32 n_tokens, u32 E, u32 k, u32 norm) {
     __shared__ float probs[4][1024];
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 t = blockIdx.x * 4 + warp;
@@ -25,6 +45,7 @@ __device__ void router_topk(const T* __restrict__ logits, u32* __restrict__ ids,
     float mx = NEG_INF_F;
     for (u32 i = lane; i < E; i += 32) {
         float v = ld_logit<T>(x, i);
+        if (bias) v += bias[i];
         p[i] = v;
         mx = fmaxf(mx, v);
     }
@@ -50,15 +71,7 @@ __device__ void router_topk(const T* __restrict__ logits, u32* __restrict__ ids,
                 bi = i;
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        warp_argmax(bv, bi);
         if (lane == r) {
             my_v = bv;
             my_i = bi;
@@ -75,12 +88,85 @@ __device__ void router_topk(const T* __restrict__ logits, u32* __restrict__ ids,
     }
 }
 
-extern "C" __global__ void router_topk_f32(const float* __restrict__ logits, u32* __restrict__ ids,
-                                           float* __restrict__ w, u32 n_tokens, u32 E, u32 k, u32 norm) {
-    router_topk<float>(logits, ids, w, n_tokens, E, k, norm);
+// Top-k of the logits, then softmax over the k. Logits are unbounded, so
+// "taken" is a per-lane bit mask (lane owns experts lane + 32*m, m < 32)
+// rather than a sentinel value, and the first candidate a lane sees always
+// becomes its best, so -inf logits are still selectable as the reference's
+// total order selects them. A NaN logit anywhere in the row makes every
+// weight of the token NaN (the reference's softmax over k is NaN then too,
+// as NaN sorts first), so a poisoned router cannot pass as a valid route.
+template <typename T>
+__device__ void router_topk_then_softmax(const T* __restrict__ logits, const float* __restrict__ bias,
+                                         u32* __restrict__ ids, float* __restrict__ wout, u32 n_tokens, u32 E,
+                                         u32 k) {
+    __shared__ float vals[4][1024];
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 t = blockIdx.x * 4 + warp;
+    if (t >= n_tokens) return;
+    const T* x = logits + (u64)t * E;
+    float* p = vals[warp];
+    bool nan = false;
+    for (u32 i = lane; i < E; i += 32) {
+        float v = ld_logit<T>(x, i);
+        if (bias) v += bias[i];
+        p[i] = v;
+        nan |= v != v;
+    }
+    nan = __any_sync(0xffffffffu, nan);
+    __syncwarp();
+    u32 taken = 0;
+    float my_v = 0.0f;
+    u32 my_i = 0xffffffffu;
+    for (u32 r = 0; r < k; ++r) {
+        float bv = NEG_INF_F;
+        u32 bi = 0xffffffffu;
+        u32 m = 0;
+        for (u32 i = lane; i < E; i += 32, ++m) {
+            if ((taken >> m) & 1u) continue;
+            float v = p[i];
+            if (bi == 0xffffffffu || v > bv) {  // ascending i: lower index on ties
+                bv = v;
+                bi = i;
+            }
+        }
+        warp_argmax(bv, bi);
+        if (lane == r) {
+            my_v = bv;
+            my_i = bi;
+        }
+        if (bi < E && (bi & 31u) == lane) taken |= 1u << (bi >> 5);
+    }
+    // Picks are in descending order, so the max of the k is round 0's.
+    const float mx = __shfl_sync(0xffffffffu, my_v, 0);
+    const float e = lane < k ? expf(my_v - mx) : 0.0f;
+    float s = 0.0f;
+    for (u32 r = 0; r < k; ++r) s += __shfl_sync(0xffffffffu, e, r);
+    if (lane < k) {
+        ids[(u64)t * k + lane] = my_i;
+        wout[(u64)t * k + lane] = nan ? NAN_F : e / s;
+    }
 }
 
-extern "C" __global__ void router_topk_bf16(const bf16_t* __restrict__ logits, u32* __restrict__ ids,
-                                            float* __restrict__ w, u32 n_tokens, u32 E, u32 k, u32 norm) {
-    router_topk<bf16_t>(logits, ids, w, n_tokens, E, k, norm);
+extern "C" __global__ void router_topk_f32(const float* __restrict__ logits, const float* __restrict__ bias,
+                                           u32* __restrict__ ids, float* __restrict__ w, u32 n_tokens, u32 E, u32 k,
+                                           u32 norm) {
+    router_topk<float>(logits, bias, ids, w, n_tokens, E, k, norm);
+}
+
+extern "C" __global__ void router_topk_bf16(const bf16_t* __restrict__ logits, const float* __restrict__ bias,
+                                            u32* __restrict__ ids, float* __restrict__ w, u32 n_tokens, u32 E, u32 k,
+                                            u32 norm) {
+    router_topk<bf16_t>(logits, bias, ids, w, n_tokens, E, k, norm);
+}
+
+extern "C" __global__ void router_topk_then_softmax_f32(const float* __restrict__ logits,
+                                                        const float* __restrict__ bias, u32* __restrict__ ids,
+                                                        float* __restrict__ w, u32 n_tokens, u32 E, u32 k) {
+    router_topk_then_softmax<float>(logits, bias, ids, w, n_tokens, E, k);
+}
+
+extern "C" __global__ void router_topk_then_softmax_bf16(const bf16_t* __restrict__ logits,
+                                                         const float* __restrict__ bias, u32* __restrict__ ids,
+                                                         float* __restrict__ w, u32 n_tokens, u32 E, u32 k) {
+    router_topk_then_softmax<bf16_t>(logits, bias, ids, w, n_tokens, E, k);
 }

@@ -7,7 +7,7 @@
 //! the inverse. The combine gathers each token's `top_k` rows in `j` order,
 //! so no atomics are needed and results are bit-reproducible.
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
 use crate::launch::{Elem, builder, by_elem, cfg, check_len, dim_u32, ensure, submit};
@@ -18,11 +18,23 @@ pub const ROUTER_MAX_EXPERTS: usize = 1024;
 /// Largest top-k the router kernel handles.
 pub const ROUTER_MAX_TOPK: usize = 32;
 
+/// How a router turns a token's (biased) logits into its top-k weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterMode {
+    /// Softmax over all experts, the `top_k` largest probabilities; with
+    /// `normalize` (Qwen3 `norm_topk_prob`) divided by their sum.
+    SoftmaxTopK { normalize: bool },
+    /// The `top_k` largest logits, then a softmax over those `k` only
+    /// (gpt-oss `GptOssTopKRouter`).
+    TopKSoftmax,
+}
+
 impl Kernels {
     /// Softmax over each token's router logits (f32), then the `top_k`
     /// largest probabilities (ties: lower expert index first), in descending
     /// order; with `normalize` (Qwen3 `norm_topk_prob`) the selected weights
-    /// are divided by their sum.
+    /// are divided by their sum. [`Kernels::router_topk_with`] with no bias
+    /// and [`RouterMode::SoftmaxTopK`].
     ///
     /// - `logits`: f32 or bf16 `[n_tokens, n_experts]` (router GEMM output).
     /// - `ids`: u32 `[n_tokens, top_k]`; `weights`: f32 `[n_tokens, top_k]`.
@@ -38,7 +50,42 @@ impl Kernels {
         ids: &mut impl DevicePtrMut<u32>,
         weights: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        let k = by_elem::<T>("router_topk_f32", "router_topk_bf16");
+        let mode = RouterMode::SoftmaxTopK { normalize };
+        self.router_topk_with(
+            stream, logits, None, n_tokens, n_experts, top_k, mode, ids, weights,
+        )
+    }
+
+    /// Each token's `top_k` experts and weights under `mode`, from its
+    /// router logits plus `bias` (added in f32 before selection; the
+    /// engine uploads a bf16 checkpoint bias widened to f32, which is
+    /// exact). Ids are in descending order of the selecting value, ties to
+    /// the lower expert index. In [`RouterMode::TopKSoftmax`] a NaN logit
+    /// makes all of that token's weights NaN.
+    ///
+    /// - `logits`: f32 or bf16 `[n_tokens, n_experts]` (router GEMM output).
+    /// - `bias`: f32 `[n_experts]`.
+    /// - `ids`: u32 `[n_tokens, top_k]`; `weights`: f32 `[n_tokens, top_k]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn router_topk_with<T: Elem>(
+        &self,
+        stream: &CudaStream,
+        logits: &impl DevicePtr<T>,
+        bias: Option<&CudaSlice<f32>>,
+        n_tokens: usize,
+        n_experts: usize,
+        top_k: usize,
+        mode: RouterMode,
+        ids: &mut impl DevicePtrMut<u32>,
+        weights: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let k = match mode {
+            RouterMode::SoftmaxTopK { .. } => by_elem::<T>("router_topk_f32", "router_topk_bf16"),
+            RouterMode::TopKSoftmax => by_elem::<T>(
+                "router_topk_then_softmax_f32",
+                "router_topk_then_softmax_bf16",
+            ),
+        };
         ensure(k, (1..=ROUTER_MAX_EXPERTS).contains(&n_experts), || {
             format!("n_experts = {n_experts} must be in 1..={ROUTER_MAX_EXPERTS}")
         })?;
@@ -53,26 +100,43 @@ impl Kernels {
             },
         )?;
         check_len(k, "logits", logits.len(), n_tokens * n_experts)?;
+        if let Some(b) = bias {
+            check_len(k, "bias", b.len(), n_experts)?;
+        }
         check_len(k, "ids", ids.len(), n_tokens * top_k)?;
         check_len(k, "weights", weights.len(), n_tokens * top_k)?;
-        let (t, e, kk, norm) = (
+        let (t, e, kk) = (
             dim_u32(k, "n_tokens", n_tokens)?,
             n_experts as u32,
             top_k as u32,
-            u32::from(normalize),
         );
         let f = self.func(k)?;
         let (lp, _g1) = logits.device_ptr(stream);
+        let (bp, _g4) = match bias {
+            Some(b) => {
+                let (p, g) = b.device_ptr(stream);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
         let (ip, _g2) = ids.device_ptr_mut(stream);
         let (wp, _g3) = weights.device_ptr_mut(stream);
+        // Only the softmax-first kernel takes the renormalisation flag.
+        let norm = match mode {
+            RouterMode::SoftmaxTopK { normalize } => Some(u32::from(normalize)),
+            RouterMode::TopKSoftmax => None,
+        };
         let mut b = builder(stream, f);
         b.arg(&lp)
+            .arg(&bp)
             .arg(&ip)
             .arg(&wp)
             .arg(&t)
             .arg(&e)
-            .arg(&kk)
-            .arg(&norm);
+            .arg(&kk);
+        if let Some(n) = &norm {
+            b.arg(n);
+        }
         // One warp per token, 4 tokens per block.
         submit(k, b, cfg((t.div_ceil(4), 1, 1), 128, 0))
     }

@@ -1,6 +1,6 @@
-//! Per-head q/k RMSNorm fused with RoPE, and KV-cache append
-//! (`cuda/rope.cu`, `cuda/kv_cache.cu`), plus the geometry types shared
-//! with the attention wrappers.
+//! Per-head q/k RMSNorm fused with RoPE, RoPE from a frequency table, and
+//! KV-cache append (`cuda/rope.cu`, `cuda/kv_cache.cu`), plus the geometry
+//! types shared with the attention wrappers.
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg, SyncOnDrop};
 use half::bf16;
@@ -153,6 +153,52 @@ impl Kernels {
         let mut b = builder(stream, f);
         b.arg(&qp).arg(&qn).arg(&kn).arg(&pos_ptr).arg(&pos_base);
         b.arg(&t).arg(&nq).arg(&nkv).arg(&d).arg(&theta).arg(&eps);
+        // x = token, y = group of 4 heads (one warp each).
+        submit(K, b, cfg((t, heads.div_ceil(4), 1), 128, 0))
+    }
+
+    /// In place on the q and k heads of `qkv` (no norm): RoPE (HF
+    /// rotate_half: pairs `(i, i + d/2)`) at position `start + t` for token
+    /// `t`, with angle `f32(pos) * inv_freq[i]` (one f32 multiply) and
+    /// `cos`/`sin` of it multiplied by `scale`. v is untouched. All math in
+    /// f32 with the reference engine's rounding points, one rounding to
+    /// bf16; see `cuda/rope.cu` for the cosf/sinf tolerance.
+    ///
+    /// - `inv_freq`: f32 `[head_dim / 2]`, the model's frequencies (default
+    ///   `theta^(-2i/d)` or YaRN's blend) computed once on the host by
+    ///   `krasis_model::layers::rope::inv_freq`, which also gives `scale`
+    ///   (YaRN's attention factor, 1 for default RoPE).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_table(
+        &self,
+        stream: &CudaStream,
+        qkv: &mut impl DevicePtrMut<bf16>,
+        geom: QkvGeom,
+        start: StartPos<'_>,
+        inv_freq: &impl DevicePtr<f32>,
+        scale: f32,
+    ) -> Result<()> {
+        const K: &str = "rope_table_bf16";
+        geom.validate(K)?;
+        ensure(K, scale > 0.0 && scale.is_finite(), || {
+            format!("rope scale = {scale} must be positive and finite")
+        })?;
+        check_len(K, "qkv", qkv.len(), geom.len())?;
+        check_len(K, "inv_freq", inv_freq.len(), geom.head_dim / 2)?;
+        let heads = (geom.n_q_heads + geom.n_kv_heads) as u32;
+        let (t, nq, nkv, d) = (
+            dim_u32(K, "n_tokens", geom.n_tokens)?,
+            geom.n_q_heads as u32,
+            geom.n_kv_heads as u32,
+            geom.head_dim as u32,
+        );
+        let f = self.func(K)?;
+        let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
+        let (qp, _g1) = qkv.device_ptr_mut(stream);
+        let (fp, _g2) = inv_freq.device_ptr(stream);
+        let mut b = builder(stream, f);
+        b.arg(&qp).arg(&fp).arg(&scale).arg(&pos_ptr).arg(&pos_base);
+        b.arg(&t).arg(&nq).arg(&nkv).arg(&d);
         // x = token, y = group of 4 heads (one warp each).
         submit(K, b, cfg((t, heads.div_ceil(4), 1), 128, 0))
     }

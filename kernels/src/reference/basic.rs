@@ -103,6 +103,30 @@ pub fn qk_norm_rope(
     }
 }
 
+/// HF rotate_half RoPE on the q and k heads, in place, from a frequency
+/// table: the reference engine's arithmetic (`krasis_model::layers::rope`):
+/// angle `f32(pos) * inv_freq[i]`, `c = cos(angle) * scale`,
+/// `s = sin(angle) * scale` in f32, each product and difference rounded
+/// to f32, one rounding to bf16.
+pub fn rope_table(qkv: &mut [bf16], geom: QkvGeom, start_pos: u32, inv_freq: &[f32], scale: f32) {
+    let d = geom.head_dim;
+    let half = d / 2;
+    assert_eq!(inv_freq.len(), half, "rope_table: inv_freq length");
+    for t in 0..geom.n_tokens {
+        let pos = (start_pos as usize + t) as f32;
+        for hh in 0..geom.n_q_heads + geom.n_kv_heads {
+            let x = &mut qkv[t * geom.row_stride() + hh * d..][..d];
+            for (i, &f) in inv_freq.iter().enumerate() {
+                let angle = pos * f;
+                let (c, s) = (angle.cos() * scale, angle.sin() * scale);
+                let (a, b) = (x[i].to_f32(), x[i + half].to_f32());
+                x[i] = bf16::from_f32(a * c - b * s);
+                x[i + half] = bf16::from_f32(b * c + a * s);
+            }
+        }
+    }
+}
+
 /// Copy k/v heads of token `t` into the caches at `start_pos + t`.
 pub fn kv_append(
     qkv: &[bf16],

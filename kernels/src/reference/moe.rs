@@ -1,3 +1,5 @@
+use crate::ops::moe::RouterMode;
+
 /// Softmax + top-k (ties: lower index) + optional renormalization, f32.
 /// Returns (ids, weights), both `[n_tokens, k]`.
 pub fn router_topk(
@@ -6,24 +8,64 @@ pub fn router_topk(
     k: usize,
     normalize: bool,
 ) -> (Vec<u32>, Vec<f32>) {
+    router_topk_with(
+        logits,
+        None,
+        n_experts,
+        k,
+        RouterMode::SoftmaxTopK { normalize },
+    )
+}
+
+/// The router kernels' contract: `bias` (if any) added to each row in f32,
+/// then per `mode` softmax-then-top-k (optionally renormalised) or
+/// top-k-then-softmax; the order is a stable descending sort (ties: lower
+/// index), sums over the k taken in selection order. Returns (ids,
+/// weights), both `[n_tokens, k]`.
+pub fn router_topk_with(
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    n_experts: usize,
+    k: usize,
+    mode: RouterMode,
+) -> (Vec<u32>, Vec<f32>) {
     let mut ids = Vec::new();
     let mut ws = Vec::new();
     for row in logits.chunks(n_experts) {
-        let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let e: Vec<f32> = row.iter().map(|v| (v - m).exp()).collect();
-        let z: f32 = e.iter().sum();
-        let p: Vec<f32> = e.iter().map(|v| v / z).collect();
+        let v: Vec<f32> = match bias {
+            Some(b) => row.iter().zip(b).map(|(x, b)| x + b).collect(),
+            None => row.to_vec(),
+        };
+        // Softmax-first ranks probabilities, top-k-first the logits.
+        let ranked = match mode {
+            RouterMode::SoftmaxTopK { .. } => softmax(&v),
+            RouterMode::TopKSoftmax => v,
+        };
         let mut order: Vec<usize> = (0..n_experts).collect();
-        // Stable sort: equal probabilities keep ascending index order.
-        order.sort_by(|a, b| p[*b].total_cmp(&p[*a]));
+        // Stable sort: equal values keep ascending index order.
+        order.sort_by(|a, b| ranked[*b].total_cmp(&ranked[*a]));
         let sel = &order[..k];
-        let s: f32 = sel.iter().map(|&i| p[i]).sum();
-        for &i in sel {
-            ids.push(i as u32);
-            ws.push(if normalize { p[i] / s } else { p[i] });
-        }
+        let picked: Vec<f32> = sel.iter().map(|&i| ranked[i]).collect();
+        let w = match mode {
+            RouterMode::SoftmaxTopK { normalize: true } => {
+                let s: f32 = picked.iter().sum();
+                picked.iter().map(|p| p / s).collect()
+            }
+            RouterMode::SoftmaxTopK { normalize: false } => picked,
+            RouterMode::TopKSoftmax => softmax(&picked),
+        };
+        ids.extend(sel.iter().map(|&i| i as u32));
+        ws.extend(w);
     }
     (ids, ws)
+}
+
+/// `exp(x - max) / sum`, f32, sum in index order.
+fn softmax(x: &[f32]) -> Vec<f32> {
+    let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = x.iter().map(|v| (v - m).exp()).collect();
+    let z: f32 = e.iter().sum();
+    e.iter().map(|v| v / z).collect()
 }
 
 /// Stable grouping by expert: (counts, offsets, row_pair, pair_row).

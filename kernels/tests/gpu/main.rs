@@ -9,4 +9,5 @@ mod gemv;
 mod int4;
 mod moe;
 mod mxfp4;
+mod rope;
 mod sampling;

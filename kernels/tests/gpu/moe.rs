@@ -1,4 +1,5 @@
 use half::bf16;
+use krasis_kernels::ops::moe::RouterMode;
 use krasis_kernels::reference as cpu;
 use rand::Rng;
 
@@ -178,4 +179,120 @@ fn moe_group_gather_combine() {
         r[0].is_nan() && r[hidden].is_finite(),
         "invalid pair must poison token 0 only"
     );
+}
+
+#[test]
+fn router_topk_then_softmax_and_bias_match_reference() {
+    let name = "router_topk_then_softmax_and_bias_match_reference";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let t = 37;
+    // gpt-oss-20b (32 experts) and -120b (128), top-4; then the softmax
+    // mode with a bias.
+    let cases = [
+        (32usize, 4usize, RouterMode::TopKSoftmax),
+        (128, 4, RouterMode::TopKSoftmax),
+        (128, 8, RouterMode::SoftmaxTopK { normalize: false }),
+        (60, 4, RouterMode::SoftmaxTopK { normalize: true }),
+    ];
+    for (e, k, mode) in cases {
+        let mut logits = randn(&mut rng, t * e, 1.0);
+        // The bias is of the logits' size, so it moves the choice.
+        let mut bias: Vec<f32> = randn(&mut rng, e, 1.5)
+            .iter()
+            .map(|b| (b * 4.0).round() / 4.0)
+            .collect();
+        // Exact ties (after the bias: quarters, exact in f32 and bf16)
+        // resolve to the lower expert id; an
+        // expert the bias pushes to -inf is never picked while k others
+        // are finite.
+        for j in 0..e {
+            logits[3 * e + j] = 0.25 - bias[j];
+        }
+        logits[4 * e + 7] = 6.0 - bias[7];
+        logits[4 * e + 2] = 6.0 - bias[2];
+        bias[e - 1] = f32::NEG_INFINITY;
+        for as_bf16 in [false, true] {
+            let lf: Vec<f32> = if as_bf16 {
+                f32s(&cpu::to_bf16(&logits))
+            } else {
+                logits.clone()
+            };
+            let what = format!("E={e} k={k} {mode:?} bf16={as_bf16}");
+            let (want_i, want_w) = cpu::router_topk_with(&lf, Some(&bias), e, k, mode);
+            // The test data must tell the modes apart: without the bias, or
+            // with the other mode, the reference answer differs.
+            let (plain_i, _) = cpu::router_topk_with(&lf, None, e, k, mode);
+            assert_ne!(plain_i, want_i, "{what}: the bias changes no choice");
+            if mode == RouterMode::TopKSoftmax {
+                let all = RouterMode::SoftmaxTopK { normalize: false };
+                let (_, all_w) = cpu::router_topk_with(&lf, Some(&bias), e, k, all);
+                let gap = want_w.iter().zip(&all_w).map(|(a, b)| (a - b).abs());
+                assert!(gap.fold(0f32, f32::max) > 1e-2, "{what}: modes indistinct");
+            }
+            let mut ids = poison_u32(&s, t * k);
+            let mut w = poison_f32(&s, t * k);
+            let db = up(&s, &bias);
+            if as_bf16 {
+                let lb = up(&s, &cpu::to_bf16(&logits));
+                g.kernels
+                    .router_topk_with::<bf16>(&s, &lb, Some(&db), t, e, k, mode, &mut ids, &mut w)
+                    .unwrap();
+            } else {
+                let lg = up(&s, &logits);
+                g.kernels
+                    .router_topk_with::<f32>(&s, &lg, Some(&db), t, e, k, mode, &mut ids, &mut w)
+                    .unwrap();
+            }
+            assert_eq!(down(&s, &ids), want_i, "ids ({what})");
+            assert_close(
+                &format!("router weights ({what})"),
+                &down(&s, &w),
+                &want_w,
+                1e-5,
+            );
+        }
+    }
+    // A NaN logit poisons that token's top-k-then-softmax weights, only its.
+    let (e, k) = (32, 4);
+    let mut logits = randn(&mut rng, 2 * e, 1.0);
+    logits[e + 5] = f32::NAN;
+    let (mut ids, mut w) = (poison_u32(&s, 2 * k), poison_f32(&s, 2 * k));
+    g.kernels
+        .router_topk_with::<f32>(
+            &s,
+            &up(&s, &logits),
+            None,
+            2,
+            e,
+            k,
+            RouterMode::TopKSoftmax,
+            &mut ids,
+            &mut w,
+        )
+        .unwrap();
+    let w = down(&s, &w);
+    assert!(
+        w[..k].iter().all(|v| v.is_finite()) && w[k..].iter().all(|v| v.is_nan()),
+        "{w:?}"
+    );
+    // A bias of the wrong length is refused.
+    let short = up(&s, &vec![0f32; e - 1]);
+    let lg = up(&s, &logits);
+    assert!(
+        g.kernels
+            .router_topk_with::<f32>(
+                &s,
+                &lg,
+                Some(&short),
+                2,
+                e,
+                k,
+                RouterMode::TopKSoftmax,
+                &mut ids,
+                &mut up(&s, &[0f32; 8])
+            )
+            .is_err()
+    );
+    sync(&s);
 }

@@ -1,13 +1,15 @@
-//! Helpers for tests across the workspace: the real Qwen vocabulary and
-//! synthetic checkpoints built once and shared by every test binary.
+//! Helpers for tests across the workspace: the real vocabularies (Qwen's,
+//! gpt-oss's o200k) and synthetic checkpoints built once and shared by every
+//! test binary.
 //!
 //! Checkpoints live under `target/krasis-testdata/`, in a directory named by
 //! a hash of everything that determines their bytes (generator version,
 //! preset, config overrides, seed, tokenizer JSON, chat template, generation
-//! config), so a stale one is never reused. `synthesize` renames a finished
+//! config; each the preset family's own), so a stale one is never reused. `synthesize` renames a finished
 //! temp dir into place, so test binaries racing on the same checkpoint
 //! either see it complete or not at all.
 
+use crate::arch::ModelConfig;
 use crate::synth::{
     self, ChatTemplateKind, GENERATOR_VERSION, RECORD_FILE, SynthDtype, SynthError, SynthOptions,
     SynthSpec, TokenizerSource,
@@ -25,6 +27,44 @@ pub fn qwen_vocab() -> PathBuf {
     match crate::tokenizer::find_qwen_vocab(None) {
         Ok(p) => p,
         Err(e) => panic!("the Qwen vocabulary is needed by this test ({e}); run tools/vocab.sh"),
+    }
+}
+
+/// Path of gpt-oss's o200k_base ranks; panics with the fix when absent.
+pub fn o200k_vocab() -> PathBuf {
+    match crate::tokenizer::find_o200k_vocab(None) {
+        Ok(p) => p,
+        Err(e) => panic!(
+            "the o200k_base vocabulary is needed by this test ({e}); run tools/harmony/vocab.sh"
+        ),
+    }
+}
+
+/// The family's tokenizer source (vocabulary path resolved) and its
+/// `tokenizer.json`, built once per family.
+fn family_tokenizer(config: &ModelConfig) -> (TokenizerSource, &'static str) {
+    static QWEN: OnceLock<String> = OnceLock::new();
+    static HARMONY: OnceLock<String> = OnceLock::new();
+    let built = |r: Result<String, crate::error::ModelError>| {
+        r.unwrap_or_else(|e| panic!("building tokenizer.json for test checkpoints: {e}"))
+    };
+    match config {
+        ModelConfig::Qwen3Moe(_) => (
+            TokenizerSource::Qwen {
+                vocab: Some(qwen_vocab()),
+            },
+            QWEN.get_or_init(|| built(crate::tokenizer::build_qwen_tokenizer_json(&qwen_vocab()))),
+        ),
+        ModelConfig::GptOss(_) => (
+            TokenizerSource::Harmony {
+                vocab: Some(o200k_vocab()),
+            },
+            HARMONY.get_or_init(|| {
+                built(crate::tokenizer::build_harmony_tokenizer_json(
+                    &o200k_vocab(),
+                ))
+            }),
+        ),
     }
 }
 
@@ -46,19 +86,21 @@ pub fn testdata_dir() -> PathBuf {
     target_dir().join("krasis-testdata")
 }
 
-fn cache_key(preset: &str, overrides: &[(String, Value)]) -> String {
-    static TOKENIZER: OnceLock<String> = OnceLock::new();
-    let tok = TOKENIZER.get_or_init(|| {
-        crate::tokenizer::build_qwen_tokenizer_json(&qwen_vocab())
-            .unwrap_or_else(|e| panic!("building tokenizer.json for test checkpoints: {e}"))
-    });
+/// The directory name of a test checkpoint: unchanged for qwen3_moe
+/// presets since before other families existed (their files hash the same).
+fn cache_key(spec: &SynthSpec, preset: &str, overrides: &[(String, Value)]) -> String {
+    let (_, tok) = family_tokenizer(spec.config());
     let mut h = blake3::Hasher::new();
     h.update(preset.as_bytes());
     h.update(&TEST_SEED.to_le_bytes());
     h.update(tok.as_bytes());
-    h.update(ChatTemplateKind::Qwen3.source().as_bytes());
     h.update(
-        crate::chat_template::qwen3_generation_config()
+        ChatTemplateKind::for_family(spec.config())
+            .source()
+            .as_bytes(),
+    );
+    h.update(
+        synth::generation_config(spec.config())
             .to_string()
             .as_bytes(),
     );
@@ -77,11 +119,20 @@ fn cache_key(preset: &str, overrides: &[(String, Value)]) -> String {
 }
 
 /// A complete synthetic checkpoint of `preset` (BF16, seed [`TEST_SEED`],
-/// real tokenizer, Qwen3 chat template), synthesized at most once per
-/// content hash and shared between tests and test binaries. Panics with the
-/// reason when it cannot be made (tests only).
+/// the family's real tokenizer and chat template: Qwen3's, or gpt-oss's
+/// o200k_harmony and template), synthesized at most once per content hash
+/// and shared between tests and test binaries. Panics with the reason when
+/// it cannot be made (tests only).
 pub fn tiny_checkpoint(preset: &str) -> PathBuf {
     tiny_checkpoint_with(preset, &[])
+}
+
+/// The `tiny-gpt-oss` checkpoint ([`tiny_checkpoint`]): MXFP4 experts, the
+/// full 201,088-token vocabulary with o200k_harmony, the gpt-oss template;
+/// the bytes of `krasis-runtime synth --preset tiny-gpt-oss --seed 1
+/// --dtype bf16`.
+pub fn tiny_gpt_oss_checkpoint() -> PathBuf {
+    tiny_checkpoint("tiny-gpt-oss")
 }
 
 /// [`tiny_checkpoint`] with `config.json` fields overridden, like
@@ -101,14 +152,13 @@ pub fn tiny_checkpoint_with(preset: &str, overrides: &[(&str, Value)]) -> PathBu
     if let Some(p) = done.get(&memo) {
         return p.clone();
     }
-    let dir = testdata_dir().join(cache_key(preset, &overrides));
+    let spec = SynthSpec::new(preset, TEST_SEED, SynthDtype::Bf16, 0.0, &overrides)
+        .unwrap_or_else(|e| panic!("test checkpoint '{preset}' {overrides:?}: {e}"));
+    let dir = testdata_dir().join(cache_key(&spec, preset, &overrides));
     if !dir.join(RECORD_FILE).exists() {
-        let spec = SynthSpec::new(preset, TEST_SEED, SynthDtype::Bf16, 0.0, &overrides)
-            .unwrap_or_else(|e| panic!("test checkpoint '{preset}' {overrides:?}: {e}"));
+        let (tokenizer, _) = family_tokenizer(spec.config());
         let mut opts = SynthOptions::new(spec);
-        opts.tokenizer = TokenizerSource::Qwen {
-            vocab: Some(qwen_vocab()),
-        };
+        opts.tokenizer = tokenizer;
         match synth::synthesize(&opts, &dir) {
             Ok(_) => {}
             // Another test binary finished the same checkpoint first.

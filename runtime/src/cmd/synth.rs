@@ -29,12 +29,15 @@ pub struct Args {
     /// Maximum tensor bytes per shard file (e.g. 4GB, 500MB, 2GiB).
     #[arg(long, default_value = "4GB")]
     pub shard_size: String,
-    /// Path of qwen.tiktoken (default: found like the tokenizer does; see tools/vocab.sh).
+    /// Path of the family's BPE ranks: qwen.tiktoken (tools/vocab.sh) or, for
+    /// gpt-oss, o200k_base.tiktoken (tools/harmony/vocab.sh); default: found
+    /// in .cache/vocab/.
     #[arg(long)]
     pub vocab: Option<PathBuf>,
-    /// Chat template written into tokenizer_config.json.
-    #[arg(long, default_value = "qwen3", value_parser = ["qwen3", "qwen3-coder"])]
-    pub chat_template: String,
+    /// Chat template written into tokenizer_config.json (default: the
+    /// family's own, qwen3 or gpt-oss).
+    #[arg(long, value_parser = ["qwen3", "qwen3-coder", "gpt-oss"])]
+    pub chat_template: Option<String>,
     /// Override a config.json field, e.g. --set num_hidden_layers=4 (value is JSON). Repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
@@ -58,12 +61,15 @@ fn preset_parser() -> clap::builder::PossibleValuesParser {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let dtype = SynthDtype::parse(&a.dtype)
         .with_context(|| format!("--dtype {}: expected bf16 or f32", a.dtype))?;
-    let chat_template = ChatTemplateKind::parse(&a.chat_template).with_context(|| {
-        format!(
-            "--chat-template {}: expected qwen3 or qwen3-coder",
-            a.chat_template
-        )
-    })?;
+    let chat_template = a
+        .chat_template
+        .as_deref()
+        .map(|t| {
+            ChatTemplateKind::parse(t).with_context(|| {
+                format!("--chat-template {t}: expected qwen3, qwen3-coder or gpt-oss")
+            })
+        })
+        .transpose()?;
     let shard_bytes = krasis_common::size::parse_size(&a.shard_size)
         .map_err(|e| anyhow::anyhow!("--shard-size: {e}"))?;
     let overrides = a
@@ -73,16 +79,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .collect::<Result<Vec<_>, _>>()?;
     let spec = SynthSpec::new(&a.preset, a.seed, dtype, a.router_skew, &overrides)?;
     let g = spec.geometry();
-    let mut opts = SynthOptions::new(spec);
-    opts.shard_bytes = shard_bytes;
-    opts.chat_template = chat_template;
-    opts.skip_routed_experts = a.experts_in_cache_only;
-    opts.progress = true;
-    opts.tokenizer = if a.no_tokenizer {
+    let tokenizer = if a.no_tokenizer {
         TokenizerSource::None
     } else {
-        TokenizerSource::Qwen { vocab: a.vocab }
+        TokenizerSource::for_family(spec.config(), a.vocab)
     };
+    let mut opts = SynthOptions::new(spec);
+    opts.shard_bytes = shard_bytes;
+    if let Some(t) = chat_template {
+        opts.chat_template = t;
+    }
+    opts.skip_routed_experts = a.experts_in_cache_only;
+    opts.progress = true;
+    opts.tokenizer = tokenizer;
     eprintln!(
         "synthesizing '{}' ({:.3}B parameters, {} layers, {} experts top-{}) into {}",
         a.preset,

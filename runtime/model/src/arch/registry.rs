@@ -31,14 +31,45 @@
 //! entry and that names are unique; `runtime/src/cmd/capabilities.rs` checks
 //! that every entry appears in the report with its backends.
 
-use super::{ModelConfig, qwen3_moe};
+use super::{ModelConfig, gpt_oss, qwen3_moe};
 use crate::error::ModelError;
 use krasis_common::{ArchitectureCaps, ArchitectureDefaults, Backend};
 use serde_json::Value;
 use std::path::Path;
 
 /// Every architecture this build supports, in the order reports list them.
-pub const ARCHITECTURES: &[Architecture] = &[qwen3_moe::ARCHITECTURE];
+pub const ARCHITECTURES: &[Architecture] = &[qwen3_moe::ARCHITECTURE, GPT_OSS];
+
+/// gpt_oss (gpt-oss-20b/120b; description in `arch/gpt_oss.rs`). Reference
+/// backend only until the CUDA engine builds its components (sinks, sliding
+/// windows, MXFP4 experts) and passes the witness tests; its experts run in
+/// their checkpoint precision, MXFP4, never re-quantized.
+pub const GPT_OSS: Architecture = Architecture {
+    model_type: gpt_oss::MODEL_TYPE,
+    display_name: "gpt-oss",
+    parse: |v, path| {
+        Ok(ModelConfig::GptOss(gpt_oss::GptOssConfig::from_value(
+            v, path,
+        )?))
+    },
+    backends: &[Backend::Reference],
+    options: OptionSupport {
+        expert_precisions: &["mxfp4"],
+        attention_precisions: &["bf16"],
+        kv_formats: &["bf16"],
+        hcs: false,
+        pruning_modes: &["off"],
+        multi_gpu_modes: &["single"],
+        defaults: OptionDefaults {
+            expert_precision: "mxfp4",
+            attention_precision: "bf16",
+            kv_format: "bf16",
+            pruning: "off",
+            multi_gpu: "single",
+        },
+    },
+    presets: gpt_oss::presets::PRESETS,
+};
 
 /// One supported architecture: everything outside its module needs to know.
 pub struct Architecture {

@@ -3,10 +3,15 @@
 
 use super::SynthOptions;
 use super::error::SynthError;
+use crate::arch::ModelConfig;
 use crate::chat_template::{
     QWEN3_CHAT_TEMPLATE, QWEN3_CODER_CHAT_TEMPLATE, qwen3_tokenizer_config,
 };
-use crate::tokenizer::{QWEN3_SPECIAL_TOKENS, build_qwen_tokenizer_json, find_qwen_vocab};
+use crate::tokenizer::{
+    GPT_OSS_CHAT_TEMPLATE, HARMONY_LAST_ID, QWEN3_SPECIAL_TOKENS, build_harmony_tokenizer_json,
+    build_qwen_tokenizer_json, find_o200k_vocab, find_qwen_vocab, harmony_generation_config,
+    harmony_tokenizer_config,
+};
 use std::path::{Path, PathBuf};
 
 /// Where `tokenizer.json` comes from.
@@ -15,8 +20,22 @@ pub enum TokenizerSource {
     /// The real Qwen vocabulary (`qwen.tiktoken`), at this path or found by
     /// `find_qwen_vocab` (see `tools/vocab.sh`).
     Qwen { vocab: Option<PathBuf> },
+    /// gpt-oss's `o200k_harmony` (ranks from `o200k_base.tiktoken`, at this
+    /// path or found by `find_o200k_vocab`; see `tools/harmony/vocab.sh`).
+    Harmony { vocab: Option<PathBuf> },
     /// Weights and configs only (fast unit tests with a shrunken vocab).
     None,
+}
+
+impl TokenizerSource {
+    /// The real tokenizer of `config`'s family, its vocabulary at `vocab`
+    /// or found in `.cache/vocab/`.
+    pub fn for_family(config: &ModelConfig, vocab: Option<PathBuf>) -> Self {
+        match config {
+            ModelConfig::GptOss(_) => TokenizerSource::Harmony { vocab },
+            ModelConfig::Qwen3Moe(_) => TokenizerSource::Qwen { vocab },
+        }
+    }
 }
 
 /// The chat template written into `tokenizer_config.json`.
@@ -24,27 +43,52 @@ pub enum TokenizerSource {
 pub enum ChatTemplateKind {
     Qwen3,
     Qwen3Coder,
+    /// The template published with openai/gpt-oss-120b (harmony).
+    GptOss,
 }
 
 impl ChatTemplateKind {
+    /// Every kind, in `--chat-template` order.
+    pub const ALL: [ChatTemplateKind; 3] = [
+        ChatTemplateKind::Qwen3,
+        ChatTemplateKind::Qwen3Coder,
+        ChatTemplateKind::GptOss,
+    ];
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "qwen3" => Some(ChatTemplateKind::Qwen3),
-            "qwen3-coder" => Some(ChatTemplateKind::Qwen3Coder),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|k| k.name() == s)
     }
     pub fn name(self) -> &'static str {
         match self {
             ChatTemplateKind::Qwen3 => "qwen3",
             ChatTemplateKind::Qwen3Coder => "qwen3-coder",
+            ChatTemplateKind::GptOss => "gpt-oss",
         }
     }
     pub fn source(self) -> &'static str {
         match self {
             ChatTemplateKind::Qwen3 => QWEN3_CHAT_TEMPLATE,
             ChatTemplateKind::Qwen3Coder => QWEN3_CODER_CHAT_TEMPLATE,
+            ChatTemplateKind::GptOss => GPT_OSS_CHAT_TEMPLATE,
         }
+    }
+    /// The template `config`'s family ships with.
+    pub fn for_family(config: &ModelConfig) -> Self {
+        match config {
+            ModelConfig::GptOss(_) => ChatTemplateKind::GptOss,
+            ModelConfig::Qwen3Moe(_) => ChatTemplateKind::Qwen3,
+        }
+    }
+    /// Whether this template speaks `config`'s family's tokens.
+    fn fits(self, config: &ModelConfig) -> bool {
+        (self == ChatTemplateKind::GptOss) == matches!(config, ModelConfig::GptOss(_))
+    }
+}
+
+/// The `generation_config.json` of `config`'s family.
+pub fn generation_config(config: &ModelConfig) -> serde_json::Value {
+    match config {
+        ModelConfig::GptOss(_) => harmony_generation_config(),
+        ModelConfig::Qwen3Moe(_) => crate::chat_template::qwen3_generation_config(),
     }
 }
 
@@ -77,29 +121,54 @@ pub fn write_tokenizer_files(
     opts: &SynthOptions,
     dir: &Path,
 ) -> Result<Option<&'static str>, SynthError> {
-    let TokenizerSource::Qwen { vocab } = &opts.tokenizer else {
-        return Ok(None);
+    let config = opts.spec.config();
+    let template = opts.chat_template;
+    let (name, needed) = match &opts.tokenizer {
+        TokenizerSource::None => return Ok(None),
+        TokenizerSource::Qwen { .. } => (
+            "Qwen",
+            QWEN3_SPECIAL_TOKENS
+                .iter()
+                .map(|(id, _, _)| *id as usize + 1)
+                .max()
+                .unwrap_or(0),
+        ),
+        TokenizerSource::Harmony { .. } => ("o200k_harmony", HARMONY_LAST_ID as usize + 1),
     };
+    // A tokenizer or template of another family would give the checkpoint
+    // special tokens its config and template do not know.
+    let family = std::mem::discriminant(&TokenizerSource::for_family(config, None));
+    if family != std::mem::discriminant(&opts.tokenizer) || !template.fits(config) {
+        return Err(SynthError::BadSpec(format!(
+            "preset '{}' is a {} model: use its tokenizer and the '{}' chat template \
+             (got the {name} tokenizer and '{}')",
+            opts.spec.preset,
+            config.architecture().display_name,
+            ChatTemplateKind::for_family(config).name(),
+            template.name()
+        )));
+    }
     // Ids the tokenizer can emit must have embedding rows.
-    let needed = QWEN3_SPECIAL_TOKENS
-        .iter()
-        .map(|(id, _, _)| *id as usize + 1)
-        .max()
-        .unwrap_or(0);
     let vocab_size = opts.spec.geometry().vocab_size;
     if vocab_size < needed {
         return Err(SynthError::BadSpec(format!(
-            "vocab_size {vocab_size} is smaller than the Qwen tokenizer's {needed} ids; \
+            "vocab_size {vocab_size} is smaller than the {name} tokenizer's {needed} ids; \
              keep vocab_size >= {needed} or synthesize without a tokenizer"
         )));
     }
-    let path = find_qwen_vocab(vocab.as_deref())?;
-    let tokenizer_json = build_qwen_tokenizer_json(&path)?;
+    let (tokenizer_json, tokenizer_config) = match &opts.tokenizer {
+        TokenizerSource::Harmony { vocab } => (
+            build_harmony_tokenizer_json(&find_o200k_vocab(vocab.as_deref())?)?,
+            harmony_tokenizer_config(template.source()),
+        ),
+        TokenizerSource::Qwen { vocab } => (
+            build_qwen_tokenizer_json(&find_qwen_vocab(vocab.as_deref())?)?,
+            qwen3_tokenizer_config(template.source()),
+        ),
+        TokenizerSource::None => unreachable!("returned above"),
+    };
     let target = dir.join("tokenizer.json");
     std::fs::write(&target, tokenizer_json).map_err(|e| SynthError::io(&target, e))?;
-    write_json(
-        &dir.join("tokenizer_config.json"),
-        &qwen3_tokenizer_config(opts.chat_template.source()),
-    )?;
-    Ok(Some(opts.chat_template.name()))
+    write_json(&dir.join("tokenizer_config.json"), &tokenizer_config)?;
+    Ok(Some(template.name()))
 }

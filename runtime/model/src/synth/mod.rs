@@ -11,6 +11,7 @@
 
 mod error;
 mod files;
+mod mxfp4;
 mod presets;
 mod record;
 mod shards;
@@ -22,12 +23,17 @@ mod write;
 mod probe;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_gpt_oss;
 
 pub use error::SynthError;
-pub use files::{ChatTemplateKind, TokenizerSource};
+pub use files::{ChatTemplateKind, TokenizerSource, generation_config};
+pub use mxfp4::{ExpertMxfp4, MXFP4_RULE, expert_mxfp4};
 pub use presets::{preset_config, preset_geometry, preset_names};
 pub use record::{GENERATOR_VERSION, RECORD_FILE, SynthRecord};
-pub use spec::{SynthDtype, SynthSpec, TensorDesc, expert_weights, parse_override};
+pub use spec::{
+    Mxfp4Part, Storage, SynthDtype, SynthSpec, TensorDesc, expert_weights, parse_override,
+};
 pub use values::{Init, router_scales};
 
 use crate::error::ModelError;
@@ -54,12 +60,14 @@ pub struct SynthOptions {
 }
 
 impl SynthOptions {
+    /// Defaults: the family's own tokenizer (vocabulary found in
+    /// `.cache/vocab/`) and chat template, 4 GB shards.
     pub fn new(spec: SynthSpec) -> Self {
         SynthOptions {
+            tokenizer: TokenizerSource::for_family(spec.config(), None),
+            chat_template: ChatTemplateKind::for_family(spec.config()),
             spec,
             shard_bytes: DEFAULT_SHARD_BYTES,
-            tokenizer: TokenizerSource::Qwen { vocab: None },
-            chat_template: ChatTemplateKind::Qwen3,
             skip_routed_experts: false,
             progress: false,
         }
@@ -210,6 +218,16 @@ fn write_all(opts: &SynthOptions, dir: &Path) -> Result<SynthSummary, SynthError
     if opts.shard_bytes == 0 {
         return Err(SynthError::BadSpec("--shard-size must be > 0".into()));
     }
+    if opts.skip_routed_experts && spec.tensors().iter().any(|t| t.storage != Storage::Float) {
+        // The cache's synthetic source regenerates float experts for the
+        // INT4 cache; MXFP4 experts are cached natively from checkpoint
+        // bytes, so a checkpoint without them could not be cached.
+        return Err(SynthError::BadSpec(format!(
+            "--experts-in-cache-only is not supported for '{}': its experts are MXFP4, which \
+             the expert cache copies from the checkpoint; synthesize the full checkpoint",
+            spec.preset
+        )));
+    }
     // Tokenizer first: a missing vocabulary should fail before minutes of writing.
     let template = files::write_tokenizer_files(opts, dir)?;
     let tensors: Vec<TensorDesc> = spec
@@ -230,7 +248,7 @@ fn write_all(opts: &SynthOptions, dir: &Path) -> Result<SynthSummary, SynthError
     files::write_json(&dir.join("config.json"), &files::sorted(spec.config_json()))?;
     files::write_json(
         &dir.join("generation_config.json"),
-        &crate::chat_template::qwen3_generation_config(),
+        &files::generation_config(spec.config()),
     )?;
     let record = SynthRecord::new(spec, opts.skip_routed_experts, template, tensor_bytes);
     // Serialized directly (not through `Value`) so f32 fields keep their

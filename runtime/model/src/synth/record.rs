@@ -35,12 +35,17 @@ pub struct SynthRecord {
     pub overrides: serde_json::Map<String, serde_json::Value>,
     /// Routed expert tensors were not written (`--experts-in-cache-only`).
     pub routed_experts_omitted: bool,
-    /// `qwen3` / `qwen3-coder`, or `null` without tokenizer files.
+    /// `qwen3` / `qwen3-coder` / `gpt-oss`, or `null` without tokenizer files.
     pub chat_template: Option<String>,
     /// Bytes of tensor data over all shards.
     pub tensor_bytes: u64,
     pub value_rule: String,
     pub router_skew_rule: String,
+    /// How MXFP4 expert tensors were encoded ([`super::MXFP4_RULE`]);
+    /// absent for checkpoints with float experts, whose records stay as
+    /// they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mxfp4_rule: Option<String>,
 }
 
 impl SynthRecord {
@@ -63,6 +68,11 @@ impl SynthRecord {
             tensor_bytes,
             value_rule: VALUE_RULE.into(),
             router_skew_rule: ROUTER_SKEW_RULE.into(),
+            mxfp4_rule: spec
+                .tensors()
+                .iter()
+                .any(|t| t.storage != super::Storage::Float)
+                .then(|| super::MXFP4_RULE.into()),
         }
     }
 

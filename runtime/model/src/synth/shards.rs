@@ -13,10 +13,7 @@ pub struct ShardPlan {
 
 impl ShardPlan {
     pub fn data_bytes(&self, dtype: SynthDtype) -> u64 {
-        self.tensors
-            .iter()
-            .map(|t| (t.numel() * dtype.size()) as u64)
-            .sum()
+        self.tensors.iter().map(|t| t.bytes(dtype)).sum()
     }
 }
 
@@ -28,7 +25,7 @@ pub fn plan_shards(tensors: Vec<TensorDesc>, dtype: SynthDtype, max_bytes: u64) 
     let mut groups: Vec<Vec<TensorDesc>> = vec![Vec::new()];
     let mut current = 0u64;
     for t in tensors {
-        let bytes = (t.numel() * dtype.size()) as u64;
+        let bytes = t.bytes(dtype);
         let last = groups.last_mut().expect("never empty");
         if !last.is_empty() && current + bytes > max_bytes {
             groups.push(Vec::new());
@@ -60,11 +57,11 @@ pub fn safetensors_header(shard: &ShardPlan, dtype: SynthDtype) -> Vec<u8> {
     map.insert("__metadata__".into(), serde_json::json!({ "format": "pt" }));
     let mut offset = 0u64;
     for t in &shard.tensors {
-        let bytes = (t.numel() * dtype.size()) as u64;
+        let bytes = t.bytes(dtype);
         map.insert(
             t.name.clone(),
             serde_json::json!({
-                "dtype": dtype.safetensors_name(),
+                "dtype": t.safetensors_dtype(dtype),
                 "shape": t.shape,
                 "data_offsets": [offset, offset + bytes],
             }),
@@ -104,6 +101,7 @@ mod tests {
             shape: vec![n],
             init: Init::Normal { std: 1.0 },
             routed_expert: false,
+            storage: crate::synth::spec::Storage::Float,
         }
     }
 

@@ -6,11 +6,11 @@ use super::error::SynthError;
 use super::presets::preset_config;
 use super::record::SynthRecord;
 use super::values::{Init, fill_f32, router_scales};
-use crate::arch::ModelConfig;
-use crate::arch::qwen3_moe::TensorNames;
+use crate::arch::{ExpertStorage, ModelConfig, ModelTensor};
 use crate::experts::ExpertF32;
 use crate::{Geometry, MlpKind};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::Path;
 
 /// INT4 group size of the expert cache: hidden and expert widths must be
@@ -20,12 +20,16 @@ const INT4_GROUP: usize = 128;
 /// Std of the RMSNorm-weight noise around 1.
 const NORM_NOISE_STD: f32 = 0.05;
 /// Std of attention biases (only present with `attention_bias=true`).
-const BIAS_STD: f32 = 0.1;
+pub(super) const BIAS_STD: f32 = 0.1;
 /// An untied LM head of std `LM_HEAD_GAIN / sqrt(hidden)` gives logits of
 /// std ~4: with std 1 the top-2 gap over a 152K vocabulary is often below
 /// 1e-3, so argmax comparisons between implementations would hinge on
 /// rounding noise. Real models are similarly peaky.
 const LM_HEAD_GAIN: f32 = 4.0;
+/// Std of attention-sink logits (gpt_oss): attention scores of unit-RMS
+/// q/k are about N(0, 1) too, so a sink takes a share comparable to one
+/// position's, neither absorbing all attention nor vanishing.
+const SINK_STD: f32 = 1.0;
 
 /// Element type of the stored tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,13 +81,65 @@ pub struct TensorDesc {
     pub name: String,
     pub shape: Vec<usize>,
     pub init: Init,
-    /// A routed expert's gate/up/down weight.
+    /// A routed expert's tensor (weights, MXFP4 parts or biases).
     pub routed_expert: bool,
+    pub storage: Storage,
+}
+
+/// How a tensor's values reach the file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Storage {
+    /// Floats of the spec's dtype, drawn under the tensor's own name.
+    Float,
+    /// One U8 part of an MXFP4 projection: f32 values drawn from the
+    /// tensor's `init` under the name `source` (the projection, e.g.
+    /// `model.layers.0.mlp.experts.gate_up_proj`, element `i` of its
+    /// row-major `[E, rows, cols]`), never rounded through the dtype, then
+    /// encoded by [`crate::formats::mxfp4::encode_rows`].
+    Mxfp4 { part: Mxfp4Part, source: String },
+}
+
+/// Which of an MXFP4 projection's two tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mxfp4Part {
+    /// `*_blocks`: 16 bytes per 32 values.
+    Blocks,
+    /// `*_scales`: one E8M0 byte per 32 values.
+    Scales,
 }
 
 impl TensorDesc {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+    /// Values drawn to produce the tensor: its elements, or for an MXFP4
+    /// part the source values it encodes.
+    pub fn source_numel(&self) -> usize {
+        match &self.storage {
+            Storage::Float => self.numel(),
+            Storage::Mxfp4 {
+                part: Mxfp4Part::Blocks,
+                ..
+            } => self.numel() * 2,
+            Storage::Mxfp4 {
+                part: Mxfp4Part::Scales,
+                ..
+            } => self.numel() * crate::formats::mxfp4::BLOCK_VALUES,
+        }
+    }
+    /// Bytes of the stored tensor.
+    pub fn bytes(&self, dtype: SynthDtype) -> u64 {
+        match self.storage {
+            Storage::Float => (self.numel() * dtype.size()) as u64,
+            Storage::Mxfp4 { .. } => self.numel() as u64,
+        }
+    }
+    /// The safetensors header spelling of its element type.
+    pub fn safetensors_dtype(&self, dtype: SynthDtype) -> &'static str {
+        match self.storage {
+            Storage::Float => dtype.safetensors_name(),
+            Storage::Mxfp4 { .. } => crate::formats::mxfp4::STORAGE_DTYPE,
+        }
     }
     /// Elements per row (the last dimension).
     pub fn row_len(&self) -> usize {
@@ -192,13 +248,19 @@ impl SynthSpec {
             Path::new("<synthesized config.json>"),
         )?;
         let g = config.geometry();
-        if !g.hidden.is_multiple_of(INT4_GROUP) {
+        // The INT4 width rule binds only where the cache quantizes float
+        // experts; MXFP4 checkpoints (gpt_oss) keep their own 32-value
+        // blocks, which their config validation already checks.
+        let fused = g
+            .moe_layers()
+            .any(|l| matches!(config.expert_storage(l), ExpertStorage::FusedMxfp4(_)));
+        if !fused && !g.hidden.is_multiple_of(INT4_GROUP) {
             return Err(SynthError::BadSpec(format!(
                 "hidden_size {} must be a multiple of {INT4_GROUP} (the INT4 group size)",
                 g.hidden
             )));
         }
-        if g.num_moe_layers() > 0 && !g.expert_intermediate.is_multiple_of(INT4_GROUP) {
+        if !fused && g.num_moe_layers() > 0 && !g.expert_intermediate.is_multiple_of(INT4_GROUP) {
             return Err(SynthError::BadSpec(format!(
                 "moe_intermediate_size {} must be a multiple of {INT4_GROUP} (the INT4 group size)",
                 g.expert_intermediate
@@ -254,29 +316,72 @@ impl SynthSpec {
     /// Every tensor of the checkpoint, in file order.
     pub fn tensors(&self) -> Vec<TensorDesc> {
         let g = self.geometry();
+        let mut special = self.layer_inits(&g);
+        special.extend(super::mxfp4::fused_expert_tensors(&self.config, &g));
         self.config
             .expected_tensors()
             .into_iter()
             .map(|(name, shape)| {
-                let init = self.init_for(&name, &shape, &g);
+                let (init, storage) = special
+                    .remove(&name)
+                    .unwrap_or_else(|| (self.init_for(&name, &shape, &g), Storage::Float));
                 let routed_expert = name.contains(".mlp.experts.");
                 TensorDesc {
                     name,
                     shape,
                     init,
                     routed_expert,
+                    storage,
                 }
             })
             .collect()
     }
 
+    /// The tensor called `name`, if the checkpoint has one.
+    pub fn tensor(&self, name: &str) -> Option<TensorDesc> {
+        self.tensors().into_iter().find(|t| t.name == name)
+    }
+
+    /// Layer tensors drawn by role rather than by shape: routers (with the
+    /// skew), router biases and attention sinks.
+    fn layer_inits(&self, g: &Geometry) -> HashMap<String, (Init, Storage)> {
+        use crate::arch::LayerTensor;
+        let mut m = HashMap::new();
+        for l in 0..g.num_layers {
+            let name = |t| self.config.layer_tensor_name(l, t);
+            if g.attention.sinks {
+                m.insert(
+                    name(LayerTensor::Sinks),
+                    (Init::Normal { std: SINK_STD }, Storage::Float),
+                );
+            }
+            if g.mlp_kind(l) != MlpKind::Moe {
+                continue;
+            }
+            let router = name(LayerTensor::Router);
+            let init = Init::Router {
+                std: 1.0 / (g.hidden as f32).sqrt(),
+                scales: router_scales(self.seed, &router, g.num_experts, self.router_skew),
+            };
+            m.insert(router, (init, Storage::Float));
+            if g.router.bias {
+                m.insert(
+                    name(LayerTensor::RouterBias),
+                    (Init::Normal { std: BIAS_STD }, Storage::Float),
+                );
+            }
+        }
+        m
+    }
+
     /// Scales: embeddings ~N(0,1); every projection ~N(0, 1/fan_in) so a
     /// unit-RMS input gives unit-RMS outputs (activations neither vanish nor
     /// blow up with depth); norms near 1; the LM head a little larger.
-    fn init_for(&self, name: &str, shape: &[usize], g: &Geometry) -> Init {
-        if name == TensorNames::EMBED {
+    /// (Routers, router biases and sinks: [`Self::layer_inits`].)
+    pub(super) fn init_for(&self, name: &str, shape: &[usize], g: &Geometry) -> Init {
+        if name == self.config.tensor_name(ModelTensor::Embed) {
             Init::Normal { std: 1.0 }
-        } else if name == TensorNames::LM_HEAD {
+        } else if name == self.config.tensor_name(ModelTensor::LmHead) {
             Init::Normal {
                 std: LM_HEAD_GAIN / (g.hidden as f32).sqrt(),
             }
@@ -285,11 +390,6 @@ impl SynthSpec {
         } else if shape.len() == 1 {
             Init::NearOne {
                 std: NORM_NOISE_STD,
-            }
-        } else if name.ends_with(".mlp.gate.weight") {
-            Init::Router {
-                std: 1.0 / (g.hidden as f32).sqrt(),
-                scales: router_scales(self.seed, name, g.num_experts, self.router_skew),
             }
         } else {
             Init::Normal {
@@ -301,7 +401,7 @@ impl SynthSpec {
     /// The values of one whole tensor as stored (rounded through the dtype),
     /// or `None` if the checkpoint has no tensor of that name.
     pub fn tensor_f32(&self, name: &str) -> Option<Vec<f32>> {
-        let t = self.tensors().into_iter().find(|t| t.name == name)?;
+        let t = self.tensor(name).filter(|t| t.storage == Storage::Float)?;
         let mut out = vec![0f32; t.numel()];
         fill_f32(
             self.seed,
@@ -318,7 +418,7 @@ impl SynthSpec {
     /// One row of a 2-D tensor (e.g. a token's embedding) without generating
     /// the rest of it.
     pub fn tensor_row_f32(&self, name: &str, row: usize) -> Option<Vec<f32>> {
-        let t = self.tensors().into_iter().find(|t| t.name == name)?;
+        let t = self.tensor(name).filter(|t| t.storage == Storage::Float)?;
         if t.shape.len() != 2 || row >= t.shape[0] {
             return None;
         }
@@ -343,10 +443,14 @@ impl SynthSpec {
 }
 
 /// The exact f32 values of one routed expert as the checkpoint stores them
-/// (already rounded through the spec's dtype), generated on their own.
-/// Values depend only on (seed, tensor name), so this is defined for any
-/// indices; callers iterate the geometry (see [`SynthSpec::has_expert`]).
+/// (already rounded through the spec's dtype, or decoded from its MXFP4
+/// bytes, biases included), generated on their own. Values depend only on
+/// (seed, tensor name), so this is defined for any indices; callers iterate
+/// the geometry (see [`SynthSpec::has_expert`]).
 pub fn expert_weights(spec: &SynthSpec, layer: usize, expert: usize) -> ExpertF32 {
+    if let Some(raw) = super::mxfp4::expert_mxfp4(spec, layer, expert) {
+        return super::mxfp4::decode_expert(spec, layer, &raw);
+    }
     let g = spec.geometry();
     let (h, i) = (g.hidden, g.expert_intermediate);
     let [gate, up, down] = spec.config.expert_tensor_names(layer, expert);

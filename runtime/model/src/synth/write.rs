@@ -5,7 +5,7 @@
 
 use super::error::SynthError;
 use super::shards::{ShardPlan, safetensors_header};
-use super::spec::{SynthDtype, TensorDesc};
+use super::spec::{Storage, SynthDtype, TensorDesc};
 use super::values::{encode, fill_f32};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
@@ -15,12 +15,14 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 /// Elements per piece: 4 MiB of BF16, big enough to amortise the per-piece
-/// RNG seek, small enough to balance across cores.
+/// RNG seek, small enough to balance across cores. A multiple of the MXFP4
+/// block (32), so MXFP4 pieces hold whole blocks.
 const PIECE_ELEMS: usize = 1 << 21;
 /// Pieces generated per parallel batch (~128 MiB of BF16).
 const BATCH_PIECES: usize = 32;
 /// Pieces queued for the writer; bounds memory to ~2 batches.
 const QUEUE_PIECES: usize = 32;
+const _: () = assert!(PIECE_ELEMS.is_multiple_of(crate::formats::mxfp4::BLOCK_VALUES));
 
 struct Piece<'a> {
     tensor: &'a TensorDesc,
@@ -33,7 +35,12 @@ enum Msg {
     Data(Vec<u8>),
 }
 
+/// The stored bytes of source elements `start..start + len` of a tensor
+/// (for an MXFP4 part, whole 32-value blocks: pieces are multiples of 32).
 fn gen_piece(seed: u64, dtype: SynthDtype, p: &Piece) -> Vec<u8> {
+    if let Storage::Mxfp4 { part, source } = &p.tensor.storage {
+        return super::mxfp4::encode_piece(seed, source, &p.tensor.init, *part, p.start, p.len);
+    }
     let mut vals = vec![0f32; p.len];
     fill_f32(
         seed,
@@ -113,7 +120,7 @@ fn produce(shards: &[ShardPlan], dir: &Path, seed: u64, dtype: SynthDtype, tx: S
             .tensors
             .iter()
             .flat_map(|t| {
-                let n = t.numel();
+                let n = t.source_numel();
                 (0..n.div_ceil(PIECE_ELEMS)).map(move |k| Piece {
                     tensor: t,
                     start: k * PIECE_ELEMS,

@@ -1,10 +1,12 @@
 //! Tokenizer: Hugging Face `tokenizer.json` loading, EOS discovery from the
-//! model directory's configs, a streaming decoder, and the converter that
-//! builds Qwen's `tokenizer.json` from its published BPE ranks.
+//! model directory's configs, a streaming decoder, and the converters that
+//! build Qwen's and gpt-oss's (`o200k_harmony`) `tokenizer.json` from their
+//! published BPE ranks.
 
 pub(crate) use eos::token_string;
 
 mod eos;
+mod harmony;
 mod incremental;
 mod sampleable;
 mod vocab;
@@ -12,6 +14,11 @@ mod vocab;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use harmony::{
+    GPT_OSS_CHAT_TEMPLATE, HARMONY_EOS_IDS, HARMONY_LAST_ID, HARMONY_NAMED_TOKENS, O200K_BPE_RANKS,
+    O200K_PRETOKENIZE_REGEX, build_harmony_tokenizer_json, find_o200k_vocab,
+    harmony_generation_config, harmony_special_tokens, harmony_tokenizer_config,
+};
 pub use incremental::IncrementalDecoder;
 pub use sampleable::sampleable_vocab;
 pub use vocab::{

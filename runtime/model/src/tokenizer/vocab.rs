@@ -1,7 +1,8 @@
-//! Qwen vocabulary: locate `qwen.tiktoken` (the BPE ranks Qwen publishes) and
-//! convert it to a Hugging Face `tokenizer.json` equivalent to the one shipped
-//! with Qwen2/Qwen3 checkpoints, so synthetic checkpoints tokenize exactly
-//! like real ones.
+//! Published BPE vocabularies: locate a tiktoken rank file (`qwen.tiktoken`,
+//! the ranks Qwen publishes; `o200k_base.tiktoken` for gpt-oss, see
+//! `harmony.rs`) and convert it to a Hugging Face `tokenizer.json`
+//! equivalent to the one shipped with the real checkpoints, so synthetic
+//! checkpoints tokenize exactly like real ones.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -48,38 +49,71 @@ pub const QWEN_PRETOKENIZE_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p
 /// Number of ranks in `qwen.tiktoken`; the added tokens start right after.
 pub const QWEN_BPE_RANKS: usize = 151_643;
 
-const VOCAB_RELATIVE: &str = ".cache/vocab/qwen.tiktoken";
+/// One published BPE vocabulary: its rank file and how it is split and
+/// normalized before merging.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BpeVocab {
+    /// Shown in messages ("Qwen", "o200k_base").
+    pub name: &'static str,
+    /// The rank file's name under `.cache/vocab/`.
+    pub file: &'static str,
+    /// The script that fetches it.
+    pub fetch: &'static str,
+    /// Number of ranks; the added tokens start at or after it.
+    pub ranks: usize,
+    /// The pre-tokenizer split pattern.
+    pub regex: &'static str,
+    /// Whether the text is NFC-normalized first.
+    pub nfc: bool,
+}
+
+pub(crate) const QWEN: BpeVocab = BpeVocab {
+    name: "Qwen",
+    file: "qwen.tiktoken",
+    fetch: "tools/vocab.sh",
+    ranks: QWEN_BPE_RANKS,
+    regex: QWEN_PRETOKENIZE_REGEX,
+    nfc: true,
+};
 
 /// Locate `qwen.tiktoken`: `explicit` if given (must exist), else
 /// `.cache/vocab/qwen.tiktoken` under the current directory or any ancestor,
 /// else under this crate's workspace root.
 pub fn find_qwen_vocab(explicit: Option<&Path>) -> Result<PathBuf, ModelError> {
+    find_vocab(&QWEN, explicit)
+}
+
+/// Locate `vocab`'s rank file as [`find_qwen_vocab`] does.
+pub(crate) fn find_vocab(vocab: &BpeVocab, explicit: Option<&Path>) -> Result<PathBuf, ModelError> {
+    let (name, file, fetch) = (vocab.name, vocab.file, vocab.fetch);
     if let Some(p) = explicit {
         return if p.is_file() {
             Ok(p.to_path_buf())
         } else {
             Err(ModelError::MissingFile {
                 path: p.to_path_buf(),
-                what: "Qwen vocabulary (qwen.tiktoken); run tools/vocab.sh to fetch it".into(),
+                what: format!("{name} vocabulary ({file}); run {fetch} to fetch it"),
             })
         };
     }
+    let relative = Path::new(".cache/vocab").join(file);
     let mut candidates = Vec::new();
     if let Ok(cwd) = std::env::current_dir() {
-        candidates.extend(cwd.ancestors().map(|a| a.join(VOCAB_RELATIVE)));
+        candidates.extend(cwd.ancestors().map(|a| a.join(&relative)));
     }
     // The workspace root is two levels above this crate's manifest; this
     // covers test binaries run from the crate directory.
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    candidates.extend(manifest.ancestors().map(|a| a.join(VOCAB_RELATIVE)));
+    candidates.extend(manifest.ancestors().map(|a| a.join(&relative)));
     if let Some(found) = candidates.iter().find(|c| c.is_file()) {
         return Ok(found.clone());
     }
     Err(ModelError::MissingFile {
-        path: PathBuf::from(VOCAB_RELATIVE),
-        what: "Qwen vocabulary not found in the current directory, its ancestors or the \
-               workspace; run tools/vocab.sh (it downloads qwen.tiktoken into .cache/vocab/)"
-            .into(),
+        path: relative,
+        what: format!(
+            "{name} vocabulary not found in the current directory, its ancestors or the \
+             workspace; run {fetch} (it puts {file} into .cache/vocab/)"
+        ),
     })
 }
 
@@ -104,13 +138,14 @@ pub(crate) fn bytes_to_unicode() -> [char; 256] {
 
 /// Parse `base64(token) rank` lines; ranks must be exactly 0..n in order so
 /// ids agree with the real checkpoints.
-fn parse_tiktoken(path: &Path, text: &str) -> Result<Vec<Vec<u8>>, ModelError> {
+fn parse_tiktoken(path: &Path, text: &str, vocab: &BpeVocab) -> Result<Vec<Vec<u8>>, ModelError> {
+    let fetch = vocab.fetch;
     let bad = |line: usize, reason: String| ModelError::Tokenizer {
         path: path.to_path_buf(),
-        reason: format!("line {line}: {reason}; re-fetch it with tools/vocab.sh"),
+        reason: format!("line {line}: {reason}; re-fetch it with {fetch}"),
     };
     let b64 = base64::engine::general_purpose::STANDARD;
-    let mut tokens = Vec::with_capacity(QWEN_BPE_RANKS);
+    let mut tokens = Vec::with_capacity(vocab.ranks);
     for (i, line) in text.lines().enumerate() {
         if line.is_empty() {
             continue;
@@ -133,12 +168,14 @@ fn parse_tiktoken(path: &Path, text: &str) -> Result<Vec<Vec<u8>>, ModelError> {
         }
         tokens.push(bytes);
     }
-    if tokens.len() != QWEN_BPE_RANKS {
+    if tokens.len() != vocab.ranks {
         return Err(ModelError::Tokenizer {
             path: path.to_path_buf(),
             reason: format!(
-                "{} ranks, expected {QWEN_BPE_RANKS}; re-fetch it with tools/vocab.sh",
-                tokens.len()
+                "{} ranks, expected {} ({}); re-fetch it with {fetch}",
+                tokens.len(),
+                vocab.ranks,
+                vocab.file
             ),
         });
     }
@@ -214,10 +251,21 @@ fn push_json_str(out: &mut String, s: &str) {
 /// equivalent to the real Qwen2/Qwen3 one (same ids, merges, pre-tokenizer
 /// and added tokens).
 pub fn build_qwen_tokenizer_json(tiktoken: &Path) -> Result<String, ModelError> {
+    build_tokenizer_json(tiktoken, &QWEN, QWEN3_SPECIAL_TOKENS)
+}
+
+/// Convert `vocab`'s rank file into a `tokenizer.json` string with `added`
+/// tokens (id, content, special).
+pub(crate) fn build_tokenizer_json(
+    tiktoken: &Path,
+    vocab: &BpeVocab,
+    added: &[(u32, &str, bool)],
+) -> Result<String, ModelError> {
     use rayon::prelude::*;
 
+    let fetch = vocab.fetch;
     let text = std::fs::read_to_string(tiktoken).map_err(|e| ModelError::io(tiktoken, e))?;
-    let tokens = parse_tiktoken(tiktoken, &text)?;
+    let tokens = parse_tiktoken(tiktoken, &text, vocab)?;
     let mut ranks: FnvMap<&[u8], u32> = FnvMap::default();
     ranks.reserve(tokens.len());
     ranks.extend(
@@ -229,7 +277,7 @@ pub fn build_qwen_tokenizer_json(tiktoken: &Path) -> Result<String, ModelError> 
     if ranks.len() != tokens.len() {
         return Err(ModelError::Tokenizer {
             path: tiktoken.to_path_buf(),
-            reason: "duplicate tokens; re-fetch it with tools/vocab.sh".into(),
+            reason: format!("duplicate tokens; re-fetch it with {fetch}"),
         });
     }
     let table = bytes_to_unicode();
@@ -248,14 +296,14 @@ pub fn build_qwen_tokenizer_json(tiktoken: &Path) -> Result<String, ModelError> 
                     path: tiktoken.to_path_buf(),
                     reason: format!(
                         "rank {rank} cannot be built from lower ranks; not a BPE vocabulary? \
-                         re-fetch it with tools/vocab.sh"
+                         re-fetch it with {fetch}"
                     ),
                 })?;
             Ok(Some(format!("{} {}", to_str(a), to_str(b))))
         })
         .collect::<Result<_, ModelError>>()?;
 
-    let added: Vec<_> = QWEN3_SPECIAL_TOKENS
+    let added: Vec<_> = added
         .iter()
         .map(|&(id, content, special)| {
             json!({
@@ -272,13 +320,13 @@ pub fn build_qwen_tokenizer_json(tiktoken: &Path) -> Result<String, ModelError> 
         "truncation": null,
         "padding": null,
         "added_tokens": added,
-        "normalizer": { "type": "NFC" },
+        "normalizer": if vocab.nfc { json!({ "type": "NFC" }) } else { serde_json::Value::Null },
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
                 {
                     "type": "Split",
-                    "pattern": { "Regex": QWEN_PRETOKENIZE_REGEX },
+                    "pattern": { "Regex": vocab.regex },
                     "behavior": "Isolated",
                     "invert": false,
                 },
