@@ -47,5 +47,5 @@ pub use layout::{ExpertFormat, ExpertLayout, ExpertPrecision, GROUP_SIZE};
 pub use lock::LockWait;
 pub use pinned::{HostBacking, HostModeReport, PinnedExperts, measure_host_modes};
 pub use quant::QUANTIZER_VERSION;
-pub use source::ModelSource;
+pub use source::{ModelSource, model_layout};
 pub use verify::{VerifyReport, verify_against_source};

@@ -96,6 +96,45 @@ fn storage_plan(
     }
 }
 
+/// The storage plan and expert layout of the cache of `config` in
+/// `precision` (`None`: the model's own).
+fn plan_layout(
+    config: &ModelConfig,
+    moe_layers: &[usize],
+    precision: Option<ExpertPrecision>,
+    storage: &dyn Fn(usize) -> ExpertStorage,
+    dir: &Path,
+) -> Result<(Storage, ExpertLayout), CacheError> {
+    let g = config.geometry();
+    let plan = storage_plan(moe_layers, storage, dir)?;
+    let format = choose_format(config, &plan, precision, dir)?;
+    let has_bias = match &plan {
+        Storage::FusedMxfp4(n) => n[0].gate_up_bias.is_some(),
+        Storage::PerExpert => false,
+    };
+    if let Storage::FusedMxfp4(n) = &plan
+        && n.iter().any(|n| n.gate_up_bias.is_some() != has_bias)
+    {
+        return Err(CacheError::UnsupportedSource {
+            dir: dir.to_path_buf(),
+            reason: "some MoE layers have expert biases and some not; one expert layout holds one"
+                .into(),
+        });
+    }
+    let layout = ExpertLayout::new(format, g.hidden, g.expert_intermediate, has_bias)
+        .expect("choose_format checked the geometry");
+    Ok((plan, layout))
+}
+
+/// The expert layout of the cache `ModelSource::open` would build for the
+/// model `config` in `dir` (its own precision), without opening the
+/// checkpoint: for reports and estimates.
+pub fn model_layout(config: &ModelConfig, dir: &Path) -> Result<ExpertLayout, CacheError> {
+    let moe_layers: Vec<usize> = config.geometry().moe_layers().collect();
+    let storage = |l: usize| config.expert_storage(l);
+    plan_layout(config, &moe_layers, None, &storage, dir).map(|(_, l)| l)
+}
+
 /// The expert format of a model whose experts are stored as `storage`,
 /// with `requested` precision (`None`: the model's own). MXFP4 checkpoints
 /// are cached natively (never re-quantised to INT4); float checkpoints as
@@ -179,24 +218,7 @@ impl ModelSource {
         let config = ModelConfig::load(dir)?;
         let g = config.geometry();
         let moe_layers: Vec<usize> = g.moe_layers().collect();
-        let plan = storage_plan(&moe_layers, storage, dir)?;
-        let format = choose_format(&config, &plan, precision, dir)?;
-        let has_bias = match &plan {
-            Storage::FusedMxfp4(n) => n[0].gate_up_bias.is_some(),
-            Storage::PerExpert => false,
-        };
-        if let Storage::FusedMxfp4(n) = &plan
-            && n.iter().any(|n| n.gate_up_bias.is_some() != has_bias)
-        {
-            return Err(CacheError::UnsupportedSource {
-                dir: dir.to_path_buf(),
-                reason:
-                    "some MoE layers have expert biases and some not; one expert layout holds one"
-                        .into(),
-            });
-        }
-        let layout = ExpertLayout::new(format, g.hidden, g.expert_intermediate, has_bias)
-            .expect("choose_format checked the geometry");
+        let (plan, layout) = plan_layout(&config, &moe_layers, precision, storage, dir)?;
         let (_, config_blake3) = hash_file(&dir.join("config.json"))?;
         let record_path = dir.join(SYNTH_RECORD_FILE);
         let synthetic_record = if record_path.exists() {

@@ -66,6 +66,11 @@ fn int4_round_trip(h: usize, i: usize, group: usize) {
     let model = bf16_model(tmp.path(), h, i);
     let source = ModelSource::open(&model).unwrap();
     assert_eq!(source.format(), ExpertFormat::Int4 { group });
+    // Reports derive the same layout from the config alone.
+    assert_eq!(
+        krasis_cache::model_layout(source.config(), &model).unwrap(),
+        source.layout()
+    );
     let path = tmp.path().join("c").join(krasis_cache::FILE_NAME);
     let cache = ensure_cache_at(&source, &path, &quiet()).unwrap().cache;
     assert_eq!(cache.header().expert_format, ExpertFormat::Int4 { group });

@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use krasis_cache::{
-    BuildOptions, HostBacking, LockWait, ModelSource, cache_path, ensure_cache_at,
+    BuildOptions, ExpertPrecision, HostBacking, LockWait, ModelSource, cache_path, ensure_cache_at,
     measure_host_modes, verify_against_source,
 };
 use krasis_common::events::ProgressEvent;
@@ -22,6 +22,11 @@ pub struct Args {
     /// (a format-1 experts-int4-v1.kcache found there is deleted and replaced).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Expert precision, `int4` or `mxfp4` (default: the model's own: int4
+    /// for float experts, mxfp4 for MXFP4 checkpoints). A precision that
+    /// cannot hold the checkpoint's experts exactly is refused.
+    #[arg(long, value_parser = parse_precision)]
+    pub precision: Option<ExpertPrecision>,
     /// Quantizer threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -47,6 +52,10 @@ pub struct Args {
     pub device: usize,
 }
 
+fn parse_precision(s: &str) -> Result<ExpertPrecision, String> {
+    ExpertPrecision::parse(s).ok_or_else(|| format!("unknown precision {s:?} (int4 or mxfp4)"))
+}
+
 fn emit(json: bool, e: ProgressEvent) {
     if json {
         println!("{}", e.to_line());
@@ -63,7 +72,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    let source = ModelSource::open(&a.model)
+    let source = ModelSource::open_with(&a.model, a.precision)
         .with_context(|| format!("reading the model in {}", a.model.display()))?;
     let path = cache_path(&source, a.cache_dir.as_deref())?;
     let json = a.progress_json;

@@ -4,7 +4,7 @@
 //! spawn. A directory that cannot be read or served is an entry with its
 //! reason; the command itself only fails on bad arguments.
 
-use krasis_cache::{CacheError, ExpertCache, ExpertLayout, ModelSource, Verify};
+use krasis_cache::{CacheError, ExpertCache, ModelSource, Verify};
 use krasis_common::inspect::{
     BackendFormat, CacheState, Formats, GeometryFacts, HeatmapState, InspectReport, ModelFacts,
     ModelReport, ParamCounts,
@@ -73,7 +73,7 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
     let stored =
         expert_dtype.or_else(|| ckpt.get(&config.embed_tensor_name()).ok().map(|t| t.dtype));
     let checkpoint_dtype = stored.map_or("unknown".into(), |d| d.name().to_lowercase());
-    let layout = ExpertLayout::int4(g.hidden, g.expert_intermediate);
+    let layout = krasis_cache::model_layout(&config, dir).ok();
     let stride = layout.map_or(0, |l| l.expert_stride as u64);
     let experts = (g.num_moe_layers() * g.num_experts) as u64;
     let has_experts = experts > 0;
