@@ -43,7 +43,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "rope",
         source: include_str!("../cuda/rope.cu"),
-        kernels: &["qk_norm_rope_bf16"],
+        kernels: &["qk_norm_rope_bf16", "rope_table_bf16"],
     },
     Module {
         name: "kv_cache",
@@ -76,7 +76,12 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "router",
         source: include_str!("../cuda/router.cu"),
-        kernels: &["router_topk_f32", "router_topk_bf16"],
+        kernels: &[
+            "router_topk_f32",
+            "router_topk_bf16",
+            "router_topk_then_softmax_f32",
+            "router_topk_then_softmax_bf16",
+        ],
     },
     Module {
         name: "moe",

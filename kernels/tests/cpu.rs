@@ -531,6 +531,125 @@ mod mxfp4 {
     }
 }
 
+// ---- RoPE from a frequency table, top-k-then-softmax router, router bias ----
+
+mod rope_table_router {
+    use half::bf16;
+    use krasis_kernels::QkvGeom;
+    use krasis_kernels::ops::moe::RouterMode;
+    use krasis_kernels::reference as cpu;
+
+    fn bf(x: &[f32]) -> Vec<bf16> {
+        x.iter().map(|&v| bf16::from_f32(v)).collect()
+    }
+
+    #[test]
+    fn rope_table_reference_hand_values() {
+        // One q head and one kv head of d = 4: row [q0..q3 | k0..k3 | v0..v3].
+        let geom = QkvGeom {
+            n_tokens: 2,
+            n_q_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 4,
+        };
+        let row: Vec<f32> = (1..=12).map(|v| v as f32).collect();
+        let x0 = bf(&[row.clone(), row.clone()].concat());
+        // Position 0 rotates by nothing: only the scale acts (v untouched).
+        let mut x = x0.clone();
+        cpu::rope_table(&mut x, geom, 0, &[1.0, 0.1], 2.0);
+        let want0: Vec<f32> = (1..=12)
+            .map(|v| if v <= 8 { 2.0 * v as f32 } else { v as f32 })
+            .collect();
+        assert_eq!(cpu::to_f32(&x[..12]), want0);
+        // Token 1 at position 1 with the table [1, 0.1] and scale 1: the
+        // angles are the table itself (not theta-derived).
+        let (a0, a1) = (1.0f32, 0.1f32);
+        let rot = |x1: f32, x2: f32, a: f32| {
+            let (c, s) = (a.cos(), a.sin());
+            (x1 * c - x2 * s, x2 * c + x1 * s)
+        };
+        let mut x = x0.clone();
+        cpu::rope_table(&mut x, geom, 0, &[1.0, 0.1], 1.0);
+        let got = cpu::to_f32(&x[12..]);
+        for (head, off) in [(0, 0usize), (1, 4)] {
+            let b = (head * 4 + 1) as f32;
+            let (o0, o2) = rot(b, b + 2.0, a0);
+            let (o1, o3) = rot(b + 1.0, b + 3.0, a1);
+            let want = bf(&[o0, o1, o2, o3]);
+            assert_eq!(&x[12 + off..12 + off + 4], &want[..], "head {head}");
+        }
+        assert_eq!(got[8..], [9.0, 10.0, 11.0, 12.0], "v untouched");
+        // A start offset moves the position: start 1, token 0 == the above.
+        let mut y = x0.clone();
+        cpu::rope_table(&mut y, geom, 1, &[1.0, 0.1], 1.0);
+        assert_eq!(y[..12], x[12..]);
+        // Position 131071 with the f32 angle product (131071 * 0.1 in f32).
+        let mut z = x0[..12].to_vec();
+        let one = QkvGeom {
+            n_tokens: 1,
+            ..geom
+        };
+        cpu::rope_table(&mut z, one, 131_071, &[0.0, 0.1], 1.0);
+        let a = 131_071f32 * 0.1f32;
+        let (o1, o3) = rot(2.0, 4.0, a);
+        assert_eq!(
+            cpu::to_f32(&z[..4]),
+            [1.0, bf(&[o1])[0].to_f32(), 3.0, bf(&[o3])[0].to_f32()]
+        );
+    }
+
+    #[test]
+    fn router_reference_modes_and_bias_hand_values() {
+        let ln = |v: &[f32]| v.iter().map(|x| x.ln()).collect::<Vec<f32>>();
+        let close = |got: &[f32], want: &[f32]| {
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+            }
+        };
+        // Logits ln [1, 4, 2, 3]: top-2 = experts 1, 3.
+        let logits = ln(&[1.0, 4.0, 2.0, 3.0]);
+        let (ids, w) = cpu::router_topk_with(&logits, None, 4, 2, RouterMode::TopKSoftmax);
+        assert_eq!(ids, [1, 3]);
+        close(&w, &[4.0 / 7.0, 3.0 / 7.0]);
+        // Softmax over all experts without renormalisation: 0.4, 0.3.
+        let sm = RouterMode::SoftmaxTopK { normalize: false };
+        let (ids, w) = cpu::router_topk_with(&logits, None, 4, 2, sm);
+        assert_eq!(ids, [1, 3]);
+        close(&w, &[0.4, 0.3]);
+        // A bias of ln 10 on expert 0 moves it to the top in both modes.
+        let bias = ln(&[10.0, 1.0, 1.0, 1.0]);
+        let (ids, w) = cpu::router_topk_with(&logits, Some(&bias), 4, 2, RouterMode::TopKSoftmax);
+        assert_eq!(ids, [0, 1]);
+        close(&w, &[10.0 / 14.0, 4.0 / 14.0]);
+        let (ids, w) = cpu::router_topk_with(&logits, Some(&bias), 4, 2, sm);
+        assert_eq!(ids, [0, 1]);
+        close(&w, &[10.0 / 19.0, 4.0 / 19.0]);
+        // Ties go to the lower index; two tokens are two rows.
+        let two = [5.0f32, 1.0, 5.0, 5.0, 0.0, 0.0, 0.0, 9.0];
+        let (ids, w) = cpu::router_topk_with(&two, None, 4, 2, RouterMode::TopKSoftmax);
+        assert_eq!(ids, [0, 2, 3, 0]);
+        close(&w[..2], &[0.5, 0.5]);
+        let e9 = 9f32.exp();
+        close(&w[2..], &[e9 / (e9 + 1.0), 1.0 / (e9 + 1.0)]);
+        // The plain entry point is the softmax mode without bias.
+        assert_eq!(
+            cpu::router_topk(&logits, 4, 2, true),
+            cpu::router_topk_with(
+                &logits,
+                None,
+                4,
+                2,
+                RouterMode::SoftmaxTopK { normalize: true }
+            )
+        );
+        // A NaN logit poisons the top-k-then-softmax weights.
+        let (_, w) =
+            cpu::router_topk_with(&[1.0, f32::NAN, 0.0], None, 3, 2, RouterMode::TopKSoftmax);
+        assert!(w.iter().all(|v| v.is_nan()), "{w:?}");
+    }
+}
+
 // ---- Attention: gpt-oss sinks, sliding window, ring-indexed KV ----
 
 mod attention_ring {

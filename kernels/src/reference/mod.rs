@@ -13,10 +13,12 @@ mod mxfp4;
 mod sampling;
 
 pub use attention::{attention, attention_ring, kv_append_ring};
-pub use basic::{add_rmsnorm, embed, kv_append, qk_norm_rope, rmsnorm, swiglu, to_bf16, to_f32};
+pub use basic::{
+    add_rmsnorm, embed, kv_append, qk_norm_rope, rmsnorm, rope_table, swiglu, to_bf16, to_f32,
+};
 pub use gemv::{gemv, gemv_rmsnorm};
 pub use int4::{dequant_rows, expert_forward, quantize_rows, write_expert};
-pub use moe::{moe_combine, moe_group, router_topk};
+pub use moe::{moe_combine, moe_group, router_topk, router_topk_with};
 pub use mxfp4::{
     E2M1, Mxfp4Decoded, Mxfp4Expert, e8m0, expert_activation, mxfp4_decode_rows,
     mxfp4_expert_forward,
