@@ -710,3 +710,33 @@ fn int4_layout(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<Int4Layou
     }
     Ok(mine)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use krasis_cache::{ExpertFormat, ExpertLayout};
+
+    fn geometry(h: usize, i: usize) -> Geometry {
+        let mut g = krasis_model::synth::preset_geometry("tiny").expect("tiny preset");
+        g.hidden = h;
+        g.expert_intermediate = i;
+        g
+    }
+
+    #[test]
+    fn int4_layout_takes_the_cache_group_and_refuses_mxfp4() {
+        // A 2880-wide model's cache has group 32; the kernels get it.
+        let l = ExpertLayout::int4(2880, 1440).unwrap();
+        let k = int4_layout(&l, &geometry(2880, 1440)).unwrap();
+        assert_eq!(k.group, 32);
+        assert_eq!(Some(k), Int4Layout::new(2880, 1440, 32));
+        let l = ExpertLayout::int4(2048, 768).unwrap();
+        assert_eq!(int4_layout(&l, &geometry(2048, 768)).unwrap().group, 128);
+        // An MXFP4 cache is refused by name, not read as INT4.
+        let l = ExpertLayout::new(ExpertFormat::Mxfp4, 2880, 2880, true).unwrap();
+        match int4_layout(&l, &geometry(2880, 2880)) {
+            Err(GpuError::Unsupported(m)) => assert!(m.contains("mxfp4 group 32"), "{m}"),
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
+}
