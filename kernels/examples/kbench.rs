@@ -374,6 +374,37 @@ fn main() -> anyhow::Result<()> {
         tg * 1e3
     ));
 
+    // ---- gpt-oss-20b at T=8192: router (bias, top-4 of 32 logits, softmax
+    // over the 4) and RoPE from a frequency table (64 q + 8 kv heads, d 64).
+    let (eo, ko) = (32usize, 4usize);
+    let lo = s.clone_htod(&rand_bf16(&mut rng, t * eo))?;
+    let bo = s.clone_htod(&vec![0.5f32; eo])?;
+    let (mut io, mut wo) = (s.alloc_zeros::<u32>(t * ko)?, s.alloc_zeros::<f32>(t * ko)?);
+    let mode = krasis_kernels::ops::moe::RouterMode::TopKSoftmax;
+    let tro = time_ms(&s, 10, |_| {
+        Ok(k.router_topk_with::<bf16>(&s, &lo, Some(&bo), t, eo, ko, mode, &mut io, &mut wo)?)
+    })?;
+    let go = QkvGeom {
+        n_tokens: t,
+        n_q_heads: 64,
+        n_kv_heads: 8,
+        head_dim: 64,
+    };
+    let mut qo = s.clone_htod(&rand_bf16(&mut rng, go.len()))?;
+    let freqs: Vec<f32> = (0..32)
+        .map(|i| 150_000f32.powf(-(i as f32) / 32.0))
+        .collect();
+    let fo = s.clone_htod(&freqs)?;
+    let tro2 = time_ms(&s, 10, |_| {
+        Ok(k.rope_table(&s, &mut qo, go, StartPos::Host(0), &fo, 1.35)?)
+    })?;
+    rows.push(format!(
+        "gpt-oss T=8192: router bias+top4/32+softmax {:.1} us; rope_table {:.1} us ({:.0} GB/s)",
+        tro * 1e3,
+        tro2 * 1e3,
+        (2 * 2 * t * 72 * 64) as f64 / tro2 / 1e6
+    ));
+
     // ---- Sampling over a Qwen3 vocab.
     let v = 151_936usize;
     let lg = s.clone_htod(&rand_bf16(&mut rng, v))?;
