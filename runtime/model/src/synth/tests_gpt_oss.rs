@@ -237,3 +237,50 @@ fn reference_engine_loads_and_generates() {
         .unwrap() as u32;
     assert_eq!(out[0], argmax);
 }
+
+#[test]
+fn routing_is_spread_and_the_20b_layout_has_the_published_size() {
+    // Layer-0 routing of 400 token embeddings (RMS-normalized, attention
+    // aside): top-k of router logits plus bias. Every expert gets a share,
+    // none takes most of it.
+    let spec = spec(1, SynthDtype::Bf16);
+    let g = spec.geometry();
+    let c = spec.config();
+    let router = spec
+        .tensor_f32(&c.layer_tensor_name(0, LayerTensor::Router))
+        .unwrap();
+    let bias = spec
+        .tensor_f32(&c.layer_tensor_name(0, LayerTensor::RouterBias))
+        .unwrap();
+    let embed = c.tensor_name(crate::arch::ModelTensor::Embed);
+    let mut counts = vec![0usize; g.num_experts];
+    for tok in 0..400 {
+        let x = spec.tensor_row_f32(&embed, tok % 512).unwrap();
+        let rms = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
+        let mut logits: Vec<(f32, usize)> = (0..g.num_experts)
+            .map(|e| {
+                let row = &router[e * g.hidden..][..g.hidden];
+                let dot: f32 = row.iter().zip(&x).map(|(w, v)| w * v / rms).sum();
+                (dot + bias[e], e)
+            })
+            .collect();
+        logits.sort_by(|a, b| b.0.total_cmp(&a.0));
+        for &(_, e) in &logits[..g.top_k] {
+            counts[e] += 1;
+        }
+    }
+    let total = (400 * g.top_k) as f64;
+    for (e, &n) in counts.iter().enumerate() {
+        let share = n as f64 / total;
+        assert!((0.03..0.4).contains(&share), "expert {e}: {counts:?}");
+    }
+    // openai/gpt-oss-20b's safetensors hold 13.76 GB: BF16 non-experts,
+    // 4.25-bit experts, BF16 expert biases.
+    let big = SynthSpec::new("gpt-oss-20b", 0, SynthDtype::Bf16, 0.0, &[]).unwrap();
+    let bytes: u64 = big
+        .tensors()
+        .iter()
+        .map(|t| t.bytes(SynthDtype::Bf16))
+        .sum();
+    assert!((13.6e9..13.9e9).contains(&(bytes as f64)), "{bytes}");
+}
