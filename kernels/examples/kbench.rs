@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the hot kernels on the first CUDA device, with the
 //! a3b (Qwen3-30B-A3B) shapes, plus prefill attention at the qcn heads (16 q,
-//! 2 kv, head_dim 256). Times are CUDA-event medians after warm-up.
+//! 2 kv, head_dim 256) and gpt-oss decode attention (sinks; full vs 128-token
+//! sliding layer at 32K). Times are CUDA-event medians after warm-up.
 //! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--prefill] [--baseline-int4 OLD.cu]`
 //! (prints a table; exits with an error without a GPU). `--gemv` times only
 //! the BF16 decode GEMVs next to cuBLAS; `--int4` times only the INT4 decode
@@ -351,6 +352,8 @@ fn main() -> anyhow::Result<()> {
             tdd * 1e3
         ));
     }
+
+    bench_attn_gptoss(&k, &s, &mut rng, &mut rows)?;
 
     // ---- Router top-8 + grouping for an 8K-token prefill.
     let logits = s.clone_htod(&rand_bf16(&mut rng, t * e))?;
@@ -1078,5 +1081,97 @@ fn bench_mxfp4(
         gbs(b13 + b2, gl),
         b13 + b2
     ));
+    Ok(())
+}
+
+// ---- gpt-oss decode attention ----
+
+/// Decode attention at gpt-oss-20b's heads (64 q, 8 kv, d 64, sinks) at
+/// position 32767: a full layer (capacity 32K) against a 128-token sliding
+/// layer over its ring (wrapped many times), and the plain causal kernel at
+/// the full layer's shape for reference. A sliding layer reads its window
+/// only, so its time must not grow with the context. GB/s counts the K and
+/// V bytes each layer must read.
+fn bench_attn_gptoss(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    rows: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    use krasis_kernels::ops::attention::{RingAttn, ring_min_capacity};
+    let (nq, nkv, d, ctxlen, window) = (64usize, 8usize, 64usize, 32768usize, 128usize);
+    let g1 = QkvGeom {
+        n_tokens: 1,
+        n_q_heads: nq,
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let q1 = s.clone_htod(&rand_bf16(rng, g1.len()))?;
+    let sinks = s.clone_htod(&vec![1.0f32; nq])?;
+    let mut ws = s.alloc_zeros::<f32>(decode_workspace_len(nq, d))?;
+    let mut o = s.alloc_zeros::<bf16>(nq * d)?;
+    let pos = ctxlen as u32 - 1;
+    let pos_buf = s.clone_htod(&[pos])?;
+    let scale = 1.0 / (d as f32).sqrt();
+    // Full layer (window 0, capacity = context) and sliding layer (ring of
+    // window + 512-token chunks - 1, rounded up to 64 rows).
+    for (label, window, capacity) in [
+        ("full   ", 0, ctxlen),
+        (
+            "sliding",
+            window,
+            ring_min_capacity(window, 512).next_multiple_of(64),
+        ),
+    ] {
+        let kv = KvGeom {
+            n_kv_heads: nkv,
+            head_dim: d,
+            capacity,
+        };
+        let kc = s.clone_htod(&rand_bf16(rng, kv.len()))?;
+        let vc = s.clone_htod(&rand_bf16(rng, kv.len()))?;
+        let attn = RingAttn {
+            sinks: Some(&sinks),
+            window,
+        };
+        let keys = if window == 0 { ctxlen } else { window };
+        let bytes = 2 * nkv * keys * d * 2;
+        let mut run =
+            |sp: StartPos<'_>| -> anyhow::Result<()> {
+                Ok(k.attention_decode_ring(
+                    s, &q1, g1, sp, kv, &kc, &vc, scale, attn, &mut ws, &mut o,
+                )?)
+            };
+        let th = time_ms(s, 100, |_| run(StartPos::Host(pos)))?;
+        let td = time_ms(s, 100, |_| run(StartPos::Device(&pos_buf)))?;
+        let tg = time_graph_ms(s, 32, |_| run(StartPos::Device(&pos_buf)))?;
+        rows.push(format!(
+            "gpt-oss attn decode {label} ctx={ctxlen} host-pos {:>7.1} us, device-pos {:>7.1} us, graph {:>7.1} us {:>5.0} GB/s",
+            th * 1e3,
+            td * 1e3,
+            tg * 1e3,
+            bytes as f64 / tg / 1e6
+        ));
+        if window == 0 {
+            let tp = time_ms(s, 100, |_| {
+                Ok(k.attention_decode(
+                    s,
+                    &q1,
+                    g1,
+                    StartPos::Host(pos),
+                    kv,
+                    &kc,
+                    &vc,
+                    scale,
+                    &mut ws,
+                    &mut o,
+                )?)
+            })?;
+            rows.push(format!(
+                "gpt-oss attn decode plain causal (no sinks) ctx={ctxlen} host-pos {:>7.1} us",
+                tp * 1e3
+            ));
+        }
+    }
     Ok(())
 }

@@ -68,14 +68,15 @@ pub fn attention_ring(
                 .fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
             let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
+            let mut acc = vec![0f64; d];
+            for (p, w) in keys.clone().zip(&e) {
+                for (a, v) in acc.iter_mut().zip(&v_cache[row(p)..][..d]) {
+                    *a += w * v.to_f64();
+                }
+            }
             let o = &mut out[(t * geom.n_q_heads + h) * d..][..d];
-            for (i, oi) in o.iter_mut().enumerate() {
-                let acc: f64 = keys
-                    .clone()
-                    .zip(&e)
-                    .map(|(p, w)| w * v_cache[row(p) + i].to_f64())
-                    .sum();
-                *oi = (acc / z) as f32;
+            for (oi, a) in o.iter_mut().zip(&acc) {
+                *oi = (a / z) as f32;
             }
         }
     }

@@ -3,6 +3,8 @@ use krasis_kernels::{KvGeom, QkvGeom, StartPos, decode_workspace_len, reference 
 
 use crate::common::*;
 
+mod ring;
+
 /// Random cache contents for positions `0..start`, plus random QKV for the
 /// new tokens appended at `start..start + n_tokens`.
 struct Case {

@@ -1,0 +1,400 @@
+//! gpt-oss attention (sinks, sliding window, ring-indexed KV cache) against
+//! the CPU reference, driven like the engine drives a layer: chunks are
+//! appended to the ring, then attend; decode steps are chunks of one.
+
+use half::bf16;
+use krasis_kernels::ops::attention::{RingAttn, ring_min_capacity};
+use krasis_kernels::{KvGeom, QkvGeom, StartPos, decode_workspace_len, reference as cpu};
+use rand::Rng;
+
+use crate::common::*;
+
+/// gpt-oss-20b's attention heads.
+const NQ: usize = 64;
+const NKV: usize = 8;
+/// gpt-oss's sliding window.
+const WINDOW: usize = 128;
+/// Chunk sizes of one run: 601 positions, chunks crossing the window and
+/// tile edges, single tokens between them (decoded as well as prefilled).
+const CHUNKS: &[usize] = &[100, 77, 1, 150, 1, 1, 64, 200, 1, 5, 1];
+
+fn geom(n_tokens: usize, d: usize) -> QkvGeom {
+    geom_heads(n_tokens, d, NQ, NKV)
+}
+
+fn geom_heads(n_tokens: usize, d: usize, nq: usize, nkv: usize) -> QkvGeom {
+    QkvGeom {
+        n_tokens,
+        n_q_heads: nq,
+        n_kv_heads: nkv,
+        head_dim: d,
+    }
+}
+
+fn scale(d: usize) -> f32 {
+    1.0 / (d as f32).sqrt()
+}
+
+/// Sinks in [-2, 6): with unit-variance scores over a 128-key window the
+/// sink's share ranges from negligible to most of the row, so a dropped or
+/// doubled sink fails every tolerance below.
+fn sinks(rng: &mut rand::rngs::StdRng) -> Vec<f32> {
+    (0..NQ).map(|_| rng.random_range(-2.0f32..6.0)).collect()
+}
+
+/// The CPU side of one run: ring caches (NaN-poisoned where unwritten, so a
+/// kernel reading a row outside the live window shows up as NaN) and the
+/// QKV of each chunk.
+struct Mirror {
+    kv: KvGeom,
+    kc: Vec<bf16>,
+    vc: Vec<bf16>,
+}
+
+impl Mirror {
+    fn new(d: usize, capacity: usize) -> Self {
+        Self::with_heads(d, capacity, NKV)
+    }
+
+    fn with_heads(d: usize, capacity: usize, nkv: usize) -> Self {
+        let kv = KvGeom {
+            n_kv_heads: nkv,
+            head_dim: d,
+            capacity,
+        };
+        Mirror {
+            kv,
+            kc: vec![bf16::NAN; kv.len()],
+            vc: vec![bf16::NAN; kv.len()],
+        }
+    }
+
+    fn append(&mut self, qkv: &[bf16], g: QkvGeom, start: usize) {
+        cpu::kv_append_ring(qkv, g, start, self.kv, &mut self.kc, &mut self.vc);
+    }
+
+    fn want(
+        &self,
+        qkv: &[bf16],
+        g: QkvGeom,
+        start: usize,
+        s: Option<&[f32]>,
+        w: usize,
+    ) -> Vec<f32> {
+        let sc = scale(g.head_dim);
+        cpu::attention_ring(qkv, g, start, self.kv, &self.kc, &self.vc, sc, s, w)
+    }
+}
+
+/// The test data tells a correct kernel from the likely wrong ones: over
+/// the run below, a window one key too wide or too narrow, a missing sink
+/// and an ignored window each miss the reference by more than twice the
+/// loosest tolerance the GPU tests use (1e-2). (A kernel reading a row that
+/// does not hold the key it wants reads the NaN poison of an unwritten row
+/// or another position's key; the first fails `assert_close` outright.)
+/// Runs without a GPU, on one GQA group (8 q heads) to keep it quick.
+#[test]
+fn ring_test_data_exposes_wrong_masks_and_sinks() {
+    let mut rng = rng("ring_test_data_exposes_wrong_masks_and_sinks");
+    let d = 64;
+    let s = sinks(&mut rng);
+    let cap = ring_min_capacity(WINDOW, 200);
+    let mut m = Mirror::with_heads(d, cap, 1);
+    let mut lin = Mirror::with_heads(d, CHUNKS.iter().sum(), 1);
+    let mut start = 0;
+    let (mut want, mut wide, mut narrow, mut nosink, mut linear) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for &n in CHUNKS {
+        let g = geom_heads(n, d, NQ / NKV, 1);
+        let qkv = randn_bf16(&mut rng, g.len(), 1.0);
+        m.append(&qkv, g, start);
+        lin.append(&qkv, g, start);
+        want.extend(m.want(&qkv, g, start, Some(&s), WINDOW));
+        wide.extend(m.want(&qkv, g, start, Some(&s), WINDOW + 1));
+        narrow.extend(m.want(&qkv, g, start, Some(&s), WINDOW - 1));
+        nosink.extend(m.want(&qkv, g, start, None, WINDOW));
+        // A full layer's answer: what a kernel ignoring the window gives.
+        linear.extend(lin.want(&qkv, g, start, Some(&s), 0));
+        start += n;
+    }
+    let rel = |got: &[f32]| {
+        let (num, den) = got
+            .iter()
+            .zip(&want)
+            .fold((0f64, 0f64), |(n, d), (&g, &w)| {
+                let e = (g - w) as f64;
+                (n + e * e, d + (w as f64) * (w as f64))
+            });
+        (num / den).sqrt()
+    };
+    for (what, got) in [
+        ("window + 1", &wide),
+        ("window - 1", &narrow),
+        ("no sinks", &nosink),
+        ("no window", &linear),
+    ] {
+        let r = rel(got);
+        eprintln!("{what}: rel {r:.3e}");
+        assert!(r > 2e-2, "{what} is within {r:.1e} of the reference");
+    }
+}
+
+/// Prefill (tensor-core and SIMT) and decode (host and device position) of
+/// gpt-oss layers against the CPU reference: head_dim 64 and 128, GQA 8,
+/// sliding (window 128, ring of the smallest allowed and of a rounded-up
+/// capacity, wrapping) and full (capacity = context) layers, with and
+/// without sinks. After every append the device ring must equal the CPU
+/// ring bit for bit (NaN poison included: nothing else is written).
+#[test]
+fn attention_ring_matches_reference() {
+    let name = "attention_ring_matches_reference";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let total: usize = CHUNKS.iter().sum();
+    let max_chunk = *CHUNKS.iter().max().unwrap();
+    for d in [64usize, 128] {
+        for (window, cap) in [
+            (WINDOW, ring_min_capacity(WINDOW, max_chunk)),
+            (
+                WINDOW,
+                ring_min_capacity(WINDOW, max_chunk).next_multiple_of(64),
+            ),
+            (0, total),
+        ] {
+            for with_sinks in [true, false] {
+                let what = format!("d={d} window={window} cap={cap} sinks={with_sinks}");
+                let sink_vals = sinks(&mut rng);
+                let sinks_host = with_sinks.then_some(&sink_vals[..]);
+                let sinks_dev = up(&s, &sink_vals);
+                let attn = RingAttn {
+                    sinks: with_sinks.then_some(&sinks_dev),
+                    window,
+                };
+                run_layer(g, &s, &mut rng, &what, d, cap, attn, sinks_host);
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_layer(
+    g: &Gpu,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    rng: &mut rand::rngs::StdRng,
+    what: &str,
+    d: usize,
+    cap: usize,
+    attn: RingAttn<'_>,
+    sinks_host: Option<&[f32]>,
+) {
+    let k = &g.kernels;
+    let mut m = Mirror::new(d, cap);
+    let mut kc = up(s, &m.kc);
+    let mut vc = up(s, &m.vc);
+    let mut ws = poison_f32(s, decode_workspace_len(NQ, d));
+    let sc = scale(d);
+    let mut start = 0;
+    for (i, &n) in CHUNKS.iter().enumerate() {
+        let geo = geom(n, d);
+        let qkv = randn_bf16(rng, geo.len(), 1.0);
+        let q = up(s, &qkv);
+        m.append(&qkv, geo, start);
+        // Alternate host and device positions for the append.
+        let pos_buf = up(s, &[start as u32]);
+        let sp = if i % 2 == 0 {
+            StartPos::Host(start as u32)
+        } else {
+            StartPos::Device(&pos_buf)
+        };
+        k.kv_append_ring(s, &q, geo, sp, m.kv, &mut kc, &mut vc)
+            .unwrap();
+        let (gk, gv) = (down(s, &kc), down(s, &vc));
+        let same =
+            |a: &[bf16], b: &[bf16]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(
+            same(&gk, &m.kc) && same(&gv, &m.vc),
+            "{what} chunk {i} at {start}: device ring differs from the reference ring"
+        );
+
+        let want = m.want(&qkv, geo, start, sinks_host, attn.window);
+        let here = format!("{what} chunk {i} (n={n} at {start})");
+        let mut out = poison_bf16(s, n * NQ * d);
+        k.attention_prefill_ring(s, &q, geo, start, m.kv, &kc, &vc, sc, attn, &mut out)
+            .unwrap();
+        assert_close(
+            &format!("prefill mma {here}"),
+            &f32s(&down(s, &out)),
+            &want,
+            1e-2,
+        );
+        let mut out = poison_bf16(s, n * NQ * d);
+        k.attention_prefill_simt_ring(s, &q, geo, start, m.kv, &kc, &vc, sc, attn, &mut out)
+            .unwrap();
+        assert_close(
+            &format!("prefill simt {here}"),
+            &f32s(&down(s, &out)),
+            &want,
+            5e-3,
+        );
+        if n == 1 {
+            for device in [false, true] {
+                let sp = if device {
+                    StartPos::Device(&pos_buf)
+                } else {
+                    StartPos::Host(start as u32)
+                };
+                let mut out = poison_bf16(s, NQ * d);
+                k.attention_decode_ring(
+                    s, &q, geo, sp, m.kv, &kc, &vc, sc, attn, &mut ws, &mut out,
+                )
+                .unwrap();
+                assert_close(
+                    &format!("decode device={device} {here}"),
+                    &f32s(&down(s, &out)),
+                    &want,
+                    5e-3,
+                );
+            }
+        }
+        start += n;
+    }
+}
+
+/// Decode only, as after a prompt: a 128-row ring (the decode minimum)
+/// wrapped about five times, every step appended and decoded with host and
+/// device positions, sinks on; the early steps have fewer keys than the
+/// window. Checks every step up to 300, then every 7th.
+#[test]
+fn attention_decode_ring_wraps() {
+    let name = "attention_decode_ring_wraps";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let k = &g.kernels;
+    for d in [64usize, 128] {
+        let cap = ring_min_capacity(WINDOW, 1);
+        let mut m = Mirror::new(d, cap);
+        let (mut kc, mut vc) = (up(&s, &m.kc), up(&s, &m.vc));
+        let mut ws = poison_f32(&s, decode_workspace_len(NQ, d));
+        let sink_vals = sinks(&mut rng);
+        let sinks_dev = up(&s, &sink_vals);
+        let attn = RingAttn {
+            sinks: Some(&sinks_dev),
+            window: WINDOW,
+        };
+        let geo = geom(1, d);
+        for pos in 0..650usize {
+            let qkv = randn_bf16(&mut rng, geo.len(), 1.0);
+            let q = up(&s, &qkv);
+            m.append(&qkv, geo, pos);
+            let pos_buf = up(&s, &[pos as u32]);
+            k.kv_append_ring(
+                &s,
+                &q,
+                geo,
+                StartPos::Device(&pos_buf),
+                m.kv,
+                &mut kc,
+                &mut vc,
+            )
+            .unwrap();
+            if pos > 300 && pos % 7 != 0 {
+                continue;
+            }
+            let want = m.want(&qkv, geo, pos, Some(&sink_vals), WINDOW);
+            for device in [false, true] {
+                let sp = if device {
+                    StartPos::Device(&pos_buf)
+                } else {
+                    StartPos::Host(pos as u32)
+                };
+                let mut out = poison_bf16(&s, NQ * d);
+                k.attention_decode_ring(
+                    &s,
+                    &q,
+                    geo,
+                    sp,
+                    m.kv,
+                    &kc,
+                    &vc,
+                    scale(d),
+                    attn,
+                    &mut ws,
+                    &mut out,
+                )
+                .unwrap();
+                assert_close(
+                    &format!("decode d={d} pos={pos} device={device}"),
+                    &f32s(&down(&s, &out)),
+                    &want,
+                    5e-3,
+                );
+            }
+        }
+    }
+}
+
+/// The wrappers refuse what the ring cannot hold (no GPU work is
+/// launched, but the check needs the loaded kernels).
+#[test]
+fn attention_ring_refuses_a_ring_too_small_for_the_window() {
+    let name = "attention_ring_refuses_a_ring_too_small_for_the_window";
+    let Some((g, s)) = gpu(name) else { return };
+    let k = &g.kernels;
+    let d = 64;
+    let n = 64;
+    let need = ring_min_capacity(WINDOW, n);
+    let geo = geom(n, d);
+    let q = up(&s, &vec![bf16::ZERO; geo.len()]);
+    let attn = RingAttn {
+        sinks: None,
+        window: WINDOW,
+    };
+    let mut out = poison_bf16(&s, n * NQ * d);
+    for (cap, ok) in [(need, true), (need - 1, false)] {
+        let m = Mirror::new(d, cap);
+        let (kc, vc) = (up(&s, &m.kc), up(&s, &m.vc));
+        let r = k.attention_prefill_ring(&s, &q, geo, 1000, m.kv, &kc, &vc, 0.1, attn, &mut out);
+        assert_eq!(r.is_ok(), ok, "prefill n={n} cap={cap}: {r:?}");
+        let r =
+            k.attention_prefill_simt_ring(&s, &q, geo, 1000, m.kv, &kc, &vc, 0.1, attn, &mut out);
+        assert_eq!(r.is_ok(), ok, "simt n={n} cap={cap}: {r:?}");
+    }
+    // Decode needs the window.
+    let m = Mirror::new(d, WINDOW - 1);
+    let (kc, vc) = (up(&s, &m.kc), up(&s, &m.vc));
+    let g1 = geom(1, d);
+    let q1 = up(&s, &vec![bf16::ZERO; g1.len()]);
+    let mut ws = poison_f32(&s, decode_workspace_len(NQ, d));
+    let mut o1 = poison_bf16(&s, NQ * d);
+    let r = k.attention_decode_ring(
+        &s,
+        &q1,
+        g1,
+        StartPos::Host(500),
+        m.kv,
+        &kc,
+        &vc,
+        0.1,
+        attn,
+        &mut ws,
+        &mut o1,
+    );
+    assert!(
+        r.is_err(),
+        "decode with a ring smaller than the window: {r:?}"
+    );
+    // A chunk longer than the ring would overwrite its own keys.
+    let m = Mirror::new(d, n - 1);
+    let (mut kc, mut vc) = (up(&s, &m.kc), up(&s, &m.vc));
+    let r = k.kv_append_ring(&s, &q, geo, StartPos::Host(0), m.kv, &mut kc, &mut vc);
+    assert!(
+        r.is_err(),
+        "a {n}-token chunk into a {}-row ring: {r:?}",
+        n - 1
+    );
+    let m = Mirror::new(d, n);
+    let (mut kc, mut vc) = (up(&s, &m.kc), up(&s, &m.vc));
+    k.kv_append_ring(&s, &q, geo, StartPos::Host(0), m.kv, &mut kc, &mut vc)
+        .unwrap();
+    sync(&s);
+}
