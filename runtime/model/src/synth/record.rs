@@ -24,6 +24,10 @@ c*(1+rank_e)^(-router_skew), where rank_e orders the layer's experts by the firs
 of blake3_keyed(key = tensor key of \"NAME#expert-rank\", e as u64 LE) ascending, and c makes the \
 scales' RMS 1; router_skew 0 leaves rows unscaled";
 
+pub const SINK_RULE: &str = "attention sinks (self_attn.sinks, one logit per head) are drawn by \
+the value rule with std 1.0, then rounded to the stored dtype; router biases (mlp.router.bias) \
+with std 0.1";
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SynthRecord {
     pub generator: String,
@@ -46,6 +50,10 @@ pub struct SynthRecord {
     /// they were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mxfp4_rule: Option<String>,
+    /// How attention-sink logits were drawn ([`SINK_RULE`]); absent for
+    /// models without sinks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_rule: Option<String>,
 }
 
 impl SynthRecord {
@@ -73,6 +81,7 @@ impl SynthRecord {
                 .iter()
                 .any(|t| t.storage != super::Storage::Float)
                 .then(|| super::MXFP4_RULE.into()),
+            sink_rule: spec.geometry().attention.sinks.then(|| SINK_RULE.into()),
         }
     }
 

@@ -28,7 +28,8 @@ pub(super) const BIAS_STD: f32 = 0.1;
 const LM_HEAD_GAIN: f32 = 4.0;
 /// Std of attention-sink logits (gpt_oss): attention scores of unit-RMS
 /// q/k are about N(0, 1) too, so a sink takes a share comparable to one
-/// position's, neither absorbing all attention nor vanishing.
+/// position's, neither absorbing all attention nor vanishing. (Recorded as
+/// `record::SINK_RULE`.)
 const SINK_STD: f32 = 1.0;
 
 /// Element type of the stored tensors.

@@ -116,6 +116,7 @@ fn published_layout_dtypes_and_mxfp4_values() {
         assert!(expert_mxfp4(&spec, g.num_layers, 0).is_none());
         let rec = SynthRecord::load(tmp.path()).unwrap();
         assert_eq!(rec.mxfp4_rule.as_deref(), Some(MXFP4_RULE));
+        assert_eq!(rec.sink_rule.as_deref(), Some(record::SINK_RULE));
         assert_eq!(SynthSpec::from_checkpoint_dir(tmp.path()).unwrap(), spec);
     }
 }
@@ -147,7 +148,7 @@ fn deterministic_bytes_and_seed_sensitivity() {
     .unwrap();
     write(&q, &tmp.path().join("q"));
     let text = std::fs::read_to_string(tmp.path().join("q").join(RECORD_FILE)).unwrap();
-    assert!(!text.contains("mxfp4"), "{text}");
+    assert!(!text.contains("mxfp4") && !text.contains("sink"), "{text}");
 }
 
 #[test]
