@@ -133,6 +133,16 @@ pub fn ensure_cache_at(
         }
         tracing::warn!(file = %old.display(), "removing a format-1 expert cache (replaced by format 2)");
         std::fs::remove_file(&old).map_err(|e| CacheError::io(&old, e))?;
+        // Its lock file too (a format-1 builder still running keeps its
+        // lock through the open descriptor).
+        let mut lock = old.into_os_string();
+        lock.push(".lock");
+        let lock = std::path::PathBuf::from(lock);
+        if let Err(e) = std::fs::remove_file(&lock)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(CacheError::io(&lock, e));
+        }
     }
     match open_for_source(path, source) {
         Ok(cache) => return Ok(Ensured { cache, built: None }),

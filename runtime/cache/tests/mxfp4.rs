@@ -403,3 +403,48 @@ fn mxfp4_cache_opened_as_int4_is_refused_naming_both() {
         "{msg}"
     );
 }
+
+#[test]
+fn synthetic_gpt_oss_checkpoint_is_cached_natively_through_its_description() {
+    // The real path: the architecture description says FusedMxfp4.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = write_synth(tmp.path(), "g", spec("tiny-gpt-oss", 5, &[]), false);
+    let source = ModelSource::open(&dir).unwrap();
+    assert_eq!(source.format(), ExpertFormat::Mxfp4);
+    assert!(source.layout().has_bias);
+    let path = tmp.path().join("c").join(krasis_cache::FILE_NAME);
+    let cache = ensure_cache_at(&source, &path, &quiet()).unwrap().cache;
+    verify_against_source(&cache, &source).unwrap();
+    let g = source.config().geometry();
+    let (h, i) = (g.hidden, g.expert_intermediate);
+    let layer = *cache.moe_layers().last().unwrap();
+    let ExpertStorage::FusedMxfp4(n) = source.config().expert_storage(layer) else {
+        panic!("gpt_oss stores fused MXFP4 experts");
+    };
+    assert!(n.gate_up_interleaved);
+    let ck = krasis_model::Checkpoint::open(&dir).unwrap();
+    let raw = |name: &str| ck.raw(name).unwrap().bytes;
+    let e = g.num_experts - 1;
+    let (nq, ns) = (2 * i * h / 2, 2 * i * h / 32);
+    let gu = Mxfp4Matrix::new(
+        "gate_up",
+        e,
+        2 * i,
+        h,
+        &raw(&n.gate_up_blocks)[e * nq..(e + 1) * nq],
+        &raw(&n.gate_up_scales)[e * ns..(e + 1) * ns],
+    )
+    .unwrap();
+    let (gate, up) = gu.dequant_gate_up();
+    let got = CacheExperts::new(Arc::new(cache))
+        .expert_f32(layer, e)
+        .unwrap();
+    assert_eq!((got.gate, got.up), (gate, up));
+    let b = bf16_f32(&raw(n.gate_up_bias.as_ref().unwrap())[e * 4 * i..(e + 1) * 4 * i]);
+    let bias = got.bias.expect("gpt_oss experts have biases");
+    assert_eq!(bias.gate, b.iter().step_by(2).copied().collect::<Vec<_>>());
+    assert_eq!(
+        bias.up,
+        b.iter().skip(1).step_by(2).copied().collect::<Vec<_>>()
+    );
+}

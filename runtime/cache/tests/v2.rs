@@ -162,6 +162,8 @@ fn format_1_file_beside_is_refused_with_the_rebuild_command() {
     let path = cache_path(&source, Some(&root)).unwrap();
     let old = path.with_file_name(V1_FILE_NAME);
     write_v1(&old);
+    let old_lock = old.with_file_name(format!("{V1_FILE_NAME}.lock"));
+    std::fs::write(&old_lock, b"").unwrap();
     let e = ensure_cache_at(&source, &path, &quiet()).unwrap_err();
     let msg = e.to_string();
     match &e {
@@ -200,6 +202,7 @@ fn format_1_file_beside_is_refused_with_the_rebuild_command() {
     let built = ensure_cache_at(&source, &path, &opts).unwrap();
     assert!(built.built.is_some());
     assert!(!old.exists(), "the format-1 file is removed");
+    assert!(!old_lock.exists(), "and its lock file");
     assert!(ensure_cache_at(&source, &path, &quiet()).is_ok());
 }
 
