@@ -75,3 +75,18 @@ extern "C" __global__ void add_bias_rows_bf16(bf16_t* __restrict__ y, const floa
                                               u32 cols) {
     add_bias_rows<bf16_t>(y, bias, rows, cols);
 }
+
+// out[r, c] = bf16(x[r, c] + bias[c]): an f32 GEMM/GEMV output plus its
+// bias, rounded to bf16 once, the reference engine's rounding point for
+// biased q/k/v (add_bias_rows_bf16 on a bf16 GEMM output rounds twice:
+// once in the GEMM, once after the bias). Rows on grid y (strided), columns
+// on x: no per-element division.
+extern "C" __global__ void bias_cast_f32_to_bf16(const float* __restrict__ x, const float* __restrict__ bias,
+                                                 bf16_t* __restrict__ out, u32 rows, u32 cols) {
+    for (u32 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float* xr = x + (u64)r * cols;
+        bf16_t* o = out + (u64)r * cols;
+        for (u32 c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+            o[c] = f2bf(xr[c] + bias[c]);
+    }
+}

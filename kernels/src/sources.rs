@@ -28,6 +28,7 @@ pub const MODULES: &[Module] = &[
             "swiglu_bf16",
             "add_bias_rows_f32",
             "add_bias_rows_bf16",
+            "bias_cast_f32_to_bf16",
         ],
     },
     Module {

@@ -599,6 +599,23 @@ mod rope_table_router {
     }
 
     #[test]
+    fn bias_cast_reference_rounds_once() {
+        // acc = 1 + 2^-8 - 2^-20 is just below the bf16 midpoint between 1
+        // and 1 + 2^-7; the bias 2^-19 lifts the sum just above it. One
+        // rounding of the sum gives 1 + 2^-7; rounding acc first (a bf16
+        // GEMM output) and then the sum gives 1.
+        let acc = 1.0 + 2f32.powi(-8) - 2f32.powi(-20);
+        let b = 2f32.powi(-19);
+        assert_eq!(bf16::from_f32(b).to_f32(), b, "the bias is a bf16 value");
+        let x = [acc, 2.0, -3.0, acc, 0.5, 0.0];
+        let got = cpu::to_f32(&cpu::bias_cast(&x, &[b, 0.25, 1.0]));
+        let up7 = 1.0 + 2f32.powi(-7);
+        assert_eq!(got, [up7, 2.25, -2.0, up7, 0.75, 1.0]);
+        let twice = bf16::from_f32(bf16::from_f32(acc).to_f32() + b).to_f32();
+        assert_eq!(twice, 1.0, "double rounding lands elsewhere");
+    }
+
+    #[test]
     fn router_reference_modes_and_bias_hand_values() {
         let ln = |v: &[f32]| v.iter().map(|x| x.ln()).collect::<Vec<f32>>();
         let close = |got: &[f32], want: &[f32]| {

@@ -134,6 +134,40 @@ impl Kernels {
         )
     }
 
+    /// `out[r, c] = bf16(x[r, c] + bias[c])` (f32 sum, one rounding) for
+    /// `r < rows`, `c < cols`: a biased projection computed into f32 (e.g.
+    /// the fused q/k/v GEMM of a family with attention biases) brought to
+    /// bf16 at exactly the reference's rounding point. [`Kernels::add_bias_rows`]
+    /// on the GEMM's bf16 output instead rounds twice (<= 1 bf16 ulp apart).
+    ///
+    /// - `x`: f32 `[rows, cols]`; `bias`: f32 `[cols]` (a bf16 checkpoint
+    ///   bias widened exactly); `out`: bf16 `[rows, cols]`.
+    pub fn bias_cast_f32_to_bf16(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        bias: &impl DevicePtr<f32>,
+        rows: usize,
+        cols: usize,
+        out: &mut impl DevicePtrMut<bf16>,
+    ) -> Result<()> {
+        const K: &str = "bias_cast_f32_to_bf16";
+        check_len(K, "x", x.len(), rows * cols)?;
+        check_len(K, "bias", bias.len(), cols)?;
+        check_len(K, "out", out.len(), rows * cols)?;
+        let (r, c) = (dim_u32(K, "rows", rows)?, dim_u32(K, "cols", cols)?);
+        dim_u32(K, "rows * cols", rows * cols)?;
+        let f = self.func(K)?;
+        let (xp, _g1) = x.device_ptr(stream);
+        let (bp, _g2) = bias.device_ptr(stream);
+        let (op, _g3) = out.device_ptr_mut(stream);
+        let mut b = builder(stream, f);
+        b.arg(&xp).arg(&bp).arg(&op).arg(&r).arg(&c);
+        // x: column blocks of a row; y: rows (strided past 65535).
+        let gx = cols.div_ceil(THREADS as usize).clamp(1, 64) as u32;
+        submit(K, b, cfg((gx, r.clamp(1, 65535), 1), THREADS, 0))
+    }
+
     /// SwiGLU over a fused gate/up GEMM output:
     /// `out[r, i] = bf16(silu(g) * u)` with `g = gate_up[r, i]`,
     /// `u = gate_up[r, inter + i]`, computed in f32.

@@ -57,6 +57,14 @@ pub fn add_rmsnorm(
     rmsnorm(residual, w, hidden, eps)
 }
 
+/// `bf16(x[r, c] + bias[c])` per row of `bias.len()` columns: one rounding
+/// of the f32 sum.
+pub fn bias_cast(x: &[f32], bias: &[f32]) -> Vec<bf16> {
+    x.chunks(bias.len())
+        .flat_map(|row| row.iter().zip(bias).map(|(v, b)| bf16::from_f32(v + b)))
+        .collect()
+}
+
 /// `silu(gate) * up` over `[rows, 2*inter]` rows.
 pub fn swiglu(gate_up: &[f32], inter: usize) -> Vec<bf16> {
     let mut out = Vec::with_capacity(gate_up.len() / 2);

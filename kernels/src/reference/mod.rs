@@ -14,7 +14,8 @@ mod sampling;
 
 pub use attention::{attention, attention_ring, kv_append_ring};
 pub use basic::{
-    add_rmsnorm, embed, kv_append, qk_norm_rope, rmsnorm, rope_table, swiglu, to_bf16, to_f32,
+    add_rmsnorm, bias_cast, embed, kv_append, qk_norm_rope, rmsnorm, rope_table, swiglu, to_bf16,
+    to_f32,
 };
 pub use gemv::{gemv, gemv_rmsnorm};
 pub use int4::{dequant_rows, expert_forward, quantize_rows, write_expert};

@@ -73,6 +73,43 @@ fn adds_cast_swiglu() {
 }
 
 #[test]
+fn bias_cast_rounds_once() {
+    let name = "bias_cast_rounds_once";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    // gpt-oss-20b's fused q/k/v width ((64 + 2*8) * 64) and a ragged one.
+    for (rows, cols) in [(37usize, 5120usize), (3, 1000)] {
+        let mut x = randn(&mut rng, rows * cols, 3.0);
+        let mut bias = f32s(&randn_bf16(&mut rng, cols, 1.0));
+        // Row 0, column 0: the sum rounds differently from a bf16 GEMM
+        // output plus the bias (see the CPU hand-value test).
+        bias[0] = 2f32.powi(-19);
+        x[0] = 1.0 + 2f32.powi(-8) - 2f32.powi(-20);
+        let mut out = poison_bf16(&s, rows * cols);
+        g.kernels
+            .bias_cast_f32_to_bf16(&s, &up(&s, &x), &up(&s, &bias), rows, cols, &mut out)
+            .unwrap();
+        let got = down(&s, &out);
+        let want = cpu::bias_cast(&x, &bias);
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "bias_cast {rows}x{cols} differs from one rounding of the f32 sum"
+        );
+        assert_eq!(got[0].to_f32(), 1.0 + 2f32.powi(-7));
+    }
+    let short = up(&s, &[0f32; 7]);
+    let mut out = poison_bf16(&s, 16);
+    assert!(
+        g.kernels
+            .bias_cast_f32_to_bf16(&s, &up(&s, &[0f32; 16]), &short, 2, 8, &mut out)
+            .is_err()
+    );
+    sync(&s);
+}
+
+#[test]
 fn rmsnorm_variants() {
     let name = "rmsnorm_variants";
     let Some((g, s)) = gpu(name) else { return };
