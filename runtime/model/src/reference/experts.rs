@@ -2,10 +2,11 @@
 //! checkpoint, and [`ExpertCache`] keeps converted experts of small models
 //! in memory so repeated tokens do not convert the same bytes again.
 
-use crate::arch::{Geometry, MlpKind, ModelConfig};
+use crate::arch::{ExpertStorage, FusedMxfp4Names, Geometry, MlpKind, ModelConfig};
 use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
-use crate::experts::{ExpertF32, ExpertWeights};
+use crate::experts::{ExpertBias, ExpertF32, ExpertWeights};
+use crate::formats::mxfp4::Mxfp4Tensor;
 use std::sync::{Arc, OnceLock};
 
 /// Routed experts straight from the checkpoint in source precision,
@@ -32,9 +33,12 @@ impl ExpertWeights for CheckpointExperts {
             .geometry
             .moe_layers()
             .next()
-            .and_then(|l| {
-                let [gate, _, _] = self.config.expert_tensor_names(l, 0);
-                self.ckpt.get(&gate).ok().map(|t| t.dtype.name())
+            .and_then(|l| match self.config.expert_storage(l) {
+                ExpertStorage::PerExpert => {
+                    let [gate, _, _] = self.config.expert_tensor_names(l, 0);
+                    self.ckpt.get(&gate).ok().map(|t| t.dtype.name())
+                }
+                ExpertStorage::FusedMxfp4(_) => Some("MXFP4"),
             })
             .unwrap_or("no experts");
         format!("checkpoint {dtype}")
@@ -43,12 +47,92 @@ impl ExpertWeights for CheckpointExperts {
     fn expert_f32(&self, layer: usize, expert: usize) -> Result<ExpertF32, ModelError> {
         check_expert_index(&self.geometry, layer, expert)?;
         let (h, i) = (self.geometry.hidden, self.geometry.expert_intermediate);
+        if let ExpertStorage::FusedMxfp4(names) = self.config.expert_storage(layer) {
+            return self.mxfp4_expert(&names, expert);
+        }
         let [gate, up, down] = self.config.expert_tensor_names(layer, expert);
         Ok(ExpertF32 {
             gate: self.ckpt.read_f32(&gate, &[i, h])?,
             up: self.ckpt.read_f32(&up, &[i, h])?,
             down: self.ckpt.read_f32(&down, &[h, i])?,
             bias: None,
+        })
+    }
+}
+
+impl CheckpointExperts {
+    /// One expert of a fused MXFP4 layer, decoded exactly to f32
+    /// (`formats::mxfp4`), gate/up de-interleaved, biases read as stored.
+    fn mxfp4_expert(&self, n: &FusedMxfp4Names, e: usize) -> Result<ExpertF32, ModelError> {
+        let (h, i, ne) = (
+            self.geometry.hidden,
+            self.geometry.expert_intermediate,
+            self.geometry.num_experts,
+        );
+        let tensor = |blocks: &str, scales: &str| -> Result<_, ModelError> {
+            let (b, s) = (self.ckpt.raw(blocks)?, self.ckpt.raw(scales)?);
+            Mxfp4Tensor::from_safetensors(blocks, b.as_mxfp4_raw(), s.as_mxfp4_raw())
+                .map_err(|err| ModelError::Other(format!("{}: {err}", self.ckpt.dir().display())))
+        };
+        let gate_up = tensor(&n.gate_up_blocks, &n.gate_up_scales)?;
+        let down = tensor(&n.down_blocks, &n.down_scales)?;
+        let (gu_shape, d_shape) = (gate_up.shape(), down.shape());
+        if (gu_shape.experts, gu_shape.rows, gu_shape.cols) != (ne, 2 * i, h)
+            || (d_shape.experts, d_shape.rows, d_shape.cols) != (ne, h, i)
+        {
+            return Err(ModelError::Other(format!(
+                "{}: MXFP4 experts {:?} / {:?} do not match the config ({ne} experts, \
+                 hidden {h}, width {i})",
+                n.gate_up_blocks, gu_shape, d_shape
+            )));
+        }
+        let missing = |t: &str| ModelError::Other(format!("{t}: expert {e} missing"));
+        let gu = gate_up
+            .expert(e)
+            .ok_or_else(|| missing(&n.gate_up_blocks))?;
+        let (gate, up) = if n.gate_up_interleaved {
+            gu.dequant_gate_up()
+        } else {
+            let all = gu.dequant();
+            let (g, u) = all.split_at(i * h);
+            (g.to_vec(), u.to_vec())
+        };
+        let down_w = down
+            .expert(e)
+            .ok_or_else(|| missing(&n.down_blocks))?
+            .dequant();
+        let bias = match (&n.gate_up_bias, &n.down_bias) {
+            (Some(gb), Some(db)) => {
+                let gu_b = self.ckpt.read_f32(gb, &[ne, 2 * i])?;
+                let row = &gu_b[e * 2 * i..(e + 1) * 2 * i];
+                let (gate_b, up_b) = if n.gate_up_interleaved {
+                    (
+                        row.iter().step_by(2).copied().collect(),
+                        row.iter().skip(1).step_by(2).copied().collect(),
+                    )
+                } else {
+                    (row[..i].to_vec(), row[i..].to_vec())
+                };
+                let d_b = self.ckpt.read_f32(db, &[ne, h])?;
+                Some(ExpertBias {
+                    gate: gate_b,
+                    up: up_b,
+                    down: d_b[e * h..(e + 1) * h].to_vec(),
+                })
+            }
+            (None, None) => None,
+            _ => {
+                return Err(ModelError::Other(format!(
+                    "{}: only one of the gate_up/down biases is named",
+                    n.gate_up_blocks
+                )));
+            }
+        };
+        Ok(ExpertF32 {
+            gate,
+            up,
+            down: down_w,
+            bias,
         })
     }
 }

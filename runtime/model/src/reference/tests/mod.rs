@@ -381,6 +381,7 @@ fn every_fault_changes_the_logits_and_none_restores_them() {
 }
 
 mod cancel;
+mod mxfp4_experts;
 
 /// The byte progress of loading counts exactly the total it announces.
 #[test]
