@@ -3,6 +3,7 @@
 //! cross HBM per decode token over the copy bandwidth, and FLOPs per
 //! prefill over the BF16 matrix rate.
 
+use krasis_model::arch::AttentionKind;
 use krasis_model::{Geometry, MlpKind};
 use serde::Serialize;
 
@@ -21,16 +22,21 @@ pub struct Bound {
 }
 
 /// Bytes one decode token must read at context `ctx` with all experts
-/// resident: every non-expert weight once, `top_k` INT4 experts per MoE
-/// layer, the KV cache up to `ctx`, and the LM head.
-pub fn decode_bytes_per_token(g: &Geometry, int4_expert_bytes: usize, ctx: usize) -> f64 {
+/// resident: every non-expert weight once, `top_k` experts (INT4 or MXFP4,
+/// `expert_bytes` each) per MoE layer, the KV cache up to `ctx` (a sliding
+/// layer's window of it), and the LM head.
+pub fn decode_bytes_per_token(g: &Geometry, expert_bytes: usize, ctx: usize) -> f64 {
     let (h, q, kv) = (g.hidden as f64, g.q_dim() as f64, g.kv_dim() as f64);
     let mut b = 0.0;
-    for kind in g.layers.iter().map(|l| l.mlp) {
+    for l in &g.layers {
+        let keys = match l.attention {
+            AttentionKind::Full => ctx,
+            AttentionKind::Sliding { window } => ctx.min(window),
+        };
         b += 2.0 * ((q + 2.0 * kv) * h + h * q); // qkv + o_proj, bf16
-        b += 2.0 * 2.0 * ctx as f64 * kv; // K and V, bf16
-        b += match kind {
-            MlpKind::Moe => 2.0 * g.num_experts as f64 * h + (g.top_k * int4_expert_bytes) as f64,
+        b += 2.0 * 2.0 * keys as f64 * kv; // K and V, bf16
+        b += match l.mlp {
+            MlpKind::Moe => 2.0 * g.num_experts as f64 * h + (g.top_k * expert_bytes) as f64,
             MlpKind::Dense => 2.0 * 3.0 * h * g.intermediate as f64,
         };
     }
@@ -57,13 +63,26 @@ pub fn prefill_flops(g: &Geometry, tokens: usize) -> f64 {
             MlpKind::Dense => 2.0 * 3.0 * h * g.intermediate as f64,
         };
     }
-    // Causal attention: QKᵀ and PV over on average t/2 keys per query.
-    let attn = g.num_layers as f64 * 2.0 * 2.0 * q * (t * (t + 1.0) / 2.0);
+    // Causal attention: QKᵀ and PV over on average t/2 keys per query (a
+    // sliding layer's query over at most its window).
+    let full = g
+        .layers
+        .iter()
+        .filter(|l| l.attention == AttentionKind::Full)
+        .count();
+    let mut keys = full as f64 * (t * (t + 1.0) / 2.0);
+    for l in &g.layers {
+        if let AttentionKind::Sliding { window } = l.attention {
+            let w = window.min(tokens) as f64;
+            keys += w * (w + 1.0) / 2.0 + (t - w) * w;
+        }
+    }
+    let attn = 2.0 * 2.0 * q * keys;
     per_token * t + attn + 2.0 * g.vocab_size as f64 * h
 }
 
-pub fn decode_bound(g: &Geometry, int4_expert_bytes: usize, ctx: usize) -> Bound {
-    let b = decode_bytes_per_token(g, int4_expert_bytes, ctx);
+pub fn decode_bound(g: &Geometry, expert_bytes: usize, ctx: usize) -> Bound {
+    let b = decode_bytes_per_token(g, expert_bytes, ctx);
     Bound {
         per_token: b,
         max_tok_s: H200_HBM_BYTES_PER_S / b,
@@ -96,6 +115,29 @@ mod tests {
         assert!((1.9e9..2.1e9).contains(&b), "{b}");
         let kv = decode_bytes_per_token(&a3b_24l(), expert, 1000) - b;
         assert_eq!(kv, 24.0 * 4.0 * 1000.0 * 512.0);
+    }
+
+    /// A sliding layer reads (and attends over) only its window.
+    #[test]
+    fn sliding_layers_are_bounded_by_their_window() {
+        let g = krasis_model::synth::preset_geometry("gpt-oss-20b").unwrap();
+        let kv_per_key = 2.0 * 2.0 * g.kv_dim() as f64;
+        let b = |ctx| decode_bytes_per_token(&g, 0, ctx);
+        // 12 full layers grow with the context, 12 sliding ones stop at 128.
+        assert_eq!(b(1000) - b(0), (12 * 1000 + 12 * 128) as f64 * kv_per_key);
+        assert_eq!(b(100) - b(0), (24 * 100) as f64 * kv_per_key);
+        let q = g.q_dim() as f64;
+        let linear = |t: usize| {
+            prefill_flops(&g, t)
+                - 2.0 * 2.0 * q * {
+                    let t = t as f64;
+                    12.0 * t * (t + 1.0) / 2.0 + 12.0 * (128.0 * 129.0 / 2.0 + (t - 128.0) * 128.0)
+                }
+        };
+        // What remains after the attention terms is linear in the tokens.
+        let (l1, l2) = (linear(1000), linear(2000));
+        let head = 2.0 * g.vocab_size as f64 * g.hidden as f64;
+        assert!(((l2 - head) / (l1 - head) - 2.0).abs() < 1e-9, "{l1} {l2}");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
+use crate::expert_ffn::ExpertFfn;
 use crate::experts::ExpertTable;
 use crate::forward::{Model, Positions};
 use crate::options::{CudaEngineOptions, GEMV_MAX_TOKENS};
@@ -20,7 +21,9 @@ use crate::weights::ModelWeights;
 use cudarc::driver::{CudaGraph, sys};
 use krasis_common::events::EventSink;
 use krasis_common::status::EngineStats;
+use krasis_kernels::ops::mxfp4::Mxfp4Layout;
 use krasis_kernels::{Int4Layout, Kernels};
+use krasis_model::arch::Activation;
 use krasis_model::{
     CancelToken, Checkpoint, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome,
     GenerateRequest, GenerateStats, Geometry, LiveProgress, ModelConfig, SamplingParams,
@@ -94,12 +97,12 @@ impl CudaEngine {
         let t0 = Instant::now();
         let config = ModelConfig::load(model_dir)?;
         let g = config.geometry();
-        crate::support::check_supported(&g)?;
+        crate::support::check_supported(&config)?;
         let sampleable = krasis_model::tokenizer::sampleable_vocab(model_dir, g.vocab_size)?;
         let context = opts.context_length.unwrap_or(g.max_position_embeddings);
         if context == 0 || context > g.max_position_embeddings {
             return Err(GpuError::Unsupported(format!(
-                "context length {context} must be in 1..={} (max_position_embeddings of {}; RoPE scaling is not supported)",
+                "context length {context} must be in 1..={} (max_position_embeddings of {})",
                 g.max_position_embeddings,
                 model_dir.display()
             )));
@@ -114,13 +117,13 @@ impl CudaEngine {
         let ckpt = Checkpoint::open(model_dir)?;
         let weights = ModelWeights::upload(&gpu, &ckpt, &config, progress)?;
         drop(ckpt);
-        let (experts, int4, cache) = if g.num_moe_layers() > 0 {
+        let (experts, ffn, cache) = if g.num_moe_layers() > 0 {
             let cache = Arc::new(krasis_cache::ensure_cache_reporting(
                 model_dir,
                 opts.cache_root.as_deref(),
                 progress,
             )?);
-            let int4 = int4_layout(&cache.layout(), &g)?;
+            let ffn = expert_ffn(&cache.layout(), &g)?;
             if cache.moe_layers() != g.moe_layers().collect::<Vec<_>>() {
                 return Err(GpuError::Cache(format!(
                     "{} holds MoE layers {:?} but the model's MoE layers are {:?}",
@@ -141,12 +144,15 @@ impl CudaEngine {
                     e => e,
                 })?
             };
-            (Some(table), Some(int4), Some(cache))
+            (Some(table), Some(ffn), Some(cache))
         } else {
             (None, None, None)
         };
-        let kv = KvCache::new(&gpu, &g, context)?;
-        let cap = crate::scratch::chunk_for_budget(&gpu, &g, opts.prefill_chunk.min(context))?;
+        // Sliding layers' ring buffers hold the window of the largest chunk
+        // asked for; the budget may then choose a smaller one.
+        let want = opts.prefill_chunk.min(context);
+        let kv = KvCache::new(&gpu, &g, context, want)?;
+        let cap = crate::scratch::chunk_for_budget(&gpu, &g, want)?;
         let scratch = Scratch::new(&gpu, &g, cap, GEMV_MAX_TOKENS)?;
         gpu.sync("loading weights")?;
         let report = LoadReport {
@@ -174,8 +180,7 @@ impl CudaEngine {
                 geometry: g,
                 weights,
                 experts,
-                // support.rs admitted only SwiGLU experts.
-                ffn: int4.map(crate::expert_ffn::ExpertFfn::Int4Swiglu),
+                ffn,
                 kv,
                 scratch,
                 gemv_tokens: GEMV_MAX_TOKENS,
@@ -280,7 +285,10 @@ impl CudaEngine {
             Fault::None | Fault::DropExpert => {}
             Fault::RopeSign => {
                 for lw in &mut m.weights.layers {
-                    for w in [&mut lw.q_norm, &mut lw.k_norm] {
+                    let n = lw.qk_norm.as_mut().ok_or_else(|| {
+                        GpuError::Unsupported("Fault::RopeSign needs q/k norms".into())
+                    })?;
+                    for w in [&mut n.q, &mut n.k] {
                         let mut host = m.gpu.download(w, d, "a q/k norm")?;
                         for v in &mut host[d / 2..] {
                             *v = -*v;
@@ -677,38 +685,79 @@ fn kernel_sampling(p: &SamplingParams) -> Result<krasis_kernels::SamplingParams,
     Ok(k)
 }
 
-fn int4_layout(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<Int4Layout> {
-    // The engine runs INT4 experts only so far; an MXFP4 cache is refused by
-    // name rather than read as INT4.
-    let krasis_cache::ExpertFormat::Int4 { group } = l.format else {
-        return Err(GpuError::Unsupported(format!(
-            "the expert cache holds {} experts; the CUDA engine runs INT4 expert caches only (use the reference backend for this model)",
-            l.format
-        )));
-    };
-    let mine = Int4Layout {
-        hidden: l.hidden,
-        intermediate: l.intermediate,
-        group,
-        w13_q: l.w13_q,
-        w13_s: l.w13_s,
-        w2_q: l.w2_q,
-        w2_s: l.w2_s,
-    };
+/// The expert arithmetic of a cache whose experts are laid out as `l`,
+/// for a model of geometry `g`: the format the cache records (INT4 with its
+/// group, or MXFP4 with the model's biases) and the plan's activation. A
+/// layout the kernels do not implement is refused, not misread.
+fn expert_ffn(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<ExpertFfn> {
     if l.hidden != g.hidden || l.intermediate != g.expert_intermediate {
         return Err(GpuError::Cache(format!(
             "cache experts are {}x{} but the model's are {}x{}",
             l.hidden, l.intermediate, g.hidden, g.expert_intermediate
         )));
     }
-    // The kernels hard-code the format-2 INT4 layout; a cache whose offsets
-    // differ from what they expect is refused rather than misread.
-    if Int4Layout::new(l.hidden, l.intermediate, group) != Some(mine) {
+    if l.has_bias != g.experts.bias {
         return Err(GpuError::Cache(format!(
-            "cache expert layout {l:?} differs from the format-2 INT4 layout the kernels implement"
+            "cache experts {} biases but the model's experts {}",
+            if l.has_bias { "carry" } else { "lack" },
+            if g.experts.bias {
+                "have them"
+            } else {
+                "do not"
+            }
         )));
     }
-    Ok(mine)
+    match l.format {
+        krasis_cache::ExpertFormat::Int4 { group } => {
+            if g.experts.activation != Activation::Swiglu {
+                return Err(GpuError::Unsupported(format!(
+                    "INT4 experts with {:?} (the INT4 kernels implement SwiGLU)",
+                    g.experts.activation
+                )));
+            }
+            let mine = Int4Layout {
+                hidden: l.hidden,
+                intermediate: l.intermediate,
+                group,
+                w13_q: l.w13_q,
+                w13_s: l.w13_s,
+                w2_q: l.w2_q,
+                w2_s: l.w2_s,
+            };
+            // The kernels hard-code the format-2 INT4 layout; a cache whose
+            // offsets differ from what they expect is refused.
+            if Int4Layout::new(l.hidden, l.intermediate, group) != Some(mine) {
+                return Err(GpuError::Cache(format!(
+                    "cache expert layout {l:?} differs from the format-2 INT4 layout the kernels implement"
+                )));
+            }
+            Ok(ExpertFfn::Int4Swiglu(mine))
+        }
+        krasis_cache::ExpertFormat::Mxfp4 => {
+            let mine = Mxfp4Layout {
+                hidden: l.hidden,
+                intermediate: l.intermediate,
+                has_bias: l.has_bias,
+                w13_q: l.w13_q,
+                w13_s: l.w13_s,
+                w13_b: l.w13_b,
+                w2_q: l.w2_q,
+                w2_s: l.w2_s,
+                w2_b: l.w2_b,
+            };
+            if Mxfp4Layout::new(l.hidden, l.intermediate, l.has_bias) != Some(mine)
+                || mine.used_bytes() != l.used_bytes
+            {
+                return Err(GpuError::Cache(format!(
+                    "cache expert layout {l:?} differs from the format-2 MXFP4 layout the kernels implement"
+                )));
+            }
+            Ok(ExpertFfn::Mxfp4 {
+                layout: mine,
+                activation: crate::expert_ffn::expert_activation(g.experts.activation),
+            })
+        }
+    }
 }
 
 #[cfg(test)]
@@ -724,19 +773,66 @@ mod tests {
     }
 
     #[test]
-    fn int4_layout_takes_the_cache_group_and_refuses_mxfp4() {
+    fn int4_layout_takes_the_cache_group() {
         // A 2880-wide model's cache has group 32; the kernels get it.
         let l = ExpertLayout::int4(2880, 1440).unwrap();
-        let k = int4_layout(&l, &geometry(2880, 1440)).unwrap();
+        let Ok(ExpertFfn::Int4Swiglu(k)) = expert_ffn(&l, &geometry(2880, 1440)) else {
+            panic!("INT4 cache not read as INT4");
+        };
         assert_eq!(k.group, 32);
         assert_eq!(Some(k), Int4Layout::new(2880, 1440, 32));
         let l = ExpertLayout::int4(2048, 768).unwrap();
-        assert_eq!(int4_layout(&l, &geometry(2048, 768)).unwrap().group, 128);
-        // An MXFP4 cache is refused by name, not read as INT4.
+        let Ok(ExpertFfn::Int4Swiglu(k)) = expert_ffn(&l, &geometry(2048, 768)) else {
+            panic!("INT4 cache not read as INT4");
+        };
+        assert_eq!(k.group, 128);
+        // Dims that disagree with the model are refused.
+        assert!(matches!(
+            expert_ffn(&l, &geometry(2048, 1024)),
+            Err(GpuError::Cache(_))
+        ));
+    }
+
+    #[test]
+    fn an_mxfp4_cache_is_run_as_mxfp4_with_the_plans_activation() {
+        let mut g = geometry(2880, 2880);
+        g.experts = krasis_model::arch::ExpertSpec {
+            activation: Activation::ClampedSwiglu {
+                limit: 7.0,
+                alpha: 1.702,
+            },
+            bias: true,
+        };
         let l = ExpertLayout::new(ExpertFormat::Mxfp4, 2880, 2880, true).unwrap();
-        match int4_layout(&l, &geometry(2880, 2880)) {
-            Err(GpuError::Unsupported(m)) => assert!(m.contains("mxfp4 group 32"), "{m}"),
-            other => panic!("expected Unsupported, got {other:?}"),
+        match expert_ffn(&l, &g).unwrap() {
+            ExpertFfn::Mxfp4 { layout, activation } => {
+                assert_eq!(Some(layout), Mxfp4Layout::new(2880, 2880, true));
+                assert_eq!(layout.used_bytes(), l.used_bytes);
+                assert_eq!(
+                    activation,
+                    krasis_kernels::ops::mxfp4::ExpertActivation::ClampedSwiglu {
+                        limit: 7.0,
+                        alpha: 1.702
+                    }
+                );
+            }
+            other => panic!("expected MXFP4, got {other:?}"),
         }
+        // A cache without the model's biases, or with moved offsets, is
+        // refused rather than misread.
+        let plain = ExpertLayout::new(ExpertFormat::Mxfp4, 2880, 2880, false).unwrap();
+        assert!(matches!(expert_ffn(&plain, &g), Err(GpuError::Cache(_))));
+        let moved = ExpertLayout {
+            w2_q: l.w2_q + 256,
+            ..l
+        };
+        assert!(matches!(expert_ffn(&moved, &g), Err(GpuError::Cache(_))));
+        // INT4 experts with the clamped activation have no kernel.
+        g.experts.bias = false;
+        let int4 = ExpertLayout::int4(2880, 2880).unwrap();
+        assert!(matches!(
+            expert_ffn(&int4, &g),
+            Err(GpuError::Unsupported(_))
+        ));
     }
 }

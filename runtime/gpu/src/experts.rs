@@ -2,7 +2,7 @@
 //!
 //! Kernels never see where an expert lives: they read
 //! `table[moe_layer * num_experts + expert]`, the device address of that
-//! expert's INT4 block (layout in `krasis_cache::layout`). In this engine
+//! expert's block (INT4 or MXFP4, layout in `krasis_cache::layout`). In this engine
 //! every expert is resident and the table is written once at load; an expert
 //! cache that moves experts in and out on demand only has to rewrite entries
 //! of this table (and keep the blocks they point to alive), never the
@@ -61,7 +61,7 @@ impl ExpertTable {
                     layout.expert_stride
                 )));
             }
-            let dev = gpu.upload(&bytes[..need], &format!("INT4 experts of layer {layer}"))?;
+            let dev = gpu.upload(&bytes[..need], &format!("experts of layer {layer}"))?;
             let base = addr(&dev, &gpu.stream);
             host_ptrs.extend((0..num_experts).map(|e| base + (e * layout.expert_stride) as u64));
             resident_bytes += need;

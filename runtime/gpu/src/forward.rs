@@ -1,11 +1,13 @@
 //! The forward pass: one chunk of prompt tokens (prefill) or one decode
 //! token through every layer, entirely on the GPU.
 //!
-//! Per layer: RMSNorm → fused QKV GEMM → q/k RMSNorm + RoPE → KV append →
-//! attention → o_proj GEMM accumulated straight into the f32 residual
-//! (cuBLAS beta = 1) → RMSNorm → MLP. A MoE MLP is a router GEMM with f32
-//! output, softmax top-k, then the routed experts (`moe.rs`); a dense MLP is
-//! gate/up GEMM → SwiGLU → down GEMM into the residual.
+//! Per layer: RMSNorm → fused QKV GEMM (+ bias) → q/k RMSNorm + RoPE (or
+//! table RoPE) → KV append → attention (causal, or sliding window / sinks
+//! over ring KV buffers) → o_proj GEMM accumulated straight into the f32
+//! residual (cuBLAS beta = 1, + bias) → RMSNorm → MLP. A MoE MLP is a
+//! router GEMM with f32 output, the plan's top-k (+ bias), then the routed
+//! experts (`moe.rs`); a dense MLP is gate/up GEMM → SwiGLU → down GEMM
+//! into the residual.
 //!
 //! Decode (one token) replaces cuBLAS by the GEMV kernels (`cuda/gemv.cu`),
 //! which stream a projection's weights at HBM rate where cuBLAS at M = 1
@@ -13,7 +15,7 @@
 //! still writes `scratch.normed`, which the routed experts read). The LM
 //! head of a single row takes the same path.
 //!
-//! Precision: weights BF16 (experts INT4), GEMM inputs BF16, every
+//! Precision: weights BF16 (experts INT4 or MXFP4), GEMM inputs BF16, every
 //! accumulation and the residual stream f32, router logits f32.
 
 use crate::blas::{Gemm, OutType, gemm};
@@ -25,8 +27,10 @@ use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
 use crate::weights::{Embedding, MlpWeights, ModelWeights};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
+use krasis_kernels::ops::attention::RingAttn;
 use krasis_kernels::{Kernels, QkvGeom, StartPos};
 use krasis_model::Geometry;
+use krasis_model::arch::AttentionKind;
 
 /// Everything resident on the device for one model.
 pub struct Model {
@@ -320,7 +324,7 @@ impl Model {
                     crate::moe::record_routes(&cx, sc, t, &mut r[*moe_index])?;
                 }
                 if let Some(log) = token_routes {
-                    crate::moe::log_token_routes(&cx, sc, *moe_index, t, at, log)?;
+                    crate::moe::log_token_routes(&cx, sc, l, *moe_index, t, at, log)?;
                 }
                 crate::moe::routed_experts(&cx, sc, hcs, *moe_index, t, at)?;
             }
@@ -417,7 +421,12 @@ impl Model {
 }
 
 /// Attention block of layer `l`: reads `scratch.normed`, adds the o_proj
-/// output into `scratch.residual`.
+/// output (and its bias) into `scratch.residual`.
+///
+/// The plan's parts, each only where the layer has it: q/k/v projected to
+/// f32 and its bias added with one rounding to BF16; q/k RMSNorm fused with
+/// RoPE, or RoPE from the model's frequency table; plain causal attention
+/// over a linear KV cache, or (sliding window or sinks) the ring kernels.
 pub(crate) fn attention(
     cx: &Ctx<'_>,
     sc: &mut Scratch,
@@ -432,18 +441,18 @@ pub(crate) fn attention(
     let lw = &cx.w.layers[l];
     let geom = cx.qkv_geom(t);
     let eps = g.rms_norm_eps;
-    if matches!(at, Positions::Decode) {
+    let decode = matches!(at, Positions::Decode);
+    match (&lw.qkv_bias, decode) {
         // The input RMSNorm folded in (the caller skipped it).
-        cx.norm_gemv::<bf16>(
+        (None, true) => cx.norm_gemv::<bf16>(
             &sc.residual,
             &lw.input_norm,
             &lw.qkv,
             q + 2 * kvd,
             &mut sc.normed,
             &mut sc.qkv,
-        )?;
-    } else {
-        cx.gemm(
+        )?,
+        (None, false) => cx.gemm(
             (t, q + 2 * kvd, h),
             cx.p(&sc.normed, 0),
             cx.p(&lw.qkv, 0),
@@ -451,27 +460,65 @@ pub(crate) fn attention(
             OutType::Bf16,
             0.0,
             "qkv projection",
-        )?;
+        )?,
+        (Some(bias), _) => {
+            let wide = sc.qkv_f32.as_mut().ok_or_else(|| {
+                GpuError::Unsupported("q/k/v biases without their f32 scratch".into())
+            })?;
+            if decode {
+                cx.norm_gemv::<f32>(
+                    &sc.residual,
+                    &lw.input_norm,
+                    &lw.qkv,
+                    q + 2 * kvd,
+                    &mut sc.normed,
+                    wide,
+                )?;
+            } else {
+                cx.gemm(
+                    (t, q + 2 * kvd, h),
+                    cx.p(&sc.normed, 0),
+                    cx.p(&lw.qkv, 0),
+                    cx.p(wide, 0),
+                    OutType::F32,
+                    0.0,
+                    "qkv projection",
+                )?;
+            }
+            kn.bias_cast_f32_to_bf16(s, wide, bias, t, q + 2 * kvd, &mut sc.qkv)?;
+        }
     }
     let theta = g.rope.theta as f32;
     let scale = 1.0 / (g.head_dim as f32).sqrt();
-    let kvg = kv.geom;
+    let kvg = kv.geoms[l];
     let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
-    match at {
-        Positions::Prefill(start) => {
-            let sp = StartPos::Host(
-                u32::try_from(start)
-                    .map_err(|_| GpuError::Unsupported(format!("position {start} exceeds u32")))?,
-            );
-            kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &lw.q_norm, &lw.k_norm, theta, eps)?;
-            kn.kv_append(s, &sc.qkv, geom, sp, kvg, kc, vc)?;
-            kn.attention_prefill(s, &sc.qkv, geom, start, kvg, kc, vc, scale, &mut sc.attn)?;
+    let sp = match at {
+        Positions::Prefill(start) => StartPos::Host(
+            u32::try_from(start)
+                .map_err(|_| GpuError::Unsupported(format!("position {start} exceeds u32")))?,
+        ),
+        Positions::Decode => StartPos::Device(&sc.pos),
+    };
+    match (&lw.qk_norm, &cx.w.rope) {
+        (Some(n), _) => kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &n.q, &n.k, theta, eps)?,
+        (None, Some(r)) => kn.rope_table(s, &mut sc.qkv, geom, sp, &r.inv_freq, r.scale)?,
+        (None, None) => {
+            return Err(GpuError::Unsupported(
+                "attention without q/k norms but no RoPE table loaded".into(),
+            ));
         }
-        Positions::Decode => {
-            let sp = StartPos::Device(&sc.pos);
-            kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &lw.q_norm, &lw.k_norm, theta, eps)?;
-            kn.kv_append(s, &sc.qkv, geom, sp, kvg, kc, vc)?;
-            kn.attention_decode(
+    }
+    let window = match g.layers[l].attention {
+        AttentionKind::Full => 0,
+        AttentionKind::Sliding { window } => window,
+    };
+    if window == 0 && lw.sinks.is_none() {
+        kn.kv_append(s, &sc.qkv, geom, sp, kvg, kc, vc)?;
+        match at {
+            Positions::Prefill(start) => {
+                kn.attention_prefill(s, &sc.qkv, geom, start, kvg, kc, vc, scale, &mut sc.attn)?
+            }
+            Positions::Decode => kn.attention_decode(
                 s,
                 &sc.qkv,
                 geom,
@@ -482,26 +529,57 @@ pub(crate) fn attention(
                 scale,
                 &mut sc.attn_ws,
                 &mut sc.attn,
-            )?;
-            return Ok(kn.gemv_bf16::<f32>(
+            )?,
+        }
+    } else {
+        let ring = RingAttn {
+            sinks: lw.sinks.as_ref(),
+            window,
+        };
+        kn.kv_append_ring(s, &sc.qkv, geom, sp, kvg, kc, vc)?;
+        match at {
+            Positions::Prefill(start) => kn.attention_prefill_ring(
                 s,
-                &sc.attn,
-                &lw.o_proj,
-                1,
-                h,
-                q,
-                true,
-                &mut sc.residual,
-            )?);
+                &sc.qkv,
+                geom,
+                start,
+                kvg,
+                kc,
+                vc,
+                scale,
+                ring,
+                &mut sc.attn,
+            )?,
+            Positions::Decode => kn.attention_decode_ring(
+                s,
+                &sc.qkv,
+                geom,
+                sp,
+                kvg,
+                kc,
+                vc,
+                scale,
+                ring,
+                &mut sc.attn_ws,
+                &mut sc.attn,
+            )?,
         }
     }
-    cx.gemm(
-        (t, h, q),
-        cx.p(&sc.attn, 0),
-        cx.p(&lw.o_proj, 0),
-        cx.p(&sc.residual, 0),
-        OutType::F32,
-        1.0,
-        "o_proj",
-    )
+    if decode {
+        kn.gemv_bf16::<f32>(s, &sc.attn, &lw.o_proj, 1, h, q, true, &mut sc.residual)?;
+    } else {
+        cx.gemm(
+            (t, h, q),
+            cx.p(&sc.attn, 0),
+            cx.p(&lw.o_proj, 0),
+            cx.p(&sc.residual, 0),
+            OutType::F32,
+            1.0,
+            "o_proj",
+        )?;
+    }
+    if let Some(b) = &lw.o_bias {
+        kn.add_bias_rows::<f32>(s, &mut sc.residual, b, t, h)?;
+    }
+    Ok(())
 }

@@ -1,6 +1,8 @@
-//! The CUDA engine: whole-prompt GPU prefill and native decode of
-//! `qwen3_moe` models with INT4 routed experts, all resident in VRAM when
-//! they fit, otherwise cached by HCS (`hcs`) with streamed prefill.
+//! The CUDA engine: whole-prompt GPU prefill and native decode of the
+//! families whose layer plan it implements (`support.rs`: qwen3_moe with
+//! INT4 routed experts, gpt_oss with its native MXFP4 experts), all resident
+//! in VRAM when they fit, otherwise cached by HCS (`hcs`) with streamed
+//! prefill.
 
 pub mod blas;
 pub mod bounds;

@@ -3,13 +3,15 @@
 //! `sum_j w_j * expert_j(x)` into the f32 residual in a fixed order (no
 //! float atomics), so results are reproducible run to run.
 //!
-//! - GEMV path (decode and tiny chunks): each selected expert's INT4 block
-//!   is read once per token through the pointer table; SwiGLU and the
-//!   weighted combine are fused into the two kernels. No host sync, so it
+//! - GEMV path (decode and tiny chunks): each selected expert's block
+//!   (INT4 or MXFP4, `expert_ffn.rs`) is read once per token through the
+//!   pointer table; the activation, biases and the weighted combine are
+//!   fused into the two kernels. No host sync, so it
 //!   is what the decode CUDA graph captures.
 //! - Grouped path (prefill): (token, expert) pairs are grouped by expert on
 //!   the GPU, the layer's experts are dequantized to BF16, and each expert
-//!   with tokens runs two cuBLAS GEMMs over its rows. The per-expert row
+//!   with tokens runs two cuBLAS GEMMs over its rows (an expert's biases
+//!   are added to its own rows, before the combine). The per-expert row
 //!   counts are read back once per layer (one small sync) to size the GEMMs.
 
 use crate::blas::OutType;
@@ -17,6 +19,8 @@ use crate::error::{GpuError, Result};
 use crate::expert_ffn::ExpertFfn;
 use crate::forward::{Ctx, Positions};
 use crate::scratch::Scratch;
+use krasis_kernels::ops::moe::RouterMode;
+use krasis_model::arch::RouterKind;
 
 fn table_parts<'a>(
     cx: &'a Ctx<'_>,
@@ -48,7 +52,8 @@ pub(crate) fn routed_experts(
     }
 }
 
-/// Router GEMM (f32 logits) and softmax top-k of decoder layer `l` over
+/// Router GEMM (f32 logits) and top-k (the plan's router kind, plus its
+/// bias) of decoder layer `l` over
 /// `scratch.normed[..t]`; in decode the post-attention RMSNorm is folded
 /// into the router GEMV, which also writes `scratch.normed`.
 pub(crate) fn router(
@@ -60,7 +65,12 @@ pub(crate) fn router(
 ) -> Result<()> {
     let g = cx.g;
     let lw = &cx.w.layers[l];
-    let crate::weights::MlpWeights::Moe { router, .. } = &lw.mlp else {
+    let crate::weights::MlpWeights::Moe {
+        router,
+        router_bias,
+        ..
+    } = &lw.mlp
+    else {
         return Err(GpuError::Unsupported(format!("layer {l} has no router")));
     };
     if matches!(at, Positions::Decode) {
@@ -83,20 +93,35 @@ pub(crate) fn router(
             "router",
         )?;
     }
-    cx.kn.router_topk::<f32>(
-        &cx.gpu.stream,
-        &sc.router,
-        t,
-        g.num_experts,
-        g.top_k,
-        // support.rs admits only the softmax-then-top-k router.
-        matches!(
-            g.router.kind,
-            krasis_model::arch::RouterKind::SoftmaxTopK { renormalize: true }
-        ),
-        &mut sc.topk_ids,
-        &mut sc.topk_w,
-    )?;
+    match (g.router.kind, router_bias) {
+        // qwen3_moe: the softmax-first kernel, no bias.
+        (RouterKind::SoftmaxTopK { renormalize }, None) => cx.kn.router_topk::<f32>(
+            &cx.gpu.stream,
+            &sc.router,
+            t,
+            g.num_experts,
+            g.top_k,
+            renormalize,
+            &mut sc.topk_ids,
+            &mut sc.topk_w,
+        )?,
+        (kind, bias) => cx.kn.router_topk_with::<f32>(
+            &cx.gpu.stream,
+            &sc.router,
+            bias.as_ref(),
+            t,
+            g.num_experts,
+            g.top_k,
+            match kind {
+                RouterKind::SoftmaxTopK { renormalize } => RouterMode::SoftmaxTopK {
+                    normalize: renormalize,
+                },
+                RouterKind::TopKSoftmax => RouterMode::TopKSoftmax,
+            },
+            &mut sc.topk_ids,
+            &mut sc.topk_w,
+        )?,
+    }
     Ok(())
 }
 
@@ -146,14 +171,7 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
         if offsets[b1] == offsets[b0] {
             continue;
         }
-        ffn.dequant(
-            cx,
-            &table,
-            &gs.iota.slice(b0..b1),
-            b1 - b0,
-            &mut gs.w13,
-            &mut gs.w2,
-        )?;
+        ffn.dequant(cx, &table, (b0, b1), gs)?;
         for x in b0..b1 {
             let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
             if b <= a {
@@ -169,12 +187,7 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
                 "expert gate/up",
             )?;
         }
-        ffn.activate_rows(
-            cx,
-            &gs.h13.slice(offsets[b0] as usize * 2 * i..),
-            (offsets[b1] - offsets[b0]) as usize,
-            &mut gs.hact.slice_mut(offsets[b0] as usize * i..),
-        )?;
+        ffn.activate(cx, gs, &offsets, (b0, b1))?;
         for x in b0..b1 {
             let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
             if b <= a {
@@ -190,6 +203,7 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
                 "expert down",
             )?;
         }
+        ffn.down_bias(cx, gs, &offsets, (b0, b1))?;
     }
     kn.moe_combine::<f32>(
         s,
@@ -236,12 +250,17 @@ pub struct RouteLog {
     pub layers: crate::check::Routes,
 }
 
-/// Copies the `t` tokens' selected ids and router logits to the host
-/// (a sync per MoE layer). Prefill chunks land at their absolute
-/// positions; a decode token is appended after the positions logged so far.
+/// Copies the `t` tokens' selected ids and router logits of decoder layer
+/// `l` (MoE layer `moe_index`) to the host (a sync per MoE layer), with the
+/// router bias added as the top-k kernel adds it, so the gaps are those of
+/// the values the experts were chosen by. Prefill chunks land at their
+/// absolute positions; a decode token is appended after the positions
+/// logged so far.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn log_token_routes(
     cx: &Ctx<'_>,
     sc: &Scratch,
+    l: usize,
     moe_index: usize,
     t: usize,
     at: Positions,
@@ -249,7 +268,19 @@ pub(crate) fn log_token_routes(
 ) -> Result<()> {
     let (k, ne) = (cx.g.top_k, cx.g.num_experts);
     let ids = cx.gpu.download(&sc.topk_ids, t * k, "selected experts")?;
-    let logits = cx.gpu.download(&sc.router, t * ne, "router logits")?;
+    let mut logits = cx.gpu.download(&sc.router, t * ne, "router logits")?;
+    if let crate::weights::MlpWeights::Moe {
+        router_bias: Some(b),
+        ..
+    } = &cx.w.layers[l].mlp
+    {
+        let bias = cx.gpu.download(b, ne, "router bias")?;
+        for row in logits.chunks_exact_mut(ne) {
+            for (v, b) in row.iter_mut().zip(&bias) {
+                *v += b;
+            }
+        }
+    }
     let rows = log
         .layers
         .get_mut(moe_index)

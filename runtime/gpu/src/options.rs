@@ -15,7 +15,7 @@ pub struct CudaEngineOptions {
     /// Replay the decode step as one captured CUDA graph (identical
     /// results; less launch overhead).
     pub cuda_graphs: bool,
-    /// Where the INT4 expert cache lives (`None`: the platform cache dir).
+    /// Where the expert cache lives (`None`: the platform cache dir).
     pub cache_root: Option<PathBuf>,
     /// Where compiled kernels are cached.
     pub kernel_cache: krasis_kernels::CacheDir,
@@ -53,7 +53,7 @@ impl Default for CudaEngineOptions {
 }
 
 /// Below this many prompt tokens in a chunk, routed experts run through the
-/// INT4 GEMV kernels (no host sync, no dequantization); above it, experts are
+/// expert GEMV kernels (no host sync, no dequantization); above it, experts are
 /// dequantized to BF16 and multiplied with cuBLAS over the tokens routed to
 /// each. The GEMV reads every selected expert once per token, so it wins
 /// only while `tokens * top_k` is small against the expert count.

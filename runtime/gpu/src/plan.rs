@@ -65,9 +65,9 @@ pub fn decide(free: u64, staging: u64, all_bytes: u64, floor: u64, stride: usize
     }
 }
 
-/// Why the CUDA engine refuses geometry `g` at load, if it does.
-pub fn unsupported(g: &Geometry) -> Option<String> {
-    crate::support::check_supported(g)
+/// Why the CUDA engine refuses the model `config` at load, if it does.
+pub fn unsupported(config: &krasis_model::ModelConfig) -> Option<String> {
+    crate::support::check_supported(config)
         .err()
         .map(|e| e.to_string())
 }
@@ -114,12 +114,14 @@ pub fn plan_cuda(
             items.push(PlanItem::exact("every routed expert (int4)", all_bytes));
         }
     }
+    // Sliding layers' ring caches are sized for the largest chunk asked
+    // for, which bounds the chunk the budget then allows (as at load).
+    let want = opts.prefill_chunk.min(context);
     items.push(PlanItem::exact(
         &format!("KV cache (bf16, {context} positions)"),
-        kv_bytes(g, context) as u64,
+        kv_bytes(g, context, want) as u64,
     ));
     let used = |items: &[PlanItem]| items.iter().map(|i| i.bytes).sum::<u64>();
-    let want = opts.prefill_chunk.min(context);
     let cap = match budget {
         Some(bud) => chunk_for_free(bud.saturating_sub(used(&items)), g, want),
         None => want,
@@ -277,7 +279,7 @@ mod tests {
         // KV: 2 * 48 layers * 512 * 32768 * 2 bytes = 3 GiB exactly.
         let kv = p.items.iter().find(|i| i.name.starts_with("KV")).unwrap();
         assert_eq!(kv.bytes, 3 << 30);
-        assert_eq!(kv.bytes, kv_bytes(&g, 32768) as u64);
+        assert_eq!(kv.bytes, kv_bytes(&g, 32768, opts.prefill_chunk) as u64);
         let w = &p.items[1];
         assert_eq!(w.bytes, weight_bytes(&g).device as u64);
         assert!(p.experts.coverage() > 0.3 && p.experts.coverage() < 1.0);
@@ -321,5 +323,34 @@ mod tests {
         assert_eq!(decide(90, 10, 80, 20, 1), Decision::AllResident);
         assert_eq!(decide(89, 10, 80, 20, 4), Decision::Hcs { want: 17 });
         assert_eq!(decide(5, 10, 80, 20, 4), Decision::Hcs { want: 0 });
+    }
+
+    /// gpt-oss-20b's plan counts its sliding layers' rings (sized for the
+    /// chunk asked for), its biases and sinks (weight_bytes) and its MXFP4
+    /// experts at their stride.
+    #[test]
+    fn gpt_oss_kv_is_planned_per_layer() {
+        let g = preset_geometry("gpt-oss-20b").unwrap();
+        let stride = krasis_cache::ExpertLayout::new(
+            krasis_cache::ExpertFormat::Mxfp4,
+            g.hidden,
+            g.expert_intermediate,
+            true,
+        )
+        .unwrap()
+        .expert_stride;
+        let opts = CudaEngineOptions {
+            context_length: Some(16384),
+            prefill_chunk: 2048,
+            ..Default::default()
+        };
+        let (p, _) = plan_cuda(&g, stride, &opts, dev(139 << 30));
+        let kv = p.items.iter().find(|i| i.name.starts_with("KV")).unwrap();
+        assert_eq!(kv.bytes, kv_bytes(&g, 16384, 2048) as u64);
+        let per_pos = (2 * g.kv_dim() * 2) as u64;
+        assert_eq!(kv.bytes, 12 * (16384 + 128 + 2048 - 1) * per_pos);
+        assert_eq!(p.items[1].bytes, weight_bytes(&g).device as u64);
+        assert_eq!(p.experts.placement, Placement::AllResident);
+        assert_eq!(p.experts.all_bytes, (24 * 32 * stride) as u64);
     }
 }

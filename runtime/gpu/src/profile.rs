@@ -18,7 +18,7 @@ pub struct DecodeBreakdown {
     pub attention_layer_ms: f64,
     /// Router GEMM + top-k of one MoE layer.
     pub router_layer_ms: f64,
-    /// Routed experts (two INT4 GEMV kernels) of one MoE layer.
+    /// Routed experts (two expert GEMV kernels) of one MoE layer.
     pub experts_layer_ms: f64,
     /// Final norm + LM head GEMM.
     pub lm_head_ms: f64,

@@ -6,7 +6,9 @@ use crate::device::Gpu;
 use crate::error::Result;
 use cudarc::driver::CudaSlice;
 use half::bf16;
+use krasis_kernels::ops::attention::ring_min_capacity;
 use krasis_kernels::{KvGeom, decode_workspace_len};
+use krasis_model::arch::AttentionKind;
 use krasis_model::{Geometry, MlpKind};
 
 /// Rows of logits computed per LM-head GEMM when every position's logits
@@ -26,6 +28,9 @@ pub struct Scratch {
     pub normed: CudaSlice<bf16>,
     /// bf16 `[cap, q + 2kv]`.
     pub qkv: CudaSlice<bf16>,
+    /// f32 `[cap, q + 2kv]`: the q/k/v projection before its bias (models
+    /// with q/k/v biases), so the sum is rounded to BF16 once.
+    pub qkv_f32: Option<CudaSlice<f32>>,
     /// bf16 `[cap, q]`.
     pub attn: CudaSlice<bf16>,
     /// f32 decode attention split workspace.
@@ -67,6 +72,9 @@ pub struct GroupedScratch {
     /// bf16 `[batch, 2I, H]` and `[batch, H, I]` dequantized experts.
     pub w13: CudaSlice<bf16>,
     pub w2: CudaSlice<bf16>,
+    /// f32 `[batch, 2I]` and `[batch, H]`: the batch's expert biases
+    /// (experts with biases).
+    pub bias: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
 }
 
 pub struct DenseScratch {
@@ -76,31 +84,50 @@ pub struct DenseScratch {
     pub act: CudaSlice<bf16>,
 }
 
-/// One K and one V buffer per layer, each `[n_kv][capacity][head_dim]` bf16.
+/// One K and one V buffer per layer, each `[n_kv][capacity][head_dim]` bf16;
+/// the capacity is per layer ([`kv_capacity`]).
 pub struct KvCache {
-    pub geom: KvGeom,
+    /// Each layer's buffer shape.
+    pub geoms: Vec<KvGeom>,
     pub k: Vec<CudaSlice<bf16>>,
     pub v: Vec<CudaSlice<bf16>>,
 }
 
 impl KvCache {
-    pub fn new(gpu: &Gpu, g: &Geometry, capacity: usize) -> Result<Self> {
-        let geom = kv_geom(g, capacity);
+    /// The cache of a `context`-position model whose prefill chunks hold at
+    /// most `max_chunk` tokens.
+    pub fn new(gpu: &Gpu, g: &Geometry, context: usize, max_chunk: usize) -> Result<Self> {
         let mut k = Vec::with_capacity(g.num_layers);
         let mut v = Vec::with_capacity(g.num_layers);
+        let mut geoms = Vec::with_capacity(g.num_layers);
         for l in 0..g.num_layers {
+            let geom = kv_geom(g, kv_capacity(g, l, context, max_chunk));
             k.push(gpu.alloc_zeros(geom.len(), &format!("K cache of layer {l}"))?);
             v.push(gpu.alloc_zeros(geom.len(), &format!("V cache of layer {l}"))?);
+            geoms.push(geom);
         }
-        Ok(KvCache { geom, k, v })
+        Ok(KvCache { geoms, k, v })
     }
 
     pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.geom.len() * 2
+        self.geoms.iter().map(|g| 2 * g.len() * 2).sum()
     }
 }
 
-/// The shape of each layer's K (and V) buffer for `capacity` positions.
+/// Positions layer `l`'s KV buffers hold: a full layer the whole context; a
+/// sliding layer only the ring its window needs when prefill chunks hold
+/// up to `max_chunk` tokens (a chunk's keys are appended before its first
+/// query looks `window - 1` keys back), whatever the context. The ring is
+/// used even where it exceeds a short context, so the ring kernels' bound
+/// always holds.
+pub fn kv_capacity(g: &Geometry, l: usize, context: usize, max_chunk: usize) -> usize {
+    match g.layers[l].attention {
+        AttentionKind::Full => context,
+        AttentionKind::Sliding { window } => ring_min_capacity(window, max_chunk),
+    }
+}
+
+/// The shape of one K (or V) buffer of `capacity` positions.
 pub fn kv_geom(g: &Geometry, capacity: usize) -> KvGeom {
     KvGeom {
         n_kv_heads: g.num_kv_heads,
@@ -110,9 +137,11 @@ pub fn kv_geom(g: &Geometry, capacity: usize) -> KvGeom {
 }
 
 /// Device bytes of the KV cache [`KvCache::new`] allocates: K and V, BF16,
-/// every layer.
-pub fn kv_bytes(g: &Geometry, capacity: usize) -> usize {
-    2 * g.num_layers * kv_geom(g, capacity).len() * 2
+/// every layer at its [`kv_capacity`].
+pub fn kv_bytes(g: &Geometry, context: usize, max_chunk: usize) -> usize {
+    (0..g.num_layers)
+        .map(|l| 2 * kv_geom(g, kv_capacity(g, l, context, max_chunk)).len() * 2)
+        .sum()
 }
 
 /// BF16 bytes the prefill path may spend on dequantized experts at once.
@@ -135,6 +164,9 @@ pub fn bytes_for(g: &Geometry, cap: usize, gemv_tokens: usize) -> usize {
     );
     let i = g.expert_intermediate;
     let mut per_token = 4 * h + 2 * h + 2 * (q + 2 * kv) + 2 * q + 4 * e.max(1) + 8 * k + 4;
+    if g.attention.qkv_bias {
+        per_token += 4 * (q + 2 * kv);
+    }
     if g.has_mlp(MlpKind::Moe) && cap > gemv_tokens {
         per_token += k * (2 * h + 2 * 2 * i + 2 * i + 4 * h + 8);
     }
@@ -176,6 +208,8 @@ pub struct ScratchLens {
     pub residual: usize,
     pub normed: usize,
     pub qkv: usize,
+    /// f32 q/k/v before the bias (0 without q/k/v biases).
+    pub qkv_f32: usize,
     pub attn: usize,
     pub attn_ws: usize,
     pub router: usize,
@@ -200,6 +234,10 @@ pub struct GroupedLens {
     pub dequant_experts: usize,
     pub w13: usize,
     pub w2: usize,
+    /// f32 expert biases of one batch: `[batch, 2I]` and `[batch, H]` (0
+    /// without expert biases).
+    pub b13: usize,
+    pub b2: usize,
 }
 
 impl ScratchLens {
@@ -219,6 +257,8 @@ impl ScratchLens {
                 dequant_experts: dq,
                 w13: dq * 2 * i * h,
                 w2: dq * h * i,
+                b13: if g.experts.bias { dq * 2 * i } else { 0 },
+                b2: if g.experts.bias { dq * h } else { 0 },
             }
         });
         let dense = g
@@ -230,6 +270,11 @@ impl ScratchLens {
             residual: cap * h,
             normed: cap * h,
             qkv: cap * (q + 2 * kv),
+            qkv_f32: if g.attention.qkv_bias {
+                cap * (q + 2 * kv)
+            } else {
+                0
+            },
             attn: cap * q,
             attn_ws: decode_workspace_len(g.num_heads, g.head_dim),
             router: cap * e.max(1),
@@ -246,13 +291,20 @@ impl ScratchLens {
     /// Device bytes of all the buffers (every element is 4 bytes but the
     /// BF16 ones, which are 2).
     pub fn bytes(&self) -> usize {
-        let f32s = self.residual + self.attn_ws + self.router + self.topk + self.act + self.logits;
+        let f32s = self.residual
+            + self.qkv_f32
+            + self.attn_ws
+            + self.router
+            + self.topk
+            + self.act
+            + self.logits;
         let u32s = self.ids + 1 + self.topk + self.counts + self.sample_ws;
         let bf16s = self.normed + self.qkv + self.attn;
         let mut b = 4 * (f32s + u32s) + 2 * bf16s;
         if let Some(gr) = &self.grouped {
             let u32s = gr.experts + (gr.experts + 1) + 2 * gr.pairs + gr.experts;
-            b += 4 * (u32s + gr.y) + 2 * (gr.xg + gr.h13 + gr.hact + gr.w13 + gr.w2);
+            b += 4 * (u32s + gr.y + gr.b13 + gr.b2)
+                + 2 * (gr.xg + gr.h13 + gr.hact + gr.w13 + gr.w2);
         }
         if let Some((gu, act)) = self.dense {
             b += 2 * (gu + act);
@@ -280,6 +332,13 @@ impl Scratch {
                     dequant_experts: gr.dequant_experts,
                     w13: gpu.alloc(gr.w13, "dequantized gate/up experts (one batch)")?,
                     w2: gpu.alloc(gr.w2, "dequantized down experts (one batch)")?,
+                    bias: match gr.b13 {
+                        0 => None,
+                        _ => Some((
+                            gpu.alloc(gr.b13, "gate/up biases (one batch)")?,
+                            gpu.alloc(gr.b2, "down biases (one batch)")?,
+                        )),
+                    },
                 })
             }
             None => None,
@@ -298,6 +357,10 @@ impl Scratch {
             residual: gpu.alloc(n.residual, "residual stream")?,
             normed: gpu.alloc(n.normed, "normalized hidden state")?,
             qkv: gpu.alloc(n.qkv, "q/k/v projections")?,
+            qkv_f32: match n.qkv_f32 {
+                0 => None,
+                len => Some(gpu.alloc(len, "q/k/v projections before their bias")?),
+            },
             attn: gpu.alloc(n.attn, "attention output")?,
             attn_ws: gpu.alloc(n.attn_ws, "decode attention workspace")?,
             router: gpu.alloc(n.router, "router logits")?,
@@ -310,5 +373,83 @@ impl Scratch {
             grouped,
             dense,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use krasis_model::synth::preset_geometry;
+
+    /// gpt-oss's sliding layers keep a ring of window + chunk - 1
+    /// positions, its full layers the context; a model without sliding
+    /// layers keeps the context everywhere, whatever the chunk.
+    #[test]
+    fn sliding_layers_keep_only_their_ring() {
+        let g = preset_geometry("gpt-oss-20b").unwrap();
+        let (ctx, chunk) = (32768, 512);
+        let per_pos = 2 * g.kv_dim() * 2;
+        let mut want = 0;
+        for l in 0..g.num_layers {
+            let cap = kv_capacity(&g, l, ctx, chunk);
+            match g.layers[l].attention {
+                AttentionKind::Full => assert_eq!(cap, ctx, "layer {l}"),
+                AttentionKind::Sliding { window } => {
+                    assert_eq!(window, 128);
+                    assert_eq!(cap, 128 + 512 - 1, "layer {l}");
+                }
+            }
+            want += cap * per_pos;
+        }
+        assert_eq!(kv_bytes(&g, ctx, chunk), want);
+        // 12 full layers of 32768 and 12 rings of 639 positions.
+        assert_eq!(want, 12 * (32768 + 639) * per_pos);
+        // The ring holds a chunk's window even past a short context.
+        assert_eq!(kv_capacity(&g, 0, 100, 512), 639);
+        let a3b = preset_geometry("a3b").unwrap();
+        for chunk in [1, 512, 8192] {
+            assert_eq!(
+                kv_bytes(&a3b, 4096, chunk),
+                2 * a3b.num_layers * a3b.kv_dim() * 4096 * 2
+            );
+        }
+    }
+
+    /// What `bytes_for` says a chunk costs per token is what the buffers
+    /// `Scratch::new` allocates add per token, with and without q/k/v
+    /// biases, and the biased experts' batch buffers are counted.
+    #[test]
+    fn per_token_scratch_matches_the_buffers() {
+        for preset in ["a3b", "gpt-oss-20b", "tiny-gpt-oss"] {
+            let g = preset_geometry(preset).unwrap();
+            let gemv = crate::options::GEMV_MAX_TOKENS;
+            let (a, b) = (64, 256);
+            let lens = |cap| ScratchLens::new(&g, cap, gemv).bytes();
+            assert_eq!(
+                bytes_for(&g, b, gemv) - bytes_for(&g, a, gemv),
+                lens(b) - lens(a),
+                "{preset}"
+            );
+            let n = ScratchLens::new(&g, a, gemv);
+            let (q, kv) = (g.q_dim(), g.kv_dim());
+            assert_eq!(
+                n.qkv_f32,
+                if g.attention.qkv_bias {
+                    a * (q + 2 * kv)
+                } else {
+                    0
+                }
+            );
+            let gr = n.grouped.unwrap();
+            let (h, i) = (g.hidden, g.expert_intermediate);
+            if g.experts.bias {
+                assert_eq!(
+                    (gr.b13, gr.b2),
+                    (gr.dequant_experts * 2 * i, gr.dequant_experts * h)
+                );
+            } else {
+                assert_eq!((gr.b13, gr.b2), (0, 0));
+            }
+        }
     }
 }

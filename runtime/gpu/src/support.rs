@@ -4,51 +4,59 @@
 //! reference backend runs every component; `--backend reference`).
 
 use crate::error::{GpuError, Result};
-use krasis_model::Geometry;
-use krasis_model::arch::{Activation, AttentionKind, RopeScaling, RouterKind};
+use krasis_kernels::ops::mxfp4::{
+    MXFP4_DECODE_MAX_HIDDEN, MXFP4_DECODE_MAX_INTER, MXFP4_DECODE_MAX_TOPK,
+};
+use krasis_model::arch::{Activation, RopeScaling};
+use krasis_model::{ExpertStorage, Geometry, ModelConfig};
 
-/// The components of `g`'s layer plan this engine has no kernels for.
-fn missing_components(g: &Geometry) -> Vec<String> {
+/// How the expert cache will hold a model's routed experts: the
+/// checkpoint's MXFP4 bits are kept as they are, float experts become INT4
+/// (`krasis_cache`'s rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExpertBits {
+    Int4,
+    Mxfp4,
+}
+
+impl ExpertBits {
+    pub(crate) fn of(config: &ModelConfig) -> Self {
+        let g = config.geometry();
+        let fused = g
+            .moe_layers()
+            .any(|l| matches!(config.expert_storage(l), ExpertStorage::FusedMxfp4(_)));
+        if fused { Self::Mxfp4 } else { Self::Int4 }
+    }
+}
+
+/// The components of `g`'s layer plan this engine has no kernels for, with
+/// experts cached as `bits`.
+fn missing_components(g: &Geometry, bits: ExpertBits) -> Vec<String> {
     let mut why = Vec::new();
-    let a = &g.attention;
-    if !a.qk_norm {
-        why.push("attention without q/k RMSNorm".to_string());
+    // The fused q/k-norm + RoPE kernel computes default frequencies; table
+    // RoPE (any scaling) runs only where there is no q/k norm.
+    if g.attention.qk_norm && g.rope.scaling != RopeScaling::None {
+        why.push("RoPE scaling together with q/k RMSNorm".to_string());
     }
-    if a.qkv_bias || a.o_bias {
-        why.push("attention projection biases".to_string());
-    }
-    if a.sinks {
-        why.push("attention sinks".to_string());
-    }
-    if g.layers
-        .iter()
-        .any(|l| matches!(l.attention, AttentionKind::Sliding { .. }))
-    {
-        why.push("sliding-window attention layers".to_string());
-    }
-    if let RopeScaling::Yarn { .. } = g.rope.scaling {
-        why.push("YaRN RoPE scaling".to_string());
-    }
-    if g.num_moe_layers() > 0 {
-        if g.router.kind == RouterKind::TopKSoftmax {
-            why.push("a top-k-then-softmax router".to_string());
-        }
-        if g.router.bias {
-            why.push("a router bias".to_string());
-        }
+    if g.num_moe_layers() > 0 && bits == ExpertBits::Int4 {
         if let Activation::ClampedSwiglu { .. } = g.experts.activation {
-            why.push("clamped SwiGLU experts".to_string());
+            why.push("clamped SwiGLU on INT4 experts".to_string());
         }
         if g.experts.bias {
-            why.push("expert biases".to_string());
+            why.push("expert biases on INT4 experts".to_string());
         }
     }
     why
 }
 
-/// Refuses geometries the kernels cannot run, before anything is uploaded.
-pub(crate) fn check_supported(g: &Geometry) -> Result<()> {
-    let mut why = missing_components(g);
+/// Refuses models the kernels cannot run, before anything is uploaded.
+pub(crate) fn check_supported(config: &ModelConfig) -> Result<()> {
+    check_geometry(&config.geometry(), ExpertBits::of(config))
+}
+
+/// [`check_supported`] of a geometry whose experts are cached as `bits`.
+pub(crate) fn check_geometry(g: &Geometry, bits: ExpertBits) -> Result<()> {
+    let mut why = missing_components(g, bits);
     if ![64, 128, 192, 256].contains(&g.head_dim) {
         why.push(format!(
             "head_dim {} (supported: 64, 128, 192, 256)",
@@ -61,8 +69,22 @@ pub(crate) fn check_supported(g: &Geometry) -> Result<()> {
             g.num_heads / g.num_kv_heads
         ));
     }
-    if !g.hidden.is_multiple_of(128) {
-        why.push(format!("hidden {} (must be a multiple of 128)", g.hidden));
+    // Embedding gather, RMSNorm, the grouped-row gather and the decode
+    // GEMVs (the fused q/k/v, router, dense and LM-head rows read hidden-
+    // wide inputs, o_proj a q-wide one) read 16-byte vectors of BF16.
+    let max_k = krasis_kernels::GEMV_MAX_K.min(krasis_kernels::GEMV_MAX_MK);
+    for (what, k) in [("hidden", g.hidden), ("q width", g.q_dim())] {
+        if k == 0 || !k.is_multiple_of(8) || k > max_k {
+            why.push(format!(
+                "{what} {k} (the decode GEMVs take multiples of 8 up to {max_k})"
+            ));
+        }
+    }
+    if g.has_mlp(krasis_model::MlpKind::Dense) && !g.intermediate.is_multiple_of(8) {
+        why.push(format!(
+            "dense intermediate {} (must be a multiple of 8)",
+            g.intermediate
+        ));
     }
     if g.num_moe_layers() > 0 {
         if g.num_experts > krasis_kernels::ROUTER_MAX_EXPERTS {
@@ -79,15 +101,37 @@ pub(crate) fn check_supported(g: &Geometry) -> Result<()> {
                 krasis_kernels::ROUTER_MAX_TOPK
             ));
         }
-        // The INT4 group is the largest of 128/64/32 dividing both widths,
-        // as the cache chooses it; the decode GEMVs' own limits decide.
         let (h, i) = (g.hidden, g.expert_intermediate);
-        let fits = krasis_kernels::INT4_GROUPS
-            .iter()
-            .rev()
-            .find_map(|&grp| krasis_kernels::Int4Layout::new(h, i, grp))
-            .ok_or_else(|| format!("expert {h}x{i} (no INT4 group of 32/64/128 divides both)"))
-            .and_then(|l| l.check_decode(g.top_k).map_err(|e| e.to_string()));
+        let fits = match bits {
+            // The INT4 group is the largest of 128/64/32 dividing both
+            // widths, as the cache chooses it; the decode GEMVs' own limits
+            // decide.
+            ExpertBits::Int4 => krasis_kernels::INT4_GROUPS
+                .iter()
+                .rev()
+                .find_map(|&grp| krasis_kernels::Int4Layout::new(h, i, grp))
+                .ok_or_else(|| format!("expert {h}x{i} (no INT4 group of 32/64/128 divides both)"))
+                .and_then(|l| l.check_decode(g.top_k).map_err(|e| e.to_string())),
+            ExpertBits::Mxfp4 => {
+                if !h.is_multiple_of(32) || !i.is_multiple_of(32) {
+                    Err(format!(
+                        "MXFP4 expert {h}x{i} (both must be multiples of 32)"
+                    ))
+                } else if h > MXFP4_DECODE_MAX_HIDDEN || i > MXFP4_DECODE_MAX_INTER {
+                    Err(format!(
+                        "MXFP4 expert {h}x{i} (the decode GEMVs take up to \
+                         {MXFP4_DECODE_MAX_HIDDEN}x{MXFP4_DECODE_MAX_INTER})"
+                    ))
+                } else if g.top_k > MXFP4_DECODE_MAX_TOPK {
+                    Err(format!(
+                        "top-{} routing over MXFP4 experts (at most {MXFP4_DECODE_MAX_TOPK})",
+                        g.top_k
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+        };
         if let Err(e) = fits {
             why.push(e);
         }
@@ -105,41 +149,66 @@ pub(crate) fn check_supported(g: &Geometry) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use krasis_model::arch::{AttentionKind, LayerSpec, MlpKind};
     use krasis_model::synth::preset_config;
 
-    fn a3b() -> Geometry {
-        let json = preset_config("a3b-24l").unwrap().to_string();
-        krasis_model::ModelConfig::from_json_str(&json, std::path::Path::new("a3b-24l"))
-            .unwrap()
-            .geometry()
+    fn config(preset: &str) -> ModelConfig {
+        let json = preset_config(preset).unwrap().to_string();
+        ModelConfig::from_json_str(&json, std::path::Path::new(preset)).unwrap()
     }
 
     #[test]
     fn qwen3_moe_plan_is_fully_supported() {
-        check_supported(&a3b()).unwrap();
+        check_supported(&config("a3b-24l")).unwrap();
+    }
+
+    /// gpt-oss (sinks, biases, sliding windows, YaRN table RoPE, the
+    /// top-k-then-softmax router with bias, clamped SwiGLU on MXFP4 experts
+    /// with biases; hidden 2880) is built by this engine.
+    #[test]
+    fn gpt_oss_plans_are_fully_supported() {
+        for preset in ["gpt-oss-20b", "gpt-oss-120b", "tiny-gpt-oss"] {
+            let c = config(preset);
+            assert_eq!(ExpertBits::of(&c), ExpertBits::Mxfp4, "{preset}");
+            check_supported(&c).unwrap_or_else(|e| panic!("{preset}: {e}"));
+        }
+        assert_eq!(ExpertBits::of(&config("a3b-24l")), ExpertBits::Int4);
     }
 
     #[test]
     fn every_missing_component_is_named() {
-        let mut g = a3b();
-        g.attention.sinks = true;
-        g.attention.qk_norm = false;
-        g.layers[0] = LayerSpec {
-            attention: AttentionKind::Sliding { window: 128 },
-            mlp: MlpKind::Moe,
+        let mut g = config("a3b-24l").geometry();
+        g.rope.scaling = RopeScaling::Yarn {
+            factor: 32.0,
+            original_max_position: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: false,
         };
-        g.router.kind = RouterKind::TopKSoftmax;
         g.experts.bias = true;
-        let e = check_supported(&g).unwrap_err().to_string();
+        g.experts.activation = Activation::ClampedSwiglu {
+            limit: 7.0,
+            alpha: 1.702,
+        };
+        g.hidden = 2884;
+        let e = check_geometry(&g, ExpertBits::Int4)
+            .unwrap_err()
+            .to_string();
         for part in [
-            "attention sinks",
-            "q/k RMSNorm",
-            "sliding-window",
-            "top-k-then-softmax",
-            "expert biases",
+            "RoPE scaling together with q/k RMSNorm",
+            "clamped SwiGLU on INT4",
+            "expert biases on INT4",
+            "hidden 2884",
         ] {
             assert!(e.contains(part), "{part} missing from: {e}");
         }
+        // MXFP4 experts take biases and the clamped activation, not widths
+        // past their decode GEMVs.
+        let mut g = config("gpt-oss-20b").geometry();
+        g.expert_intermediate = 8192;
+        let e = check_geometry(&g, ExpertBits::Mxfp4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("MXFP4 expert 2880x8192"), "{e}");
+        assert!(!e.contains("clamped"), "{e}");
     }
 }

@@ -4,6 +4,11 @@
 //! is what checkpoints store). Matrices that the same input feeds are fused on upload (q/k/v
 //! into one `[q+2kv, H]` matrix, gate/up into `[2I, H]`) so each is one GEMM.
 //!
+//! Small per-channel vectors the kernels add in f32 (q/k/v and o biases,
+//! attention sinks, the router bias) are widened to f32 on upload, which is
+//! exact for the BF16 a checkpoint stores; so is the RoPE frequency table
+//! of a family without q/k norms, computed on the host once.
+//!
 //! The input embedding of an untied model stays in mapped host memory
 //! ([`HostTable`]): only the gather reads it, a row per token, and its VRAM
 //! is worth more as expert cache. A tied embedding is also the LM head,
@@ -21,19 +26,42 @@ use krasis_model::{Checkpoint, DType, Geometry, MlpKind, ModelConfig, TensorView
 pub struct LayerWeights {
     pub input_norm: CudaSlice<bf16>,
     pub post_attention_norm: CudaSlice<bf16>,
-    pub q_norm: CudaSlice<bf16>,
-    pub k_norm: CudaSlice<bf16>,
+    /// Per-head q and k RMSNorm weights `[head_dim]` (families with q/k
+    /// norms, whose RoPE is fused with them).
+    pub qk_norm: Option<QkNorm>,
     /// `[q_dim + 2*kv_dim, H]`: rows of q_proj, then k_proj, then v_proj.
     pub qkv: CudaSlice<bf16>,
+    /// f32 `[q_dim + 2*kv_dim]`: the q, k and v biases fused like `qkv`.
+    pub qkv_bias: Option<CudaSlice<f32>>,
     /// `[H, q_dim]`.
     pub o_proj: CudaSlice<bf16>,
+    /// f32 `[H]`.
+    pub o_bias: Option<CudaSlice<f32>>,
+    /// f32 `[num_heads]` attention-sink logits.
+    pub sinks: Option<CudaSlice<f32>>,
     pub mlp: MlpWeights,
+}
+
+pub struct QkNorm {
+    pub q: CudaSlice<bf16>,
+    pub k: CudaSlice<bf16>,
+}
+
+/// RoPE from a frequency table (families without q/k norms): f32
+/// `[head_dim / 2]` inverse frequencies and the cos/sin scale, from
+/// `krasis_model::layers::rope::inv_freq` (YaRN's blend and attention
+/// factor, or the default table and 1).
+pub struct RopeTable {
+    pub inv_freq: CudaSlice<f32>,
+    pub scale: f32,
 }
 
 pub enum MlpWeights {
     Moe {
         /// `[E, H]`.
         router: CudaSlice<bf16>,
+        /// f32 `[E]`, added to the logits before selection.
+        router_bias: Option<CudaSlice<f32>>,
         /// Index of this layer among the MoE layers (row of the expert pointer table).
         moe_index: usize,
     },
@@ -61,6 +89,8 @@ pub struct ModelWeights {
     pub embed: Embedding,
     pub final_norm: CudaSlice<bf16>,
     pub layers: Vec<LayerWeights>,
+    /// The RoPE table when the attention has no q/k norms.
+    pub rope: Option<RopeTable>,
     /// Bytes uploaded, for reports.
     pub bytes: usize,
     /// Bytes kept in mapped host memory (the untied input embedding).
@@ -86,7 +116,7 @@ impl ModelWeights {
         let g = &config.geometry();
         // Only the components `support::check_supported` admits are
         // uploaded; it runs before this.
-        crate::support::check_supported(g)?;
+        crate::support::check_supported(config)?;
         let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
         let embed_name = config.tensor_name(ModelTensor::Embed);
         let head_name = config.tensor_name(ModelTensor::LmHead);
@@ -121,11 +151,20 @@ impl ModelWeights {
         for i in 0..g.num_layers {
             let t = |role: LayerTensor| config.layer_tensor_name(i, role);
             use LayerTensor::*;
+            let a = &g.attention;
             let qkv = up.bf16_fused(&[(t(QProj), q), (t(KProj), kv), (t(VProj), kv)], h)?;
+            let qkv_bias = match a.qkv_bias {
+                true => Some(up.f32_fused(&[(t(QBias), q), (t(KBias), kv), (t(VBias), kv)])?),
+                false => None,
+            };
             let mlp = match g.mlp_kind(i) {
                 MlpKind::Moe => {
                     let m = MlpWeights::Moe {
                         router: up.bf16(&[&t(Router)], &[g.num_experts, h])?,
+                        router_bias: match g.router.bias {
+                            true => Some(up.f32(&t(RouterBias), g.num_experts)?),
+                            false => None,
+                        },
                         moe_index,
                     };
                     moe_index += 1;
@@ -139,16 +178,45 @@ impl ModelWeights {
                     down: up.bf16(&[&t(DenseDown)], &[h, g.intermediate])?,
                 },
             };
+            let input_norm = up.bf16_one(&t(InputNorm), &[h])?;
+            let post_attention_norm = up.bf16_one(&t(PostAttentionNorm), &[h])?;
+            let qk_norm = match a.qk_norm {
+                true => Some(QkNorm {
+                    q: up.bf16_one(&t(QNorm), &[hd])?,
+                    k: up.bf16_one(&t(KNorm), &[hd])?,
+                }),
+                false => None,
+            };
             layers.push(LayerWeights {
-                input_norm: up.bf16_one(&t(InputNorm), &[h])?,
-                post_attention_norm: up.bf16_one(&t(PostAttentionNorm), &[h])?,
-                q_norm: up.bf16_one(&t(QNorm), &[hd])?,
-                k_norm: up.bf16_one(&t(KNorm), &[hd])?,
+                input_norm,
+                post_attention_norm,
+                qk_norm,
                 qkv,
+                qkv_bias,
                 o_proj: up.bf16(&[&t(OProj)], &[h, q])?,
+                o_bias: match a.o_bias {
+                    true => Some(up.f32(&t(OBias), h)?),
+                    false => None,
+                },
+                sinks: match a.sinks {
+                    true => Some(up.f32(&t(Sinks), g.num_heads)?),
+                    false => None,
+                },
                 mlp,
             });
         }
+        let rope = match g.attention.qk_norm {
+            true => None,
+            false => {
+                let (inv_freq, scale) = krasis_model::layers::rope::inv_freq(hd, g.rope);
+                let dev = gpu.upload(&inv_freq, "RoPE frequency table")?;
+                up.bytes += 4 * inv_freq.len();
+                Some(RopeTable {
+                    inv_freq: dev,
+                    scale,
+                })
+            }
+        };
         let bytes = up.bytes;
         // The pre-flight plan sizes the weights with [`weight_bytes`]; a
         // load that put other sizes on the device would make every plan
@@ -166,6 +234,7 @@ impl ModelWeights {
             embed,
             final_norm,
             layers,
+            rope,
             bytes,
             host_bytes,
         })
@@ -183,23 +252,41 @@ pub struct WeightBytes {
 }
 
 /// The sizes [`ModelWeights::upload`] allocates for `g` (it checks its own
-/// total against this), tensor by tensor.
+/// total against this), tensor by tensor: BF16 matrices and norms, f32
+/// biases, sinks and RoPE table.
 pub fn weight_bytes(g: &Geometry) -> WeightBytes {
     let (h, q, kv, hd) = (g.hidden, g.q_dim(), g.kv_dim(), g.head_dim);
+    let a = &g.attention;
     let table = g.vocab_size * h;
     // The LM head (or the tied embedding), the final norm.
     let mut elems = table + h;
+    let mut f32s = if a.qk_norm { 0 } else { hd / 2 };
     for kind in g.layers.iter().map(|l| l.mlp) {
-        // Fused q/k/v, o_proj, the two RMSNorms and the q/k norms.
-        elems += (q + 2 * kv) * h + h * q + 2 * h + 2 * hd;
+        // Fused q/k/v, o_proj, the two RMSNorms.
+        elems += (q + 2 * kv) * h + h * q + 2 * h;
+        if a.qk_norm {
+            elems += 2 * hd;
+        }
+        if a.qkv_bias {
+            f32s += q + 2 * kv;
+        }
+        if a.o_bias {
+            f32s += h;
+        }
+        if a.sinks {
+            f32s += g.num_heads;
+        }
         elems += match kind {
             MlpKind::Moe => g.num_experts * h,
             MlpKind::Dense => 3 * g.intermediate * h,
         };
+        if kind == MlpKind::Moe && g.router.bias {
+            f32s += g.num_experts;
+        }
     }
     let host = if g.tie_word_embeddings { 0 } else { table };
     WeightBytes {
-        device: 2 * elems,
+        device: 2 * elems + 4 * f32s,
         host: 2 * host,
     }
 }
@@ -244,6 +331,23 @@ impl Uploader<'_> {
     fn bf16_one(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>> {
         self.bf16(&[name], shape)
     }
+
+    /// A `[len]` vector widened to f32 (exact from BF16/F16).
+    fn f32(&mut self, name: &str, len: usize) -> Result<CudaSlice<f32>> {
+        self.f32_fused(&[(name.to_string(), len)])
+    }
+
+    /// Concatenation of `[len_i]` vectors, in f32.
+    fn f32_fused(&mut self, parts: &[(String, usize)]) -> Result<CudaSlice<f32>> {
+        let mut host = Vec::with_capacity(parts.iter().map(|(_, n)| n).sum());
+        for (name, len) in parts {
+            host.extend(self.ckpt.expect(name, &[*len])?.to_f32());
+        }
+        self.bytes += host.len() * 4;
+        let dev = self.gpu.upload(&host, &parts[0].0)?;
+        self.done(host.len() * 4);
+        Ok(dev)
+    }
 }
 
 /// BF16 values of a stored tensor: BF16 is taken as is; F16 and F32
@@ -274,11 +378,18 @@ mod tests {
     use super::*;
     use krasis_model::ModelConfig;
 
-    /// The plan's weight sizes are the checkpoint's non-expert tensors, in
-    /// BF16, for a tied and an untied synthetic model with dense layers.
+    /// The plan's weight sizes are the checkpoint's non-expert tensors
+    /// (BF16 matrices and norms; f32 biases, sinks and router biases), plus
+    /// the f32 RoPE table of a family without q/k norms, for a tied and an
+    /// untied synthetic model with dense layers and for gpt_oss.
     #[test]
     fn weight_bytes_are_the_checkpoints_non_expert_tensors() {
-        for (preset, tie) in [("tiny", false), ("tiny", true), ("tiny-dense", false)] {
+        for (preset, tie) in [
+            ("tiny", false),
+            ("tiny", true),
+            ("tiny-dense", false),
+            ("tiny-gpt-oss", false),
+        ] {
             let dir = krasis_model::testutil::tiny_checkpoint_with(
                 preset,
                 &[("tie_word_embeddings", serde_json::json!(tie))],
@@ -288,23 +399,52 @@ mod tests {
             let ckpt = Checkpoint::open(&dir).unwrap();
             let experts: std::collections::HashSet<String> = g
                 .moe_layers()
+                .flat_map(|l| config.routed_expert_tensor_names(l))
+                .collect();
+            // Roles uploaded in f32, by their names in this checkpoint.
+            use LayerTensor::*;
+            let wide: std::collections::HashSet<String> = (0..g.num_layers)
                 .flat_map(|l| {
-                    (0..g.num_experts).flat_map({
-                        let config = &config;
-                        move |e| config.expert_tensor_names(l, e)
-                    })
+                    [QBias, KBias, VBias, OBias, Sinks, RouterBias]
+                        .map(|r| config.layer_tensor_name(l, r))
                 })
                 .collect();
-            let mut elems = 0;
+            let mut bytes = 0;
             for name in ckpt.tensor_names() {
                 if !experts.contains(name) {
-                    elems += ckpt.get(name).unwrap().numel();
+                    let size = if wide.contains(name) { 4 } else { 2 };
+                    bytes += size * ckpt.get(name).unwrap().numel();
                 }
             }
+            if !g.attention.qk_norm {
+                bytes += 4 * g.head_dim / 2;
+            }
             let w = weight_bytes(&g);
-            assert_eq!(w.device + w.host, 2 * elems, "{preset} tie={tie}");
+            assert_eq!(w.device + w.host, bytes, "{preset} tie={tie}");
             let table = 2 * g.vocab_size * g.hidden;
             assert_eq!(w.host, if tie { 0 } else { table }, "{preset} tie={tie}");
         }
+    }
+
+    /// gpt_oss uploads its biases and sinks and no q/k norms: the sizes
+    /// differ from a qwen3-shaped plan by exactly those tensors.
+    #[test]
+    fn gpt_oss_weight_bytes_count_biases_sinks_and_the_rope_table() {
+        let dir = krasis_model::testutil::tiny_gpt_oss_checkpoint();
+        let g = ModelConfig::load(&dir).unwrap().geometry();
+        assert!(g.attention.sinks && g.attention.qkv_bias && !g.attention.qk_norm);
+        let mut plain = g.clone();
+        plain.attention = krasis_model::arch::AttentionSpec {
+            qk_norm: true,
+            ..Default::default()
+        };
+        plain.router.bias = false;
+        let (q, kv, h, hd) = (g.q_dim(), g.kv_dim(), g.hidden, g.head_dim);
+        let per_layer = 4 * (q + 2 * kv + h + g.num_heads) - 2 * 2 * hd;
+        let want = weight_bytes(&plain).device
+            + g.num_layers * per_layer
+            + 4 * g.num_moe_layers() * g.num_experts
+            + 4 * hd / 2;
+        assert_eq!(weight_bytes(&g).device, want);
     }
 }

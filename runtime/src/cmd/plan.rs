@@ -58,7 +58,8 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
             bail!("{} cannot be served: {reason}", path.display())
         }
     };
-    let g = ModelConfig::load(&e.model)?.geometry();
+    let config = ModelConfig::load(&e.model)?;
+    let g = config.geometry();
     let max = g.max_position_embeddings;
     let context = match e.backend {
         Backend::Cuda => e.context_length.unwrap_or(max),
@@ -109,7 +110,7 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
                     g.hidden, g.expert_intermediate
                 ));
             }
-            if let Some(why) = krasis_gpu::plan::unsupported(&g) {
+            if let Some(why) = krasis_gpu::plan::unsupported(&config) {
                 warnings.push(why);
             }
             let device = match a.device_free {
@@ -203,7 +204,7 @@ mod tests {
         );
         assert_eq!(
             item("KV cache"),
-            krasis_gpu::scratch::kv_bytes(&g, 512) as u64
+            krasis_gpu::scratch::kv_bytes(&g, 512, 512) as u64
         );
         let cap = gpu.prefill_chunk as usize;
         assert_eq!(

@@ -1,8 +1,9 @@
-//! HCS: the exact GPU expert cache for models whose INT4 experts do not all
-//! fit in the VRAM the engine may use.
+//! HCS: the exact GPU expert cache for models whose experts (INT4 or MXFP4,
+//! whole `expert_stride` blocks of the cache) do not all fit in the VRAM
+//! the engine may use.
 //!
 //! Memory (see `docs/ARCHITECTURE.md`, memory classes):
-//! - *Host backing*: the whole INT4 cache, page-locked ([`PinnedExperts`]),
+//! - *Host backing*: the whole expert cache, page-locked ([`PinnedExperts`]),
 //!   one contiguous region per MoE layer; every copy reads from it.
 //! - *Resident tier*: slots in chunks allocated after calibration, holding
 //!   the heatmap's top experts for the life of the engine.

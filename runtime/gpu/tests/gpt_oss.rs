@@ -1,0 +1,256 @@
+//! The CUDA engine builds gpt_oss from its description: `tiny-gpt-oss`
+//! (`krasis_model::testutil::tiny_gpt_oss_checkpoint`: MXFP4 experts with
+//! biases and clamped SwiGLU, q/k/v/o biases, sinks, alternating 16-token
+//! sliding-window and full layers, YaRN table RoPE, the top-k-then-softmax
+//! router with bias; head_dim 64) against the CPU reference engine, which
+//! reads the checkpoint's own MXFP4 bits (not the expert cache the CUDA
+//! engine runs from), under the thresholds `tests/gpu_engine.rs` holds
+//! qwen3_moe to (`check::compare_full` + `LogitReport::passed`).
+//!
+//! Prefill chunks of 37 tokens make every sliding layer's ring (16 + 37 - 1
+//! = 52 rows) wrap several times in a 300-token prompt; 5-token prompts
+//! take the MXFP4 decode GEMVs, longer ones the grouped dequantize + GEMM
+//! path. On a machine without an NVIDIA driver every test prints `SKIPPED
+//! (no CUDA device): <name> (no NVIDIA driver)`.
+
+mod support;
+
+use krasis_gpu::check::{LogitReport, compare_full};
+use krasis_gpu::{CudaEngine, CudaEngineOptions};
+use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
+use krasis_model::{Engine, ModelConfig};
+use std::path::{Path, PathBuf};
+use support::{
+    bound, cuda, cuda_options, generate_all, gpu_or_skip, greedy_request, no_resident_options,
+    tokens,
+};
+
+const CONTEXT: usize = 512;
+
+fn model() -> PathBuf {
+    let dir = krasis_model::testutil::tiny_gpt_oss_checkpoint();
+    let g = ModelConfig::load(&dir).expect("config").geometry();
+    // What these tests are about: a model the old engine refused.
+    assert!(g.attention.sinks && g.attention.qkv_bias && !g.attention.qk_norm);
+    assert!(g.layers.iter().any(|l| matches!(
+        l.attention,
+        krasis_model::arch::AttentionKind::Sliding { window: 16 }
+    )));
+    assert_eq!(g.head_dim, 64);
+    dir
+}
+
+fn reference(model: &Path) -> ReferenceEngine {
+    ReferenceEngine::load(
+        model,
+        ReferenceOptions {
+            context_length: Some(CONTEXT),
+        },
+    )
+    .expect("reference engine")
+}
+
+fn load(model: &Path, opts: &CudaEngineOptions) -> CudaEngine {
+    let e = cuda(model, opts);
+    eprintln!("loaded: {:?}", e.load_report());
+    e
+}
+
+fn check(label: &str, gpu: &[Vec<f32>], reference: &[Vec<f32>]) -> LogitReport {
+    assert_eq!(gpu.len(), reference.len(), "{label}: positions");
+    let rep = compare_full(label, gpu, reference, bound(reference));
+    eprintln!("{}", rep.line());
+    rep
+}
+
+fn bits(rows: &[Vec<f32>]) -> Vec<u32> {
+    rows.iter().flatten().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn gpt_oss_prompt_logits_match_reference() {
+    if !gpu_or_skip("gpt_oss_prompt_logits_match_reference") {
+        return;
+    }
+    let model = model();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut reference = reference(&model);
+    let vocab = reference.info().vocab_size;
+    let mut gpu = load(
+        &model,
+        &cuda_options(&tmp.path().join("cache"), CONTEXT, 37),
+    );
+    assert!(!gpu.hcs_active(), "the tiny model's experts all fit");
+    for (n, seed) in [(5usize, 1u64), (100, 2), (300, 3)] {
+        let toks = tokens(n, vocab, seed);
+        let g = gpu.prompt_logits(&toks).expect("gpu logits");
+        let r = reference.prompt_logits(&toks).expect("reference logits");
+        let rep = check(&format!("tiny-gpt-oss {n} tokens"), &g, &r);
+        assert!(rep.passed(), "{}", rep.line());
+    }
+}
+
+/// Greedy decode (ring decode attention with sinks, the MXFP4 GEMVs with
+/// biases, the biased router) against the reference over the same tokens.
+#[test]
+fn gpt_oss_greedy_decode_matches_reference() {
+    if !gpu_or_skip("gpt_oss_greedy_decode_matches_reference") {
+        return;
+    }
+    let model = model();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut reference = reference(&model);
+    let vocab = reference.info().vocab_size;
+    let mut gpu = load(
+        &model,
+        &cuda_options(&tmp.path().join("cache"), CONTEXT, 37),
+    );
+    // 40 decode steps past a 30-token prompt cross the 16-token window and
+    // wrap the decode ring.
+    let prompt = tokens(30, vocab, 11);
+    let n = 40;
+    let (toks, rows) = gpu.greedy_logits(&prompt, n).expect("greedy");
+    let mut seq = prompt.clone();
+    seq.extend_from_slice(&toks[..n - 1]);
+    let r = reference.prompt_logits(&seq).expect("reference logits");
+    let rep = check("tiny-gpt-oss greedy decode", &rows, &r[prompt.len() - 1..]);
+    assert!(rep.passed(), "{}", rep.line());
+}
+
+/// Decode as one CUDA graph per step gives the bits of eager decode.
+#[test]
+fn gpt_oss_decode_graphs_equal_eager() {
+    if !gpu_or_skip("gpt_oss_decode_graphs_equal_eager") {
+        return;
+    }
+    let model = model();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut gpu = load(
+        &model,
+        &cuda_options(&tmp.path().join("cache"), CONTEXT, 64),
+    );
+    let vocab = gpu.info().vocab_size;
+    let prompt = tokens(20, vocab, 9);
+    let (graphs, graph_rows) = gpu.greedy_logits(&prompt, 40).expect("graphs");
+    let (graphs_gen, _) = generate_all(&mut gpu, &greedy_request(&prompt, 40));
+    gpu.set_cuda_graphs(false);
+    let (eager, eager_rows) = gpu.greedy_logits(&prompt, 40).expect("eager");
+    let (eager_gen, _) = generate_all(&mut gpu, &greedy_request(&prompt, 40));
+    assert_eq!(graphs, eager, "CUDA-graph decode differs from eager decode");
+    assert!(
+        bits(&graph_rows) == bits(&eager_rows),
+        "decode logits differ between graphs and eager"
+    );
+    assert_eq!(graphs_gen, eager_gen);
+    assert_eq!(graphs_gen, graphs);
+}
+
+/// A prompt prefilled in 37-token chunks (every sliding layer's 52-row ring
+/// wraps) and in one chunk (no wrap) gives the same logits within the
+/// criterion. (cuBLAS picks its GEMM kernels by shape and the attention
+/// tiles differ, so the bits need not be equal; a wrong ring row would be
+/// far outside it.)
+#[test]
+fn gpt_oss_chunked_prefill_equals_one_chunk() {
+    if !gpu_or_skip("gpt_oss_chunked_prefill_equals_one_chunk") {
+        return;
+    }
+    let model = model();
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let mut chunked = load(&model, &cuda_options(&cache, CONTEXT, 37));
+    let vocab = chunked.info().vocab_size;
+    let toks = tokens(300, vocab, 5);
+    let a = chunked.prompt_logits(&toks).expect("chunked");
+    drop(chunked);
+    let mut whole = load(&model, &cuda_options(&cache, CONTEXT, CONTEXT));
+    assert_eq!(whole.load_report().prefill_chunk, CONTEXT);
+    let b = whole.prompt_logits(&toks).expect("one chunk");
+    let rep = check("tiny-gpt-oss 37-token chunks vs one chunk", &a, &b);
+    assert!(rep.passed(), "{}", rep.line());
+    // The decode after either prefill continues the same way.
+    let (ta, _) = generate_all(&mut whole, &greedy_request(&toks[..200], 24));
+    let mut chunked = load(&model, &cuda_options(&cache, CONTEXT, 37));
+    let (tb, _) = generate_all(&mut chunked, &greedy_request(&toks[..200], 24));
+    let same = ta.iter().zip(&tb).take_while(|(x, y)| x == y).count();
+    eprintln!("greedy continuations agree on {same} of 24 tokens");
+    assert!(
+        same >= 8,
+        "greedy continuations diverge at {same}: {ta:?} vs {tb:?}"
+    );
+}
+
+/// With HCS forced on and nothing resident (streamed prefill through the
+/// layer groups, every decode expert demand-copied), prompt logits, greedy
+/// tokens and decode logits are bit-identical to all-resident; so is a
+/// prompt streamed one chunk per span.
+#[test]
+fn gpt_oss_hcs_and_streamed_prefill_are_bit_identical() {
+    if !gpu_or_skip("gpt_oss_hcs_and_streamed_prefill_are_bit_identical") {
+        return;
+    }
+    let model = model();
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let chunk = 37;
+    let all = CudaEngineOptions {
+        hcs: false,
+        ..cuda_options(&cache, CONTEXT, chunk)
+    };
+    let mut resident = load(&model, &all);
+    let vocab = resident.info().vocab_size;
+    let toks = tokens(300, vocab, 21);
+    let base_prompt = resident.prompt_logits(&toks).expect("resident prompt");
+    let (base_tokens, base_decode) = resident.greedy_logits(&toks[..100], 32).expect("greedy");
+    drop(resident);
+
+    let mut hcs = load(&model, &no_resident_options(&cache, CONTEXT, chunk));
+    assert!(hcs.hcs_active(), "HCS was not forced on");
+    let prompt = hcs.prompt_logits(&toks).expect("HCS prompt");
+    assert!(
+        bits(&prompt) == bits(&base_prompt),
+        "streamed prefill differs from all-resident prefill"
+    );
+    let (t, decode) = hcs.greedy_logits(&toks[..100], 32).expect("HCS greedy");
+    assert_eq!(t, base_tokens, "HCS greedy tokens");
+    assert!(
+        bits(&decode) == bits(&base_decode),
+        "HCS decode logits differ from all-resident decode"
+    );
+    let chunk = hcs.load_report().prefill_chunk;
+    hcs.set_prefill_span(Some(chunk));
+    let spans = hcs.prompt_logits(&toks).expect("spans");
+    assert!(
+        bits(&spans) == bits(&base_prompt),
+        "prefill in one-chunk spans differs from all-resident prefill"
+    );
+    let s = hcs.hcs_stats().expect("HCS stats");
+    eprintln!(
+        "HCS: {}/{} experts on the GPU, {} resident-tier slots",
+        s.resident_experts, s.total_experts, s.resident_tier_slots
+    );
+}
+
+/// The KV cache keeps the window's ring for sliding layers only: the
+/// load's KV bytes are the plan's per-layer sum, less than a full cache.
+#[test]
+fn gpt_oss_kv_is_allocated_per_layer() {
+    if !gpu_or_skip("gpt_oss_kv_is_allocated_per_layer") {
+        return;
+    }
+    let model = model();
+    let tmp = tempfile::tempdir().unwrap();
+    let gpu = load(
+        &model,
+        &cuda_options(&tmp.path().join("cache"), CONTEXT, 37),
+    );
+    let g = gpu.geometry().clone();
+    let r = gpu.load_report();
+    assert_eq!(r.kv_bytes, krasis_gpu::scratch::kv_bytes(&g, CONTEXT, 37));
+    assert!(r.kv_bytes < 2 * g.num_layers * g.kv_dim() * CONTEXT * 2);
+    assert_eq!(
+        r.weight_bytes,
+        krasis_gpu::weights::weight_bytes(&g).device,
+        "weights uploaded as planned"
+    );
+}
