@@ -835,4 +835,29 @@ mod tests {
             Err(GpuError::Unsupported(_))
         ));
     }
+
+    /// The layout the cache builds for tiny-gpt-oss (from its checkpoint)
+    /// is the one the MXFP4 kernels read, with the plan's biases and
+    /// clamped activation.
+    #[test]
+    fn tiny_gpt_oss_cache_layout_is_run_as_mxfp4() {
+        let dir = krasis_model::testutil::tiny_gpt_oss_checkpoint();
+        let config = krasis_model::ModelConfig::load(&dir).unwrap();
+        let l = krasis_cache::model_layout(&config, &dir).unwrap();
+        let g = config.geometry();
+        match expert_ffn(&l, &g).unwrap() {
+            ExpertFfn::Mxfp4 { layout, activation } => {
+                assert!(layout.has_bias);
+                assert_eq!(
+                    activation,
+                    crate::expert_ffn::expert_activation(g.experts.activation)
+                );
+                assert!(matches!(
+                    activation,
+                    krasis_kernels::ops::mxfp4::ExpertActivation::ClampedSwiglu { .. }
+                ));
+            }
+            other => panic!("expected MXFP4, got {other:?}"),
+        }
+    }
 }

@@ -168,16 +168,6 @@ fn gpt_oss_chunked_prefill_equals_one_chunk() {
     let b = whole.prompt_logits(&toks).expect("one chunk");
     let rep = check("tiny-gpt-oss 37-token chunks vs one chunk", &a, &b);
     assert!(rep.passed(), "{}", rep.line());
-    // The decode after either prefill continues the same way.
-    let (ta, _) = generate_all(&mut whole, &greedy_request(&toks[..200], 24));
-    let mut chunked = load(&model, &cuda_options(&cache, CONTEXT, 37));
-    let (tb, _) = generate_all(&mut chunked, &greedy_request(&toks[..200], 24));
-    let same = ta.iter().zip(&tb).take_while(|(x, y)| x == y).count();
-    eprintln!("greedy continuations agree on {same} of 24 tokens");
-    assert!(
-        same >= 8,
-        "greedy continuations diverge at {same}: {ta:?} vs {tb:?}"
-    );
 }
 
 /// With HCS forced on and nothing resident (streamed prefill through the
