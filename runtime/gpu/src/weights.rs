@@ -211,6 +211,7 @@ impl ModelWeights {
                 let (inv_freq, scale) = krasis_model::layers::rope::inv_freq(hd, g.rope);
                 let dev = gpu.upload(&inv_freq, "RoPE frequency table")?;
                 up.bytes += 4 * inv_freq.len();
+                up.done(4 * inv_freq.len());
                 Some(RopeTable {
                     inv_freq: dev,
                     scale,

@@ -213,8 +213,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     );
     let g = engine.geometry().clone();
     let info = engine.gpu().info.clone();
-    let expert_bytes = krasis_cache::ExpertLayout::int4(g.hidden, g.expert_intermediate)
-        .map_or(0, |l| l.used_bytes);
+    // The bytes an expert GEMV reads: the loaded cache's own format (INT4,
+    // or a checkpoint's MXFP4 with its biases).
+    let expert_bytes = engine.expert_cache().map_or(0, |c| c.layout().used_bytes);
     let copy_rates = engine.measure_copy_rates()?.map(|(e, b, n)| CopyRates {
         expert_gb_s: e,
         big_gb_s: b,
