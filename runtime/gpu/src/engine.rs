@@ -11,7 +11,6 @@
 
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
-use crate::expert_ffn::ExpertFfn;
 use crate::experts::ExpertTable;
 use crate::forward::{Model, Positions};
 use crate::options::{CudaEngineOptions, GEMV_MAX_TOKENS};
@@ -21,9 +20,7 @@ use crate::weights::ModelWeights;
 use cudarc::driver::{CudaGraph, sys};
 use krasis_common::events::EventSink;
 use krasis_common::status::EngineStats;
-use krasis_kernels::ops::mxfp4::Mxfp4Layout;
-use krasis_kernels::{Int4Layout, Kernels};
-use krasis_model::arch::Activation;
+use krasis_kernels::Kernels;
 use krasis_model::{
     CancelToken, Checkpoint, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome,
     GenerateRequest, GenerateStats, Geometry, LiveProgress, ModelConfig, SamplingParams,
@@ -123,7 +120,7 @@ impl CudaEngine {
                 opts.cache_root.as_deref(),
                 progress,
             )?);
-            let ffn = expert_ffn(&cache.layout(), &g)?;
+            let ffn = crate::expert_ffn::ExpertFfn::for_cache(&cache.layout(), &g)?;
             if cache.moe_layers() != g.moe_layers().collect::<Vec<_>>() {
                 return Err(GpuError::Cache(format!(
                     "{} holds MoE layers {:?} but the model's MoE layers are {:?}",
@@ -683,181 +680,4 @@ fn kernel_sampling(p: &SamplingParams) -> Result<krasis_kernels::SamplingParams,
     // model's generation_config.json) fails the request, not the engine.
     k.validate().map_err(EngineError::InvalidRequest)?;
     Ok(k)
-}
-
-/// The expert arithmetic of a cache whose experts are laid out as `l`,
-/// for a model of geometry `g`: the format the cache records (INT4 with its
-/// group, or MXFP4 with the model's biases) and the plan's activation. A
-/// layout the kernels do not implement is refused, not misread.
-fn expert_ffn(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Result<ExpertFfn> {
-    if l.hidden != g.hidden || l.intermediate != g.expert_intermediate {
-        return Err(GpuError::Cache(format!(
-            "cache experts are {}x{} but the model's are {}x{}",
-            l.hidden, l.intermediate, g.hidden, g.expert_intermediate
-        )));
-    }
-    if l.has_bias != g.experts.bias {
-        return Err(GpuError::Cache(format!(
-            "cache experts {} biases but the model's experts {}",
-            if l.has_bias { "carry" } else { "lack" },
-            if g.experts.bias {
-                "have them"
-            } else {
-                "do not"
-            }
-        )));
-    }
-    match l.format {
-        krasis_cache::ExpertFormat::Int4 { group } => {
-            if g.experts.activation != Activation::Swiglu {
-                return Err(GpuError::Unsupported(format!(
-                    "INT4 experts with {:?} (the INT4 kernels implement SwiGLU)",
-                    g.experts.activation
-                )));
-            }
-            let mine = Int4Layout {
-                hidden: l.hidden,
-                intermediate: l.intermediate,
-                group,
-                w13_q: l.w13_q,
-                w13_s: l.w13_s,
-                w2_q: l.w2_q,
-                w2_s: l.w2_s,
-            };
-            // The kernels hard-code the format-2 INT4 layout; a cache whose
-            // offsets differ from what they expect is refused.
-            if Int4Layout::new(l.hidden, l.intermediate, group) != Some(mine) {
-                return Err(GpuError::Cache(format!(
-                    "cache expert layout {l:?} differs from the format-2 INT4 layout the kernels implement"
-                )));
-            }
-            Ok(ExpertFfn::Int4Swiglu(mine))
-        }
-        krasis_cache::ExpertFormat::Mxfp4 => {
-            let mine = Mxfp4Layout {
-                hidden: l.hidden,
-                intermediate: l.intermediate,
-                has_bias: l.has_bias,
-                w13_q: l.w13_q,
-                w13_s: l.w13_s,
-                w13_b: l.w13_b,
-                w2_q: l.w2_q,
-                w2_s: l.w2_s,
-                w2_b: l.w2_b,
-            };
-            if Mxfp4Layout::new(l.hidden, l.intermediate, l.has_bias) != Some(mine)
-                || mine.used_bytes() != l.used_bytes
-            {
-                return Err(GpuError::Cache(format!(
-                    "cache expert layout {l:?} differs from the format-2 MXFP4 layout the kernels implement"
-                )));
-            }
-            Ok(ExpertFfn::Mxfp4 {
-                layout: mine,
-                activation: crate::expert_ffn::expert_activation(g.experts.activation),
-            })
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use krasis_cache::{ExpertFormat, ExpertLayout};
-
-    fn geometry(h: usize, i: usize) -> Geometry {
-        let mut g = krasis_model::synth::preset_geometry("tiny").expect("tiny preset");
-        g.hidden = h;
-        g.expert_intermediate = i;
-        g
-    }
-
-    #[test]
-    fn int4_layout_takes_the_cache_group() {
-        // A 2880-wide model's cache has group 32; the kernels get it.
-        let l = ExpertLayout::int4(2880, 1440).unwrap();
-        let Ok(ExpertFfn::Int4Swiglu(k)) = expert_ffn(&l, &geometry(2880, 1440)) else {
-            panic!("INT4 cache not read as INT4");
-        };
-        assert_eq!(k.group, 32);
-        assert_eq!(Some(k), Int4Layout::new(2880, 1440, 32));
-        let l = ExpertLayout::int4(2048, 768).unwrap();
-        let Ok(ExpertFfn::Int4Swiglu(k)) = expert_ffn(&l, &geometry(2048, 768)) else {
-            panic!("INT4 cache not read as INT4");
-        };
-        assert_eq!(k.group, 128);
-        // Dims that disagree with the model are refused.
-        assert!(matches!(
-            expert_ffn(&l, &geometry(2048, 1024)),
-            Err(GpuError::Cache(_))
-        ));
-    }
-
-    #[test]
-    fn an_mxfp4_cache_is_run_as_mxfp4_with_the_plans_activation() {
-        let mut g = geometry(2880, 2880);
-        g.experts = krasis_model::arch::ExpertSpec {
-            activation: Activation::ClampedSwiglu {
-                limit: 7.0,
-                alpha: 1.702,
-            },
-            bias: true,
-        };
-        let l = ExpertLayout::new(ExpertFormat::Mxfp4, 2880, 2880, true).unwrap();
-        match expert_ffn(&l, &g).unwrap() {
-            ExpertFfn::Mxfp4 { layout, activation } => {
-                assert_eq!(Some(layout), Mxfp4Layout::new(2880, 2880, true));
-                assert_eq!(layout.used_bytes(), l.used_bytes);
-                assert_eq!(
-                    activation,
-                    krasis_kernels::ops::mxfp4::ExpertActivation::ClampedSwiglu {
-                        limit: 7.0,
-                        alpha: 1.702
-                    }
-                );
-            }
-            other => panic!("expected MXFP4, got {other:?}"),
-        }
-        // A cache without the model's biases, or with moved offsets, is
-        // refused rather than misread.
-        let plain = ExpertLayout::new(ExpertFormat::Mxfp4, 2880, 2880, false).unwrap();
-        assert!(matches!(expert_ffn(&plain, &g), Err(GpuError::Cache(_))));
-        let moved = ExpertLayout {
-            w2_q: l.w2_q + 256,
-            ..l
-        };
-        assert!(matches!(expert_ffn(&moved, &g), Err(GpuError::Cache(_))));
-        // INT4 experts with the clamped activation have no kernel.
-        g.experts.bias = false;
-        let int4 = ExpertLayout::int4(2880, 2880).unwrap();
-        assert!(matches!(
-            expert_ffn(&int4, &g),
-            Err(GpuError::Unsupported(_))
-        ));
-    }
-
-    /// The layout the cache builds for tiny-gpt-oss (from its checkpoint)
-    /// is the one the MXFP4 kernels read, with the plan's biases and
-    /// clamped activation.
-    #[test]
-    fn tiny_gpt_oss_cache_layout_is_run_as_mxfp4() {
-        let dir = krasis_model::testutil::tiny_gpt_oss_checkpoint();
-        let config = krasis_model::ModelConfig::load(&dir).unwrap();
-        let l = krasis_cache::model_layout(&config, &dir).unwrap();
-        let g = config.geometry();
-        match expert_ffn(&l, &g).unwrap() {
-            ExpertFfn::Mxfp4 { layout, activation } => {
-                assert!(layout.has_bias);
-                assert_eq!(
-                    activation,
-                    crate::expert_ffn::expert_activation(g.experts.activation)
-                );
-                assert!(matches!(
-                    activation,
-                    krasis_kernels::ops::mxfp4::ExpertActivation::ClampedSwiglu { .. }
-                ));
-            }
-            other => panic!("expected MXFP4, got {other:?}"),
-        }
-    }
 }

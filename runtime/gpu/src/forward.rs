@@ -27,10 +27,8 @@ use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
 use crate::weights::{Embedding, MlpWeights, ModelWeights};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
-use krasis_kernels::ops::attention::RingAttn;
-use krasis_kernels::{Kernels, QkvGeom, StartPos};
+use krasis_kernels::{Kernels, QkvGeom};
 use krasis_model::Geometry;
-use krasis_model::arch::AttentionKind;
 
 /// Everything resident on the device for one model.
 pub struct Model {
@@ -141,7 +139,7 @@ impl Ctx<'_> {
             .ok_or_else(|| GpuError::Unsupported("MoE layer but no expert format loaded".into()))
     }
 
-    fn qkv_geom(&self, t: usize) -> QkvGeom {
+    pub(crate) fn qkv_geom(&self, t: usize) -> QkvGeom {
         QkvGeom {
             n_tokens: t,
             n_q_heads: self.g.num_heads,
@@ -301,7 +299,7 @@ impl Model {
         if !decode {
             kn.rmsnorm::<f32>(s, &sc.residual, &lw.input_norm, t, h, eps, &mut sc.normed)?;
         }
-        attention(&cx, sc, kv, l, t, at)?;
+        crate::attention::attention(&cx, sc, kv, l, t, at)?;
         if !decode {
             kn.rmsnorm::<f32>(
                 s,
@@ -418,168 +416,4 @@ impl Model {
             "LM head",
         )
     }
-}
-
-/// Attention block of layer `l`: reads `scratch.normed`, adds the o_proj
-/// output (and its bias) into `scratch.residual`.
-///
-/// The plan's parts, each only where the layer has it: q/k/v projected to
-/// f32 and its bias added with one rounding to BF16; q/k RMSNorm fused with
-/// RoPE, or RoPE from the model's frequency table; plain causal attention
-/// over a linear KV cache, or (sliding window or sinks) the ring kernels.
-pub(crate) fn attention(
-    cx: &Ctx<'_>,
-    sc: &mut Scratch,
-    kv: &mut KvCache,
-    l: usize,
-    t: usize,
-    at: Positions,
-) -> Result<()> {
-    let g = cx.g;
-    let (h, q, kvd) = (g.hidden, g.q_dim(), g.kv_dim());
-    let (s, kn) = (&cx.gpu.stream, cx.kn);
-    let lw = &cx.w.layers[l];
-    let geom = cx.qkv_geom(t);
-    let eps = g.rms_norm_eps;
-    let decode = matches!(at, Positions::Decode);
-    match (&lw.qkv_bias, decode) {
-        // The input RMSNorm folded in (the caller skipped it).
-        (None, true) => cx.norm_gemv::<bf16>(
-            &sc.residual,
-            &lw.input_norm,
-            &lw.qkv,
-            q + 2 * kvd,
-            &mut sc.normed,
-            &mut sc.qkv,
-        )?,
-        (None, false) => cx.gemm(
-            (t, q + 2 * kvd, h),
-            cx.p(&sc.normed, 0),
-            cx.p(&lw.qkv, 0),
-            cx.p(&sc.qkv, 0),
-            OutType::Bf16,
-            0.0,
-            "qkv projection",
-        )?,
-        (Some(bias), _) => {
-            let wide = sc.qkv_f32.as_mut().ok_or_else(|| {
-                GpuError::Unsupported("q/k/v biases without their f32 scratch".into())
-            })?;
-            if decode {
-                cx.norm_gemv::<f32>(
-                    &sc.residual,
-                    &lw.input_norm,
-                    &lw.qkv,
-                    q + 2 * kvd,
-                    &mut sc.normed,
-                    wide,
-                )?;
-            } else {
-                cx.gemm(
-                    (t, q + 2 * kvd, h),
-                    cx.p(&sc.normed, 0),
-                    cx.p(&lw.qkv, 0),
-                    cx.p(wide, 0),
-                    OutType::F32,
-                    0.0,
-                    "qkv projection",
-                )?;
-            }
-            kn.bias_cast_f32_to_bf16(s, wide, bias, t, q + 2 * kvd, &mut sc.qkv)?;
-        }
-    }
-    let theta = g.rope.theta as f32;
-    let scale = 1.0 / (g.head_dim as f32).sqrt();
-    let kvg = kv.geoms[l];
-    let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
-    let sp = match at {
-        Positions::Prefill(start) => StartPos::Host(
-            u32::try_from(start)
-                .map_err(|_| GpuError::Unsupported(format!("position {start} exceeds u32")))?,
-        ),
-        Positions::Decode => StartPos::Device(&sc.pos),
-    };
-    match (&lw.qk_norm, &cx.w.rope) {
-        (Some(n), _) => kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &n.q, &n.k, theta, eps)?,
-        (None, Some(r)) => kn.rope_table(s, &mut sc.qkv, geom, sp, &r.inv_freq, r.scale)?,
-        (None, None) => {
-            return Err(GpuError::Unsupported(
-                "attention without q/k norms but no RoPE table loaded".into(),
-            ));
-        }
-    }
-    let window = match g.layers[l].attention {
-        AttentionKind::Full => 0,
-        AttentionKind::Sliding { window } => window,
-    };
-    if window == 0 && lw.sinks.is_none() {
-        kn.kv_append(s, &sc.qkv, geom, sp, kvg, kc, vc)?;
-        match at {
-            Positions::Prefill(start) => {
-                kn.attention_prefill(s, &sc.qkv, geom, start, kvg, kc, vc, scale, &mut sc.attn)?
-            }
-            Positions::Decode => kn.attention_decode(
-                s,
-                &sc.qkv,
-                geom,
-                sp,
-                kvg,
-                kc,
-                vc,
-                scale,
-                &mut sc.attn_ws,
-                &mut sc.attn,
-            )?,
-        }
-    } else {
-        let ring = RingAttn {
-            sinks: lw.sinks.as_ref(),
-            window,
-        };
-        kn.kv_append_ring(s, &sc.qkv, geom, sp, kvg, kc, vc)?;
-        match at {
-            Positions::Prefill(start) => kn.attention_prefill_ring(
-                s,
-                &sc.qkv,
-                geom,
-                start,
-                kvg,
-                kc,
-                vc,
-                scale,
-                ring,
-                &mut sc.attn,
-            )?,
-            Positions::Decode => kn.attention_decode_ring(
-                s,
-                &sc.qkv,
-                geom,
-                sp,
-                kvg,
-                kc,
-                vc,
-                scale,
-                ring,
-                &mut sc.attn_ws,
-                &mut sc.attn,
-            )?,
-        }
-    }
-    if decode {
-        kn.gemv_bf16::<f32>(s, &sc.attn, &lw.o_proj, 1, h, q, true, &mut sc.residual)?;
-    } else {
-        cx.gemm(
-            (t, h, q),
-            cx.p(&sc.attn, 0),
-            cx.p(&lw.o_proj, 0),
-            cx.p(&sc.residual, 0),
-            OutType::F32,
-            1.0,
-            "o_proj",
-        )?;
-    }
-    if let Some(b) = &lw.o_bias {
-        kn.add_bias_rows::<f32>(s, &mut sc.residual, b, t, h)?;
-    }
-    Ok(())
 }

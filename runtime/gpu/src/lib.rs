@@ -4,6 +4,7 @@
 //! in VRAM when they fit, otherwise cached by HCS (`hcs`) with streamed
 //! prefill.
 
+mod attention;
 pub mod blas;
 pub mod bounds;
 pub mod calibrate;

@@ -2,9 +2,10 @@
 //! around its parts run on their own (bench only; the token path carries
 //! no instrumentation).
 
+use crate::attention::attention;
 use crate::engine::CudaEngine;
 use crate::error::{GpuError, Result};
-use crate::forward::{Positions, attention};
+use crate::forward::Positions;
 use crate::weights::MlpWeights;
 use cudarc::driver::sys::CUevent_flags;
 use serde::Serialize;
