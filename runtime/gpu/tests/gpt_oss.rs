@@ -244,3 +244,34 @@ fn gpt_oss_kv_is_allocated_per_layer() {
         "weights uploaded as planned"
     );
 }
+
+/// The check above can fail on gpt_oss: the engine with a planted bug
+/// (a dropped expert; swapped k/v heads of the fused projection) fails it,
+/// and passes again with the bug removed.
+#[test]
+fn gpt_oss_check_fails_with_a_planted_bug() {
+    use krasis_gpu::forward::Fault;
+    if !gpu_or_skip("gpt_oss_check_fails_with_a_planted_bug") {
+        return;
+    }
+    let model = model();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut reference = reference(&model);
+    let vocab = reference.info().vocab_size;
+    let toks = tokens(100, vocab, 2);
+    let r = reference.prompt_logits(&toks).expect("reference logits");
+    let mut gpu = load(
+        &model,
+        &cuda_options(&tmp.path().join("cache"), CONTEXT, 37),
+    );
+    for fault in [Fault::DropExpert, Fault::SwapGqa] {
+        gpu.set_fault(fault).expect("plant");
+        let g = gpu.prompt_logits(&toks).expect("gpu logits");
+        let rep = check(&format!("tiny-gpt-oss with {fault:?}"), &g, &r);
+        assert!(!rep.passed(), "{fault:?} passed the check: {}", rep.line());
+    }
+    gpu.set_fault(Fault::None).expect("remove");
+    let g = gpu.prompt_logits(&toks).expect("gpu logits");
+    let rep = check("tiny-gpt-oss without a fault", &g, &r);
+    assert!(rep.passed(), "{}", rep.line());
+}
