@@ -53,9 +53,11 @@ else
 fi
 
 step "independent oracles reproduce their committed fixtures (NumPy MXFP4, openai-harmony)"
-"$venv/bin/python" -m unittest tools/witness/test_mxfp4_oracle.py
+"$venv/bin/python" -m unittest tools/witness/test_mxfp4_oracle.py tools/witness/test_gpt_oss_layout.py
 "$venv/bin/python" tools/witness/mxfp4_oracle.py --check
 "$venv/bin/python" tools/harmony/oracle.py --check
+"$venv/bin/python" tools/harmony/token_ids.py --check
+"$venv/bin/python" tools/witness/make_sequences_gpt_oss.py --check
 
 step "python end-to-end tests (official openai client against krasis-runtime)"
 "$venv/bin/python" -m pytest -q tests/e2e
