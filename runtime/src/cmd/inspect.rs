@@ -10,7 +10,7 @@ use krasis_common::inspect::{
     ModelReport, ParamCounts,
 };
 use krasis_common::{Backend, PROTOCOL_VERSION};
-use krasis_model::{Checkpoint, ExpertStorage, Geometry, ModelConfig};
+use krasis_model::{Checkpoint, Geometry, ModelConfig};
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
@@ -66,14 +66,8 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
     // How the routed experts are stored (what the reference engine reads):
     // a float dtype, MXFP4, or absent (a checkpoint written without them);
     // and their bytes as stored, summed over the tensors themselves.
-    let first_moe = g.moe_layers().next();
-    let stored_experts: Option<String> = first_moe.and_then(|l| match config.expert_storage(l) {
-        ExpertStorage::PerExpert => {
-            let [gate, _, _] = config.expert_tensor_names(l, 0);
-            ckpt.get(&gate).ok().map(|t| t.dtype.name().to_lowercase())
-        }
-        ExpertStorage::FusedMxfp4(n) => ckpt.raw(&n.gate_up_blocks).ok().map(|_| "mxfp4".into()),
-    });
+    let stored_experts =
+        krasis_model::reference::stored_expert_format(&config, &ckpt).map(str::to_lowercase);
     let embed_dtype = ckpt.get(&config.embed_tensor_name()).ok().map(|t| t.dtype);
     let checkpoint_dtype = stored_experts
         .clone()
