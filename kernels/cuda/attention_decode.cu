@@ -240,7 +240,8 @@ __device__ __forceinline__ void attn_decode_combine_t(const float* __restrict__ 
         if (sinks) sink2 = sinks[h] * DEC_LOG2E;
         M = sink2;
     }
-    for (u32 s = 0; s < n_splits && (RING ? s * chunk < n_keys : s * chunk <= pos); ++s) M = fmaxf(M, m_part[s * nq + h]);
+    for (u32 s = 0; s < n_splits && (RING ? s * chunk < n_keys : s * chunk <= pos); ++s)
+        M = fmaxf(M, m_part[s * nq + h]);
     float L = 0.0f, O = 0.0f;
     // The sink: one more logit in the denominator, no value (header).
     if constexpr (RING) {

@@ -26,6 +26,9 @@
 //   two blocks (8 warps) fit an H100/H200 SM, one an A100/sm_8x SM.
 // ptxas (NVRTC 13.0, sm_90): d64 167, d128 254, d256 255 registers, no
 // spills; at <= 255 registers two 128-thread blocks fit an SM's register file.
+// The gpt-oss (ring) variants (NVRTC 13.5): ring d64 167, ring d128 248, no
+// spills; d256 has no ring variant (no register headroom; the SIMT kernel
+// serves it).
 // The launch passes exactly pf_smem_bytes(D, BN, QS) bytes of dynamic shared
 // memory (mirrored in ops/attention.rs); a smaller launch traps.
 //

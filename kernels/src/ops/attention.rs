@@ -1,7 +1,7 @@
 //! Causal GQA attention: tensor-core flash attention for prefill and
 //! split-K flash-decoding for one new token (`cuda/attention_*.cu`).
-//! The gpt-oss variant (sinks, sliding window, ring-indexed cache) is in
-//! [`ring`].
+//! The gpt-oss variant (sinks, sliding window, ring-indexed cache) is
+//! [`RingAttn`] with the `*_ring` methods (`attention/ring.rs`).
 
 mod ring;
 

@@ -221,10 +221,13 @@ impl Field {
         let caps = cx.caps;
         let arch = cx.model_type.and_then(|t| caps.architecture(t));
         match self {
+            // Only the backends that build this model's family (the
+            // registry's list; gpt_oss runs on the reference engine only).
             Field::Backend => caps
                 .backends
                 .iter()
                 .filter(|b| b.available)
+                .filter(|b| arch.is_none_or(|a| a.backends.contains(&b.name)))
                 .map(|b| b.name.clone())
                 .collect(),
             Field::ExpertPrecision => arch

@@ -331,7 +331,7 @@ fn witness_tiny_dense_head_dim_64() {
 /// faults also cross chunk boundaries (the KV cache path).
 #[test]
 fn witness_comparison_fails_on_every_planted_fault() {
-    for case_name in ["tiny", "tiny-hd64"] {
+    for case_name in ["tiny", "tiny-hd64", "tiny-gpt-oss"] {
         let dir = witness_fixtures_dir().join(case_name).join("source");
         let (case, ckpt) = case_checkpoint(case_name, &dir, None);
         let longest = case.sequences.iter().map(Vec::len).max().unwrap_or(1);
@@ -342,7 +342,12 @@ fn witness_comparison_fails_on_every_planted_fault() {
             g.num_kv_heads >= 2 && g.num_moe_layers() > 0,
             "{case_name}: the faults need a MoE model with 2+ KV heads"
         );
-        for fault in Fault::ALL {
+        let faults = Fault::applicable(&g);
+        // gpt-oss's sinks and windows must be among those shown to fail.
+        if g.attention.sinks {
+            assert!(faults.contains(&Fault::IgnoreSinks) && faults.contains(&Fault::FullWindow));
+        }
+        for fault in faults {
             engine.set_fault(fault);
             match compare_case(&format!("{case_name} {fault:?}"), &dir, &case, &mut engine) {
                 Ok(n) => panic!(

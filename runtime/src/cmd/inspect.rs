@@ -63,51 +63,68 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
     let routed = g.routed_expert_params();
     let total = g.total_params();
     let active = total - routed + (g.num_moe_layers() * g.top_k) as u64 * g.expert_params() as u64;
-    // The routed experts' element type as stored (what the reference
-    // engine reads); else the embedding's, for dense models or checkpoints
-    // written without their experts.
-    let expert_dtype = g.moe_layers().next().and_then(|l| {
-        let [gate, _, _] = config.expert_tensor_names(l, 0);
-        ckpt.get(&gate).ok().map(|t| t.dtype)
-    });
-    let stored =
-        expert_dtype.or_else(|| ckpt.get(&config.embed_tensor_name()).ok().map(|t| t.dtype));
-    let checkpoint_dtype = stored.map_or("unknown".into(), |d| d.name().to_lowercase());
+    // How the routed experts are stored (what the reference engine reads):
+    // a float dtype, MXFP4, or absent (a checkpoint written without them);
+    // and their bytes as stored, summed over the tensors themselves.
+    let stored_experts =
+        krasis_model::reference::stored_expert_format(&config, &ckpt).map(str::to_lowercase);
+    let embed_dtype = ckpt.get(&config.embed_tensor_name()).ok().map(|t| t.dtype);
+    let checkpoint_dtype = stored_experts
+        .clone()
+        .or_else(|| embed_dtype.map(|d| d.name().to_lowercase()))
+        .unwrap_or_else(|| "unknown".into());
+    let checkpoint_expert_bytes = if stored_experts.is_some() {
+        g.moe_layers()
+            .flat_map(|l| config.routed_expert_tensor_names(l))
+            .map(|n| ckpt.raw(&n).map_or(0, |t| t.bytes.len() as u64))
+            .sum()
+    } else {
+        routed * embed_dtype.map_or(2, |d| d.size()) as u64
+    };
     let layout = krasis_cache::model_layout(&config, dir).ok();
     let stride = layout.map_or(0, |l| l.expert_stride as u64);
     let experts = (g.num_moe_layers() * g.num_experts) as u64;
     let has_experts = experts > 0;
-    let backends = vec![
-        BackendFormat {
-            backend: Backend::Cuda,
-            experts: if has_experts { "int4" } else { "none" }.into(),
-            expert_source: if has_experts {
-                "INT4 expert cache"
-            } else {
-                "dense model"
-            }
-            .into(),
-            compute: "bf16".into(),
-            kv: "bf16".into(),
-        },
-        BackendFormat {
-            backend: Backend::Reference,
-            experts: match (has_experts, expert_dtype) {
-                (false, _) => "none".into(),
-                (true, Some(d)) => d.name().to_lowercase(),
-                (true, None) => "missing".into(),
+    // One entry per backend the registry says builds this family.
+    let backends = config
+        .architecture()
+        .backends
+        .iter()
+        .map(|&backend| match backend {
+            Backend::Cuda => BackendFormat {
+                backend,
+                experts: match (has_experts, layout) {
+                    (false, _) => "none".into(),
+                    (true, Some(l)) => l.format.precision().name().into(),
+                    (true, None) => "unsupported".into(),
+                },
+                expert_source: match (has_experts, layout) {
+                    (false, _) => "dense model".into(),
+                    (true, Some(l)) => format!("expert cache ({})", l.format),
+                    (true, None) => "no expert cache format fits this model".into(),
+                },
+                compute: "bf16".into(),
+                kv: "bf16".into(),
             },
-            expert_source: if !has_experts {
-                "dense model".into()
-            } else if expert_dtype.is_some() {
-                "checkpoint".into()
-            } else {
-                "absent from the checkpoint; the reference engine cannot load it".into()
+            Backend::Reference => BackendFormat {
+                backend,
+                experts: match (has_experts, &stored_experts) {
+                    (false, _) => "none".into(),
+                    (true, Some(d)) => d.clone(),
+                    (true, None) => "missing".into(),
+                },
+                expert_source: if !has_experts {
+                    "dense model".into()
+                } else if stored_experts.is_some() {
+                    "checkpoint".into()
+                } else {
+                    "absent from the checkpoint; the reference engine cannot load it".into()
+                },
+                compute: "f32".into(),
+                kv: "f32".into(),
             },
-            compute: "f32".into(),
-            kv: "f32".into(),
-        },
-    ];
+        })
+        .collect();
     let (cache, heatmap) = cache_and_heatmap(dir, cache_root, g.top_k);
     Ok(ModelFacts {
         path: dir.to_path_buf(),
@@ -122,7 +139,7 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
             checkpoint_dtype,
             int4_expert_stride: stride,
             int4_expert_bytes: stride * experts,
-            checkpoint_expert_bytes: routed * expert_dtype.map_or(2, |d| d.size()) as u64,
+            checkpoint_expert_bytes,
             backends,
         },
         cache,
@@ -255,7 +272,7 @@ fn human(m: &ModelReport) -> String {
                 g.max_position_embeddings
             );
             s += &format!(
-                "  checkpoint {}; routed experts {} as stored, {} as INT4\n",
+                "  checkpoint {}; routed experts {} as stored, {} in the expert cache\n",
                 f.formats.checkpoint_dtype,
                 b(f.formats.checkpoint_expert_bytes),
                 b(f.formats.int4_expert_bytes)
@@ -312,5 +329,36 @@ mod tests {
             ok => panic!("{ok:?}"),
         }
         assert!(human(&inspect(bad.path(), None)).contains("cannot be served"));
+    }
+
+    #[test]
+    fn a_gpt_oss_checkpoint_reports_mxfp4_experts_and_only_its_backends() {
+        let dir = krasis_model::testutil::tiny_gpt_oss_checkpoint();
+        let cache = tempfile::tempdir().unwrap();
+        let ModelReport::Ok(f) = inspect(&dir, Some(cache.path())) else {
+            panic!("tiny-gpt-oss is servable")
+        };
+        assert_eq!(f.model_type, "gpt_oss");
+        assert_eq!(f.formats.checkpoint_dtype, "mxfp4");
+        let r = f.formats.backend(Backend::Reference).unwrap();
+        assert_eq!(
+            (r.experts.as_str(), r.expert_source.as_str()),
+            ("mxfp4", "checkpoint")
+        );
+        // The registry lists no CUDA backend for gpt_oss yet: none is offered.
+        assert!(f.formats.backend(Backend::Cuda).is_none());
+        // 4.25 bits per weight plus bf16 biases, summed over the tensors.
+        let g = ModelConfig::load(&dir).unwrap().geometry();
+        let (e, h, i) = (
+            g.num_experts as u64,
+            g.hidden as u64,
+            g.expert_intermediate as u64,
+        );
+        let per_layer = e * 3 * h * i * 17 / 32 + e * (2 * i + h) * 2;
+        assert_eq!(
+            f.formats.checkpoint_expert_bytes,
+            per_layer * g.num_moe_layers() as u64
+        );
+        assert!(human(&ModelReport::Ok(f)).contains("in the expert cache"));
     }
 }

@@ -333,8 +333,8 @@ fn attention_decode_ring_wraps() {
     }
 }
 
-/// The wrappers refuse what the ring cannot hold (no GPU work is
-/// launched, but the check needs the loaded kernels).
+/// The wrappers refuse what the ring cannot hold, and accept the smallest
+/// ring that can (a refused launch never reaches the GPU).
 #[test]
 fn attention_ring_refuses_a_ring_too_small_for_the_window() {
     let name = "attention_ring_refuses_a_ring_too_small_for_the_window";

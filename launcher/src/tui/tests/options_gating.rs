@@ -99,3 +99,20 @@ fn the_summary_does_not_show_gpu_settings_as_if_they_applied() {
         assert!(!row(f).contains("whole GPU"), "{}", row(f));
     }
 }
+
+#[test]
+fn only_backends_that_build_the_family_are_offered() {
+    let caps = crate::runtime::tests::fake_caps(true);
+    let choices = |model_type| {
+        Field::Backend.choices(crate::tui::fields::FieldCtx {
+            caps: &caps,
+            model_type,
+            gpus: &[],
+        })
+    };
+    assert_eq!(choices(Some("qwen3_moe")), ["reference", "cuda"]);
+    // gpt_oss is registered with the reference engine only (for now).
+    assert_eq!(choices(Some("gpt_oss")), ["reference"]);
+    let d = caps.default_options("gpt_oss").unwrap();
+    assert_eq!((d.backend, d.hcs), (Backend::Reference, false));
+}

@@ -11,8 +11,9 @@
 pub mod presets;
 
 use super::{
-    Activation, AttentionKind, AttentionSpec, ExpertSpec, ExpertStorage, FusedMxfp4Names, Geometry,
-    LayerSpec, LayerTensor, MlpKind, ModelTensor, RopeScaling, RopeSpec, RouterKind, RouterSpec,
+    Activation, AttentionKind, AttentionSpec, CommonShape, ExpertSpec, ExpertStorage,
+    FusedMxfp4Names, Geometry, LayerSpec, LayerTensor, MlpKind, ModelTensor, RopeScaling, RopeSpec,
+    RouterKind, RouterSpec,
 };
 use crate::error::ModelError;
 use serde::{Deserialize, Serialize};
@@ -81,30 +82,23 @@ impl GptOssConfig {
             reason,
         };
         let c: GptOssConfig = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
-        if c.hidden_size == 0 || c.num_hidden_layers == 0 || c.vocab_size == 0 {
-            return Err(bad(
-                "hidden_size, num_hidden_layers and vocab_size must be > 0".into(),
-            ));
+        CommonShape {
+            hidden: c.hidden_size,
+            layers: c.num_hidden_layers,
+            vocab: c.vocab_size,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            top_k: c.num_experts_per_tok,
+            experts: c.num_local_experts,
+            experts_field: "num_local_experts",
         }
-        if c.num_attention_heads == 0
-            || c.num_key_value_heads == 0
-            || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads)
-        {
-            return Err(bad(format!(
-                "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
-                c.num_attention_heads, c.num_key_value_heads
-            )));
-        }
-        if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
+        .check()
+        .map_err(bad)?;
+        if c.head_dim == 0 {
             return Err(bad(format!(
                 "head_dim {} must be even for RoPE",
                 c.head_dim
-            )));
-        }
-        if c.num_experts_per_tok == 0 || c.num_experts_per_tok > c.num_local_experts {
-            return Err(bad(format!(
-                "num_experts_per_tok ({}) must be in 1..=num_local_experts ({})",
-                c.num_experts_per_tok, c.num_local_experts
             )));
         }
         let b = crate::formats::mxfp4::BLOCK_VALUES;

@@ -17,6 +17,7 @@ pub use plan::{
 pub use tensors::{LayerTensor, ModelTensor};
 
 use crate::error::ModelError;
+use crate::formats::mxfp4::Mxfp4Shape;
 use std::path::Path;
 
 /// A parsed `config.json` of a supported architecture.
@@ -120,11 +121,17 @@ impl ModelConfig {
                     }
                 }
                 ExpertStorage::FusedMxfp4(n) => {
-                    use crate::formats::mxfp4::{BLOCK_BYTES, BLOCK_VALUES as b};
-                    v.push((n.gate_up_blocks, vec![ne, 2 * ei, h / b, BLOCK_BYTES]));
-                    v.push((n.gate_up_scales, vec![ne, 2 * ei, h / b]));
-                    v.push((n.down_blocks, vec![ne, h, ei / b, BLOCK_BYTES]));
-                    v.push((n.down_scales, vec![ne, h, ei / b]));
+                    // The config refused widths that are not whole blocks.
+                    let shape = |rows, cols| Mxfp4Shape {
+                        experts: ne,
+                        rows,
+                        cols,
+                    };
+                    let (gate_up, down) = (shape(2 * ei, h), shape(h, ei));
+                    v.push((n.gate_up_blocks, gate_up.blocks_shape().to_vec()));
+                    v.push((n.gate_up_scales, gate_up.scales_shape().to_vec()));
+                    v.push((n.down_blocks, down.blocks_shape().to_vec()));
+                    v.push((n.down_scales, down.scales_shape().to_vec()));
                     if let Some(bias) = n.gate_up_bias {
                         v.push((bias, vec![ne, 2 * ei]));
                     }
@@ -187,6 +194,47 @@ impl ModelConfig {
             ModelConfig::GptOss(_) => ["gate_proj", "up_proj", "down_proj"]
                 .map(|p| format!("model.layers.{layer}.mlp.experts.{expert}.{p}.weight")),
         }
+    }
+}
+
+/// The sizes every family's `config.json` gives, for the checks they share.
+pub(crate) struct CommonShape<'a> {
+    pub hidden: usize,
+    pub layers: usize,
+    pub vocab: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub top_k: usize,
+    pub experts: usize,
+    /// The family's name for the expert count (`num_experts`, `num_local_experts`).
+    pub experts_field: &'a str,
+}
+
+impl CommonShape<'_> {
+    /// Sizes present, query heads a positive multiple of KV heads, an even
+    /// head_dim for RoPE, `num_experts_per_tok` in `1..=experts`; the reason
+    /// names the `config.json` fields.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.hidden == 0 || self.layers == 0 || self.vocab == 0 {
+            return Err("hidden_size, num_hidden_layers and vocab_size must be > 0".into());
+        }
+        if self.heads == 0 || self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(format!(
+                "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
+                self.heads, self.kv_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
+        }
+        if self.top_k == 0 || self.top_k > self.experts {
+            return Err(format!(
+                "num_experts_per_tok ({}) must be in 1..={} ({})",
+                self.top_k, self.experts_field, self.experts
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -3,7 +3,7 @@
 //! in memory so repeated tokens do not convert the same bytes again.
 
 use crate::arch::{ExpertStorage, FusedMxfp4Names, Geometry, MlpKind, ModelConfig};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, convert_to_f32};
 use crate::error::ModelError;
 use crate::experts::{ExpertBias, ExpertF32, ExpertWeights};
 use crate::formats::mxfp4::Mxfp4Tensor;
@@ -17,7 +17,31 @@ pub struct CheckpointExperts {
     geometry: Geometry,
 }
 
+/// How `ckpt` stores its routed experts: the float dtype of per-expert
+/// tensors ("BF16", ...) or "MXFP4"; `None` when the model has no experts
+/// or the checkpoint was written without them (`--experts-in-cache-only`).
+pub fn stored_expert_format(config: &ModelConfig, ckpt: &Checkpoint) -> Option<&'static str> {
+    let l = config.geometry().moe_layers().next()?;
+    match config.expert_storage(l) {
+        ExpertStorage::PerExpert => {
+            let [gate, _, _] = config.expert_tensor_names(l, 0);
+            ckpt.get(&gate).ok().map(|t| t.dtype.name())
+        }
+        ExpertStorage::FusedMxfp4(n) => ckpt.raw(&n.gate_up_blocks).ok().map(|_| "MXFP4"),
+    }
+}
+
 impl CheckpointExperts {
+    /// Row `row` of a `[rows, cols]` float tensor, converting only that row
+    /// (an expert's bias out of the layer's `[E, n]` tensor).
+    fn read_row(&self, name: &str, shape: [usize; 2], row: usize) -> Result<Vec<f32>, ModelError> {
+        let t = self.ckpt.expect(name, &shape)?;
+        let width = shape[1] * t.dtype.size();
+        let mut out = vec![0f32; shape[1]];
+        convert_to_f32(t.dtype, &t.bytes[row * width..(row + 1) * width], &mut out);
+        Ok(out)
+    }
+
     pub fn new(ckpt: Arc<Checkpoint>, config: &ModelConfig) -> Self {
         CheckpointExperts {
             ckpt,
@@ -29,18 +53,7 @@ impl CheckpointExperts {
 
 impl ExpertWeights for CheckpointExperts {
     fn describe(&self) -> String {
-        let dtype = self
-            .geometry
-            .moe_layers()
-            .next()
-            .and_then(|l| match self.config.expert_storage(l) {
-                ExpertStorage::PerExpert => {
-                    let [gate, _, _] = self.config.expert_tensor_names(l, 0);
-                    self.ckpt.get(&gate).ok().map(|t| t.dtype.name())
-                }
-                ExpertStorage::FusedMxfp4(_) => Some("MXFP4"),
-            })
-            .unwrap_or("no experts");
+        let dtype = stored_expert_format(&self.config, &self.ckpt).unwrap_or("no experts");
         format!("checkpoint {dtype}")
     }
 
@@ -103,8 +116,7 @@ impl CheckpointExperts {
             .dequant();
         let bias = match (&n.gate_up_bias, &n.down_bias) {
             (Some(gb), Some(db)) => {
-                let gu_b = self.ckpt.read_f32(gb, &[ne, 2 * i])?;
-                let row = &gu_b[e * 2 * i..(e + 1) * 2 * i];
+                let row = self.read_row(gb, [ne, 2 * i], e)?;
                 let (gate_b, up_b) = if n.gate_up_interleaved {
                     (
                         row.iter().step_by(2).copied().collect(),
@@ -113,11 +125,10 @@ impl CheckpointExperts {
                 } else {
                     (row[..i].to_vec(), row[i..].to_vec())
                 };
-                let d_b = self.ckpt.read_f32(db, &[ne, h])?;
                 Some(ExpertBias {
                     gate: gate_b,
                     up: up_b,
-                    down: d_b[e * h..(e + 1) * h].to_vec(),
+                    down: self.read_row(db, [ne, h], e)?,
                 })
             }
             (None, None) => None,

@@ -5,6 +5,7 @@
 //! show that their comparison against transformers fails, so a pass means
 //! something.
 
+use crate::arch::{AttentionKind, Geometry};
 use crate::layers::attention::AttnShape;
 use crate::layers::rope::Rope;
 
@@ -24,11 +25,40 @@ pub enum Fault {
     /// The lowest-ranked of each token's top-k experts is left out of the
     /// combine (its weight is not redistributed). No effect on dense models.
     DropExpert,
+    /// Attention sinks are left out of the softmax. No effect on models
+    /// without sinks.
+    IgnoreSinks,
+    /// Sliding-window layers attend to every earlier position. No effect
+    /// on models without sliding layers.
+    FullWindow,
 }
 
 impl Fault {
     /// Every planted bug (not `None`).
-    pub const ALL: [Fault; 3] = [Fault::RopeSign, Fault::SwapGqa, Fault::DropExpert];
+    pub const ALL: [Fault; 5] = [
+        Fault::RopeSign,
+        Fault::SwapGqa,
+        Fault::DropExpert,
+        Fault::IgnoreSinks,
+        Fault::FullWindow,
+    ];
+
+    /// The planted bugs that change what a model of geometry `g` computes.
+    pub fn applicable(g: &Geometry) -> Vec<Fault> {
+        Self::ALL
+            .into_iter()
+            .filter(|f| match f {
+                Fault::None | Fault::RopeSign => true,
+                Fault::SwapGqa => g.num_kv_heads >= 2,
+                Fault::DropExpert => g.num_moe_layers() > 0,
+                Fault::IgnoreSinks => g.attention.sinks,
+                Fault::FullWindow => g
+                    .layers
+                    .iter()
+                    .any(|l| matches!(l.attention, AttentionKind::Sliding { .. })),
+            })
+            .collect()
+    }
 }
 
 /// Applies [`Rope`] with the angle negated: with `D` negating the second

@@ -134,6 +134,11 @@ impl ReferenceEngine {
         let lw: &LayerWeights = &self.weights.layers[layer];
         let a = &lw.attn;
         let kind = g.layers[layer].attention;
+        #[cfg(any(test, feature = "fault-injection"))]
+        let kind = match self.fault {
+            super::Fault::FullWindow => crate::arch::AttentionKind::Full,
+            _ => kind,
+        };
         let mut xn = x.to_vec();
         self.norm_rows(&mut xn, &lw.input_norm, eps);
         self.round(&mut xn);
@@ -168,6 +173,8 @@ impl ReferenceEngine {
         let (keys, values) = self.kv.layer(layer, start + n);
         let mut attn = vec![0f32; n * qd];
         let sinks = a.sinks.as_deref();
+        #[cfg(any(test, feature = "fault-injection"))]
+        let sinks = sinks.filter(|_| self.fault != super::Fault::IgnoreSinks);
         if self.activations == Activations::Bf16 {
             super::flash::causal_attention_tiled(
                 &q, keys, values, start, shape, kind, sinks, &mut attn,

@@ -12,7 +12,7 @@ mod kv;
 mod trace;
 mod weights;
 
-pub use experts::{CheckpointExperts, ExpertCache, F32_CACHE_LIMIT_BYTES};
+pub use experts::{CheckpointExperts, ExpertCache, F32_CACHE_LIMIT_BYTES, stored_expert_format};
 #[cfg(any(test, feature = "fault-injection"))]
 pub use fault::Fault;
 pub use trace::Trace;

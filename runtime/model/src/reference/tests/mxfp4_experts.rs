@@ -26,7 +26,11 @@ fn mxfp4_experts_deinterleave_gate_up_rows_and_biases() {
     let stored = |r: usize, k: usize| {
         let row = (e * 2 * i + r) * h;
         let byte = blocks[(row + k) / 2];
-        let code = if k.is_multiple_of(2) { byte & 0xF } else { byte >> 4 };
+        let code = if k.is_multiple_of(2) {
+            byte & 0xF
+        } else {
+            byte >> 4
+        };
         decode(code, scales[(row + k) / 32])
     };
     for j in [0, 1, i / 2, i - 1] {
