@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 pub mod fidelity;
+pub mod followed;
 pub use fidelity::*;
+pub use followed::*;
 
 /// How close the engine's logits must be, and what the comparison found.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

@@ -507,6 +507,12 @@ pub struct FidelityReport {
     pub failures: Vec<String>,
     pub passed: bool,
     pub over_bound_positions: Vec<OverBound>,
+    /// Routing decisions compared (MoE layers × positions) when the oracle
+    /// is the reference following the engine's near-ties
+    /// ([`super::followed`]); 0 otherwise.
+    pub decisions: usize,
+    /// Of those, the decisions it followed: the flip rate's numerator.
+    pub followed_decisions: usize,
 }
 
 impl FidelityReport {
@@ -540,7 +546,15 @@ impl FidelityReport {
                 self.unexplained, self.max_err_non_flip, self.bound
             ));
         }
-        if rates && 100 * self.explained > MAX_FLIP_PERCENT * n {
+        if self.decisions > 0 {
+            // Following: flips are counted per routing decision.
+            if rates && 100 * self.followed_decisions > MAX_FLIP_PERCENT * self.decisions {
+                f.push(format!(
+                    "{} followed near-tie decisions are over {MAX_FLIP_PERCENT}% of {} routing decisions",
+                    self.followed_decisions, self.decisions
+                ));
+            }
+        } else if rates && 100 * self.explained > MAX_FLIP_PERCENT * n {
             f.push(format!(
                 "{} explained flips are over {MAX_FLIP_PERCENT}% of {n} positions",
                 self.explained
@@ -569,6 +583,37 @@ impl FidelityReport {
         } else {
             " [rates judged over the pooled group]"
         };
+        if self.decisions > 0 {
+            return format!(
+                "{}: {} positions, {} over the bound {:.3e} (1% of max |logit| {:.3e}): {} explained by the engine's near-tie choices ({} of them at later positions), {} unexplained; followed near-tie decisions {}/{} ({:.2}%, limit {}%) at {} positions; argmax agreement {}/{} + {} ties within the bound = {:.2}% (limit {}%); max |dlogit| {:.4e}, unexplained or within-bound positions {:.4e}; median {:.3e}; near-tie gap threshold max(0.01, 1% of the k-th logit, measured {:.3e}); route changes at {} positions [{}]{} -> {}",
+                self.label,
+                self.positions,
+                self.over_bound,
+                self.bound,
+                self.max_oracle_logit,
+                self.explained + self.carried,
+                self.carried,
+                self.unexplained,
+                self.followed_decisions,
+                self.decisions,
+                100.0 * self.followed_decisions as f64 / self.decisions as f64,
+                MAX_FLIP_PERCENT,
+                self.flip_positions,
+                self.argmax_agree,
+                self.positions,
+                self.argmax_mismatch_within_bound,
+                100.0 * (self.argmax_agree + self.argmax_mismatch_within_bound) as f64 / n,
+                MIN_ARGMAX_PERCENT,
+                self.max_err,
+                self.max_err_non_flip,
+                self.median_err,
+                self.gap_spread,
+                self.route_change_positions,
+                self.evidence,
+                rates,
+                verdict
+            );
+        }
         format!(
             "{}: {} positions, {} over the bound {:.3e} (1% of max |logit| {:.3e}): {} router near-tie flips ({:.2}%, limit {}%; the BF16 emulation makes {} of them too), {} carried from an earlier flip (<= {} bounds), {} unexplained; argmax agreement {}/{} + {} ties within the bound = {:.2}% (limit {}%); max |dlogit| {:.4e}, at non-flip positions {:.4e}; median {:.3e}; near-tie gap threshold max(0.01, 1% of the k-th logit, measured {:.3e}); route changes at {} positions [{}]{} -> {}",
             self.label,
@@ -638,6 +683,8 @@ pub fn pooled(label: &str, members: &mut [FidelityReport]) -> FidelityReport {
         failures: Vec::new(),
         passed: false,
         over_bound_positions: Vec::new(),
+        decisions: sum(|m| m.decisions),
+        followed_decisions: sum(|m| m.followed_decisions),
     };
     r.judge(true);
     r
@@ -741,6 +788,8 @@ pub fn classify(
         failures: Vec::new(),
         passed: false,
         over_bound_positions: Vec::new(),
+        decisions: 0,
+        followed_decisions: 0,
     };
     let mut last_flip: Option<usize> = None;
     for (p, pe) in positions.iter().enumerate() {

@@ -17,6 +17,35 @@ pub fn route_with(kind: RouterKind, logits: &[f32], top_k: usize) -> Vec<(usize,
     }
 }
 
+/// The `(expert, weight)` pairs of `experts` (a top-k set another engine
+/// chose, maybe not this token's own top k) weighted as `kind` weights its
+/// own choice: a softmax over the set's logits (`TopKSoftmax`), or the set's
+/// full-softmax probabilities, renormalised when the router renormalises
+/// (`SoftmaxTopK`). Highest weight first, ties to the lower expert index.
+/// What the reference runs when it follows an engine's near-tie choice
+/// (`reference::RouteFollow`).
+pub fn route_selected(kind: RouterKind, logits: &[f32], experts: &[usize]) -> Vec<(usize, f32)> {
+    let mut chosen: Vec<(usize, f32)> = match kind {
+        RouterKind::SoftmaxTopK { renormalize } => {
+            let p = softmax(logits);
+            let mut c: Vec<(usize, f32)> = experts.iter().map(|&e| (e, p[e])).collect();
+            if renormalize {
+                let sum: f32 = c.iter().map(|x| x.1).sum();
+                for x in &mut c {
+                    x.1 /= sum;
+                }
+            }
+            c
+        }
+        RouterKind::TopKSoftmax => {
+            let l: Vec<f32> = experts.iter().map(|&e| logits[e]).collect();
+            experts.iter().copied().zip(softmax(&l)).collect()
+        }
+    };
+    chosen.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    chosen
+}
+
 /// The top-k logits and a softmax over them.
 pub fn topk_softmax(logits: &[f32], top_k: usize) -> Vec<(usize, f32)> {
     assert!(
@@ -99,6 +128,32 @@ mod tests {
         // Softmax-then-top-k without renormalisation differs: 0.4 and 0.3.
         let s = route_with(RouterKind::SoftmaxTopK { renormalize: false }, &logits, 2);
         assert!((s[0].1 - 0.4).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_selected_set_is_weighted_as_the_router_weights_its_own() {
+        let logits: Vec<f32> = [1.0f32, 4.0, 2.0, 3.0].iter().map(|v| v.ln()).collect();
+        for kind in [
+            RouterKind::TopKSoftmax,
+            RouterKind::SoftmaxTopK { renormalize: true },
+            RouterKind::SoftmaxTopK { renormalize: false },
+        ] {
+            // Its own top-2, given in either order, is exactly route_with.
+            assert_eq!(
+                route_selected(kind, &logits, &[3, 1]),
+                route_with(kind, &logits, 2)
+            );
+        }
+        // Another set: experts 2 and 3 (weights 2:3 after the softmax).
+        let r = route_selected(RouterKind::TopKSoftmax, &logits, &[2, 3]);
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), [3, 2]);
+        assert!((r[0].1 - 0.6).abs() < 1e-6 && (r[1].1 - 0.4).abs() < 1e-6);
+        let r = route_selected(
+            RouterKind::SoftmaxTopK { renormalize: false },
+            &logits,
+            &[2, 3],
+        );
+        assert!((r[0].1 - 0.3).abs() < 1e-6 && (r[1].1 - 0.2).abs() < 1e-6);
     }
 
     #[test]

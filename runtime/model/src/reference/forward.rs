@@ -4,6 +4,7 @@
 //! the model's RoPE) and the layer's mixer (dense gated MLP, or router +
 //! routed experts with the family's router kind and activation).
 
+use super::follow::kth_and_gap;
 use super::trace::{attention_peaks, rms_rows};
 use super::weights::{LayerWeights, MlpWeights};
 use super::{Activations, ReferenceEngine};
@@ -12,7 +13,7 @@ use crate::layers::attention::{AttnShape, attention};
 use crate::layers::linear::{PARALLEL_MIN_MACS, add_bias_rows, matmul};
 use crate::layers::mlp::{SwigluWeights, activate, swiglu};
 use crate::layers::norm::rms_norm_rows;
-use crate::layers::router::route_with;
+use crate::layers::router::{route_selected, route_with};
 use rayon::prelude::*;
 
 impl ReferenceEngine {
@@ -37,10 +38,10 @@ impl ReferenceEngine {
             if let Some(tr) = self.trace.as_mut() {
                 tr.mlp_input_rms[layer].extend(rms_rows(&x, h));
             }
-            let router_logits = self.mlp_block(layer, &mut x)?;
-            if let (Some(tr), Some(l)) = (self.trace.as_mut(), router_logits) {
+            let routing = self.mlp_block(layer, &mut x, start)?;
+            if let (Some(tr), Some((l, ran))) = (self.trace.as_mut(), routing) {
                 let g = &self.geometry;
-                tr.record_router(layer, &l, g.num_experts, g.top_k);
+                tr.record_router(layer, &l, Some(&ran), g.num_experts, g.top_k);
             }
         }
         if let Some(tr) = self.trace.as_mut() {
@@ -196,9 +197,16 @@ impl ReferenceEngine {
         }
     }
 
-    /// `x += mlp(norm(x))`, dense SwiGLU or routed experts; returns the
-    /// router logits `[n, num_experts]` of a MoE layer.
-    fn mlp_block(&self, layer: usize, x: &mut [f32]) -> Result<Option<Vec<f32>>, EngineError> {
+    /// `x += mlp(norm(x))`, dense SwiGLU or routed experts, for positions
+    /// `start..`; returns a MoE layer's router logits `[n, num_experts]`
+    /// and each token's experts run (and whether they were followed).
+    #[allow(clippy::type_complexity)]
+    fn mlp_block(
+        &self,
+        layer: usize,
+        x: &mut [f32],
+        start: usize,
+    ) -> Result<Option<(Vec<f32>, Vec<(Vec<usize>, bool)>)>, EngineError> {
         let g = &self.geometry;
         let h = g.hidden;
         let n = x.len() / h;
@@ -229,8 +237,8 @@ impl ReferenceEngine {
                 if let Some(b) = router_bias {
                     add_bias_rows(&mut logits, b);
                 }
-                let y = self.moe(layer, &logits, &xn, n)?;
-                router_logits = Some(logits);
+                let (y, ran) = self.moe(layer, &logits, &xn, start)?;
+                router_logits = Some((logits, ran));
                 y
             }
         };
@@ -240,23 +248,38 @@ impl ReferenceEngine {
         Ok(router_logits)
     }
 
-    /// `Σ_e w_e · expert_e(x)` over each token's top-k experts. Tokens are
-    /// grouped by expert so each selected expert is fetched once per call,
-    /// and contributions are summed in ascending expert order, as the
-    /// transformers loop over `expert_hit` does.
+    /// `Σ_e w_e · expert_e(x)` over each token's top-k experts (positions
+    /// `start..`), and each token's experts run and whether they were
+    /// followed ([`super::RouteFollow`]). Tokens are grouped by expert so
+    /// each selected expert is fetched once per call, and contributions are
+    /// summed in ascending expert order, as the transformers loop over
+    /// `expert_hit` does.
+    #[allow(clippy::type_complexity)]
     fn moe(
         &self,
         layer: usize,
         router_logits: &[f32],
         xn: &[f32],
-        n: usize,
-    ) -> Result<Vec<f32>, EngineError> {
+        start: usize,
+    ) -> Result<(Vec<f32>, Vec<(Vec<usize>, bool)>), EngineError> {
         let g = &self.geometry;
         let (h, ne) = (g.hidden, g.num_experts);
+        let n = router_logits.len() / ne;
         // users[e] = [(token, weight)] of the tokens that chose expert e.
         let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
+        let mut ran = Vec::with_capacity(n);
         for (t, l) in router_logits.chunks_exact(ne).enumerate() {
-            let chosen = route_with(g.router.kind, l, g.top_k);
+            let mut chosen = route_with(g.router.kind, l, g.top_k);
+            let mut followed = false;
+            if let Some(f) = &self.follow {
+                let own: Vec<usize> = chosen.iter().map(|c| c.0).collect();
+                let (kth, gap) = kth_and_gap(l, g.top_k);
+                if let Some(theirs) = f.take(layer, start + t, &own, gap, kth) {
+                    chosen = route_selected(g.router.kind, l, theirs);
+                    followed = true;
+                }
+            }
+            ran.push((chosen.iter().map(|c| c.0).collect(), followed));
             #[cfg(any(test, feature = "fault-injection"))]
             let chosen = super::fault::combined(self.fault, chosen);
             for (e, w) in chosen {
@@ -323,6 +346,6 @@ impl ReferenceEngine {
                 }
             }
         }
-        Ok(out)
+        Ok((out, ran))
     }
 }

@@ -7,6 +7,7 @@ mod experts;
 #[cfg(any(test, feature = "fault-injection"))]
 mod fault;
 mod flash;
+mod follow;
 mod forward;
 mod kv;
 mod trace;
@@ -15,6 +16,7 @@ mod weights;
 pub use experts::{CheckpointExperts, ExpertCache, F32_CACHE_LIMIT_BYTES, stored_expert_format};
 #[cfg(any(test, feature = "fault-injection"))]
 pub use fault::Fault;
+pub use follow::{RouteFollow, kth_and_gap};
 pub use trace::Trace;
 
 use crate::arch::{Geometry, ModelConfig};
@@ -99,6 +101,8 @@ pub struct ReferenceEngine {
     fault: Fault,
     /// Filled by the forward pass while [`ReferenceEngine::prompt_logits_traced`] runs.
     trace: Option<Trace>,
+    /// Set only while [`ReferenceEngine::prompt_logits_following`] runs.
+    follow: Option<RouteFollow>,
 }
 
 impl std::fmt::Debug for ReferenceEngine {
@@ -208,6 +212,7 @@ impl ReferenceEngine {
             #[cfg(any(test, feature = "fault-injection"))]
             fault: Fault::None,
             trace: None,
+            follow: None,
         })
     }
 
@@ -250,6 +255,21 @@ impl ReferenceEngine {
         let logits = self.prompt_logits(tokens);
         let trace = self.trace.take().expect("the trace is set above");
         Ok((logits?, trace))
+    }
+
+    /// [`ReferenceEngine::prompt_logits_traced`] taking `follow`'s expert
+    /// sets wherever its own router is within the near-tie width of them
+    /// (see [`RouteFollow`]); the trace records the sets it ran and marks
+    /// the followed decisions (`Trace::followed`).
+    pub fn prompt_logits_following(
+        &mut self,
+        tokens: &[u32],
+        follow: RouteFollow,
+    ) -> Result<(Vec<Vec<f32>>, Trace), EngineError> {
+        self.follow = Some(follow);
+        let out = self.prompt_logits_traced(tokens);
+        self.follow = None;
+        out
     }
 
     pub fn geometry(&self) -> &Geometry {

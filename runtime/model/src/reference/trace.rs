@@ -8,6 +8,7 @@
 //! call, so a prompt prefilled in several chunks gives the same trace as one
 //! batch.
 
+use super::follow::kth_and_gap;
 use crate::layers::attention::AttnShape;
 use crate::layers::linear::dot;
 use crate::layers::router::route;
@@ -23,8 +24,13 @@ pub struct Trace {
     pub final_rms: Vec<f32>,
     /// Largest softmax probability over all heads and visible keys.
     pub attn_peak: Vec<Vec<f32>>,
-    /// Routed experts selected, best first; empty for dense layers.
+    /// Routed experts run, best first; empty for dense layers. (Under
+    /// [`ReferenceEngine::prompt_logits_following`](super::ReferenceEngine::prompt_logits_following)
+    /// a followed decision holds the other engine's set.)
     pub experts: Vec<Vec<Vec<usize>>>,
+    /// The decision took the other engine's set (always false unless
+    /// following).
+    pub followed: Vec<Vec<bool>>,
     /// Router logit of the k-th best expert minus that of the (k+1)-th: how
     /// far the token is from switching experts (∞ when every expert is
     /// selected). Empty for dense layers.
@@ -43,24 +49,34 @@ impl Trace {
             final_rms: Vec::new(),
             attn_peak: vec![Vec::new(); layers],
             experts: vec![Vec::new(); layers],
+            followed: vec![Vec::new(); layers],
             router_margin: vec![Vec::new(); layers],
             router_kth: vec![Vec::new(); layers],
         }
     }
 
     /// Records the routing of `[n, num_experts]` router logits (the tokens
-    /// of the current forward pass, appended after the earlier chunks').
-    pub(super) fn record_router(&mut self, layer: usize, logits: &[f32], ne: usize, top_k: usize) {
-        for l in logits.chunks_exact(ne) {
-            self.experts[layer].push(route(l, top_k, false).iter().map(|c| c.0).collect());
-            let mut sorted = l.to_vec();
-            sorted.sort_by(|a, b| b.total_cmp(a));
-            self.router_kth[layer].push(sorted[top_k - 1]);
-            self.router_margin[layer].push(if top_k < ne {
-                sorted[top_k - 1] - sorted[top_k]
-            } else {
-                f32::INFINITY
-            });
+    /// of the current forward pass, appended after the earlier chunks'):
+    /// the experts run (`ran[t]`, the own top-k when `None`), whether each
+    /// was followed, and the own logits' gap and k-th value.
+    pub(super) fn record_router(
+        &mut self,
+        layer: usize,
+        logits: &[f32],
+        ran: Option<&[(Vec<usize>, bool)]>,
+        ne: usize,
+        top_k: usize,
+    ) {
+        for (t, l) in logits.chunks_exact(ne).enumerate() {
+            let (experts, followed) = match ran {
+                Some(r) => r[t].clone(),
+                None => (route(l, top_k, false).iter().map(|c| c.0).collect(), false),
+            };
+            self.experts[layer].push(experts);
+            self.followed[layer].push(followed);
+            let (kth, gap) = kth_and_gap(l, top_k);
+            self.router_kth[layer].push(kth);
+            self.router_margin[layer].push(gap);
         }
     }
 }
@@ -106,8 +122,8 @@ mod tests {
     fn router_records_append_per_chunk_with_gap_and_kth() {
         let mut t = Trace::new(2);
         // Layer 1, top-2 of 4: a chunk of two tokens, then one of one.
-        t.record_router(1, &[0.1, 0.9, 0.5, 0.45, 2.0, -1.0, 3.0, 0.0], 4, 2);
-        t.record_router(1, &[1.0, 1.0, 0.2, 0.3], 4, 2);
+        t.record_router(1, &[0.1, 0.9, 0.5, 0.45, 2.0, -1.0, 3.0, 0.0], None, 4, 2);
+        t.record_router(1, &[1.0, 1.0, 0.2, 0.3], None, 4, 2);
         assert!(t.experts[0].is_empty() && t.router_kth[0].is_empty());
         assert_eq!(t.experts[1], vec![vec![1, 2], vec![2, 0], vec![0, 1]]);
         assert_eq!(t.router_kth[1], vec![0.5, 2.0, 1.0]);
@@ -116,7 +132,13 @@ mod tests {
             assert!((m - w).abs() < 1e-6, "{:?}", t.router_margin[1]);
         }
         // Every expert selected: no runner-up.
-        t.record_router(0, &[0.3, 0.1], 2, 2);
+        t.record_router(0, &[0.3, 0.1], None, 2, 2);
+        assert_eq!(t.followed[1], vec![false; 3]);
+        // A followed decision records the set it ran, gap and k-th its own.
+        t.record_router(1, &[1.0, 0.99, 0.2, 0.3], Some(&[(vec![0, 3], true)]), 4, 2);
+        assert_eq!(t.experts[1][3], vec![0, 3]);
+        assert_eq!(t.followed[1][3], true);
+        assert!((t.router_margin[1][3] - 0.69).abs() < 1e-6);
         assert_eq!(t.router_margin[0], vec![f32::INFINITY]);
         assert_eq!(t.router_kth[0], vec![0.1]);
     }
