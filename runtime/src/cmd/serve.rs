@@ -55,18 +55,21 @@ pub struct Args {
     /// Model id clients use (default: the model directory's name).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
-    /// Routed expert precision in the expert cache (cuda backend).
-    #[arg(long, default_value = "int4")]
-    pub expert_precision: String,
-    /// Attention weight and activation precision (cuda backend).
-    #[arg(long, default_value = "bf16")]
-    pub attention_precision: String,
-    /// KV cache element format (cuda backend).
-    #[arg(long, default_value = "bf16")]
-    pub kv_format: String,
-    /// Expert pruning; "off" is exact (cuda backend).
-    #[arg(long, default_value = "off")]
-    pub pruning: String,
+    /// Routed expert precision in the expert cache (cuda backend; default:
+    /// the architecture's, e.g. int4 for qwen3_moe, mxfp4 for gpt_oss).
+    #[arg(long)]
+    pub expert_precision: Option<String>,
+    /// Attention weight and activation precision (cuda backend; default:
+    /// the architecture's).
+    #[arg(long)]
+    pub attention_precision: Option<String>,
+    /// KV cache element format (cuda backend; default: the architecture's).
+    #[arg(long)]
+    pub kv_format: Option<String>,
+    /// Expert pruning; "off" is exact (cuda backend; default: the
+    /// architecture's).
+    #[arg(long)]
+    pub pruning: Option<String>,
 }
 
 impl Args {
@@ -74,6 +77,7 @@ impl Args {
     /// rules (public bind needs a key, ...) are applied here too. `api_key`
     /// is the key in force once [`resolve_api_key`] has run.
     pub fn launch_options(&self) -> LaunchOptions {
+        let d = LaunchOptions::default();
         LaunchOptions {
             model: self.engine.model.clone(),
             backend: self.engine.backend,
@@ -83,20 +87,57 @@ impl Args {
             api_key_file: self.api_key_file.clone(),
             insecure_public: self.insecure_public,
             context_length: self.engine.context_length.map(|c| c as u32),
-            expert_precision: self.expert_precision.clone(),
-            attention_precision: self.attention_precision.clone(),
-            kv_format: self.kv_format.clone(),
+            expert_precision: self.expert_precision.clone().unwrap_or(d.expert_precision),
+            attention_precision: self
+                .attention_precision
+                .clone()
+                .unwrap_or(d.attention_precision),
+            kv_format: self.kv_format.clone().unwrap_or(d.kv_format),
             vram_limit_bytes: self.engine.vram_limit,
             safety_margin_mib: self.engine.safety_margin_mib,
             hcs: self.engine.hcs_enabled(),
             heatmap: HeatmapChoice::parse(&self.engine.heatmap),
-            pruning: self.pruning.clone(),
+            pruning: self.pruning.clone().unwrap_or(d.pruning),
             cache_dir: self.engine.cache_dir.clone(),
             queue_depth: self.queue_depth,
             gpu: self.engine.gpu,
             cors_origins: self.cors_origins.clone(),
         }
     }
+}
+
+/// [`Args::launch_options`] with every engine flag not given taken from the
+/// defaults `caps` states for the model's architecture (an MXFP4 gpt_oss
+/// model runs its native MXFP4 experts without `--expert-precision`). An
+/// architecture `caps` does not know keeps the generic defaults; the
+/// capability check then names it.
+fn resolved_options(args: &Args, caps: &Capabilities) -> LaunchOptions {
+    let mut o = args.launch_options();
+    let arch = model_type(&args.engine.model)
+        .ok()
+        .and_then(|t| caps.architecture(&t).cloned());
+    if let Some(a) = arch {
+        let d = &a.defaults;
+        for (given, field, default) in [
+            (
+                &args.expert_precision,
+                &mut o.expert_precision,
+                &d.expert_precision,
+            ),
+            (
+                &args.attention_precision,
+                &mut o.attention_precision,
+                &d.attention_precision,
+            ),
+            (&args.kv_format, &mut o.kv_format, &d.kv_format),
+            (&args.pruning, &mut o.pruning, &d.pruning),
+        ] {
+            if given.is_none() {
+                *field = default.clone();
+            }
+        }
+    }
+    o
 }
 
 /// The API key the server requires: `--api-key-file`'s contents, else
@@ -147,12 +188,14 @@ fn check_options(opts: &LaunchOptions, caps: &Capabilities) -> anyhow::Result<()
     let model_type = model_type(&opts.model)?;
     caps.check_options(opts, &model_type)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    check_backend_flags(opts)
+    let arch_defaults = caps.default_options(&model_type).unwrap_or_default();
+    check_backend_flags(opts, &arch_defaults)
 }
 
-/// GPU tuning flags set away from their defaults would be silently ignored
+/// GPU tuning flags set away from their defaults (the architecture's
+/// `arch` for the precisions, formats and pruning) would be silently ignored
 /// by the CPU reference engine, so they are refused instead.
-fn check_backend_flags(o: &LaunchOptions) -> anyhow::Result<()> {
+fn check_backend_flags(o: &LaunchOptions, arch: &LaunchOptions) -> anyhow::Result<()> {
     if o.backend != Backend::Reference {
         return Ok(());
     }
@@ -160,13 +203,13 @@ fn check_backend_flags(o: &LaunchOptions) -> anyhow::Result<()> {
     let ignored = [
         (
             "--expert-precision",
-            o.expert_precision != d.expert_precision,
+            o.expert_precision != arch.expert_precision,
         ),
         (
             "--attention-precision",
-            o.attention_precision != d.attention_precision,
+            o.attention_precision != arch.attention_precision,
         ),
-        ("--kv-format", o.kv_format != d.kv_format),
+        ("--kv-format", o.kv_format != arch.kv_format),
         (
             "--safety-margin-mib",
             o.safety_margin_mib != d.safety_margin_mib,
@@ -175,7 +218,7 @@ fn check_backend_flags(o: &LaunchOptions) -> anyhow::Result<()> {
         // launcher sends it for reference launches), and `on` is refused by
         // the capability check (HCS needs the cuda backend).
         ("--heatmap", o.heatmap != d.heatmap),
-        ("--pruning", o.pruning != d.pruning),
+        ("--pruning", o.pruning != arch.pruning),
         ("--gpu", o.gpu != d.gpu),
     ];
     if let Some((flag, _)) = ignored.iter().find(|(_, set)| *set) {
@@ -302,11 +345,12 @@ fn start(mut args: Args) -> anyhow::Result<()> {
     args.api_key = resolve_api_key(&args, std::env::var(API_KEY_ENV).ok())?;
     // The key is in force now; its file was read (and is checked again below
     // through the key itself).
+    let caps = super::capabilities::report();
     let opts = LaunchOptions {
         api_key_file: None,
-        ..args.launch_options()
+        ..resolved_options(&args, &caps)
     };
-    check_options(&opts, &super::capabilities::report())?;
+    check_options(&opts, &caps)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -697,13 +741,48 @@ mod tests {
             backend: Backend::Reference,
             ..Default::default()
         };
-        check_backend_flags(&o).unwrap();
+        let d = LaunchOptions::default();
+        check_backend_flags(&o, &d).unwrap();
         o.pruning = "top4".into();
         assert!(
-            check_backend_flags(&o)
+            check_backend_flags(&o, &d)
                 .unwrap_err()
                 .to_string()
                 .contains("--pruning")
         );
+    }
+
+    /// An MXFP4 gpt_oss model serves without `--expert-precision`: the flags
+    /// not given take the architecture's defaults (before, the generic int4
+    /// default was refused for gpt_oss on every backend).
+    #[test]
+    fn engine_flags_not_given_take_the_architectures_defaults() {
+        let caps = crate::cmd::capabilities::of_this_build("test", Ok(()));
+        let gpt = model_dir("gpt_oss");
+        let m = gpt.path().display().to_string();
+        for backend in ["reference", "cuda"] {
+            let args = parse(vec![
+                "--model".into(),
+                m.clone(),
+                "--backend".into(),
+                backend.into(),
+            ]);
+            let o = resolved_options(&args, &caps);
+            assert_eq!(o.expert_precision, "mxfp4");
+            check_options(&o, &caps).unwrap_or_else(|e| panic!("{backend}: {e}"));
+            // The generic default, given explicitly, is still refused.
+            let args = parse(vec![
+                "--model".into(),
+                m.clone(),
+                "--backend".into(),
+                backend.into(),
+                "--expert-precision".into(),
+                "int4".into(),
+            ]);
+            assert!(check_options(&resolved_options(&args, &caps), &caps).is_err());
+        }
+        let qwen = model_dir("qwen3_moe");
+        let args = parse(vec!["--model".into(), qwen.path().display().to_string()]);
+        assert_eq!(resolved_options(&args, &caps).expert_precision, "int4");
     }
 }

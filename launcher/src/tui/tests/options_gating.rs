@@ -111,8 +111,22 @@ fn only_backends_that_build_the_family_are_offered() {
         })
     };
     assert_eq!(choices(Some("qwen3_moe")), ["reference", "cuda"]);
-    // gpt_oss is registered with the reference engine only (for now).
-    assert_eq!(choices(Some("gpt_oss")), ["reference"]);
+    assert_eq!(choices(Some("gpt_oss")), ["reference", "cuda"]);
     let d = caps.default_options("gpt_oss").unwrap();
-    assert_eq!((d.backend, d.hcs), (Backend::Reference, false));
+    assert_eq!((d.backend, d.hcs), (Backend::Cuda, true));
+    assert_eq!(d.expert_precision, "mxfp4");
+    // A family registered with the reference engine only is offered only it.
+    let mut one = caps.clone();
+    one.architectures
+        .iter_mut()
+        .find(|a| a.model_type == "gpt_oss")
+        .unwrap()
+        .backends
+        .retain(|b| b == "reference");
+    let only = Field::Backend.choices(crate::tui::fields::FieldCtx {
+        caps: &one,
+        model_type: Some("gpt_oss"),
+        gpus: &[],
+    });
+    assert_eq!(only, ["reference"]);
 }

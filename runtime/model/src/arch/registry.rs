@@ -40,10 +40,9 @@ use std::path::Path;
 /// Every architecture this build supports, in the order reports list them.
 pub const ARCHITECTURES: &[Architecture] = &[qwen3_moe::ARCHITECTURE, GPT_OSS];
 
-/// gpt_oss (gpt-oss-20b/120b; description in `arch/gpt_oss.rs`). Reference
-/// backend only until the CUDA engine builds its components (sinks, sliding
-/// windows, MXFP4 experts) and passes the witness tests; its experts run in
-/// their checkpoint precision, MXFP4, never re-quantized.
+/// gpt_oss (gpt-oss-20b/120b; description in `arch/gpt_oss.rs`): both
+/// backends, HCS on the CUDA engine; its experts run in their checkpoint
+/// precision, MXFP4, never re-quantized.
 pub const GPT_OSS: Architecture = Architecture {
     model_type: gpt_oss::MODEL_TYPE,
     display_name: "gpt-oss",
@@ -52,12 +51,12 @@ pub const GPT_OSS: Architecture = Architecture {
             v, path,
         )?))
     },
-    backends: &[Backend::Reference],
+    backends: &[Backend::Reference, Backend::Cuda],
     options: OptionSupport {
         expert_precisions: &["mxfp4"],
         attention_precisions: &["bf16"],
         kv_formats: &["bf16"],
-        hcs: false,
+        hcs: true,
         pruning_modes: &["off"],
         multi_gpu_modes: &["single"],
         defaults: OptionDefaults {
