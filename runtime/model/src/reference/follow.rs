@@ -50,7 +50,9 @@ impl RouteFollow {
         kth: f32,
     ) -> Option<&[usize]> {
         let theirs = self.experts.get(layer)?.get(position)?;
-        if theirs.is_empty() || theirs.len() != own.len() || !(gap < self.threshold(kth)) {
+        // A NaN gap is no near-tie.
+        let near_tie = gap < self.threshold(kth);
+        if theirs.is_empty() || theirs.len() != own.len() || !near_tie {
             return None;
         }
         let (mut a, mut b) = (own.to_vec(), theirs.clone());

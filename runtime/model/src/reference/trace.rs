@@ -137,7 +137,7 @@ mod tests {
         // A followed decision records the set it ran, gap and k-th its own.
         t.record_router(1, &[1.0, 0.99, 0.2, 0.3], Some(&[(vec![0, 3], true)]), 4, 2);
         assert_eq!(t.experts[1][3], vec![0, 3]);
-        assert_eq!(t.followed[1][3], true);
+        assert!(t.followed[1][3]);
         assert!((t.router_margin[1][3] - 0.69).abs() < 1e-6);
         assert_eq!(t.router_margin[0], vec![f32::INFINITY]);
         assert_eq!(t.router_kth[0], vec![0.1]);
