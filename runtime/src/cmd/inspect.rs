@@ -332,7 +332,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gpt_oss_checkpoint_reports_mxfp4_experts_and_only_its_backends() {
+    fn a_gpt_oss_checkpoint_reports_mxfp4_experts_on_both_backends() {
         let dir = krasis_model::testutil::tiny_gpt_oss_checkpoint();
         let cache = tempfile::tempdir().unwrap();
         let ModelReport::Ok(f) = inspect(&dir, Some(cache.path())) else {
@@ -345,8 +345,14 @@ mod tests {
             (r.experts.as_str(), r.expert_source.as_str()),
             ("mxfp4", "checkpoint")
         );
-        // The registry lists no CUDA backend for gpt_oss yet: none is offered.
-        assert!(f.formats.backend(Backend::Cuda).is_none());
+        // The CUDA engine runs the experts from the cache, in MXFP4 as stored.
+        let c = f.formats.backend(Backend::Cuda).unwrap();
+        assert_eq!(c.experts, "mxfp4");
+        assert!(
+            c.expert_source.starts_with("expert cache ("),
+            "{}",
+            c.expert_source
+        );
         // 4.25 bits per weight plus bf16 biases, summed over the tensors.
         let g = ModelConfig::load(&dir).unwrap().geometry();
         let (e, h, i) = (

@@ -250,21 +250,56 @@ mod cpu {
 
     const TOKENS: usize = 128;
 
+    fn faults(preset: &str) -> Vec<Fault> {
+        let r = ReferenceEngine::load(&tiny_checkpoint(preset), ReferenceOptions::default());
+        Fault::applicable(r.unwrap().geometry())
+    }
+
+    /// qwen3_moe (`tiny`): the correct BF16 engine passes; every planted
+    /// fault fails.
     #[test]
     fn the_bf16_emulation_passes_and_every_planted_fault_fails() {
-        for preset in ["tiny-gpt-oss", "tiny"] {
-            let ok = judge(preset, TOKENS, Fault::None);
-            eprintln!("{}", ok.line());
-            assert!(ok.passed(), "{}", ok.line());
-            let g = ReferenceEngine::load(&tiny_checkpoint(preset), ReferenceOptions::default())
-                .unwrap()
-                .geometry()
-                .clone();
-            for fault in Fault::applicable(&g) {
-                let bad = judge(preset, TOKENS, fault);
-                eprintln!("{}", bad.line());
-                assert!(!bad.passed(), "{}", bad.line());
-            }
+        let ok = judge("tiny", TOKENS, Fault::None);
+        eprintln!("{}", ok.line());
+        assert!(ok.passed(), "{}", ok.line());
+        for fault in faults("tiny") {
+            let bad = judge("tiny", TOKENS, fault);
+            eprintln!("{}", bad.line());
+            assert!(!bad.passed(), "{}", bad.line());
+        }
+    }
+
+    /// gpt_oss (`tiny-gpt-oss`): the correct BF16 engine's rounding reaches
+    /// 1.1 bounds at a few positions on this synthetic model (its expert
+    /// intermediates are rounded to BF16 as the CUDA prefill path stores
+    /// them; measured on the H200 too: 1.06-1.21 bounds), so the criterion
+    /// FAILS it there, by design of the 1% bound, with every route equal and
+    /// the flip rate low. What this test holds: that picture, and every
+    /// planted fault far outside it (tens of bounds at most positions).
+    #[test]
+    fn on_tiny_gpt_oss_rounding_stays_near_the_bound_and_faults_far_outside() {
+        let ok = judge("tiny-gpt-oss", TOKENS, Fault::None);
+        eprintln!("{}", ok.line());
+        assert_eq!(ok.route_change_positions, 0, "{}", ok.line());
+        assert!(
+            100 * ok.followed_decisions <= 2 * ok.decisions,
+            "{}",
+            ok.line()
+        );
+        assert!(
+            ok.max_err < 1.5 * ok.bound && ok.over_bound * 20 < ok.positions,
+            "{}",
+            ok.line()
+        );
+        for fault in faults("tiny-gpt-oss") {
+            let bad = judge("tiny-gpt-oss", TOKENS, fault);
+            eprintln!("{}", bad.line());
+            assert!(
+                !bad.passed() && bad.max_err > 10.0 * bad.bound,
+                "{}",
+                bad.line()
+            );
+            assert!(bad.over_bound * 2 > bad.positions, "{}", bad.line());
         }
     }
 }

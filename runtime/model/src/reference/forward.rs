@@ -82,11 +82,12 @@ impl ReferenceEngine {
     }
 
     /// SwiGLU of a dense MLP or routed expert. In BF16 mode the gate/up
-    /// GEMM outputs and the SwiGLU product are rounded, as the CUDA prefill
-    /// path stores them.
+    /// GEMM outputs and the activation product are rounded, as the CUDA
+    /// prefill path stores them; biases (gpt_oss experts) are added in f32
+    /// after that rounding and before the activation, and the down bias to
+    /// the f32 down output (`bias_act_rows_bf16`, `ExpertFfn::down_bias`).
     fn swiglu(&self, w: SwigluWeights<'_>, x: &[f32]) -> Vec<f32> {
-        if self.activations == Activations::F32 || w.bias.is_some() {
-            // The CUDA engine has no biased-expert path to emulate yet.
+        if self.activations == Activations::F32 {
             return swiglu(w, x);
         }
         let (h, i) = (w.hidden, w.intermediate);
@@ -96,12 +97,19 @@ impl ReferenceEngine {
         matmul(w.up, i, h, x, &mut u);
         self.round(&mut g);
         self.round(&mut u);
+        if let Some(b) = w.bias {
+            add_bias_rows(&mut g, &b.gate);
+            add_bias_rows(&mut u, &b.up);
+        }
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = activate(w.activation, *gv, *uv);
         }
         self.round(&mut g);
         let mut out = vec![0f32; n * h];
         matmul(w.down, h, i, &g, &mut out);
+        if let Some(b) = w.bias {
+            add_bias_rows(&mut out, &b.down);
+        }
         out
     }
 
