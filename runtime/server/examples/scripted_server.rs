@@ -99,9 +99,9 @@ fn main() -> Result<(), String> {
     } else {
         ChatTemplate::from_dir(&args.model).map_err(|e| e.to_string())?
     };
-    let im_end = tok
-        .token_id("<|im_end|>")
-        .ok_or("tokenizer has no <|im_end|>")?;
+    // Qwen's end of turn is appended to every reply; a harmony (gpt-oss)
+    // reply ends with its own `<|return|>` or `<|call|>`.
+    let im_end = tok.token_id("<|im_end|>");
     let rtok = tok.clone();
     let responder = Box::new(move |prompt: &[u32]| {
         let text = rtok.decode(prompt, false).unwrap_or_default();
@@ -111,7 +111,7 @@ fn main() -> Result<(), String> {
             None => "",
         };
         let mut ids = rtok.encode(reply).unwrap_or_default();
-        ids.push(im_end);
+        ids.extend(im_end);
         ids
     });
     let engine = ScriptedEngine::new(tok.vocab_size(), 4096, responder)
