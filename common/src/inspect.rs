@@ -109,9 +109,11 @@ pub struct Formats {
     /// Element type of the checkpoint's routed experts (or of its weights
     /// when it has none), lower case: `bf16`, `f16`, `f32`.
     pub checkpoint_dtype: String,
-    /// Bytes of one expert in the INT4 cache (0 when it cannot have one).
+    /// Bytes of one expert in the expert cache, in the format the model's
+    /// cache holds: INT4, or MXFP4 for gpt_oss (the name predates MXFP4 and
+    /// stays: fields are only ever added); 0 when it cannot have one.
     pub int4_expert_stride: u64,
-    /// All routed experts in the INT4 cache.
+    /// All routed experts in the expert cache, in its format (as above).
     pub int4_expert_bytes: u64,
     /// All routed experts as the checkpoint stores them.
     pub checkpoint_expert_bytes: u64,

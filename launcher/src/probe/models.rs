@@ -45,9 +45,10 @@ pub struct ModelSummary {
     pub num_experts: usize,
     pub top_k: usize,
     pub max_position_embeddings: usize,
-    /// Bytes of one expert in the INT4 cache (layout stride).
+    /// Bytes of one expert in the expert cache (its layout stride, in the
+    /// cache's format: INT4, or MXFP4 for gpt_oss).
     pub int4_expert_stride: u64,
-    /// All routed experts in the INT4 cache.
+    /// All routed experts in the expert cache.
     pub int4_expert_bytes: u64,
     /// All routed experts in the checkpoint's own precision.
     pub source_expert_bytes: u64,

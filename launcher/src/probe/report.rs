@@ -146,7 +146,7 @@ pub struct ModelFacts {
     pub source_dtype: String,
     /// All routed experts in the checkpoint's own precision.
     pub source_expert_bytes: u64,
-    /// All routed experts in the INT4 expert cache.
+    /// All routed experts in the expert cache (its INT4 or MXFP4 format).
     pub int4_expert_bytes: u64,
 }
 

@@ -135,7 +135,7 @@ pub fn render(r: &ProbeReport) -> String {
             "TYPE".into(),
             "PARAMS".into(),
             "EXPERTS".into(),
-            "INT4 EXPERTS".into(),
+            "CACHED EXPERTS".into(),
             "EXPERT CACHE".into(),
         ]];
         for m in &r.models {

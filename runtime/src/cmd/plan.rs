@@ -106,7 +106,7 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
             let stride = facts.formats.int4_expert_stride as usize;
             if g.num_moe_layers() > 0 && stride == 0 {
                 warnings.push(format!(
-                    "hidden {} / expert width {} cannot be held by the INT4 cache; the cuda backend cannot load this model",
+                    "hidden {} / expert width {} fit no expert cache format; the cuda backend cannot load this model",
                     g.hidden, g.expert_intermediate
                 ));
             }

@@ -53,7 +53,7 @@ pub fn describe(hw: &Hardware) -> Vec<String> {
 }
 
 /// What the chosen model asks of this machine per backend, from the
-/// runtime's facts: the CUDA engine holds the INT4 expert cache in host
+/// runtime's facts: the CUDA engine holds the expert cache (INT4 or MXFP4) in host
 /// RAM; the reference engine reads the checkpoint's own experts.
 pub fn model_needs(app: &App) -> Vec<String> {
     let Some((m, s)) = app.selected_model() else {
