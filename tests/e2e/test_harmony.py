@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from conftest import REPO, start_scripted
-from test_openai_client import WEATHER_TOOL, client
+from test_openai_client import WEATHER_TOOL, accumulate, client
 
 O200K = REPO / ".cache" / "vocab" / "o200k_base.tiktoken"
 
@@ -95,24 +95,10 @@ def test_commentary_call_is_a_tool_call_and_the_result_round_trips(harmony_serve
 
 
 def test_streamed_call_accumulates_like_an_agent(harmony_server):
-    calls, finish, reasoning = {}, None, ""
-    for ch in client(harmony_server).chat.completions.create(
+    calls, finish, reasoning = accumulate(client(harmony_server).chat.completions.create(
         model="scripted", messages=[{"role": "user", "content": "Weather?"}],
         tools=[WEATHER_TOOL], stream=True,
-    ):
-        if not ch.choices:
-            continue
-        d = ch.choices[0].delta
-        reasoning += (d.model_extra or {}).get("reasoning_content") or ""
-        for tc in d.tool_calls or []:
-            slot = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
-            if tc.id:
-                slot["id"] = tc.id
-            if tc.function and tc.function.name:
-                slot["name"] = tc.function.name
-            if tc.function and tc.function.arguments:
-                slot["arguments"] += tc.function.arguments
-        finish = ch.choices[0].finish_reason or finish
+    ))
     assert finish == "tool_calls"
     assert reasoning == "The user wants the weather; call the tool."
     assert list(calls) == [0] and calls[0]["name"] == "get_weather" and calls[0]["id"]

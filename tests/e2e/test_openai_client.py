@@ -165,17 +165,16 @@ def test_tool_call_round_trip(scripted_server):
     assert r.choices[0].finish_reason == "stop"
 
 
-def test_streamed_tool_call_accumulates_like_an_agent(scripted_server):
-    c = client(scripted_server)
-    calls = {}
-    finish = None
-    for ch in c.chat.completions.create(
-        model="scripted", messages=[{"role": "user", "content": "Weather?"}],
-        tools=[WEATHER_TOOL], stream=True,
-    ):
+def accumulate(stream):
+    """What an agent keeps of a streamed chat completion: tool calls by index
+    (id, name, concatenated arguments), the finish reason, and the reasoning
+    text."""
+    calls, finish, reasoning = {}, None, ""
+    for ch in stream:
         if not ch.choices:
             continue
         d = ch.choices[0].delta
+        reasoning += (d.model_extra or {}).get("reasoning_content") or ""
         for tc in d.tool_calls or []:
             slot = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
             if tc.id:
@@ -185,6 +184,14 @@ def test_streamed_tool_call_accumulates_like_an_agent(scripted_server):
             if tc.function and tc.function.arguments:
                 slot["arguments"] += tc.function.arguments
         finish = ch.choices[0].finish_reason or finish
+    return calls, finish, reasoning
+
+
+def test_streamed_tool_call_accumulates_like_an_agent(scripted_server):
+    calls, finish, _ = accumulate(client(scripted_server).chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Weather?"}],
+        tools=[WEATHER_TOOL], stream=True,
+    ))
     assert finish == "tool_calls"
     assert list(calls) == [0]
     assert calls[0]["name"] == "get_weather" and calls[0]["id"]

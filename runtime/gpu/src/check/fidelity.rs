@@ -932,6 +932,55 @@ pub fn classify(
     r
 }
 
+/// Per-position errors of an engine's logits against an oracle, with the
+/// positions one side lacks and the oracle's scale (its largest |logit|):
+/// what [`classify`] and `followed::classify_followed` judge.
+pub struct Compared {
+    pub positions: Vec<PositionErr>,
+    pub missing: usize,
+    pub scale: f32,
+}
+
+impl Compared {
+    /// Full logits on both sides (rows paired by position).
+    pub fn full(engine: &[Vec<f32>], oracle: &[Vec<f32>]) -> Self {
+        Compared {
+            positions: engine
+                .iter()
+                .zip(oracle)
+                .map(|(e, o)| position_full(e, o))
+                .collect(),
+            missing: engine.len().abs_diff(oracle.len()),
+            scale: max_abs(oracle.iter().flatten()),
+        }
+    }
+
+    /// One witness sequence: its top ids per position and the full last
+    /// row; the scale is the largest |value| the fixture holds.
+    pub fn witness(engine: &[Vec<f32>], w: &WitnessSequence) -> Self {
+        let n = w.tokens.len();
+        Compared {
+            positions: engine
+                .iter()
+                .take(n)
+                .enumerate()
+                .map(|(p, e)| {
+                    let full = (p + 1 == n).then_some(w.last.as_slice());
+                    position_top(
+                        e,
+                        &w.seq.top_ids[p],
+                        &w.seq.top_vals[p],
+                        w.seq.argmax[p],
+                        full,
+                    )
+                })
+                .collect(),
+            missing: engine.len().abs_diff(n),
+            scale: max_abs(w.seq.top_vals.iter().flatten()).max(max_abs(&w.last)),
+        }
+    }
+}
+
 /// [`classify`] over full logits on both sides (rows paired by position).
 pub fn classify_full(
     label: &str,
@@ -940,23 +989,19 @@ pub fn classify_full(
     moe_layers: &[usize],
     evidence: Evidence<'_>,
 ) -> FidelityReport {
-    let positions: Vec<PositionErr> = engine
-        .iter()
-        .zip(oracle)
-        .map(|(e, o)| position_full(e, o))
-        .collect();
+    let c = Compared::full(engine, oracle);
     classify(
         label,
-        &positions,
-        engine.len().abs_diff(oracle.len()),
-        max_abs(oracle.iter().flatten()),
+        &c.positions,
+        c.missing,
+        c.scale,
         moe_layers,
         evidence,
     )
 }
 
-/// [`classify`] of engine logits against one witness sequence; the scale is
-/// the largest |value| the fixture holds (top values and the last row).
+/// [`classify`] of engine logits against one witness sequence
+/// ([`Compared::witness`]).
 pub fn classify_witness(
     label: &str,
     engine: &[Vec<f32>],
@@ -964,28 +1009,12 @@ pub fn classify_witness(
     moe_layers: &[usize],
     evidence: Evidence<'_>,
 ) -> FidelityReport {
-    let n = w.tokens.len();
-    let positions: Vec<PositionErr> = engine
-        .iter()
-        .take(n)
-        .enumerate()
-        .map(|(p, e)| {
-            let full = (p + 1 == n).then_some(w.last.as_slice());
-            position_top(
-                e,
-                &w.seq.top_ids[p],
-                &w.seq.top_vals[p],
-                w.seq.argmax[p],
-                full,
-            )
-        })
-        .collect();
-    let scale = max_abs(w.seq.top_vals.iter().flatten()).max(max_abs(&w.last));
+    let c = Compared::witness(engine, w);
     classify(
         label,
-        &positions,
-        engine.len().abs_diff(n),
-        scale,
+        &c.positions,
+        c.missing,
+        c.scale,
         moe_layers,
         evidence,
     )

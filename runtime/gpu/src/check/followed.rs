@@ -40,9 +40,8 @@
 //! changed the hidden state yet.
 
 use super::{
-    BOUND_FRACTION, Class, FidelityReport, LayerRoutes, NEAR_TIE_ABS, NEAR_TIE_REL, OverBound,
-    PositionErr, Routes, Traced, WitnessSequence, max_abs, position_full, position_top,
-    routes_from_trace, same_experts,
+    BOUND_FRACTION, Class, Compared, FidelityReport, LayerRoutes, NEAR_TIE_ABS, NEAR_TIE_REL,
+    OverBound, Routes, Traced, WitnessSequence, routes_from_trace, same_experts,
 };
 use krasis_model::reference::{ReferenceEngine, RouteFollow};
 
@@ -149,7 +148,7 @@ impl Following {
     }
 
     fn threshold(&self, kth: f32) -> f32 {
-        NEAR_TIE_ABS.max(NEAR_TIE_REL * kth.abs()).max(self.spread)
+        super::near_tie_threshold(kth).max(self.spread)
     }
 }
 
@@ -161,23 +160,8 @@ pub fn classify_followed_full(
     f: &Following,
     moe_layers: &[usize],
 ) -> FidelityReport {
-    let positions: Vec<PositionErr> = engine
-        .iter()
-        .zip(&f.logits)
-        .map(|(e, o)| position_full(e, o))
-        .collect();
-    let scale = max_abs(f.logits.iter().flatten());
-    let missing = engine.len().abs_diff(f.logits.len());
-    classify_followed(
-        label,
-        &positions,
-        missing,
-        scale,
-        engine_routes,
-        f,
-        moe_layers,
-        None,
-    )
+    let c = Compared::full(engine, &f.logits);
+    classify_followed(label, &c, engine_routes, f, moe_layers, None)
 }
 
 /// The engine's logits against a witness sequence, explained by the
@@ -190,54 +174,26 @@ pub fn classify_followed_witness(
     f: &Following,
     moe_layers: &[usize],
 ) -> FidelityReport {
-    let n = w.tokens.len();
-    let positions: Vec<PositionErr> = engine
+    let vs_following: Vec<f32> = Compared::full(engine, &f.logits)
+        .positions
         .iter()
-        .take(n)
-        .enumerate()
-        .map(|(p, e)| {
-            let full = (p + 1 == n).then_some(w.last.as_slice());
-            position_top(
-                e,
-                &w.seq.top_ids[p],
-                &w.seq.top_vals[p],
-                w.seq.argmax[p],
-                full,
-            )
-        })
+        .map(|p| p.err)
         .collect();
-    let vs_following: Vec<f32> = engine
-        .iter()
-        .zip(&f.logits)
-        .map(|(e, o)| position_full(e, o).err)
-        .collect();
-    let scale = max_abs(w.seq.top_vals.iter().flatten()).max(max_abs(&w.last));
-    let missing = engine.len().abs_diff(n);
-    classify_followed(
-        label,
-        &positions,
-        missing,
-        scale,
-        engine_routes,
-        f,
-        moe_layers,
-        Some(&vs_following),
-    )
+    let c = Compared::witness(engine, w);
+    classify_followed(label, &c, engine_routes, f, moe_layers, Some(&vs_following))
 }
 
 /// Module docs. `vs_following[p]`: the engine's error against the
-/// following reference, when the oracle of `positions` is a witness.
-#[allow(clippy::too_many_arguments)]
+/// following reference, when the oracle of `c` is a witness.
 fn classify_followed(
     label: &str,
-    positions: &[PositionErr],
-    missing: usize,
-    max_oracle_logit: f32,
+    c: &Compared,
     engine_routes: &Routes,
     f: &Following,
     moe_layers: &[usize],
     vs_following: Option<&[f32]>,
 ) -> FidelityReport {
+    let (positions, missing, max_oracle_logit) = (&c.positions, c.missing, c.scale);
     let n = positions.len();
     let bound = BOUND_FRACTION * max_oracle_logit;
     let evidence_error = shape_error(engine_routes, f, moe_layers.len(), n);
