@@ -168,6 +168,14 @@ pub enum CacheState {
         path: PathBuf,
         reason: String,
     },
+    /// Only a cache of an older format (1) is there: launching refuses it
+    /// (it is neither used nor replaced silently) until `command` rebuilds
+    /// it; `reason` is the refusal's message.
+    OldFormat {
+        path: PathBuf,
+        reason: String,
+        command: String,
+    },
     /// This model has no INT4 cache (no routed experts, shapes the format
     /// cannot hold, no cache directory).
     Unavailable {
@@ -185,6 +193,9 @@ impl CacheState {
             CacheState::Missing { .. } => "not built yet (built on first launch)".into(),
             CacheState::Invalid { path, reason } => {
                 format!("unusable ({reason}); rebuilt on launch: {}", path.display())
+            }
+            CacheState::OldFormat { command, .. } => {
+                format!("an older format, refused at launch; rebuild it with `{command}`")
             }
             CacheState::Unavailable { reason } => format!("none: {reason}"),
         }

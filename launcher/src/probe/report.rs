@@ -157,6 +157,9 @@ pub enum CacheState {
     Valid,
     /// Present but unusable (stale, damaged); rebuilt on launch.
     Invalid,
+    /// Only an older format's cache: launching refuses it until the
+    /// rebuild command in `reason` has run.
+    OldFormat,
     /// Not built yet.
     Missing,
     /// The checkpoint could not be checked.
@@ -320,6 +323,12 @@ fn cache_entry(c: &CacheStatus) -> Cache {
             (CacheState::Invalid, Some(path), None, Some(reason.clone()))
         }
         CacheStatus::Missing { path } => (CacheState::Missing, Some(path), None, None),
+        CacheStatus::OldFormat { path, reason, .. } => (
+            CacheState::OldFormat,
+            Some(path),
+            None,
+            Some(reason.clone()),
+        ),
         CacheStatus::Unavailable { reason } => {
             (CacheState::Unknown, None, None, Some(reason.clone()))
         }
@@ -455,5 +464,26 @@ mod tests {
         assert_eq!(v["models"][1]["status"], "unusable");
         assert!(v["models"][1]["facts"].is_null());
         assert_eq!(v["runtime"]["status"], "error");
+    }
+
+    /// An older-format cache keeps its path and the refusal (with the
+    /// rebuild command) as the reason, under its own status.
+    #[test]
+    fn an_old_format_cache_is_its_own_status_with_the_refusal() {
+        let c = cache_entry(&CacheStatus::OldFormat {
+            path: "/c/experts/ab/experts-int4-v1.kcache".into(),
+            reason: "format-1 ... Rebuild it with `krasis-runtime build-cache --model /m`".into(),
+            command: "krasis-runtime build-cache --model /m".into(),
+        });
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["status"], "old_format");
+        assert_eq!(v["path"], "/c/experts/ab/experts-int4-v1.kcache");
+        assert!(
+            v["reason"]
+                .as_str()
+                .unwrap()
+                .contains("build-cache --model /m")
+        );
+        assert!(v["bytes"].is_null());
     }
 }

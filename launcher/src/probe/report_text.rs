@@ -155,6 +155,7 @@ pub fn render(r: &ProbeReport) -> String {
                         }
                         CacheState::Missing => "not built yet".into(),
                         CacheState::Invalid => "stale or damaged; rebuilt on launch".into(),
+                        CacheState::OldFormat => "older format: rebuild it (see --json)".into(),
                         CacheState::Unknown => "cannot tell".into(),
                     },
                 ]),

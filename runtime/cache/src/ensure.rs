@@ -91,8 +91,10 @@ pub fn rebuild_command(source: &ModelSource, path: &Path) -> String {
     cmd
 }
 
-/// A format-1 cache next to `path` (by name), as the error that refuses it.
-fn format_1_beside(path: &Path, command: &str) -> Option<CacheError> {
+/// A format-1 cache next to `path` (by name), as the error that refuses it
+/// (with `command`, the rebuild command): what `inspect` reports where the
+/// format-2 file is missing.
+pub fn format_1_beside(path: &Path, command: &str) -> Option<CacheError> {
     let old = path.with_file_name(V1_FILE_NAME);
     if !old.exists() {
         return None;

@@ -34,7 +34,7 @@ pub use builder::{BuildOptions, BuildReport, LayerDone, build};
 pub use cache::{ExpertCache, Verify};
 pub use ensure::{
     cache_path, default_cache_root, ensure_cache, ensure_cache_at, ensure_cache_reporting,
-    open_for_source, rebuild_command,
+    format_1_beside, open_for_source, rebuild_command,
 };
 pub use error::CacheError;
 pub use experts::CacheExperts;

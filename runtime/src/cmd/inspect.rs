@@ -195,6 +195,15 @@ fn cache_and_heatmap(
         reason: format!("the expert cache {why}; a heatmap is bound to a built cache"),
     };
     let Ok(meta) = std::fs::metadata(&path) else {
+        let command = krasis_cache::rebuild_command(&source, &path);
+        if let Some(e) = krasis_cache::format_1_beside(&path, &command) {
+            let state = CacheState::OldFormat {
+                path: path.with_file_name(krasis_cache::V1_FILE_NAME),
+                reason: e.to_string(),
+                command,
+            };
+            return (state, no_cache("is of an older format"));
+        }
         return (CacheState::Missing { path }, no_cache("is not built yet"));
     };
     let cache =
@@ -329,6 +338,42 @@ mod tests {
             ok => panic!("{ok:?}"),
         }
         assert!(human(&inspect(bad.path(), None)).contains("cannot be served"));
+    }
+
+    /// Only a format-1 cache beside where format 2 would be: the report
+    /// says launching refuses it and names the rebuild command, not "not
+    /// built yet" (which would promise a build the engine refuses).
+    #[test]
+    fn a_format_1_cache_alone_is_reported_with_its_rebuild_command() {
+        let dir = krasis_model::testutil::tiny_checkpoint("tiny");
+        let root = tempfile::tempdir().unwrap();
+        let source = ModelSource::open(&dir).unwrap();
+        let v2 = krasis_cache::cache_path(&source, Some(root.path())).unwrap();
+        let v1 = v2.with_file_name(krasis_cache::V1_FILE_NAME);
+        std::fs::create_dir_all(v1.parent().unwrap()).unwrap();
+        std::fs::write(&v1, b"KRSXINT4\x01\0\0\0").unwrap();
+        let ModelReport::Ok(f) = inspect(&dir, Some(root.path())) else {
+            panic!("tiny is servable")
+        };
+        let CacheState::OldFormat {
+            path,
+            reason,
+            command,
+        } = &f.cache
+        else {
+            panic!("{:?}", f.cache)
+        };
+        assert_eq!(path, &v1);
+        assert!(
+            command.starts_with("krasis-runtime build-cache --model "),
+            "{command}"
+        );
+        assert!(
+            reason.contains("format-1") && reason.contains(command.as_str()),
+            "{reason}"
+        );
+        assert!(f.cache.describe().contains(command.as_str()));
+        assert!(matches!(f.heatmap, HeatmapState::Unavailable { .. }));
     }
 
     #[test]
