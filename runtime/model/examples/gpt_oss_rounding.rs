@@ -12,6 +12,7 @@
 //! ```text
 //! cargo run --release -p krasis-model --example gpt_oss_rounding -- \
 //!     [--tokens 512] [--presets tiny,tiny-gpt-oss] [--variants all|engine,...] [--set 'k=v;k2=v2']
+//!     [--ignore-sinks (with --features fault-injection)]
 //! ```
 //!
 //! `tiny` is the GPU check's `tiny-hd64` (head_dim 64) with the INT4 round
@@ -271,7 +272,7 @@ fn rms_tokens(x: &[f32], h: usize) -> Vec<f32> {
         .collect()
 }
 
-fn run_preset(preset: &str, dir: PathBuf, long: usize, filter: &[String]) {
+fn run_preset(preset: &str, dir: PathBuf, long: usize, filter: &[String], ignore_sinks: bool) {
     let config = ModelConfig::load(&dir).unwrap();
     let g = config.geometry();
     let moe: Vec<usize> = (0..g.num_layers)
@@ -287,6 +288,13 @@ fn run_preset(preset: &str, dir: PathBuf, long: usize, filter: &[String]) {
         context_length: Some(long.max(128) + 64),
     };
     let mut e = ReferenceEngine::with_experts(&dir, opts, experts).unwrap();
+    if ignore_sinks {
+        // The same model without its attention sinks, in both runs.
+        #[cfg(feature = "fault-injection")]
+        e.set_fault(krasis_model::reference::Fault::IgnoreSinks);
+        #[cfg(not(feature = "fault-injection"))]
+        panic!("--ignore-sinks needs --features fault-injection");
+    }
     let h = g.hidden;
     println!(
         "\n## {preset}: {} layers, hidden {h}, head_dim {}, {}q/{}kv heads, top-{} of {} experts, vocab {} ({})",
@@ -473,6 +481,7 @@ fn main() {
     let mut presets = vec!["tiny".to_string(), "tiny-gpt-oss".to_string()];
     let mut filter: Vec<String> = Vec::new();
     let mut sets: Vec<(String, Value)> = Vec::new();
+    let mut ignore_sinks = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -484,6 +493,7 @@ fn main() {
                     filter.clear();
                 }
             }
+            "--ignore-sinks" => ignore_sinks = true,
             "--set" => {
                 for kv in args.next().unwrap().split(';') {
                     let (k, v) = kv.split_once('=').expect("--set key=value");
@@ -504,11 +514,14 @@ fn main() {
             }
             other => checkpoint(other),
         };
-        let label = if sets.is_empty() || !p.contains("gpt-oss") {
+        let mut label = if sets.is_empty() || !p.contains("gpt-oss") {
             p.clone()
         } else {
             format!("{p} {sets:?}")
         };
-        run_preset(&label, dir, long, &filter);
+        if ignore_sinks {
+            label.push_str(" without sinks");
+        }
+        run_preset(&label, dir, long, &filter, ignore_sinks);
     }
 }
