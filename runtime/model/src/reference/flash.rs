@@ -10,6 +10,7 @@
 //! caller, as the kernel's store does). The f32 oracle keeps
 //! [`causal_attention`](crate::layers::attention::causal_attention).
 
+use super::Format;
 use crate::arch::AttentionKind;
 use crate::layers::attention::{AttnShape, per_query_head};
 use crate::layers::linear::dot;
@@ -17,10 +18,6 @@ use std::ops::Range;
 
 /// Keys per tile (`BN` of every `attn_prefill_mma_d*` instantiation).
 pub const KEY_TILE: usize = 64;
-
-fn bf16(x: f32) -> f32 {
-    half::bf16::from_f32(x).to_f32()
-}
 
 /// One query head over the keys `visible`, as one row of
 /// `attn_prefill_mma`. A sink logit starts the online softmax as its first
@@ -34,6 +31,7 @@ fn attend_head_tiled(
     kv_head: usize,
     shape: AttnShape,
     sink: Option<f32>,
+    p_format: Format,
     out: &mut [f32],
 ) {
     let (d, kv_dim) = (shape.head_dim, shape.kv_dim());
@@ -69,7 +67,7 @@ fn attend_head_tiled(
             *o *= al;
         }
         for (j, &p) in (n0..n1).zip(s.iter()) {
-            let p = bf16(p);
+            let p = p_format.round(p);
             for (o, &v) in out.iter_mut().zip(&values[j * kv_dim..][col.clone()]) {
                 *o += p * v;
             }
@@ -92,11 +90,22 @@ pub fn causal_attention_tiled(
     shape: AttnShape,
     kind: AttentionKind,
     sinks: Option<&[f32]>,
+    p_format: Format,
     out: &mut [f32],
 ) {
     per_query_head(q, start_pos, shape, kind, out, |qh, visible, h, o| {
         let sink = sinks.map(|s| s[h]);
-        attend_head_tiled(qh, keys, values, visible, shape.kv_head(h), shape, sink, o)
+        attend_head_tiled(
+            qh,
+            keys,
+            values,
+            visible,
+            shape.kv_head(h),
+            shape,
+            sink,
+            p_format,
+            o,
+        )
     });
 }
 
@@ -121,7 +130,17 @@ mod tests {
         let v: Vec<f32> = (0..n * 8).map(|i| val(i + 101)).collect();
         let (mut a, mut b) = (vec![0f32; n * 16], vec![0f32; n * 16]);
         causal_attention(&q, &k, &v, 0, shape, &mut a);
-        causal_attention_tiled(&q, &k, &v, 0, shape, AttentionKind::Full, None, &mut b);
+        causal_attention_tiled(
+            &q,
+            &k,
+            &v,
+            0,
+            shape,
+            AttentionKind::Full,
+            None,
+            Format::Bf16,
+            &mut b,
+        );
         for (x, y) in a.iter().zip(&b) {
             assert!((x - y).abs() <= 1e-2 * (1.0 + x.abs()), "{x} vs {y}");
         }

@@ -35,10 +35,12 @@ impl ReferenceEngine {
                 tr.layer_input_rms[layer].extend(rms_rows(&x, h));
             }
             self.attention_block(layer, &mut x, start);
+            self.capture(2 * layer, &x);
             if let Some(tr) = self.trace.as_mut() {
                 tr.mlp_input_rms[layer].extend(rms_rows(&x, h));
             }
             let routing = self.mlp_block(layer, &mut x, start)?;
+            self.capture(2 * layer + 1, &x);
             if let (Some(tr), Some((l, ran))) = (self.trace.as_mut(), routing) {
                 let g = &self.geometry;
                 tr.record_router(layer, &l, Some(&ran), g.num_experts, g.top_k);
@@ -48,8 +50,16 @@ impl ReferenceEngine {
             tr.final_rms.extend(rms_rows(&x, h));
         }
         self.norm_rows(&mut x, &self.weights.final_norm, self.geometry.rms_norm_eps);
-        self.round(&mut x);
+        self.round_if(self.rounding.final_norm, &mut x);
+        self.capture(2 * self.geometry.num_layers, &x);
         Ok(x)
+    }
+
+    /// Appends `x` to capture point `at` while residuals are captured.
+    fn capture(&mut self, at: usize, x: &[f32]) {
+        if let Some(r) = self.residuals.as_mut() {
+            r[at].extend_from_slice(x);
+        }
     }
 
     /// RMSNorm of rows (`w.len()` wide). In BF16 mode as the CUDA kernels
@@ -59,7 +69,7 @@ impl ReferenceEngine {
     /// H200 reports, this moves the emulation's router near-tie flips onto
     /// the GPU's (`examples/emulation_vs_gpu_routes.rs`).
     fn norm_rows(&self, x: &mut [f32], w: &[f32], eps: f32) {
-        if self.activations == Activations::F32 {
+        if self.activations == Activations::F32 || !self.rounding.norm_f32 {
             return rms_norm_rows(x, w, eps);
         }
         for row in x.chunks_exact_mut(w.len()) {
@@ -67,6 +77,23 @@ impl ReferenceEngine {
             let inv = 1.0 / (ss / w.len() as f32 + eps).sqrt();
             for (v, &wv) in row.iter_mut().zip(w) {
                 *v = *v * inv * wv;
+            }
+        }
+    }
+
+    /// [`Self::round`] where the rounding point is `on` ([`super::Rounding`]).
+    fn round_if(&self, on: bool, v: &mut [f32]) {
+        if on {
+            self.round(v);
+        }
+    }
+
+    /// `v` stored in `format` when emulating the CUDA engine's activations
+    /// ([`super::Rounding`]); nothing in f32 mode.
+    fn round_as(&self, format: super::Format, v: &mut [f32]) {
+        if self.activations == Activations::Bf16 {
+            for x in v {
+                *x = format.round(*x);
             }
         }
     }
@@ -95,8 +122,8 @@ impl ReferenceEngine {
         let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
         matmul(w.gate, i, h, x, &mut g);
         matmul(w.up, i, h, x, &mut u);
-        self.round(&mut g);
-        self.round(&mut u);
+        self.round_if(self.rounding.gate_up, &mut g);
+        self.round_if(self.rounding.gate_up, &mut u);
         if let Some(b) = w.bias {
             add_bias_rows(&mut g, &b.gate);
             add_bias_rows(&mut u, &b.up);
@@ -104,7 +131,7 @@ impl ReferenceEngine {
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = activate(w.activation, *gv, *uv);
         }
-        self.round(&mut g);
+        self.round_if(self.rounding.act, &mut g);
         let mut out = vec![0f32; n * h];
         matmul(w.down, h, i, &g, &mut out);
         if let Some(b) = w.bias {
@@ -150,7 +177,7 @@ impl ReferenceEngine {
         };
         let mut xn = x.to_vec();
         self.norm_rows(&mut xn, &lw.input_norm, eps);
-        self.round(&mut xn);
+        self.round_as(self.rounding.attn_in, &mut xn);
         let (mut q, mut k, mut v) = (vec![0f32; n * qd], vec![0f32; n * kvd], vec![0f32; n * kvd]);
         matmul(&a.q, qd, h, &xn, &mut q);
         matmul(&a.k, kvd, h, &xn, &mut k);
@@ -160,8 +187,9 @@ impl ReferenceEngine {
             add_bias_rows(&mut k, kb);
             add_bias_rows(&mut v, vb);
         }
-        for y in [&mut q, &mut k, &mut v] {
-            self.round(y);
+        let r = self.rounding;
+        for (f, y) in [(r.q, &mut q), (r.k, &mut k), (r.v, &mut v)] {
+            self.round_as(f, y);
         }
         #[cfg(any(test, feature = "fault-injection"))]
         if self.fault == super::Fault::SwapGqa {
@@ -176,8 +204,8 @@ impl ReferenceEngine {
             self.rotate(&mut q[t * qd..(t + 1) * qd], start + t);
             self.rotate(&mut k[t * kvd..(t + 1) * kvd], start + t);
         }
-        self.round(&mut q);
-        self.round(&mut k);
+        self.round_as(r.q, &mut q);
+        self.round_as(r.k, &mut k);
         self.kv.write(layer, start, &k, &v);
         let (keys, values) = self.kv.layer(layer, start + n);
         let mut attn = vec![0f32; n * qd];
@@ -186,7 +214,15 @@ impl ReferenceEngine {
         let sinks = sinks.filter(|_| self.fault != super::Fault::IgnoreSinks);
         if self.activations == Activations::Bf16 {
             super::flash::causal_attention_tiled(
-                &q, keys, values, start, shape, kind, sinks, &mut attn,
+                &q,
+                keys,
+                values,
+                start,
+                shape,
+                kind,
+                sinks,
+                self.rounding.p,
+                &mut attn,
             );
         } else {
             attention(&q, keys, values, start, shape, kind, sinks, &mut attn);
@@ -194,7 +230,7 @@ impl ReferenceEngine {
         if let Some(tr) = self.trace.as_mut() {
             tr.attn_peak[layer].extend(attention_peaks(&q, keys, start, shape));
         }
-        self.round(&mut attn);
+        self.round_if(r.attn_out, &mut attn);
         let mut o = vec![0f32; n * h];
         matmul(&a.o, h, qd, &attn, &mut o);
         if let Some(ob) = &a.o_bias {
@@ -221,7 +257,7 @@ impl ReferenceEngine {
         let lw = &self.weights.layers[layer];
         let mut xn = x.to_vec();
         self.norm_rows(&mut xn, &lw.post_attention_norm, g.rms_norm_eps);
-        self.round(&mut xn);
+        self.round_if(self.rounding.mlp_in, &mut xn);
         let mut router_logits = None;
         let y = match &lw.mlp {
             MlpWeights::Dense { gate, up, down } => self.swiglu(
@@ -309,16 +345,17 @@ impl ReferenceEngine {
             // (`int4_dequant_bf16`: (q - 8) * s rounded once) before its
             // GEMMs; BF16 source experts are unchanged by the rounding.
             let rounded;
-            let w: &crate::ExpertF32 = if self.activations == Activations::Bf16 {
-                let mut r = (*w).clone();
-                for m in [&mut r.gate, &mut r.up, &mut r.down] {
-                    self.round(m);
-                }
-                rounded = r;
-                &rounded
-            } else {
-                &w
-            };
+            let w: &crate::ExpertF32 =
+                if self.activations == Activations::Bf16 && self.rounding.expert_weights {
+                    let mut r = (*w).clone();
+                    for m in [&mut r.gate, &mut r.up, &mut r.down] {
+                        self.round(m);
+                    }
+                    rounded = r;
+                    &rounded
+                } else {
+                    &w
+                };
             let weights = SwigluWeights {
                 gate: &w.gate,
                 up: &w.up,

@@ -72,6 +72,102 @@ pub enum Activations {
     Bf16,
 }
 
+/// Number format a rounding point of [`Activations::Bf16`] stores in
+/// (diagnostics: the CUDA engine uses BF16 everywhere).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Format {
+    #[default]
+    Bf16,
+    /// IEEE half: 3 more mantissa bits than BF16, range ±65504 (values of
+    /// larger magnitude become infinite, as a kernel's conversion would).
+    F16,
+    /// Not rounded.
+    F32,
+}
+
+impl Format {
+    /// `x` as stored in this format.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Format::Bf16 => half::bf16::from_f32(x).to_f32(),
+            Format::F16 => half::f16::from_f32(x).to_f32(),
+            Format::F32 => x,
+        }
+    }
+}
+
+/// Which rounding points of [`Activations::Bf16`] apply: a diagnostic for
+/// measuring each one's share of the BF16-vs-f32 error
+/// (`examples/gpt_oss_rounding.rs`). [`Rounding::default`] is every point,
+/// the CUDA engine's prefill path; nothing here changes [`Activations::F32`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rounding {
+    /// The input RMSNorm's output (the QKV GEMM input).
+    pub attn_in: Format,
+    /// q after the projection (+ bias) and after q-norm + RoPE.
+    pub q: Format,
+    /// k after the projection (+ bias) and after k-norm + RoPE (the K cache).
+    pub k: Format,
+    /// v after the projection (+ bias) (the V cache).
+    pub v: Format,
+    /// `P` of the tiled attention's `P·V`.
+    pub p: Format,
+    /// The attention output (the o_proj GEMM input).
+    pub attn_out: bool,
+    /// The post-attention RMSNorm's output (router and expert/MLP input).
+    pub mlp_in: bool,
+    /// The gate/up GEMM outputs of SwiGLU MLPs and experts.
+    pub gate_up: bool,
+    /// The SwiGLU activation product (the down GEMM input).
+    pub act: bool,
+    /// Routed expert weights rounded to BF16 (INT4 dequantized to BF16;
+    /// MXFP4 values are exact in BF16).
+    pub expert_weights: bool,
+    /// The final RMSNorm's output (the LM head input).
+    pub final_norm: bool,
+    /// RMSNorm sums of squares in f32 as the kernels do (else as the oracle).
+    pub norm_f32: bool,
+}
+
+impl Default for Rounding {
+    fn default() -> Self {
+        Rounding {
+            attn_in: Format::Bf16,
+            q: Format::Bf16,
+            k: Format::Bf16,
+            v: Format::Bf16,
+            p: Format::Bf16,
+            attn_out: true,
+            mlp_in: true,
+            gate_up: true,
+            act: true,
+            expert_weights: true,
+            final_norm: true,
+            norm_f32: true,
+        }
+    }
+}
+
+impl Rounding {
+    /// No rounding point at all (the tiled attention in f32 remains).
+    pub fn none() -> Self {
+        Rounding {
+            attn_in: Format::F32,
+            q: Format::F32,
+            k: Format::F32,
+            v: Format::F32,
+            p: Format::F32,
+            attn_out: false,
+            mlp_in: false,
+            gate_up: false,
+            act: false,
+            expert_weights: false,
+            final_norm: false,
+            norm_f32: false,
+        }
+    }
+}
+
 /// Default context limit: RoPE tables and KV cache are allocated for the
 /// whole context, and a CPU engine never reaches 256K-token contexts, so a
 /// larger one must be asked for explicitly.
@@ -94,6 +190,12 @@ pub struct ReferenceEngine {
     /// Ids `0..sampleable` have text; padded embedding rows are never sampled.
     sampleable: usize,
     activations: Activations,
+    /// The rounding points [`Activations::Bf16`] applies (diagnostics).
+    rounding: Rounding,
+    /// `[capture point][token * H]` of the residual stream after every
+    /// attention and MLP block, then the final normed hidden state, while
+    /// [`ReferenceEngine::set_capture_residuals`] is on (diagnostics).
+    residuals: Option<Vec<Vec<f32>>>,
     /// Prompt tokens per prefill batch (at least 1).
     prefill_chunk: usize,
     /// A deliberate bug planted in the forward pass (tests only).
@@ -208,6 +310,8 @@ impl ReferenceEngine {
             weights,
             geometry: g,
             activations: Activations::F32,
+            rounding: Rounding::default(),
+            residuals: None,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             #[cfg(any(test, feature = "fault-injection"))]
             fault: Fault::None,
@@ -224,6 +328,33 @@ impl ReferenceEngine {
 
     pub fn activations(&self) -> Activations {
         self.activations
+    }
+
+    /// Selects the rounding points of [`Activations::Bf16`] (a diagnostic;
+    /// [`Rounding::default`], every point, unless set).
+    pub fn set_rounding(&mut self, rounding: Rounding) {
+        self.rounding = rounding;
+    }
+
+    pub fn rounding(&self) -> Rounding {
+        self.rounding
+    }
+
+    /// Starts (`true`, clearing what was captured) or stops recording the
+    /// residual stream of every forward pass: for each layer the residual
+    /// after its attention block and after its MLP block, then the final
+    /// normed hidden state, each `[token * H]` appended to per pass.
+    pub fn set_capture_residuals(&mut self, on: bool) {
+        self.residuals = on.then(|| vec![Vec::new(); 2 * self.geometry.num_layers + 1]);
+    }
+
+    /// What [`ReferenceEngine::set_capture_residuals`] recorded since it was
+    /// turned on (and clears it); empty when off.
+    pub fn take_residuals(&mut self) -> Vec<Vec<f32>> {
+        match self.residuals.as_mut() {
+            Some(r) => r.iter_mut().map(std::mem::take).collect(),
+            None => Vec::new(),
+        }
     }
 
     /// Prompt tokens per prefill batch (see [`DEFAULT_PREFILL_CHUNK`]);
