@@ -14,7 +14,7 @@
 #       [--o200k o200k_base.tiktoken] [--python PY] [--device auto|cpu|cuda] [--case NAME]...
 #
 # --case limits the run to the named cases (tiny, tiny-dense, tiny-hd64,
-# tiny-dense-hd64, tiny-gpt-oss); repeatable. --o200k defaults to
+# tiny-dense-hd64, tiny-gpt-oss, tiny-glm4-moe); repeatable. --o200k defaults to
 # .cache/vocab/o200k_base.tiktoken (tools/harmony/vocab.sh writes it) and is
 # needed by tiny-gpt-oss only. Writes OUT_DIR/<case>/<variant>/{case.json,
 # seqN.json,seqN.last.f32}.
@@ -56,8 +56,9 @@ cases=(
     "tiny-hd64 tiny head_dim=64"
     "tiny-dense-hd64 tiny-dense head_dim=64"
     "tiny-gpt-oss tiny-gpt-oss"
+    "tiny-glm4-moe tiny-glm4-moe"
 )
-names=" tiny tiny-dense tiny-hd64 tiny-dense-hd64 tiny-gpt-oss "
+names=" tiny tiny-dense tiny-hd64 tiny-dense-hd64 tiny-gpt-oss tiny-glm4-moe "
 for c in "${only[@]}"; do
     [[ "$names" == *" $c "* ]] || { echo "unknown case '$c' (one of:$names)" >&2; exit 2; }
 done
@@ -84,6 +85,13 @@ for entry in "${cases[@]}"; do
         case_vocab=(--vocab "$o200k")
         variants=(source)
         sequences="$here/sequences-gpt-oss.json"
+    fi
+    if [[ "$preset" == tiny-glm4-moe ]]; then
+        # BF16 experts like qwen3_moe's; only the source variant is witnessed
+        # until the CUDA engine (whose INT4 cache the int4 variant checks)
+        # builds glm4_moe.
+        variants=(source)
+        sequences="$here/sequences-glm4.json"
     fi
     ckpt="$work/$name"
     "$runtime" synth --preset "$preset" --seed "$seed" --dtype bf16 "${set_args[@]}" --out "$ckpt" "${case_vocab[@]}"

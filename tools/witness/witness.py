@@ -86,6 +86,32 @@ def mlp_kinds(cfg):
     ]
 
 
+def expected_params_glm4_moe(cfg):
+    """glm4_moe's parameter count, from the published layout: q/k/v with
+    biases (attention_bias), o_proj without; q/k norms when use_qk_norm; the
+    first `first_k_dense_replace` layers dense; MoE layers with the router
+    and n_shared_experts ungated shared experts. The e_score_correction_bias
+    is a buffer in transformers (not a parameter); the MTP layer is not
+    built."""
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    p = v * h * (1 if cfg.get("tie_word_embeddings") else 2) + h
+    attn = h * q + 2 * h * kv + q * h + 2 * h
+    if cfg.get("attention_bias"):
+        attn += q + 2 * kv
+    if cfg.get("use_qk_norm"):
+        attn += 2 * hd
+    im, e = cfg["moe_intermediate_size"], cfg["n_routed_experts"]
+    for layer in range(cfg["num_hidden_layers"]):
+        p += attn
+        if layer < cfg.get("first_k_dense_replace", 1):
+            p += 3 * h * cfg["intermediate_size"]
+        else:
+            p += e * 3 * h * im + e * h + 3 * h * im * cfg.get("n_shared_experts", 0)
+    return p
+
+
 def expected_params(cfg):
     """Parameter count of the geometry (mirrors Geometry::total_params)."""
     h, v = cfg["hidden_size"], cfg["vocab_size"]
@@ -177,6 +203,36 @@ def verify_experts(model, experts):
     return len(experts)
 
 
+def glm4_verify_buffers(model, ckpt_dir, cfg):
+    """Each MoE layer's e_score_correction_bias (a buffer, so no parameter
+    count sees it) must hold the checkpoint's f32 values: a loader that left
+    it at zeros would route without the bias and still run."""
+    import torch
+    from safetensors import safe_open
+
+    state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    seen = 0
+    for name in sorted(os.listdir(ckpt_dir)):
+        if not name.endswith(".safetensors"):
+            continue
+        with safe_open(os.path.join(ckpt_dir, name), framework="pt") as f:
+            for key in f.keys():
+                m = re.match(r"^model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias$", key)
+                if not m or int(m.group(1)) >= cfg["num_hidden_layers"]:
+                    continue
+                want = f.get_tensor(key)
+                if want.dtype != torch.float32:
+                    fail(f"{key}: stored as {want.dtype}, the published checkpoints keep it in f32")
+                got = state.get(key)
+                if got is None or not torch.equal(got.to(torch.float32), want):
+                    fail(f"{key}: the loaded model does not hold the checkpoint's values")
+                seen += 1
+    moe = cfg["num_hidden_layers"] - cfg.get("first_k_dense_replace", 1)
+    if seen != moe:
+        fail(f"{seen} e_score_correction_bias tensors checked, {moe} MoE layers")
+    print(f"witness: {seen} e_score_correction_bias buffers verified (f32)", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
@@ -222,6 +278,7 @@ def main():
             fail("--device cuda but torch sees no CUDA device")
 
     gpt_oss = cfg.get("model_type") == "gpt_oss"
+    glm4_moe = cfg.get("model_type") == "glm4_moe"
     if gpt_oss and args.variant != "source":
         fail("gpt_oss experts are MXFP4 in the checkpoint itself: only variant source exists")
     tmp = None
@@ -254,7 +311,17 @@ def main():
         )
         model.eval()
         n_params = sum(p.numel() for p in model.parameters())
-        want = witness_gpt_oss.expected_params(cfg) if gpt_oss else expected_params(cfg)
+        if gpt_oss:
+            want = witness_gpt_oss.expected_params(cfg)
+        elif glm4_moe:
+            want = expected_params_glm4_moe(cfg)
+            # Some transformers versions hold the selection bias as a
+            # parameter rather than a buffer.
+            if any(k.endswith("e_score_correction_bias") for k, _ in model.named_parameters()):
+                moe = cfg["num_hidden_layers"] - cfg.get("first_k_dense_replace", 1)
+                want += moe * cfg["n_routed_experts"]
+        else:
+            want = expected_params(cfg)
         if n_params != want:
             fail(f"loaded model has {n_params} parameters, the config's geometry has {want}")
         wrong = {str(p.dtype) for p in model.parameters() if p.dtype != torch.float32}
@@ -267,8 +334,15 @@ def main():
                 fail(str(e))
             print(f"witness: {n_params} parameters; {summary}", file=sys.stderr)
         else:
-            checked = verify_experts(model, expected_experts(load_dir))
+            # The MTP layer's experts (glm4_moe, layer num_hidden_layers)
+            # are in the checkpoint but not in the model transformers builds.
+            experts = {
+                k: w for k, w in expected_experts(load_dir).items() if k[0] < cfg["num_hidden_layers"]
+            }
+            checked = verify_experts(model, experts)
             print(f"witness: {n_params} parameters, {checked} routed experts verified", file=sys.stderr)
+            if glm4_moe:
+                glm4_verify_buffers(model, load_dir, cfg)
         model.to(device)
         exercised = None
         if gpt_oss:

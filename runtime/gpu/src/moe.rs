@@ -117,6 +117,12 @@ pub(crate) fn router(
                     normalize: renormalize,
                 },
                 RouterKind::TopKSoftmax => RouterMode::TopKSoftmax,
+                // Refused by `support::check_supported` before any upload.
+                RouterKind::SigmoidGroupedTopK { .. } => {
+                    return Err(GpuError::Unsupported(
+                        "the sigmoid group-limited router".into(),
+                    ));
+                }
             },
             &mut sc.topk_ids,
             &mut sc.topk_w,

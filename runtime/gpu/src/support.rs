@@ -7,7 +7,7 @@ use crate::error::{GpuError, Result};
 use krasis_kernels::ops::mxfp4::{
     MXFP4_DECODE_MAX_HIDDEN, MXFP4_DECODE_MAX_INTER, MXFP4_DECODE_MAX_TOPK,
 };
-use krasis_model::arch::{Activation, RopeScaling};
+use krasis_model::arch::{Activation, RopeScaling, RouterKind};
 use krasis_model::{ExpertStorage, Geometry, ModelConfig};
 
 /// How the expert cache will hold a model's routed experts: the
@@ -37,6 +37,20 @@ fn missing_components(g: &Geometry, bits: ExpertBits) -> Vec<String> {
     // RoPE (any scaling) runs only where there is no q/k norm.
     if g.attention.qk_norm && g.rope.scaling != RopeScaling::None {
         why.push("RoPE scaling together with q/k RMSNorm".to_string());
+    }
+    if g.rope.rotary_dim.is_some_and(|r| r != g.head_dim) {
+        why.push("partial rotary embedding (RoPE on part of each head)".to_string());
+    }
+    if g.num_moe_layers() > 0 {
+        if let RouterKind::SigmoidGroupedTopK { .. } = g.router.kind {
+            why.push("the sigmoid group-limited router".to_string());
+        }
+        if g.router.selection_bias {
+            why.push("a router selection bias".to_string());
+        }
+        if g.shared_intermediate.is_some() {
+            why.push("a shared expert".to_string());
+        }
     }
     if g.num_moe_layers() > 0 && bits == ExpertBits::Int4 {
         if let Activation::ClampedSwiglu { .. } = g.experts.activation {

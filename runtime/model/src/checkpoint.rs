@@ -361,6 +361,17 @@ impl Checkpoint {
     /// unexpected, misshapen and mistyped tensors are all reported before
     /// anything runs.
     pub fn validate(&self, expected: &[(String, Vec<usize>)]) -> Result<(), ModelError> {
+        self.validate_skipping(expected, &[])
+    }
+
+    /// [`Self::validate`], where any tensor whose name starts with one of
+    /// `skipped` (a layer no engine here runs, e.g. glm4_moe's MTP layer:
+    /// [`crate::ModelConfig::skipped_prefixes`]) is accepted unread.
+    pub fn validate_skipping(
+        &self,
+        expected: &[(String, Vec<usize>)],
+        skipped: &[String],
+    ) -> Result<(), ModelError> {
         for (name, shape) in expected {
             self.expect_raw(name, shape)?;
         }
@@ -370,6 +381,7 @@ impl Checkpoint {
             .entries
             .keys()
             .filter(|k| !wanted.contains(k.as_str()))
+            .filter(|k| !skipped.iter().any(|p| k.starts_with(p.as_str())))
             .cloned()
             .collect();
         if !extra.is_empty() {

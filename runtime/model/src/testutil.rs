@@ -45,6 +45,7 @@ pub fn o200k_vocab() -> PathBuf {
 fn family_tokenizer(config: &ModelConfig) -> (TokenizerSource, &'static str) {
     static QWEN: OnceLock<String> = OnceLock::new();
     static HARMONY: OnceLock<String> = OnceLock::new();
+    static GLM4: OnceLock<String> = OnceLock::new();
     let built = |r: Result<String, crate::error::ModelError>| {
         r.unwrap_or_else(|e| panic!("building tokenizer.json for test checkpoints: {e}"))
     };
@@ -64,6 +65,12 @@ fn family_tokenizer(config: &ModelConfig) -> (TokenizerSource, &'static str) {
                     &o200k_vocab(),
                 ))
             }),
+        ),
+        ModelConfig::Glm4Moe(_) => (
+            TokenizerSource::Glm4 {
+                vocab: Some(qwen_vocab()),
+            },
+            GLM4.get_or_init(|| built(crate::tokenizer::build_glm4_tokenizer_json(&qwen_vocab()))),
         ),
     }
 }
@@ -133,6 +140,14 @@ pub fn tiny_checkpoint(preset: &str) -> PathBuf {
 /// --dtype bf16`.
 pub fn tiny_gpt_oss_checkpoint() -> PathBuf {
     tiny_checkpoint("tiny-gpt-oss")
+}
+
+/// The `tiny-glm4-moe` checkpoint ([`tiny_checkpoint`]): GLM's layout
+/// (MTP layer included), the GLM-4.5 stand-in tokenizer and the GLM
+/// template; the bytes of `krasis-runtime synth --preset tiny-glm4-moe
+/// --seed 1 --dtype bf16`.
+pub fn tiny_glm4_moe_checkpoint() -> PathBuf {
+    tiny_checkpoint("tiny-glm4-moe")
 }
 
 /// [`tiny_checkpoint`] with `config.json` fields overridden, like

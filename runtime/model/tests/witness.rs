@@ -331,7 +331,7 @@ fn witness_tiny_dense_head_dim_64() {
 /// faults also cross chunk boundaries (the KV cache path).
 #[test]
 fn witness_comparison_fails_on_every_planted_fault() {
-    for case_name in ["tiny", "tiny-hd64", "tiny-gpt-oss"] {
+    for case_name in ["tiny", "tiny-hd64", "tiny-gpt-oss", "tiny-glm4-moe"] {
         let dir = witness_fixtures_dir().join(case_name).join("source");
         let (case, ckpt) = case_checkpoint(case_name, &dir, None);
         let longest = case.sequences.iter().map(Vec::len).max().unwrap_or(1);
@@ -346,6 +346,13 @@ fn witness_comparison_fails_on_every_planted_fault() {
         // gpt-oss's sinks and windows must be among those shown to fail.
         if g.attention.sinks {
             assert!(faults.contains(&Fault::IgnoreSinks) && faults.contains(&Fault::FullWindow));
+        }
+        // glm4_moe's selection bias and shared expert likewise.
+        if g.shared_intermediate.is_some() {
+            assert!(
+                faults.contains(&Fault::IgnoreSelectionBias)
+                    && faults.contains(&Fault::NoSharedExpert)
+            );
         }
         for fault in faults {
             engine.set_fault(fault);

@@ -205,12 +205,14 @@ impl GptOssConfig {
             expert_intermediate: self.intermediate_size,
             num_experts: self.num_local_experts,
             top_k: self.num_experts_per_tok,
+            shared_intermediate: None,
             rms_norm_eps: self.rms_norm_eps as f32,
             max_position_embeddings: self.max_position_embeddings,
             tie_word_embeddings: self.tie_word_embeddings,
             rope: RopeSpec {
                 theta: self.rope_theta,
                 scaling: self.yarn().expect("validated in from_value"),
+                rotary_dim: None,
             },
             attention: AttentionSpec {
                 qk_norm: false,
@@ -221,6 +223,7 @@ impl GptOssConfig {
             router: RouterSpec {
                 kind: RouterKind::TopKSoftmax,
                 bias: true,
+                selection_bias: false,
             },
             experts: ExpertSpec {
                 activation: Activation::ClampedSwiglu {
@@ -271,8 +274,9 @@ impl TensorNames {
         }
     }
 
-    /// The name of role `t` of layer `l` (q/k norms and dense MLPs, which
-    /// this family never has, get the names they would have).
+    /// The name of role `t` of layer `l` (q/k norms, dense MLPs, selection
+    /// biases and shared experts, which this family never has, get the
+    /// names they would have).
     pub fn layer(l: usize, t: LayerTensor) -> String {
         use LayerTensor::*;
         let s = match t {
@@ -291,6 +295,10 @@ impl TensorNames {
             Sinks => "self_attn.sinks",
             Router => "mlp.router.weight",
             RouterBias => "mlp.router.bias",
+            RouterSelectionBias => "mlp.router.e_score_correction_bias",
+            SharedGate => "mlp.shared_experts.gate_proj.weight",
+            SharedUp => "mlp.shared_experts.up_proj.weight",
+            SharedDown => "mlp.shared_experts.down_proj.weight",
             DenseGate => "mlp.gate_proj.weight",
             DenseUp => "mlp.up_proj.weight",
             DenseDown => "mlp.down_proj.weight",

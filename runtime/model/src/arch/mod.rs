@@ -4,6 +4,7 @@
 //! everything else (loading, layers, engines) is shared and dispatches on
 //! [`ModelConfig`].
 
+pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod plan;
 pub mod qwen3_moe;
@@ -25,6 +26,7 @@ use std::path::Path;
 pub enum ModelConfig {
     Qwen3Moe(qwen3_moe::Qwen3MoeConfig),
     GptOss(gpt_oss::GptOssConfig),
+    Glm4Moe(glm4_moe::Glm4MoeConfig),
 }
 
 impl ModelConfig {
@@ -61,6 +63,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Qwen3Moe(_) => qwen3_moe::MODEL_TYPE,
             ModelConfig::GptOss(_) => gpt_oss::MODEL_TYPE,
+            ModelConfig::Glm4Moe(_) => glm4_moe::MODEL_TYPE,
         }
     }
 
@@ -79,6 +82,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Qwen3Moe(_) => qwen3_moe::TensorNames::model(t).to_string(),
             ModelConfig::GptOss(_) => gpt_oss::TensorNames::model(t).to_string(),
+            ModelConfig::Glm4Moe(_) => glm4_moe::TensorNames::model(t).to_string(),
         }
     }
 
@@ -87,6 +91,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Qwen3Moe(_) => qwen3_moe::TensorNames::layer(layer).role(t),
             ModelConfig::GptOss(_) => gpt_oss::TensorNames::layer(layer, t),
+            ModelConfig::Glm4Moe(_) => glm4_moe::TensorNames::layer(layer, t),
         }
     }
 
@@ -95,6 +100,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Qwen3Moe(c) => c.geometry(),
             ModelConfig::GptOss(c) => c.geometry(),
+            ModelConfig::Glm4Moe(c) => c.geometry(),
         }
     }
 
@@ -148,10 +154,29 @@ impl ModelConfig {
         v
     }
 
+    /// Tensors the published checkpoints carry that no engine here loads
+    /// (glm4_moe's MTP layers), as synth writes them.
+    pub fn skipped_tensors(&self) -> Vec<(String, Vec<usize>)> {
+        match self {
+            ModelConfig::Glm4Moe(c) => c.mtp_tensors(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Name prefixes under which a checkpoint's tensors are skipped on load
+    /// whatever they are (glm4_moe's `model.layers.{N}.` MTP layer), as
+    /// transformers and vLLM skip them.
+    pub fn skipped_prefixes(&self) -> Vec<String> {
+        match self {
+            ModelConfig::Glm4Moe(c) => c.skipped_prefixes(),
+            _ => Vec::new(),
+        }
+    }
+
     /// How MoE layer `layer`'s routed experts are stored in the checkpoint.
     pub fn expert_storage(&self, layer: usize) -> ExpertStorage {
         match self {
-            ModelConfig::Qwen3Moe(_) => ExpertStorage::PerExpert,
+            ModelConfig::Qwen3Moe(_) | ModelConfig::Glm4Moe(_) => ExpertStorage::PerExpert,
             ModelConfig::GptOss(_) => gpt_oss::GptOssConfig::expert_storage(layer),
         }
     }
@@ -193,6 +218,7 @@ impl ModelConfig {
             }
             ModelConfig::GptOss(_) => ["gate_proj", "up_proj", "down_proj"]
                 .map(|p| format!("model.layers.{layer}.mlp.experts.{expert}.{p}.weight")),
+            ModelConfig::Glm4Moe(_) => glm4_moe::TensorNames::expert(layer, expert),
         }
     }
 }
@@ -284,6 +310,10 @@ pub struct Geometry {
     pub expert_intermediate: usize,
     pub num_experts: usize,
     pub top_k: usize,
+    /// Width of the shared expert every MoE layer adds to its routed
+    /// output, ungated (a plain SwiGLU MLP; glm4_moe: `moe_intermediate_size
+    /// * n_shared_experts`). `None`: no shared expert.
+    pub shared_intermediate: Option<usize>,
     pub rms_norm_eps: f32,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
@@ -353,6 +383,12 @@ impl Geometry {
         let mut per_moe = e * (self.expert_params() as u64) + e * h;
         if self.router.bias {
             per_moe += e;
+        }
+        if self.router.selection_bias {
+            per_moe += e;
+        }
+        if let Some(s) = self.shared_intermediate {
+            per_moe += 3 * h * s as u64;
         }
         if self.experts.bias {
             per_moe += e * (2 * i + h);

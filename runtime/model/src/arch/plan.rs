@@ -19,6 +19,11 @@
 pub struct RopeSpec {
     pub theta: f64,
     pub scaling: RopeScaling,
+    /// Partial rotary: only the first `rotary_dim` dimensions of each head
+    /// rotate (`rotate_half` within them, frequencies over `rotary_dim`),
+    /// the rest pass through (glm4_moe: `partial_rotary_factor` 0.5).
+    /// `None`: the whole head.
+    pub rotary_dim: Option<usize>,
 }
 
 /// How the rotary frequencies are stretched for long contexts.
@@ -95,7 +100,7 @@ pub struct LayerSpec {
 }
 
 /// How a MoE router turns its logits into `(expert, weight)` pairs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RouterKind {
     /// Softmax over all experts in f32, the top-k, and (when `renormalize`)
     /// their weights divided by their sum (qwen3_moe `norm_topk_prob`).
@@ -103,14 +108,31 @@ pub enum RouterKind {
     /// The top-k of the raw logits, then a softmax over those k
     /// (gpt_oss, Mixtral).
     TopKSoftmax,
+    /// Group-limited selection on sigmoid scores (glm4_moe, DeepSeek-V3's
+    /// "noaux_tc"): `s = sigmoid(logit)`; the choice score is `s` plus the
+    /// layer's selection bias; the experts form `groups` equal groups,
+    /// each scored by the sum of its two best choice scores; only the
+    /// `topk_groups` best groups stay, the others' choice scores become 0;
+    /// the top-k choice scores pick the experts, whose weights are their
+    /// `s` (bias-free), divided by their sum (+1e-20) when `renormalize`,
+    /// then multiplied by `scale` (`routed_scaling_factor`).
+    SigmoidGroupedTopK {
+        groups: usize,
+        topk_groups: usize,
+        renormalize: bool,
+        scale: f32,
+    },
 }
 
 /// The router of every MoE layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RouterSpec {
     pub kind: RouterKind,
-    /// The router linear has a bias.
+    /// The router linear has a bias (added to its logits).
     pub bias: bool,
+    /// A per-expert bias added to the scores for choosing experts only,
+    /// never to their weights (glm4_moe's `e_score_correction_bias`).
+    pub selection_bias: bool,
 }
 
 /// The gated activation between an expert's gate/up and down projections.

@@ -194,12 +194,14 @@ impl Qwen3MoeConfig {
             expert_intermediate: self.moe_intermediate_size,
             num_experts: self.num_experts,
             top_k: self.num_experts_per_tok,
+            shared_intermediate: None,
             rms_norm_eps: self.rms_norm_eps as f32,
             max_position_embeddings: self.max_position_embeddings,
             tie_word_embeddings: self.tie_word_embeddings,
             rope: RopeSpec {
                 theta: self.rope_theta,
                 scaling: RopeScaling::None,
+                rotary_dim: None,
             },
             // transformers gives o_proj a bias too when attention_bias is set.
             attention: AttentionSpec {
@@ -213,6 +215,7 @@ impl Qwen3MoeConfig {
                     renormalize: self.norm_topk_prob,
                 },
                 bias: false,
+                selection_bias: false,
             },
             experts: ExpertSpec {
                 activation: Activation::Swiglu,
@@ -256,8 +259,8 @@ impl TensorNames {
             ModelTensor::LmHead => Self::LM_HEAD,
         }
     }
-    /// The name of a layer role (`Sinks` and `RouterBias`, which this
-    /// family never has, get the names they would have).
+    /// The name of a layer role (`Sinks`, router biases and shared experts,
+    /// which this family never has, get the names they would have).
     pub fn role(&self, t: LayerTensor) -> String {
         use LayerTensor::*;
         match t {
@@ -276,6 +279,10 @@ impl TensorNames {
             Sinks => self.n("self_attn.sinks"),
             Router => self.router(),
             RouterBias => self.n("mlp.gate.bias"),
+            RouterSelectionBias => self.n("mlp.gate.e_score_correction_bias"),
+            SharedGate => self.n("mlp.shared_expert.gate_proj.weight"),
+            SharedUp => self.n("mlp.shared_expert.up_proj.weight"),
+            SharedDown => self.n("mlp.shared_expert.down_proj.weight"),
             DenseGate => self.dense_gate(),
             DenseUp => self.dense_up(),
             DenseDown => self.dense_down(),

@@ -31,14 +31,15 @@
 //! entry and that names are unique; `runtime/src/cmd/capabilities.rs` checks
 //! that every entry appears in the report with its backends.
 
-use super::{ModelConfig, gpt_oss, qwen3_moe};
+use super::{ModelConfig, glm4_moe, gpt_oss, qwen3_moe};
 use crate::error::ModelError;
 use krasis_common::{ArchitectureCaps, ArchitectureDefaults, Backend};
 use serde_json::Value;
 use std::path::Path;
 
 /// Every architecture this build supports, in the order reports list them.
-pub const ARCHITECTURES: &[Architecture] = &[qwen3_moe::ARCHITECTURE, GPT_OSS];
+pub const ARCHITECTURES: &[Architecture] =
+    &[qwen3_moe::ARCHITECTURE, GPT_OSS, glm4_moe::ARCHITECTURE];
 
 /// gpt_oss (gpt-oss-20b/120b; description in `arch/gpt_oss.rs`): both
 /// backends, HCS on the CUDA engine; its experts run in their checkpoint

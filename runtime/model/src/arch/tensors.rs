@@ -35,6 +35,14 @@ pub enum LayerTensor {
     Sinks,
     Router,
     RouterBias,
+    /// `[num_experts]` f32 bias on the choice scores only
+    /// (`RouterSpec::selection_bias`).
+    RouterSelectionBias,
+    /// The shared expert's `[S, H]`, `[S, H]` and `[H, S]`
+    /// (`Geometry::shared_intermediate`).
+    SharedGate,
+    SharedUp,
+    SharedDown,
     DenseGate,
     DenseUp,
     DenseDown,
@@ -72,6 +80,16 @@ impl LayerTensor {
                 v.push((Router, vec![g.num_experts, h]));
                 if g.router.bias {
                     v.push((RouterBias, vec![g.num_experts]));
+                }
+                if g.router.selection_bias {
+                    v.push((RouterSelectionBias, vec![g.num_experts]));
+                }
+                if let Some(s) = g.shared_intermediate {
+                    v.extend([
+                        (SharedGate, vec![s, h]),
+                        (SharedUp, vec![s, h]),
+                        (SharedDown, vec![h, s]),
+                    ]);
                 }
             }
             MlpKind::Dense => {

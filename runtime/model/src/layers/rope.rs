@@ -1,7 +1,11 @@
 //! Rotary position embedding, Hugging Face `rotate_half` convention: element
 //! `i` of a head is rotated together with element `i + head_dim/2` (not with
 //! its neighbour), by the angle `pos * theta^(-2i/head_dim)`, or by YaRN's
-//! blended frequencies with cos/sin scaled ([`RopeScaling::Yarn`]).
+//! blended frequencies with cos/sin scaled ([`RopeScaling::Yarn`]). With a
+//! partial rotary ([`RopeSpec::rotary_dim`] `r`), only the first `r`
+//! dimensions of each head rotate, `i` with `i + r/2` at frequencies over
+//! `r`, and the rest pass through (transformers' `apply_rotary_pos_emb` of
+//! glm4_moe: `q_rot, q_pass = q[..., :r], q[..., r:]`).
 
 use crate::arch::{RopeScaling, RopeSpec};
 
@@ -9,8 +13,10 @@ use crate::arch::{RopeScaling, RopeSpec};
 #[derive(Debug, Clone)]
 pub struct Rope {
     head_dim: usize,
+    /// The rotated dimensions of each head (`head_dim` unless partial).
+    rotary_dim: usize,
     max_positions: usize,
-    /// `[max_positions, head_dim / 2]`.
+    /// `[max_positions, rotary_dim / 2]`.
     cos: Vec<f32>,
     sin: Vec<f32>,
 }
@@ -23,18 +29,20 @@ impl Rope {
         let spec = RopeSpec {
             theta,
             scaling: RopeScaling::None,
+            rotary_dim: None,
         };
         Self::with_spec(head_dim, spec, max_positions)
     }
 
     /// Tables for a model's [`RopeSpec`].
     pub fn with_spec(head_dim: usize, spec: RopeSpec, max_positions: usize) -> Self {
+        let rotary_dim = spec.rotary_dim.unwrap_or(head_dim);
         assert!(
-            head_dim >= 2 && head_dim.is_multiple_of(2),
-            "RoPE needs an even head_dim, got {head_dim}"
+            rotary_dim >= 2 && rotary_dim.is_multiple_of(2) && rotary_dim <= head_dim,
+            "RoPE needs an even rotary dimension within head_dim {head_dim}, got {rotary_dim}"
         );
-        let half = head_dim / 2;
-        let (inv_freq, scale) = inv_freq(head_dim, spec);
+        let half = rotary_dim / 2;
+        let (inv_freq, scale) = inv_freq(rotary_dim, spec);
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for pos in 0..max_positions {
@@ -46,6 +54,7 @@ impl Rope {
         }
         Rope {
             head_dim,
+            rotary_dim,
             max_positions,
             cos,
             sin,
@@ -56,34 +65,40 @@ impl Rope {
         self.head_dim
     }
 
+    /// The rotated leading dimensions of each head.
+    pub fn rotary_dim(&self) -> usize {
+        self.rotary_dim
+    }
+
     pub fn max_positions(&self) -> usize {
         self.max_positions
     }
 
-    /// `(cos, sin)` rows of `pos`, each `head_dim / 2` long.
+    /// `(cos, sin)` rows of `pos`, each `rotary_dim / 2` long.
     pub fn tables(&self, pos: usize) -> (&[f32], &[f32]) {
         assert!(
             pos < self.max_positions,
             "position {pos} is beyond the {} precomputed RoPE positions",
             self.max_positions
         );
-        let half = self.head_dim / 2;
+        let half = self.rotary_dim / 2;
         let r = pos * half..(pos + 1) * half;
         (&self.cos[r.clone()], &self.sin[r])
     }
 
     /// Rotates every head of `x` (`[heads, head_dim]`, row-major) for `pos`:
-    /// `out = x * cos + rotate_half(x) * sin` with `rotate_half(x) = [-x2, x1]`.
+    /// `out = x * cos + rotate_half(x) * sin` with `rotate_half(x) = [-x2, x1]`
+    /// over the first `rotary_dim` dimensions of each head.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         assert_eq!(
             x.len() % self.head_dim,
             0,
             "RoPE input is not a whole number of heads"
         );
-        let half = self.head_dim / 2;
+        let half = self.rotary_dim / 2;
         let (cos, sin) = self.tables(pos);
         for head in x.chunks_exact_mut(self.head_dim) {
-            let (x1, x2) = head.split_at_mut(half);
+            let (x1, x2) = head[..self.rotary_dim].split_at_mut(half);
             for i in 0..half {
                 let (a, b) = (x1[i], x2[i]);
                 x1[i] = a * cos[i] - b * sin[i];
@@ -211,6 +226,7 @@ mod tests {
                 beta_slow: 1.0,
                 truncate: false,
             },
+            rotary_dim: None,
         };
         let (inv, scale) = inv_freq(64, spec);
         let (plain, one) = inv_freq(
@@ -218,6 +234,7 @@ mod tests {
             RopeSpec {
                 theta: 150_000.0,
                 scaling: RopeScaling::None,
+                rotary_dim: None,
             },
         );
         assert_eq!(one, 1.0);
@@ -233,5 +250,26 @@ mod tests {
         // And the tables carry the scale.
         let r = Rope::with_spec(64, spec, 2);
         assert!((r.tables(0).0[0] - scale).abs() < 1e-6);
+    }
+
+    /// glm4_moe's partial rotary (head_dim 8, factor 0.5): dims 0..4 rotate
+    /// as a 4-dim head would (0 with 2, 1 with 3, frequencies over 4), dims
+    /// 4..8 pass through unchanged.
+    #[test]
+    fn partial_rotary_rotates_the_leading_dims_only() {
+        let spec = RopeSpec {
+            theta: 100.0,
+            scaling: RopeScaling::None,
+            rotary_dim: Some(4),
+        };
+        let partial = Rope::with_spec(8, spec, 3);
+        let full4 = Rope::new(4, 100.0, 3);
+        let mut x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let mut lead = [1.0, 2.0, 3.0, 4.0];
+        partial.apply(&mut x, 2);
+        full4.apply(&mut lead, 2);
+        assert_close(&x[..4], &lead, 0.0);
+        assert_close(&x[4..], &[5.0, 6.0, 7.0, 8.0], 0.0);
+        assert_eq!(partial.tables(2).0.len(), 2);
     }
 }

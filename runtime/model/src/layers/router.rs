@@ -4,17 +4,87 @@
 //!   logits in f32, the top-k experts, and (when `renormalize`, the config's
 //!   `norm_topk_prob`) their weights renormalised to sum to one;
 //! - `TopKSoftmax` (`GptOssTopKRouter`): the top-k logits, then a softmax
-//!   over those k.
+//!   over those k;
+//! - `SigmoidGroupedTopK` (`Glm4MoeMoE.route_tokens_to_experts`, DeepSeek-V3's
+//!   "noaux_tc"): sigmoid scores, group-limited choice on scores plus the
+//!   selection bias, weights from the bias-free scores.
 
 use crate::arch::RouterKind;
+use std::borrow::Cow;
 
 /// The `(expert, weight)` pairs of one token under `kind`, highest weight
-/// first, ties to the lower expert index.
-pub fn route_with(kind: RouterKind, logits: &[f32], top_k: usize) -> Vec<(usize, f32)> {
+/// first, ties to the lower expert index. `selection_bias` is the layer's
+/// per-expert choice bias ([`crate::arch::RouterSpec::selection_bias`]).
+pub fn route_with(
+    kind: RouterKind,
+    logits: &[f32],
+    selection_bias: Option<&[f32]>,
+    top_k: usize,
+) -> Vec<(usize, f32)> {
     match kind {
         RouterKind::SoftmaxTopK { renormalize } => route(logits, top_k, renormalize),
         RouterKind::TopKSoftmax => topk_softmax(logits, top_k),
+        RouterKind::SigmoidGroupedTopK { .. } => {
+            let choice = choice_scores(kind, logits, selection_bias);
+            let mut order: Vec<usize> = (0..choice.len()).collect();
+            order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]));
+            route_selected(kind, logits, &order[..top_k.min(order.len())])
+        }
     }
+}
+
+/// The scores `kind` chooses its top-k by (what a near-tie is measured
+/// on): the logits themselves for the softmax routers (the softmax is
+/// monotone), and for `SigmoidGroupedTopK` `sigmoid(logit) + bias` with
+/// the experts outside the best `topk_groups` groups set to 0, as
+/// transformers' `masked_fill(~score_mask, 0.0)` does.
+pub fn choice_scores<'a>(
+    kind: RouterKind,
+    logits: &'a [f32],
+    selection_bias: Option<&[f32]>,
+) -> Cow<'a, [f32]> {
+    let RouterKind::SigmoidGroupedTopK {
+        groups,
+        topk_groups,
+        ..
+    } = kind
+    else {
+        return Cow::Borrowed(logits);
+    };
+    let n = logits.len();
+    assert!(
+        groups >= 1 && n.is_multiple_of(groups) && topk_groups >= 1 && topk_groups <= groups,
+        "grouped router: {n} experts in {groups} groups, keeping {topk_groups}"
+    );
+    let mut choice: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+    if let Some(b) = selection_bias {
+        for (c, &b) in choice.iter_mut().zip(b) {
+            *c += b;
+        }
+    }
+    if topk_groups < groups {
+        let per = n / groups;
+        // A group's score: the sum of its two best choice scores.
+        let group_score: Vec<f32> = choice
+            .chunks_exact(per)
+            .map(|g| {
+                let mut v = g.to_vec();
+                v.sort_by(|a, b| b.total_cmp(a));
+                v.iter().take(2).sum()
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..groups).collect();
+        order.sort_by(|&a, &b| group_score[b].total_cmp(&group_score[a]));
+        for &g in &order[topk_groups..] {
+            choice[g * per..(g + 1) * per].fill(0.0);
+        }
+    }
+    Cow::Owned(choice)
+}
+
+/// `1 / (1 + e^-x)` in f32, as torch's `sigmoid`.
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
 }
 
 /// The `(expert, weight)` pairs of `experts` (a top-k set another engine
@@ -40,6 +110,21 @@ pub fn route_selected(kind: RouterKind, logits: &[f32], experts: &[usize]) -> Ve
         RouterKind::TopKSoftmax => {
             let l: Vec<f32> = experts.iter().map(|&e| logits[e]).collect();
             experts.iter().copied().zip(softmax(&l)).collect()
+        }
+        RouterKind::SigmoidGroupedTopK {
+            renormalize, scale, ..
+        } => {
+            let mut c: Vec<(usize, f32)> =
+                experts.iter().map(|&e| (e, sigmoid(logits[e]))).collect();
+            let den = if renormalize {
+                c.iter().map(|x| x.1).sum::<f32>() + 1e-20
+            } else {
+                1.0
+            };
+            for x in &mut c {
+                x.1 = x.1 / den * scale;
+            }
+            c
         }
     };
     chosen.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -122,11 +207,16 @@ mod tests {
         // Logits [ln 1, ln 4, ln 2, ln 3]: top-2 = experts 1, 3 with
         // softmax weights 4/7, 3/7 (the others never enter the softmax).
         let logits: Vec<f32> = [1.0f32, 4.0, 2.0, 3.0].iter().map(|v| v.ln()).collect();
-        let r = route_with(RouterKind::TopKSoftmax, &logits, 2);
+        let r = route_with(RouterKind::TopKSoftmax, &logits, None, 2);
         assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 3]);
         assert!((r[0].1 - 4.0 / 7.0).abs() < 1e-6 && (r[1].1 - 3.0 / 7.0).abs() < 1e-6);
         // Softmax-then-top-k without renormalisation differs: 0.4 and 0.3.
-        let s = route_with(RouterKind::SoftmaxTopK { renormalize: false }, &logits, 2);
+        let s = route_with(
+            RouterKind::SoftmaxTopK { renormalize: false },
+            &logits,
+            None,
+            2,
+        );
         assert!((s[0].1 - 0.4).abs() < 1e-6);
     }
 
@@ -141,7 +231,7 @@ mod tests {
             // Its own top-2, given in either order, is exactly route_with.
             assert_eq!(
                 route_selected(kind, &logits, &[3, 1]),
-                route_with(kind, &logits, 2)
+                route_with(kind, &logits, None, 2)
             );
         }
         // Another set: experts 2 and 3 (weights 2:3 after the softmax).
@@ -161,5 +251,45 @@ mod tests {
         let r = route(&[1.0, 5.0, 5.0, 5.0], 2, true);
         assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 2]);
         assert!((r[0].1 - 0.5).abs() < 1e-6);
+    }
+
+    /// 8 experts in 4 groups of 2, keep 2 groups, top-2, a selection bias of
+    /// +2 on expert 2: group scores (sum of each group's two choice scores)
+    /// keep groups {2,3} and {0,1}; expert 6 (the best score 0.95) is in a
+    /// dropped group; expert 2 is chosen for its bias, weighted by its
+    /// bias-free score; renormalised, then scaled by 2.5.
+    #[test]
+    fn sigmoid_grouped_topk_hand_case() {
+        let logits = [0.0f32, 1.0, -1.0, 2.0, 0.5, -2.0, 3.0, -3.0];
+        let mut bias = [0f32; 8];
+        bias[2] = 2.0;
+        let kind = RouterKind::SigmoidGroupedTopK {
+            groups: 4,
+            topk_groups: 2,
+            renormalize: true,
+            scale: 2.5,
+        };
+        let r = route_with(kind, &logits, Some(&bias), 2);
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), [3, 2]);
+        let (s2, s3) = (1.0 / (1.0 + 1f32.exp()), 1.0 / (1.0 + (-2f32).exp()));
+        assert!((r[0].1 - 2.5 * s3 / (s2 + s3)).abs() < 1e-6, "{r:?}");
+        assert!((r[1].1 - 2.5 * s2 / (s2 + s3)).abs() < 1e-6, "{r:?}");
+        let c = choice_scores(kind, &logits, Some(&bias));
+        assert_eq!(&c[4..], &[0.0; 4]);
+        // Every group kept: expert 6 wins a place instead of expert 3.
+        let all = RouterKind::SigmoidGroupedTopK {
+            groups: 4,
+            topk_groups: 4,
+            renormalize: false,
+            scale: 1.0,
+        };
+        let r = route_with(all, &logits, Some(&bias), 2);
+        assert_eq!(r.iter().map(|c| c.0).collect::<Vec<_>>(), [6, 2]);
+        assert!((r[0].1 - sigmoid(3.0)).abs() < 1e-7 && (r[1].1 - s2).abs() < 1e-7);
+        // Following another engine's set weights it the same way.
+        assert_eq!(
+            route_selected(kind, &logits, &[2, 3]),
+            route_with(kind, &logits, Some(&bias), 2)
+        );
     }
 }

@@ -31,16 +31,24 @@ pub enum Fault {
     /// Sliding-window layers attend to every earlier position. No effect
     /// on models without sliding layers.
     FullWindow,
+    /// The router chooses without its selection bias (glm4_moe's
+    /// `e_score_correction_bias`). No effect on routers without one.
+    IgnoreSelectionBias,
+    /// The shared expert is left out of the MoE output. No effect on
+    /// models without one.
+    NoSharedExpert,
 }
 
 impl Fault {
     /// Every planted bug (not `None`).
-    pub const ALL: [Fault; 5] = [
+    pub const ALL: [Fault; 7] = [
         Fault::RopeSign,
         Fault::SwapGqa,
         Fault::DropExpert,
         Fault::IgnoreSinks,
         Fault::FullWindow,
+        Fault::IgnoreSelectionBias,
+        Fault::NoSharedExpert,
     ];
 
     /// The planted bugs that change what a model of geometry `g` computes.
@@ -56,6 +64,8 @@ impl Fault {
                     .layers
                     .iter()
                     .any(|l| matches!(l.attention, AttentionKind::Sliding { .. })),
+                Fault::IgnoreSelectionBias => g.num_moe_layers() > 0 && g.router.selection_bias,
+                Fault::NoSharedExpert => g.num_moe_layers() > 0 && g.shared_intermediate.is_some(),
             })
             .collect()
     }
@@ -64,10 +74,10 @@ impl Fault {
 /// Applies [`Rope`] with the angle negated: with `D` negating the second
 /// half of each head, `R(-a) = D R(a) D` in the `rotate_half` convention.
 pub(super) fn rotate_backwards(rope: &Rope, x: &mut [f32], pos: usize) {
-    let d = rope.head_dim();
+    let (d, r) = (rope.head_dim(), rope.rotary_dim());
     let flip = |x: &mut [f32]| {
         for head in x.chunks_exact_mut(d) {
-            for v in &mut head[d / 2..] {
+            for v in &mut head[r / 2..r] {
                 *v = -*v;
             }
         }

@@ -13,7 +13,7 @@ use crate::layers::attention::{AttnShape, attention};
 use crate::layers::linear::{PARALLEL_MIN_MACS, add_bias_rows, matmul};
 use crate::layers::mlp::{SwigluWeights, activate, swiglu};
 use crate::layers::norm::rms_norm_rows;
-use crate::layers::router::{route_selected, route_with};
+use crate::layers::router::{choice_scores, route_selected, route_with};
 use rayon::prelude::*;
 
 impl ReferenceEngine {
@@ -275,13 +275,40 @@ impl ReferenceEngine {
             MlpWeights::Moe {
                 router,
                 router_bias,
+                selection_bias,
+                shared,
             } => {
                 let mut logits = vec![0f32; n * g.num_experts];
                 matmul(router, g.num_experts, h, &xn, &mut logits);
                 if let Some(b) = router_bias {
                     add_bias_rows(&mut logits, b);
                 }
-                let (y, ran) = self.moe(layer, &logits, &xn, start)?;
+                let selection_bias = selection_bias.as_deref();
+                #[cfg(any(test, feature = "fault-injection"))]
+                let selection_bias =
+                    selection_bias.filter(|_| self.fault != super::Fault::IgnoreSelectionBias);
+                let (mut y, ran) = self.moe(layer, &logits, selection_bias, &xn, start)?;
+                let shared = shared.as_ref();
+                #[cfg(any(test, feature = "fault-injection"))]
+                let shared = shared.filter(|_| self.fault != super::Fault::NoSharedExpert);
+                // transformers: routed output + shared_experts(x), unscaled.
+                if let (Some([gate, up, down]), Some(s)) = (shared, g.shared_intermediate) {
+                    let sh = self.swiglu(
+                        SwigluWeights {
+                            gate,
+                            up,
+                            down,
+                            hidden: h,
+                            intermediate: s,
+                            activation: crate::arch::Activation::Swiglu,
+                            bias: None,
+                        },
+                        &xn,
+                    );
+                    for (a, b) in y.iter_mut().zip(&sh) {
+                        *a += b;
+                    }
+                }
                 router_logits = Some((logits, ran));
                 y
             }
@@ -303,6 +330,7 @@ impl ReferenceEngine {
         &self,
         layer: usize,
         router_logits: &[f32],
+        selection_bias: Option<&[f32]>,
         xn: &[f32],
         start: usize,
     ) -> Result<(Vec<f32>, Vec<(Vec<usize>, bool)>), EngineError> {
@@ -313,11 +341,12 @@ impl ReferenceEngine {
         let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
         let mut ran = Vec::with_capacity(n);
         for (t, l) in router_logits.chunks_exact(ne).enumerate() {
-            let mut chosen = route_with(g.router.kind, l, g.top_k);
+            let mut chosen = route_with(g.router.kind, l, selection_bias, g.top_k);
             let mut followed = false;
             if let Some(f) = &self.follow {
                 let own: Vec<usize> = chosen.iter().map(|c| c.0).collect();
-                let (kth, gap) = kth_and_gap(l, g.top_k);
+                let choice = choice_scores(g.router.kind, l, selection_bias);
+                let (kth, gap) = kth_and_gap(&choice, g.top_k);
                 if let Some(theirs) = f.take(layer, start + t, &own, gap, kth) {
                     chosen = route_selected(g.router.kind, l, theirs);
                     followed = true;

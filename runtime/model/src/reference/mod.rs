@@ -243,7 +243,7 @@ impl ReferenceEngine {
                 dir.display()
             )));
         }
-        ckpt.validate(&config.expected_tensors())?;
+        ckpt.validate_skipping(&config.expected_tensors(), &config.skipped_prefixes())?;
         let experts = Arc::new(CheckpointExperts::new(ckpt.clone(), &config));
         Self::build(dir, &config, &ckpt, experts, opts, progress)
     }
@@ -264,7 +264,7 @@ impl ReferenceEngine {
             let names = routed_expert_names(&config);
             expected.retain(|(n, _)| !names.contains(n));
         }
-        ckpt.validate(&expected)?;
+        ckpt.validate_skipping(&expected, &config.skipped_prefixes())?;
         Self::build(dir, &config, &ckpt, experts, opts, None)
     }
 

@@ -47,11 +47,14 @@ pub(crate) enum MlpWeights {
         up: Vec<f32>,
         down: Vec<f32>,
     },
-    /// Router `[num_experts, H]` and its bias; the experts come from an
-    /// `ExpertWeights`.
+    /// Router `[num_experts, H]`, its bias and its selection bias, and the
+    /// shared expert (`gate`, `up`, `down`); the routed experts come from
+    /// an `ExpertWeights`.
     Moe {
         router: Vec<f32>,
         router_bias: Option<Vec<f32>>,
+        selection_bias: Option<Vec<f32>>,
+        shared: Option<[Vec<f32>; 3]>,
     },
 }
 
@@ -156,6 +159,15 @@ fn load_layer(
         MlpKind::Moe => MlpWeights::Moe {
             router: take(Router)?,
             router_bias: g.router.bias.then(|| take(RouterBias)).transpose()?,
+            selection_bias: g
+                .router
+                .selection_bias
+                .then(|| take(RouterSelectionBias))
+                .transpose()?,
+            shared: match g.shared_intermediate {
+                Some(_) => Some([take(SharedGate)?, take(SharedUp)?, take(SharedDown)?]),
+                None => None,
+            },
         },
     };
     Ok(LayerWeights {

@@ -8,9 +8,10 @@ use crate::chat_template::{
     QWEN3_CHAT_TEMPLATE, QWEN3_CODER_CHAT_TEMPLATE, qwen3_tokenizer_config,
 };
 use crate::tokenizer::{
-    GPT_OSS_CHAT_TEMPLATE, HARMONY_LAST_ID, QWEN3_SPECIAL_TOKENS, build_harmony_tokenizer_json,
-    build_qwen_tokenizer_json, find_o200k_vocab, find_qwen_vocab, harmony_generation_config,
-    harmony_tokenizer_config,
+    GLM4_CHAT_TEMPLATE, GLM4_SPECIAL_TOKENS, GPT_OSS_CHAT_TEMPLATE, HARMONY_LAST_ID,
+    QWEN3_SPECIAL_TOKENS, build_glm4_tokenizer_json, build_harmony_tokenizer_json,
+    build_qwen_tokenizer_json, find_o200k_vocab, find_qwen_vocab, glm4_generation_config,
+    glm4_tokenizer_config, harmony_generation_config, harmony_tokenizer_config,
 };
 use std::path::{Path, PathBuf};
 
@@ -23,6 +24,10 @@ pub enum TokenizerSource {
     /// gpt-oss's `o200k_harmony` (ranks from `o200k_base.tiktoken`, at this
     /// path or found by `find_o200k_vocab`; see `tools/harmony/vocab.sh`).
     Harmony { vocab: Option<PathBuf> },
+    /// glm4_moe's stand-in (`tokenizer::glm4`): Qwen's first 151,329 ranks
+    /// (`qwen.tiktoken`, at this path or found by `find_qwen_vocab`) and
+    /// GLM's added tokens at their ids.
+    Glm4 { vocab: Option<PathBuf> },
     /// Weights and configs only (fast unit tests with a shrunken vocab).
     None,
 }
@@ -34,6 +39,7 @@ impl TokenizerSource {
         match config {
             ModelConfig::GptOss(_) => TokenizerSource::Harmony { vocab },
             ModelConfig::Qwen3Moe(_) => TokenizerSource::Qwen { vocab },
+            ModelConfig::Glm4Moe(_) => TokenizerSource::Glm4 { vocab },
         }
     }
 }
@@ -45,14 +51,17 @@ pub enum ChatTemplateKind {
     Qwen3Coder,
     /// The template published with openai/gpt-oss-120b (harmony).
     GptOss,
+    /// The template published with the zai-org GLM-4.5/4.6 checkpoints.
+    Glm4,
 }
 
 impl ChatTemplateKind {
     /// Every kind, in `--chat-template` order.
-    pub const ALL: [ChatTemplateKind; 3] = [
+    pub const ALL: [ChatTemplateKind; 4] = [
         ChatTemplateKind::Qwen3,
         ChatTemplateKind::Qwen3Coder,
         ChatTemplateKind::GptOss,
+        ChatTemplateKind::Glm4,
     ];
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.name() == s)
@@ -62,6 +71,7 @@ impl ChatTemplateKind {
             ChatTemplateKind::Qwen3 => "qwen3",
             ChatTemplateKind::Qwen3Coder => "qwen3-coder",
             ChatTemplateKind::GptOss => "gpt-oss",
+            ChatTemplateKind::Glm4 => "glm4",
         }
     }
     pub fn source(self) -> &'static str {
@@ -69,6 +79,7 @@ impl ChatTemplateKind {
             ChatTemplateKind::Qwen3 => QWEN3_CHAT_TEMPLATE,
             ChatTemplateKind::Qwen3Coder => QWEN3_CODER_CHAT_TEMPLATE,
             ChatTemplateKind::GptOss => GPT_OSS_CHAT_TEMPLATE,
+            ChatTemplateKind::Glm4 => GLM4_CHAT_TEMPLATE,
         }
     }
     /// The template `config`'s family ships with.
@@ -76,11 +87,18 @@ impl ChatTemplateKind {
         match config {
             ModelConfig::GptOss(_) => ChatTemplateKind::GptOss,
             ModelConfig::Qwen3Moe(_) => ChatTemplateKind::Qwen3,
+            ModelConfig::Glm4Moe(_) => ChatTemplateKind::Glm4,
         }
     }
     /// Whether this template speaks `config`'s family's tokens.
     fn fits(self, config: &ModelConfig) -> bool {
-        (self == ChatTemplateKind::GptOss) == matches!(config, ModelConfig::GptOss(_))
+        match config {
+            ModelConfig::GptOss(_) => self == ChatTemplateKind::GptOss,
+            ModelConfig::Glm4Moe(_) => self == ChatTemplateKind::Glm4,
+            ModelConfig::Qwen3Moe(_) => {
+                matches!(self, ChatTemplateKind::Qwen3 | ChatTemplateKind::Qwen3Coder)
+            }
+        }
     }
 }
 
@@ -89,6 +107,7 @@ pub fn generation_config(config: &ModelConfig) -> serde_json::Value {
     match config {
         ModelConfig::GptOss(_) => harmony_generation_config(),
         ModelConfig::Qwen3Moe(_) => crate::chat_template::qwen3_generation_config(),
+        ModelConfig::Glm4Moe(_) => glm4_generation_config(),
     }
 }
 
@@ -134,6 +153,14 @@ pub fn write_tokenizer_files(
                 .unwrap_or(0),
         ),
         TokenizerSource::Harmony { .. } => ("o200k_harmony", HARMONY_LAST_ID as usize + 1),
+        TokenizerSource::Glm4 { .. } => (
+            "GLM-4.5 stand-in",
+            GLM4_SPECIAL_TOKENS
+                .iter()
+                .map(|(id, _, _)| *id as usize + 1)
+                .max()
+                .unwrap_or(0),
+        ),
     };
     // A tokenizer or template of another family would give the checkpoint
     // special tokens its config and template do not know.
@@ -164,6 +191,10 @@ pub fn write_tokenizer_files(
         TokenizerSource::Qwen { vocab } => (
             build_qwen_tokenizer_json(&find_qwen_vocab(vocab.as_deref())?)?,
             qwen3_tokenizer_config(template.source()),
+        ),
+        TokenizerSource::Glm4 { vocab } => (
+            build_glm4_tokenizer_json(&find_qwen_vocab(vocab.as_deref())?)?,
+            glm4_tokenizer_config(template.source()),
         ),
         TokenizerSource::None => unreachable!("returned above"),
     };

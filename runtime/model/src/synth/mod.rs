@@ -218,7 +218,12 @@ fn write_all(opts: &SynthOptions, dir: &Path) -> Result<SynthSummary, SynthError
     if opts.shard_bytes == 0 {
         return Err(SynthError::BadSpec("--shard-size must be > 0".into()));
     }
-    if opts.skip_routed_experts && spec.tensors().iter().any(|t| t.storage != Storage::Float) {
+    if opts.skip_routed_experts
+        && spec
+            .tensors()
+            .iter()
+            .any(|t| matches!(t.storage, Storage::Mxfp4 { .. }))
+    {
         // The cache's synthetic source regenerates float experts for the
         // INT4 cache; MXFP4 experts are cached natively from checkpoint
         // bytes, so a checkpoint without them could not be cached.

@@ -79,7 +79,7 @@ impl SynthRecord {
             mxfp4_rule: spec
                 .tensors()
                 .iter()
-                .any(|t| t.storage != super::Storage::Float)
+                .any(|t| matches!(t.storage, super::Storage::Mxfp4 { .. }))
                 .then(|| super::MXFP4_RULE.into()),
             sink_rule: spec.geometry().attention.sinks.then(|| SINK_RULE.into()),
         }

@@ -31,6 +31,23 @@ const LM_HEAD_GAIN: f32 = 4.0;
 /// position's, neither absorbing all attention nor vanishing. (Recorded as
 /// `record::SINK_RULE`.)
 const SINK_STD: f32 = 1.0;
+/// Std of router selection biases (glm4_moe `e_score_correction_bias`):
+/// sigmoid scores of unit-RMS router logits spread over ~0.3..0.7, so a
+/// bias of ~0.05 moves choices near the top-k boundary without deciding
+/// them all, as the load-balancing bias does in a trained model.
+const SELECTION_BIAS_STD: f32 = 0.05;
+/// How checkpoints name the selection bias (`...mlp.gate.e_score_correction_bias`).
+const SELECTION_BIAS_SUFFIX: &str = "e_score_correction_bias";
+
+/// A selection bias: drawn around 0, stored F32 whatever `--dtype`.
+fn selection_bias_init() -> (Init, Storage) {
+    (
+        Init::Normal {
+            std: SELECTION_BIAS_STD,
+        },
+        Storage::F32,
+    )
+}
 
 /// Element type of the stored tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +109,10 @@ pub struct TensorDesc {
 pub enum Storage {
     /// Floats of the spec's dtype, drawn under the tensor's own name.
     Float,
+    /// Floats stored as F32 whatever the spec's dtype, drawn under the
+    /// tensor's own name (glm4_moe's `e_score_correction_bias`, which the
+    /// published checkpoints keep in f32).
+    F32,
     /// One U8 part of an MXFP4 projection: f32 values drawn from the
     /// tensor's `init` under the name `source` (the projection, e.g.
     /// `model.layers.0.mlp.experts.gate_up_proj`, element `i` of its
@@ -117,7 +138,7 @@ impl TensorDesc {
     /// part the source values it encodes.
     pub fn source_numel(&self) -> usize {
         match &self.storage {
-            Storage::Float => self.numel(),
+            Storage::Float | Storage::F32 => self.numel(),
             Storage::Mxfp4 {
                 part: Mxfp4Part::Blocks,
                 ..
@@ -131,15 +152,23 @@ impl TensorDesc {
     /// Bytes of the stored tensor.
     pub fn bytes(&self, dtype: SynthDtype) -> u64 {
         match self.storage {
-            Storage::Float => (self.numel() * dtype.size()) as u64,
+            Storage::Float | Storage::F32 => (self.numel() * self.float_dtype(dtype).size()) as u64,
             Storage::Mxfp4 { .. } => self.numel() as u64,
         }
     }
     /// The safetensors header spelling of its element type.
     pub fn safetensors_dtype(&self, dtype: SynthDtype) -> &'static str {
         match self.storage {
-            Storage::Float => dtype.safetensors_name(),
+            Storage::Float | Storage::F32 => self.float_dtype(dtype).safetensors_name(),
             Storage::Mxfp4 { .. } => crate::formats::mxfp4::STORAGE_DTYPE,
+        }
+    }
+    /// The float type its values are stored (and rounded) in under the
+    /// spec's `dtype`.
+    pub fn float_dtype(&self, dtype: SynthDtype) -> SynthDtype {
+        match self.storage {
+            Storage::F32 => SynthDtype::F32,
+            _ => dtype,
         }
     }
     /// Elements per row (the last dimension).
@@ -319,9 +348,18 @@ impl SynthSpec {
         let g = self.geometry();
         let mut special = self.layer_inits(&g);
         special.extend(super::mxfp4::fused_expert_tensors(&self.config, &g));
+        // The tensors loaders skip (MTP layers) are written too, as a
+        // download has them; their selection biases are F32 as the layers'.
+        let skipped = self.config.skipped_tensors();
+        for (name, _) in &skipped {
+            if name.ends_with(SELECTION_BIAS_SUFFIX) {
+                special.insert(name.clone(), selection_bias_init());
+            }
+        }
         self.config
             .expected_tensors()
             .into_iter()
+            .chain(skipped)
             .map(|(name, shape)| {
                 let (init, storage) = special
                     .remove(&name)
@@ -371,6 +409,12 @@ impl SynthSpec {
                     (Init::Normal { std: BIAS_STD }, Storage::Float),
                 );
             }
+            if g.router.selection_bias {
+                m.insert(
+                    name(LayerTensor::RouterSelectionBias),
+                    selection_bias_init(),
+                );
+            }
         }
         m
     }
@@ -402,13 +446,15 @@ impl SynthSpec {
     /// The values of one whole tensor as stored (rounded through the dtype),
     /// or `None` if the checkpoint has no tensor of that name.
     pub fn tensor_f32(&self, name: &str) -> Option<Vec<f32>> {
-        let t = self.tensor(name).filter(|t| t.storage == Storage::Float)?;
+        let t = self
+            .tensor(name)
+            .filter(|t| matches!(t.storage, Storage::Float | Storage::F32))?;
         let mut out = vec![0f32; t.numel()];
         fill_f32(
             self.seed,
             &t.name,
             &t.init,
-            self.dtype,
+            t.float_dtype(self.dtype),
             t.row_len(),
             0,
             &mut out,
@@ -419,7 +465,9 @@ impl SynthSpec {
     /// One row of a 2-D tensor (e.g. a token's embedding) without generating
     /// the rest of it.
     pub fn tensor_row_f32(&self, name: &str, row: usize) -> Option<Vec<f32>> {
-        let t = self.tensor(name).filter(|t| t.storage == Storage::Float)?;
+        let t = self
+            .tensor(name)
+            .filter(|t| matches!(t.storage, Storage::Float | Storage::F32))?;
         if t.shape.len() != 2 || row >= t.shape[0] {
             return None;
         }
@@ -428,7 +476,7 @@ impl SynthSpec {
             self.seed,
             &t.name,
             &t.init,
-            self.dtype,
+            t.float_dtype(self.dtype),
             t.row_len(),
             row * t.shape[1],
             &mut out,

@@ -41,6 +41,7 @@ fn gen_piece(seed: u64, dtype: SynthDtype, p: &Piece) -> Vec<u8> {
     if let Storage::Mxfp4 { part, source } = &p.tensor.storage {
         return super::mxfp4::encode_piece(seed, source, &p.tensor.init, *part, p.start, p.len);
     }
+    let dtype = p.tensor.float_dtype(dtype);
     let mut vals = vec![0f32; p.len];
     fill_f32(
         seed,

@@ -66,6 +66,7 @@ pub(crate) const O200K: BpeVocab = BpeVocab {
     file: "o200k_base.tiktoken",
     fetch: "tools/harmony/vocab.sh",
     ranks: O200K_BPE_RANKS,
+    use_ranks: O200K_BPE_RANKS,
     regex: O200K_PRETOKENIZE_REGEX,
     nfc: false,
 };

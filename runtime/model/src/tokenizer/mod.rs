@@ -6,6 +6,7 @@
 pub(crate) use eos::token_string;
 
 mod eos;
+mod glm4;
 mod harmony;
 mod incremental;
 mod sampleable;
@@ -14,6 +15,10 @@ mod vocab;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use glm4::{
+    GLM4_BPE_RANKS, GLM4_CHAT_TEMPLATE, GLM4_SPECIAL_TOKENS, build_glm4_tokenizer_json,
+    glm4_generation_config, glm4_tokenizer_config,
+};
 pub use harmony::{
     GPT_OSS_CHAT_TEMPLATE, HARMONY_EOS_IDS, HARMONY_LAST_ID, HARMONY_NAMED_TOKENS, O200K_BPE_RANKS,
     O200K_PRETOKENIZE_REGEX, build_harmony_tokenizer_json, find_o200k_vocab,

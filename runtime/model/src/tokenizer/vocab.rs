@@ -59,8 +59,12 @@ pub(crate) struct BpeVocab {
     pub file: &'static str,
     /// The script that fetches it.
     pub fetch: &'static str,
-    /// Number of ranks; the added tokens start at or after it.
+    /// Number of ranks in the rank file.
     pub ranks: usize,
+    /// The leading ranks the tokenizer keeps (`ranks`, unless the file
+    /// stands in for a smaller vocabulary); the added tokens start at or
+    /// after it.
+    pub use_ranks: usize,
     /// The pre-tokenizer split pattern.
     pub regex: &'static str,
     /// Whether the text is NFC-normalized first.
@@ -72,6 +76,7 @@ pub(crate) const QWEN: BpeVocab = BpeVocab {
     file: "qwen.tiktoken",
     fetch: "tools/vocab.sh",
     ranks: QWEN_BPE_RANKS,
+    use_ranks: QWEN_BPE_RANKS,
     regex: QWEN_PRETOKENIZE_REGEX,
     nfc: true,
 };
@@ -265,7 +270,10 @@ pub(crate) fn build_tokenizer_json(
 
     let fetch = vocab.fetch;
     let text = std::fs::read_to_string(tiktoken).map_err(|e| ModelError::io(tiktoken, e))?;
-    let tokens = parse_tiktoken(tiktoken, &text, vocab)?;
+    let mut tokens = parse_tiktoken(tiktoken, &text, vocab)?;
+    // A BPE rank is built from lower ranks, so a prefix of the ranks is a
+    // vocabulary of its own.
+    tokens.truncate(vocab.use_ranks);
     let mut ranks: FnvMap<&[u8], u32> = FnvMap::default();
     ranks.reserve(tokens.len());
     ranks.extend(

@@ -92,6 +92,12 @@ pub fn detect_grammar(template_source: &str) -> Option<Arc<dyn ToolGrammar>> {
     if template_source.contains("<function=") && template_source.contains("<parameter=") {
         return Some(Arc::new(QwenXml));
     }
+    // GLM-4.5's XML calls (`<tool_call>NAME` + `<arg_key>`/`<arg_value>`)
+    // have no grammar yet: reading them as Hermes JSON would turn every call
+    // into text, so no grammar is chosen and tools are refused.
+    if template_source.contains("<arg_key>") && template_source.contains("<arg_value>") {
+        return None;
+    }
     if template_source.contains("<tool_call>") {
         return Some(Arc::new(HermesJson));
     }

@@ -137,6 +137,11 @@ fn grammar_is_detected_from_the_template() {
         "hermes-json"
     );
     assert!(detect_grammar("{{ messages }}").is_none());
+    // GLM-4.5's template also writes `<tool_call>`, but its calls are XML
+    // argument pairs no grammar here reads: refused, not read as Hermes.
+    let glm = krasis_model::tokenizer::GLM4_CHAT_TEMPLATE;
+    assert!(glm.contains("<tool_call>"));
+    assert!(detect_grammar(glm).is_none());
 }
 
 fn chunked<'a>(text: &'a str, cuts: &[usize]) -> Vec<&'a str> {
