@@ -225,4 +225,22 @@ mod tests {
         assert!(e.contains("MXFP4 expert 2880x8192"), "{e}");
         assert!(!e.contains("clamped"), "{e}");
     }
+
+    /// glm4_moe is refused before anything is uploaded, naming each of its
+    /// components this engine lacks (none of which may run as something
+    /// else: a softmax router or no shared expert would give other logits).
+    #[test]
+    fn glm4_moe_is_refused_by_component() {
+        for preset in ["tiny-glm4-moe", "glm-4.5-air", "glm-4.5"] {
+            let e = check_supported(&config(preset)).unwrap_err().to_string();
+            for part in [
+                "partial rotary",
+                "sigmoid group-limited router",
+                "router selection bias",
+                "shared expert",
+            ] {
+                assert!(e.contains(part), "{preset}: {part} missing from: {e}");
+            }
+        }
+    }
 }
