@@ -293,7 +293,7 @@ fn plan_tools(req: &ChatRequest, model: &LoadedModel) -> Result<ToolPlan, ApiErr
     let grammar = model.grammar.as_ref().ok_or_else(|| {
         ApiError::unsupported(
             "tools",
-            "this model's chat template teaches no tool-call grammar this server can parse (supported: Qwen hermes JSON, Qwen3-Coder XML, gpt-oss harmony), so tools cannot be used with it",
+            "this model's chat template teaches no tool-call grammar this server can parse (supported: Qwen hermes JSON, Qwen3-Coder XML, gpt-oss harmony, GLM-4.5 XML), so tools cannot be used with it",
         )
     })?;
     Ok(ToolPlan {

@@ -7,12 +7,14 @@
 //! nothing the model wrote disappears.
 
 mod block;
+mod glm_xml;
 mod harmony;
 mod hermes;
 mod qwen_xml;
 pub mod schema;
 
 pub use block::BlockParser;
+pub use glm_xml::GlmXml;
 pub use harmony::{Harmony, HarmonyParser, Header, Scanner, Segment, parse_header};
 pub use hermes::HermesJson;
 pub use qwen_xml::QwenXml;
@@ -49,8 +51,8 @@ pub enum Forced {
     Named(String),
 }
 
-/// A tool-call grammar (Qwen hermes JSON, Qwen3-Coder XML, gpt-oss harmony;
-/// DeepSeek and GLM grammars implement the same trait).
+/// A tool-call grammar (Qwen hermes JSON, Qwen3-Coder XML, gpt-oss harmony,
+/// GLM-4.5 XML; a DeepSeek grammar would implement the same trait).
 pub trait ToolGrammar: Send + Sync + std::fmt::Debug {
     /// Short name used in logs and error messages.
     fn name(&self) -> &'static str;
@@ -92,11 +94,10 @@ pub fn detect_grammar(template_source: &str) -> Option<Arc<dyn ToolGrammar>> {
     if template_source.contains("<function=") && template_source.contains("<parameter=") {
         return Some(Arc::new(QwenXml));
     }
-    // GLM-4.5's XML calls (`<tool_call>NAME` + `<arg_key>`/`<arg_value>`)
-    // have no grammar yet: reading them as Hermes JSON would turn every call
-    // into text, so no grammar is chosen and tools are refused.
-    if template_source.contains("<arg_key>") && template_source.contains("<arg_value>") {
-        return None;
+    // GLM-4.5's template also writes `<tool_call>`: its argument pairs
+    // decide before the Hermes JSON fallback.
+    if glm_xml::taught_by(template_source) {
+        return Some(Arc::new(GlmXml));
     }
     if template_source.contains("<tool_call>") {
         return Some(Arc::new(HermesJson));

@@ -87,6 +87,77 @@ fn xml_value_that_does_not_fit_the_schema_stays_a_string() {
     );
 }
 
+/// As GLM-4.5's template renders calls (`v | tojson if v is not string else v`):
+/// two blocks back to back, string values raw (one spans lines and looks like
+/// JSON), the others JSON.
+const GLM: &str = "I'll check both.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New York</arg_value>\n<arg_key>days</arg_key>\n<arg_value>5</arg_value>\n<arg_key>metric</arg_key>\n<arg_value>true</arg_value>\n<arg_key>ratio</arg_key>\n<arg_value>null</arg_value>\n<arg_key>opts</arg_key>\n<arg_value>{\"a\": [1]}</arg_value>\n<arg_key>tags</arg_key>\n<arg_value>[\"x\", \"y\"]</arg_value>\n</tool_call><tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>{\"not\": \"json\"}\nline 2</arg_value>\n</tool_call>";
+
+#[test]
+fn glm_calls_are_parsed_with_schema_typed_arguments() {
+    assert_eq!(
+        run(&GlmXml, &[GLM]),
+        vec![
+            ToolEvent::Text("I'll check both.".into()),
+            call(
+                "get_weather",
+                json!({"city": "New York", "days": 5, "metric": true, "ratio": null,
+                       "opts": {"a": [1]}, "tags": ["x", "y"]})
+            ),
+            call(
+                "get_weather",
+                json!({"city": "{\"not\": \"json\"}\nline 2"})
+            ),
+        ]
+    );
+    // A call without arguments.
+    assert_eq!(
+        run(&GlmXml, &["<tool_call>get_weather\n</tool_call>"]),
+        vec![call("get_weather", json!({}))]
+    );
+}
+
+#[test]
+fn malformed_glm_calls_stay_visible() {
+    for bad in [
+        "A <tool_call>get_weather\n<arg_key>city</arg_key>\nParis\n</tool_call> B",
+        "A <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris\n</tool_call>",
+        "A <tool_call>\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+        "A <tool_call>get_weather\n<arg_key>city</arg_key><arg_value>a</arg_value><arg_key>city</arg_key><arg_value>b</arg_value></tool_call>",
+        "A <tool_call>{\"name\": \"get_weather\"}</tool_call>",
+    ] {
+        assert_eq!(
+            run(&GlmXml, &[bad]),
+            vec![ToolEvent::Text(bad.into())],
+            "{bad}"
+        );
+    }
+    let cut = "A\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par";
+    assert_eq!(run(&GlmXml, &[cut]), vec![ToolEvent::Text(cut.into())]);
+}
+
+#[test]
+fn glm_forced_prefixes_then_model_output_parse() {
+    let prefix = GlmXml
+        .forced_prefix(&Forced::Named("get_weather".into()))
+        .unwrap();
+    assert_eq!(
+        run(
+            &GlmXml,
+            &[
+                &prefix,
+                "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"
+            ]
+        ),
+        vec![call("get_weather", json!({"days": 2}))]
+    );
+    let prefix = GlmXml.forced_prefix(&Forced::Required).unwrap();
+    assert_eq!(
+        run(&GlmXml, &[&prefix, "get_weather\n</tool_call>"]),
+        vec![call("get_weather", json!({}))]
+    );
+    assert!(GlmXml.forced_prefix(&Forced::Auto).is_none());
+}
+
 #[test]
 fn malformed_and_truncated_calls_stay_visible() {
     let bad = "A <tool_call>{\"name\": oops}</tool_call> B";
@@ -137,11 +208,10 @@ fn grammar_is_detected_from_the_template() {
         "hermes-json"
     );
     assert!(detect_grammar("{{ messages }}").is_none());
-    // GLM-4.5's template also writes `<tool_call>`, but its calls are XML
-    // argument pairs no grammar here reads: refused, not read as Hermes.
+    // GLM-4.5's template also writes `<tool_call>`; its argument pairs win.
     let glm = krasis_model::tokenizer::GLM4_CHAT_TEMPLATE;
     assert!(glm.contains("<tool_call>"));
-    assert!(detect_grammar(glm).is_none());
+    assert_eq!(detect_grammar(glm).unwrap().name(), "glm4-xml");
 }
 
 fn chunked<'a>(text: &'a str, cuts: &[usize]) -> Vec<&'a str> {
@@ -190,6 +260,11 @@ proptest! {
         cuts in proptest::collection::vec(0usize..700, 0..12),
     ) {
         prop_assert_eq!(run(&QwenXml, &chunked(&text, &cuts)), run(&QwenXml, &[&text]));
+    }
+
+    #[test]
+    fn glm_calls_survive_any_split(cuts in proptest::collection::vec(0usize..600, 0..20)) {
+        prop_assert_eq!(run(&GlmXml, &chunked(GLM, &cuts)), run(&GlmXml, &[GLM]));
     }
 
     #[test]

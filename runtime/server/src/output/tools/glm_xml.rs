@@ -1,0 +1,95 @@
+//! GLM-4.5's XML grammar (glm4_moe):
+//! `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n…</tool_call>`,
+//! one call per block. The template writes string values raw and every
+//! other value as JSON (`v | tojson if v is not string else v`), so a value
+//! is text and the tool's JSON schema decides its JSON type, as in
+//! Qwen3-Coder's grammar.
+
+use super::block::{BlockParser, START};
+use super::schema::arguments_string;
+use super::{Forced, ParsedCall, ToolGrammar, ToolParser, ToolSet};
+use serde_json::Map;
+use std::sync::Arc;
+
+const KEY_OPEN: &str = "<arg_key>";
+const KEY_CLOSE: &str = "</arg_key>";
+const VALUE_OPEN: &str = "<arg_value>";
+const VALUE_CLOSE: &str = "</arg_value>";
+
+#[derive(Debug, Clone, Copy)]
+pub struct GlmXml;
+
+impl ToolGrammar for GlmXml {
+    fn name(&self) -> &'static str {
+        "glm4-xml"
+    }
+
+    fn parser(&self, tools: Arc<ToolSet>) -> Box<dyn ToolParser> {
+        Box::new(BlockParser::new(self.name(), parse_body, tools))
+    }
+
+    fn forced_prefix(&self, forced: &Forced) -> Option<String> {
+        match forced {
+            Forced::Auto => None,
+            Forced::Required => Some(START.to_string()),
+            Forced::Named(name) => Some(format!("{START}{name}\n")),
+        }
+    }
+}
+
+/// Whether a template teaches this grammar.
+pub fn taught_by(template_source: &str) -> bool {
+    template_source.contains(KEY_OPEN) && template_source.contains(VALUE_OPEN)
+}
+
+fn parse_body(body: &str, tools: &ToolSet) -> Result<Vec<ParsedCall>, String> {
+    // The name runs to the end of its line or to the first argument.
+    let name_end = [body.find('\n'), body.find(KEY_OPEN)]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(body.len());
+    let name = body[..name_end].trim().to_string();
+    if name.is_empty() {
+        return Err("empty function name".into());
+    }
+    if name.contains('<') || name.contains('{') {
+        return Err(format!("'{name}' is not a function name"));
+    }
+    let mut args = Map::new();
+    let mut rest = &body[name_end..];
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let after = rest
+            .strip_prefix(KEY_OPEN)
+            .ok_or_else(|| format!("unexpected text in the call to {name}: expected {KEY_OPEN}"))?;
+        let end = after
+            .find(KEY_CLOSE)
+            .ok_or_else(|| format!("{KEY_OPEN} without {KEY_CLOSE} in the call to {name}"))?;
+        let key = after[..end].trim().to_string();
+        if key.is_empty() {
+            return Err(format!("empty argument name in the call to {name}"));
+        }
+        let after = after[end + KEY_CLOSE.len()..].trim_start();
+        let after = after
+            .strip_prefix(VALUE_OPEN)
+            .ok_or_else(|| format!("argument '{key}' of {name} has no {VALUE_OPEN}"))?;
+        let end = after
+            .find(VALUE_CLOSE)
+            .ok_or_else(|| format!("argument '{key}' of {name} has no {VALUE_CLOSE}"))?;
+        let value = tools.convert(&name, &key, &after[..end]);
+        if args.insert(key.clone(), value).is_some() {
+            return Err(format!(
+                "argument '{key}' given twice in the call to {name}"
+            ));
+        }
+        rest = &after[end + VALUE_CLOSE.len()..];
+    }
+    Ok(vec![ParsedCall {
+        name,
+        arguments: arguments_string(args),
+    }])
+}
