@@ -4,7 +4,14 @@
 // - router_topk_*: softmax over all experts, top-k of the probabilities,
 //   optional renormalisation (Qwen3 norm_topk_prob);
 // - router_topk_then_softmax_*: top-k of the raw (biased) logits, then a
-//   softmax over those k only (gpt-oss GptOssTopKRouter).
+//   softmax over those k only (gpt-oss GptOssTopKRouter);
+// - router_sigmoid_grouped_*: glm4_moe / DeepSeek-V3 "noaux_tc": scores
+//   s = sigmoid(logit); the choice score c = s + bias (here the bias is the
+//   selection bias, never added to the weights); with topk_groups < groups
+//   each group is scored by the sum of its two best c and only the best
+//   topk_groups groups keep their c (the others' become 0, as transformers'
+//   masked_fill does); the top-k of c pick the experts, weighted by their
+//   s, divided by sum(s) + 1e-20 when norm, then times scale.
 //
 // Design: one warp per token (4 tokens per block); the token's values live
 // in shared memory (E <= 1024). Selection runs k rounds of a warp arg-max
@@ -147,6 +154,90 @@ __device__ void router_topk_then_softmax(const T* __restrict__ logits, const flo
     }
 }
 
+// glm4_moe's router (see the header). Groups: at most 32 (one lane each)
+// of E / groups experts. Selection of groups and of experts are warp
+// arg-max rounds with the lower index winning ties, as the reference's
+// stable sorts.
+template <typename T>
+__device__ void router_sigmoid_grouped(const T* __restrict__ logits, const float* __restrict__ sel_bias,
+                                       u32* __restrict__ ids, float* __restrict__ wout, u32 n_tokens, u32 E, u32 k,
+                                       u32 groups, u32 topk_groups, u32 norm, float scale) {
+    __shared__ float score[4][1024];
+    __shared__ float choice[4][1024];
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 t = blockIdx.x * 4 + warp;
+    if (t >= n_tokens) return;
+    const T* x = logits + (u64)t * E;
+    float* s = score[warp];
+    float* c = choice[warp];
+    for (u32 i = lane; i < E; i += 32) {
+        const float v = 1.0f / (1.0f + expf(-ld_logit<T>(x, i)));
+        s[i] = v;
+        c[i] = sel_bias ? v + sel_bias[i] : v;
+    }
+    __syncwarp();
+    if (topk_groups < groups) {
+        const u32 per = E / groups;
+        // Lane g: the sum of group g's two best choice scores.
+        float gs = NEG_INF_F;
+        if (lane < groups) {
+            float b1 = NEG_INF_F, b2 = NEG_INF_F;
+            for (u32 j = 0; j < per; ++j) {
+                const float v = c[lane * per + j];
+                if (v > b1) {
+                    b2 = b1;
+                    b1 = v;
+                } else if (v > b2) {
+                    b2 = v;
+                }
+            }
+            gs = b1 + b2;
+        }
+        bool kept = false;
+        for (u32 r = 0; r < topk_groups; ++r) {
+            float bv = kept ? NEG_INF_F : gs;
+            u32 bi = (lane < groups && !kept) ? lane : 0xffffffffu;
+            warp_argmax(bv, bi);
+            if (bi == lane) kept = true;
+        }
+        __syncwarp();
+        for (u32 g = 0; g < groups; ++g) {
+            const bool keep = __shfl_sync(0xffffffffu, kept, g);
+            if (!keep)
+                for (u32 j = lane; j < per; j += 32) c[g * per + j] = 0.0f;
+        }
+        __syncwarp();
+    }
+    u32 taken = 0;
+    float my_s = 0.0f;
+    u32 my_i = 0xffffffffu;
+    for (u32 r = 0; r < k; ++r) {
+        float bv = NEG_INF_F;
+        u32 bi = 0xffffffffu;
+        u32 m = 0;
+        for (u32 i = lane; i < E; i += 32, ++m) {
+            if ((taken >> m) & 1u) continue;
+            const float v = c[i];
+            if (bi == 0xffffffffu || v > bv) {  // ascending i: lower index on ties
+                bv = v;
+                bi = i;
+            }
+        }
+        warp_argmax(bv, bi);
+        if (lane == r) {
+            my_i = bi;
+            my_s = bi < E ? s[bi] : 0.0f;
+        }
+        if (bi < E && (bi & 31u) == lane) taken |= 1u << (bi >> 5);
+    }
+    float sum = 0.0f;
+    for (u32 r = 0; r < k; ++r) sum += __shfl_sync(0xffffffffu, my_s, r);
+    if (lane < k) {
+        ids[(u64)t * k + lane] = my_i;
+        wout[(u64)t * k + lane] = (norm ? my_s / (sum + 1e-20f) : my_s) * scale;
+    }
+}
+
 extern "C" __global__ void router_topk_f32(const float* __restrict__ logits, const float* __restrict__ bias,
                                            u32* __restrict__ ids, float* __restrict__ w, u32 n_tokens, u32 E, u32 k,
                                            u32 norm) {
@@ -169,4 +260,18 @@ extern "C" __global__ void router_topk_then_softmax_bf16(const bf16_t* __restric
                                                          const float* __restrict__ bias, u32* __restrict__ ids,
                                                          float* __restrict__ w, u32 n_tokens, u32 E, u32 k) {
     router_topk_then_softmax<bf16_t>(logits, bias, ids, w, n_tokens, E, k);
+}
+
+extern "C" __global__ void router_sigmoid_grouped_f32(const float* __restrict__ logits,
+                                                      const float* __restrict__ sel_bias, u32* __restrict__ ids,
+                                                      float* __restrict__ w, u32 n_tokens, u32 E, u32 k, u32 groups,
+                                                      u32 topk_groups, u32 norm, float scale) {
+    router_sigmoid_grouped<float>(logits, sel_bias, ids, w, n_tokens, E, k, groups, topk_groups, norm, scale);
+}
+
+extern "C" __global__ void router_sigmoid_grouped_bf16(const bf16_t* __restrict__ logits,
+                                                       const float* __restrict__ sel_bias, u32* __restrict__ ids,
+                                                       float* __restrict__ w, u32 n_tokens, u32 E, u32 k, u32 groups,
+                                                       u32 topk_groups, u32 norm, float scale) {
+    router_sigmoid_grouped<bf16_t>(logits, sel_bias, ids, w, n_tokens, E, k, groups, topk_groups, norm, scale);
 }

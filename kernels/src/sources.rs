@@ -82,6 +82,8 @@ pub const MODULES: &[Module] = &[
             "router_topk_bf16",
             "router_topk_then_softmax_f32",
             "router_topk_then_softmax_bf16",
+            "router_sigmoid_grouped_f32",
+            "router_sigmoid_grouped_bf16",
         ],
     },
     Module {

@@ -615,6 +615,39 @@ mod rope_table_router {
         assert_eq!(twice, 1.0, "double rounding lands elsewhere");
     }
 
+    /// The sigmoid grouped router (glm4_moe): 8 experts in 4 groups of 2,
+    /// keep 2, top-2, selection bias +2 on expert 2. Group scores keep
+    /// {2,3} and {0,1}; expert 6 (the best sigmoid, 0.95) is in a dropped
+    /// group; expert 2 is chosen for its bias but weighted by its bias-free
+    /// score; renormalised, then x2.5. Without groups expert 6 returns.
+    #[test]
+    fn sigmoid_grouped_router_reference_hand_values() {
+        let logits = [0.0f32, 1.0, -1.0, 2.0, 0.5, -2.0, 3.0, -3.0];
+        let mut bias = [0f32; 8];
+        bias[2] = 2.0;
+        let sg = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let grouped = RouterMode::SigmoidGrouped {
+            groups: 4,
+            topk_groups: 2,
+            normalize: true,
+            scale: 2.5,
+        };
+        let (ids, w) = cpu::router_topk_with(&logits, Some(&bias), 8, 2, grouped);
+        assert_eq!(ids, [2, 3]);
+        let (s2, s3) = (sg(-1.0), sg(2.0));
+        assert!((w[0] - 2.5 * s2 / (s2 + s3)).abs() < 1e-6, "{w:?}");
+        assert!((w[1] - 2.5 * s3 / (s2 + s3)).abs() < 1e-6, "{w:?}");
+        let all = RouterMode::SigmoidGrouped {
+            groups: 4,
+            topk_groups: 4,
+            normalize: false,
+            scale: 1.0,
+        };
+        let (ids, w) = cpu::router_topk_with(&logits, Some(&bias), 8, 2, all);
+        assert_eq!(ids, [2, 6]);
+        assert_eq!(w, [s2, sg(3.0)]);
+    }
+
     #[test]
     fn router_reference_modes_and_bias_hand_values() {
         let ln = |v: &[f32]| v.iter().map(|x| x.ln()).collect::<Vec<f32>>();

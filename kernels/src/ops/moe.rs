@@ -19,7 +19,7 @@ pub const ROUTER_MAX_EXPERTS: usize = 1024;
 pub const ROUTER_MAX_TOPK: usize = 32;
 
 /// How a router turns a token's (biased) logits into its top-k weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RouterMode {
     /// Softmax over all experts, the `top_k` largest probabilities; with
     /// `normalize` (Qwen3 `norm_topk_prob`) divided by their sum.
@@ -27,7 +27,21 @@ pub enum RouterMode {
     /// The `top_k` largest logits, then a softmax over those `k` only
     /// (gpt-oss `GptOssTopKRouter`).
     TopKSoftmax,
+    /// glm4_moe / DeepSeek-V3: sigmoid scores; the bias is a selection
+    /// bias (choice only); group-limited choice (`groups` <= 32 equal
+    /// groups scored by their two best, the best `topk_groups` kept); the
+    /// chosen experts weighted by their scores, renormalised (+1e-20) when
+    /// `normalize`, times `scale`.
+    SigmoidGrouped {
+        groups: usize,
+        topk_groups: usize,
+        normalize: bool,
+        scale: f32,
+    },
 }
+
+/// Most expert groups the sigmoid grouped router takes (one lane each).
+pub const ROUTER_MAX_GROUPS: usize = 32;
 
 impl Kernels {
     /// Softmax over each token's router logits (f32), then the `top_k`
@@ -85,7 +99,32 @@ impl Kernels {
                 "router_topk_then_softmax_f32",
                 "router_topk_then_softmax_bf16",
             ),
+            RouterMode::SigmoidGrouped { .. } => {
+                by_elem::<T>("router_sigmoid_grouped_f32", "router_sigmoid_grouped_bf16")
+            }
         };
+        if let RouterMode::SigmoidGrouped {
+            groups,
+            topk_groups,
+            ..
+        } = mode
+        {
+            ensure(
+                k,
+                (1..=ROUTER_MAX_GROUPS).contains(&groups)
+                    && n_experts.is_multiple_of(groups)
+                    && (1..=groups).contains(&topk_groups)
+                    && (groups == 1 || n_experts / groups >= 2)
+                    && top_k <= topk_groups * (n_experts / groups),
+                || {
+                    format!(
+                        "{n_experts} experts in {groups} groups keeping {topk_groups} for top-{top_k}: \
+                         groups must be 1..={ROUTER_MAX_GROUPS} equal groups of >= 2 experts, \
+                         keeping 1..=groups that hold top_k experts"
+                    )
+                },
+            )?;
+        }
         ensure(k, (1..=ROUTER_MAX_EXPERTS).contains(&n_experts), || {
             format!("n_experts = {n_experts} must be in 1..={ROUTER_MAX_EXPERTS}")
         })?;
@@ -124,7 +163,21 @@ impl Kernels {
         // Only the softmax-first kernel takes the renormalisation flag.
         let norm = match mode {
             RouterMode::SoftmaxTopK { normalize } => Some(u32::from(normalize)),
-            RouterMode::TopKSoftmax => None,
+            RouterMode::TopKSoftmax | RouterMode::SigmoidGrouped { .. } => None,
+        };
+        let grouped = match mode {
+            RouterMode::SigmoidGrouped {
+                groups,
+                topk_groups,
+                normalize,
+                scale,
+            } => Some((
+                groups as u32,
+                topk_groups as u32,
+                u32::from(normalize),
+                scale,
+            )),
+            _ => None,
         };
         let mut b = builder(stream, f);
         b.arg(&lp)
@@ -136,6 +189,9 @@ impl Kernels {
             .arg(&kk);
         if let Some(n) = &norm {
             b.arg(n);
+        }
+        if let Some((groups, topk_groups, normalize, scale)) = &grouped {
+            b.arg(groups).arg(topk_groups).arg(normalize).arg(scale);
         }
         // One warp per token, 4 tokens per block.
         submit(k, b, cfg((t.div_ceil(4), 1, 1), 128, 0))

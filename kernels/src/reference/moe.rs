@@ -29,6 +29,23 @@ pub fn router_topk_with(
     k: usize,
     mode: RouterMode,
 ) -> (Vec<u32>, Vec<f32>) {
+    if let RouterMode::SigmoidGrouped {
+        groups,
+        topk_groups,
+        normalize,
+        scale,
+    } = mode
+    {
+        return sigmoid_grouped(
+            logits,
+            bias,
+            n_experts,
+            k,
+            (groups, topk_groups),
+            normalize,
+            scale,
+        );
+    }
     let mut ids = Vec::new();
     let mut ws = Vec::new();
     for row in logits.chunks(n_experts) {
@@ -40,6 +57,7 @@ pub fn router_topk_with(
         let ranked = match mode {
             RouterMode::SoftmaxTopK { .. } => softmax(&v),
             RouterMode::TopKSoftmax => v,
+            RouterMode::SigmoidGrouped { .. } => unreachable!("returned above"),
         };
         let mut order: Vec<usize> = (0..n_experts).collect();
         // Stable sort: equal values keep ascending index order.
@@ -53,9 +71,63 @@ pub fn router_topk_with(
             }
             RouterMode::SoftmaxTopK { normalize: false } => picked,
             RouterMode::TopKSoftmax => softmax(&picked),
+            RouterMode::SigmoidGrouped { .. } => unreachable!("returned above"),
         };
         ids.extend(sel.iter().map(|&i| i as u32));
         ws.extend(w);
+    }
+    (ids, ws)
+}
+
+/// [`RouterMode::SigmoidGrouped`]: `s = 1 / (1 + exp(-x))`; choice
+/// `s + bias`; groups scored by their two best choices, all but the best
+/// `topk_groups` zeroed; the top-k choices (stable sort) weighted by `s`,
+/// summed in selection order.
+fn sigmoid_grouped(
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    n_experts: usize,
+    k: usize,
+    (groups, topk_groups): (usize, usize),
+    normalize: bool,
+    scale: f32,
+) -> (Vec<u32>, Vec<f32>) {
+    let per = n_experts / groups;
+    let (mut ids, mut ws) = (Vec::new(), Vec::new());
+    for row in logits.chunks(n_experts) {
+        let s: Vec<f32> = row.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect();
+        let mut c: Vec<f32> = match bias {
+            Some(b) => s.iter().zip(b).map(|(s, b)| s + b).collect(),
+            None => s.clone(),
+        };
+        if topk_groups < groups {
+            let score: Vec<f32> = c
+                .chunks(per)
+                .map(|g| {
+                    let mut v = g.to_vec();
+                    v.sort_by(|a, b| b.total_cmp(a));
+                    v[0] + v[1]
+                })
+                .collect();
+            let mut order: Vec<usize> = (0..groups).collect();
+            order.sort_by(|a, b| score[*b].total_cmp(&score[*a]));
+            for &g in &order[topk_groups..] {
+                c[g * per..(g + 1) * per].fill(0.0);
+            }
+        }
+        let mut order: Vec<usize> = (0..n_experts).collect();
+        order.sort_by(|a, b| c[*b].total_cmp(&c[*a]));
+        let sel = &order[..k];
+        let sum: f32 = sel.iter().map(|&i| s[i]).sum();
+        ids.extend(sel.iter().map(|&i| i as u32));
+        ws.extend(sel.iter().map(|&i| {
+            let w = if normalize {
+                s[i] / (sum + 1e-20)
+            } else {
+                s[i]
+            };
+            w * scale
+        }));
     }
     (ids, ws)
 }

@@ -181,6 +181,87 @@ fn moe_group_gather_combine() {
     );
 }
 
+/// glm4_moe's router on the GPU against the reference: GLM-4.5-Air's 128
+/// experts top-8 in one group, GLM-4.5's 160, DeepSeek-V3's 256 in 8 groups
+/// keeping 4, and the tiny preset's 8 in 4 keeping 2; selection biases of
+/// the scores' size (they move choices); f32 and bf16 logits; exact ties.
+#[test]
+fn router_sigmoid_grouped_matches_reference() {
+    let name = "router_sigmoid_grouped_matches_reference";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let t = 37;
+    for (e, k, groups, keep, normalize, scale) in [
+        (128usize, 8usize, 1usize, 1usize, true, 1.0f32),
+        (160, 8, 1, 1, true, 2.5),
+        (256, 8, 8, 4, true, 2.5),
+        (8, 2, 4, 2, false, 1.0),
+    ] {
+        let mode = RouterMode::SigmoidGrouped {
+            groups,
+            topk_groups: keep,
+            normalize,
+            scale,
+        };
+        let mut logits = randn(&mut rng, t * e, 1.5);
+        let bias: Vec<f32> = randn(&mut rng, e, 0.1)
+            .iter()
+            .map(|b| (b * 64.0).round() / 64.0)
+            .collect();
+        // Token 3: every logit 0 and no bias difference among the first
+        // experts' choices (ties to the lower index after the bias).
+        for j in 0..e {
+            logits[3 * e + j] = 0.0;
+        }
+        for as_bf16 in [false, true] {
+            let lf: Vec<f32> = if as_bf16 {
+                f32s(&cpu::to_bf16(&logits))
+            } else {
+                logits.clone()
+            };
+            let what = format!("E={e} k={k} groups={groups}/{keep} bf16={as_bf16}");
+            let (want_i, want_w) = cpu::router_topk_with(&lf, Some(&bias), e, k, mode);
+            let (plain_i, _) = cpu::router_topk_with(&lf, None, e, k, mode);
+            assert_ne!(plain_i, want_i, "{what}: the bias changes no choice");
+            let mut ids = poison_u32(&s, t * k);
+            let mut w = poison_f32(&s, t * k);
+            let db = up(&s, &bias);
+            if as_bf16 {
+                let lb = up(&s, &cpu::to_bf16(&logits));
+                g.kernels
+                    .router_topk_with::<bf16>(&s, &lb, Some(&db), t, e, k, mode, &mut ids, &mut w)
+                    .unwrap();
+            } else {
+                let lg = up(&s, &logits);
+                g.kernels
+                    .router_topk_with::<f32>(&s, &lg, Some(&db), t, e, k, mode, &mut ids, &mut w)
+                    .unwrap();
+            }
+            assert_eq!(down(&s, &ids), want_i, "ids ({what})");
+            assert_close(
+                &format!("router weights ({what})"),
+                &down(&s, &w),
+                &want_w,
+                1e-5,
+            );
+        }
+    }
+    // Groups that do not split the experts are refused before launch.
+    let lg = up(&s, &vec![0f32; 10]);
+    let (mut ids, mut w) = (poison_u32(&s, 2), poison_f32(&s, 2));
+    let bad = RouterMode::SigmoidGrouped {
+        groups: 3,
+        topk_groups: 1,
+        normalize: true,
+        scale: 1.0,
+    };
+    assert!(
+        g.kernels
+            .router_topk_with::<f32>(&s, &lg, None, 1, 10, 2, bad, &mut ids, &mut w)
+            .is_err()
+    );
+}
+
 #[test]
 fn router_topk_then_softmax_and_bias_match_reference() {
     let name = "router_topk_then_softmax_and_bias_match_reference";
