@@ -247,7 +247,7 @@ fn router_sigmoid_grouped_matches_reference() {
         }
     }
     // Groups that do not split the experts are refused before launch.
-    let lg = up(&s, &vec![0f32; 10]);
+    let lg = up(&s, &[0f32; 10]);
     let (mut ids, mut w) = (poison_u32(&s, 2), poison_f32(&s, 2));
     let bad = RouterMode::SigmoidGrouped {
         groups: 3,
