@@ -111,23 +111,36 @@ def runtime_bin(pytestconfig) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_model(runtime_bin, tmp_path_factory, pytestconfig) -> Path:
-    out = tmp_path_factory.mktemp("model") / "tiny"
-    extra = []
-    for kv in pytestconfig.getoption("--synth-set"):
-        extra += ["--set", kv]
-    if pytestconfig.getoption("--vocab"):
-        extra += ["--vocab", pytestconfig.getoption("--vocab")]
+def synth_preset(runtime_bin, tmp_path_factory, preset, *extra) -> Path:
+    """A checkpoint of `preset` written by `krasis-runtime synth` (fails the
+    test with synth's stderr when it cannot be made)."""
+    out = tmp_path_factory.mktemp("model") / preset
     r = subprocess.run(
-        [runtime_bin, "synth", "--preset", "tiny", "--out", out, *extra],
+        [runtime_bin, "synth", "--preset", preset, "--out", out, *extra],
         capture_output=True,
         text=True,
         timeout=300,
     )
     if r.returncode != 0:
-        pytest.fail(f"synth failed ({r.returncode}):\n{r.stderr}")
+        pytest.fail(f"synth {preset} failed ({r.returncode}):\n{r.stderr}")
     return out
+
+
+def synth_with_vocab(runtime_bin, tmp_path_factory, preset, vocab, fetch) -> Path:
+    """`synth_preset` with the family's vocabulary file, which `fetch` writes."""
+    if not vocab.exists():
+        pytest.fail(f"{vocab} is missing; run {fetch}")
+    return synth_preset(runtime_bin, tmp_path_factory, preset, "--vocab", vocab)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(runtime_bin, tmp_path_factory, pytestconfig) -> Path:
+    extra = []
+    for kv in pytestconfig.getoption("--synth-set"):
+        extra += ["--set", kv]
+    if pytestconfig.getoption("--vocab"):
+        extra += ["--vocab", pytestconfig.getoption("--vocab")]
+    return synth_preset(runtime_bin, tmp_path_factory, "tiny", *extra)
 
 
 CONTEXT = 256

@@ -10,11 +10,10 @@ or a `<tool_call>NAME` block with argument pairs ended by `<|observation|>`
 """
 
 import json
-import subprocess
 
 import pytest
 
-from conftest import REPO, start_scripted
+from conftest import REPO, start_scripted, synth_with_vocab
 from test_openai_client import WEATHER_TOOL, accumulate, client
 
 QWEN_VOCAB = REPO / ".cache" / "vocab" / "qwen.tiktoken"
@@ -35,16 +34,9 @@ GLM_RULES = [
 
 @pytest.fixture(scope="session")
 def glm_model(runtime_bin, tmp_path_factory):
-    if not QWEN_VOCAB.exists():
-        pytest.fail(f"{QWEN_VOCAB} is missing; run tools/vocab.sh")
-    out = tmp_path_factory.mktemp("model") / "tiny-glm4-moe"
-    r = subprocess.run(
-        [runtime_bin, "synth", "--preset", "tiny-glm4-moe", "--out", out, "--vocab", QWEN_VOCAB],
-        capture_output=True, text=True, timeout=300,
+    return synth_with_vocab(
+        runtime_bin, tmp_path_factory, "tiny-glm4-moe", QWEN_VOCAB, "tools/vocab.sh"
     )
-    if r.returncode != 0:
-        pytest.fail(f"synth tiny-glm4-moe failed ({r.returncode}):\n{r.stderr}")
-    return out
 
 
 @pytest.fixture(scope="session")

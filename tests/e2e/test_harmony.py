@@ -9,11 +9,10 @@ grammar. The replies are what gpt-oss emits: an `analysis` channel, then a
 """
 
 import json
-import subprocess
 
 import pytest
 
-from conftest import REPO, start_scripted
+from conftest import REPO, start_scripted, synth_with_vocab
 from test_openai_client import WEATHER_TOOL, accumulate, client
 
 O200K = REPO / ".cache" / "vocab" / "o200k_base.tiktoken"
@@ -39,16 +38,9 @@ HARMONY_RULES = [
 
 @pytest.fixture(scope="session")
 def gpt_oss_model(runtime_bin, tmp_path_factory):
-    if not O200K.exists():
-        pytest.fail(f"{O200K} is missing; run tools/harmony/vocab.sh")
-    out = tmp_path_factory.mktemp("model") / "tiny-gpt-oss"
-    r = subprocess.run(
-        [runtime_bin, "synth", "--preset", "tiny-gpt-oss", "--out", out, "--vocab", O200K],
-        capture_output=True, text=True, timeout=300,
+    return synth_with_vocab(
+        runtime_bin, tmp_path_factory, "tiny-gpt-oss", O200K, "tools/harmony/vocab.sh"
     )
-    if r.returncode != 0:
-        pytest.fail(f"synth tiny-gpt-oss failed ({r.returncode}):\n{r.stderr}")
-    return out
 
 
 @pytest.fixture(scope="session")

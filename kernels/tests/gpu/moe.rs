@@ -1,7 +1,9 @@
+use cudarc::driver::CudaStream;
 use half::bf16;
 use krasis_kernels::ops::moe::RouterMode;
 use krasis_kernels::reference as cpu;
 use rand::Rng;
+use std::sync::Arc;
 
 use crate::common::*;
 
@@ -181,6 +183,60 @@ fn moe_group_gather_combine() {
     );
 }
 
+/// One router launch shape: `t` tokens of `e` experts, top-`k`, `mode`.
+struct Router<'a> {
+    g: &'a Gpu,
+    s: &'a Arc<CudaStream>,
+    t: usize,
+    e: usize,
+    k: usize,
+    mode: RouterMode,
+}
+
+impl Router<'_> {
+    /// Runs the kernel on `logits` (rounded to bf16 first when `as_bf16`)
+    /// with `bias` and checks its ids exactly and its weights to 1e-5
+    /// against the reference's `want`.
+    fn check_biased(
+        &self,
+        logits: &[f32],
+        bias: &[f32],
+        as_bf16: bool,
+        (want_i, want_w): (&[u32], &[f32]),
+        what: &str,
+    ) {
+        let Router {
+            g,
+            s,
+            t,
+            e,
+            k,
+            mode,
+        } = *self;
+        let mut ids = poison_u32(s, t * k);
+        let mut w = poison_f32(s, t * k);
+        let db = up(s, bias);
+        if as_bf16 {
+            let lb = up(s, &cpu::to_bf16(logits));
+            g.kernels
+                .router_topk_with::<bf16>(s, &lb, Some(&db), t, e, k, mode, &mut ids, &mut w)
+                .unwrap();
+        } else {
+            let lg = up(s, logits);
+            g.kernels
+                .router_topk_with::<f32>(s, &lg, Some(&db), t, e, k, mode, &mut ids, &mut w)
+                .unwrap();
+        }
+        assert_eq!(down(s, &ids), want_i, "ids ({what})");
+        assert_close(
+            &format!("router weights ({what})"),
+            &down(s, &w),
+            want_w,
+            1e-5,
+        );
+    }
+}
+
 /// glm4_moe's router on the GPU against the reference: GLM-4.5-Air's 128
 /// experts top-8 in one group, GLM-4.5's 160, DeepSeek-V3's 256 in 8 groups
 /// keeping 4, and the tiny preset's 8 in 4 keeping 2; selection biases of
@@ -223,27 +279,15 @@ fn router_sigmoid_grouped_matches_reference() {
             let (want_i, want_w) = cpu::router_topk_with(&lf, Some(&bias), e, k, mode);
             let (plain_i, _) = cpu::router_topk_with(&lf, None, e, k, mode);
             assert_ne!(plain_i, want_i, "{what}: the bias changes no choice");
-            let mut ids = poison_u32(&s, t * k);
-            let mut w = poison_f32(&s, t * k);
-            let db = up(&s, &bias);
-            if as_bf16 {
-                let lb = up(&s, &cpu::to_bf16(&logits));
-                g.kernels
-                    .router_topk_with::<bf16>(&s, &lb, Some(&db), t, e, k, mode, &mut ids, &mut w)
-                    .unwrap();
-            } else {
-                let lg = up(&s, &logits);
-                g.kernels
-                    .router_topk_with::<f32>(&s, &lg, Some(&db), t, e, k, mode, &mut ids, &mut w)
-                    .unwrap();
-            }
-            assert_eq!(down(&s, &ids), want_i, "ids ({what})");
-            assert_close(
-                &format!("router weights ({what})"),
-                &down(&s, &w),
-                &want_w,
-                1e-5,
-            );
+            let router = Router {
+                g,
+                s: &s,
+                t,
+                e,
+                k,
+                mode,
+            };
+            router.check_biased(&logits, &bias, as_bf16, (&want_i, &want_w), &what);
         }
     }
     // Groups that do not split the experts are refused before launch.
@@ -311,27 +355,15 @@ fn router_topk_then_softmax_and_bias_match_reference() {
                 let gap = want_w.iter().zip(&all_w).map(|(a, b)| (a - b).abs());
                 assert!(gap.fold(0f32, f32::max) > 1e-2, "{what}: modes indistinct");
             }
-            let mut ids = poison_u32(&s, t * k);
-            let mut w = poison_f32(&s, t * k);
-            let db = up(&s, &bias);
-            if as_bf16 {
-                let lb = up(&s, &cpu::to_bf16(&logits));
-                g.kernels
-                    .router_topk_with::<bf16>(&s, &lb, Some(&db), t, e, k, mode, &mut ids, &mut w)
-                    .unwrap();
-            } else {
-                let lg = up(&s, &logits);
-                g.kernels
-                    .router_topk_with::<f32>(&s, &lg, Some(&db), t, e, k, mode, &mut ids, &mut w)
-                    .unwrap();
-            }
-            assert_eq!(down(&s, &ids), want_i, "ids ({what})");
-            assert_close(
-                &format!("router weights ({what})"),
-                &down(&s, &w),
-                &want_w,
-                1e-5,
-            );
+            let router = Router {
+                g,
+                s: &s,
+                t,
+                e,
+                k,
+                mode,
+            };
+            router.check_biased(&logits, &bias, as_bf16, (&want_i, &want_w), &what);
         }
     }
     // A NaN logit poisons that token's top-k-then-softmax weights, only its.

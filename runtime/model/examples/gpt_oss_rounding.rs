@@ -169,73 +169,45 @@ fn variants() -> Vec<(String, Rounding)> {
         (format!("fix: {name}"), r)
     };
     use Format::{F16, F32};
+    // q, k, v and P (the K/V cache and the attention tiles) in `f`.
+    let qkvp = |r: &mut Rounding, f: Format| {
+        (r.q, r.k, r.v, r.p) = (f, f, f, f);
+    };
+    // The MoE block's rounding points off (f32).
+    let moe_f32 = |r: &mut Rounding| {
+        (r.mlp_in, r.gate_up, r.act) = (false, false, false);
+    };
     v.extend([
         fix("P FP16", &|r| r.p = F16),
         fix("P FP16 + attn_out f32", &|r| {
             r.p = F16;
             r.attn_out = false
         }),
-        fix("q,k FP16", &|r| {
-            r.q = F16;
-            r.k = F16
-        }),
-        fix("q,k f32", &|r| {
-            r.q = F32;
-            r.k = F32
-        }),
-        fix("q,k,P FP16", &|r| {
-            r.q = F16;
-            r.k = F16;
-            r.p = F16
-        }),
-        fix("q,k,v,P FP16", &|r| {
-            r.q = F16;
-            r.k = F16;
-            r.v = F16;
-            r.p = F16
-        }),
+        fix("q,k FP16", &|r| (r.q, r.k) = (F16, F16)),
+        fix("q,k f32", &|r| (r.q, r.k) = (F32, F32)),
+        fix("q,k,P FP16", &|r| (r.q, r.k, r.p) = (F16, F16, F16)),
+        fix("q,k,v,P FP16", &|r| qkvp(r, F16)),
         fix("q,k,v,P FP16 + attn_in f32", &|r| {
-            r.q = F16;
-            r.k = F16;
-            r.v = F16;
-            r.p = F16;
+            qkvp(r, F16);
             r.attn_in = F32
         }),
         fix("attn_in,q,k,v,P FP16", &|r| {
-            r.attn_in = F16;
-            r.q = F16;
-            r.k = F16;
-            r.v = F16;
-            r.p = F16
+            qkvp(r, F16);
+            r.attn_in = F16
         }),
         fix("attn_in,q,k,v,P FP16 + attn_out f32", &|r| {
+            qkvp(r, F16);
             r.attn_in = F16;
-            r.q = F16;
-            r.k = F16;
-            r.v = F16;
-            r.p = F16;
             r.attn_out = false
         }),
         fix("q,k,v,P FP16 + MoE block f32", &|r| {
-            r.q = F16;
-            r.k = F16;
-            r.v = F16;
-            r.p = F16;
-            r.mlp_in = false;
-            r.gate_up = false;
-            r.act = false
+            qkvp(r, F16);
+            moe_f32(r)
         }),
-        fix("MoE block f32 (mlp_in,gate_up,act)", &|r| {
-            r.mlp_in = false;
-            r.gate_up = false;
-            r.act = false
-        }),
+        fix("MoE block f32 (mlp_in,gate_up,act)", &moe_f32),
         fix("attention block f32", &|r| {
+            qkvp(r, F32);
             r.attn_in = F32;
-            r.q = F32;
-            r.k = F32;
-            r.v = F32;
-            r.p = F32;
             r.attn_out = false
         }),
     ]);

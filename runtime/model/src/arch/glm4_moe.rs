@@ -330,42 +330,13 @@ pub struct TensorNames;
 
 impl TensorNames {
     pub fn model(t: ModelTensor) -> &'static str {
-        match t {
-            ModelTensor::Embed => "model.embed_tokens.weight",
-            ModelTensor::FinalNorm => "model.norm.weight",
-            ModelTensor::LmHead => "lm_head.weight",
-        }
+        super::tensors::hf_model_name(t)
     }
 
     /// The name of role `t` of layer `l` (sinks, router and o biases, which
     /// this family never has, get the names they would have).
     pub fn layer(l: usize, t: LayerTensor) -> String {
-        use LayerTensor::*;
-        let s = match t {
-            InputNorm => "input_layernorm.weight",
-            PostAttentionNorm => "post_attention_layernorm.weight",
-            QProj => "self_attn.q_proj.weight",
-            KProj => "self_attn.k_proj.weight",
-            VProj => "self_attn.v_proj.weight",
-            OProj => "self_attn.o_proj.weight",
-            QBias => "self_attn.q_proj.bias",
-            KBias => "self_attn.k_proj.bias",
-            VBias => "self_attn.v_proj.bias",
-            OBias => "self_attn.o_proj.bias",
-            QNorm => "self_attn.q_norm.weight",
-            KNorm => "self_attn.k_norm.weight",
-            Sinks => "self_attn.sinks",
-            Router => "mlp.gate.weight",
-            RouterBias => "mlp.gate.bias",
-            RouterSelectionBias => "mlp.gate.e_score_correction_bias",
-            SharedGate => "mlp.shared_experts.gate_proj.weight",
-            SharedUp => "mlp.shared_experts.up_proj.weight",
-            SharedDown => "mlp.shared_experts.down_proj.weight",
-            DenseGate => "mlp.gate_proj.weight",
-            DenseUp => "mlp.up_proj.weight",
-            DenseDown => "mlp.down_proj.weight",
-        };
-        format!("model.layers.{l}.{s}")
+        super::tensors::hf_layer_name(l, t, "mlp.gate")
     }
 
     /// (gate, up, down) of routed expert `e` of layer `l`.

@@ -104,3 +104,46 @@ impl LayerTensor {
         v
     }
 }
+
+/// A model-level tensor's checkpoint name in the Hugging Face layout every
+/// family here uses.
+pub fn hf_model_name(t: ModelTensor) -> &'static str {
+    match t {
+        ModelTensor::Embed => "model.embed_tokens.weight",
+        ModelTensor::FinalNorm => "model.norm.weight",
+        ModelTensor::LmHead => "lm_head.weight",
+    }
+}
+
+/// A layer role's checkpoint name in the Hugging Face layout gpt_oss and
+/// glm4_moe share: `model.layers.{l}.` + the role's module path, where the
+/// families differ only in the router module (`router`: `mlp.router`,
+/// `mlp.gate`). Roles a family never has get the names they would have.
+pub fn hf_layer_name(l: usize, t: LayerTensor, router: &str) -> String {
+    use LayerTensor::*;
+    let fixed = match t {
+        InputNorm => "input_layernorm.weight",
+        PostAttentionNorm => "post_attention_layernorm.weight",
+        QProj => "self_attn.q_proj.weight",
+        KProj => "self_attn.k_proj.weight",
+        VProj => "self_attn.v_proj.weight",
+        OProj => "self_attn.o_proj.weight",
+        QBias => "self_attn.q_proj.bias",
+        KBias => "self_attn.k_proj.bias",
+        VBias => "self_attn.v_proj.bias",
+        OBias => "self_attn.o_proj.bias",
+        QNorm => "self_attn.q_norm.weight",
+        KNorm => "self_attn.k_norm.weight",
+        Sinks => "self_attn.sinks",
+        SharedGate => "mlp.shared_experts.gate_proj.weight",
+        SharedUp => "mlp.shared_experts.up_proj.weight",
+        SharedDown => "mlp.shared_experts.down_proj.weight",
+        DenseGate => "mlp.gate_proj.weight",
+        DenseUp => "mlp.up_proj.weight",
+        DenseDown => "mlp.down_proj.weight",
+        Router => return format!("model.layers.{l}.{router}.weight"),
+        RouterBias => return format!("model.layers.{l}.{router}.bias"),
+        RouterSelectionBias => return format!("model.layers.{l}.{router}.e_score_correction_bias"),
+    };
+    format!("model.layers.{l}.{fixed}")
+}

@@ -29,16 +29,7 @@ const ADDITIONAL_SPECIAL: &[&str] = &[
 
 /// A `tokenizer_config.json` like the one shipped with Qwen3 checkpoints.
 pub fn qwen3_tokenizer_config(chat_template: &str) -> Value {
-    let mut decoder = serde_json::Map::new();
-    for &(id, content, special) in QWEN3_SPECIAL_TOKENS {
-        decoder.insert(
-            id.to_string(),
-            json!({
-                "content": content, "lstrip": false, "normalized": false,
-                "rstrip": false, "single_word": false, "special": special,
-            }),
-        );
-    }
+    let decoder = crate::tokenizer::added_tokens_decoder(QWEN3_SPECIAL_TOKENS.iter().copied());
     json!({
         "add_bos_token": false,
         "add_prefix_space": false,

@@ -142,25 +142,14 @@ pub fn write_tokenizer_files(
 ) -> Result<Option<&'static str>, SynthError> {
     let config = opts.spec.config();
     let template = opts.chat_template;
+    // Ids past the added tokens' last one have no text.
+    let past =
+        |added: &[(u32, &str, bool)]| added.iter().map(|t| t.0 as usize + 1).max().unwrap_or(0);
     let (name, needed) = match &opts.tokenizer {
         TokenizerSource::None => return Ok(None),
-        TokenizerSource::Qwen { .. } => (
-            "Qwen",
-            QWEN3_SPECIAL_TOKENS
-                .iter()
-                .map(|(id, _, _)| *id as usize + 1)
-                .max()
-                .unwrap_or(0),
-        ),
+        TokenizerSource::Qwen { .. } => ("Qwen", past(QWEN3_SPECIAL_TOKENS)),
         TokenizerSource::Harmony { .. } => ("o200k_harmony", HARMONY_LAST_ID as usize + 1),
-        TokenizerSource::Glm4 { .. } => (
-            "GLM-4.5 stand-in",
-            GLM4_SPECIAL_TOKENS
-                .iter()
-                .map(|(id, _, _)| *id as usize + 1)
-                .max()
-                .unwrap_or(0),
-        ),
+        TokenizerSource::Glm4 { .. } => ("GLM-4.5 stand-in", past(GLM4_SPECIAL_TOKENS)),
     };
     // A tokenizer or template of another family would give the checkpoint
     // special tokens its config and template do not know.

@@ -79,16 +79,7 @@ pub fn build_glm4_tokenizer_json(tiktoken: &Path) -> Result<String, ModelError> 
 
 /// glm4_moe's `tokenizer_config.json` with `chat_template`.
 pub fn glm4_tokenizer_config(chat_template: &str) -> Value {
-    let mut decoder = serde_json::Map::new();
-    for &(id, content, special) in GLM4_SPECIAL_TOKENS {
-        decoder.insert(
-            id.to_string(),
-            json!({
-                "content": content, "lstrip": false, "normalized": false,
-                "rstrip": false, "single_word": false, "special": special,
-            }),
-        );
-    }
+    let decoder = super::added_tokens_decoder(GLM4_SPECIAL_TOKENS.iter().copied());
     json!({
         "added_tokens_decoder": decoder,
         "chat_template": chat_template,

@@ -110,16 +110,9 @@ pub fn build_harmony_tokenizer_json(tiktoken: &Path) -> Result<String, ModelErro
 
 /// gpt-oss's `tokenizer_config.json` with `chat_template`.
 pub fn harmony_tokenizer_config(chat_template: &str) -> Value {
-    let mut decoder = serde_json::Map::new();
-    for (id, content, special) in harmony_special_tokens() {
-        decoder.insert(
-            id.to_string(),
-            json!({
-                "content": content, "lstrip": false, "normalized": false,
-                "rstrip": false, "single_word": false, "special": special,
-            }),
-        );
-    }
+    let special = harmony_special_tokens();
+    let decoder =
+        super::added_tokens_decoder(special.iter().map(|(id, c, s)| (*id, c.as_str(), *s)));
     json!({
         "added_tokens_decoder": decoder,
         "bos_token": "<|startoftext|>",

@@ -15,6 +15,23 @@ mod vocab;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// `tokenizer_config.json`'s `added_tokens_decoder` for `(id, content,
+/// special)` added tokens, as `save_pretrained` writes it.
+pub(crate) fn added_tokens_decoder<'a>(
+    tokens: impl IntoIterator<Item = (u32, &'a str, bool)>,
+) -> serde_json::Map<String, serde_json::Value> {
+    tokens
+        .into_iter()
+        .map(|(id, content, special)| {
+            let entry = serde_json::json!({
+                "content": content, "lstrip": false, "normalized": false,
+                "rstrip": false, "single_word": false, "special": special,
+            });
+            (id.to_string(), entry)
+        })
+        .collect()
+}
+
 pub use glm4::{
     GLM4_BPE_RANKS, GLM4_CHAT_TEMPLATE, GLM4_SPECIAL_TOKENS, build_glm4_tokenizer_json,
     glm4_generation_config, glm4_tokenizer_config,
