@@ -99,11 +99,20 @@ fn fmt(on: bool) -> Format {
     if on { Format::Bf16 } else { Format::F32 }
 }
 
-/// The variants: name and rounding points.
-fn variants() -> Vec<(String, Rounding)> {
-    let all = Rounding::default();
+/// The variants: name and rounding points. "engine" is the CUDA engine's
+/// rounding for this model (`Rounding::engine`: FP16 attention for
+/// gpt_oss); the others start from every point in BF16 (the engine before
+/// FP16 attention) or from none.
+fn variants(g: &krasis_model::Geometry) -> Vec<(String, Rounding)> {
+    let all = Rounding::all_bf16();
     let none = Rounding::none();
-    let mut v = vec![("engine (all points)".to_string(), all)];
+    let mut v = vec![
+        (
+            "engine (as built for this model)".to_string(),
+            Rounding::engine(&g.attention),
+        ),
+        ("all points BF16".to_string(), all),
+    ];
     type Set = fn(&mut Rounding, bool);
     let points: [(&str, Set); 11] = [
         ("attn_in", |r, b| r.attn_in = fmt(b)),
@@ -279,7 +288,7 @@ fn run_preset(preset: &str, dir: PathBuf, long: usize, filter: &[String], ignore
         g.vocab_size,
         dir.display()
     );
-    let vars: Vec<(String, Rounding)> = variants()
+    let vars: Vec<(String, Rounding)> = variants(&g)
         .into_iter()
         .filter(|(n, _)| filter.is_empty() || filter.iter().any(|f| n.contains(f.as_str())))
         .collect();
@@ -399,7 +408,7 @@ fn run_preset(preset: &str, dir: PathBuf, long: usize, filter: &[String], ignore
                 st.witness.extend(ratios);
             }
         }
-        e.set_rounding(Rounding::default());
+        e.set_rounding(Rounding::engine(&g.attention));
     }
     println!(
         "\n### {preset}: error / bound, the f32 oracle following every BF16 route (witness sequences pooled; the text)\n"

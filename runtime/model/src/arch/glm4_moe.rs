@@ -15,8 +15,9 @@ pub mod presets;
 
 use super::registry::{Architecture, OptionDefaults, OptionSupport};
 use super::{
-    Activation, AttentionKind, AttentionSpec, CommonShape, ExpertSpec, Geometry, LayerSpec,
-    LayerTensor, MlpKind, ModelConfig, ModelTensor, RopeScaling, RopeSpec, RouterKind, RouterSpec,
+    Activation, AttentionKind, AttentionSpec, AttnFormat, CommonShape, ExpertSpec, Geometry,
+    LayerSpec, LayerTensor, MlpKind, ModelConfig, ModelTensor, RopeScaling, RopeSpec, RouterKind,
+    RouterSpec,
 };
 use crate::error::ModelError;
 use krasis_common::Backend;
@@ -248,6 +249,7 @@ impl Glm4MoeConfig {
                 qkv_bias: self.attention_bias,
                 o_bias: false,
                 sinks: false,
+                activations: AttnFormat::Bf16,
             },
             router: RouterSpec {
                 kind: RouterKind::SigmoidGroupedTopK {

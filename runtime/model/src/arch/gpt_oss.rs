@@ -11,7 +11,7 @@
 pub mod presets;
 
 use super::{
-    Activation, AttentionKind, AttentionSpec, CommonShape, ExpertSpec, ExpertStorage,
+    Activation, AttentionKind, AttentionSpec, AttnFormat, CommonShape, ExpertSpec, ExpertStorage,
     FusedMxfp4Names, Geometry, LayerSpec, LayerTensor, MlpKind, ModelTensor, RopeScaling, RopeSpec,
     RouterKind, RouterSpec,
 };
@@ -219,6 +219,8 @@ impl GptOssConfig {
                 qkv_bias: true,
                 o_bias: true,
                 sinks: true,
+                // YaRN scales every score by 1.81 with no q/k norm (AttnFormat).
+                activations: AttnFormat::F16,
             },
             router: RouterSpec {
                 kind: RouterKind::TopKSoftmax,
@@ -301,6 +303,8 @@ mod tests {
         );
         assert_eq!(g.layers[1].attention, AttentionKind::Full);
         assert!(g.attention.sinks && !g.attention.qk_norm);
+        // YaRN's 1.81x scores without a q/k norm: the attention in FP16.
+        assert_eq!(g.attention.activations, crate::arch::AttnFormat::F16);
         // gpt-oss-20b has 20.9B parameters (OpenAI's model card).
         let p = g.total_params() as f64 / 1e9;
         assert!((20.5..21.5).contains(&p), "{p}");

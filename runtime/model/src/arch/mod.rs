@@ -12,8 +12,8 @@ pub mod registry;
 pub mod tensors;
 
 pub use plan::{
-    Activation, AttentionKind, AttentionSpec, ExpertSpec, LayerSpec, MlpKind, RopeScaling,
-    RopeSpec, RouterKind, RouterSpec,
+    Activation, AttentionKind, AttentionSpec, AttnFormat, ExpertSpec, LayerSpec, MlpKind,
+    RopeScaling, RopeSpec, RouterKind, RouterSpec,
 };
 pub use tensors::{LayerTensor, ModelTensor};
 

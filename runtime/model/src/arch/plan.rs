@@ -60,6 +60,30 @@ pub struct AttentionSpec {
     /// A learned logit per query head that joins every softmax and is then
     /// dropped (gpt_oss "attention sinks": lets a head attend to nothing).
     pub sinks: bool,
+    /// The 16-bit format of the attention block's activations: the input
+    /// RMSNorm's output (the QKV projection input), the QKV projection's
+    /// weight, q/k/v, the KV cache and the softmax probabilities of `P·V`.
+    /// The attention output (o_proj input) stays BF16 whatever this says.
+    /// Both engines read it: the CUDA engine stores in it, the CPU
+    /// reference's emulation of that engine rounds to it.
+    pub activations: AttnFormat,
+}
+
+/// See [`AttentionSpec::activations`].
+///
+/// BF16 is the default (the format of the checkpoints' weights). FP16 has
+/// 3 more mantissa bits and a range of ±65504: gpt_oss takes it because
+/// its YaRN attention factor scales q and k by 1.347 each with no q/k norm,
+/// so every attention score by 1.81, and BF16's rounding of the QKV input
+/// and of q/k then moves the softmax by more than the 1% logit bound of the
+/// GPU check (benchmarks/results/2026-12-01-issue13-gpt-oss-rounding.md).
+/// llama.cpp's default KV cache type is FP16 too; the cache stays 2 bytes
+/// per element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttnFormat {
+    #[default]
+    Bf16,
+    F16,
 }
 
 /// Which keys a layer's queries see.

@@ -19,7 +19,7 @@ pub use fault::Fault;
 pub use follow::{RouteFollow, kth_and_gap};
 pub use trace::Trace;
 
-use crate::arch::{Geometry, ModelConfig};
+use crate::arch::{AttentionSpec, AttnFormat, Geometry, ModelConfig};
 use crate::checkpoint::Checkpoint;
 use crate::engine::{
     CancelToken, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,
@@ -52,7 +52,9 @@ pub struct ReferenceOptions {
 /// default and the only mode anything is checked against.
 /// [`Activations::Bf16`] is a diagnostic emulation of the CUDA engine's
 /// rounding: values are rounded to BF16 (round to nearest even) exactly where
-/// the CUDA engine stores them as BF16 in its prefill path (the RMSNorm
+/// the CUDA engine stores them as BF16 in its prefill path, or to FP16 where
+/// it stores them as FP16 (the attention block's points when the model's
+/// `AttentionSpec::activations` says so, see [`Rounding::engine`]) (the RMSNorm
 /// outputs feeding the QKV, router, MLP and LM-head GEMMs; q/k/v after the
 /// projection; q/k after q/k-norm + RoPE; the attention output; the SwiGLU
 /// gate/up GEMM outputs and the SwiGLU product; the routed experts' weights,
@@ -72,8 +74,7 @@ pub enum Activations {
     Bf16,
 }
 
-/// Number format a rounding point of [`Activations::Bf16`] stores in
-/// (diagnostics: the CUDA engine uses BF16 everywhere).
+/// Number format a rounding point of [`Activations::Bf16`] stores in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Format {
     #[default]
@@ -83,6 +84,15 @@ pub enum Format {
     F16,
     /// Not rounded.
     F32,
+}
+
+impl From<AttnFormat> for Format {
+    fn from(f: AttnFormat) -> Self {
+        match f {
+            AttnFormat::Bf16 => Format::Bf16,
+            AttnFormat::F16 => Format::F16,
+        }
+    }
 }
 
 impl Format {
@@ -96,13 +106,16 @@ impl Format {
     }
 }
 
-/// Which rounding points of [`Activations::Bf16`] apply: a diagnostic for
-/// measuring each one's share of the BF16-vs-f32 error
-/// (`examples/gpt_oss_rounding.rs`). [`Rounding::default`] is every point,
-/// the CUDA engine's prefill path; nothing here changes [`Activations::F32`].
+/// Which rounding points of [`Activations::Bf16`] apply, and in which
+/// format. [`Rounding::engine`] is the CUDA engine's prefill path for a
+/// model (what every engine starts with and what the GPU check's emulation
+/// runs); the others are diagnostics for measuring each point's share of
+/// the error (`examples/gpt_oss_rounding.rs`). Nothing here changes
+/// [`Activations::F32`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rounding {
-    /// The input RMSNorm's output (the QKV GEMM input).
+    /// The input RMSNorm's output (the QKV GEMM input; the QKV weight is
+    /// exact in either 16-bit format's normal range, see `AttnFormat`).
     pub attn_in: Format,
     /// q after the projection (+ bias) and after q-norm + RoPE.
     pub q: Format,
@@ -129,8 +142,26 @@ pub struct Rounding {
     pub norm_f32: bool,
 }
 
-impl Default for Rounding {
-    fn default() -> Self {
+impl Rounding {
+    /// The CUDA engine's rounding points for a model whose attention is
+    /// `attention`: every point, the attention block's (QKV input, q, k,
+    /// v, P) in its [`AttentionSpec::activations`] format, which is the
+    /// one place the engine reads it from too.
+    pub fn engine(attention: &AttentionSpec) -> Self {
+        let f = Format::from(attention.activations);
+        Rounding {
+            attn_in: f,
+            q: f,
+            k: f,
+            v: f,
+            p: f,
+            ..Self::all_bf16()
+        }
+    }
+
+    /// Every point in BF16 (the CUDA engine before FP16 attention, and its
+    /// engine for BF16 models; diagnostics).
+    pub fn all_bf16() -> Self {
         Rounding {
             attn_in: Format::Bf16,
             q: Format::Bf16,
@@ -146,9 +177,7 @@ impl Default for Rounding {
             norm_f32: true,
         }
     }
-}
 
-impl Rounding {
     /// No rounding point at all (the tiled attention in f32 remains).
     pub fn none() -> Self {
         Rounding {
@@ -304,13 +333,13 @@ impl ReferenceEngine {
         let sampleable = crate::tokenizer::sampleable_vocab(dir, g.vocab_size)?;
         Ok(ReferenceEngine {
             sampleable,
+            rounding: Rounding::engine(&g.attention),
             rope: Rope::with_spec(g.head_dim, g.rope, context),
             kv: KvCache::new(g.num_layers, context, g.kv_dim()),
             experts: ExpertCache::new(experts, &g),
             weights,
             geometry: g,
             activations: Activations::F32,
-            rounding: Rounding::default(),
             residuals: None,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             #[cfg(any(test, feature = "fault-injection"))]
@@ -331,7 +360,7 @@ impl ReferenceEngine {
     }
 
     /// Selects the rounding points of [`Activations::Bf16`] (a diagnostic;
-    /// [`Rounding::default`], every point, unless set).
+    /// [`Rounding::engine`] of the model unless set).
     pub fn set_rounding(&mut self, rounding: Rounding) {
         self.rounding = rounding;
     }

@@ -268,6 +268,38 @@ fn seeded_sampling_replays() {
     assert_eq!(a, b);
 }
 
+/// The emulation's rounding is the CUDA engine's for the model: the
+/// attention block's points in the description's format (gpt_oss FP16,
+/// qwen3_moe BF16), every other point BF16; diagnostics can change it.
+#[test]
+fn the_emulated_rounding_follows_the_attention_format() {
+    use crate::arch::AttnFormat;
+    let mut e = engine(64);
+    assert_eq!(e.geometry().attention.activations, AttnFormat::Bf16);
+    assert_eq!(e.rounding(), Rounding::all_bf16());
+    e.set_rounding(Rounding::none());
+    assert_eq!(e.rounding(), Rounding::none());
+
+    let dir = crate::testutil::tiny_gpt_oss_checkpoint();
+    let e = ReferenceEngine::load(&dir, ReferenceOptions::default()).unwrap();
+    assert_eq!(e.geometry().attention.activations, AttnFormat::F16);
+    let r = e.rounding();
+    assert_eq!(r, Rounding::engine(&e.geometry().attention));
+    assert_eq!([r.attn_in, r.q, r.k, r.v, r.p], [Format::F16; 5], "{r:?}");
+    // The attention output and the MoE block stay BF16.
+    assert_eq!(
+        Rounding {
+            attn_in: Format::Bf16,
+            q: Format::Bf16,
+            k: Format::Bf16,
+            v: Format::Bf16,
+            p: Format::Bf16,
+            ..r
+        },
+        Rounding::all_bf16()
+    );
+}
+
 #[test]
 fn bf16_activations_move_logits_slightly_and_f32_stays_exact() {
     let mut e = engine(64);
