@@ -22,6 +22,10 @@
 // attn_decode_combine: one block per q head merges the active splits in
 // ascending order (fixed order, no atomics) and writes bf16.
 // Precision: f32 everywhere; one rounding to bf16 at the end.
+// Activation format: the split kernel is a template over A (ActBf16 /
+// ActF16, common.cuh) for how q, K and V are stored; attn_decode_split* is
+// ActBf16 (its code before the template), attn_decode_split*_f16 ActF16.
+// The combine kernels read only the f32 workspace and serve both.
 //
 // gpt-oss variants (attn_decode_split_ring / attn_decode_combine_ring; the
 // same templates with RING set, so the plain entry points keep their code):
@@ -65,7 +69,7 @@ __device__ __forceinline__ void decode_span(u32 pos, u32 cap, u32 window, u32& k
     }
 }
 
-template <bool RING>
+template <class A, bool RING>
 __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                                                     const bf16_t* __restrict__ vc, float* __restrict__ ws,
                                                     const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 nkv,
@@ -95,7 +99,7 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
         }
         return;
     }
-    for (u32 i = threadIdx.x; i < G * d; i += blockDim.x) qs[i] = bf2f(qkv[(u64)h0 * d + i]);
+    for (u32 i = threadIdx.x; i < G * d; i += blockDim.x) qs[i] = A::load(qkv[(u64)h0 * d + i]);
     if (threadIdx.x < 16) {
         m_s[threadIdx.x] = NEG_INF_F;
         l_s[threadIdx.x] = 0.0f;
@@ -131,8 +135,8 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
         if (kl < nk) {
             for (u32 ch = 0; ch < cpr; ++ch) {
                 const uint4 kv = ks[kl * cpr + (ch ^ (kl & 7))];
-                const float kf[8] = {bf_lo(kv.x), bf_hi(kv.x), bf_lo(kv.y), bf_hi(kv.y),
-                                     bf_lo(kv.z), bf_hi(kv.z), bf_lo(kv.w), bf_hi(kv.w)};
+                const float kf[8] = {A::lo(kv.x), A::hi(kv.x), A::lo(kv.y), A::hi(kv.y),
+                                     A::lo(kv.z), A::hi(kv.z), A::lo(kv.w), A::hi(kv.w)};
 #pragma unroll
                 for (int gi = 0; gi < 8; ++gi) {
                     const u32 g = gstart + 2 * gi;
@@ -178,7 +182,7 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
                     if ((u32)g < G) acc[g][e] *= a_s[g];
                 for (u32 k2 = 0; k2 < nk; ++k2) {
                     const bf16_t* vrow = (const bf16_t*)&vs[k2 * cpr + ((i >> 3) ^ (k2 & 7))];
-                    const float v = bf2f(vrow[i & 7]);
+                    const float v = A::load(vrow[i & 7]);
 #pragma unroll
                     for (int g = 0; g < 16; ++g)
                         if ((u32)g < G) acc[g][e] += sc[g][k2] * v;
@@ -205,14 +209,30 @@ extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
                       float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 nkv, u32 d,
                       u32 cap, u32 chunk, float sl2) {
-    attn_decode_split_t<false>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, 0);
+    attn_decode_split_t<ActBf16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_ring(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                            const bf16_t* __restrict__ vc, float* __restrict__ ws, const u32* __restrict__ pos_ptr,
                            u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2, u32 window) {
-    attn_decode_split_t<true>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, window);
+    attn_decode_split_t<ActBf16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, window);
+}
+
+// FP16 variants (AttnFormat::F16): q, K and V read as f16; the partial
+// outputs are f32, so the combine kernels serve both formats.
+extern "C" __global__ void __launch_bounds__(128)
+    attn_decode_split_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc, const f16_t* __restrict__ vc,
+                          float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 nkv,
+                          u32 d, u32 cap, u32 chunk, float sl2) {
+    attn_decode_split_t<ActF16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_decode_split_ring_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
+                               const f16_t* __restrict__ vc, float* __restrict__ ws, const u32* __restrict__ pos_ptr,
+                               u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2, u32 window) {
+    attn_decode_split_t<ActF16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, window);
 }
 
 template <bool RING>

@@ -37,7 +37,13 @@
 // accumulated with the probabilities broadcast by shuffle. f32 throughout.
 // Used for other head dims and as an independent implementation in tests.
 //
-// KV cache layout: [n_kv_heads][capacity][head_dim] bf16 per layer.
+// KV cache layout: [n_kv_heads][capacity][head_dim] bf16 per layer (f16 for
+// the _f16 entry points).
+//
+// Activation format: every kernel is a template over A (ActBf16 / ActF16,
+// common.cuh) for how q, K, V and P are stored and which MMA runs; the
+// plain entry points instantiate ActBf16 (the code they had before the
+// template), the _f16 ones ActF16 (at the end of the file).
 //
 // gpt-oss variants (entry points *_ring; the same templates with RING set,
 // so the plain causal entry points compile to the code they had before):
@@ -88,6 +94,20 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
         "{%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The MMA of activation format A (bf16 or f16 inputs, f32 accumulators).
+template <class A> __device__ __forceinline__ void mma16(float* c, const u32* a, u32 b0, u32 b1) {
+    if constexpr (A::F16) mma_f16(c, a, b0, b1);
+    else mma_bf16(c, a, b0, b1);
 }
 
 __device__ __forceinline__ void ldmatrix_x4(u32* r, const void* p) {
@@ -144,7 +164,7 @@ __device__ __forceinline__ void pf_stage_ring(uint4* dst, const bf16_t* base, u3
 
 #define PF_LOG2E 1.4426950408889634f
 
-template <int D, int BN, bool QS, bool RING>
+template <class A, int D, int BN, bool QS, bool RING>
 __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                                                  const bf16_t* __restrict__ vc, bf16_t* __restrict__ out,
                                                  u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
@@ -252,7 +272,7 @@ __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv,
                 const u32* row = (const u32*)&Ks[key * CH];
                 u32 b0 = row[(((2 * kk) ^ (key & 7)) << 2) + tq];
                 u32 b1 = row[(((2 * kk + 1) ^ (key & 7)) << 2) + tq];
-                mma_bf16(s[j], qf, b0, b1);
+                mma16<A>(s[j], qf, b0, b1);
             }
         }
         // Mask, scale (log2 domain), online softmax.
@@ -310,18 +330,18 @@ __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv,
 #pragma unroll
         for (int kk = 0; kk < PK; ++kk) {
             u32 pa[4];
-            pa[0] = pack_bf2(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pack_bf2(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            pa[0] = A::pack2(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = A::pack2(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = A::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = A::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             const u32 key = kk * 16 + (mi & 1) * 8 + rr;
 #pragma unroll
             for (int np = 0; np < NP; ++np) {
                 u32 dchunk = np * 2 + (mi >> 1);
                 u32 vb[4];
                 ldmatrix_x4_trans(vb, &Vs[key * CH + (dchunk ^ (key & 7))]);
-                mma_bf16(o[2 * np], pa, vb[0], vb[1]);
-                mma_bf16(o[2 * np + 1], pa, vb[2], vb[3]);
+                mma16<A>(o[2 * np], pa, vb[0], vb[1]);
+                mma16<A>(o[2 * np + 1], pa, vb[2], vb[3]);
             }
         }
     }
@@ -345,21 +365,21 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_d64(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                          const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
                          u32 nkv, u32 cap, float sl2) {
-    attn_prefill_mma<64, 64, false, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
+    attn_prefill_mma<ActBf16, 64, 64, false, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_d128(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                           const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
                           u32 nkv, u32 cap, float sl2) {
-    attn_prefill_mma<128, 64, false, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
+    attn_prefill_mma<ActBf16, 128, 64, false, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_d256(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                           const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
                           u32 nkv, u32 cap, float sl2) {
-    attn_prefill_mma<256, 64, true, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
+    attn_prefill_mma<ActBf16, 256, 64, true, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
 }
 
 // gpt-oss variants (ring cache, window, sinks): head dims 64 and 128. Mirrored
@@ -368,21 +388,21 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_ring_d64(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                               const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
                               u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window) {
-    attn_prefill_mma<64, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks, window);
+    attn_prefill_mma<ActBf16, 64, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks, window);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_ring_d128(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                                const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
                                u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window) {
-    attn_prefill_mma<128, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks, window);
+    attn_prefill_mma<ActBf16, 128, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks, window);
 }
 
 // SIMT: RING starts at the first row's window start (kb), reads rows
 // modulo capacity and starts each row's softmax from its sink (as above).
 // Every 32-key group holds its first key kb <= pos, so a row's max is never
 // -inf after the first group.
-template <bool RING>
+template <class A, bool RING>
 __device__ __forceinline__ void attn_prefill_simt_t(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                                                     const bf16_t* __restrict__ vc, bf16_t* __restrict__ out,
                                                     u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
@@ -395,7 +415,7 @@ __device__ __forceinline__ void attn_prefill_simt_t(const bf16_t* __restrict__ q
     const u32 pos = start + t;
     const u32 stride = (nq + 2 * nkv) * d;
     const bf16_t* q = qkv + (u64)t * stride + (u64)h * d;
-    for (u32 i = lane; i < d; i += 32) qs[warp][i] = bf2f(q[i]);
+    for (u32 i = lane; i < d; i += 32) qs[warp][i] = A::load(q[i]);
     __syncwarp();
     const bf16_t* kbase = kc + (u64)kvh * cap * d;
     const bf16_t* vbase = vc + (u64)kvh * cap * d;
@@ -420,8 +440,8 @@ __device__ __forceinline__ void attn_prefill_simt_t(const bf16_t* __restrict__ q
             for (u32 c = 0; c < d / 8; ++c) {
                 uint4 v = kr[c];
                 const float* qq = &qs[warp][c * 8];
-                dot += qq[0] * bf_lo(v.x) + qq[1] * bf_hi(v.x) + qq[2] * bf_lo(v.y) + qq[3] * bf_hi(v.y) +
-                       qq[4] * bf_lo(v.z) + qq[5] * bf_hi(v.z) + qq[6] * bf_lo(v.w) + qq[7] * bf_hi(v.w);
+                dot += qq[0] * A::lo(v.x) + qq[1] * A::hi(v.x) + qq[2] * A::lo(v.y) + qq[3] * A::hi(v.y) +
+                       qq[4] * A::lo(v.z) + qq[5] * A::hi(v.z) + qq[6] * A::lo(v.w) + qq[7] * A::hi(v.w);
             }
             sc = dot * sl2;
         }
@@ -437,7 +457,7 @@ __device__ __forceinline__ void attn_prefill_simt_t(const bf16_t* __restrict__ q
             const bf16_t* vr = vbase + (u64)(RING ? (kb + k2) % cap : kb + k2) * d;
 #pragma unroll
             for (int j = 0; j < 8; ++j)
-                if ((u32)j < nd) o[j] += pk * bf2f(vr[lane + 32 * j]);
+                if ((u32)j < nd) o[j] += pk * A::load(vr[lane + 32 * j]);
         }
         m = mn;
     }
@@ -452,12 +472,73 @@ extern "C" __global__ void __launch_bounds__(128)
     attn_prefill_simt(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
                       bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
                       u32 d) {
-    attn_prefill_simt_t<false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, nullptr, 0);
+    attn_prefill_simt_t<ActBf16, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, nullptr, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_prefill_simt_ring(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                            const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
                            u32 nkv, u32 cap, float sl2, u32 d, const float* __restrict__ sinks, u32 window) {
-    attn_prefill_simt_t<true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, sinks, window);
+    attn_prefill_simt_t<ActBf16, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, sinks, window);
+}
+
+// FP16 variants (AttnFormat::F16, gpt-oss): the same templates with ActF16,
+// so q, K and V are read as f16, the MMAs are m16n8k16 .f32.f16.f16.f32 and
+// P is rounded to f16 for P V (10 mantissa bits to BF16's 7). P <= 1 after
+// the max subtraction, so f16's range suffices: a probability below 2^-24
+// rounds to 0 (subnormals below 2^-14 keep fewer bits), a change of at most
+// 2^-25 against a row sum >= 1 (the row sums keep the f32 P). The output
+// stays bf16 (o_proj's input). Every head dim and ring variant of the bf16 entry points, with
+// the same launch shapes and shared memory (2 bytes per element), mirrored
+// by the `_f16` names in ops/attention.rs.
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_mma_d64_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
+                             const f16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
+                             u32 nkv, u32 cap, float sl2) {
+    attn_prefill_mma<ActF16, 64, 64, false, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_mma_d128_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
+                              const f16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
+                              u32 nq, u32 nkv, u32 cap, float sl2) {
+    attn_prefill_mma<ActF16, 128, 64, false, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_mma_d256_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
+                              const f16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
+                              u32 nq, u32 nkv, u32 cap, float sl2) {
+    attn_prefill_mma<ActF16, 256, 64, true, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, nullptr, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_mma_ring_d64_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
+                                  const f16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
+                                  u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window) {
+    attn_prefill_mma<ActF16, 64, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks, window);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_mma_ring_d128_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
+                                   const f16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
+                                   u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks,
+                                   u32 window) {
+    attn_prefill_mma<ActF16, 128, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks,
+                                                   window);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_prefill_simt_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc, const f16_t* __restrict__ vc,
+                          bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
+                          u32 d) {
+    attn_prefill_simt_t<ActF16, false>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, nullptr, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attn_prefill_simt_ring_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
+                               const f16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
+                               u32 nq, u32 nkv, u32 cap, float sl2, u32 d, const float* __restrict__ sinks,
+                               u32 window) {
+    attn_prefill_simt_t<ActF16, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, sinks, window);
 }

@@ -2,7 +2,8 @@
 //
 // No CUDA headers are included (NVRTC then needs no include paths): bf16 and
 // f16 are carried as raw 16-bit patterns and converted with PTX `cvt`, which
-// rounds to nearest even exactly like `half::bf16::from_f32` on the host.
+// rounds to nearest even exactly like `half::bf16::from_f32` /
+// `half::f16::from_f32` on the host.
 // Reductions use fixed shuffle/tree orders only; there are no atomics on
 // floating-point values anywhere, so every result is bit-reproducible.
 
@@ -38,6 +39,47 @@ __device__ __forceinline__ u32 pack_bf2(float lo, float hi) {
 
 __device__ __forceinline__ float bf_lo(u32 v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
+
+__device__ __forceinline__ f16_t f2h(float f) {
+    unsigned short r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+// Pack two floats into f16x2: `lo` in the low half (lower address).
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float h_lo(u32 v) { return h2f((f16_t)(v & 0xffffu)); }
+__device__ __forceinline__ float h_hi(u32 v) { return h2f((f16_t)(v >> 16)); }
+
+// The 16-bit activation formats of the attention path (AttentionSpec::
+// activations): tag types whose static members load/store one format, so
+// one kernel template serves both. ActBf16's members are the helpers above,
+// so a template instantiated with it compiles to the code written with them
+// directly. Both formats are carried as the same raw 16-bit type.
+struct ActBf16 {
+    static constexpr bool F16 = false;
+    static __device__ __forceinline__ float load(unsigned short x) { return bf2f(x); }
+    static __device__ __forceinline__ unsigned short store(float f) { return f2bf(f); }
+    static __device__ __forceinline__ u32 pack2(float lo, float hi) { return pack_bf2(lo, hi); }
+    static __device__ __forceinline__ float lo(u32 v) { return bf_lo(v); }
+    static __device__ __forceinline__ float hi(u32 v) { return bf_hi(v); }
+};
+
+// IEEE half: out-of-range values round to +-inf (cvt.rn), as the host's
+// half::f16::from_f32 does.
+struct ActF16 {
+    static constexpr bool F16 = true;
+    static __device__ __forceinline__ float load(unsigned short x) { return h2f(x); }
+    static __device__ __forceinline__ unsigned short store(float f) { return f2h(f); }
+    static __device__ __forceinline__ u32 pack2(float lo, float hi) { return pack_h2(lo, hi); }
+    static __device__ __forceinline__ float lo(u32 v) { return h_lo(v); }
+    static __device__ __forceinline__ float hi(u32 v) { return h_hi(v); }
+};
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -90,3 +90,14 @@ extern "C" __global__ void bias_cast_f32_to_bf16(const float* __restrict__ x, co
             o[c] = f2bf(xr[c] + bias[c]);
     }
 }
+
+// The same, rounded once to f16 (the q/k/v of an FP16 attention block).
+extern "C" __global__ void bias_cast_f32_to_f16(const float* __restrict__ x, const float* __restrict__ bias,
+                                                f16_t* __restrict__ out, u32 rows, u32 cols) {
+    for (u32 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float* xr = x + (u64)r * cols;
+        f16_t* o = out + (u64)r * cols;
+        for (u32 c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+            o[c] = f2h(xr[c] + bias[c]);
+    }
+}

@@ -78,25 +78,28 @@ __device__ __forceinline__ void gemv_pdl_wait() {
 
 // a[0] (and a[P-1]) += the 8 products of one weight vector and one x vector,
 // lo halves into a[0], hi halves into a[P-1], in element order.
-template <int P>
+template <int P, class A>
 __device__ __forceinline__ void gemv_dot8(float* a, const uint4 w, const uint4 x) {
-    a[0] = fmaf(bf_lo(w.x), bf_lo(x.x), a[0]);
-    a[P - 1] = fmaf(bf_hi(w.x), bf_hi(x.x), a[P - 1]);
-    a[0] = fmaf(bf_lo(w.y), bf_lo(x.y), a[0]);
-    a[P - 1] = fmaf(bf_hi(w.y), bf_hi(x.y), a[P - 1]);
-    a[0] = fmaf(bf_lo(w.z), bf_lo(x.z), a[0]);
-    a[P - 1] = fmaf(bf_hi(w.z), bf_hi(x.z), a[P - 1]);
-    a[0] = fmaf(bf_lo(w.w), bf_lo(x.w), a[0]);
-    a[P - 1] = fmaf(bf_hi(w.w), bf_hi(x.w), a[P - 1]);
+    a[0] = fmaf(A::lo(w.x), A::lo(x.x), a[0]);
+    a[P - 1] = fmaf(A::hi(w.x), A::hi(x.x), a[P - 1]);
+    a[0] = fmaf(A::lo(w.y), A::lo(x.y), a[0]);
+    a[P - 1] = fmaf(A::hi(w.y), A::hi(x.y), a[P - 1]);
+    a[0] = fmaf(A::lo(w.z), A::lo(x.z), a[0]);
+    a[P - 1] = fmaf(A::hi(w.z), A::hi(x.z), a[P - 1]);
+    a[0] = fmaf(A::lo(w.w), A::lo(x.w), a[0]);
+    a[P - 1] = fmaf(A::hi(w.w), A::hi(x.w), a[P - 1]);
 }
 
-// mode: 0 = bf16 y, 1 = f32 y, 2 = f32 y += result.
+// mode: 0 = 16-bit y (format A), 1 = f32 y, 2 = f32 y += result.
 // MB: compile-time bound on m (1, 2, 4, 8). NR x U: rows x vectors per lane
 // of one weight group (NR * U = 16). NORM: x from residual + norm weight.
-template <int MB, int NR, int U, bool NORM>
-__device__ __forceinline__ void gemv_body(const bf16_t* x, const float* res, const bf16_t* __restrict__ g,
-                                          float eps, const bf16_t* __restrict__ w, u32 m, u32 n, u32 K, u32 mode,
-                                          bf16_t* normed, void* y) {
+// A: the format of w, x and normed (ActBf16; ActF16 for the QKV projection
+// of an FP16 attention block, whose normed x is rounded to f16 as
+// rmsnorm_f32_to_f16 rounds it). The norm weight g is bf16 either way.
+template <int MB, int NR, int U, bool NORM, class A = ActBf16>
+__device__ __forceinline__ void gemv_body(const unsigned short* x, const float* res, const bf16_t* __restrict__ g,
+                                          float eps, const unsigned short* __restrict__ w, u32 m, u32 n, u32 K,
+                                          u32 mode, unsigned short* normed, void* y) {
     extern __shared__ __align__(16) uint4 gemv_xs[];  // [m][K/8] vectors of 8 bf16
     __shared__ float scratch[32];
     constexpr int P = MB == 1 ? 2 : 1;
@@ -147,10 +150,10 @@ __device__ __forceinline__ void gemv_body(const bf16_t* x, const float* res, con
                 const float4 a = r4[2 * c8], b = r4[2 * c8 + 1];
                 const uint4 gv = g4[c8];
                 uint4 o;
-                o.x = pack_bf2(a.x * inv * bf_lo(gv.x), a.y * inv * bf_hi(gv.x));
-                o.y = pack_bf2(a.z * inv * bf_lo(gv.y), a.w * inv * bf_hi(gv.y));
-                o.z = pack_bf2(b.x * inv * bf_lo(gv.z), b.y * inv * bf_hi(gv.z));
-                o.w = pack_bf2(b.z * inv * bf_lo(gv.w), b.w * inv * bf_hi(gv.w));
+                o.x = A::pack2(a.x * inv * bf_lo(gv.x), a.y * inv * bf_hi(gv.x));
+                o.y = A::pack2(a.z * inv * bf_lo(gv.y), a.w * inv * bf_hi(gv.y));
+                o.z = A::pack2(b.x * inv * bf_lo(gv.z), b.y * inv * bf_hi(gv.z));
+                o.w = A::pack2(b.z * inv * bf_lo(gv.w), b.w * inv * bf_hi(gv.w));
                 gemv_xs[t * V + c8] = o;
                 if (blockIdx.x == 0) ((uint4*)normed)[(u64)t * V + c8] = o;
             }
@@ -179,7 +182,7 @@ __device__ __forceinline__ void gemv_body(const bf16_t* x, const float* res, con
                     if (MB == 1 || (u32)t < m) {
                         const uint4 xv = gemv_xs[t * V + v];
 #pragma unroll
-                        for (int i = 0; i < NR; ++i) gemv_dot8<P>(acc[t][i], wv[i][u], xv);
+                        for (int i = 0; i < NR; ++i) gemv_dot8<P, A>(acc[t][i], wv[i][u], xv);
                     }
                 }
             }
@@ -200,7 +203,7 @@ __device__ __forceinline__ void gemv_body(const bf16_t* x, const float* res, con
                         if (lane == 0 && row < r1) {
                             const u64 o = (u64)t * n + row;
                             if (mode == 0) {
-                                ((bf16_t*)y)[o] = f2bf(s);
+                                ((unsigned short*)y)[o] = A::store(s);
                             } else {
                                 float* yf = (float*)y;
                                 yf[o] = mode == 2 ? yf[o] + s : s;
@@ -275,4 +278,37 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_r1_m4(GEM
 }
 extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_r1_m8(GEMV_NORM_ARGS) {
     gemv_body<8, 1, 16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+
+// FP16 entry points (AttnFormat::F16): gemv_rmsnorm_f16_r<NR>_m<MB>, the
+// norm variant with w, x and normed in f16 (the decode QKV projection of an
+// FP16 attention block, matching the prefill path's rmsnorm_f32_to_f16 +
+// f16 GEMM: the same normed bits, f32 accumulation).
+#define GEMV_NORM_F16_ARGS                                                                                    \
+    const float *res, const bf16_t *__restrict__ g, float eps, const f16_t *__restrict__ w, u32 m, u32 n,    \
+        u32 k, u32 mode, f16_t *normed, void *y
+
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_f16_r2_m1(GEMV_NORM_F16_ARGS) {
+    gemv_body<1, 2, 8, true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_f16_r2_m2(GEMV_NORM_F16_ARGS) {
+    gemv_body<2, 2, 8, true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_f16_r2_m4(GEMV_NORM_F16_ARGS) {
+    gemv_body<4, 2, 8, true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_f16_r2_m8(GEMV_NORM_F16_ARGS) {
+    gemv_body<8, 2, 8, true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_f16_r1_m1(GEMV_NORM_F16_ARGS) {
+    gemv_body<1, 1, 16, true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_f16_r1_m2(GEMV_NORM_F16_ARGS) {
+    gemv_body<2, 1, 16, true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_f16_r1_m4(GEMV_NORM_F16_ARGS) {
+    gemv_body<4, 1, 16, true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_f16_r1_m8(GEMV_NORM_F16_ARGS) {
+    gemv_body<8, 1, 16, true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
 }

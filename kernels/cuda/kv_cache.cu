@@ -18,6 +18,8 @@
 // the window fits (ops/attention.rs).
 // Separate entry points (one template) so the linear path's code does not
 // change for the ring one.
+// Both copy 16-bit patterns without converting them, so the same entry
+// points append f16 K and V (AttnFormat::F16) to an f16 cache.
 
 template <bool RING>
 __device__ __forceinline__ void kv_append(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,

@@ -81,28 +81,45 @@ extern "C" __global__ void qk_norm_rope_bf16(bf16_t* __restrict__ qkv, const bf1
 // can differ from the host's only where the f32 value sits within a few
 // f32 ulp of a bf16 rounding boundary, and then by one bf16 ulp.
 
-extern "C" __global__ void rope_table_bf16(bf16_t* __restrict__ qkv, const float* __restrict__ inv_freq, float scale,
-                                           const u32* __restrict__ pos_ptr, u32 pos_base, u32 n_tokens, u32 nq,
-                                           u32 nkv, u32 d) {
+// rope_table_f16: the same over f16 q/k (AttnFormat::F16, gpt-oss): read
+// f16, the same f32 arithmetic, one rounding to f16. The template over the
+// format (ActBf16 / ActF16, common.cuh) leaves rope_table_bf16's code as it
+// was.
+template <class A>
+__device__ __forceinline__ void rope_table_t(unsigned short* __restrict__ qkv, const float* __restrict__ inv_freq,
+                                             float scale, const u32* __restrict__ pos_ptr, u32 pos_base,
+                                             u32 n_tokens, u32 nq, u32 nkv, u32 d) {
     u32 t = blockIdx.x;
     u32 hh = blockIdx.y * 4 + (threadIdx.x >> 5);
     u32 lane = threadIdx.x & 31;
     if (t >= n_tokens || hh >= nq + nkv) return;
     u32 stride = (nq + 2 * nkv) * d;
-    bf16_t* x = qkv + (u64)t * stride + (u64)hh * d;
+    unsigned short* x = qkv + (u64)t * stride + (u64)hh * d;
     u32 half = d / 2, np = d / 64;  // pairs per lane (d % 64 == 0, d <= 256)
     float pos = (float)((pos_ptr ? *pos_ptr : 0u) + pos_base + t);
 #pragma unroll
     for (u32 j = 0; j < 4; ++j) {
         if (j < np) {
             u32 i = lane + 32 * j;
-            float a = bf2f(x[i]), b = bf2f(x[i + half]);
+            float a = A::load(x[i]), b = A::load(x[i + half]);
             float ang = __fmul_rn(pos, inv_freq[i]);
             float sn, cs;
             sincosf(ang, &sn, &cs);  // one shared range reduction
             float c = __fmul_rn(cs, scale), s = __fmul_rn(sn, scale);
-            x[i] = f2bf(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-            x[i + half] = f2bf(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+            x[i] = A::store(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+            x[i + half] = A::store(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
         }
     }
+}
+
+extern "C" __global__ void rope_table_bf16(bf16_t* __restrict__ qkv, const float* __restrict__ inv_freq, float scale,
+                                           const u32* __restrict__ pos_ptr, u32 pos_base, u32 n_tokens, u32 nq,
+                                           u32 nkv, u32 d) {
+    rope_table_t<ActBf16>(qkv, inv_freq, scale, pos_ptr, pos_base, n_tokens, nq, nkv, d);
+}
+
+extern "C" __global__ void rope_table_f16(f16_t* __restrict__ qkv, const float* __restrict__ inv_freq, float scale,
+                                          const u32* __restrict__ pos_ptr, u32 pos_base, u32 n_tokens, u32 nq, u32 nkv,
+                                          u32 d) {
+    rope_table_t<ActF16>(qkv, inv_freq, scale, pos_ptr, pos_base, n_tokens, nq, nkv, d);
 }

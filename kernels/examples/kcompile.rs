@@ -1,12 +1,16 @@
 //! Compile every kernel module with NVRTC (no GPU needed), check that each
 //! listed entry point is in the image, and report sizes, compile times and
-//! (with `-v`) ptxas register/spill usage. Usage: `kcompile [--arch 90] [-v]`.
+//! (with `-v`) ptxas register/spill usage; `--dump DIR` writes each module's
+//! cubin to `DIR/<module>.cubin` (to compare the machine code of two source
+//! versions, e.g. that a template leaves an entry point's code unchanged).
+//! Usage: `kcompile [--arch 90] [-v] [--dump DIR]`.
 
 use krasis_kernels::{compile_module, sources::MODULES};
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut arch, mut verbose) = (90, false);
+    let mut dump: Option<std::path::PathBuf> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--arch" => {
@@ -16,6 +20,13 @@ fn main() -> anyhow::Result<()> {
                     .parse()?
             }
             "-v" => verbose = true,
+            "--dump" => {
+                let dir = args
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("--dump needs a directory"))?;
+                std::fs::create_dir_all(&dir)?;
+                dump = Some(dir.into());
+            }
             other => anyhow::bail!("unknown argument {other}"),
         }
     }
@@ -38,6 +49,9 @@ fn main() -> anyhow::Result<()> {
             c.cubin.len(),
             t.elapsed().as_millis()
         );
+        if let Some(dir) = &dump {
+            std::fs::write(dir.join(format!("{}.cubin", m.name)), &c.cubin)?;
+        }
         for k in m.kernels {
             let needle = k.as_bytes();
             anyhow::ensure!(

@@ -29,6 +29,7 @@ pub const MODULES: &[Module] = &[
             "add_bias_rows_f32",
             "add_bias_rows_bf16",
             "bias_cast_f32_to_bf16",
+            "bias_cast_f32_to_f16",
         ],
     },
     Module {
@@ -36,6 +37,7 @@ pub const MODULES: &[Module] = &[
         source: include_str!("../cuda/norm.cu"),
         kernels: &[
             "rmsnorm_f32",
+            "rmsnorm_f32_to_f16",
             "rmsnorm_bf16",
             "add_rmsnorm_bf16",
             "add_rmsnorm_f32",
@@ -44,7 +46,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "rope",
         source: include_str!("../cuda/rope.cu"),
-        kernels: &["qk_norm_rope_bf16", "rope_table_bf16"],
+        kernels: &["qk_norm_rope_bf16", "rope_table_bf16", "rope_table_f16"],
     },
     Module {
         name: "kv_cache",
@@ -62,6 +64,13 @@ pub const MODULES: &[Module] = &[
             "attn_prefill_mma_ring_d64",
             "attn_prefill_mma_ring_d128",
             "attn_prefill_simt_ring",
+            "attn_prefill_mma_d64_f16",
+            "attn_prefill_mma_d128_f16",
+            "attn_prefill_mma_d256_f16",
+            "attn_prefill_simt_f16",
+            "attn_prefill_mma_ring_d64_f16",
+            "attn_prefill_mma_ring_d128_f16",
+            "attn_prefill_simt_ring_f16",
         ],
     },
     Module {
@@ -72,6 +81,8 @@ pub const MODULES: &[Module] = &[
             "attn_decode_combine",
             "attn_decode_split_ring",
             "attn_decode_combine_ring",
+            "attn_decode_split_f16",
+            "attn_decode_split_ring_f16",
         ],
     },
     Module {
@@ -154,6 +165,14 @@ pub const MODULES: &[Module] = &[
             "gemv_rmsnorm_bf16_r1_m2",
             "gemv_rmsnorm_bf16_r1_m4",
             "gemv_rmsnorm_bf16_r1_m8",
+            "gemv_rmsnorm_f16_r2_m1",
+            "gemv_rmsnorm_f16_r2_m2",
+            "gemv_rmsnorm_f16_r2_m4",
+            "gemv_rmsnorm_f16_r2_m8",
+            "gemv_rmsnorm_f16_r1_m1",
+            "gemv_rmsnorm_f16_r1_m2",
+            "gemv_rmsnorm_f16_r1_m4",
+            "gemv_rmsnorm_f16_r1_m8",
         ],
     },
     Module {
