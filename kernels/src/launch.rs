@@ -12,6 +12,7 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
 }
 
 /// Element types a kernel family is instantiated for (f32 or bf16). The
@@ -33,6 +34,58 @@ impl Elem for bf16 {
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
     }
+}
+
+/// The 16-bit formats the attention path stores its activations in
+/// (`krasis_model::arch::AttnFormat`): bf16, or f16 (IEEE half). The
+/// attention, RoPE-table and KV-append wrappers are generic over it and
+/// pick the `_f16` entry point for f16 (the kernels are one template over
+/// the format, `ActBf16`/`ActF16` in `cuda/common.cuh`).
+pub trait Act16: DeviceRepr + Copy + Default + std::fmt::Debug + sealed::Sealed + 'static {
+    /// `true` for f16.
+    const F16: bool;
+    /// Round to nearest even, as the kernels' `cvt.rn` (out of range: ±inf).
+    fn from_f32(x: f32) -> Self;
+    fn from_f64(x: f64) -> Self;
+    fn to_f32(self) -> f32;
+    fn to_f64(self) -> f64;
+}
+
+impl Act16 for bf16 {
+    const F16: bool = false;
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn from_f64(x: f64) -> Self {
+        bf16::from_f64(x)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
+    }
+}
+
+impl Act16 for half::f16 {
+    const F16: bool = true;
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+    fn from_f64(x: f64) -> Self {
+        half::f16::from_f64(x)
+    }
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    fn to_f64(self) -> f64 {
+        half::f16::to_f64(self)
+    }
+}
+
+/// Pick `bf16_name` or `f16_name` by activation format.
+pub(crate) fn by_act<A: Act16>(bf16_name: &'static str, f16_name: &'static str) -> &'static str {
+    if A::F16 { f16_name } else { bf16_name }
 }
 
 /// Pick `f32_name` or `bf16_name` by element type.
@@ -201,5 +254,7 @@ mod tests {
         assert!(dim_u32("k", "n", 1 << 33).is_err());
         assert_eq!(by_elem::<f32>("a", "b"), "a");
         assert_eq!(by_elem::<half::bf16>("a", "b"), "b");
+        assert_eq!(by_act::<half::bf16>("a", "b"), "a");
+        assert_eq!(by_act::<half::f16>("a", "b"), "b");
     }
 }

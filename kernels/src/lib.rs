@@ -9,7 +9,10 @@
 //!
 //! Conventions shared by all wrappers:
 //! - Activations are bf16 ([`half::bf16`]); the residual stream and all
-//!   accumulators are f32. Every kernel accumulates in f32.
+//!   accumulators are f32. Every kernel accumulates in f32. The attention
+//!   path (RMSNorm output into the QKV projection, q/k/v, KV cache, P) can
+//!   be f16 instead ([`Act16`]; the wrappers generic over it pick the
+//!   `_f16` entry points).
 //! - Buffers are passed as anything implementing cudarc's
 //!   `DevicePtr`/`DevicePtrMut` (`CudaSlice`, `CudaView`, `CudaViewMut`);
 //!   lengths are checked to be at least what the dims require.
@@ -34,7 +37,7 @@ use cudarc::driver::{CudaContext, CudaFunction, sys::CUdevice_attribute};
 pub use compile::{CacheDir, Compiled, compile_module, nvrtc_version};
 pub use driver::{GpuTestDevice, gpu_test_device, nvidia_driver_present, open_device};
 pub use error::{KernelError, Result};
-pub use launch::Elem;
+pub use launch::{Act16, Elem};
 pub use ops::attention::{DECODE_MAX_SPLITS, decode_workspace_len};
 pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS};
 pub use ops::int4::{

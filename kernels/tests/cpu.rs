@@ -43,6 +43,13 @@ fn sources_export_exactly_the_listed_kernels() {
         "gemv_bf16_r1_m8",
         "gemv_rmsnorm_bf16_r2_m1",
         "gemv_rmsnorm_bf16_r1_m8",
+        "attn_prefill_mma_d64_f16",
+        "attn_prefill_mma_ring_d64_f16",
+        "attn_decode_split_ring_f16",
+        "rope_table_f16",
+        "rmsnorm_f32_to_f16",
+        "bias_cast_f32_to_f16",
+        "gemv_rmsnorm_f16_r1_m1",
     ] {
         assert!(all.contains(k), "missing {k}");
     }
@@ -868,5 +875,152 @@ mod attention_ring {
         let a = RingAttn::default();
         assert!(a.sinks.is_none());
         assert_eq!(a.window, 0);
+    }
+}
+
+/// The references of the FP16 attention variants (`Act16` = f16): each is
+/// its bf16 reference with the one rounding to f16 instead, and values
+/// f16 holds but bf16 does not survive.
+mod fp16_attention {
+    use half::{bf16, f16};
+    use krasis_kernels::reference as cpu;
+    use krasis_kernels::{KvGeom, QkvGeom};
+
+    /// 1 + 2^-9: exact in f16 (10 mantissa bits), between two bf16 values
+    /// (7 bits), so a bf16 rounding would lose it.
+    const FINE: f32 = 1.0 + 1.0 / 512.0;
+
+    #[test]
+    fn rmsnorm_and_bias_cast_round_once_to_f16() {
+        // A constant row normalizes to the weight: 3 * (1/3) * w = w.
+        let w = vec![bf16::from_f32(1.5); 8];
+        let out: Vec<f16> = cpu::rmsnorm_as(&[3.0; 8], &w, 8, 0.0);
+        assert!(out.iter().all(|v| v.to_f32() == 1.5), "{out:?}");
+        // The f16 output is the f64 value rounded once to f16 (FINE kept).
+        let x = [FINE, -FINE, FINE, -FINE];
+        let ones = vec![bf16::ONE; 4];
+        let h: Vec<f16> = cpu::rmsnorm_as(&x, &ones, 4, 0.0);
+        assert_eq!(
+            h.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+            [1.0, -1.0, 1.0, -1.0]
+        );
+        let y: Vec<f16> = cpu::rmsnorm_as(&[2.0 * FINE, 2.0 * FINE], &ones[..2], 2, 0.0);
+        assert_eq!(y[0].to_f32(), 1.0);
+        // bf16 and f16 outputs are the same f64 value in two roundings.
+        let x: Vec<f32> = (0..16).map(|i| (i as f32 - 7.3) * 0.41).collect();
+        let g: Vec<bf16> = (0..16)
+            .map(|i| bf16::from_f32(0.5 + i as f32 / 16.0))
+            .collect();
+        let b = cpu::rmsnorm(&x, &g, 16, 1e-6);
+        let h: Vec<f16> = cpu::rmsnorm_as(&x, &g, 16, 1e-6);
+        for (b, h) in b.iter().zip(&h) {
+            assert!((b.to_f32() - h.to_f32()).abs() <= b.to_f32().abs() / 256.0);
+        }
+        assert_ne!(
+            cpu::to_f32(&b),
+            h.iter().map(|v| v.to_f32()).collect::<Vec<_>>()
+        );
+
+        // Bias: one rounding of the f32 sum; f16 keeps FINE, bf16 rounds
+        // it to 1; past f16's range (65504) the value becomes infinite.
+        let x = [1.0f32, 60000.0, 70000.0, -70000.0];
+        let bias = [1.0 / 512.0, 0.0, 0.0, 0.0];
+        let h: Vec<f16> = cpu::bias_cast_as(&x, &bias);
+        assert_eq!(h[0].to_f32(), FINE);
+        assert_eq!(h[1].to_f32(), 60000.0);
+        assert_eq!(h[2], f16::INFINITY);
+        assert_eq!(h[3], f16::NEG_INFINITY);
+        assert_eq!(cpu::bias_cast(&x, &bias)[0].to_f32(), 1.0);
+    }
+
+    #[test]
+    fn rope_table_f16_rounds_the_rotation_to_f16() {
+        let geom = QkvGeom {
+            n_tokens: 1,
+            n_q_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 4,
+        };
+        let row: Vec<f32> = [
+            FINE, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, FINE, 10.0, 11.0, 12.0,
+        ]
+        .to_vec();
+        let mut x: Vec<f16> = row.iter().map(|&v| f16::from_f32(v)).collect();
+        // Position 0: only the scale acts on q and k; v is untouched.
+        cpu::rope_table(&mut x, geom, 0, &[1.0, 0.1], 1.0);
+        assert_eq!(x[0].to_f32(), FINE, "f16 keeps what bf16 would round");
+        assert_eq!(x[8].to_f32(), FINE, "v untouched");
+        // Position 5: the same f32 arithmetic as the bf16 reference, one
+        // rounding to f16 (checked against the f32 value).
+        let mut y: Vec<f16> = row.iter().map(|&v| f16::from_f32(v)).collect();
+        cpu::rope_table(&mut y, geom, 5, &[1.0, 0.1], 1.347);
+        let a = 5.0f32;
+        let (c, s) = (a.cos() * 1.347, a.sin() * 1.347);
+        let want = f16::from_f32(FINE * c - 3.0 * s);
+        assert_eq!(y[0], want);
+        let mut b: Vec<bf16> = row.iter().map(|&v| bf16::from_f32(v)).collect();
+        cpu::rope_table(&mut b, geom, 5, &[1.0, 0.1], 1.347);
+        assert!((b[0].to_f32() - y[0].to_f32()).abs() <= y[0].to_f32().abs() / 64.0);
+    }
+
+    #[test]
+    fn gemv_rmsnorm_f16_is_rmsnorm_f16_then_gemv() {
+        let (m, n, k, eps) = (1usize, 3usize, 8usize, 1e-5f32);
+        let res: Vec<f32> = (0..k).map(|i| (i as f32 - 3.7) * 0.53).collect();
+        let g: Vec<bf16> = (0..k)
+            .map(|i| bf16::from_f32(0.75 + i as f32 / 16.0))
+            .collect();
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| f16::from_f32(((i * 5 % 13) as f32 - 6.0) / 7.0).to_f32())
+            .collect();
+        let (normed, y) = cpu::gemv_rmsnorm_as::<f16>(&res, &g, eps, &w, m, n, k, None);
+        assert_eq!(normed, cpu::rmsnorm_as::<f16>(&res, &g, k, eps));
+        let x: Vec<f32> = normed.iter().map(|v| v.to_f32()).collect();
+        assert_eq!(y, cpu::gemv(&x, &w, m, n, k, None));
+    }
+
+    #[test]
+    fn attention_and_kv_append_widen_f16_exactly() {
+        // Values exact in both formats give the same attention from f16
+        // and bf16 inputs; the f16 reference reads f16 (FINE) exactly.
+        let geom = QkvGeom {
+            n_tokens: 2,
+            n_q_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+        };
+        let kv = KvGeom {
+            n_kv_heads: 1,
+            head_dim: 4,
+            capacity: 4,
+        };
+        let vals: Vec<f32> = (0..geom.len())
+            .map(|i| ((i * 7 % 9) as f32 - 4.0) / 4.0)
+            .collect();
+        let h: Vec<f16> = vals.iter().map(|&v| f16::from_f32(v)).collect();
+        let b: Vec<bf16> = vals.iter().map(|&v| bf16::from_f32(v)).collect();
+        let (mut kh, mut vh) = (vec![f16::ZERO; kv.len()], vec![f16::ZERO; kv.len()]);
+        let (mut kb, mut vb) = (vec![bf16::ZERO; kv.len()], vec![bf16::ZERO; kv.len()]);
+        cpu::kv_append(&h, geom, 0, kv, &mut kh, &mut vh);
+        cpu::kv_append(&b, geom, 0, kv, &mut kb, &mut vb);
+        assert_eq!(
+            cpu::attention(&h, geom, 0, kv, &kh, &vh, 0.5),
+            cpu::attention(&b, geom, 0, kv, &kb, &vb, 0.5)
+        );
+        assert_eq!(
+            cpu::attention_ring(&h, geom, 0, kv, &kh, &vh, 0.5, Some(&[0.3, -1.0]), 1),
+            cpu::attention_ring(&b, geom, 0, kv, &kb, &vb, 0.5, Some(&[0.3, -1.0]), 1)
+        );
+        // One key (position 0) whose value is FINE: the first query, which
+        // sees only it, returns FINE itself (weights sum to 1).
+        let mut h1 = h.clone();
+        let stride = geom.row_stride();
+        for e in 0..4 {
+            h1[stride - 4 + e] = f16::from_f32(FINE); // v of token 0
+        }
+        let (mut k1, mut v1) = (vec![f16::ZERO; kv.len()], vec![f16::ZERO; kv.len()]);
+        cpu::kv_append_ring(&h1, geom, 0, kv, &mut k1, &mut v1);
+        let out = cpu::attention(&h1, geom, 0, kv, &k1, &v1, 0.5);
+        assert!(out[..4].iter().all(|&o| o == FINE), "{:?}", &out[..4]);
     }
 }

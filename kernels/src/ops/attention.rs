@@ -11,7 +11,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, PushKerne
 use half::bf16;
 
 use super::rope::{KvGeom, QkvGeom, StartPos};
-use crate::launch::{builder, cfg, check_len, dim_u32, ensure, submit};
+use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
 use crate::{Kernels, Result};
 
 /// Most KV splits one decode launch uses.
@@ -31,6 +31,8 @@ const PREFILL_BLOCK_M: usize = 64;
 struct PrefillMma {
     head_dim: usize,
     name: &'static str,
+    /// The f16 entry point (the same template with f16 q/K/V and P).
+    name_f16: &'static str,
     block_n: usize,
     q_in_smem: bool,
 }
@@ -39,28 +41,36 @@ const PREFILL_MMA: &[PrefillMma] = &[
     PrefillMma {
         head_dim: 64,
         name: "attn_prefill_mma_d64",
+        name_f16: "attn_prefill_mma_d64_f16",
         block_n: 64,
         q_in_smem: false,
     },
     PrefillMma {
         head_dim: 128,
         name: "attn_prefill_mma_d128",
+        name_f16: "attn_prefill_mma_d128_f16",
         block_n: 64,
         q_in_smem: false,
     },
     PrefillMma {
         head_dim: 256,
         name: "attn_prefill_mma_d256",
+        name_f16: "attn_prefill_mma_d256_f16",
         block_n: 64,
         q_in_smem: true,
     },
 ];
 
 impl PrefillMma {
+    fn entry<A: Act16>(&self) -> &'static str {
+        by_act::<A>(self.name, self.name_f16)
+    }
+
     /// Dynamic shared memory per block (`pf_smem_bytes` in the kernel,
     /// which traps if launched with less): K and V tiles, plus Q.
     fn smem_bytes(&self) -> u32 {
         let rows = 2 * self.block_n + if self.q_in_smem { PREFILL_BLOCK_M } else { 0 };
+        // 2 bytes per element in either format.
         (rows * self.head_dim * std::mem::size_of::<bf16>()) as u32
     }
 }
@@ -94,15 +104,15 @@ impl Kernels {
     /// kernels (head_dim 256 needs 96 KB of shared memory per block); other
     /// head dims fall back to [`Kernels::attention_prefill_simt`].
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill(
+    pub fn attention_prefill<A: Act16>(
         &self,
         stream: &CudaStream,
-        qkv: &impl DevicePtr<bf16>,
+        qkv: &impl DevicePtr<A>,
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
-        k_cache: &impl DevicePtr<bf16>,
-        v_cache: &impl DevicePtr<bf16>,
+        k_cache: &impl DevicePtr<A>,
+        v_cache: &impl DevicePtr<A>,
         scale: f32,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
@@ -111,7 +121,7 @@ impl Kernels {
                 stream, qkv, geom, start_pos, kv, k_cache, v_cache, scale, out,
             );
         };
-        let kn = mma.name;
+        let kn = mma.entry::<A>();
         let args = PrefillArgs::check(kn, qkv, geom, start_pos, kv, k_cache, v_cache, out, None)?;
         let f = self.func(kn)?;
         let smem = mma.smem_bytes();
@@ -138,21 +148,21 @@ impl Kernels {
     /// Slower; kept for head dims without a tensor-core kernel and as a
     /// second implementation the tests compare against.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill_simt(
+    pub fn attention_prefill_simt<A: Act16>(
         &self,
         stream: &CudaStream,
-        qkv: &impl DevicePtr<bf16>,
+        qkv: &impl DevicePtr<A>,
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
-        k_cache: &impl DevicePtr<bf16>,
-        v_cache: &impl DevicePtr<bf16>,
+        k_cache: &impl DevicePtr<A>,
+        v_cache: &impl DevicePtr<A>,
         scale: f32,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
-        const K: &str = "attn_prefill_simt";
-        let args = PrefillArgs::check(K, qkv, geom, start_pos, kv, k_cache, v_cache, out, None)?;
-        let f = self.func(K)?;
+        let kn = by_act::<A>("attn_prefill_simt", "attn_prefill_simt_f16");
+        let args = PrefillArgs::check(kn, qkv, geom, start_pos, kv, k_cache, v_cache, out, None)?;
+        let f = self.func(kn)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
@@ -169,7 +179,7 @@ impl Kernels {
             .arg(&sl2)
             .arg(&d);
         // One warp per query row, 4 rows per block.
-        submit(K, b, cfg((args.t.div_ceil(4), args.nq, 1), 128, 0))
+        submit(kn, b, cfg((args.t.div_ceil(4), args.nq, 1), 128, 0))
     }
 
     /// Attention of one new token (decode) against keys `0..=pos`, where
@@ -187,24 +197,24 @@ impl Kernels {
     /// (the launch shape never depends on the position, so it can be
     /// graph-captured); with `StartPos::Host` from the actual length.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_decode(
+    pub fn attention_decode<A: Act16>(
         &self,
         stream: &CudaStream,
-        qkv: &impl DevicePtr<bf16>,
+        qkv: &impl DevicePtr<A>,
         geom: QkvGeom,
         start: StartPos<'_>,
         kv: KvGeom,
-        k_cache: &impl DevicePtr<bf16>,
-        v_cache: &impl DevicePtr<bf16>,
+        k_cache: &impl DevicePtr<A>,
+        v_cache: &impl DevicePtr<A>,
         scale: f32,
         workspace: &mut impl DevicePtrMut<f32>,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
-        const K: &str = "attn_decode_split";
-        check_decode(K, qkv, geom, kv, k_cache, v_cache, workspace, out)?;
+        let kn = by_act::<A>("attn_decode_split", "attn_decode_split_f16");
+        check_decode(kn, qkv, geom, kv, k_cache, v_cache, workspace, out)?;
         let span = match start {
             StartPos::Host(p) => {
-                ensure(K, (p as usize) < kv.capacity, || {
+                ensure(kn, (p as usize) < kv.capacity, || {
                     format!("position {p} is outside the KV capacity {}", kv.capacity)
                 })?;
                 p as usize + 1
@@ -224,7 +234,7 @@ impl Kernels {
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
         let (wp, _g4) = workspace.device_ptr_mut(stream);
-        let f = self.func(K)?;
+        let f = self.func(kn)?;
         let mut b = builder(stream, f);
         b.arg(&qp)
             .arg(&kp)
@@ -233,7 +243,7 @@ impl Kernels {
             .arg(&pos_ptr)
             .arg(&pos_base);
         b.arg(&nq).arg(&nkv).arg(&d).arg(&cap).arg(&chunk).arg(&sl2);
-        submit(K, b, cfg((splits, nkv, 1), 128, 0))?;
+        submit(kn, b, cfg((splits, nkv, 1), 128, 0))?;
 
         const C: &str = "attn_decode_combine";
         let (op, _g5) = out.device_ptr_mut(stream);
@@ -253,13 +263,13 @@ impl Kernels {
 
 /// Shapes and buffer lengths of a decode launch (both variants).
 #[allow(clippy::too_many_arguments)]
-fn check_decode(
+fn check_decode<A: Act16>(
     k: &'static str,
-    qkv: &impl DeviceSlice<bf16>,
+    qkv: &impl DeviceSlice<A>,
     geom: QkvGeom,
     kv: KvGeom,
-    k_cache: &impl DeviceSlice<bf16>,
-    v_cache: &impl DeviceSlice<bf16>,
+    k_cache: &impl DeviceSlice<A>,
+    v_cache: &impl DeviceSlice<A>,
     workspace: &impl DeviceSlice<f32>,
     out: &impl DeviceSlice<bf16>,
 ) -> Result<()> {
@@ -319,14 +329,14 @@ struct PrefillArgs {
 
 impl PrefillArgs {
     #[allow(clippy::too_many_arguments)]
-    fn check(
+    fn check<A: Act16>(
         k: &'static str,
-        qkv: &impl DevicePtr<bf16>,
+        qkv: &impl DevicePtr<A>,
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
-        k_cache: &impl DevicePtr<bf16>,
-        v_cache: &impl DevicePtr<bf16>,
+        k_cache: &impl DevicePtr<A>,
+        v_cache: &impl DevicePtr<A>,
         out: &impl DeviceSlice<bf16>,
         window: Option<usize>,
     ) -> Result<Self> {

@@ -4,7 +4,9 @@
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::launch::{Elem, builder, by_elem, cfg, check_len, dim_u32, ensure, submit};
+use crate::launch::{
+    Act16, Elem, builder, by_act, by_elem, cfg, check_len, dim_u32, ensure, submit,
+};
 use crate::{Kernels, Result};
 
 const THREADS: u32 = 256;
@@ -151,13 +153,40 @@ impl Kernels {
         cols: usize,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
-        const K: &str = "bias_cast_f32_to_bf16";
-        check_len(K, "x", x.len(), rows * cols)?;
-        check_len(K, "bias", bias.len(), cols)?;
-        check_len(K, "out", out.len(), rows * cols)?;
-        let (r, c) = (dim_u32(K, "rows", rows)?, dim_u32(K, "cols", cols)?);
-        dim_u32(K, "rows * cols", rows * cols)?;
-        let f = self.func(K)?;
+        self.bias_cast(stream, x, bias, rows, cols, out)
+    }
+
+    /// [`Kernels::bias_cast_f32_to_bf16`] rounding to f16
+    /// (`bias_cast_f32_to_f16`): the biased q/k/v of an FP16 attention
+    /// block. `out`: f16 `[rows, cols]`.
+    pub fn bias_cast_f32_to_f16(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        bias: &impl DevicePtr<f32>,
+        rows: usize,
+        cols: usize,
+        out: &mut impl DevicePtrMut<half::f16>,
+    ) -> Result<()> {
+        self.bias_cast(stream, x, bias, rows, cols, out)
+    }
+
+    fn bias_cast<A: Act16>(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        bias: &impl DevicePtr<f32>,
+        rows: usize,
+        cols: usize,
+        out: &mut impl DevicePtrMut<A>,
+    ) -> Result<()> {
+        let kn = by_act::<A>("bias_cast_f32_to_bf16", "bias_cast_f32_to_f16");
+        check_len(kn, "x", x.len(), rows * cols)?;
+        check_len(kn, "bias", bias.len(), cols)?;
+        check_len(kn, "out", out.len(), rows * cols)?;
+        let (r, c) = (dim_u32(kn, "rows", rows)?, dim_u32(kn, "cols", cols)?);
+        dim_u32(kn, "rows * cols", rows * cols)?;
+        let f = self.func(kn)?;
         let (xp, _g1) = x.device_ptr(stream);
         let (bp, _g2) = bias.device_ptr(stream);
         let (op, _g3) = out.device_ptr_mut(stream);
@@ -165,7 +194,7 @@ impl Kernels {
         b.arg(&xp).arg(&bp).arg(&op).arg(&r).arg(&c);
         // x: column blocks of a row; y: rows (strided past 65535).
         let gx = cols.div_ceil(THREADS as usize).clamp(1, 64) as u32;
-        submit(K, b, cfg((gx, r.clamp(1, 65535), 1), THREADS, 0))
+        submit(kn, b, cfg((gx, r.clamp(1, 65535), 1), THREADS, 0))
     }
 
     /// SwiGLU over a fused gate/up GEMM output:

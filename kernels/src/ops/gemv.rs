@@ -17,10 +17,10 @@
 use std::ffi::c_void;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use half::bf16;
+use half::{bf16, f16};
 
 use crate::launch::{
-    Elem, allow_smem, builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit,
+    Act16, Elem, allow_smem, builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit,
 };
 use crate::{Kernels, Result};
 
@@ -50,6 +50,20 @@ const PLAIN: [[&str; 4]; 2] = [
         "gemv_bf16_r1_m2",
         "gemv_bf16_r1_m4",
         "gemv_bf16_r1_m8",
+    ],
+];
+const NORM_F16: [[&str; 4]; 2] = [
+    [
+        "gemv_rmsnorm_f16_r2_m1",
+        "gemv_rmsnorm_f16_r2_m2",
+        "gemv_rmsnorm_f16_r2_m4",
+        "gemv_rmsnorm_f16_r2_m8",
+    ],
+    [
+        "gemv_rmsnorm_f16_r1_m1",
+        "gemv_rmsnorm_f16_r1_m2",
+        "gemv_rmsnorm_f16_r1_m4",
+        "gemv_rmsnorm_f16_r1_m8",
     ],
 ];
 const NORM: [[&str; 4]; 2] = [
@@ -242,6 +256,56 @@ impl Kernels {
         y: &mut impl DevicePtrMut<O>,
     ) -> Result<()> {
         let kn = entry(&NORM, m, k);
+        self.gemv_rmsnorm(
+            kn, stream, residual, norm_w, eps, w, m, n, k, accumulate, normed, y,
+        )
+    }
+
+    /// [`Kernels::gemv_rmsnorm_bf16`] with an f16 weight, the normed row
+    /// rounded to f16 (bit-identical to [`Kernels::rmsnorm_f32_to_f16`]'s
+    /// output) and an f32 `y` (`gemv_rmsnorm_f16_*`): the decode QKV
+    /// projection of an FP16 attention block (`Act16`), matching the
+    /// prefill path's f16 x f16 GEMM with f32 accumulation.
+    ///
+    /// - `w`: f16 `[n, k]`; `normed`: f16 `[m, k]`; `y`: f32 `[m, n]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_rmsnorm_f16(
+        &self,
+        stream: &CudaStream,
+        residual: &impl DevicePtr<f32>,
+        norm_w: &impl DevicePtr<bf16>,
+        eps: f32,
+        w: &impl DevicePtr<f16>,
+        m: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+        normed: &mut impl DevicePtrMut<f16>,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let kn = entry(&NORM_F16, m, k);
+        self.gemv_rmsnorm(
+            kn, stream, residual, norm_w, eps, w, m, n, k, accumulate, normed, y,
+        )
+    }
+
+    /// The launch of both norm GEMVs: `A` is the format of `w` and `normed`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_rmsnorm<A: Act16, O: Elem>(
+        &self,
+        kn: &'static str,
+        stream: &CudaStream,
+        residual: &impl DevicePtr<f32>,
+        norm_w: &impl DevicePtr<bf16>,
+        eps: f32,
+        w: &impl DevicePtr<A>,
+        m: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+        normed: &mut impl DevicePtrMut<A>,
+        y: &mut impl DevicePtrMut<O>,
+    ) -> Result<()> {
         if !check_dims::<O>(kn, m, n, k, accumulate)? {
             return Ok(());
         }
@@ -308,7 +372,8 @@ mod tests {
         assert_eq!(entry(&PLAIN, 3, 8), "gemv_bf16_r2_m4");
         assert_eq!(entry(&PLAIN, 5, 2056), "gemv_bf16_r1_m8");
         assert_eq!(entry(&NORM, 2, 4096), "gemv_rmsnorm_bf16_r1_m2");
-        for names in [PLAIN, NORM] {
+        assert_eq!(entry(&NORM_F16, 1, 2880), "gemv_rmsnorm_f16_r1_m1");
+        for names in [PLAIN, NORM, NORM_F16] {
             for row in names {
                 for name in row {
                     assert!(

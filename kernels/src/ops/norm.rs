@@ -51,6 +51,39 @@ impl Kernels {
         submit(k, b, cfg((r, 1, 1), THREADS, 0))
     }
 
+    /// [`Kernels::rmsnorm`] of an f32 `x` with the output rounded once to
+    /// f16 (`rmsnorm_f32_to_f16`): the QKV projection input of an FP16
+    /// attention block (`Act16`). The same arithmetic, so the f32 value
+    /// before the rounding is bit-identical to the bf16 kernel's.
+    ///
+    /// - `x`: f32 `[rows, hidden]`; `weight`: bf16 `[hidden]`; `out`: f16
+    ///   `[rows, hidden]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_f32_to_f16(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<f32>,
+        weight: &impl DevicePtr<bf16>,
+        rows: usize,
+        hidden: usize,
+        eps: f32,
+        out: &mut impl DevicePtrMut<half::f16>,
+    ) -> Result<()> {
+        const K: &str = "rmsnorm_f32_to_f16";
+        check_hidden(K, hidden)?;
+        check_len(K, "x", x.len(), rows * hidden)?;
+        check_len(K, "weight", weight.len(), hidden)?;
+        check_len(K, "out", out.len(), rows * hidden)?;
+        let (r, h) = (dim_u32(K, "rows", rows)?, dim_u32(K, "hidden", hidden)?);
+        let f = self.func(K)?;
+        let (xp, _g1) = x.device_ptr(stream);
+        let (wp, _g2) = weight.device_ptr(stream);
+        let (op, _g3) = out.device_ptr_mut(stream);
+        let mut b = builder(stream, f);
+        b.arg(&xp).arg(&wp).arg(&op).arg(&r).arg(&h).arg(&eps);
+        submit(K, b, cfg((r, 1, 1), THREADS, 0))
+    }
+
     /// Fused residual add + RMSNorm:
     /// `residual[r, :] += f32(delta[r, :])`, then
     /// `out[r, :] = rmsnorm(residual[r, :]) * w` as in [`Kernels::rmsnorm`].

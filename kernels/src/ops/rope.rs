@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg, SyncOnDrop};
 use half::bf16;
 
-use crate::launch::{builder, cfg, check_len, dim_u32, ensure, shape_err, submit};
+use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, shape_err, submit};
 use crate::{Kernels, Result};
 
 /// Shape of the fused QKV projection output, bf16 `[n_tokens, row_stride]`
@@ -169,30 +169,30 @@ impl Kernels {
     ///   `krasis_model::layers::rope::inv_freq`, which also gives `scale`
     ///   (YaRN's attention factor, 1 for default RoPE).
     #[allow(clippy::too_many_arguments)]
-    pub fn rope_table(
+    pub fn rope_table<A: Act16>(
         &self,
         stream: &CudaStream,
-        qkv: &mut impl DevicePtrMut<bf16>,
+        qkv: &mut impl DevicePtrMut<A>,
         geom: QkvGeom,
         start: StartPos<'_>,
         inv_freq: &impl DevicePtr<f32>,
         scale: f32,
     ) -> Result<()> {
-        const K: &str = "rope_table_bf16";
-        geom.validate(K)?;
-        ensure(K, scale > 0.0 && scale.is_finite(), || {
+        let kn = by_act::<A>("rope_table_bf16", "rope_table_f16");
+        geom.validate(kn)?;
+        ensure(kn, scale > 0.0 && scale.is_finite(), || {
             format!("rope scale = {scale} must be positive and finite")
         })?;
-        check_len(K, "qkv", qkv.len(), geom.len())?;
-        check_len(K, "inv_freq", inv_freq.len(), geom.head_dim / 2)?;
+        check_len(kn, "qkv", qkv.len(), geom.len())?;
+        check_len(kn, "inv_freq", inv_freq.len(), geom.head_dim / 2)?;
         let heads = (geom.n_q_heads + geom.n_kv_heads) as u32;
         let (t, nq, nkv, d) = (
-            dim_u32(K, "n_tokens", geom.n_tokens)?,
+            dim_u32(kn, "n_tokens", geom.n_tokens)?,
             geom.n_q_heads as u32,
             geom.n_kv_heads as u32,
             geom.head_dim as u32,
         );
-        let f = self.func(K)?;
+        let f = self.func(kn)?;
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr_mut(stream);
         let (fp, _g2) = inv_freq.device_ptr(stream);
@@ -200,23 +200,24 @@ impl Kernels {
         b.arg(&qp).arg(&fp).arg(&scale).arg(&pos_ptr).arg(&pos_base);
         b.arg(&t).arg(&nq).arg(&nkv).arg(&d);
         // x = token, y = group of 4 heads (one warp each).
-        submit(K, b, cfg((t, heads.div_ceil(4), 1), 128, 0))
+        submit(kn, b, cfg((t, heads.div_ceil(4), 1), 128, 0))
     }
 
     /// Copy the k and v heads of `qkv` (after [`Kernels::qk_norm_rope`]) into
     /// the layer's caches at positions `start + t`. With `StartPos::Host`
     /// the host checks `start + n_tokens <= capacity`.
     #[allow(clippy::too_many_arguments)]
-    pub fn kv_append(
+    pub fn kv_append<A: Act16>(
         &self,
         stream: &CudaStream,
-        qkv: &impl DevicePtr<bf16>,
+        qkv: &impl DevicePtr<A>,
         geom: QkvGeom,
         start: StartPos<'_>,
         kv: KvGeom,
-        k_cache: &mut impl DevicePtrMut<bf16>,
-        v_cache: &mut impl DevicePtrMut<bf16>,
+        k_cache: &mut impl DevicePtrMut<A>,
+        v_cache: &mut impl DevicePtrMut<A>,
     ) -> Result<()> {
+        // Copies 16-bit patterns: one entry point for both formats.
         const K: &str = "kv_append_bf16";
         geom.validate(K)?;
         kv.validate(K, &geom)?;

@@ -1,16 +1,16 @@
-use half::bf16;
-
+use crate::launch::Act16;
 use crate::ops::rope::{KvGeom, QkvGeom};
 
 /// Exact (f64) causal GQA attention: query `t` at position `start_pos + t`
 /// attends keys `0..=start_pos + t`. Returns f32 `[n_tokens, n_q * d]`.
-pub fn attention(
-    qkv: &[bf16],
+/// q, K and V in either 16-bit format (`Act16`), widened exactly.
+pub fn attention<A: Act16>(
+    qkv: &[A],
     geom: QkvGeom,
     start_pos: usize,
     kv: KvGeom,
-    k_cache: &[bf16],
-    v_cache: &[bf16],
+    k_cache: &[A],
+    v_cache: &[A],
     scale: f32,
 ) -> Vec<f32> {
     // With every position below the capacity, ring rows are linear rows.
@@ -24,13 +24,13 @@ pub fn attention(
 /// `h`'s softmax (max and denominator) with no value, as transformers does.
 /// Returns f32 `[n_tokens, n_q * d]`.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_ring(
-    qkv: &[bf16],
+pub fn attention_ring<A: Act16>(
+    qkv: &[A],
     geom: QkvGeom,
     start_pos: usize,
     kv: KvGeom,
-    k_cache: &[bf16],
-    v_cache: &[bf16],
+    k_cache: &[A],
+    v_cache: &[A],
     scale: f32,
     sinks: Option<&[f32]>,
     window: usize,
@@ -85,13 +85,13 @@ pub fn attention_ring(
 
 /// Copy k/v heads of token `t` into the ring caches at row
 /// `(start_pos + t) % capacity` (`kv_append_ring_bf16`).
-pub fn kv_append_ring(
-    qkv: &[bf16],
+pub fn kv_append_ring<A: Act16>(
+    qkv: &[A],
     geom: QkvGeom,
     start_pos: usize,
     kv: KvGeom,
-    k_cache: &mut [bf16],
-    v_cache: &mut [bf16],
+    k_cache: &mut [A],
+    v_cache: &mut [A],
 ) {
     let d = geom.head_dim;
     for t in 0..geom.n_tokens {

@@ -1,5 +1,6 @@
 use half::bf16;
 
+use crate::launch::Act16;
 use crate::ops::rope::{KvGeom, QkvGeom};
 
 pub fn to_f32(x: &[bf16]) -> Vec<f32> {
@@ -30,6 +31,11 @@ pub fn embed(table: &[bf16], hidden: usize, ids: &[u32]) -> Vec<f32> {
 
 /// Per row: `bf16(x * (1/sqrt(mean(x^2) + eps)) * w)`, f64 statistics.
 pub fn rmsnorm(x: &[f32], w: &[bf16], hidden: usize, eps: f32) -> Vec<bf16> {
+    rmsnorm_as(x, w, hidden, eps)
+}
+
+/// [`rmsnorm`] rounded to `A` (f16: `rmsnorm_f32_to_f16`).
+pub fn rmsnorm_as<A: Act16>(x: &[f32], w: &[bf16], hidden: usize, eps: f32) -> Vec<A> {
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(hidden) {
         let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
@@ -37,7 +43,7 @@ pub fn rmsnorm(x: &[f32], w: &[bf16], hidden: usize, eps: f32) -> Vec<bf16> {
         out.extend(
             row.iter()
                 .zip(w)
-                .map(|(&v, &wi)| bf16::from_f64(v as f64 * inv * wi.to_f64())),
+                .map(|(&v, &wi)| A::from_f64(v as f64 * inv * wi.to_f64())),
         );
     }
     out
@@ -60,8 +66,13 @@ pub fn add_rmsnorm(
 /// `bf16(x[r, c] + bias[c])` per row of `bias.len()` columns: one rounding
 /// of the f32 sum.
 pub fn bias_cast(x: &[f32], bias: &[f32]) -> Vec<bf16> {
+    bias_cast_as(x, bias)
+}
+
+/// [`bias_cast`] rounded to `A` (f16: `bias_cast_f32_to_f16`).
+pub fn bias_cast_as<A: Act16>(x: &[f32], bias: &[f32]) -> Vec<A> {
     x.chunks(bias.len())
-        .flat_map(|row| row.iter().zip(bias).map(|(v, b)| bf16::from_f32(v + b)))
+        .flat_map(|row| row.iter().zip(bias).map(|(v, b)| A::from_f32(v + b)))
         .collect()
 }
 
@@ -115,8 +126,14 @@ pub fn qk_norm_rope(
 /// table: the reference engine's arithmetic (`krasis_model::layers::rope`):
 /// angle `f32(pos) * inv_freq[i]`, `c = cos(angle) * scale`,
 /// `s = sin(angle) * scale` in f32, each product and difference rounded
-/// to f32, one rounding to bf16.
-pub fn rope_table(qkv: &mut [bf16], geom: QkvGeom, start_pos: u32, inv_freq: &[f32], scale: f32) {
+/// to f32, one rounding to bf16 (to f16 for an f16 `qkv`: `rope_table_f16`).
+pub fn rope_table<A: Act16>(
+    qkv: &mut [A],
+    geom: QkvGeom,
+    start_pos: u32,
+    inv_freq: &[f32],
+    scale: f32,
+) {
     let d = geom.head_dim;
     let half = d / 2;
     assert_eq!(inv_freq.len(), half, "rope_table: inv_freq length");
@@ -128,21 +145,21 @@ pub fn rope_table(qkv: &mut [bf16], geom: QkvGeom, start_pos: u32, inv_freq: &[f
                 let angle = pos * f;
                 let (c, s) = (angle.cos() * scale, angle.sin() * scale);
                 let (a, b) = (x[i].to_f32(), x[i + half].to_f32());
-                x[i] = bf16::from_f32(a * c - b * s);
-                x[i + half] = bf16::from_f32(b * c + a * s);
+                x[i] = A::from_f32(a * c - b * s);
+                x[i + half] = A::from_f32(b * c + a * s);
             }
         }
     }
 }
 
 /// Copy k/v heads of token `t` into the caches at `start_pos + t`.
-pub fn kv_append(
-    qkv: &[bf16],
+pub fn kv_append<A: Act16>(
+    qkv: &[A],
     geom: QkvGeom,
     start_pos: u32,
     kv: KvGeom,
-    k_cache: &mut [bf16],
-    v_cache: &mut [bf16],
+    k_cache: &mut [A],
+    v_cache: &mut [A],
 ) {
     let d = geom.head_dim;
     for t in 0..geom.n_tokens {

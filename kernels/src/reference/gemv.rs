@@ -1,6 +1,7 @@
 use half::bf16;
 
-use super::basic::rmsnorm;
+use super::basic::rmsnorm_as;
+use crate::launch::Act16;
 
 /// `y[t, j] = y0[t, j] + sum_i x[t, i] * w[j, i]` (row-major `x` `[m, k]`,
 /// `w` `[n, k]`, `y0` `[m, n]` or zeros), summed in f64 and rounded once
@@ -38,7 +39,23 @@ pub fn gemv_rmsnorm(
     k: usize,
     y0: Option<&[f32]>,
 ) -> (Vec<bf16>, Vec<f32>) {
-    let normed = rmsnorm(&residual[..m * k], norm_w, k, eps);
+    gemv_rmsnorm_as(residual, norm_w, eps, w, m, n, k, y0)
+}
+
+/// [`gemv_rmsnorm`] with the normed vector rounded to `A` (f16:
+/// `gemv_rmsnorm_f16`, whose weight `w` the caller widens from f16).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_rmsnorm_as<A: Act16>(
+    residual: &[f32],
+    norm_w: &[bf16],
+    eps: f32,
+    w: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    y0: Option<&[f32]>,
+) -> (Vec<A>, Vec<f32>) {
+    let normed = rmsnorm_as::<A>(&residual[..m * k], norm_w, k, eps);
     let x: Vec<f32> = normed.iter().map(|v| v.to_f32()).collect();
     let y = gemv(&x, w, m, n, k, y0);
     (normed, y)

@@ -14,10 +14,10 @@ mod sampling;
 
 pub use attention::{attention, attention_ring, kv_append_ring};
 pub use basic::{
-    add_rmsnorm, bias_cast, embed, kv_append, qk_norm_rope, rmsnorm, rope_table, swiglu, to_bf16,
-    to_f32,
+    add_rmsnorm, bias_cast, bias_cast_as, embed, kv_append, qk_norm_rope, rmsnorm, rmsnorm_as,
+    rope_table, swiglu, to_bf16, to_f32,
 };
-pub use gemv::{gemv, gemv_rmsnorm};
+pub use gemv::{gemv, gemv_rmsnorm, gemv_rmsnorm_as};
 pub use int4::{dequant_rows, expert_forward, quantize_rows, write_expert};
 pub use moe::{moe_combine, moe_group, router_topk, router_topk_with};
 pub use mxfp4::{

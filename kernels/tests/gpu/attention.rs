@@ -1,5 +1,5 @@
-use half::bf16;
-use krasis_kernels::{KvGeom, QkvGeom, StartPos, decode_workspace_len, reference as cpu};
+use half::{bf16, f16};
+use krasis_kernels::{Act16, KvGeom, QkvGeom, StartPos, decode_workspace_len, reference as cpu};
 
 use crate::common::*;
 
@@ -7,28 +7,33 @@ mod ring;
 
 /// Random cache contents for positions `0..start`, plus random QKV for the
 /// new tokens appended at `start..start + n_tokens`.
-struct Case {
+struct Case<A> {
     kv: KvGeom,
     start: usize,
-    qkv: Vec<bf16>,
-    kc: Vec<bf16>,
-    vc: Vec<bf16>,
+    qkv: Vec<A>,
+    kc: Vec<A>,
+    vc: Vec<A>,
 }
 
-fn case(rng: &mut rand::rngs::StdRng, geom: QkvGeom, start: usize, capacity: usize) -> Case {
+fn case<A: Act16>(
+    rng: &mut rand::rngs::StdRng,
+    geom: QkvGeom,
+    start: usize,
+    capacity: usize,
+) -> Case<A> {
     let kv = KvGeom {
         n_kv_heads: geom.n_kv_heads,
         head_dim: geom.head_dim,
         capacity,
     };
-    let qkv = randn_bf16(rng, geom.len(), 1.0);
-    let mut kc = vec![bf16::NAN; kv.len()];
-    let mut vc = vec![bf16::NAN; kv.len()];
+    let qkv = randn_act::<A>(rng, geom.len(), 1.0);
+    let mut kc = vec![A::from_f32(f32::NAN); kv.len()];
+    let mut vc = vec![A::from_f32(f32::NAN); kv.len()];
     let d = geom.head_dim;
     for h in 0..kv.n_kv_heads {
         let base = h * capacity * d;
-        let k = randn_bf16(rng, start * d, 1.0);
-        let v = randn_bf16(rng, start * d, 1.0);
+        let k = randn_act::<A>(rng, start * d, 1.0);
+        let v = randn_act::<A>(rng, start * d, 1.0);
         kc[base..base + start * d].copy_from_slice(&k);
         vc[base..base + start * d].copy_from_slice(&v);
     }
@@ -44,7 +49,12 @@ fn case(rng: &mut rand::rngs::StdRng, geom: QkvGeom, start: usize, capacity: usi
 
 /// Reference output rows `rows` of a prefill (the cache already holds every
 /// position, so a window of queries is a prefill of its own at a later start).
-fn reference_rows(c: &Case, geom: QkvGeom, rows: std::ops::Range<usize>, scale: f32) -> Vec<f32> {
+fn reference_rows<A: Act16>(
+    c: &Case<A>,
+    geom: QkvGeom,
+    rows: std::ops::Range<usize>,
+    scale: f32,
+) -> Vec<f32> {
     let rs = geom.row_stride();
     let g = QkvGeom {
         n_tokens: rows.len(),
@@ -62,7 +72,17 @@ fn reference_rows(c: &Case, geom: QkvGeom, rows: std::ops::Range<usize>, scale: 
 /// for bit (fixed reduction order).
 #[test]
 fn attention_prefill_matches_reference() {
-    let name = "attention_prefill_matches_reference";
+    prefill_matches_reference::<bf16>("attention_prefill_matches_reference");
+}
+
+/// The FP16 entry points (`_f16`: f16 q/K/V, f16 MMAs and P) on the same
+/// cases (every head dim of the bf16 kernels).
+#[test]
+fn attention_prefill_f16_matches_reference() {
+    prefill_matches_reference::<f16>("attention_prefill_f16_matches_reference");
+}
+
+fn prefill_matches_reference<A: Act16>(name: &str) {
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
     // (head_dim, n_tokens, start, n_q_heads, n_kv_heads)
@@ -89,8 +109,8 @@ fn attention_prefill_matches_reference() {
             n_kv_heads: nkv,
             head_dim: d,
         };
-        let what = format!("d={d} T={t} start={start} nq={nq} nkv={nkv}");
-        let c = case(&mut rng, geom, start, start + t + 13);
+        let what = format!("d={d} T={t} start={start} nq={nq} nkv={nkv} f16={}", A::F16);
+        let c = case::<A>(&mut rng, geom, start, start + t + 13);
         let scale = 1.0 / (d as f32).sqrt();
         let (q, k, v) = (up(&s, &c.qkv), up(&s, &c.kc), up(&s, &c.vc));
         let n = t * nq * d;
@@ -153,7 +173,16 @@ fn attention_prefill_matches_reference() {
 
 #[test]
 fn attention_decode_matches_reference() {
-    let name = "attention_decode_matches_reference";
+    decode_matches_reference::<bf16>("attention_decode_matches_reference");
+}
+
+/// The FP16 split kernel (`attn_decode_split_f16`) on the same cases.
+#[test]
+fn attention_decode_f16_matches_reference() {
+    decode_matches_reference::<f16>("attention_decode_f16_matches_reference");
+}
+
+fn decode_matches_reference<A: Act16>(name: &str) {
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
     let cases = [
@@ -179,7 +208,7 @@ fn attention_decode_matches_reference() {
             n_kv_heads: nkv,
             head_dim: d,
         };
-        let c = case(&mut rng, geom, pos, capacity);
+        let c = case::<A>(&mut rng, geom, pos, capacity);
         let scale = 0.088;
         let want = cpu::attention(&c.qkv, geom, pos, c.kv, &c.kc, &c.vc, scale);
         let (q, k, v) = (up(&s, &c.qkv), up(&s, &c.kc), up(&s, &c.vc));
@@ -195,7 +224,10 @@ fn attention_decode_matches_reference() {
             .attention_decode(&s, &q, geom, sp, c.kv, &k, &v, scale, &mut ws, &mut out)
             .unwrap();
         assert_close(
-            &format!("decode pos={pos} device={device_pos} nq={nq} nkv={nkv} d={d}"),
+            &format!(
+                "decode pos={pos} device={device_pos} nq={nq} nkv={nkv} d={d} f16={}",
+                A::F16
+            ),
             &f32s(&down(&s, &out)),
             &want,
             5e-3,

@@ -77,7 +77,12 @@ pub fn randn(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
 }
 
 pub fn randn_bf16(rng: &mut StdRng, n: usize, std: f32) -> Vec<bf16> {
-    randn(rng, n, std).into_iter().map(bf16::from_f32).collect()
+    randn_act(rng, n, std)
+}
+
+/// [`randn`] rounded to an attention activation format (bf16 or f16).
+pub fn randn_act<A: krasis_kernels::Act16>(rng: &mut StdRng, n: usize, std: f32) -> Vec<A> {
+    randn(rng, n, std).into_iter().map(A::from_f32).collect()
 }
 
 pub fn up<T: DeviceRepr>(s: &Arc<CudaStream>, x: &[T]) -> CudaSlice<T> {

@@ -5,6 +5,7 @@
 mod attention;
 mod common;
 mod elementwise;
+mod fp16;
 mod gemv;
 mod int4;
 mod moe;

@@ -26,7 +26,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelA
 use half::bf16;
 
 use super::{PREFILL_BLOCK_M, PrefillArgs, PrefillMma, check_decode, log2_scale};
-use crate::launch::{builder, cfg, check_len, dim_u32, ensure, shape_err, submit};
+use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, shape_err, submit};
 use crate::ops::rope::{KvGeom, QkvGeom, StartPos};
 use crate::{Kernels, Result};
 
@@ -72,12 +72,14 @@ const PREFILL_MMA_RING: &[PrefillMma] = &[
     PrefillMma {
         head_dim: 64,
         name: "attn_prefill_mma_ring_d64",
+        name_f16: "attn_prefill_mma_ring_d64_f16",
         block_n: 64,
         q_in_smem: false,
     },
     PrefillMma {
         head_dim: 128,
         name: "attn_prefill_mma_ring_d128",
+        name_f16: "attn_prefill_mma_ring_d128_f16",
         block_n: 64,
         q_in_smem: false,
     },
@@ -101,16 +103,17 @@ impl Kernels {
     /// `(start + t) % capacity`. Any position is valid; a chunk may not be
     /// longer than the ring (it would overwrite its own keys).
     #[allow(clippy::too_many_arguments)]
-    pub fn kv_append_ring(
+    pub fn kv_append_ring<A: Act16>(
         &self,
         stream: &CudaStream,
-        qkv: &impl DevicePtr<bf16>,
+        qkv: &impl DevicePtr<A>,
         geom: QkvGeom,
         start: StartPos<'_>,
         kv: KvGeom,
-        k_cache: &mut impl DevicePtrMut<bf16>,
-        v_cache: &mut impl DevicePtrMut<bf16>,
+        k_cache: &mut impl DevicePtrMut<A>,
+        v_cache: &mut impl DevicePtrMut<A>,
     ) -> Result<()> {
+        // Copies 16-bit patterns: one entry point for both formats.
         const K: &str = "kv_append_ring_bf16";
         geom.validate(K)?;
         kv.validate(K, &geom)?;
@@ -150,15 +153,15 @@ impl Kernels {
     /// `start_pos + n_tokens <= capacity`. Head dims 64 and 128 use tensor
     /// cores; others [`Kernels::attention_prefill_simt_ring`].
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill_ring(
+    pub fn attention_prefill_ring<A: Act16>(
         &self,
         stream: &CudaStream,
-        qkv: &impl DevicePtr<bf16>,
+        qkv: &impl DevicePtr<A>,
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
-        k_cache: &impl DevicePtr<bf16>,
-        v_cache: &impl DevicePtr<bf16>,
+        k_cache: &impl DevicePtr<A>,
+        v_cache: &impl DevicePtr<A>,
         scale: f32,
         attn: RingAttn<'_>,
         out: &mut impl DevicePtrMut<bf16>,
@@ -171,7 +174,7 @@ impl Kernels {
                 stream, qkv, geom, start_pos, kv, k_cache, v_cache, scale, attn, out,
             );
         };
-        let kn = mma.name;
+        let kn = mma.entry::<A>();
         let args = PrefillArgs::check(
             kn,
             qkv,
@@ -211,22 +214,22 @@ impl Kernels {
     /// SIMT version of [`Kernels::attention_prefill_ring`] (any supported
     /// head dim); a second implementation for the tests.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill_simt_ring(
+    pub fn attention_prefill_simt_ring<A: Act16>(
         &self,
         stream: &CudaStream,
-        qkv: &impl DevicePtr<bf16>,
+        qkv: &impl DevicePtr<A>,
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
-        k_cache: &impl DevicePtr<bf16>,
-        v_cache: &impl DevicePtr<bf16>,
+        k_cache: &impl DevicePtr<A>,
+        v_cache: &impl DevicePtr<A>,
         scale: f32,
         attn: RingAttn<'_>,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
-        const K: &str = "attn_prefill_simt_ring";
+        let kn = by_act::<A>("attn_prefill_simt_ring", "attn_prefill_simt_ring_f16");
         let args = PrefillArgs::check(
-            K,
+            kn,
             qkv,
             geom,
             start_pos,
@@ -236,9 +239,9 @@ impl Kernels {
             out,
             Some(attn.window),
         )?;
-        attn.check_sinks(K, geom.n_q_heads)?;
-        let window = attn.window_u32(K)?;
-        let f = self.func(K)?;
+        attn.check_sinks(kn, geom.n_q_heads)?;
+        let window = attn.window_u32(kn)?;
+        let f = self.func(kn)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
@@ -257,7 +260,7 @@ impl Kernels {
             .arg(&d)
             .arg(&sp)
             .arg(&window);
-        submit(K, b, cfg((args.t.div_ceil(4), args.nq, 1), 128, 0))
+        submit(kn, b, cfg((args.t.div_ceil(4), args.nq, 1), 128, 0))
     }
 
     /// [`Kernels::attention_decode`] for a gpt-oss layer: the splits divide
@@ -268,34 +271,34 @@ impl Kernels {
     /// `pos < capacity` (a device position cannot be checked: past the
     /// capacity a full layer would read overwritten rows).
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_decode_ring(
+    pub fn attention_decode_ring<A: Act16>(
         &self,
         stream: &CudaStream,
-        qkv: &impl DevicePtr<bf16>,
+        qkv: &impl DevicePtr<A>,
         geom: QkvGeom,
         start: StartPos<'_>,
         kv: KvGeom,
-        k_cache: &impl DevicePtr<bf16>,
-        v_cache: &impl DevicePtr<bf16>,
+        k_cache: &impl DevicePtr<A>,
+        v_cache: &impl DevicePtr<A>,
         scale: f32,
         attn: RingAttn<'_>,
         workspace: &mut impl DevicePtrMut<f32>,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
-        const K: &str = "attn_decode_split_ring";
-        check_decode(K, qkv, geom, kv, k_cache, v_cache, workspace, out)?;
-        attn.check_sinks(K, geom.n_q_heads)?;
-        let window = attn.window_u32(K)?;
+        let kn = by_act::<A>("attn_decode_split_ring", "attn_decode_split_ring_f16");
+        check_decode(kn, qkv, geom, kv, k_cache, v_cache, workspace, out)?;
+        attn.check_sinks(kn, geom.n_q_heads)?;
+        let window = attn.window_u32(kn)?;
         let span = match (attn.window, start) {
             (0, StartPos::Host(p)) => {
-                ensure(K, (p as usize) < kv.capacity, || {
+                ensure(kn, (p as usize) < kv.capacity, || {
                     format!("position {p} is outside the KV capacity {}", kv.capacity)
                 })?;
                 p as usize + 1
             }
             (0, StartPos::Device(_)) => kv.capacity,
             (w, start) => {
-                check_window_fits(K, w, 1, kv.capacity)?;
+                check_window_fits(kn, w, 1, kv.capacity)?;
                 match start {
                     StartPos::Host(p) => (p as usize + 1).min(w),
                     StartPos::Device(_) => w,
@@ -303,7 +306,7 @@ impl Kernels {
             }
         };
         if span == 0 {
-            return Err(shape_err(K, "no keys to attend"));
+            return Err(shape_err(kn, "no keys to attend"));
         }
         let (splits, chunk) = self.decode_splits(&start, geom.n_kv_heads, span);
         let (nq, nkv, d, cap) = (
@@ -318,7 +321,7 @@ impl Kernels {
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
         let (wp, _g4) = workspace.device_ptr_mut(stream);
-        let f = self.func(K)?;
+        let f = self.func(kn)?;
         let mut b = builder(stream, f);
         b.arg(&qp)
             .arg(&kp)
@@ -333,7 +336,7 @@ impl Kernels {
             .arg(&chunk)
             .arg(&sl2)
             .arg(&window);
-        submit(K, b, cfg((splits, nkv, 1), 128, 0))?;
+        submit(kn, b, cfg((splits, nkv, 1), 128, 0))?;
 
         const C: &str = "attn_decode_combine_ring";
         let (op, _g5) = out.device_ptr_mut(stream);

@@ -2,9 +2,9 @@
 //! the CPU reference, driven like the engine drives a layer: chunks are
 //! appended to the ring, then attend; decode steps are chunks of one.
 
-use half::bf16;
+use half::{bf16, f16};
 use krasis_kernels::ops::attention::{RingAttn, ring_min_capacity};
-use krasis_kernels::{KvGeom, QkvGeom, StartPos, decode_workspace_len, reference as cpu};
+use krasis_kernels::{Act16, KvGeom, QkvGeom, StartPos, decode_workspace_len, reference as cpu};
 use rand::Rng;
 
 use crate::common::*;
@@ -45,13 +45,13 @@ fn sinks(rng: &mut rand::rngs::StdRng) -> Vec<f32> {
 /// The CPU side of one run: ring caches (NaN-poisoned where unwritten, so a
 /// kernel reading a row outside the live window shows up as NaN) and the
 /// QKV of each chunk.
-struct Mirror {
+struct Mirror<A = bf16> {
     kv: KvGeom,
-    kc: Vec<bf16>,
-    vc: Vec<bf16>,
+    kc: Vec<A>,
+    vc: Vec<A>,
 }
 
-impl Mirror {
+impl<A: Act16> Mirror<A> {
     fn new(d: usize, capacity: usize) -> Self {
         Self::with_heads(d, capacity, NKV)
     }
@@ -64,23 +64,16 @@ impl Mirror {
         };
         Mirror {
             kv,
-            kc: vec![bf16::NAN; kv.len()],
-            vc: vec![bf16::NAN; kv.len()],
+            kc: vec![A::from_f32(f32::NAN); kv.len()],
+            vc: vec![A::from_f32(f32::NAN); kv.len()],
         }
     }
 
-    fn append(&mut self, qkv: &[bf16], g: QkvGeom, start: usize) {
+    fn append(&mut self, qkv: &[A], g: QkvGeom, start: usize) {
         cpu::kv_append_ring(qkv, g, start, self.kv, &mut self.kc, &mut self.vc);
     }
 
-    fn want(
-        &self,
-        qkv: &[bf16],
-        g: QkvGeom,
-        start: usize,
-        s: Option<&[f32]>,
-        w: usize,
-    ) -> Vec<f32> {
+    fn want(&self, qkv: &[A], g: QkvGeom, start: usize, s: Option<&[f32]>, w: usize) -> Vec<f32> {
         let sc = scale(g.head_dim);
         cpu::attention_ring(qkv, g, start, self.kv, &self.kc, &self.vc, sc, s, w)
     }
@@ -99,8 +92,8 @@ fn ring_test_data_exposes_wrong_masks_and_sinks() {
     let d = 64;
     let s = sinks(&mut rng);
     let cap = ring_min_capacity(WINDOW, 200);
-    let mut m = Mirror::with_heads(d, cap, 1);
-    let mut lin = Mirror::with_heads(d, CHUNKS.iter().sum(), 1);
+    let mut m = Mirror::<bf16>::with_heads(d, cap, 1);
+    let mut lin = Mirror::<bf16>::with_heads(d, CHUNKS.iter().sum(), 1);
     let mut start = 0;
     let (mut want, mut wide, mut narrow, mut nosink, mut linear) =
         (vec![], vec![], vec![], vec![], vec![]);
@@ -147,7 +140,17 @@ fn ring_test_data_exposes_wrong_masks_and_sinks() {
 /// ring bit for bit (NaN poison included: nothing else is written).
 #[test]
 fn attention_ring_matches_reference() {
-    let name = "attention_ring_matches_reference";
+    ring_matches_reference::<bf16>("attention_ring_matches_reference");
+}
+
+/// The FP16 ring entry points (`_f16`) on the same runs: the path gpt-oss
+/// takes (`AttnFormat::F16`).
+#[test]
+fn attention_ring_f16_matches_reference() {
+    ring_matches_reference::<f16>("attention_ring_f16_matches_reference");
+}
+
+fn ring_matches_reference<A: Act16>(name: &str) {
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
     let total: usize = CHUNKS.iter().sum();
@@ -162,7 +165,10 @@ fn attention_ring_matches_reference() {
             (0, total),
         ] {
             for with_sinks in [true, false] {
-                let what = format!("d={d} window={window} cap={cap} sinks={with_sinks}");
+                let what = format!(
+                    "d={d} window={window} cap={cap} sinks={with_sinks} f16={}",
+                    A::F16
+                );
                 let sink_vals = sinks(&mut rng);
                 let sinks_host = with_sinks.then_some(&sink_vals[..]);
                 let sinks_dev = up(&s, &sink_vals);
@@ -170,14 +176,14 @@ fn attention_ring_matches_reference() {
                     sinks: with_sinks.then_some(&sinks_dev),
                     window,
                 };
-                run_layer(g, &s, &mut rng, &what, d, cap, attn, sinks_host);
+                run_layer::<A>(g, &s, &mut rng, &what, d, cap, attn, sinks_host);
             }
         }
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_layer(
+fn run_layer<A: Act16>(
     g: &Gpu,
     s: &std::sync::Arc<cudarc::driver::CudaStream>,
     rng: &mut rand::rngs::StdRng,
@@ -188,7 +194,7 @@ fn run_layer(
     sinks_host: Option<&[f32]>,
 ) {
     let k = &g.kernels;
-    let mut m = Mirror::new(d, cap);
+    let mut m = Mirror::<A>::new(d, cap);
     let mut kc = up(s, &m.kc);
     let mut vc = up(s, &m.vc);
     let mut ws = poison_f32(s, decode_workspace_len(NQ, d));
@@ -196,7 +202,7 @@ fn run_layer(
     let mut start = 0;
     for (i, &n) in CHUNKS.iter().enumerate() {
         let geo = geom(n, d);
-        let qkv = randn_bf16(rng, geo.len(), 1.0);
+        let qkv = randn_act::<A>(rng, geo.len(), 1.0);
         let q = up(s, &qkv);
         m.append(&qkv, geo, start);
         // Alternate host and device positions for the append.
@@ -209,8 +215,11 @@ fn run_layer(
         k.kv_append_ring(s, &q, geo, sp, m.kv, &mut kc, &mut vc)
             .unwrap();
         let (gk, gv) = (down(s, &kc), down(s, &vc));
-        let same =
-            |a: &[bf16], b: &[bf16]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        let same = |a: &[A], b: &[A]| {
+            a.iter()
+                .zip(b)
+                .all(|(x, y)| x.to_f32().to_bits() == y.to_f32().to_bits())
+        };
         assert!(
             same(&gk, &m.kc) && same(&gv, &m.vc),
             "{what} chunk {i} at {start}: device ring differs from the reference ring"
@@ -266,13 +275,22 @@ fn run_layer(
 /// window. Checks every step up to 300, then every 7th.
 #[test]
 fn attention_decode_ring_wraps() {
-    let name = "attention_decode_ring_wraps";
+    decode_ring_wraps::<bf16>("attention_decode_ring_wraps");
+}
+
+/// The same with the FP16 split kernel (`attn_decode_split_ring_f16`).
+#[test]
+fn attention_decode_ring_f16_wraps() {
+    decode_ring_wraps::<f16>("attention_decode_ring_f16_wraps");
+}
+
+fn decode_ring_wraps<A: Act16>(name: &str) {
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
     let k = &g.kernels;
     for d in [64usize, 128] {
         let cap = ring_min_capacity(WINDOW, 1);
-        let mut m = Mirror::new(d, cap);
+        let mut m = Mirror::<A>::new(d, cap);
         let (mut kc, mut vc) = (up(&s, &m.kc), up(&s, &m.vc));
         let mut ws = poison_f32(&s, decode_workspace_len(NQ, d));
         let sink_vals = sinks(&mut rng);
@@ -283,7 +301,7 @@ fn attention_decode_ring_wraps() {
         };
         let geo = geom(1, d);
         for pos in 0..650usize {
-            let qkv = randn_bf16(&mut rng, geo.len(), 1.0);
+            let qkv = randn_act::<A>(&mut rng, geo.len(), 1.0);
             let q = up(&s, &qkv);
             m.append(&qkv, geo, pos);
             let pos_buf = up(&s, &[pos as u32]);
@@ -323,7 +341,7 @@ fn attention_decode_ring_wraps() {
                 )
                 .unwrap();
                 assert_close(
-                    &format!("decode d={d} pos={pos} device={device}"),
+                    &format!("decode d={d} pos={pos} device={device} f16={}", A::F16),
                     &f32s(&down(&s, &out)),
                     &want,
                     5e-3,
