@@ -2,23 +2,71 @@
 //! each part (q/k/v and o biases, q/k norms or table RoPE, sinks, a sliding
 //! window) is launched only where the plan has it, so a plan without them
 //! runs exactly the kernels it ran before they existed.
+//!
+//! **Activation format** (`AttentionSpec::activations`, the one place it is
+//! decided; the CPU reference's emulation reads the same field): BF16, or
+//! FP16 (gpt_oss). The FP16 path stores the input RMSNorm's output, the
+//! fused QKV weight ([`QkvWeight::F16`]), q/k/v and the KV cache in FP16 and
+//! runs the `_f16` kernels (f16 MMAs, P in f16); the attention output stays
+//! BF16 for the BF16 o_proj. It keeps its FP16 values in the engine's
+//! 2-byte scratch and cache buffers ([`as_f16`]), so both paths have the
+//! same memory plan. The BF16 path launches what it launched before FP16
+//! existed, with the same arguments.
 
-use crate::blas::OutType;
+use crate::blas::{Gemm, InType, OutType};
 use crate::error::{GpuError, Result};
 use crate::forward::{Ctx, Positions};
 use crate::scratch::{KvCache, Scratch};
-use half::bf16;
-use krasis_kernels::StartPos;
+use crate::weights::QkvWeight;
+use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut};
+use half::{bf16, f16};
 use krasis_kernels::ops::attention::RingAttn;
+use krasis_kernels::{Act16, KvGeom, QkvGeom, StartPos};
 use krasis_model::arch::AttentionKind;
 
-/// Attention block of layer `l`: reads `scratch.normed`, adds the o_proj
-/// output (and its bias) into `scratch.residual`.
+/// `s`'s storage seen as FP16: the FP16 attention path keeps its normed
+/// input, q/k/v and KV cache in the engine's BF16-typed buffers (2 bytes per
+/// element either way), which no BF16 reader touches in between.
+pub(crate) fn as_f16(s: &mut CudaSlice<bf16>) -> CudaViewMut<'_, f16> {
+    let n = s.len();
+    // SAFETY: bf16 and f16 are both 2-byte plain-old-data types for which
+    // every bit pattern is a valid value; the view covers exactly the
+    // allocation's `n` elements.
+    unsafe { s.transmute_mut::<f16>(n) }.expect("a 2-byte view of a 2-byte buffer fits")
+}
+
+/// The input RMSNorm of layer `l`'s prefill into `scratch.normed`, rounded
+/// to the attention's format (decode folds it into the QKV GEMV).
+pub(crate) fn input_norm(cx: &Ctx<'_>, sc: &mut Scratch, l: usize, t: usize) -> Result<()> {
+    let (g, s, kn) = (cx.g, &cx.gpu.stream, cx.kn);
+    let (h, eps) = (g.hidden, g.rms_norm_eps);
+    let lw = &cx.w.layers[l];
+    match &lw.qkv {
+        QkvWeight::Bf16(_) => {
+            kn.rmsnorm::<f32>(s, &sc.residual, &lw.input_norm, t, h, eps, &mut sc.normed)?
+        }
+        QkvWeight::F16(_) => kn.rmsnorm_f32_to_f16(
+            s,
+            &sc.residual,
+            &lw.input_norm,
+            t,
+            h,
+            eps,
+            &mut as_f16(&mut sc.normed),
+        )?,
+    }
+    Ok(())
+}
+
+/// Attention block of layer `l`: reads `scratch.normed` (prefill; decode
+/// normalizes the residual itself), adds the o_proj output (and its bias)
+/// into `scratch.residual`.
 ///
 /// The plan's parts, each only where the layer has it: q/k/v projected to
-/// f32 and its bias added with one rounding to BF16; q/k RMSNorm fused with
-/// RoPE, or RoPE from the model's frequency table; plain causal attention
-/// over a linear KV cache, or (sliding window or sinks) the ring kernels.
+/// f32 and its bias added with one rounding to the attention's format;
+/// q/k RMSNorm fused with RoPE, or RoPE from the model's frequency table;
+/// plain causal attention over a linear KV cache, or (sliding window or
+/// sinks) the ring kernels.
 pub(crate) fn attention(
     cx: &Ctx<'_>,
     sc: &mut Scratch,
@@ -28,133 +76,70 @@ pub(crate) fn attention(
     at: Positions,
 ) -> Result<()> {
     let g = cx.g;
-    let (h, q, kvd) = (g.hidden, g.q_dim(), g.kv_dim());
+    let (h, q) = (g.hidden, g.q_dim());
     let (s, kn) = (&cx.gpu.stream, cx.kn);
     let lw = &cx.w.layers[l];
-    let geom = cx.qkv_geom(t);
-    let eps = g.rms_norm_eps;
     let decode = matches!(at, Positions::Decode);
-    match (&lw.qkv_bias, decode) {
-        // The input RMSNorm folded in (the caller skipped it).
-        (None, true) => cx.norm_gemv::<bf16>(
-            &sc.residual,
-            &lw.input_norm,
-            &lw.qkv,
-            q + 2 * kvd,
-            &mut sc.normed,
-            &mut sc.qkv,
-        )?,
-        (None, false) => cx.gemm(
-            (t, q + 2 * kvd, h),
-            cx.p(&sc.normed, 0),
-            cx.p(&lw.qkv, 0),
-            cx.p(&sc.qkv, 0),
-            OutType::Bf16,
-            0.0,
-            "qkv projection",
-        )?,
-        (Some(bias), _) => {
-            let wide = sc.qkv_f32.as_mut().ok_or_else(|| {
-                GpuError::Unsupported("q/k/v biases without their f32 scratch".into())
-            })?;
-            if decode {
-                cx.norm_gemv::<f32>(
-                    &sc.residual,
-                    &lw.input_norm,
-                    &lw.qkv,
-                    q + 2 * kvd,
-                    &mut sc.normed,
-                    wide,
-                )?;
-            } else {
-                cx.gemm(
-                    (t, q + 2 * kvd, h),
-                    cx.p(&sc.normed, 0),
-                    cx.p(&lw.qkv, 0),
-                    cx.p(wide, 0),
-                    OutType::F32,
-                    0.0,
-                    "qkv projection",
-                )?;
-            }
-            kn.bias_cast_f32_to_bf16(s, wide, bias, t, q + 2 * kvd, &mut sc.qkv)?;
-        }
-    }
-    let theta = g.rope.theta as f32;
-    let scale = 1.0 / (g.head_dim as f32).sqrt();
     let kvg = kv.geoms[l];
     let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
-    let sp = match at {
-        Positions::Prefill(start) => StartPos::Host(
-            u32::try_from(start)
-                .map_err(|_| GpuError::Unsupported(format!("position {start} exceeds u32")))?,
-        ),
-        Positions::Decode => StartPos::Device(&sc.pos),
-    };
-    match (&lw.qk_norm, &cx.w.rope) {
-        (Some(n), _) => kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &n.q, &n.k, theta, eps)?,
-        (None, Some(r)) => kn.rope_table(s, &mut sc.qkv, geom, sp, &r.inv_freq, r.scale)?,
-        (None, None) => {
-            return Err(GpuError::Unsupported(
-                "attention without q/k norms but no RoPE table loaded".into(),
-            ));
-        }
-    }
-    let window = match g.layers[l].attention {
-        AttentionKind::Full => 0,
-        AttentionKind::Sliding { window } => window,
-    };
-    if window == 0 && lw.sinks.is_none() {
-        kn.kv_append(s, &sc.qkv, geom, sp, kvg, kc, vc)?;
-        match at {
-            Positions::Prefill(start) => {
-                kn.attention_prefill(s, &sc.qkv, geom, start, kvg, kc, vc, scale, &mut sc.attn)?
+    let geom = cx.qkv_geom(t);
+    let (theta, eps) = (g.rope.theta as f32, g.rms_norm_eps);
+    let no_rope =
+        || GpuError::Unsupported("attention without q/k norms but no RoPE table loaded".into());
+    match &lw.qkv {
+        QkvWeight::Bf16(w) => {
+            project_bf16(cx, sc, l, t, decode, w)?;
+            let sp = start_pos(at, &sc.pos)?;
+            match (&lw.qk_norm, &cx.w.rope) {
+                (Some(n), _) => {
+                    kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &n.q, &n.k, theta, eps)?
+                }
+                (None, Some(r)) => kn.rope_table(s, &mut sc.qkv, geom, sp, &r.inv_freq, r.scale)?,
+                (None, None) => return Err(no_rope()),
             }
-            Positions::Decode => kn.attention_decode(
-                s,
-                &sc.qkv,
-                geom,
+            // The BF16 buffers as they are.
+            attend(
+                cx,
+                l,
+                at,
                 sp,
+                geom,
+                &sc.qkv,
                 kvg,
                 kc,
                 vc,
-                scale,
                 &mut sc.attn_ws,
                 &mut sc.attn,
-            )?,
+            )?;
         }
-    } else {
-        let ring = RingAttn {
-            sinks: lw.sinks.as_ref(),
-            window,
-        };
-        kn.kv_append_ring(s, &sc.qkv, geom, sp, kvg, kc, vc)?;
-        match at {
-            Positions::Prefill(start) => kn.attention_prefill_ring(
-                s,
-                &sc.qkv,
-                geom,
-                start,
-                kvg,
-                kc,
-                vc,
-                scale,
-                ring,
-                &mut sc.attn,
-            )?,
-            Positions::Decode => kn.attention_decode_ring(
-                s,
-                &sc.qkv,
-                geom,
+        QkvWeight::F16(w) => {
+            project_f16(cx, sc, l, t, decode, w)?;
+            let sp = start_pos(at, &sc.pos)?;
+            let mut qkv = as_f16(&mut sc.qkv);
+            match (&lw.qk_norm, &cx.w.rope) {
+                (None, Some(r)) => kn.rope_table(s, &mut qkv, geom, sp, &r.inv_freq, r.scale)?,
+                // support.rs refuses it before anything is uploaded.
+                (Some(_), _) => {
+                    return Err(GpuError::Unsupported(
+                        "q/k RMSNorm with FP16 attention (the fused kernel is BF16 only)".into(),
+                    ));
+                }
+                (None, None) => return Err(no_rope()),
+            }
+            let (mut kc, mut vc) = (as_f16(kc), as_f16(vc));
+            attend(
+                cx,
+                l,
+                at,
                 sp,
+                geom,
+                &qkv,
                 kvg,
-                kc,
-                vc,
-                scale,
-                ring,
+                &mut kc,
+                &mut vc,
                 &mut sc.attn_ws,
                 &mut sc.attn,
-            )?,
+            )?;
         }
     }
     if decode {
@@ -172,6 +157,183 @@ pub(crate) fn attention(
     }
     if let Some(b) = &lw.o_bias {
         kn.add_bias_rows::<f32>(s, &mut sc.residual, b, t, h)?;
+    }
+    Ok(())
+}
+
+/// Where a launch's positions come from: the prefill chunk's start, or
+/// decode's device-side position (graph-capturable).
+fn start_pos(at: Positions, pos: &CudaSlice<u32>) -> Result<StartPos<'_>> {
+    Ok(match at {
+        Positions::Prefill(start) => StartPos::Host(
+            u32::try_from(start)
+                .map_err(|_| GpuError::Unsupported(format!("position {start} exceeds u32")))?,
+        ),
+        Positions::Decode => StartPos::Device(pos),
+    })
+}
+
+/// The BF16 q/k/v projection into `scratch.qkv`: a BF16 GEMM (GEMV with
+/// the input norm folded in, for decode), straight to BF16 without biases,
+/// else to f32 and the bias added with one rounding.
+fn project_bf16(
+    cx: &Ctx<'_>,
+    sc: &mut Scratch,
+    l: usize,
+    t: usize,
+    decode: bool,
+    w: &CudaSlice<bf16>,
+) -> Result<()> {
+    let g = cx.g;
+    let (h, n) = (g.hidden, g.q_dim() + 2 * g.kv_dim());
+    let lw = &cx.w.layers[l];
+    match (&lw.qkv_bias, decode) {
+        // The input RMSNorm folded in (the caller skipped it).
+        (None, true) => cx.norm_gemv::<bf16>(
+            &sc.residual,
+            &lw.input_norm,
+            w,
+            n,
+            &mut sc.normed,
+            &mut sc.qkv,
+        ),
+        (None, false) => cx.gemm(
+            (t, n, h),
+            cx.p(&sc.normed, 0),
+            cx.p(w, 0),
+            cx.p(&sc.qkv, 0),
+            OutType::Bf16,
+            0.0,
+            "qkv projection",
+        ),
+        (Some(bias), _) => {
+            let wide = sc.qkv_f32.as_mut().ok_or_else(|| {
+                GpuError::Unsupported("q/k/v biases without their f32 scratch".into())
+            })?;
+            if decode {
+                cx.norm_gemv::<f32>(&sc.residual, &lw.input_norm, w, n, &mut sc.normed, wide)?;
+            } else {
+                cx.gemm(
+                    (t, n, h),
+                    cx.p(&sc.normed, 0),
+                    cx.p(w, 0),
+                    cx.p(wide, 0),
+                    OutType::F32,
+                    0.0,
+                    "qkv projection",
+                )?;
+            }
+            Ok(cx
+                .kn
+                .bias_cast_f32_to_bf16(&cx.gpu.stream, wide, bias, t, n, &mut sc.qkv)?)
+        }
+    }
+}
+
+/// The FP16 q/k/v projection into `scratch.qkv` (as f16): an f16 x f16
+/// GEMM with f32 accumulation into the f32 scratch (decode: the f16 norm
+/// GEMV, whose normed row is bit-identical to prefill's
+/// `rmsnorm_f32_to_f16`), then the bias added in f32 and one rounding to
+/// f16. Only with q/k/v biases (`support.rs` refuses FP16 without them).
+fn project_f16(
+    cx: &Ctx<'_>,
+    sc: &mut Scratch,
+    l: usize,
+    t: usize,
+    decode: bool,
+    w: &CudaSlice<f16>,
+) -> Result<()> {
+    let g = cx.g;
+    let (h, n) = (g.hidden, g.q_dim() + 2 * g.kv_dim());
+    let (s, kn) = (&cx.gpu.stream, cx.kn);
+    let lw = &cx.w.layers[l];
+    let (Some(bias), Some(wide)) = (&lw.qkv_bias, sc.qkv_f32.as_mut()) else {
+        return Err(GpuError::Unsupported(
+            "FP16 attention without q/k/v biases and their f32 scratch".into(),
+        ));
+    };
+    if decode {
+        kn.gemv_rmsnorm_f16(
+            s,
+            &sc.residual,
+            &lw.input_norm,
+            g.rms_norm_eps,
+            w,
+            1,
+            n,
+            h,
+            false,
+            &mut as_f16(&mut sc.normed),
+            wide,
+        )?;
+    } else {
+        crate::blas::gemm(
+            &cx.gpu.blas,
+            &Gemm {
+                m: t,
+                n,
+                k: h,
+                x: cx.p(&sc.normed, 0),
+                w: cx.p(w, 0),
+                y: cx.p(wide, 0),
+                input: InType::F16,
+                out: OutType::F32,
+                beta: 0.0,
+            },
+            "qkv projection (FP16)",
+        )?;
+    }
+    Ok(kn.bias_cast_f32_to_f16(s, wide, bias, t, n, &mut as_f16(&mut sc.qkv))?)
+}
+
+/// The KV append and the attention of layer `l` over q/k/v (RoPE done)
+/// and a KV cache in format `A`, into the BF16 `attn`.
+#[allow(clippy::too_many_arguments)]
+fn attend<A: Act16>(
+    cx: &Ctx<'_>,
+    l: usize,
+    at: Positions,
+    sp: StartPos<'_>,
+    geom: QkvGeom,
+    qkv: &impl DevicePtr<A>,
+    kvg: KvGeom,
+    kc: &mut (impl DevicePtrMut<A> + DevicePtr<A>),
+    vc: &mut (impl DevicePtrMut<A> + DevicePtr<A>),
+    attn_ws: &mut CudaSlice<f32>,
+    attn: &mut CudaSlice<bf16>,
+) -> Result<()> {
+    let g = cx.g;
+    let (s, kn) = (&cx.gpu.stream, cx.kn);
+    let lw = &cx.w.layers[l];
+    let scale = 1.0 / (g.head_dim as f32).sqrt();
+    let window = match g.layers[l].attention {
+        AttentionKind::Full => 0,
+        AttentionKind::Sliding { window } => window,
+    };
+    if window == 0 && lw.sinks.is_none() {
+        kn.kv_append(s, qkv, geom, sp, kvg, kc, vc)?;
+        match at {
+            Positions::Prefill(start) => {
+                kn.attention_prefill(s, qkv, geom, start, kvg, kc, vc, scale, attn)?
+            }
+            Positions::Decode => {
+                kn.attention_decode(s, qkv, geom, sp, kvg, kc, vc, scale, attn_ws, attn)?
+            }
+        }
+    } else {
+        let ring = RingAttn {
+            sinks: lw.sinks.as_ref(),
+            window,
+        };
+        kn.kv_append_ring(s, qkv, geom, sp, kvg, kc, vc)?;
+        match at {
+            Positions::Prefill(start) => {
+                kn.attention_prefill_ring(s, qkv, geom, start, kvg, kc, vc, scale, ring, attn)?
+            }
+            Positions::Decode => {
+                kn.attention_decode_ring(s, qkv, geom, sp, kvg, kc, vc, scale, ring, attn_ws, attn)?
+            }
+        }
     }
     Ok(())
 }

@@ -1,6 +1,9 @@
-//! BF16 GEMM through cuBLAS with f32 accumulation, in the row-major
-//! convention of the rest of the engine: `Y[M,N] = X[M,K] · W[N,K]ᵀ`, where
-//! `W` is an `nn.Linear` weight exactly as stored in the checkpoint.
+//! BF16 (or FP16) GEMM through cuBLAS with f32 accumulation, in the
+//! row-major convention of the rest of the engine: `Y[M,N] = X[M,K] ·
+//! W[N,K]ᵀ`, where `W` is an `nn.Linear` weight exactly as stored in the
+//! checkpoint (FP16 inputs: the QKV projection of an FP16 attention block,
+//! its weight converted at upload; always with an f32 output, so no
+//! reduced-precision FP16 reduction applies).
 
 use crate::error::{GpuError, Result};
 use cudarc::cublas::CudaBlas;
@@ -11,6 +14,13 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation
 pub enum OutType {
     Bf16,
     F32,
+}
+
+/// Element type of a GEMM's inputs X and W (both the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InType {
+    Bf16,
+    F16,
 }
 
 /// One GEMM's shape and addresses (device pointers).
@@ -25,6 +35,7 @@ pub struct Gemm {
     pub x: u64,
     pub w: u64,
     pub y: u64,
+    pub input: InType,
     pub out: OutType,
     /// 0 overwrites Y; 1 adds into it (residual connections).
     pub beta: f32,
@@ -44,6 +55,10 @@ pub fn gemm(blas: &CudaBlas, g: &Gemm, what: &str) -> Result<()> {
     }
     let alpha = 1.0f32;
     let beta = g.beta;
+    let ab_type = match g.input {
+        InType::Bf16 => cudaDataType::CUDA_R_16BF,
+        InType::F16 => cudaDataType::CUDA_R_16F,
+    };
     let c_type = match g.out {
         OutType::Bf16 => cudaDataType::CUDA_R_16BF,
         OutType::F32 => cudaDataType::CUDA_R_32F,
@@ -61,10 +76,10 @@ pub fn gemm(blas: &CudaBlas, g: &Gemm, what: &str) -> Result<()> {
             g.k as i32,
             (&alpha) as *const f32 as *const _,
             g.w as *const _,
-            cudaDataType::CUDA_R_16BF,
+            ab_type,
             g.k as i32,
             g.x as *const _,
-            cudaDataType::CUDA_R_16BF,
+            ab_type,
             g.k as i32,
             (&beta) as *const f32 as *const _,
             g.y as *mut _,

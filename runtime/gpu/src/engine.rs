@@ -300,15 +300,34 @@ impl CudaEngine {
                         "Fault::SwapGqa needs at least two KV heads".into(),
                     ));
                 }
-                for lw in &mut m.weights.layers {
-                    let rows = q + 2 * kvd;
-                    let mut host = m.gpu.download(&lw.qkv, rows * h, "a QKV weight")?;
-                    // KV head 0 and 1 of k (rows from q) and of v (from q + kvd).
+                // KV head 0 and 1 of k (rows from q) and of v (from q + kvd).
+                let swap = |host: &mut [u16]| {
                     for first in [q, q + kvd] {
                         let (a, b) = host[first * h..(first + 2 * d) * h].split_at_mut(d * h);
                         a.swap_with_slice(b);
                     }
-                    put(&host, &mut lw.qkv)?;
+                };
+                let rows = q + 2 * kvd;
+                for lw in &mut m.weights.layers {
+                    // Rows move whole, so the weight's bits do, in either format.
+                    match &mut lw.qkv {
+                        crate::weights::QkvWeight::Bf16(w) => {
+                            let mut host = m.gpu.download(w, rows * h, "a QKV weight")?;
+                            let mut bits: Vec<u16> = host.iter().map(|v| v.to_bits()).collect();
+                            swap(&mut bits);
+                            host = bits.into_iter().map(half::bf16::from_bits).collect();
+                            put(&host, w)?;
+                        }
+                        crate::weights::QkvWeight::F16(w) => {
+                            let host = m.gpu.download(w, rows * h, "a QKV weight")?;
+                            let mut bits: Vec<u16> = host.iter().map(|v| v.to_bits()).collect();
+                            swap(&mut bits);
+                            let host: Vec<half::f16> =
+                                bits.into_iter().map(half::f16::from_bits).collect();
+                            s.memcpy_htod(&host, w)
+                                .map_err(GpuError::driver("planting a fault in the weights"))?;
+                        }
+                    }
                 }
             }
         }

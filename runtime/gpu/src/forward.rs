@@ -16,9 +16,16 @@
 //! head of a single row takes the same path.
 //!
 //! Precision: weights BF16 (experts INT4 or MXFP4), GEMM inputs BF16, every
-//! accumulation and the residual stream f32, router logits f32.
+//! accumulation and the residual stream f32, router logits f32. The
+//! attention block's activations are in the model's
+//! `AttentionSpec::activations` format: BF16, or FP16 (gpt_oss: its YaRN
+//! scaling multiplies every score by 1.81 with no q/k norm, and BF16 there
+//! exceeds the GPU check's bound), where the input RMSNorm's output, the
+//! fused QKV weight (converted from BF16 at upload), q/k/v, the KV cache
+//! and the softmax probabilities of `P·V` are FP16 and the MMAs f16 x f16
+//! with f32 accumulation; the attention output stays BF16 (`attention.rs`).
 
-use crate::blas::{Gemm, OutType, gemm};
+use crate::blas::{Gemm, InType, OutType, gemm};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::expert_ffn::ExpertFfn;
@@ -169,6 +176,7 @@ impl Ctx<'_> {
                 x,
                 w,
                 y,
+                input: InType::Bf16,
                 out,
                 beta,
             },
@@ -297,7 +305,7 @@ impl Model {
         // Decode folds both norms into the projections after them.
         let decode = matches!(at, Positions::Decode);
         if !decode {
-            kn.rmsnorm::<f32>(s, &sc.residual, &lw.input_norm, t, h, eps, &mut sc.normed)?;
+            crate::attention::input_norm(&cx, sc, l, t)?;
         }
         crate::attention::attention(&cx, sc, kv, l, t, at)?;
         if !decode {

@@ -7,7 +7,7 @@ use crate::error::{GpuError, Result};
 use krasis_kernels::ops::mxfp4::{
     MXFP4_DECODE_MAX_HIDDEN, MXFP4_DECODE_MAX_INTER, MXFP4_DECODE_MAX_TOPK,
 };
-use krasis_model::arch::{Activation, RopeScaling, RouterKind};
+use krasis_model::arch::{Activation, AttnFormat, RopeScaling, RouterKind};
 use krasis_model::{ExpertStorage, Geometry, ModelConfig};
 
 /// How the expert cache will hold a model's routed experts: the
@@ -37,6 +37,19 @@ fn missing_components(g: &Geometry, bits: ExpertBits) -> Vec<String> {
     // RoPE (any scaling) runs only where there is no q/k norm.
     if g.attention.qk_norm && g.rope.scaling != RopeScaling::None {
         why.push("RoPE scaling together with q/k RMSNorm".to_string());
+    }
+    // The FP16 attention path (AttnFormat::F16) is built for gpt_oss's
+    // shape: table RoPE, and q/k/v biases (its projection goes through f32
+    // + bias, rounded once to FP16).
+    if g.attention.activations == AttnFormat::F16 {
+        if g.attention.qk_norm {
+            why.push(
+                "FP16 attention with q/k RMSNorm (the fused q/k-norm RoPE is BF16 only)".into(),
+            );
+        }
+        if !g.attention.qkv_bias {
+            why.push("FP16 attention without q/k/v biases".to_string());
+        }
     }
     if g.rope.rotary_dim.is_some_and(|r| r != g.head_dim) {
         why.push("partial rotary embedding (RoPE on part of each head)".to_string());
@@ -224,6 +237,36 @@ mod tests {
             .to_string();
         assert!(e.contains("MXFP4 expert 2880x8192"), "{e}");
         assert!(!e.contains("clamped"), "{e}");
+    }
+
+    /// The attention format comes from the description (gpt_oss FP16,
+    /// qwen3_moe BF16), and the FP16 path is refused where it is not
+    /// built: with q/k norms, without q/k/v biases.
+    #[test]
+    fn fp16_attention_follows_the_description_and_is_refused_where_not_built() {
+        assert_eq!(
+            config("gpt-oss-20b").geometry().attention.activations,
+            AttnFormat::F16
+        );
+        assert_eq!(
+            config("a3b-24l").geometry().attention.activations,
+            AttnFormat::Bf16
+        );
+        let mut g = config("a3b-24l").geometry();
+        g.attention.activations = AttnFormat::F16;
+        let e = check_geometry(&g, ExpertBits::Int4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("FP16 attention with q/k RMSNorm"), "{e}");
+        assert!(e.contains("FP16 attention without q/k/v biases"), "{e}");
+        let mut g = config("gpt-oss-20b").geometry();
+        g.attention.qkv_bias = false;
+        let e = check_geometry(&g, ExpertBits::Mxfp4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("FP16 attention without q/k/v biases"), "{e}");
+        g.attention.activations = AttnFormat::Bf16;
+        check_geometry(&g, ExpertBits::Mxfp4).unwrap();
     }
 
     /// glm4_moe is refused before anything is uploaded, naming each of its

@@ -20,7 +20,7 @@ use crate::host_table::HostTable;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use krasis_common::events::{ByteProgress, EventSink, task};
-use krasis_model::arch::{LayerTensor, ModelTensor};
+use krasis_model::arch::{AttnFormat, LayerTensor, ModelTensor};
 use krasis_model::{Checkpoint, DType, Geometry, MlpKind, ModelConfig, TensorView};
 
 pub struct LayerWeights {
@@ -29,8 +29,9 @@ pub struct LayerWeights {
     /// Per-head q and k RMSNorm weights `[head_dim]` (families with q/k
     /// norms, whose RoPE is fused with them).
     pub qk_norm: Option<QkNorm>,
-    /// `[q_dim + 2*kv_dim, H]`: rows of q_proj, then k_proj, then v_proj.
-    pub qkv: CudaSlice<bf16>,
+    /// `[q_dim + 2*kv_dim, H]`: rows of q_proj, then k_proj, then v_proj,
+    /// in the attention's format.
+    pub qkv: QkvWeight,
     /// f32 `[q_dim + 2*kv_dim]`: the q, k and v biases fused like `qkv`.
     pub qkv_bias: Option<CudaSlice<f32>>,
     /// `[H, q_dim]`.
@@ -40,6 +41,14 @@ pub struct LayerWeights {
     /// f32 `[num_heads]` attention-sink logits.
     pub sinks: Option<CudaSlice<f32>>,
     pub mlp: MlpWeights,
+}
+
+/// The fused q/k/v weight in the attention's activation format
+/// (`AttentionSpec::activations`): the QKV GEMM's two inputs share it.
+pub enum QkvWeight {
+    Bf16(CudaSlice<bf16>),
+    /// Converted from the BF16 weight at upload ([`qkv_to_f16`]).
+    F16(CudaSlice<f16>),
 }
 
 pub struct QkNorm {
@@ -152,7 +161,11 @@ impl ModelWeights {
             let t = |role: LayerTensor| config.layer_tensor_name(i, role);
             use LayerTensor::*;
             let a = &g.attention;
-            let qkv = up.bf16_fused(&[(t(QProj), q), (t(KProj), kv), (t(VProj), kv)], h)?;
+            let qkv_parts = [(t(QProj), q), (t(KProj), kv), (t(VProj), kv)];
+            let qkv = match a.activations {
+                AttnFormat::Bf16 => QkvWeight::Bf16(up.bf16_fused(&qkv_parts, h)?),
+                AttnFormat::F16 => QkvWeight::F16(up.f16_fused(&qkv_parts, h)?),
+            };
             let qkv_bias = match a.qkv_bias {
                 true => Some(up.f32_fused(&[(t(QBias), q), (t(KBias), kv), (t(VBias), kv)])?),
                 false => None,
@@ -329,6 +342,19 @@ impl Uploader<'_> {
         Ok(dev)
     }
 
+    /// [`Uploader::bf16_fused`] converted to FP16 ([`qkv_to_f16`]).
+    fn f16_fused(&mut self, parts: &[(String, usize)], cols: usize) -> Result<CudaSlice<f16>> {
+        let mut host = Vec::with_capacity(parts.iter().map(|(_, r)| r * cols).sum());
+        for (name, rows) in parts {
+            let t = self.ckpt.expect(name, &[*rows, cols])?;
+            host.extend(qkv_to_f16(&to_bf16_bits(&t), name)?);
+        }
+        self.bytes += host.len() * 2;
+        let dev = self.gpu.upload(&host, &parts[0].0)?;
+        self.done(host.len() * 2);
+        Ok(dev)
+    }
+
     fn bf16_one(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>> {
         self.bf16(&[name], shape)
     }
@@ -349,6 +375,28 @@ impl Uploader<'_> {
         self.done(host.len() * 4);
         Ok(dev)
     }
+}
+
+/// A BF16 weight `name` as FP16, for an FP16 attention block's QKV GEMM.
+/// Exact for every value in FP16's normal range (|w| from 2^-14 to 65504:
+/// FP16 has 3 more mantissa bits than BF16); values below 2^-14 become FP16
+/// subnormals, rounded to nearest (2^-24 steps, under 2^-25 to 0), a
+/// change of at most 2^-25 absolute per weight, below the f32 reference's
+/// own sensitivity. A value FP16 cannot hold (|w| > 65504, inf, NaN) is
+/// refused, naming the tensor: the engine never computes with a weight
+/// that became infinite.
+pub fn qkv_to_f16(w: &[bf16], name: &str) -> Result<Vec<f16>> {
+    if let Some((i, v)) = w
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.is_nan() || v.to_f32().abs() > f16::MAX.to_f32())
+    {
+        return Err(GpuError::Unsupported(format!(
+            "{name}: element {i} is {v}, outside FP16's range (±65504); the FP16 attention \
+             path of this model cannot hold its QKV weight"
+        )));
+    }
+    Ok(w.iter().map(|v| f16::from_f32(v.to_f32())).collect())
 }
 
 /// BF16 values of a stored tensor: BF16 is taken as is; F16 and F32
@@ -424,6 +472,48 @@ mod tests {
             assert_eq!(w.device + w.host, bytes, "{preset} tie={tie}");
             let table = 2 * g.vocab_size * g.hidden;
             assert_eq!(w.host, if tie { 0 } else { table }, "{preset} tie={tie}");
+        }
+    }
+
+    /// The FP16 QKV weight: exact in FP16's normal range, subnormal (and
+    /// rounded) below it, refused (naming the tensor) past ±65504.
+    #[test]
+    fn qkv_to_f16_is_exact_in_range_and_refuses_overflow() {
+        let name = "model.layers.3.self_attn.k_proj.weight";
+        // Every BF16 value with |w| in [2^-14, 65504] is exact in FP16.
+        let normal: Vec<bf16> = (0..=u16::MAX)
+            .map(bf16::from_bits)
+            .filter(|v| {
+                let a = v.to_f32().abs();
+                (2f32.powi(-14)..=65504.0).contains(&a)
+            })
+            .collect();
+        let h = qkv_to_f16(&normal, name).unwrap();
+        assert!(h.iter().zip(&normal).all(|(h, b)| h.to_f32() == b.to_f32()));
+        // Below 2^-14: subnormal FP16, rounded to 2^-24 steps.
+        let tiny = [
+            bf16::from_f32(2f32.powi(-20)),
+            bf16::from_f32(3e-8),
+            bf16::ZERO,
+        ];
+        let h = qkv_to_f16(&tiny, name).unwrap();
+        assert_eq!(h[0].to_f32(), 2f32.powi(-20));
+        assert!(!h[0].is_normal() && h[0] != f16::ZERO, "subnormal");
+        assert_eq!(
+            h[1].to_f32(),
+            2f32.powi(-24),
+            "3e-8 rounds to the smallest subnormal"
+        );
+        assert_eq!(h[2], f16::ZERO);
+        // Past FP16's range: refused with the tensor and the value.
+        for bad in [65536.0f32, -1e5, f32::INFINITY, f32::NAN] {
+            let e = qkv_to_f16(&[bf16::ONE, bf16::from_f32(bad)], name)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(name) && e.contains("element 1") && e.contains("65504"),
+                "{e}"
+            );
         }
     }
 
