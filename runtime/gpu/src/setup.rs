@@ -94,7 +94,14 @@ impl CudaEngine {
                 self.model.experts = Some(table);
             }
             crate::plan::Decision::Hcs { want } => {
-                let (ranked, source) = prior(model_dir, &cache, g.top_k, &opts.heatmap, total)?;
+                let (ranked, source) = prior(
+                    model_dir,
+                    &cache,
+                    g.top_k,
+                    g.attention.activations,
+                    &opts.heatmap,
+                    total,
+                )?;
                 let hcs = self.model.hcs.as_mut().expect("set above");
                 let resident = hcs.grow_resident(
                     &self.model.gpu,
@@ -180,6 +187,7 @@ fn prior(
     model_dir: &Path,
     cache: &ExpertCache,
     top_k: usize,
+    attention: krasis_model::arch::AttnFormat,
     choice: &HeatmapChoice,
     total: usize,
 ) -> Result<(Vec<(usize, usize)>, String)> {
@@ -206,7 +214,7 @@ fn prior(
             model_dir.display()
         )));
     }
-    let h = krasis_cache::heatmap::Heatmap::load_for_cache(&path, cache, top_k, "bf16")
+    let h = krasis_cache::heatmap::Heatmap::load_for_cache(&path, cache, top_k, attention.name())
         .map_err(|e| GpuError::Hcs(e.to_string()))?;
     Ok((
         h.ranked(),

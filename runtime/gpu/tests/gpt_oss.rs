@@ -2,7 +2,8 @@
 //! (`krasis_model::testutil::tiny_gpt_oss_checkpoint`: MXFP4 experts with
 //! biases and clamped SwiGLU, q/k/v/o biases, sinks, alternating 16-token
 //! sliding-window and full layers, YaRN table RoPE, the top-k-then-softmax
-//! router with bias; head_dim 64) against the CPU reference engine, which
+//! router with bias; head_dim 64; FP16 attention activations) against the
+//! CPU reference engine, which
 //! reads the checkpoint's own MXFP4 bits (not the expert cache the CUDA
 //! engine runs from), under the criterion of `bench --check`
 //! (`check::followed`: the f32 reference takes the GPU's experts at its own
@@ -45,6 +46,8 @@ fn model() -> PathBuf {
         krasis_model::arch::AttentionKind::Sliding { window: 16 }
     )));
     assert_eq!(g.head_dim, 64);
+    // The FP16 attention path (and the reference's emulation of it).
+    assert_eq!(g.attention.activations, krasis_model::arch::AttnFormat::F16);
     dir
 }
 

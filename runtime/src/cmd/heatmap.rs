@@ -18,11 +18,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Precision of the CUDA engine's attention path (activations, KV cache and
-/// projections in BF16); recorded in the heatmap binding because another
-/// attention precision can change routes.
-const ATTENTION_PRECISION: &str = "bf16";
-
 /// The benchmark's prompt text: warned about when used for a heatmap.
 const BENCH_TEXT: &str = "assets/text/kjv-genesis-exodus.txt";
 
@@ -185,7 +180,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .with_context(|| format!("loading {} with the cuda backend", model.display()))?;
     let cache = Arc::clone(expert_cache(&engine)?);
     let top_k = engine.geometry().top_k;
-    let binding = HeatmapBinding::for_cache(&cache, top_k, ATTENTION_PRECISION);
+    // The precision of the engine's attention path (the model's
+    // `AttentionSpec::activations`) is in the binding: another one can
+    // change routes.
+    let attention = engine.geometry().attention.activations.name();
+    let binding = HeatmapBinding::for_cache(&cache, top_k, attention);
     let out = a
         .out
         .clone()

@@ -60,6 +60,8 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
     let config = ModelConfig::load(dir).map_err(|e| e.to_string())?;
     let ckpt = Checkpoint::open(dir).map_err(|e| e.to_string())?;
     let g = config.geometry();
+    // The CUDA engine's attention activations and KV cache format.
+    let attention = g.attention.activations.name();
     let routed = g.routed_expert_params();
     let total = g.total_params();
     let active = total - routed + (g.num_moe_layers() * g.top_k) as u64 * g.expert_params() as u64;
@@ -104,7 +106,7 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
                     (true, None) => "no expert cache format fits this model".into(),
                 },
                 compute: "bf16".into(),
-                kv: "bf16".into(),
+                kv: attention.into(),
             },
             Backend::Reference => BackendFormat {
                 backend,
@@ -125,7 +127,7 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
             },
         })
         .collect();
-    let (cache, heatmap) = cache_and_heatmap(dir, cache_root, g.top_k);
+    let (cache, heatmap) = cache_and_heatmap(dir, cache_root, g.top_k, attention);
     Ok(ModelFacts {
         path: dir.to_path_buf(),
         model_type: config.model_type().to_string(),
@@ -173,6 +175,7 @@ fn cache_and_heatmap(
     dir: &Path,
     cache_root: Option<&Path>,
     top_k: usize,
+    attention: &str,
 ) -> (CacheState, HeatmapState) {
     let unavailable = |e: CacheError| {
         let reason = e.to_string();
@@ -222,11 +225,11 @@ fn cache_and_heatmap(
             }
         };
     let hpath = krasis_cache::default_heatmap_path(&path);
-    // The engine binds heatmaps to BF16 attention (`setup::prior`).
+    // The engine binds heatmaps to its attention precision (`setup::prior`).
     let heatmap = if !hpath.exists() {
         HeatmapState::Missing { path: hpath }
     } else {
-        match krasis_cache::Heatmap::load_for_cache(&hpath, &cache, top_k, "bf16") {
+        match krasis_cache::Heatmap::load_for_cache(&hpath, &cache, top_k, attention) {
             Ok(h) => HeatmapState::Present {
                 tokens: h.tokens,
                 routes: h.routes(),

@@ -86,6 +86,18 @@ pub enum AttnFormat {
     F16,
 }
 
+impl AttnFormat {
+    /// Its name in engine options, capability reports, heatmap bindings
+    /// and model reports (`attention_precision`, `kv_format`): the
+    /// registry's entries must equal it (tested there).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnFormat::Bf16 => "bf16",
+            AttnFormat::F16 => "fp16",
+        }
+    }
+}
+
 /// Which keys a layer's queries see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKind {

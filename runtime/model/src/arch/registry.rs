@@ -55,15 +55,17 @@ pub const GPT_OSS: Architecture = Architecture {
     backends: &[Backend::Reference, Backend::Cuda],
     options: OptionSupport {
         expert_precisions: &["mxfp4"],
-        attention_precisions: &["bf16"],
-        kv_formats: &["bf16"],
+        // AttnFormat::F16 (`AttentionSpec::activations`): the attention's
+        // activations and its KV cache are FP16.
+        attention_precisions: &["fp16"],
+        kv_formats: &["fp16"],
         hcs: true,
         pruning_modes: &["off"],
         multi_gpu_modes: &["single"],
         defaults: OptionDefaults {
             expert_precision: "mxfp4",
-            attention_precision: "bf16",
-            kv_format: "bf16",
+            attention_precision: "fp16",
+            kv_format: "fp16",
             pruning: "off",
             multi_gpu: "single",
         },
@@ -226,6 +228,27 @@ mod tests {
         }
         assert!(find("llama").is_none());
         assert!(preset("nope").is_none());
+    }
+
+    /// The attention precision and KV format an architecture offers are
+    /// the one its description builds (`AttentionSpec::activations`), for
+    /// every preset.
+    #[test]
+    fn attention_options_are_the_descriptions_format() {
+        for a in ARCHITECTURES {
+            let o = &a.options;
+            for p in a.presets {
+                let json = (p.config)().to_string();
+                let g = ModelConfig::from_json_str(&json, Path::new(p.name))
+                    .unwrap()
+                    .geometry();
+                let name = g.attention.activations.name();
+                assert_eq!(o.attention_precisions, [name], "{}", p.name);
+                assert_eq!(o.kv_formats, [name], "{}", p.name);
+                assert_eq!(o.defaults.attention_precision, name, "{}", p.name);
+                assert_eq!(o.defaults.kv_format, name, "{}", p.name);
+            }
+        }
     }
 
     #[test]
