@@ -1,7 +1,8 @@
 //! The fidelity criterion of `bench --check` ([`classify`]).
 //!
 //! The CUDA engine stores activations in BF16 by design (the residual
-//! stream and every accumulation stay f32). At most positions that moves
+//! stream and every accumulation stay f32; the attention block's in FP16
+//! where the model's description says so, `AttentionSpec::activations`). At most positions that moves
 //! the logits by well under 1% of their scale. Where a token's router has
 //! its k-th and (k+1)-th experts nearly tied, though, the rounding can
 //! select the other expert, and that position's logits then differ by far
@@ -30,7 +31,8 @@
 //! logit) and k-th logit `z` (`Trace::router_margin`/`router_kth` of the f32
 //! reference); the engine's set `G` (`CudaEngine::prompt_logits_with_routes`);
 //! the BF16 emulation's set `B` (the CPU reference with
-//! `Activations::Bf16`). The near-tie width is
+//! `Activations::Bf16`, which rounds as the engine does, FP16 attention
+//! included: `Rounding::engine`). The near-tie width is
 //! `τ = max(0.01, 0.01·|z|, s)`, where `s` ([`gap_spread`]) is the 99th
 //! percentile of how far the emulation moves router gaps on this sequence
 //! (|gap(B) − gap(O)| where B = O): measured, not assumed. Layer l
