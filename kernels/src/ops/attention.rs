@@ -1,5 +1,6 @@
 //! Causal GQA attention: tensor-core flash attention for prefill and
-//! split-K flash-decoding for one new token (`cuda/attention_*.cu`).
+//! split-K flash-decoding for one new token (`cuda/attention_*.cu`), over
+//! q/K/V in bf16 or f16 ([`Act16`]; the output is bf16 either way).
 //! The gpt-oss variant (sinks, sliding window, ring-indexed cache) is
 //! [`RingAttn`] with the `*_ring` methods (`attention/ring.rs`).
 
@@ -96,9 +97,13 @@ impl Kernels {
     /// `scores * scale`; P is rounded to bf16 for the P·V product (as in
     /// flash attention); output rounded to bf16 once.
     ///
-    /// - `qkv`: bf16 `[n_tokens, geom.row_stride()]` (q read from it).
-    /// - `k_cache`, `v_cache`: bf16 `[n_kv][capacity][head_dim]`.
+    /// - `qkv`: `A` `[n_tokens, geom.row_stride()]` (q read from it).
+    /// - `k_cache`, `v_cache`: `A` `[n_kv][capacity][head_dim]`.
     /// - `out`: bf16 `[n_tokens, n_q_heads * head_dim]`.
+    ///
+    /// `A` is bf16, or f16 (the `_f16` entry points: f16 MMAs, P rounded
+    /// to f16; the same launch shapes). Every wrapper here and in `ring`
+    /// takes either.
     ///
     /// head_dim 64, 128 and 256 use the tensor-core (mma.sync bf16)
     /// kernels (head_dim 256 needs 96 KB of shared memory per block); other
@@ -189,7 +194,8 @@ impl Kernels {
     /// group into `workspace`, then a combine kernel merges the splits in a
     /// fixed order.
     ///
-    /// - `qkv`: bf16 `[1, geom.row_stride()]`; `geom.n_tokens` must be 1.
+    /// - `qkv`: `A` (bf16 or f16) `[1, geom.row_stride()]`; `geom.n_tokens`
+    ///   must be 1; the caches `A` as for prefill.
     /// - `workspace`: f32, at least [`decode_workspace_len`] elements.
     /// - `out`: bf16 `[n_q_heads * head_dim]`.
     ///

@@ -8,7 +8,8 @@ use half::bf16;
 use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, shape_err, submit};
 use crate::{Kernels, Result};
 
-/// Shape of the fused QKV projection output, bf16 `[n_tokens, row_stride]`
+/// Shape of the fused QKV projection output, bf16 or f16 ([`Act16`])
+/// `[n_tokens, row_stride]`
 /// with each row `[q: n_q_heads*head_dim | k: n_kv_heads*head_dim |
 /// v: n_kv_heads*head_dim]` and each head's `head_dim` values contiguous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +163,8 @@ impl Kernels {
     /// `t`, with angle `f32(pos) * inv_freq[i]` (one f32 multiply) and
     /// `cos`/`sin` of it multiplied by `scale`. v is untouched. All math in
     /// f32 with the reference engine's rounding points, one rounding to
-    /// bf16; see `cuda/rope.cu` for the cosf/sinf tolerance.
+    /// `A` (bf16, or f16: `rope_table_f16`); see `cuda/rope.cu` for the
+    /// cosf/sinf tolerance.
     ///
     /// - `inv_freq`: f32 `[head_dim / 2]`, the model's frequencies (default
     ///   `theta^(-2i/d)` or YaRN's blend) computed once on the host by
@@ -205,7 +207,8 @@ impl Kernels {
 
     /// Copy the k and v heads of `qkv` (after [`Kernels::qk_norm_rope`]) into
     /// the layer's caches at positions `start + t`. With `StartPos::Host`
-    /// the host checks `start + n_tokens <= capacity`.
+    /// the host checks `start + n_tokens <= capacity`. Bits are copied, so
+    /// one kernel serves bf16 and f16 (`A`).
     #[allow(clippy::too_many_arguments)]
     pub fn kv_append<A: Act16>(
         &self,
