@@ -10,4 +10,5 @@ mod int4;
 mod moe;
 mod mxfp4;
 mod rope;
+mod rope_partial;
 mod sampling;
