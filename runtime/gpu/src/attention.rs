@@ -92,6 +92,24 @@ pub(crate) fn attention(
         Positions::Decode => StartPos::Device(&sc.pos),
     };
     match (&lw.qk_norm, &cx.w.rope) {
+        // Partial rotary (glm4_moe): its own kernel, with or without norm.
+        (n, Some(r)) if r.rotary_dim < g.head_dim => {
+            let norm = n.as_ref().map(|n| krasis_kernels::QkNormArgs {
+                q: &n.q,
+                k: &n.k,
+                eps,
+            });
+            kn.rope_partial(
+                s,
+                &mut sc.qkv,
+                geom,
+                sp,
+                norm,
+                &r.inv_freq,
+                r.scale,
+                r.rotary_dim,
+            )?
+        }
         (Some(n), _) => kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &n.q, &n.k, theta, eps)?,
         (None, Some(r)) => kn.rope_table(s, &mut sc.qkv, geom, sp, &r.inv_freq, r.scale)?,
         (None, None) => {
