@@ -290,11 +290,12 @@ pub struct RouteLog {
 
 /// Copies the `t` tokens' selected ids and router logits of decoder layer
 /// `l` (MoE layer `moe_index`) to the host (a sync per MoE layer), with the
-/// router bias added as the top-k kernel adds it and, for the sigmoid
-/// grouped router, turned into its choice scores (sigmoid + selection
-/// bias, groups outside the kept ones at 0: `layers::router::choice_scores`,
-/// what the reference measures near-ties on), so the gaps are those of
-/// the values the experts were chosen by. Prefill chunks land at their
+/// router bias added as the top-k kernel adds it, and each decision's gap
+/// and k-th value measured as the reference measures its near-ties
+/// (`layers::router::decision_gap`: the logits of the softmax routers; the
+/// choice scores with the selection bias, and the group gap, of the sigmoid
+/// grouped router), so the gaps are those of what the experts were chosen
+/// by. Prefill chunks land at their
 /// absolute positions; a decode token is appended after the positions
 /// logged so far.
 #[allow(clippy::too_many_arguments)]
@@ -329,13 +330,6 @@ pub(crate) fn log_token_routes(
         } => Some(cx.gpu.download(b, ne, "router selection bias")?),
         _ => None,
     };
-    let logits: Vec<f32> = logits
-        .chunks_exact(ne)
-        .flat_map(|row| {
-            krasis_model::layers::router::choice_scores(cx.g.router.kind, row, selection.as_deref())
-                .into_owned()
-        })
-        .collect();
     let rows = log
         .layers
         .get_mut(moe_index)
@@ -348,10 +342,17 @@ pub(crate) fn log_token_routes(
         rows.resize(first + t, crate::check::Route::default());
     }
     for (i, row) in rows[first..first + t].iter_mut().enumerate() {
-        *row = crate::check::Route::from_logits(
+        let (kth, gap) = krasis_model::layers::router::decision_gap(
+            cx.g.router.kind,
             &logits[i * ne..(i + 1) * ne],
-            ids[i * k..(i + 1) * k].to_vec(),
+            selection.as_deref(),
+            k,
         );
+        *row = crate::check::Route {
+            experts: ids[i * k..(i + 1) * k].to_vec(),
+            gap,
+            kth,
+        };
     }
     Ok(())
 }
