@@ -80,10 +80,13 @@ fn missing_components(g: &Geometry, bits: ExpertBits) -> Vec<String> {
             }
             _ => {}
         }
+        let kmax = krasis_kernels::GEMV_MAX_K;
         if let Some(s) = g.shared_intermediate
-            && (s == 0 || !s.is_multiple_of(8))
+            && (s == 0 || !s.is_multiple_of(8) || s > kmax)
         {
-            why.push(format!("shared expert width {s} (must be a multiple of 8)"));
+            why.push(format!(
+                "shared expert width {s} (must be a multiple of 8 up to {kmax})"
+            ));
         }
     }
     if g.num_moe_layers() > 0 && bits == ExpertBits::Int4 {
@@ -128,9 +131,13 @@ pub(crate) fn check_geometry(g: &Geometry, bits: ExpertBits) -> Result<()> {
             ));
         }
     }
-    if g.has_mlp(krasis_model::MlpKind::Dense) && !g.intermediate.is_multiple_of(8) {
+    // The dense MLPs' and shared experts' down GEMV reads their width.
+    let kmax = krasis_kernels::GEMV_MAX_K;
+    if g.has_mlp(krasis_model::MlpKind::Dense)
+        && (!g.intermediate.is_multiple_of(8) || g.intermediate > kmax)
+    {
         why.push(format!(
-            "dense intermediate {} (must be a multiple of 8)",
+            "dense intermediate {} (must be a multiple of 8 up to {kmax})",
             g.intermediate
         ));
     }
