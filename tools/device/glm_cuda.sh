@@ -117,6 +117,8 @@ def plan(mib):
     return e["on_gpu_experts"], e["total_experts"]
 lo, hi = 1024, 40960
 _, total = plan(hi)
+if total is None:
+    sys.exit(1)  # the caller falls back to its estimate
 for _ in range(12):
     mid = (lo + hi) // 2
     on, _ = plan(mid)
@@ -124,6 +126,8 @@ for _ in range(12):
     else: hi = mid
 print(f"{hi}MiB")
 PY
+# Fallback: ~4.5 GB non-expert weights + KV, scratch, staging and margin + a third of the
+# ~12.5 GB of INT4 experts.
 L=$(cat $R/limit.txt); [ -z "$L" ] && L=11GiB
 log "limit $L (plan: $(tail -1 $R/limit.log))"
 timeout 90 $kr heatmap --model $M --cache-dir $K --vram-limit $L > $R/heatmap-glm12.log 2>&1; log "heatmap rc=$?"; save
