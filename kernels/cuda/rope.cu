@@ -123,3 +123,81 @@ extern "C" __global__ void rope_table_f16(f16_t* __restrict__ qkv, const float* 
                                           u32 d) {
     rope_table_t<ActF16>(qkv, inv_freq, scale, pos_ptr, pos_base, n_tokens, nq, nkv, d);
 }
+
+// Partial rotary (glm4_moe, partial_rotary_factor 0.5): only the first `rot`
+// dimensions of each head rotate, the rest pass through, optionally after
+// a per-head q/k RMSNorm over the whole head (tiny-glm4-moe has q/k norms,
+// GLM-4.5-Air does not). A separate entry point so the full-head kernels
+// above keep their machine code.
+//
+// Convention (transformers' glm4_moe apply_rotary_pos_emb: q_rot = q[..., :rot],
+// q_pass = q[..., rot:]): rotate_half within the rotary part, so element
+// i < rot/2 pairs with i + rot/2 (not i + d/2), at the table's frequencies
+// inv_freq[rot/2], which the host computes over `rot` (theta^(-2i/rot)).
+//
+// Design: one warp per (token, head). Lane owns the rotation pairs
+// (i, i + rot/2) for i = lane + 32*j (j < 4, i < rot/2; rot/2 <= 128) and
+// the pass-through elements rot + lane + 32*j (j < 8, < d), so the norm's
+// sum of squares over all d is a warp reduction and the rotation needs no
+// data exchange. Without a norm (qw == nullptr) the pass-through elements
+// are not touched. Arithmetic: the norm as qk_norm_rope_bf16 (f32,
+// rsqrtf), the rotation exactly as rope_table_bf16 (one f32 angle
+// multiply, sincosf, separately rounded products), one rounding to bf16.
+
+extern "C" __global__ void rope_partial_bf16(bf16_t* __restrict__ qkv, const bf16_t* __restrict__ qw,
+                                             const bf16_t* __restrict__ kw, const float* __restrict__ inv_freq,
+                                             float scale, const u32* __restrict__ pos_ptr, u32 pos_base,
+                                             u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 rot, float eps) {
+    u32 t = blockIdx.x;
+    u32 hh = blockIdx.y * 4 + (threadIdx.x >> 5);
+    u32 lane = threadIdx.x & 31;
+    if (t >= n_tokens || hh >= nq + nkv) return;
+    u32 stride = (nq + 2 * nkv) * d;
+    bf16_t* x = qkv + (u64)t * stride + (u64)hh * d;
+    const bf16_t* w = qw ? (hh < nq ? qw : kw) : nullptr;
+    u32 half = rot / 2;
+    float a[4], b[4], p[8];
+    float ss = 0.0f;
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) {
+        u32 i = lane + 32 * j;
+        if (i < half) {
+            a[j] = bf2f(x[i]);
+            b[j] = bf2f(x[i + half]);
+            ss += a[j] * a[j] + b[j] * b[j];
+        }
+    }
+#pragma unroll
+    for (u32 j = 0; j < 8; ++j) {
+        u32 i = rot + lane + 32 * j;
+        if (w && i < d) {
+            p[j] = bf2f(x[i]);
+            ss += p[j] * p[j];
+        }
+    }
+    float inv = 1.0f;
+    if (w) {
+        ss = warp_sum(ss);
+        inv = rsqrtf(ss / (float)d + eps);
+#pragma unroll
+        for (u32 j = 0; j < 8; ++j) {
+            u32 i = rot + lane + 32 * j;
+            if (i < d) x[i] = f2bf(p[j] * inv * bf2f(w[i]));
+        }
+    }
+    float pos = (float)((pos_ptr ? *pos_ptr : 0u) + pos_base + t);
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) {
+        u32 i = lane + 32 * j;
+        if (i < half) {
+            float an = w ? a[j] * inv * bf2f(w[i]) : a[j];
+            float bn = w ? b[j] * inv * bf2f(w[i + half]) : b[j];
+            float ang = __fmul_rn(pos, inv_freq[i]);
+            float sn, cs;
+            sincosf(ang, &sn, &cs);
+            float c = __fmul_rn(cs, scale), s = __fmul_rn(sn, scale);
+            x[i] = f2bf(__fsub_rn(__fmul_rn(an, c), __fmul_rn(bn, s)));
+            x[i + half] = f2bf(__fadd_rn(__fmul_rn(bn, c), __fmul_rn(an, s)));
+        }
+    }
+}

@@ -1024,3 +1024,70 @@ mod fp16_attention {
         assert!(out[..4].iter().all(|&o| o == FINE), "{:?}", &out[..4]);
     }
 }
+
+// ---- partial rotary (glm4_moe) ----
+
+mod rope_partial {
+    use half::bf16;
+    use krasis_kernels::QkvGeom;
+    use krasis_kernels::reference as cpu;
+
+    /// Head_dim 8 with rotary_dim 4: dims 0..4 rotate as a 4-dim head does
+    /// under `rope_table` (0 with 2, 1 with 3, the same table), dims 4..8
+    /// pass through; with a norm, the whole head is normalised first.
+    #[test]
+    fn rope_partial_reference_hand_values() {
+        let geom = QkvGeom {
+            n_tokens: 1,
+            n_q_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 8,
+        };
+        let x0: Vec<bf16> = (1..=24).map(|v| bf16::from_f32(v as f32)).collect();
+        let table = [1.0f32, 0.1];
+        let mut x = x0.clone();
+        cpu::rope_partial(&mut x, geom, 3, None, &table, 1.0, 4);
+        for head in 0..2 {
+            let mut lead = x0[head * 8..head * 8 + 4].to_vec();
+            let one = QkvGeom {
+                n_tokens: 1,
+                n_q_heads: 1,
+                n_kv_heads: 0,
+                head_dim: 4,
+            };
+            cpu::rope_table(&mut lead, one, 3, &table, 1.0);
+            assert_eq!(
+                &x[head * 8..head * 8 + 4],
+                &lead[..],
+                "head {head} rotary part"
+            );
+            assert_eq!(
+                x[head * 8 + 4..head * 8 + 8],
+                x0[head * 8 + 4..head * 8 + 8]
+            );
+        }
+        assert_eq!(x[16..], x0[16..], "v untouched");
+        // With unit norm weights, the normed head has mean square 1; the
+        // rotation keeps the rotary part's norm, so the whole head's holds.
+        let ones = vec![bf16::ONE; 8];
+        let mut y = x0.clone();
+        cpu::rope_partial(&mut y, geom, 3, Some((&ones, &ones, 0.0)), &table, 1.0, 4);
+        for head in 0..2 {
+            let ms: f32 = y[head * 8..head * 8 + 8]
+                .iter()
+                .map(|v| v.to_f32() * v.to_f32())
+                .sum::<f32>()
+                / 8.0;
+            assert!((ms - 1.0).abs() < 2e-2, "head {head}: mean square {ms}");
+            let r = (1..=8)
+                .map(|v| ((head * 8 + v) as f32).powi(2))
+                .sum::<f32>()
+                / 8.0;
+            let pass = (head * 8 + 5) as f32 / r.sqrt();
+            assert!(
+                (y[head * 8 + 4].to_f32() - pass).abs() < 1e-2,
+                "head {head}"
+            );
+        }
+    }
+}

@@ -8,7 +8,8 @@
 # witness.py for the `source` and `int4` variants; and `tiny-gpt-oss` (MXFP4
 # experts, o200k_harmony vocabulary) for `source` only, on
 # sequences-gpt-oss.json (its experts are MXFP4 in the checkpoint itself, so
-# there is no INT4 variant of this family):
+# there is no INT4 variant of this family); `tiny-glm4-moe` (both variants)
+# on sequences-glm4.json:
 #
 #   tools/witness/run_device.sh PATH/TO/krasis-runtime OUT_DIR [--vocab qwen.tiktoken]
 #       [--o200k o200k_base.tiktoken] [--python PY] [--device auto|cpu|cuda] [--case NAME]...
@@ -87,10 +88,8 @@ for entry in "${cases[@]}"; do
         sequences="$here/sequences-gpt-oss.json"
     fi
     if [[ "$preset" == tiny-glm4-moe ]]; then
-        # BF16 experts like qwen3_moe's; only the source variant is witnessed
-        # until the CUDA engine (whose INT4 cache the int4 variant checks)
-        # builds glm4_moe.
-        variants=(source)
+        # BF16 experts like qwen3_moe's: source, and int4 (the experts the
+        # CUDA engine runs from its INT4 cache).
         sequences="$here/sequences-glm4.json"
     fi
     ckpt="$work/$name"

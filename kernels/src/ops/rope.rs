@@ -255,6 +255,93 @@ impl Kernels {
     }
 }
 
+/// The per-head q/k RMSNorm weights a partial-rotary launch normalises
+/// with first (bf16 `[head_dim]` each), and the norm's epsilon.
+#[derive(Clone, Copy)]
+pub struct QkNormArgs<'a> {
+    pub q: &'a CudaSlice<bf16>,
+    pub k: &'a CudaSlice<bf16>,
+    pub eps: f32,
+}
+
+impl Kernels {
+    /// Partial rotary (glm4_moe), in place on the q and k heads of `qkv`:
+    /// with `norm`, the per-head RMSNorm over the whole `head_dim` first
+    /// (as [`Kernels::qk_norm_rope`]); then only the first `rotary_dim`
+    /// dimensions of each head rotate, HF rotate_half within them (pairs
+    /// `(i, i + rotary_dim/2)`), with angle `f32(pos) * inv_freq[i]` and
+    /// cos/sin times `scale` (the arithmetic of [`Kernels::rope_table`]);
+    /// the other dimensions pass through (normed, if `norm`). v is
+    /// untouched. One rounding to bf16.
+    ///
+    /// - `inv_freq`: f32 `[rotary_dim / 2]`, frequencies computed over
+    ///   `rotary_dim` by `krasis_model::layers::rope::inv_freq`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_partial(
+        &self,
+        stream: &CudaStream,
+        qkv: &mut impl DevicePtrMut<bf16>,
+        geom: QkvGeom,
+        start: StartPos<'_>,
+        norm: Option<QkNormArgs<'_>>,
+        inv_freq: &impl DevicePtr<f32>,
+        scale: f32,
+        rotary_dim: usize,
+    ) -> Result<()> {
+        const K: &str = "rope_partial_bf16";
+        geom.validate(K)?;
+        ensure(
+            K,
+            rotary_dim >= 2 && rotary_dim.is_multiple_of(2) && rotary_dim <= geom.head_dim,
+            || {
+                format!(
+                    "rotary_dim = {rotary_dim} must be even, >= 2 and <= head_dim {}",
+                    geom.head_dim
+                )
+            },
+        )?;
+        ensure(K, scale > 0.0 && scale.is_finite(), || {
+            format!("rope scale = {scale} must be positive and finite")
+        })?;
+        check_len(K, "qkv", qkv.len(), geom.len())?;
+        check_len(K, "inv_freq", inv_freq.len(), rotary_dim / 2)?;
+        let eps = match norm {
+            Some(n) => {
+                check_len(K, "q_norm", n.q.len(), geom.head_dim)?;
+                check_len(K, "k_norm", n.k.len(), geom.head_dim)?;
+                n.eps
+            }
+            None => 0.0,
+        };
+        let heads = (geom.n_q_heads + geom.n_kv_heads) as u32;
+        let (t, nq, nkv, d, rot) = (
+            dim_u32(K, "n_tokens", geom.n_tokens)?,
+            geom.n_q_heads as u32,
+            geom.n_kv_heads as u32,
+            geom.head_dim as u32,
+            rotary_dim as u32,
+        );
+        let f = self.func(K)?;
+        let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
+        let (qp, _g1) = qkv.device_ptr_mut(stream);
+        let (fp, _g2) = inv_freq.device_ptr(stream);
+        let ((qn, _g3), (kn, _g4)) = match norm {
+            Some(n) => {
+                let (q, gq) = n.q.device_ptr(stream);
+                let (k, gk) = n.k.device_ptr(stream);
+                ((q, Some(gq)), (k, Some(gk)))
+            }
+            None => ((0, None), (0, None)),
+        };
+        let mut b = builder(stream, f);
+        b.arg(&qp).arg(&qn).arg(&kn).arg(&fp).arg(&scale);
+        b.arg(&pos_ptr).arg(&pos_base).arg(&t).arg(&nq).arg(&nkv);
+        b.arg(&d).arg(&rot).arg(&eps);
+        // x = token, y = group of 4 heads (one warp each).
+        submit(K, b, cfg((t, heads.div_ceil(4), 1), 128, 0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

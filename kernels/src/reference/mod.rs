@@ -10,6 +10,7 @@ mod gemv;
 mod int4;
 mod moe;
 mod mxfp4;
+mod rope_partial;
 mod sampling;
 
 pub use attention::{attention, attention_ring, kv_append_ring};
@@ -24,4 +25,5 @@ pub use mxfp4::{
     E2M1, Mxfp4Decoded, Mxfp4Expert, e8m0, expert_activation, mxfp4_decode_rows,
     mxfp4_expert_forward,
 };
+pub use rope_partial::rope_partial;
 pub use sampling::{argmax, philox4x32_10, prepared_logits, sample_from_weights, sample_weights};

@@ -11,4 +11,5 @@ mod int4;
 mod moe;
 mod mxfp4;
 mod rope;
+mod rope_partial;
 mod sampling;

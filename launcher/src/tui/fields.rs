@@ -222,7 +222,7 @@ impl Field {
         let arch = cx.model_type.and_then(|t| caps.architecture(t));
         match self {
             // Only the backends that build this model's family (the
-            // registry's list; gpt_oss runs on the reference engine only).
+            // registry's list).
             Field::Backend => caps
                 .backends
                 .iter()

@@ -91,6 +91,24 @@ pub(crate) fn attention(
             project_bf16(cx, sc, l, t, decode, w)?;
             let sp = start_pos(at, &sc.pos)?;
             match (&lw.qk_norm, &cx.w.rope) {
+                // Partial rotary (glm4_moe): its own kernel, with or without norm.
+                (n, Some(r)) if r.rotary_dim < g.head_dim => {
+                    let norm = n.as_ref().map(|n| krasis_kernels::QkNormArgs {
+                        q: &n.q,
+                        k: &n.k,
+                        eps,
+                    });
+                    kn.rope_partial(
+                        s,
+                        &mut sc.qkv,
+                        geom,
+                        sp,
+                        norm,
+                        &r.inv_freq,
+                        r.scale,
+                        r.rotary_dim,
+                    )?
+                }
                 (Some(n), _) => {
                     kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &n.q, &n.k, theta, eps)?
                 }
@@ -117,8 +135,13 @@ pub(crate) fn attention(
             let sp = start_pos(at, &sc.pos)?;
             let mut qkv = as_f16(&mut sc.qkv);
             match (&lw.qk_norm, &cx.w.rope) {
+                // support.rs refuses both before anything is uploaded.
+                (_, Some(r)) if r.rotary_dim < g.head_dim => {
+                    return Err(GpuError::Unsupported(
+                        "partial rotary with FP16 attention (its kernel is BF16 only)".into(),
+                    ));
+                }
                 (None, Some(r)) => kn.rope_table(s, &mut qkv, geom, sp, &r.inv_freq, r.scale)?,
-                // support.rs refuses it before anything is uploaded.
                 (Some(_), _) => {
                     return Err(GpuError::Unsupported(
                         "q/k RMSNorm with FP16 attention (the fused kernel is BF16 only)".into(),

@@ -22,11 +22,13 @@ pub struct Bound {
 }
 
 /// Bytes one decode token must read at context `ctx` with all experts
-/// resident: every non-expert weight once, `top_k` experts (INT4 or MXFP4,
+/// resident: every non-expert weight once (a MoE layer's shared expert
+/// among them), `top_k` experts (INT4 or MXFP4,
 /// `expert_bytes` each) per MoE layer, the KV cache up to `ctx` (a sliding
 /// layer's window of it), and the LM head.
 pub fn decode_bytes_per_token(g: &Geometry, expert_bytes: usize, ctx: usize) -> f64 {
     let (h, q, kv) = (g.hidden as f64, g.q_dim() as f64, g.kv_dim() as f64);
+    let shared = g.shared_intermediate.unwrap_or(0);
     let mut b = 0.0;
     for l in &g.layers {
         let keys = match l.attention {
@@ -36,7 +38,11 @@ pub fn decode_bytes_per_token(g: &Geometry, expert_bytes: usize, ctx: usize) -> 
         b += 2.0 * ((q + 2.0 * kv) * h + h * q); // qkv + o_proj, bf16
         b += 2.0 * 2.0 * keys as f64 * kv; // K and V, bf16
         b += match l.mlp {
-            MlpKind::Moe => 2.0 * g.num_experts as f64 * h + (g.top_k * expert_bytes) as f64,
+            MlpKind::Moe => {
+                2.0 * g.num_experts as f64 * h
+                    + (g.top_k * expert_bytes) as f64
+                    + 2.0 * 3.0 * h * shared as f64
+            }
             MlpKind::Dense => 2.0 * 3.0 * h * g.intermediate as f64,
         };
     }
@@ -58,7 +64,8 @@ pub fn prefill_flops(g: &Geometry, tokens: usize) -> f64 {
         per_token += match kind {
             MlpKind::Moe => {
                 2.0 * (g.num_experts as f64 * h
-                    + g.top_k as f64 * 3.0 * h * g.expert_intermediate as f64)
+                    + g.top_k as f64 * 3.0 * h * g.expert_intermediate as f64
+                    + 3.0 * h * g.shared_intermediate.unwrap_or(0) as f64)
             }
             MlpKind::Dense => 2.0 * 3.0 * h * g.intermediate as f64,
         };
@@ -149,5 +156,27 @@ mod tests {
         assert!(f2 > 2.0 * f1 - 2.0 * 2.0 * 151936.0 * 2048.0);
         // ~1.5 B active params per token -> ~3 GFLOP per token.
         assert!((2.5e9..4.0e9).contains(&(f1 / 1000.0)), "{}", f1 / 1000.0);
+    }
+
+    /// A shared expert is read (and multiplied) once per token per MoE
+    /// layer, like the non-expert weights: GLM-4.5-Air-12l's bounds are
+    /// those of the same plan without it plus its 3 S H per MoE layer.
+    #[test]
+    fn bounds_count_the_shared_expert() {
+        let json = krasis_model::synth::preset_config("glm-4.5-air-12l")
+            .unwrap()
+            .to_string();
+        let g = krasis_model::ModelConfig::from_json_str(&json, std::path::Path::new("glm"))
+            .unwrap()
+            .geometry();
+        let mut plain = g.clone();
+        plain.shared_intermediate = None;
+        let per_layer = 3.0 * g.hidden as f64 * g.shared_intermediate.unwrap() as f64;
+        let moe = g.num_moe_layers() as f64;
+        let bytes =
+            decode_bytes_per_token(&g, 1000, 100) - decode_bytes_per_token(&plain, 1000, 100);
+        assert_eq!(bytes, 2.0 * per_layer * moe);
+        let flops = prefill_flops(&g, 64) - prefill_flops(&plain, 64);
+        assert!((flops - 2.0 * per_layer * moe * 64.0).abs() < 1e-3 * flops);
     }
 }

@@ -279,15 +279,22 @@ impl CudaEngine {
                 .map_err(GpuError::driver("planting a fault in the weights"))
         };
         match fault {
-            Fault::None | Fault::DropExpert => {}
+            Fault::None
+            | Fault::DropExpert
+            | Fault::IgnoreSelectionBias
+            | Fault::NoSharedExpert => {}
             Fault::RopeSign => {
                 for lw in &mut m.weights.layers {
                     let n = lw.qk_norm.as_mut().ok_or_else(|| {
                         GpuError::Unsupported("Fault::RopeSign needs q/k norms".into())
                     })?;
+                    // The second half of the rotated dimensions (all of
+                    // a head, or the leading `rotary_dim` of a partial
+                    // rotary, whose pass-through dims stay as they are).
+                    let r = g.rope.rotary_dim.unwrap_or(d);
                     for w in [&mut n.q, &mut n.k] {
                         let mut host = m.gpu.download(w, d, "a q/k norm")?;
-                        for v in &mut host[d / 2..] {
+                        for v in &mut host[r / 2..r] {
                             *v = -*v;
                         }
                         put(&host, w)?;

@@ -79,7 +79,8 @@ pub enum Fault {
     #[default]
     None,
     /// RoPE by `-angle`: the second half of every q/k-norm weight is
-    /// negated at upload. With `D` negating a head's second half, the
+    /// negated at upload (of the rotated part, with a partial rotary).
+    /// With `D` negating a head's second half, the
     /// kernel then stores `D R(-a) x` for q and k, and `D` cancels in
     /// `q . k`, so attention is exactly that of a RoPE sign error.
     RopeSign,
@@ -89,12 +90,40 @@ pub enum Fault {
     /// The last (lowest-ranked) of each token's top-k experts gets routing
     /// weight 0 on the device after the router (a dropped expert).
     DropExpert,
+    /// The router kernel is launched without the layer's selection bias
+    /// (glm4_moe's `e_score_correction_bias`), choosing by the sigmoid
+    /// scores alone.
+    IgnoreSelectionBias,
+    /// MoE layers skip their shared expert.
+    NoSharedExpert,
 }
 
 #[cfg(any(test, feature = "fault-injection"))]
 impl Fault {
     /// Every planted bug (not `None`).
-    pub const ALL: [Fault; 3] = [Fault::RopeSign, Fault::SwapGqa, Fault::DropExpert];
+    pub const ALL: [Fault; 5] = [
+        Fault::RopeSign,
+        Fault::SwapGqa,
+        Fault::DropExpert,
+        Fault::IgnoreSelectionBias,
+        Fault::NoSharedExpert,
+    ];
+
+    /// The planted bugs that change what a model of geometry `g` computes
+    /// on this engine (`RopeSign` is planted in the q/k norm weights).
+    pub fn applicable(g: &Geometry) -> Vec<Fault> {
+        Self::ALL
+            .into_iter()
+            .filter(|f| match f {
+                Fault::None => true,
+                Fault::RopeSign => g.attention.qk_norm,
+                Fault::SwapGqa => g.num_kv_heads >= 2,
+                Fault::DropExpert => g.num_moe_layers() > 0,
+                Fault::IgnoreSelectionBias => g.num_moe_layers() > 0 && g.router.selection_bias,
+                Fault::NoSharedExpert => g.num_moe_layers() > 0 && g.shared_intermediate.is_some(),
+            })
+            .collect()
+    }
 }
 
 /// [`Fault::DropExpert`]: zeroes the routing weight of the last top-k slot
@@ -320,8 +349,14 @@ impl Model {
             )?;
         }
         match &lw.mlp {
-            MlpWeights::Moe { moe_index, .. } => {
-                crate::moe::router(&cx, sc, l, t, at)?;
+            MlpWeights::Moe {
+                moe_index, shared, ..
+            } => {
+                #[cfg(any(test, feature = "fault-injection"))]
+                let ignore_bias = fault == Fault::IgnoreSelectionBias;
+                #[cfg(not(any(test, feature = "fault-injection")))]
+                let ignore_bias = false;
+                crate::moe::router(&cx, sc, l, t, at, ignore_bias)?;
                 #[cfg(any(test, feature = "fault-injection"))]
                 if fault == Fault::DropExpert {
                     drop_last_expert(&cx, sc, t)?;
@@ -333,46 +368,18 @@ impl Model {
                     crate::moe::log_token_routes(&cx, sc, l, *moe_index, t, at, log)?;
                 }
                 crate::moe::routed_experts(&cx, sc, hcs, *moe_index, t, at)?;
+                // transformers adds the shared expert to the routed output
+                // unscaled; here both accumulate into the f32 residual,
+                // routed first. It reads `scratch.normed`, which the
+                // router (GEMV in decode) wrote and the experts left as is.
+                #[cfg(any(test, feature = "fault-injection"))]
+                let shared = shared.as_ref().filter(|_| fault != Fault::NoSharedExpert);
+                if let Some(w) = shared {
+                    crate::mlp::swiglu_mlp(&cx, sc, w, t, decode, None)?;
+                }
             }
-            MlpWeights::Dense { gate_up, down } => {
-                let ds = sc.dense.as_mut().ok_or_else(|| {
-                    GpuError::Unsupported("dense layer without dense scratch".into())
-                })?;
-                let inter = g.intermediate;
-                if decode {
-                    cx.norm_gemv::<bf16>(
-                        &sc.residual,
-                        &lw.post_attention_norm,
-                        gate_up,
-                        2 * inter,
-                        &mut sc.normed,
-                        &mut ds.gate_up,
-                    )?;
-                } else {
-                    cx.gemm(
-                        (t, 2 * inter, h),
-                        cx.p(&sc.normed, 0),
-                        cx.p(gate_up, 0),
-                        cx.p(&ds.gate_up, 0),
-                        OutType::Bf16,
-                        0.0,
-                        "dense gate/up",
-                    )?;
-                }
-                kn.swiglu(s, &ds.gate_up, t, inter, &mut ds.act)?;
-                if decode {
-                    kn.gemv_bf16::<f32>(s, &ds.act, down, 1, h, inter, true, &mut sc.residual)?;
-                } else {
-                    cx.gemm(
-                        (t, h, inter),
-                        cx.p(&ds.act, 0),
-                        cx.p(down, 0),
-                        cx.p(&sc.residual, 0),
-                        OutType::F32,
-                        1.0,
-                        "dense down",
-                    )?;
-                }
+            MlpWeights::Dense(w) => {
+                crate::mlp::swiglu_mlp(&cx, sc, w, t, decode, Some(&lw.post_attention_norm))?;
             }
         }
         Ok(())

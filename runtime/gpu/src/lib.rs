@@ -17,6 +17,7 @@ pub mod experts;
 pub mod forward;
 pub mod hcs;
 pub mod host_table;
+mod mlp;
 mod moe;
 pub mod monitor;
 pub mod options;

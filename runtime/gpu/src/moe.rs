@@ -53,21 +53,25 @@ pub(crate) fn routed_experts(
 }
 
 /// Router GEMM (f32 logits) and top-k (the plan's router kind, plus its
-/// bias) of decoder layer `l` over
+/// logit bias or its selection bias) of decoder layer `l` over
 /// `scratch.normed[..t]`; in decode the post-attention RMSNorm is folded
 /// into the router GEMV, which also writes `scratch.normed`.
+/// `ignore_selection_bias` is `Fault::IgnoreSelectionBias` (tests only;
+/// always false otherwise).
 pub(crate) fn router(
     cx: &Ctx<'_>,
     sc: &mut Scratch,
     l: usize,
     t: usize,
     at: Positions,
+    ignore_selection_bias: bool,
 ) -> Result<()> {
     let g = cx.g;
     let lw = &cx.w.layers[l];
     let crate::weights::MlpWeights::Moe {
         router,
         router_bias,
+        selection_bias,
         ..
     } = &lw.mlp
     else {
@@ -105,6 +109,34 @@ pub(crate) fn router(
             &mut sc.topk_ids,
             &mut sc.topk_w,
         )?,
+        // glm4_moe: the kernel takes the selection bias in the bias slot
+        // (added to the sigmoid scores for the choice only; see
+        // `cuda/router.cu`). A logit bias as well is refused by
+        // `support::check_supported`.
+        (
+            RouterKind::SigmoidGroupedTopK {
+                groups,
+                topk_groups,
+                renormalize,
+                scale,
+            },
+            None,
+        ) => cx.kn.router_topk_with::<f32>(
+            &cx.gpu.stream,
+            &sc.router,
+            selection_bias.as_ref().filter(|_| !ignore_selection_bias),
+            t,
+            g.num_experts,
+            g.top_k,
+            RouterMode::SigmoidGrouped {
+                groups,
+                topk_groups,
+                normalize: renormalize,
+                scale,
+            },
+            &mut sc.topk_ids,
+            &mut sc.topk_w,
+        )?,
         (kind, bias) => cx.kn.router_topk_with::<f32>(
             &cx.gpu.stream,
             &sc.router,
@@ -120,7 +152,7 @@ pub(crate) fn router(
                 // Refused by `support::check_supported` before any upload.
                 RouterKind::SigmoidGroupedTopK { .. } => {
                     return Err(GpuError::Unsupported(
-                        "the sigmoid group-limited router".into(),
+                        "a router logit bias with the sigmoid group-limited router".into(),
                     ));
                 }
             },
@@ -258,8 +290,12 @@ pub struct RouteLog {
 
 /// Copies the `t` tokens' selected ids and router logits of decoder layer
 /// `l` (MoE layer `moe_index`) to the host (a sync per MoE layer), with the
-/// router bias added as the top-k kernel adds it, so the gaps are those of
-/// the values the experts were chosen by. Prefill chunks land at their
+/// router bias added as the top-k kernel adds it, and each decision's gap
+/// and k-th value measured as the reference measures its near-ties
+/// (`layers::router::decision_gap`: the logits of the softmax routers; the
+/// choice scores with the selection bias, and the group gap, of the sigmoid
+/// grouped router), so the gaps are those of what the experts were chosen
+/// by. Prefill chunks land at their
 /// absolute positions; a decode token is appended after the positions
 /// logged so far.
 #[allow(clippy::too_many_arguments)]
@@ -287,6 +323,13 @@ pub(crate) fn log_token_routes(
             }
         }
     }
+    let selection = match &cx.w.layers[l].mlp {
+        crate::weights::MlpWeights::Moe {
+            selection_bias: Some(b),
+            ..
+        } => Some(cx.gpu.download(b, ne, "router selection bias")?),
+        _ => None,
+    };
     let rows = log
         .layers
         .get_mut(moe_index)
@@ -299,10 +342,17 @@ pub(crate) fn log_token_routes(
         rows.resize(first + t, crate::check::Route::default());
     }
     for (i, row) in rows[first..first + t].iter_mut().enumerate() {
-        *row = crate::check::Route::from_logits(
+        let (kth, gap) = krasis_model::layers::router::decision_gap(
+            cx.g.router.kind,
             &logits[i * ne..(i + 1) * ne],
-            ids[i * k..(i + 1) * k].to_vec(),
+            selection.as_deref(),
+            k,
         );
+        *row = crate::check::Route {
+            experts: ids[i * k..(i + 1) * k].to_vec(),
+            gap,
+            kth,
+        };
     }
     Ok(())
 }

@@ -86,7 +86,7 @@ impl CudaEngine {
         if let Some(l) = moe {
             b.router_layer_ms = time(self, &mut |e| {
                 let (cx, sc, _) = e.model_mut().split();
-                crate::moe::router(&cx, sc, l, 1, Positions::Decode)
+                crate::moe::router(&cx, sc, l, 1, Positions::Decode, false)
             })?;
             b.experts_layer_ms = time(self, &mut |e| {
                 let (cx, sc, _) = e.model_mut().split();

@@ -170,10 +170,19 @@ pub fn bytes_for(g: &Geometry, cap: usize, gemv_tokens: usize) -> usize {
     if g.has_mlp(MlpKind::Moe) && cap > gemv_tokens {
         per_token += k * (2 * h + 2 * 2 * i + 2 * i + 4 * h + 8);
     }
-    if g.has_mlp(MlpKind::Dense) {
-        per_token += 6 * g.intermediate;
+    if let Some(w) = swiglu_width(g) {
+        per_token += 6 * w;
     }
     per_token * cap
+}
+
+/// Width of the SwiGLU MLP scratch ([`DenseScratch`]): the larger of the
+/// dense layers' intermediate and the shared expert's, which both run
+/// through `mlp::swiglu_mlp` on the same buffers; `None` without either.
+pub(crate) fn swiglu_width(g: &Geometry) -> Option<usize> {
+    let dense = g.has_mlp(MlpKind::Dense).then_some(g.intermediate);
+    let shared = g.shared_intermediate.filter(|_| g.has_mlp(MlpKind::Moe));
+    dense.max(shared)
 }
 
 /// The prefill chunk: `want` tokens, halved while its scratch would take
@@ -219,7 +228,7 @@ pub struct ScratchLens {
     pub counts: usize,
     pub sample_ws: usize,
     pub grouped: Option<GroupedLens>,
-    /// `(gate_up, act)` of the dense MLP.
+    /// `(gate_up, act)` of the dense MLP and the shared expert.
     pub dense: Option<(usize, usize)>,
 }
 
@@ -261,9 +270,7 @@ impl ScratchLens {
                 b2: if g.experts.bias { dq * h } else { 0 },
             }
         });
-        let dense = g
-            .has_mlp(MlpKind::Dense)
-            .then(|| (cap * 2 * g.intermediate, cap * g.intermediate));
+        let dense = swiglu_width(g).map(|w| (cap * 2 * w, cap * w));
         ScratchLens {
             cap,
             ids: cap,

@@ -4,6 +4,7 @@
 //! reference backend runs every component; `--backend reference`).
 
 use crate::error::{GpuError, Result};
+use krasis_kernels::ops::moe::ROUTER_MAX_GROUPS;
 use krasis_kernels::ops::mxfp4::{
     MXFP4_DECODE_MAX_HIDDEN, MXFP4_DECODE_MAX_INTER, MXFP4_DECODE_MAX_TOPK,
 };
@@ -33,9 +34,11 @@ impl ExpertBits {
 /// experts cached as `bits`.
 fn missing_components(g: &Geometry, bits: ExpertBits) -> Vec<String> {
     let mut why = Vec::new();
-    // The fused q/k-norm + RoPE kernel computes default frequencies; table
-    // RoPE (any scaling) runs only where there is no q/k norm.
-    if g.attention.qk_norm && g.rope.scaling != RopeScaling::None {
+    // The fused q/k-norm + RoPE kernel computes full-head default
+    // frequencies; table RoPE (any scaling) runs without a q/k norm, and
+    // the partial-rotary kernel takes a table with or without one.
+    let partial = g.rope.rotary_dim.is_some_and(|r| r != g.head_dim);
+    if g.attention.qk_norm && g.rope.scaling != RopeScaling::None && !partial {
         why.push("RoPE scaling together with q/k RMSNorm".to_string());
     }
     // The FP16 attention path (AttnFormat::F16) is built for gpt_oss's
@@ -50,19 +53,56 @@ fn missing_components(g: &Geometry, bits: ExpertBits) -> Vec<String> {
         if !g.attention.qkv_bias {
             why.push("FP16 attention without q/k/v biases".to_string());
         }
+        if partial {
+            why.push("FP16 attention with partial rotary (its RoPE kernel is BF16 only)".into());
+        }
     }
-    if g.rope.rotary_dim.is_some_and(|r| r != g.head_dim) {
-        why.push("partial rotary embedding (RoPE on part of each head)".to_string());
+    if let Some(r) = g.rope.rotary_dim.filter(|_| partial)
+        && (r < 2 || !r.is_multiple_of(2) || r > g.head_dim)
+    {
+        why.push(format!(
+            "partial rotary over {r} of {} dimensions (must be even)",
+            g.head_dim
+        ));
     }
     if g.num_moe_layers() > 0 {
-        if let RouterKind::SigmoidGroupedTopK { .. } = g.router.kind {
-            why.push("the sigmoid group-limited router".to_string());
+        match g.router.kind {
+            RouterKind::SigmoidGroupedTopK {
+                groups,
+                topk_groups,
+                ..
+            } => {
+                // The kernel adds its one bias to the choice scores.
+                if g.router.bias {
+                    why.push(
+                        "a router logit bias with the sigmoid group-limited router".to_string(),
+                    );
+                }
+                let e = g.num_experts;
+                if !(1..=ROUTER_MAX_GROUPS).contains(&groups)
+                    || !e.is_multiple_of(groups)
+                    || !(1..=groups).contains(&topk_groups)
+                    || (groups > 1 && e / groups < 2)
+                    || g.top_k > topk_groups * (e / groups)
+                {
+                    why.push(format!(
+                        "sigmoid grouped routing of {e} experts in {groups} groups keeping                          {topk_groups} for top-{} (at most {ROUTER_MAX_GROUPS} equal groups                          of >= 2 experts holding top_k)",
+                        g.top_k
+                    ));
+                }
+            }
+            _ if g.router.selection_bias => {
+                why.push("a router selection bias on a softmax router".to_string());
+            }
+            _ => {}
         }
-        if g.router.selection_bias {
-            why.push("a router selection bias".to_string());
-        }
-        if g.shared_intermediate.is_some() {
-            why.push("a shared expert".to_string());
+        let kmax = krasis_kernels::GEMV_MAX_K;
+        if let Some(s) = g.shared_intermediate
+            && (s == 0 || !s.is_multiple_of(8) || s > kmax)
+        {
+            why.push(format!(
+                "shared expert width {s} (must be a multiple of 8 up to {kmax})"
+            ));
         }
     }
     if g.num_moe_layers() > 0 && bits == ExpertBits::Int4 {
@@ -107,9 +147,13 @@ pub(crate) fn check_geometry(g: &Geometry, bits: ExpertBits) -> Result<()> {
             ));
         }
     }
-    if g.has_mlp(krasis_model::MlpKind::Dense) && !g.intermediate.is_multiple_of(8) {
+    // The dense MLPs' and shared experts' down GEMV reads their width.
+    let kmax = krasis_kernels::GEMV_MAX_K;
+    if g.has_mlp(krasis_model::MlpKind::Dense)
+        && (!g.intermediate.is_multiple_of(8) || g.intermediate > kmax)
+    {
         why.push(format!(
-            "dense intermediate {} (must be a multiple of 8)",
+            "dense intermediate {} (must be a multiple of 8 up to {kmax})",
             g.intermediate
         ));
     }
@@ -259,6 +303,12 @@ mod tests {
             .to_string();
         assert!(e.contains("FP16 attention with q/k RMSNorm"), "{e}");
         assert!(e.contains("FP16 attention without q/k/v biases"), "{e}");
+        let mut g = config("glm-4.5-air").geometry();
+        g.attention.activations = AttnFormat::F16;
+        let e = check_geometry(&g, ExpertBits::Int4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("FP16 attention with partial rotary"), "{e}");
         let mut g = config("gpt-oss-20b").geometry();
         g.attention.qkv_bias = false;
         let e = check_geometry(&g, ExpertBits::Mxfp4)
@@ -269,21 +319,54 @@ mod tests {
         check_geometry(&g, ExpertBits::Mxfp4).unwrap();
     }
 
-    /// glm4_moe is refused before anything is uploaded, naming each of its
-    /// components this engine lacks (none of which may run as something
-    /// else: a softmax router or no shared expert would give other logits).
+    /// glm4_moe (partial rotary with and without q/k norms, q/k/v biases,
+    /// the sigmoid group-limited router with its selection bias, the
+    /// shared expert, dense first layers; INT4 experts) is built by this
+    /// engine.
     #[test]
-    fn glm4_moe_is_refused_by_component() {
-        for preset in ["tiny-glm4-moe", "glm-4.5-air", "glm-4.5"] {
-            let e = check_supported(&config(preset)).unwrap_err().to_string();
-            for part in [
-                "partial rotary",
-                "sigmoid group-limited router",
-                "router selection bias",
-                "shared expert",
-            ] {
-                assert!(e.contains(part), "{preset}: {part} missing from: {e}");
-            }
+    fn glm4_moe_plans_are_fully_supported() {
+        for preset in ["tiny-glm4-moe", "glm-4.5-air", "glm-4.5-air-12l", "glm-4.5"] {
+            let c = config(preset);
+            assert_eq!(ExpertBits::of(&c), ExpertBits::Int4, "{preset}");
+            check_supported(&c).unwrap_or_else(|e| panic!("{preset}: {e}"));
+        }
+    }
+
+    /// What glm4_moe's components still cannot be combined with is named:
+    /// a selection bias on a softmax router, a logit bias beside it, more
+    /// groups than the kernel's lanes, a shared expert the GEMVs cannot
+    /// read, an odd partial rotary.
+    #[test]
+    fn unsupported_router_and_shared_expert_combinations_are_named() {
+        let mut g = config("a3b-24l").geometry();
+        g.router.selection_bias = true;
+        let e = check_geometry(&g, ExpertBits::Int4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("selection bias on a softmax router"), "{e}");
+        let mut g = config("glm-4.5-air").geometry();
+        g.router.bias = true;
+        g.shared_intermediate = Some(1404);
+        g.rope.rotary_dim = Some(63);
+        let RouterKind::SigmoidGroupedTopK { topk_groups, .. } = g.router.kind else {
+            panic!("glm4_moe routes by sigmoid groups");
+        };
+        g.router.kind = RouterKind::SigmoidGroupedTopK {
+            groups: 64,
+            topk_groups,
+            renormalize: true,
+            scale: 1.0,
+        };
+        let e = check_geometry(&g, ExpertBits::Int4)
+            .unwrap_err()
+            .to_string();
+        for part in [
+            "logit bias with the sigmoid group-limited router",
+            "in 64 groups",
+            "shared expert width 1404",
+            "partial rotary over 63 of 128",
+        ] {
+            assert!(e.contains(part), "{part} missing from: {e}");
         }
     }
 }

@@ -56,13 +56,26 @@ pub struct QkNorm {
     pub k: CudaSlice<bf16>,
 }
 
-/// RoPE from a frequency table (families without q/k norms): f32
-/// `[head_dim / 2]` inverse frequencies and the cos/sin scale, from
-/// `krasis_model::layers::rope::inv_freq` (YaRN's blend and attention
-/// factor, or the default table and 1).
+/// RoPE from a frequency table (families without q/k norms, and every
+/// partial rotary): f32 `[rotary_dim / 2]` inverse frequencies and the
+/// cos/sin scale, from `krasis_model::layers::rope::inv_freq` over the
+/// rotated dimensions (YaRN's blend and attention factor, or the default
+/// table and 1).
 pub struct RopeTable {
     pub inv_freq: CudaSlice<f32>,
     pub scale: f32,
+    /// The rotated leading dimensions of each head (`head_dim` unless the
+    /// rotary is partial).
+    pub rotary_dim: usize,
+}
+
+/// Whether the engine computes RoPE from a host table (see [`RopeTable`]):
+/// the fused q/k-norm kernel computes full-head default frequencies
+/// itself; everything else reads the table. The one rule the upload and
+/// [`weight_bytes`] share.
+pub(crate) fn rope_table_len(g: &Geometry) -> Option<usize> {
+    let rot = g.rope.rotary_dim.unwrap_or(g.head_dim);
+    (!g.attention.qk_norm || rot != g.head_dim).then_some(rot / 2)
 }
 
 pub enum MlpWeights {
@@ -71,15 +84,27 @@ pub enum MlpWeights {
         router: CudaSlice<bf16>,
         /// f32 `[E]`, added to the logits before selection.
         router_bias: Option<CudaSlice<f32>>,
+        /// f32 `[E]`, added to the choice scores only (glm4_moe's
+        /// `e_score_correction_bias`; the checkpoint stores it in f32).
+        selection_bias: Option<CudaSlice<f32>>,
+        /// The ungated shared expert added to every token's routed output
+        /// (BF16, always resident: it runs for every token).
+        shared: Option<SwigluMlp>,
         /// Index of this layer among the MoE layers (row of the expert pointer table).
         moe_index: usize,
     },
-    Dense {
-        /// `[2I, H]`: gate rows then up rows (the same fusion as the INT4 `w13`).
-        gate_up: CudaSlice<bf16>,
-        /// `[H, I]`.
-        down: CudaSlice<bf16>,
-    },
+    Dense(SwigluMlp),
+}
+
+/// A SwiGLU MLP in BF16 (a dense layer's MLP, or a MoE layer's shared
+/// expert), run by `crate::mlp::swiglu_mlp`.
+pub struct SwigluMlp {
+    /// `[2I, H]`: gate rows then up rows (the same fusion as the INT4 `w13`).
+    pub gate_up: CudaSlice<bf16>,
+    /// `[H, I]`.
+    pub down: CudaSlice<bf16>,
+    /// `I`.
+    pub inter: usize,
 }
 
 /// The `[V, H]` input embedding and LM head, and where each lives.
@@ -98,7 +123,7 @@ pub struct ModelWeights {
     pub embed: Embedding,
     pub final_norm: CudaSlice<bf16>,
     pub layers: Vec<LayerWeights>,
-    /// The RoPE table when the attention has no q/k norms.
+    /// The RoPE table ([`rope_table_len`]).
     pub rope: Option<RopeTable>,
     /// Bytes uploaded, for reports.
     pub bytes: usize,
@@ -178,18 +203,28 @@ impl ModelWeights {
                             true => Some(up.f32(&t(RouterBias), g.num_experts)?),
                             false => None,
                         },
+                        selection_bias: match g.router.selection_bias {
+                            true => Some(up.f32(&t(RouterSelectionBias), g.num_experts)?),
+                            false => None,
+                        },
+                        shared: match g.shared_intermediate {
+                            Some(s) => {
+                                Some(up.swiglu(t(SharedGate), t(SharedUp), t(SharedDown), s, h)?)
+                            }
+                            None => None,
+                        },
                         moe_index,
                     };
                     moe_index += 1;
                     m
                 }
-                MlpKind::Dense => MlpWeights::Dense {
-                    gate_up: up.bf16_fused(
-                        &[(t(DenseGate), g.intermediate), (t(DenseUp), g.intermediate)],
-                        h,
-                    )?,
-                    down: up.bf16(&[&t(DenseDown)], &[h, g.intermediate])?,
-                },
+                MlpKind::Dense => MlpWeights::Dense(up.swiglu(
+                    t(DenseGate),
+                    t(DenseUp),
+                    t(DenseDown),
+                    g.intermediate,
+                    h,
+                )?),
             };
             let input_norm = up.bf16_one(&t(InputNorm), &[h])?;
             let post_attention_norm = up.bf16_one(&t(PostAttentionNorm), &[h])?;
@@ -218,16 +253,17 @@ impl ModelWeights {
                 mlp,
             });
         }
-        let rope = match g.attention.qk_norm {
-            true => None,
-            false => {
-                let (inv_freq, scale) = krasis_model::layers::rope::inv_freq(hd, g.rope);
+        let rope = match rope_table_len(g) {
+            None => None,
+            Some(half) => {
+                let (inv_freq, scale) = krasis_model::layers::rope::inv_freq(2 * half, g.rope);
                 let dev = gpu.upload(&inv_freq, "RoPE frequency table")?;
                 up.bytes += 4 * inv_freq.len();
                 up.done(4 * inv_freq.len());
                 Some(RopeTable {
                     inv_freq: dev,
                     scale,
+                    rotary_dim: 2 * half,
                 })
             }
         };
@@ -258,8 +294,9 @@ impl ModelWeights {
 /// Where [`ModelWeights::upload`] puts the non-expert weights, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WeightBytes {
-    /// BF16 in VRAM: attention, norms, routers, dense MLPs, the LM head (and
-    /// the input embedding when tied to it).
+    /// BF16 in VRAM: attention, norms, routers, dense MLPs and shared
+    /// experts, the LM head (and the input embedding when tied to it); f32
+    /// biases, sinks, selection biases and the RoPE table.
     pub device: usize,
     /// BF16 in mapped host memory: the untied input embedding.
     pub host: usize,
@@ -274,7 +311,7 @@ pub fn weight_bytes(g: &Geometry) -> WeightBytes {
     let table = g.vocab_size * h;
     // The LM head (or the tied embedding), the final norm.
     let mut elems = table + h;
-    let mut f32s = if a.qk_norm { 0 } else { hd / 2 };
+    let mut f32s = rope_table_len(g).unwrap_or(0);
     for kind in g.layers.iter().map(|l| l.mlp) {
         // Fused q/k/v, o_proj, the two RMSNorms.
         elems += (q + 2 * kv) * h + h * q + 2 * h;
@@ -291,11 +328,12 @@ pub fn weight_bytes(g: &Geometry) -> WeightBytes {
             f32s += g.num_heads;
         }
         elems += match kind {
-            MlpKind::Moe => g.num_experts * h,
+            MlpKind::Moe => g.num_experts * h + 3 * g.shared_intermediate.unwrap_or(0) * h,
             MlpKind::Dense => 3 * g.intermediate * h,
         };
-        if kind == MlpKind::Moe && g.router.bias {
-            f32s += g.num_experts;
+        if kind == MlpKind::Moe {
+            f32s +=
+                g.num_experts * (usize::from(g.router.bias) + usize::from(g.router.selection_bias));
         }
     }
     let host = if g.tie_word_embeddings { 0 } else { table };
@@ -353,6 +391,22 @@ impl Uploader<'_> {
         let dev = self.gpu.upload(&host, &parts[0].0)?;
         self.done(host.len() * 2);
         Ok(dev)
+    }
+
+    /// A SwiGLU MLP of width `inter`: gate and up fused into `[2I, H]`.
+    fn swiglu(
+        &mut self,
+        gate: String,
+        up: String,
+        down: String,
+        inter: usize,
+        h: usize,
+    ) -> Result<SwigluMlp> {
+        Ok(SwigluMlp {
+            gate_up: self.bf16_fused(&[(gate, inter), (up, inter)], h)?,
+            down: self.bf16(&[&down], &[h, inter])?,
+            inter,
+        })
     }
 
     fn bf16_one(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>> {
@@ -428,9 +482,11 @@ mod tests {
     use krasis_model::ModelConfig;
 
     /// The plan's weight sizes are the checkpoint's non-expert tensors
-    /// (BF16 matrices and norms; f32 biases, sinks and router biases), plus
-    /// the f32 RoPE table of a family without q/k norms, for a tied and an
-    /// untied synthetic model with dense layers and for gpt_oss.
+    /// (BF16 matrices, norms and shared experts; f32 biases, sinks, router
+    /// and selection biases), plus the f32 RoPE table of a family without
+    /// q/k norms or with a partial rotary, for a tied and an untied
+    /// synthetic model with dense layers, for gpt_oss and for glm4_moe (an
+    /// MTP layer the checkpoint carries is skipped, never uploaded).
     #[test]
     fn weight_bytes_are_the_checkpoints_non_expert_tensors() {
         for (preset, tie) in [
@@ -438,6 +494,7 @@ mod tests {
             ("tiny", true),
             ("tiny-dense", false),
             ("tiny-gpt-oss", false),
+            ("tiny-glm4-moe", false),
         ] {
             let dir = krasis_model::testutil::tiny_checkpoint_with(
                 preset,
@@ -454,20 +511,27 @@ mod tests {
             use LayerTensor::*;
             let wide: std::collections::HashSet<String> = (0..g.num_layers)
                 .flat_map(|l| {
-                    [QBias, KBias, VBias, OBias, Sinks, RouterBias]
-                        .map(|r| config.layer_tensor_name(l, r))
+                    [
+                        QBias,
+                        KBias,
+                        VBias,
+                        OBias,
+                        Sinks,
+                        RouterBias,
+                        RouterSelectionBias,
+                    ]
+                    .map(|r| config.layer_tensor_name(l, r))
                 })
                 .collect();
+            let skipped = config.skipped_prefixes();
             let mut bytes = 0;
             for name in ckpt.tensor_names() {
-                if !experts.contains(name) {
+                if !experts.contains(name) && !skipped.iter().any(|p| name.starts_with(p)) {
                     let size = if wide.contains(name) { 4 } else { 2 };
                     bytes += size * ckpt.get(name).unwrap().numel();
                 }
             }
-            if !g.attention.qk_norm {
-                bytes += 4 * g.head_dim / 2;
-            }
+            bytes += 4 * rope_table_len(&g).unwrap_or(0);
             let w = weight_bytes(&g);
             assert_eq!(w.device + w.host, bytes, "{preset} tie={tie}");
             let table = 2 * g.vocab_size * g.hidden;
@@ -536,6 +600,32 @@ mod tests {
             + g.num_layers * per_layer
             + 4 * g.num_moe_layers() * g.num_experts
             + 4 * hd / 2;
+        assert_eq!(weight_bytes(&g).device, want);
+    }
+
+    /// glm4_moe's sizes differ from the same plan without its parts by
+    /// exactly those parts: the shared expert (3 S H BF16) and selection
+    /// bias (f32 E) of every MoE layer, and the partial rotary's table
+    /// (f32 rotary_dim / 2, present although tiny-glm4-moe has q/k norms).
+    #[test]
+    fn glm4_moe_weight_bytes_count_the_shared_expert_selection_bias_and_table() {
+        let json = krasis_model::synth::preset_config("tiny-glm4-moe")
+            .unwrap()
+            .to_string();
+        let g = ModelConfig::from_json_str(&json, std::path::Path::new("tiny-glm4-moe"))
+            .unwrap()
+            .geometry();
+        let (s, rot) = (g.shared_intermediate.unwrap(), g.rope.rotary_dim.unwrap());
+        assert!(g.attention.qk_norm && rot < g.head_dim && g.router.selection_bias);
+        assert!(g.num_moe_layers() < g.num_layers, "a dense first layer");
+        let mut plain = g.clone();
+        plain.shared_intermediate = None;
+        plain.router.selection_bias = false;
+        plain.rope.rotary_dim = None;
+        let moe = g.num_moe_layers();
+        let want = weight_bytes(&plain).device
+            + moe * (2 * 3 * s * g.hidden + 4 * g.num_experts)
+            + 4 * rot / 2;
         assert_eq!(weight_bytes(&g).device, want);
     }
 }

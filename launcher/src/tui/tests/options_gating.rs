@@ -115,6 +115,11 @@ fn only_backends_that_build_the_family_are_offered() {
     let d = caps.default_options("gpt_oss").unwrap();
     assert_eq!((d.backend, d.hcs), (Backend::Cuda, true));
     assert_eq!(d.expert_precision, "mxfp4");
+    // glm4_moe: both engines, the CUDA one from the INT4 cache with HCS.
+    assert_eq!(choices(Some("glm4_moe")), ["reference", "cuda"]);
+    let d = caps.default_options("glm4_moe").unwrap();
+    assert_eq!((d.backend, d.hcs), (Backend::Cuda, true));
+    assert_eq!(d.expert_precision, "int4");
     // A family registered with the reference engine only is offered only it.
     let mut one = caps.clone();
     one.architectures

@@ -269,6 +269,27 @@ mod cpu {
         }
     }
 
+    /// glm4_moe (`tiny-glm4-moe`: the sigmoid grouped router, whose
+    /// near-ties are measured on its choice scores, the shared expert,
+    /// partial rotary): the correct BF16 engine passes; every planted fault
+    /// (an ignored selection bias and a skipped shared expert among them)
+    /// fails, as `tests/glm4_moe.rs` requires of the CUDA engine.
+    #[test]
+    fn on_tiny_glm4_moe_the_bf16_emulation_passes_and_every_planted_fault_fails() {
+        let ok = judge("tiny-glm4-moe", TOKENS, Fault::None);
+        eprintln!("{}", ok.line());
+        assert!(ok.passed(), "{}", ok.line());
+        let faults = faults("tiny-glm4-moe");
+        assert!(
+            faults.contains(&Fault::IgnoreSelectionBias) && faults.contains(&Fault::NoSharedExpert)
+        );
+        for fault in faults {
+            let bad = judge("tiny-glm4-moe", TOKENS, fault);
+            eprintln!("{}", bad.line());
+            assert!(!bad.passed(), "{}", bad.line());
+        }
+    }
+
     /// gpt_oss (`tiny-gpt-oss`): the correct BF16 engine's rounding reaches
     /// 1.1 bounds at a few positions on this synthetic model (its expert
     /// intermediates are rounded to BF16 as the CUDA prefill path stores

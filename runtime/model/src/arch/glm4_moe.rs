@@ -27,23 +27,23 @@ use std::path::Path;
 /// The `model_type` of these checkpoints.
 pub const MODEL_TYPE: &str = "glm4_moe";
 
-/// The registry entry: the reference engine builds it (the CUDA engine
-/// refuses its router, shared expert and partial rotary by name until it
-/// implements them); experts in the checkpoint's precision (BF16).
+/// The registry entry: both engines build it; the CUDA engine runs the
+/// BF16 checkpoint experts from the INT4 expert cache (as qwen3_moe), with
+/// HCS; BF16 attention and KV cache, one GPU.
 pub const ARCHITECTURE: Architecture = Architecture {
     model_type: MODEL_TYPE,
     display_name: "GLM-4.5 MoE",
     parse: |v, path| Ok(ModelConfig::Glm4Moe(Glm4MoeConfig::from_value(v, path)?)),
-    backends: &[Backend::Reference],
+    backends: &[Backend::Reference, Backend::Cuda],
     options: OptionSupport {
-        expert_precisions: &["bf16"],
+        expert_precisions: &["int4"],
         attention_precisions: &["bf16"],
         kv_formats: &["bf16"],
-        hcs: false,
+        hcs: true,
         pruning_modes: &["off"],
         multi_gpu_modes: &["single"],
         defaults: OptionDefaults {
-            expert_precision: "bf16",
+            expert_precision: "int4",
             attention_precision: "bf16",
             kv_format: "bf16",
             pruning: "off",

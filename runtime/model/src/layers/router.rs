@@ -33,6 +33,71 @@ pub fn route_with(
     }
 }
 
+/// The k-th largest of `values` and the gap to the next (k-th minus
+/// (k+1)-th; ∞ when every value is chosen).
+pub fn kth_and_gap(values: &[f32], top_k: usize) -> (f32, f32) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let kth = sorted[top_k - 1];
+    let gap = sorted.get(top_k).map_or(f32::INFINITY, |next| kth - next);
+    (kth, gap)
+}
+
+/// How close one routing decision was to going another way: the k-th
+/// choice score ([`choice_scores`]) and the decision's gap. For the
+/// softmax routers that is the k-th minus the (k+1)-th logit. The
+/// group-limited router also decides which groups stay, and a near-tie
+/// between the `topk_groups`-th group's score and the next one's switches
+/// experts whose own choice scores may be far apart, so its gap is the
+/// smaller of the experts' and the groups'. (What `RouteFollow` and the
+/// GPU check measure near-ties by.)
+pub fn decision_gap(
+    kind: RouterKind,
+    logits: &[f32],
+    selection_bias: Option<&[f32]>,
+    top_k: usize,
+) -> (f32, f32) {
+    let choice = choice_scores(kind, logits, selection_bias);
+    let (kth, gap) = kth_and_gap(&choice, top_k);
+    match kind {
+        RouterKind::SigmoidGroupedTopK {
+            groups,
+            topk_groups,
+            ..
+        } if topk_groups < groups => {
+            let mut gs = group_scores(&biased_scores(logits, selection_bias), groups);
+            gs.sort_by(|a, b| b.total_cmp(a));
+            (kth, gap.min(gs[topk_groups - 1] - gs[topk_groups]))
+        }
+        _ => (kth, gap),
+    }
+}
+
+/// `sigmoid(logit) + selection bias` of every expert (before any group
+/// is masked).
+fn biased_scores(logits: &[f32], selection_bias: Option<&[f32]>) -> Vec<f32> {
+    let mut choice: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+    if let Some(b) = selection_bias {
+        for (c, &b) in choice.iter_mut().zip(b) {
+            *c += b;
+        }
+    }
+    choice
+}
+
+/// Each of `groups` equal groups' score: the sum of its two best choice
+/// scores.
+fn group_scores(choice: &[f32], groups: usize) -> Vec<f32> {
+    choice
+        .chunks_exact(choice.len() / groups)
+        .map(|g| {
+            let mut v = g.to_vec();
+            v.sort_by(|a, b| b.total_cmp(a));
+            v.iter().take(2).sum()
+        })
+        .collect()
+}
+
 /// The scores `kind` chooses its top-k by (what a near-tie is measured
 /// on): the logits themselves for the softmax routers (the softmax is
 /// monotone), and for `SigmoidGroupedTopK` `sigmoid(logit) + bias` with
@@ -56,23 +121,10 @@ pub fn choice_scores<'a>(
         groups >= 1 && n.is_multiple_of(groups) && topk_groups >= 1 && topk_groups <= groups,
         "grouped router: {n} experts in {groups} groups, keeping {topk_groups}"
     );
-    let mut choice: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
-    if let Some(b) = selection_bias {
-        for (c, &b) in choice.iter_mut().zip(b) {
-            *c += b;
-        }
-    }
+    let mut choice = biased_scores(logits, selection_bias);
     if topk_groups < groups {
         let per = n / groups;
-        // A group's score: the sum of its two best choice scores.
-        let group_score: Vec<f32> = choice
-            .chunks_exact(per)
-            .map(|g| {
-                let mut v = g.to_vec();
-                v.sort_by(|a, b| b.total_cmp(a));
-                v.iter().take(2).sum()
-            })
-            .collect();
+        let group_score = group_scores(&choice, groups);
         let mut order: Vec<usize> = (0..groups).collect();
         order.sort_by(|&a, &b| group_score[b].total_cmp(&group_score[a]));
         for &g in &order[topk_groups..] {
@@ -258,6 +310,39 @@ mod tests {
     /// keep groups {2,3} and {0,1}; expert 6 (the best score 0.95) is in a
     /// dropped group; expert 2 is chosen for its bias, weighted by its
     /// bias-free score; renormalised, then scaled by 2.5.
+    /// A near-tie between groups is a near-tie of the decision even where
+    /// the chosen experts' own scores are far from the next ones: 4
+    /// experts in 2 groups keeping 1, top-1. Scores (logit 0 → 0.5):
+    /// group 0 {0.9, 0.1}, group 1 {0.51, 0.48}: group sums 1.0 vs 0.99.
+    #[test]
+    fn grouped_decision_gap_is_the_smaller_of_experts_and_groups() {
+        let kind = RouterKind::SigmoidGroupedTopK {
+            groups: 2,
+            topk_groups: 1,
+            renormalize: true,
+            scale: 1.0,
+        };
+        let logit = |p: f32| (p / (1.0 - p)).ln();
+        let l = [logit(0.9), logit(0.1), logit(0.51), logit(0.48)];
+        let (kth, gap) = decision_gap(kind, &l, None, 1);
+        // Experts: 0.9 against 0.1 (group 1 masked to 0): 0.8 apart.
+        assert!((kth - 0.9).abs() < 1e-6);
+        // Groups: 1.0 against 0.99.
+        assert!((gap - 0.01).abs() < 1e-5, "{gap}");
+        // Keeping every group there is no group decision.
+        let all = RouterKind::SigmoidGroupedTopK {
+            groups: 2,
+            topk_groups: 2,
+            renormalize: true,
+            scale: 1.0,
+        };
+        let (_, gap) = decision_gap(all, &l, None, 1);
+        assert!((gap - 0.39).abs() < 1e-5, "{gap}");
+        // The softmax routers: the logits' own gap.
+        let soft = RouterKind::SoftmaxTopK { renormalize: true };
+        assert_eq!(decision_gap(soft, &[0.5, 2.0, 1.0], None, 2), (1.0, 0.5));
+    }
+
     #[test]
     fn sigmoid_grouped_topk_hand_case() {
         let logits = [0.0f32, 1.0, -1.0, 2.0, 0.5, -2.0, 3.0, -3.0];

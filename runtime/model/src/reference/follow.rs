@@ -64,13 +64,7 @@ impl RouteFollow {
 
 /// The k-th best router logit and its gap to the (k+1)-th (∞ when every
 /// expert is selected).
-pub fn kth_and_gap(logits: &[f32], top_k: usize) -> (f32, f32) {
-    let mut sorted = logits.to_vec();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let kth = sorted[top_k - 1];
-    let gap = sorted.get(top_k).map_or(f32::INFINITY, |next| kth - next);
-    (kth, gap)
-}
+pub use crate::layers::router::kth_and_gap;
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,6 @@
 //! the model's RoPE) and the layer's mixer (dense gated MLP, or router +
 //! routed experts with the family's router kind and activation).
 
-use super::follow::kth_and_gap;
 use super::trace::{attention_peaks, rms_rows};
 use super::weights::{LayerWeights, MlpWeights};
 use super::{Activations, ReferenceEngine};
@@ -13,7 +12,7 @@ use crate::layers::attention::{AttnShape, attention};
 use crate::layers::linear::{PARALLEL_MIN_MACS, add_bias_rows, matmul};
 use crate::layers::mlp::{SwigluWeights, activate, swiglu};
 use crate::layers::norm::rms_norm_rows;
-use crate::layers::router::{choice_scores, route_selected, route_with};
+use crate::layers::router::{decision_gap, route_selected, route_with};
 use rayon::prelude::*;
 
 impl ReferenceEngine {
@@ -43,7 +42,15 @@ impl ReferenceEngine {
             self.capture(2 * layer + 1, &x);
             if let (Some(tr), Some((l, ran))) = (self.trace.as_mut(), routing) {
                 let g = &self.geometry;
-                tr.record_router(layer, &l, Some(&ran), g.num_experts, g.top_k);
+                let selection = match &self.weights.layers[layer].mlp {
+                    MlpWeights::Moe { selection_bias, .. } => selection_bias.as_deref(),
+                    MlpWeights::Dense { .. } => None,
+                };
+                #[cfg(any(test, feature = "fault-injection"))]
+                let selection =
+                    selection.filter(|_| self.fault != super::Fault::IgnoreSelectionBias);
+                let router = (g.router.kind, selection);
+                tr.record_router(layer, &l, Some(&ran), (g.num_experts, g.top_k), router);
             }
         }
         if let Some(tr) = self.trace.as_mut() {
@@ -345,8 +352,7 @@ impl ReferenceEngine {
             let mut followed = false;
             if let Some(f) = &self.follow {
                 let own: Vec<usize> = chosen.iter().map(|c| c.0).collect();
-                let choice = choice_scores(g.router.kind, l, selection_bias);
-                let (kth, gap) = kth_and_gap(&choice, g.top_k);
+                let (kth, gap) = decision_gap(g.router.kind, l, selection_bias, g.top_k);
                 if let Some(theirs) = f.take(layer, start + t, &own, gap, kth) {
                     chosen = route_selected(g.router.kind, l, theirs);
                     followed = true;

@@ -8,10 +8,10 @@
 //! call, so a prompt prefilled in several chunks gives the same trace as one
 //! batch.
 
-use super::follow::kth_and_gap;
+use crate::arch::RouterKind;
 use crate::layers::attention::AttnShape;
 use crate::layers::linear::dot;
-use crate::layers::router::route;
+use crate::layers::router::{decision_gap, route_with};
 
 /// Indexed `[layer][token]` unless noted; all values are f32 diagnostics.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -58,23 +58,31 @@ impl Trace {
     /// Records the routing of `[n, num_experts]` router logits (the tokens
     /// of the current forward pass, appended after the earlier chunks'):
     /// the experts run (`ran[t]`, the own top-k when `None`), whether each
-    /// was followed, and the own logits' gap and k-th value.
+    /// was followed, and the own decision's gap and k-th choice score
+    /// (`layers::router::decision_gap` under the router `kind` with the
+    /// layer's selection bias).
     pub(super) fn record_router(
         &mut self,
         layer: usize,
         logits: &[f32],
         ran: Option<&[(Vec<usize>, bool)]>,
-        ne: usize,
-        top_k: usize,
+        (ne, top_k): (usize, usize),
+        (kind, selection_bias): (RouterKind, Option<&[f32]>),
     ) {
         for (t, l) in logits.chunks_exact(ne).enumerate() {
             let (experts, followed) = match ran {
                 Some(r) => r[t].clone(),
-                None => (route(l, top_k, false).iter().map(|c| c.0).collect(), false),
+                None => (
+                    route_with(kind, l, selection_bias, top_k)
+                        .iter()
+                        .map(|c| c.0)
+                        .collect(),
+                    false,
+                ),
             };
             self.experts[layer].push(experts);
             self.followed[layer].push(followed);
-            let (kth, gap) = kth_and_gap(l, top_k);
+            let (kth, gap) = decision_gap(kind, l, selection_bias, top_k);
             self.router_kth[layer].push(kth);
             self.router_margin[layer].push(gap);
         }
@@ -118,12 +126,21 @@ pub(super) fn attention_peaks(q: &[f32], keys: &[f32], start: usize, shape: Attn
 mod tests {
     use super::*;
 
+    const SOFTMAX: (RouterKind, Option<&[f32]>) =
+        (RouterKind::SoftmaxTopK { renormalize: false }, None);
+
     #[test]
     fn router_records_append_per_chunk_with_gap_and_kth() {
         let mut t = Trace::new(2);
         // Layer 1, top-2 of 4: a chunk of two tokens, then one of one.
-        t.record_router(1, &[0.1, 0.9, 0.5, 0.45, 2.0, -1.0, 3.0, 0.0], None, 4, 2);
-        t.record_router(1, &[1.0, 1.0, 0.2, 0.3], None, 4, 2);
+        t.record_router(
+            1,
+            &[0.1, 0.9, 0.5, 0.45, 2.0, -1.0, 3.0, 0.0],
+            None,
+            (4, 2),
+            SOFTMAX,
+        );
+        t.record_router(1, &[1.0, 1.0, 0.2, 0.3], None, (4, 2), SOFTMAX);
         assert!(t.experts[0].is_empty() && t.router_kth[0].is_empty());
         assert_eq!(t.experts[1], vec![vec![1, 2], vec![2, 0], vec![0, 1]]);
         assert_eq!(t.router_kth[1], vec![0.5, 2.0, 1.0]);
@@ -132,10 +149,16 @@ mod tests {
             assert!((m - w).abs() < 1e-6, "{:?}", t.router_margin[1]);
         }
         // Every expert selected: no runner-up.
-        t.record_router(0, &[0.3, 0.1], None, 2, 2);
+        t.record_router(0, &[0.3, 0.1], None, (2, 2), SOFTMAX);
         assert_eq!(t.followed[1], vec![false; 3]);
         // A followed decision records the set it ran, gap and k-th its own.
-        t.record_router(1, &[1.0, 0.99, 0.2, 0.3], Some(&[(vec![0, 3], true)]), 4, 2);
+        t.record_router(
+            1,
+            &[1.0, 0.99, 0.2, 0.3],
+            Some(&[(vec![0, 3], true)]),
+            (4, 2),
+            SOFTMAX,
+        );
         assert_eq!(t.experts[1][3], vec![0, 3]);
         assert!(t.followed[1][3]);
         assert!((t.router_margin[1][3] - 0.69).abs() < 1e-6);
