@@ -46,7 +46,12 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "rope",
         source: include_str!("../cuda/rope.cu"),
-        kernels: &["qk_norm_rope_bf16", "rope_table_bf16", "rope_table_f16", "rope_partial_bf16"],
+        kernels: &[
+            "qk_norm_rope_bf16",
+            "rope_table_bf16",
+            "rope_table_f16",
+            "rope_partial_bf16",
+        ],
     },
     Module {
         name: "kv_cache",
