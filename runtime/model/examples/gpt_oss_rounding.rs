@@ -11,14 +11,27 @@
 //!
 //! ```text
 //! cargo run --release -p krasis-model --example gpt_oss_rounding -- \
-//!     [--tokens 512] [--presets tiny,tiny-gpt-oss] [--variants all|engine,...] [--set 'k=v;k2=v2']
+//!     [--tokens 512] [--presets tiny,tiny-gpt-oss,tiny-glm4-moe] [--variants all|engine,...] [--set 'k=v;k2=v2']
 //!     [--ignore-sinks (with --features fault-injection)]
+//!     [--faults (with --features fault-injection)]
 //! ```
 //!
 //! `tiny` is the GPU check's `tiny-hd64` (head_dim 64) with the INT4 round
 //! trip of its experts (`examples/shared`); `tiny-gpt-oss` is the test
 //! checkpoint (`testutil::tiny_gpt_oss_checkpoint`) with its MXFP4 experts
-//! decoded exactly (the GPU reads the same MXFP4 bytes). `--set` synthesizes
+//! decoded exactly (the GPU reads the same MXFP4 bytes); `tiny-glm4-moe` is
+//! its test checkpoint (`testutil::tiny_glm4_moe_checkpoint`, the one its
+//! witness was made from) with the INT4 round trip, on its witness
+//! sequences (`sequences-glm4.json`).
+//!
+//! The engine variant's error is also reported as `bench --check`'s witness
+//! comparison measures it: over the oracle's top-20 ids at each position
+//! (every id at the last), the bound 1% of the largest |value| those hold.
+//! The reference comparison takes every id of the vocabulary at every
+//! position, and the bound of the whole logit matrix. `--faults` measures
+//! each planted fault of the model (`Fault::applicable`, on the engine's
+//! rounding) both ways too, against the plain f32 run: how far outside the
+//! bound a bug lands under each measure. `--set` synthesizes
 //! a counterfactual `tiny-gpt-oss` with config fields overridden (e.g.
 //! `attention_bias=false`, `swiglu_limit=1000`, `num_hidden_layers=3`).
 //! Needs the Qwen and o200k vocabularies.
@@ -47,6 +60,8 @@ fn root() -> PathBuf {
 fn sequences(preset: &str, dir: &Path, long: usize) -> Vec<(String, Vec<u32>, bool)> {
     let file = if preset.contains("gpt-oss") {
         "tools/witness/sequences-gpt-oss.json"
+    } else if preset.contains("glm4-moe") {
+        "tools/witness/sequences-glm4.json"
     } else {
         "tools/witness/sequences.json"
     };
@@ -229,6 +244,36 @@ struct Stats {
     flipped: usize,
 }
 
+/// Per position, the largest |a - b| over the ids of `o`'s top 20 (every
+/// id at the last position), and the bound `bench --check` puts on it
+/// against a witness fixture: 1% of the largest |value| those ids hold in
+/// `o`. (`o`, the f32 oracle, stands in for the witness, which it equals
+/// within 1e-6 of max |logit|: `krasis-cache --test witness`.)
+fn top20_errors(o: &[Vec<f32>], b: &[Vec<f32>]) -> (Vec<f32>, f32) {
+    let n = o.len();
+    let mut scale = 0f32;
+    let errs = o
+        .iter()
+        .zip(b)
+        .enumerate()
+        .map(|(t, (x, y))| {
+            let ids: Vec<usize> = if t + 1 == n {
+                (0..x.len()).collect()
+            } else {
+                let mut idx: Vec<usize> = (0..x.len()).collect();
+                idx.sort_by(|&i, &j| x[j].total_cmp(&x[i]));
+                idx.truncate(20);
+                idx
+            };
+            ids.iter().fold(0f32, |m, &i| {
+                scale = scale.max(x[i].abs());
+                m.max((x[i] - y[i]).abs())
+            })
+        })
+        .collect();
+    (errs, REL_BOUND * scale)
+}
+
 /// Per capture point (residual after attention / MLP of each layer, final
 /// normed hidden): relative error |x_b - x_f| / |x_f| per token.
 fn rel_errors(rf: &[Vec<f32>], rb: &[Vec<f32>], h: usize) -> Vec<Vec<f32>> {
@@ -253,7 +298,49 @@ fn rms_tokens(x: &[f32], h: usize) -> Vec<f32> {
         .collect()
 }
 
-fn run_preset(preset: &str, dir: PathBuf, long: usize, filter: &[String], ignore_sinks: bool) {
+/// Error / bound of one run against the f32 oracle, pooled over the
+/// witness sequences: (full vocabulary, top 20).
+#[derive(Default)]
+struct Measured {
+    full: Vec<f32>,
+    top: Vec<f32>,
+}
+
+impl Measured {
+    fn add(&mut self, lf: &[Vec<f32>], lb: &[Vec<f32>], bound: f32) {
+        self.full.extend(
+            lf.iter()
+                .zip(lb)
+                .map(|(x, y)| x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs())) / bound),
+        );
+        let (top, top_bound) = top20_errors(lf, lb);
+        self.top.extend(top.iter().map(|e| e / top_bound));
+    }
+
+    fn row(&self, name: &str) -> String {
+        let over = |v: &[f32]| v.iter().filter(|&&x| x > 1.0).count();
+        format!(
+            "| {name} | {:.3} | {:.3} | {}/{} | {:.3} | {:.3} | {}/{} |",
+            quantile(&self.full, 1.0),
+            quantile(&self.full, 0.5),
+            over(&self.full),
+            self.full.len(),
+            quantile(&self.top, 1.0),
+            quantile(&self.top, 0.5),
+            over(&self.top),
+            self.top.len()
+        )
+    }
+}
+
+fn run_preset(
+    preset: &str,
+    dir: PathBuf,
+    long: usize,
+    filter: &[String],
+    ignore_sinks: bool,
+    faults: bool,
+) {
     let config = ModelConfig::load(&dir).unwrap();
     let g = config.geometry();
     let moe: Vec<usize> = (0..g.num_layers)
@@ -304,6 +391,24 @@ fn run_preset(preset: &str, dir: PathBuf, long: usize, filter: &[String], ignore
     let mut res_err: Vec<Vec<f32>> = vec![Vec::new(); 2 * g.num_layers + 1];
     let mut res_rms: Vec<Vec<f32>> = vec![Vec::new(); 2 * g.num_layers + 1];
     let mut block_rms: Vec<Vec<f32>> = vec![Vec::new(); 2 * g.num_layers + 1];
+    // The engine variant on the witness sequences: error / bound as the
+    // reference comparison (full vocabulary) and as the witness comparison
+    // (top 20) take it, pooled.
+    let (mut full_pooled, mut top_pooled) = (Vec::new(), Vec::new());
+    #[cfg(feature = "fault-injection")]
+    let fault_list = if faults {
+        krasis_model::reference::Fault::applicable(&g)
+    } else {
+        Vec::new()
+    };
+    #[cfg(not(feature = "fault-injection"))]
+    let fault_list: Vec<()> = if faults {
+        panic!("--faults needs --features fault-injection")
+    } else {
+        Vec::new()
+    };
+    let mut fault_measured: Vec<Measured> =
+        fault_list.iter().map(|_| Measured::default()).collect();
     for (label, tokens, is_long) in sequences(preset, &dir, long) {
         e.set_activations(Activations::F32);
         e.set_capture_residuals(true);
@@ -401,6 +506,23 @@ fn run_preset(preset: &str, dir: PathBuf, long: usize, filter: &[String], ignore
                     quantile(&ratios, 0.5),
                     ratios.iter().filter(|&&x| x > 1.0).count()
                 );
+                let full_abs: Vec<f32> = ratios.iter().map(|r| r * bound).collect();
+                let (top, top_bound) = top20_errors(&lf, &lb);
+                let top_ratios: Vec<f32> = top.iter().map(|e| e / top_bound).collect();
+                println!(
+                    "  engine, as the check's comparisons measure it: full vocabulary (reference) |dlogit| median {:.4} worst {:.4}, bound {bound:.4}; top-20 (witness) median {:.4} worst {:.4}, bound {top_bound:.4} -> worst {:.3} / median {:.3} bounds, over 1.0: {}",
+                    quantile(&full_abs, 0.5),
+                    quantile(&full_abs, 1.0),
+                    quantile(&top, 0.5),
+                    quantile(&top, 1.0),
+                    quantile(&top_ratios, 1.0),
+                    quantile(&top_ratios, 0.5),
+                    top_ratios.iter().filter(|&&x| x > 1.0).count()
+                );
+                if !is_long {
+                    full_pooled.extend(full_abs.iter().map(|e| e / bound));
+                    top_pooled.extend(top_ratios);
+                }
             }
             if is_long {
                 st.long.extend(ratios);
@@ -409,6 +531,38 @@ fn run_preset(preset: &str, dir: PathBuf, long: usize, filter: &[String], ignore
             }
         }
         e.set_rounding(Rounding::engine(&g.attention));
+        if !is_long {
+            for (_f, m) in fault_list.iter().zip(fault_measured.iter_mut()) {
+                #[cfg(feature = "fault-injection")]
+                e.set_fault(*_f);
+                e.set_activations(Activations::Bf16);
+                let (lb, _) = e.prompt_logits_traced(&tokens).unwrap();
+                #[cfg(feature = "fault-injection")]
+                e.set_fault(krasis_model::reference::Fault::None);
+                m.add(&lf, &lb, bound);
+            }
+        }
+    }
+    if !full_pooled.is_empty() {
+        println!(
+            "\n### {preset}: engine variant on the witness sequences pooled, error / bound: full vocabulary (the reference comparison) worst {:.3} median {:.3}; top-20 (the witness comparison) worst {:.3} median {:.3}",
+            quantile(&full_pooled, 1.0),
+            quantile(&full_pooled, 0.5),
+            quantile(&top_pooled, 1.0),
+            quantile(&top_pooled, 0.5),
+        );
+    }
+    if !fault_list.is_empty() {
+        println!(
+            "\n### {preset}: planted faults (engine rounding) against the plain f32 run, witness sequences pooled, error / bound\n"
+        );
+        println!(
+            "| fault | full vocabulary worst | median | over 1 | top-20 worst | median | over 1 |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for (f, m) in fault_list.iter().zip(&fault_measured) {
+            println!("{}", m.row(&format!("{f:?}")));
+        }
     }
     println!(
         "\n### {preset}: error / bound, the f32 oracle following every BF16 route (witness sequences pooled; the text)\n"
@@ -463,6 +617,7 @@ fn main() {
     let mut filter: Vec<String> = Vec::new();
     let mut sets: Vec<(String, Value)> = Vec::new();
     let mut ignore_sinks = false;
+    let mut faults = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -475,6 +630,7 @@ fn main() {
                 }
             }
             "--ignore-sinks" => ignore_sinks = true,
+            "--faults" => faults = true,
             "--set" => {
                 for kv in args.next().unwrap().split(';') {
                     let (k, v) = kv.split_once('=').expect("--set key=value");
@@ -488,6 +644,7 @@ fn main() {
     for p in &presets {
         let dir = match p.as_str() {
             "tiny-gpt-oss" if sets.is_empty() => testutil::tiny_gpt_oss_checkpoint(),
+            "tiny-glm4-moe" => testutil::tiny_glm4_moe_checkpoint(),
             "tiny-gpt-oss" => {
                 let o: Vec<(&str, Value)> =
                     sets.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
@@ -503,6 +660,6 @@ fn main() {
         if ignore_sinks {
             label.push_str(" without sinks");
         }
-        run_preset(&label, dir, long, &filter, ignore_sinks);
+        run_preset(&label, dir, long, &filter, ignore_sinks, faults);
     }
 }
