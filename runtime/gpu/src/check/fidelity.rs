@@ -496,7 +496,13 @@ pub struct FidelityReport {
     pub max_err: f32,
     /// Max error over positions that are not explained flips (must be ≤ bound).
     pub max_err_non_flip: f32,
+    /// The median over this report's positions (a pooled report: over
+    /// every member's positions together).
     pub median_err: f32,
+    /// Every position's error, ascending (for the pooled median; not in
+    /// the JSON, which carries the statistics).
+    #[serde(skip)]
+    pub errors: Vec<f32>,
     /// The near-tie threshold's measured part ([`gap_spread`] of the
     /// emulation, or of the two engine paths; 0 without routes).
     pub gap_spread: f32,
@@ -518,6 +524,13 @@ pub struct FidelityReport {
 }
 
 impl FidelityReport {
+    /// Keeps the positions' errors (ascending) and their median.
+    pub(crate) fn set_errors(&mut self, mut errors: Vec<f32>) {
+        errors.sort_by(|a, b| a.total_cmp(b));
+        self.median_err = errors.get(errors.len() / 2).copied().unwrap_or(0.0);
+        self.errors = errors;
+    }
+
     pub fn passed(&self) -> bool {
         self.passed
     }
@@ -678,7 +691,8 @@ pub fn pooled(label: &str, members: &mut [FidelityReport]) -> FidelityReport {
         argmax_mismatch_within_bound: sum(|m| m.argmax_mismatch_within_bound),
         max_err: maxf(|m| m.max_err),
         max_err_non_flip: maxf(|m| m.max_err_non_flip),
-        median_err: maxf(|m| m.median_err),
+        median_err: 0.0,
+        errors: Vec::new(),
         gap_spread: maxf(|m| m.gap_spread),
         rates_judged: true,
         evidence_error: members.iter().find_map(|m| m.evidence_error.clone()),
@@ -688,6 +702,8 @@ pub fn pooled(label: &str, members: &mut [FidelityReport]) -> FidelityReport {
         decisions: sum(|m| m.decisions),
         followed_decisions: sum(|m| m.followed_decisions),
     };
+    let all: Vec<f32> = members.iter().flat_map(|m| m.errors.clone()).collect();
+    r.set_errors(all);
     r.judge(true);
     r
 }
@@ -784,6 +800,7 @@ pub fn classify(
         max_err: 0.0,
         max_err_non_flip: 0.0,
         median_err: 0.0,
+        errors: Vec::new(),
         gap_spread: spread,
         rates_judged: true,
         evidence_error,
@@ -927,9 +944,7 @@ pub fn classify(
             last_flip = Some(p);
         }
     }
-    let mut errs: Vec<f32> = positions.iter().map(|p| p.err).collect();
-    errs.sort_by(|a, b| a.total_cmp(b));
-    r.median_err = errs.get(n / 2).copied().unwrap_or(0.0);
+    r.set_errors(positions.iter().map(|p| p.err).collect());
     r.judge(true);
     r
 }

@@ -248,6 +248,7 @@ fn classify_followed(
         max_err: 0.0,
         max_err_non_flip: 0.0,
         median_err: 0.0,
+        errors: Vec::new(),
         gap_spread: f.spread,
         rates_judged: true,
         evidence_error,
@@ -360,9 +361,7 @@ fn classify_followed(
             layers: ls,
         });
     }
-    let mut errs: Vec<f32> = positions.iter().map(|p| p.err).collect();
-    errs.sort_by(|a, b| a.total_cmp(b));
-    r.median_err = errs.get(n / 2).copied().unwrap_or(0.0);
+    r.set_errors(positions.iter().map(|p| p.err).collect());
     r.judge(true);
     r
 }

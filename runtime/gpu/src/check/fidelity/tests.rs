@@ -406,3 +406,19 @@ fn witness_positions_use_top_ids_and_the_last_full_row() {
     assert_eq!((r.argmax_agree, r.over_bound), (2, 1));
     assert_eq!(r.over_bound_positions[0].position, 1);
 }
+
+/// A pooled report's median is over every member's positions together,
+/// not the largest member median: 3 positions at 0.4 beside 31 at 0.1
+/// have a pooled median of 0.1 (the member at 0.4 would have said 0.4).
+#[test]
+fn the_pooled_median_is_over_the_pooled_positions() {
+    let mut small = Case::new(3);
+    for p in &mut small.pos {
+        p.err = 0.4;
+    }
+    let mut members = vec![small.run(), Case::new(31).run()];
+    assert_eq!(members[0].median_err, 0.4);
+    let g = pooled("pair", &mut members);
+    assert_eq!(g.median_err, 0.1);
+    assert_eq!(g.errors.len(), 34);
+}
