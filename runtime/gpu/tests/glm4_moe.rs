@@ -19,15 +19,16 @@
 
 mod support;
 
-use krasis_gpu::check::{
-    FidelityReport, Following, Routes, Traced, classify_followed_full, pooled,
-};
+use krasis_gpu::CudaEngine;
+use krasis_gpu::check::{FidelityReport, pooled};
 use krasis_gpu::forward::Fault;
-use krasis_gpu::{CudaEngine, CudaEngineOptions};
 use krasis_model::reference::ReferenceEngine;
 use krasis_model::{Engine, ModelConfig};
-use std::path::{Path, PathBuf};
-use support::{cuda, cuda_options, gpu_or_skip, no_resident_options, reference, tokens};
+use std::path::PathBuf;
+use support::{
+    assert_hcs_bit_identical, bits, check_followed, cuda_options, gpu_or_skip, load, reference,
+    tokens,
+};
 
 const CONTEXT: usize = 512;
 
@@ -45,32 +46,6 @@ fn model(qk_norm: bool) -> PathBuf {
     assert_eq!(g.attention.qk_norm, qk_norm);
     assert_eq!(g.head_dim, 64);
     dir
-}
-
-fn load(model: &Path, opts: &CudaEngineOptions) -> CudaEngine {
-    let e = cuda(model, opts);
-    eprintln!("loaded: {:?}", e.load_report());
-    e
-}
-
-/// The GPU's logits of `seq` positions `from..` (and its routes over all of
-/// `seq`) against the reference following its near-ties.
-fn check_followed(
-    label: &str,
-    reference: &mut ReferenceEngine,
-    seq: &[u32],
-    from: usize,
-    gpu: &[Vec<f32>],
-    routes: &Routes,
-) -> FidelityReport {
-    let moe: Vec<usize> = reference.geometry().moe_layers().collect();
-    let traced = Traced::new(reference, seq, &moe).expect("traced reference");
-    let f = Following::after(reference, &traced, seq, &moe, routes).expect("following reference");
-    let f = f.window(from..seq.len());
-    let window = krasis_gpu::check::routes_window(routes, from..seq.len());
-    let rep = classify_followed_full(label, gpu, &window, &f, &moe);
-    eprintln!("{}", rep.line());
-    rep
 }
 
 /// Prompts of 5 (expert GEMVs), 100 and 300 tokens (grouped experts over
@@ -93,10 +68,6 @@ fn prompts_report(label: &str, gpu: &mut CudaEngine, r: &mut ReferenceEngine) ->
     let all = pooled(&format!("{label}, pooled"), &mut reps);
     eprintln!("{}", all.line());
     all
-}
-
-fn bits(rows: &[Vec<f32>]) -> Vec<u32> {
-    rows.iter().flatten().map(|v| v.to_bits()).collect()
 }
 
 #[test]
@@ -185,39 +156,13 @@ fn glm4_moe_hcs_and_streamed_prefill_are_bit_identical() {
         return;
     }
     for qk_norm in [true, false] {
-        let model = model(qk_norm);
         let tmp = tempfile::tempdir().unwrap();
-        let cache = tmp.path().join("cache");
-        let chunk = 37;
-        let all = CudaEngineOptions {
-            hcs: false,
-            ..cuda_options(&cache, CONTEXT, chunk)
-        };
-        let mut resident = load(&model, &all);
-        let toks = tokens(300, resident.info().vocab_size, 21);
-        let base_prompt = resident.prompt_logits(&toks).expect("resident prompt");
-        let (base_tokens, base_decode) = resident.greedy_logits(&toks[..100], 32).expect("greedy");
-        drop(resident);
-
-        let mut hcs = load(&model, &no_resident_options(&cache, CONTEXT, chunk));
-        assert!(hcs.hcs_active(), "HCS was not forced on");
-        let prompt = hcs.prompt_logits(&toks).expect("HCS prompt");
-        assert!(
-            bits(&prompt) == bits(&base_prompt),
-            "qk_norm={qk_norm}: streamed prefill differs from all-resident prefill"
-        );
-        let (t, decode) = hcs.greedy_logits(&toks[..100], 32).expect("HCS greedy");
-        assert_eq!(t, base_tokens, "qk_norm={qk_norm}: HCS greedy tokens");
-        assert!(
-            bits(&decode) == bits(&base_decode),
-            "qk_norm={qk_norm}: HCS decode logits differ from all-resident decode"
-        );
-        let chunk = hcs.load_report().prefill_chunk;
-        hcs.set_prefill_span(Some(chunk));
-        let spans = hcs.prompt_logits(&toks).expect("spans");
-        assert!(
-            bits(&spans) == bits(&base_prompt),
-            "qk_norm={qk_norm}: prefill in one-chunk spans differs from all-resident prefill"
+        assert_hcs_bit_identical(
+            &format!("qk_norm={qk_norm}"),
+            &model(qk_norm),
+            &tmp.path().join("cache"),
+            CONTEXT,
+            37,
         );
     }
 }

@@ -21,17 +21,13 @@
 
 mod support;
 
-use krasis_gpu::check::{
-    FidelityReport, Following, LogitReport, Routes, Traced, classify_followed_full, compare_full,
-    pooled,
-};
-use krasis_gpu::{CudaEngine, CudaEngineOptions};
+use krasis_gpu::check::{LogitReport, compare_full, pooled};
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use krasis_model::{Engine, ModelConfig};
 use std::path::{Path, PathBuf};
 use support::{
-    bound, cuda, cuda_options, generate_all, gpu_or_skip, greedy_request, no_resident_options,
-    tokens,
+    assert_hcs_bit_identical, bits, bound, check_followed, cuda_options, generate_all, gpu_or_skip,
+    greedy_request, load, tokens,
 };
 
 const CONTEXT: usize = 512;
@@ -61,41 +57,11 @@ fn reference(model: &Path) -> ReferenceEngine {
     .expect("reference engine")
 }
 
-fn load(model: &Path, opts: &CudaEngineOptions) -> CudaEngine {
-    let e = cuda(model, opts);
-    eprintln!("loaded: {:?}", e.load_report());
-    e
-}
-
 fn check(label: &str, gpu: &[Vec<f32>], reference: &[Vec<f32>]) -> LogitReport {
     assert_eq!(gpu.len(), reference.len(), "{label}: positions");
     let rep = compare_full(label, gpu, reference, bound(reference));
     eprintln!("{}", rep.line());
     rep
-}
-
-/// The GPU's logits of `seq` positions `from..` (and its routes over all of
-/// `seq`) against the reference following its near-ties.
-fn check_followed(
-    label: &str,
-    reference: &mut ReferenceEngine,
-    seq: &[u32],
-    from: usize,
-    gpu: &[Vec<f32>],
-    routes: &Routes,
-) -> FidelityReport {
-    let moe: Vec<usize> = reference.geometry().moe_layers().collect();
-    let traced = Traced::new(reference, seq, &moe).expect("traced reference");
-    let f = Following::after(reference, &traced, seq, &moe, routes).expect("following reference");
-    let f = f.window(from..seq.len());
-    let window = krasis_gpu::check::routes_window(routes, from..seq.len());
-    let rep = classify_followed_full(label, gpu, &window, &f, &moe);
-    eprintln!("{}", rep.line());
-    rep
-}
-
-fn bits(rows: &[Vec<f32>]) -> Vec<u32> {
-    rows.iter().flatten().map(|v| v.to_bits()).collect()
 }
 
 #[test]
@@ -232,39 +198,7 @@ fn gpt_oss_hcs_and_streamed_prefill_are_bit_identical() {
     }
     let model = model();
     let tmp = tempfile::tempdir().unwrap();
-    let cache = tmp.path().join("cache");
-    let chunk = 37;
-    let all = CudaEngineOptions {
-        hcs: false,
-        ..cuda_options(&cache, CONTEXT, chunk)
-    };
-    let mut resident = load(&model, &all);
-    let vocab = resident.info().vocab_size;
-    let toks = tokens(300, vocab, 21);
-    let base_prompt = resident.prompt_logits(&toks).expect("resident prompt");
-    let (base_tokens, base_decode) = resident.greedy_logits(&toks[..100], 32).expect("greedy");
-    drop(resident);
-
-    let mut hcs = load(&model, &no_resident_options(&cache, CONTEXT, chunk));
-    assert!(hcs.hcs_active(), "HCS was not forced on");
-    let prompt = hcs.prompt_logits(&toks).expect("HCS prompt");
-    assert!(
-        bits(&prompt) == bits(&base_prompt),
-        "streamed prefill differs from all-resident prefill"
-    );
-    let (t, decode) = hcs.greedy_logits(&toks[..100], 32).expect("HCS greedy");
-    assert_eq!(t, base_tokens, "HCS greedy tokens");
-    assert!(
-        bits(&decode) == bits(&base_decode),
-        "HCS decode logits differ from all-resident decode"
-    );
-    let chunk = hcs.load_report().prefill_chunk;
-    hcs.set_prefill_span(Some(chunk));
-    let spans = hcs.prompt_logits(&toks).expect("spans");
-    assert!(
-        bits(&spans) == bits(&base_prompt),
-        "prefill in one-chunk spans differs from all-resident prefill"
-    );
+    let hcs = assert_hcs_bit_identical("gpt-oss", &model, &tmp.path().join("cache"), CONTEXT, 37);
     let s = hcs.hcs_stats().expect("HCS stats");
     eprintln!(
         "HCS: {}/{} experts on the GPU, {} resident-tier slots",

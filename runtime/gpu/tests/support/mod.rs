@@ -1,6 +1,8 @@
-//! Shared by the GPU test binaries `gpu_engine`, `cancel`, `fault_injection` and
-//! `live`: the visible skip without a device, tiny synthetic checkpoints, prompts,
-//! requests, and the engines over one INT4 cache.
+//! Shared by the GPU test binaries `gpu_engine`, `cancel`, `fault_injection`,
+//! `live`, `gpt_oss` and `glm4_moe`: the visible skip without a device, tiny
+//! synthetic checkpoints, prompts, requests, the engines over one INT4 cache,
+//! the check against the reference following the engine's near-ties, and the
+//! HCS / streamed-prefill bit-identity every family must show.
 
 #![allow(dead_code)] // each binary uses a subset
 
@@ -132,4 +134,81 @@ pub fn reference(model: &Path, cache: &Path, context: usize) -> ReferenceEngine 
 /// largest reference logit.
 pub fn bound(r: &[Vec<f32>]) -> f32 {
     0.03 * r.iter().flatten().fold(1f32, |m, v| m.max(v.abs()))
+}
+
+/// [`cuda`], printing the load report (kept in a failing test's output).
+pub fn load(model: &Path, opts: &CudaEngineOptions) -> CudaEngine {
+    let e = cuda(model, opts);
+    eprintln!("loaded: {:?}", e.load_report());
+    e
+}
+
+/// The logits' bit patterns, for bit-identity assertions.
+pub fn bits(rows: &[Vec<f32>]) -> Vec<u32> {
+    rows.iter().flatten().map(|v| v.to_bits()).collect()
+}
+
+/// The GPU's logits of `seq` positions `from..` (and its routes over all of
+/// `seq`) against the reference following its near-ties.
+pub fn check_followed(
+    label: &str,
+    reference: &mut ReferenceEngine,
+    seq: &[u32],
+    from: usize,
+    gpu: &[Vec<f32>],
+    routes: &krasis_gpu::check::Routes,
+) -> krasis_gpu::check::FidelityReport {
+    use krasis_gpu::check::{Following, Traced, classify_followed_full, routes_window};
+    let moe: Vec<usize> = reference.geometry().moe_layers().collect();
+    let traced = Traced::new(reference, seq, &moe).expect("traced reference");
+    let f = Following::after(reference, &traced, seq, &moe, routes).expect("following reference");
+    let f = f.window(from..seq.len());
+    let window = routes_window(routes, from..seq.len());
+    let rep = classify_followed_full(label, gpu, &window, &f, &moe);
+    eprintln!("{}", rep.line());
+    rep
+}
+
+/// With HCS forced on and nothing resident (streamed prefill through the
+/// layer groups, every decode expert demand-copied), prompt logits, greedy
+/// tokens and decode logits are bit-identical to all-resident; so is a
+/// prompt streamed one chunk per span. Returns the HCS engine.
+pub fn assert_hcs_bit_identical(
+    what: &str,
+    model: &Path,
+    cache: &Path,
+    context: usize,
+    chunk: usize,
+) -> CudaEngine {
+    let all = CudaEngineOptions {
+        hcs: false,
+        ..cuda_options(cache, context, chunk)
+    };
+    let mut resident = load(model, &all);
+    let toks = tokens(300, resident.info().vocab_size, 21);
+    let base_prompt = resident.prompt_logits(&toks).expect("resident prompt");
+    let (base_tokens, base_decode) = resident.greedy_logits(&toks[..100], 32).expect("greedy");
+    drop(resident);
+
+    let mut hcs = load(model, &no_resident_options(cache, context, chunk));
+    assert!(hcs.hcs_active(), "{what}: HCS was not forced on");
+    let prompt = hcs.prompt_logits(&toks).expect("HCS prompt");
+    assert!(
+        bits(&prompt) == bits(&base_prompt),
+        "{what}: streamed prefill differs from all-resident prefill"
+    );
+    let (t, decode) = hcs.greedy_logits(&toks[..100], 32).expect("HCS greedy");
+    assert_eq!(t, base_tokens, "{what}: HCS greedy tokens");
+    assert!(
+        bits(&decode) == bits(&base_decode),
+        "{what}: HCS decode logits differ from all-resident decode"
+    );
+    let chunk = hcs.load_report().prefill_chunk;
+    hcs.set_prefill_span(Some(chunk));
+    let spans = hcs.prompt_logits(&toks).expect("spans");
+    assert!(
+        bits(&spans) == bits(&base_prompt),
+        "{what}: prefill in one-chunk spans differs from all-resident prefill"
+    );
+    hcs
 }
