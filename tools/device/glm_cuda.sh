@@ -14,7 +14,12 @@
 #   bash tools/device/glm_cuda.sh d COMMIT   glm-4.5-air-12l: the VRAM limit holding ~1/3 of the
 #                                            experts (bisecting `plan`), heatmap, bench all resident
 #                                            + at the limit (--baseline), HCS exactness there.
-# Results: $OUT/r.tgz (summary.txt first).
+#   bash tools/device/glm_cuda.sh e COMMIT   the launcher (dist/gpu/krasis) on glm-4.5-air-12l: probe finds
+#                                            it, the dry-run estimate at the phase-d limit, then a
+#                                            headless serve (the launcher spawns the runtime) with one
+#                                            chat request; the estimate against what the runtime loaded.
+# Phases c, d and e can run in one call (about 4 minutes together).
+# Results: $OUT/r-PHASE.tgz (summary.txt first).
 set -u
 P=${1:?phase a, b, c or d}; C=${2:-unknown}
 R=/tmp/glmr-$P; rm -rf $R; mkdir -p $R
@@ -22,7 +27,7 @@ D=dist/gpu; kr=$D/krasis-runtime; M=/tmp/glm12; K=/tmp/glmkc; V=.cache/vocab/qwe
 export KRASIS_LOG=warn
 T0=$SECONDS
 log() { echo "$* (t=$((SECONDS-T0))s)" | tee -a $R/summary.txt; }
-save() { tar czf $OUT/r.tgz -C $R . ; }
+save() { tar czf $OUT/r-$P.tgz -C $R . ; }
 left() { echo $((575-(SECONDS-T0))); }
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv > $R/gpu.txt
 df -h /tmp > $R/df.txt
@@ -86,13 +91,51 @@ for _ in range(240):
     try:
         if urllib.request.urlopen("http://127.0.0.1:8314/health", timeout=2).status == 200: break
     except Exception: time.sleep(0.5)
+# The server answers 404 model_not_found for a name it does not serve: ask it for its id.
+model = json.load(urllib.request.urlopen("http://127.0.0.1:8314/v1/models", timeout=5))["data"][0]["id"]
 req = urllib.request.Request("http://127.0.0.1:8314/v1/chat/completions", method="POST",
     headers={"Content-Type": "application/json"},
-    data=json.dumps({"model": "x", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}).encode())
+    data=json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}).encode())
 print(urllib.request.urlopen(req, timeout=90).read().decode())
 PY
   log "serve client rc=$?"; kill $sp; wait $sp 2>/dev/null
   save; exit 0
+fi
+
+if [ "$P" = e ]; then
+  Kl=$D/krasis; [ -x $Kl ] || { log "launcher binary missing"; save; exit 1; }
+  [ -f $M/config.json ] || make_glm12
+  L=$(cat /tmp/glmr-d/limit.txt 2>/dev/null); [ -z "$L" ] && L=12509MiB
+  # The launcher finds models by directory name under its roots.
+  rm -rf /tmp/glmroot /tmp/klhome; mkdir -p /tmp/glmroot /tmp/klhome; ln -s $M /tmp/glmroot/glm-4.5-air-12l
+  # The launcher in a home of its own (profiles, data and cache directories).
+  printf '#!/bin/sh\nHOME=/tmp/klhome XDG_CONFIG_HOME=/tmp/klhome/cfg XDG_DATA_HOME=/tmp/klhome/data XDG_CACHE_HOME=/tmp/klhome/cache exec %s --runtime %s --model-root /tmp/glmroot "$@"\n' \
+    "$PWD/$Kl" "$PWD/$kr" > /tmp/kl.sh; chmod +x /tmp/kl.sh; kl=/tmp/kl.sh
+  timeout 120 $kl probe --cache-dir $K > $R/probe.txt 2>&1; log "krasis probe rc=$?"
+  for lim in "" "--vram-limit $L"; do
+    echo "== krasis serve --dry-run $lim" >> $R/estimate.txt
+    timeout 120 $kl serve --model glm-4.5-air-12l --cache-dir $K --context-length 32768 $lim --dry-run \
+      >> $R/estimate.txt 2>&1; log "krasis serve --dry-run $lim rc=$?"
+  done
+  ($kl serve --model glm-4.5-air-12l --cache-dir $K --context-length 32768 --vram-limit $L --port 8315 \
+      > $R/launcher-serve.log 2>&1) & lp=$!
+  timeout 240 python3 - > $R/launcher-client.log 2>&1 <<'PY'
+import json, time, urllib.request
+base = "http://127.0.0.1:8315"
+for _ in range(400):
+    try:
+        if urllib.request.urlopen(base + "/health", timeout=2).status == 200: break
+    except Exception: time.sleep(0.5)
+model = json.load(urllib.request.urlopen(base + "/v1/models", timeout=5))["data"][0]["id"]
+req = urllib.request.Request(base + "/v1/chat/completions", method="POST",
+    headers={"Content-Type": "application/json"},
+    data=json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}).encode())
+print(urllib.request.urlopen(req, timeout=90).read().decode())
+print(json.dumps(json.load(urllib.request.urlopen(base + "/v1/stats", timeout=5)), indent=1))
+PY
+  log "launcher-served chat rc=$?"
+  pkill -TERM -f "gpu/krasis --runtime"; sleep 5; pgrep -f krasis-runtime > /dev/null && log "runtime left behind" || log "launcher and runtime exited"
+  wait $lp 2>/dev/null; save; exit 0
 fi
 
 # Phase d.
