@@ -467,8 +467,7 @@ def run_metrics(recs, wall_s):
 
 def summarize(runs):
     """median (min-max) over the timed runs of every numeric figure."""
-    keys = [k for k, v in runs[0]["metrics"].items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    keys = [k for k, v in runs[0]["metrics"].items() if not isinstance(v, (bool, str, dict))]
     return {k: spread([r["metrics"][k] for r in runs]) for k in keys}
 
 
