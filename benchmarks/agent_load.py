@@ -681,19 +681,19 @@ def chaos_checks(server, text, a, fixed, recs, before, after):
         read_whole <= d["requests_completed"]
         and d["requests_completed"] + d["requests_cancelled"] <= sent - rejected,
         f"sent {sent}, read to the end {read_whole}, 503 {rejected}; server {d}"))
-    if rejected:
-        checks.append(check("no leaked admission slots", True,
-                            f"not checked: {rejected} requests got 503 during the chaos"))
-    else:
-        # Every slot must be free again: the same concurrency, read to the end.
-        def work(i):
-            return stream_chat(server.client(), server.model,
-                               [{"role": "user", "content": text.prompt(a.chaos_prompt_tokens)}],
-                               a.chaos_max_tokens, fixed, label=f"after{i}")[0]
-        follow, _ = concurrently(a.chaos_clients, work)
-        bad = [f"{r['label']}: {r['error']}" for r in follow if not r["ok"]]
-        checks.append(check(f"no leaked admission slots ({a.chaos_clients} concurrent requests "
-                            "afterwards all answered well-formed)", not bad, "; ".join(bad[:5])))
+    # Every admission slot must be free again once the engine is idle: the
+    # same concurrency, read to the end. (A disconnected client's queued job
+    # keeps its slot until the engine reaches it, so the chaos itself may see
+    # 503s; this may not. The server does not report its queue depth: keep
+    # --chaos-clients <= queue depth + 1.)
+    def work(i):
+        return stream_chat(server.client(), server.model,
+                           [{"role": "user", "content": text.prompt(a.chaos_prompt_tokens)}],
+                           a.chaos_max_tokens, fixed, label=f"after{i}")[0]
+    follow, _ = concurrently(a.chaos_clients, work)
+    bad = [f"{r['label']}: {r['error']}" for r in follow if not r["ok"]]
+    checks.append(check(f"no leaked admission slots ({a.chaos_clients} concurrent requests "
+                        "afterwards all answered well-formed)", not bad, "; ".join(bad[:5])))
     return checks
 
 

@@ -163,6 +163,10 @@ def fake_stream(defect, prompt_tokens):
 
 class Fake(BaseHTTPRequestHandler):
     defect = None
+    # Streams written to the end; with `leak`, a KV-block gauge that grows
+    # with them and never comes back.
+    served = 0
+    leak = False
 
     def log_message(self, *args):
         pass
@@ -183,8 +187,10 @@ class Fake(BaseHTTPRequestHandler):
             self.reply({"object": "list", "data": [{"id": "fake", "object": "model"}]})
         else:
             self.reply({"activity": "idle", "current": None, "active_sequences": 0,
-                        "queue_len": 0, "recent_requests": [], "requests_completed": 0,
-                        "requests_cancelled": 0, "requests_rejected": 0})
+                        "queue_len": 0, "recent_requests": [],
+                        "requests_completed": type(self).served, "requests_cancelled": 0,
+                        "requests_rejected": 0,
+                        "kv": {"used_blocks": type(self).served if self.leak else 0}})
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -195,6 +201,13 @@ class Fake(BaseHTTPRequestHandler):
         for line in fake_stream(self.defect, 10):
             self.wfile.write(f"data: {line}\n\n".encode())
             self.wfile.flush()
+        type(self).served += 1
+
+
+def serve_fake(**attrs):
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (Fake,), attrs))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
 
 
 @pytest.fixture(scope="module")
@@ -216,9 +229,7 @@ def agent_load():
     ("error_event", "error in the stream: boom"),
 ])
 def test_broken_streams_are_caught(agent_load, tmp_path, defect, problem):
-    handler = type("Handler", (Fake,), {"defect": defect})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd = serve_fake(defect=defect)
     js = tmp_path / "r.json"
     try:
         code = agent_load.main([
@@ -239,3 +250,21 @@ def test_broken_streams_are_caught(agent_load, tmp_path, defect, problem):
     assert code == 1 and rep["request_errors"] == 4
     for r in reqs:
         assert not r["ok"] and problem in r["error"], r
+
+
+@pytest.mark.parametrize("leak", [False, True])
+def test_chaos_catches_a_gauge_that_does_not_return(agent_load, tmp_path, leak):
+    httpd = serve_fake(leak=leak)
+    js = tmp_path / "r.json"
+    try:
+        code = agent_load.main([
+            "chaos", "--url", f"http://127.0.0.1:{httpd.server_port}", "--chaos-clients", "2",
+            "--chaos-requests", "3", "--chaos-max-tokens", "3", "--chaos-prompt-tokens", "16",
+            "--chars-per-token", "4", "--gauge", "kv.used_blocks", "--json", str(js), "--strict",
+        ])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    checks = {c["check"]: c["pass"] for c in json.loads(js.read_text())["scenarios"]["chaos"]["checks"]}
+    failed = [name for name, ok in checks.items() if not ok]
+    assert (code, failed) == ((1, ["kv.used_blocks back to baseline"]) if leak else (0, [])), checks
