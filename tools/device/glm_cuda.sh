@@ -117,15 +117,21 @@ if [ "$P" = e ]; then
     timeout 120 $kl serve --model glm-4.5-air-12l --cache-dir $K --context-length 32768 $lim --dry-run \
       >> $R/estimate.txt 2>&1; log "krasis serve --dry-run $lim rc=$?"
   done
+  # A model larger than the limit starts from a route heatmap (refused without one); phase d
+  # records it, a fresh machine has none.
+  find $K -name heatmap-v1.json | grep -q . || { timeout 90 $kr heatmap --model $M --cache-dir $K \
+    --vram-limit $L > $R/heatmap.log 2>&1; log "heatmap rc=$?"; }
   ($kl serve --model glm-4.5-air-12l --cache-dir $K --context-length 32768 --vram-limit $L --port 8315 \
       > $R/launcher-serve.log 2>&1) & lp=$!
-  timeout 240 python3 - > $R/launcher-client.log 2>&1 <<'PY'
-import json, time, urllib.request
+  timeout 240 python3 - $lp > $R/launcher-client.log 2>&1 <<'PY'
+import json, os, sys, time, urllib.request
 base = "http://127.0.0.1:8315"
 for _ in range(400):
     try:
         if urllib.request.urlopen(base + "/health", timeout=2).status == 200: break
-    except Exception: time.sleep(0.5)
+    except Exception:
+        os.kill(int(sys.argv[1]), 0)  # the launcher gave up: stop waiting
+        time.sleep(0.5)
 model = json.load(urllib.request.urlopen(base + "/v1/models", timeout=5))["data"][0]["id"]
 req = urllib.request.Request(base + "/v1/chat/completions", method="POST",
     headers={"Content-Type": "application/json"},
