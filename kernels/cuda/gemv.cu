@@ -280,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_r1_m8(GEM
     gemv_body<8, 1, 16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
 }
 
-// FP16 entry points (AttnFormat::F16): gemv_rmsnorm_f16_r<NR>_m<MB>, the
+// FP16 entry points (ActFormat::F16): gemv_rmsnorm_f16_r<NR>_m<MB>, the
 // norm variant with w, x and normed in f16 (the decode QKV projection of an
 // FP16 attention block, matching the prefill path's rmsnorm_f32_to_f16 +
 // f16 GEMM: the same normed bits, f32 accumulation).

@@ -37,7 +37,7 @@ impl Elem for bf16 {
 }
 
 /// The 16-bit formats the attention path stores its activations in
-/// (`krasis_model::arch::AttnFormat`): bf16, or f16 (IEEE half). The
+/// (`krasis_model::arch::ActFormat`): bf16, or f16 (IEEE half). The
 /// attention, RoPE-table and KV-append wrappers are generic over it and
 /// pick the `_f16` entry point for f16 (the kernels are one template over
 /// the format, `ActBf16`/`ActF16` in `cuda/common.cuh`).

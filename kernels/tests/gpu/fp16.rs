@@ -1,4 +1,4 @@
-//! The FP16 attention path's non-attention kernels (`AttnFormat::F16`):
+//! The FP16 attention path's non-attention kernels (`ActFormat::F16`):
 //! `rmsnorm_f32_to_f16`, `bias_cast_f32_to_f16`, `rope_table_f16` and
 //! `gemv_rmsnorm_f16` against their CPU references, each bit for bit where
 //! its bf16 sibling is. (The attention kernels' f16 entry points run in

@@ -187,7 +187,7 @@ fn prior(
     model_dir: &Path,
     cache: &ExpertCache,
     top_k: usize,
-    attention: krasis_model::arch::AttnFormat,
+    attention: krasis_model::arch::ActFormat,
     choice: &HeatmapChoice,
     total: usize,
 ) -> Result<(Vec<(usize, usize)>, String)> {

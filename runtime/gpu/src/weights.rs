@@ -20,7 +20,7 @@ use crate::host_table::HostTable;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use krasis_common::events::{ByteProgress, EventSink, task};
-use krasis_model::arch::{AttnFormat, LayerTensor, ModelTensor};
+use krasis_model::arch::{ActFormat, LayerTensor, ModelTensor};
 use krasis_model::{Checkpoint, DType, Geometry, MlpKind, ModelConfig, TensorView};
 
 pub struct LayerWeights {
@@ -188,8 +188,8 @@ impl ModelWeights {
             let a = &g.attention;
             let qkv_parts = [(t(QProj), q), (t(KProj), kv), (t(VProj), kv)];
             let qkv = match a.activations {
-                AttnFormat::Bf16 => QkvWeight::Bf16(up.bf16_fused(&qkv_parts, h)?),
-                AttnFormat::F16 => QkvWeight::F16(up.f16_fused(&qkv_parts, h)?),
+                ActFormat::Bf16 => QkvWeight::Bf16(up.bf16_fused(&qkv_parts, h)?),
+                ActFormat::F16 => QkvWeight::F16(up.f16_fused(&qkv_parts, h)?),
             };
             let qkv_bias = match a.qkv_bias {
                 true => Some(up.f32_fused(&[(t(QBias), q), (t(KBias), kv), (t(VBias), kv)])?),

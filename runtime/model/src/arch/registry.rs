@@ -55,7 +55,7 @@ pub const GPT_OSS: Architecture = Architecture {
     backends: &[Backend::Reference, Backend::Cuda],
     options: OptionSupport {
         expert_precisions: &["mxfp4"],
-        // AttnFormat::F16 (`AttentionSpec::activations`): the attention's
+        // ActFormat::F16 (`AttentionSpec::activations`): the attention's
         // activations and its KV cache are FP16.
         attention_precisions: &["fp16"],
         kv_formats: &["fp16"],
