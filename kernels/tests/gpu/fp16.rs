@@ -64,7 +64,7 @@ fn rmsnorm_f32_to_f16_and_gemv_rmsnorm_f16() {
             // The fused GEMV: normed bit-identical, y its f32 GEMV.
             let mut fnormed = poison_f16(&s, m * k);
             let mut y = poison_f32(&s, m * n + 3);
-            kr.gemv_rmsnorm_f16(
+            kr.gemv_rmsnorm::<f16, f32>(
                 &s,
                 &dres,
                 &dg,

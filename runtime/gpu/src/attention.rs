@@ -166,7 +166,7 @@ pub(crate) fn attention(
         }
     }
     if decode {
-        kn.gemv_bf16::<f32>(s, &sc.attn, &lw.o_proj, 1, h, q, true, &mut sc.residual)?;
+        kn.gemv::<bf16, f32>(s, &sc.attn, &lw.o_proj, 1, h, q, true, &mut sc.residual)?;
     } else {
         cx.gemm(
             (t, h, q),
@@ -276,7 +276,7 @@ fn project_f16(
         ));
     };
     if decode {
-        kn.gemv_rmsnorm_f16(
+        kn.gemv_rmsnorm::<f16, f32>(
             s,
             &sc.residual,
             &lw.input_norm,

@@ -225,7 +225,7 @@ impl Ctx<'_> {
         y: &mut impl DevicePtrMut<O>,
     ) -> Result<()> {
         let (h, eps) = (self.g.hidden, self.g.rms_norm_eps);
-        Ok(self.kn.gemv_rmsnorm_bf16::<O>(
+        Ok(self.kn.gemv_rmsnorm::<bf16, O>(
             &self.gpu.stream,
             residual,
             norm,

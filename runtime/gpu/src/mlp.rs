@@ -43,7 +43,7 @@ pub(crate) fn swiglu_mlp(
             &mut sc.normed,
             &mut ds.gate_up,
         )?,
-        (true, None) => kn.gemv_bf16::<bf16>(
+        (true, None) => kn.gemv::<bf16, bf16>(
             s,
             &sc.normed,
             &w.gate_up,
@@ -65,7 +65,7 @@ pub(crate) fn swiglu_mlp(
     }
     kn.swiglu(s, &ds.gate_up, t, inter, &mut ds.act)?;
     if decode {
-        kn.gemv_bf16::<f32>(s, &ds.act, &w.down, 1, h, inter, true, &mut sc.residual)?;
+        kn.gemv::<bf16, f32>(s, &ds.act, &w.down, 1, h, inter, true, &mut sc.residual)?;
     } else {
         cx.gemm(
             (t, h, inter),
