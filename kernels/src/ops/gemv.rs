@@ -21,7 +21,7 @@ use std::ffi::c_void;
 use cudarc::driver::{
     CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
-use half::{bf16, f16};
+use half::bf16;
 
 use crate::launch::{
     Act16, allow_smem, builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit,
@@ -34,16 +34,10 @@ pub trait GemvOut<A: Act16>: DeviceRepr + Copy + 'static {
     const WIDE: bool;
 }
 
-impl GemvOut<bf16> for f32 {
+impl<A: Act16> GemvOut<A> for f32 {
     const WIDE: bool = true;
 }
-impl GemvOut<f16> for f32 {
-    const WIDE: bool = true;
-}
-impl GemvOut<bf16> for bf16 {
-    const WIDE: bool = false;
-}
-impl GemvOut<f16> for f16 {
+impl<A: Act16> GemvOut<A> for A {
     const WIDE: bool = false;
 }
 use crate::{Kernels, Result};

@@ -284,7 +284,7 @@ fn gemv_f16_outputs_match_reference() {
         }
     }
     // A 16-bit y cannot accumulate.
-    let (x, w) = (up(&s, &vec![f16::ONE; 8]), up(&s, &vec![f16::ONE; 8]));
+    let (x, w) = (up(&s, &[f16::ONE; 8]), up(&s, &[f16::ONE; 8]));
     let mut y = poison_f16(&s, 1);
     assert!(
         kr.gemv::<f16, f16>(&s, &x, &w, 1, 1, 8, true, &mut y)

@@ -57,10 +57,6 @@ fn missing_components(g: &Geometry, bits: ExpertBits) -> Vec<String> {
             why.push("FP16 attention with partial rotary (its RoPE kernel is BF16 only)".into());
         }
     }
-    // Not built yet (the kernels and launches come next).
-    if g.mlp.activations == ActFormat::F16 {
-        why.push("an FP16 MLP block".to_string());
-    }
     if let Some(r) = g.rope.rotary_dim.filter(|_| partial)
         && (r < 2 || !r.is_multiple_of(2) || r > g.head_dim)
     {
@@ -108,6 +104,11 @@ fn missing_components(g: &Geometry, bits: ExpertBits) -> Vec<String> {
                 "shared expert width {s} (must be a multiple of 8 up to {kmax})"
             ));
         }
+    }
+    // The FP16 MLP block (ActFormat::F16, glm4_moe) is built for INT4
+    // experts; the MXFP4 kernels are BF16 only.
+    if g.mlp.activations == ActFormat::F16 && g.num_moe_layers() > 0 && bits == ExpertBits::Mxfp4 {
+        why.push("an FP16 MLP block with MXFP4 experts (their kernels are BF16 only)".into());
     }
     if g.num_moe_layers() > 0 && bits == ExpertBits::Int4 {
         if let Activation::ClampedSwiglu { .. } = g.experts.activation {
@@ -325,16 +326,15 @@ mod tests {
 
     /// glm4_moe (partial rotary with and without q/k norms, q/k/v biases,
     /// the sigmoid group-limited router with its selection bias, the
-    /// shared expert, dense first layers; INT4 experts) is built by this
-    /// engine.
+    /// shared expert, dense first layers; INT4 experts; its MLP block in
+    /// FP16) is built by this engine.
     #[test]
     fn glm4_moe_plans_are_fully_supported() {
         for preset in ["tiny-glm4-moe", "glm-4.5-air", "glm-4.5-air-12l", "glm-4.5"] {
             let c = config(preset);
             assert_eq!(ExpertBits::of(&c), ExpertBits::Int4, "{preset}");
-            // Its FP16 MLP block is not built yet.
-            let e = check_supported(&c).unwrap_err().to_string();
-            assert!(e.ends_with("an FP16 MLP block"), "{preset}: {e}");
+            assert_eq!(c.geometry().mlp.activations, ActFormat::F16, "{preset}");
+            check_supported(&c).unwrap_or_else(|e| panic!("{preset}: {e}"));
         }
     }
 
@@ -374,5 +374,38 @@ mod tests {
         ] {
             assert!(e.contains(part), "{part} missing from: {e}");
         }
+    }
+
+    /// The MLP format comes from the description (glm4_moe FP16, the
+    /// others BF16); an FP16 MLP block runs with INT4 experts (any family's
+    /// other components) and is refused, by name, only with MXFP4 experts.
+    #[test]
+    fn fp16_mlp_follows_the_description_and_is_refused_only_with_mxfp4() {
+        assert_eq!(
+            config("glm-4.5-air").geometry().mlp.activations,
+            ActFormat::F16
+        );
+        for preset in ["a3b-24l", "gpt-oss-20b"] {
+            assert_eq!(
+                config(preset).geometry().mlp.activations,
+                ActFormat::Bf16,
+                "{preset}"
+            );
+        }
+        let mut g = config("a3b-24l").geometry();
+        g.mlp.activations = ActFormat::F16;
+        check_geometry(&g, ExpertBits::Int4).unwrap();
+        let mut g = config("gpt-oss-20b").geometry();
+        g.mlp.activations = ActFormat::F16;
+        let e = check_geometry(&g, ExpertBits::Mxfp4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("an FP16 MLP block with MXFP4 experts"), "{e}");
+        // A dense-only model has no experts to refuse.
+        g.layers
+            .iter_mut()
+            .for_each(|l| l.mlp = krasis_model::MlpKind::Dense);
+        g.intermediate = 2880;
+        check_geometry(&g, ExpertBits::Mxfp4).unwrap();
     }
 }
