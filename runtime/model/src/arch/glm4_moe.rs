@@ -29,7 +29,8 @@ pub const MODEL_TYPE: &str = "glm4_moe";
 
 /// The registry entry: both engines build it; the CUDA engine runs the
 /// BF16 checkpoint experts from the INT4 expert cache (as qwen3_moe), with
-/// HCS; BF16 attention and KV cache, one GPU.
+/// HCS; BF16 attention and KV cache, the MLP block in FP16
+/// (`MlpSpec::activations`), one GPU.
 pub const ARCHITECTURE: Architecture = Architecture {
     model_type: MODEL_TYPE,
     display_name: "GLM-4.5 MoE",
@@ -39,6 +40,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
         expert_precisions: &["int4"],
         attention_precisions: &["bf16"],
         kv_formats: &["bf16"],
+        mlp_precisions: &["fp16"],
         hcs: true,
         pruning_modes: &["off"],
         multi_gpu_modes: &["single"],
@@ -46,6 +48,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
             expert_precision: "int4",
             attention_precision: "bf16",
             kv_format: "bf16",
+            mlp_precision: "fp16",
             pruning: "off",
             multi_gpu: "single",
         },
