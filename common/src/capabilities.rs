@@ -36,6 +36,9 @@ pub struct ArchitectureCaps {
     pub expert_precisions: Vec<String>,
     pub attention_precisions: Vec<String>,
     pub kv_formats: Vec<String>,
+    /// The MLP block's activation format (`bf16`, or `fp16` where the
+    /// model's description runs that block in FP16).
+    pub mlp_precisions: Vec<String>,
     pub hcs: bool,
     pub pruning_modes: Vec<String>,
     pub multi_gpu_modes: Vec<String>,
@@ -47,6 +50,7 @@ pub struct ArchitectureDefaults {
     pub expert_precision: String,
     pub attention_precision: String,
     pub kv_format: String,
+    pub mlp_precision: String,
     pub pruning: String,
     pub multi_gpu: String,
 }
@@ -157,6 +161,12 @@ impl Capabilities {
             model_type,
         )?;
         one_of("kv_format", &opts.kv_format, &arch.kv_formats, model_type)?;
+        one_of(
+            "mlp_precision",
+            &opts.mlp_precision,
+            &arch.mlp_precisions,
+            model_type,
+        )?;
         one_of("pruning", &opts.pruning, &arch.pruning_modes, model_type)?;
         if opts.hcs && !arch.hcs {
             return Err(OptionError::new(
@@ -193,6 +203,7 @@ impl Capabilities {
             expert_precision: arch.defaults.expert_precision.clone(),
             attention_precision: arch.defaults.attention_precision.clone(),
             kv_format: arch.defaults.kv_format.clone(),
+            mlp_precision: arch.defaults.mlp_precision.clone(),
             pruning: arch.defaults.pruning.clone(),
             hcs: arch.hcs && backend == Backend::Cuda,
             ..LaunchOptions::default()
@@ -285,6 +296,14 @@ mod tests {
         assert_eq!(err.unwrap_err().option, "kv_format");
         let err = c.check_options(
             &LaunchOptions {
+                mlp_precision: "fp16".into(),
+                ..base.clone()
+            },
+            "qwen3_moe",
+        );
+        assert_eq!(err.unwrap_err().option, "mlp_precision");
+        let err = c.check_options(
+            &LaunchOptions {
                 hcs: true,
                 ..base.clone()
             },
@@ -293,6 +312,31 @@ mod tests {
         assert_eq!(err.unwrap_err().option, "hcs");
         let err = c.check_options(&base, "llama");
         assert!(err.unwrap_err().reason.contains("qwen3_moe"));
+    }
+
+    /// glm4_moe's MLP block is FP16 (its description): that is what it
+    /// offers and defaults to, and a BF16 one is refused by name.
+    #[test]
+    fn glm4_moe_offers_and_defaults_to_its_fp16_mlp_block() {
+        let c = caps(true);
+        let o = c.default_options("glm4_moe").unwrap();
+        assert_eq!(o.mlp_precision, "fp16");
+        c.check_options(&o, "glm4_moe").unwrap();
+        let e = c
+            .check_options(
+                &LaunchOptions {
+                    mlp_precision: "bf16".into(),
+                    ..o
+                },
+                "glm4_moe",
+            )
+            .unwrap_err();
+        assert_eq!(e.option, "mlp_precision");
+        assert!(e.reason.contains("choose from: fp16"), "{}", e.reason);
+        assert_eq!(
+            c.default_options("qwen3_moe").unwrap().mlp_precision,
+            "bf16"
+        );
     }
 
     #[test]

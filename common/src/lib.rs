@@ -29,5 +29,6 @@ pub use status::{
 /// Version of the launcher <-> runtime contract. Bumped on any incompatible
 /// change so a launcher refuses a runtime it does not understand. 2: the
 /// `inspect` and `plan` reports, architectures with `display_name` and
-/// `backends`, the live `/v1/stats` fields.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// `backends`, the live `/v1/stats` fields. 3: the `mlp_precision` option
+/// (`--mlp-precision`), architectures with `mlp_precisions`.
+pub const PROTOCOL_VERSION: u32 = 3;

@@ -97,6 +97,9 @@ pub struct LaunchOptions {
     pub attention_precision: String,
     /// KV cache element format.
     pub kv_format: String,
+    /// Precision of the MLP block's activations and weights (dense MLPs,
+    /// the router input, routed and shared experts).
+    pub mlp_precision: String,
     /// Use at most this many bytes of the GPU (None: the whole card).
     pub vram_limit_bytes: Option<u64>,
     /// Free VRAM kept in reserve after calibration, in MiB.
@@ -131,6 +134,7 @@ impl Default for LaunchOptions {
             expert_precision: "int4".into(),
             attention_precision: "bf16".into(),
             kv_format: "bf16".into(),
+            mlp_precision: "bf16".into(),
             vram_limit_bytes: None,
             safety_margin_mib: crate::plan::DEFAULT_SAFETY_MARGIN_MIB,
             hcs: true,
@@ -438,6 +442,8 @@ impl LaunchOptions {
             self.attention_precision.clone(),
             "--kv-format".into(),
             self.kv_format.clone(),
+            "--mlp-precision".into(),
+            self.mlp_precision.clone(),
             "--safety-margin-mib".into(),
             self.safety_margin_mib.to_string(),
             "--hcs".into(),

@@ -219,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_t<ActBf16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, window);
 }
 
-// FP16 variants (AttnFormat::F16): q, K and V read as f16; the partial
+// FP16 variants (ActFormat::F16): q, K and V read as f16; the partial
 // outputs are f32, so the combine kernels serve both formats.
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc, const f16_t* __restrict__ vc,

@@ -482,7 +482,7 @@ extern "C" __global__ void __launch_bounds__(128)
     attn_prefill_simt_t<ActBf16, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, sinks, window);
 }
 
-// FP16 variants (AttnFormat::F16, gpt-oss): the same templates with ActF16,
+// FP16 variants (ActFormat::F16, gpt-oss): the same templates with ActF16,
 // so q, K and V are read as f16, the MMAs are m16n8k16 .f32.f16.f16.f32 and
 // P is rounded to f16 for P V (10 mantissa bits to BF16's 7). P <= 1 after
 // the max subtraction, so f16's range suffices: a probability below 2^-24

@@ -1,5 +1,5 @@
 // Elementwise kernels: embedding gather, residual adds, per-column bias
-// adds, f32->bf16 cast and SwiGLU.
+// adds, f32->bf16 cast and SwiGLU (bf16, or f16 for an FP16 MLP block).
 //
 // Design: memory-bound one-pass kernels. The embedding gather moves 16 bytes
 // (8 bf16) per load and widens to the f32 residual stream. Grid-stride loops
@@ -38,15 +38,28 @@ extern "C" __global__ void cast_f32_to_bf16(const float* __restrict__ x, bf16_t*
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = f2bf(x[i]);
 }
 
-extern "C" __global__ void swiglu_bf16(const bf16_t* __restrict__ gate_up, bf16_t* __restrict__ out, u32 rows,
-                                       u32 inter) {
+// SwiGLU of [rows, 2*inter] gate|up rows in format A (the MLP block's:
+// swiglu_f16 for an FP16 one), computed in f32 and rounded once to A.
+template <class A>
+__device__ __forceinline__ void swiglu_rows(const unsigned short* __restrict__ gate_up, unsigned short* __restrict__ out,
+                                            u32 rows, u32 inter) {
     u32 n = rows * inter;
     for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         u32 r = i / inter, c = i - r * inter;
-        const bf16_t* row = gate_up + (u64)r * 2 * inter;
-        float g = bf2f(row[c]), u = bf2f(row[inter + c]);
-        out[i] = f2bf(silu(g) * u);
+        const unsigned short* row = gate_up + (u64)r * 2 * inter;
+        float g = A::load(row[c]), u = A::load(row[inter + c]);
+        out[i] = A::store(silu(g) * u);
     }
+}
+
+extern "C" __global__ void swiglu_bf16(const bf16_t* __restrict__ gate_up, bf16_t* __restrict__ out, u32 rows,
+                                       u32 inter) {
+    swiglu_rows<ActBf16>(gate_up, out, rows, inter);
+}
+
+extern "C" __global__ void swiglu_f16(const f16_t* __restrict__ gate_up, f16_t* __restrict__ out, u32 rows,
+                                      u32 inter) {
+    swiglu_rows<ActF16>(gate_up, out, rows, inter);
 }
 
 // rows[r, c] += bias[c] (f32 bias, in place; f32 sum rounded once for bf16

@@ -94,8 +94,9 @@ __device__ __forceinline__ void gemv_dot8(float* a, const uint4 w, const uint4 x
 // MB: compile-time bound on m (1, 2, 4, 8). NR x U: rows x vectors per lane
 // of one weight group (NR * U = 16). NORM: x from residual + norm weight.
 // A: the format of w, x and normed (ActBf16; ActF16 for the QKV projection
-// of an FP16 attention block, whose normed x is rounded to f16 as
-// rmsnorm_f32_to_f16 rounds it). The norm weight g is bf16 either way.
+// of an FP16 attention block and the projections of an FP16 MLP block,
+// whose normed x is rounded to f16 as rmsnorm_f32_to_f16 rounds it). The
+// norm weight g is bf16 either way.
 template <int MB, int NR, int U, bool NORM, class A = ActBf16>
 __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* res, const bf16_t* __restrict__ g,
                                           float eps, const unsigned short* __restrict__ w, u32 m, u32 n, u32 K,
@@ -280,10 +281,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_r1_m8(GEM
     gemv_body<8, 1, 16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
 }
 
-// FP16 entry points (AttnFormat::F16): gemv_rmsnorm_f16_r<NR>_m<MB>, the
+// FP16 entry points (ActFormat::F16): gemv_rmsnorm_f16_r<NR>_m<MB>, the
 // norm variant with w, x and normed in f16 (the decode QKV projection of an
-// FP16 attention block, matching the prefill path's rmsnorm_f32_to_f16 +
-// f16 GEMM: the same normed bits, f32 accumulation).
+// FP16 attention block, and the router and dense gate/up of an FP16 MLP
+// block, matching the prefill path's rmsnorm_f32_to_f16 + f16 GEMM: the
+// same normed bits, f32 accumulation; mode 0 rounds y to f16), and
+// gemv_f16_r<NR>_m<MB>, the plain one (an FP16 MLP block's shared-expert
+// gate/up and every down projection).
 #define GEMV_NORM_F16_ARGS                                                                                    \
     const float *res, const bf16_t *__restrict__ g, float eps, const f16_t *__restrict__ w, u32 m, u32 n,    \
         u32 k, u32 mode, f16_t *normed, void *y
@@ -311,4 +315,31 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_f16_r1_m4(GEMV
 }
 extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_f16_r1_m8(GEMV_NORM_F16_ARGS) {
     gemv_body<8, 1, 16, true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+
+#define GEMV_F16_ARGS const f16_t *x, const f16_t *__restrict__ w, u32 m, u32 n, u32 k, u32 mode, void *y
+
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_f16_r2_m1(GEMV_F16_ARGS) {
+    gemv_body<1, 2, 8, false, ActF16>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_f16_r2_m2(GEMV_F16_ARGS) {
+    gemv_body<2, 2, 8, false, ActF16>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_f16_r2_m4(GEMV_F16_ARGS) {
+    gemv_body<4, 2, 8, false, ActF16>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_f16_r2_m8(GEMV_F16_ARGS) {
+    gemv_body<8, 2, 8, false, ActF16>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_f16_r1_m1(GEMV_F16_ARGS) {
+    gemv_body<1, 1, 16, false, ActF16>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_f16_r1_m2(GEMV_F16_ARGS) {
+    gemv_body<2, 1, 16, false, ActF16>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_f16_r1_m4(GEMV_F16_ARGS) {
+    gemv_body<4, 1, 16, false, ActF16>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_f16_r1_m8(GEMV_F16_ARGS) {
+    gemv_body<8, 1, 16, false, ActF16>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
 }

@@ -74,6 +74,15 @@
 // int4_dequant_bf16: one thread per 16-byte chunk -> 32 bf16 (exact value
 // (q-8)*s in f32, rounded once), for the prefill cuBLAS path; its scale is
 // group (chunk >> gl), gl = log2(g / 32).
+// FP16 MLP blocks (MlpSpec::activations = F16, glm4_moe): the _f16 entry
+// points are the same templates with A = ActF16. int4_w13_swiglu_*_f16
+// read an f16 x: the nibbles become f16x2 by the f16 magic number
+// (0x6400 = 1024: 1024 + q, one f16x2 fma -> q - 8, exact), the mma is
+// m16n8k16 .f32.f16.f16.f32; act stays f32 and int4_w2_combine (bf16
+// hi/lo of the f32 act, format-free) serves both. int4_dequant_f16 rounds
+// (q-8)*s once to f16 (past 65504: inf, which the sampler refuses). With
+// A = ActBf16 every template compiles to the code the BF16 entry points had
+// (checked: identical SASS).
 // Nibbles become floats with the 2^23 magic-number trick (exact).
 
 #define MAGIC_F 8388608.0f  // 2^23
@@ -89,26 +98,43 @@ __device__ __forceinline__ const unsigned char* expert_base(const u64* table, u3
     return (const unsigned char*)b;
 }
 
-// Word of 8 nibbles -> 4 bf16x2 (q - 8): o[j] = (nibble j, nibble j+4).
+// Word of 8 nibbles -> 4 x2 pairs of (q - 8) in format A: o[j] = (nibble j,
+// nibble j+4). bf16: 0x4300 | q = 128 + q, fma by 1 and -136; f16: 0x6400 |
+// q = 1024 + q, fma by 1 and -1032 (0xE408). Exact either way.
+template <class A = ActBf16>
 __device__ __forceinline__ void dq8(u32 w, u32* o) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const u32 v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;  // 128 + q
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(o[j]) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));
+        if constexpr (A::F16) {
+            const u32 v = ((w >> (4 * j)) & 0x000F000Fu) | 0x64006400u;  // 1024 + q
+            asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(o[j]) : "r"(v), "r"(0x3C003C00u), "r"(0xE408E408u));
+        } else {
+            const u32 v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;  // 128 + q
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(o[j]) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));
+        }
     }
 }
 
-// c += A(16x16 bf16) * B(16x8 bf16), f32 accumulate.
-__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// c += A(16x16) * B(16x8) in format A (bf16 or f16), f32 accumulate.
+template <class A = ActBf16>
+__device__ __forceinline__ void mma16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    if constexpr (A::F16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
 }
 
 // One 16-row x 128-K tile: qa/qb = this lane's 16 bytes of rows g / g+8,
-// xv = the matching 32 permuted B values (4 x (x[j], x[j+4]) per 8-chunk).
-// Returns C (c[0..1]: row g, cols 2tq..; c[2..3]: row g+8).
+// xv = the matching 32 permuted B values (4 x (x[j], x[j+4]) per 8-chunk)
+// in format A. Returns C (c[0..1]: row g, cols 2tq..; c[2..3]: row g+8).
+template <class A = ActBf16>
 __device__ __forceinline__ void tile16(uint4 qa, uint4 qb, const uint4* xv, float* c) {
     const u32 wa[4] = {qa.x, qa.y, qa.z, qa.w};
     const u32 wb[4] = {qb.x, qb.y, qb.z, qb.w};
@@ -116,14 +142,14 @@ __device__ __forceinline__ void tile16(uint4 qa, uint4 qb, const uint4* xv, floa
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         u32 pa[4], pb[4];
-        dq8(wa[i], pa);
-        dq8(wb[i], pb);
-        mma_bf16(c, pa[0], pb[0], pa[1], pb[1], xv[i].x, xv[i].y);
-        mma_bf16(c, pa[2], pb[2], pa[3], pb[3], xv[i].z, xv[i].w);
+        dq8<A>(wa[i], pa);
+        dq8<A>(wb[i], pb);
+        mma16<A>(c, pa[0], pb[0], pa[1], pb[1], xv[i].x, xv[i].y);
+        mma16<A>(c, pa[2], pb[2], pa[3], pb[3], xv[i].z, xv[i].w);
     }
 }
 
-// 8 consecutive bf16 (one uint4) -> the permuted pairs (x[j], x[j+4]).
+// 8 consecutive 16-bit values (one uint4) -> the permuted pairs (x[j], x[j+4]).
 __device__ __forceinline__ uint4 perm8(uint4 u) {
     return make_uint4(__byte_perm(u.x, u.z, 0x5410), __byte_perm(u.x, u.z, 0x7632), __byte_perm(u.y, u.w, 0x5410),
                       __byte_perm(u.y, u.w, 0x7632));
@@ -151,8 +177,9 @@ __device__ __forceinline__ float quad_sum(float v) {
 // GEN = false: the g = 128 fast path (H a multiple of 128, one scale per
 // tile; the code the a3b decode was measured with). GEN = true: any group
 // gl = log2(g / 32) and a partial last tile, as described in the header.
-template <int NCL, int MAXH, int MAXW, bool GEN>
-__device__ __forceinline__ void w13_swiglu(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
+// A: the format of x (and of the dequantized weights in the mma).
+template <int NCL, int MAXH, int MAXW, bool GEN, class A = ActBf16>
+__device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                            const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq,
                                            u64 os, u32 slot_mask, u32 gl, float* __restrict__ act) {
     __shared__ __align__(16) u32 xs[MAXH / 32 * XS_STRIDE];
@@ -232,7 +259,7 @@ __device__ __forceinline__ void w13_swiglu(const bf16_t* __restrict__ x, const u
 #pragma unroll
             for (int tile = 0; tile < 2; ++tile) {
                 float c[4];
-                tile16(q[tile][gg][0], q[tile][gg][1], xv, c);
+                tile16<A>(q[tile][gg][0], q[tile][gg][1], xv, c);
                 acc[tile][0] += h2f(sh[tile][gg][0]) * c[0];
                 acc[tile][1] += h2f(sh[tile][gg][1]) * c[2];
             }
@@ -299,6 +326,44 @@ extern "C" __global__ void __launch_bounds__(512, 1) int4_w13_swiglu_w16_3(W13_A
 }
 extern "C" __global__ void __launch_bounds__(512, 1) int4_w13_swiglu_w16_4(W13_ARGS, u32 gl, float* __restrict__ act) {
     w13_swiglu<4, 8192, 16, true>(W13_PASS, gl, act);
+}
+
+// The same with an f16 x (FP16 MLP blocks): <name>_f16.
+extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_1_f16(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<1, 4096, 8, false, ActF16>(W13_PASS, 0, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_2_f16(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<2, 4096, 8, false, ActF16>(W13_PASS, 0, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_3_f16(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<3, 4096, 8, false, ActF16>(W13_PASS, 0, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_4_f16(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<4, 4096, 8, false, ActF16>(W13_PASS, 0, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+    int4_w13_swiglu_g1_f16(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<1, 4096, 8, true, ActF16>(W13_PASS, gl, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+    int4_w13_swiglu_g2_f16(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<2, 4096, 8, true, ActF16>(W13_PASS, gl, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    int4_w13_swiglu_g3_f16(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<3, 4096, 8, true, ActF16>(W13_PASS, gl, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    int4_w13_swiglu_g4_f16(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<4, 4096, 8, true, ActF16>(W13_PASS, gl, act);
+}
+extern "C" __global__ void __launch_bounds__(512, 1)
+    int4_w13_swiglu_w16_3_f16(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<3, 8192, 16, true, ActF16>(W13_PASS, gl, act);
+}
+extern "C" __global__ void __launch_bounds__(512, 1)
+    int4_w13_swiglu_w16_4_f16(W13_ARGS, u32 gl, float* __restrict__ act) {
+    w13_swiglu<4, 8192, 16, true, ActF16>(W13_PASS, gl, act);
 }
 
 // Shared act layout (dynamic): for (j, group G, lane tq) a block of
@@ -444,9 +509,11 @@ extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_g3(W2_ARGS, u3
     w2_combine<8, true>(W2_PASS, gl, res);
 }
 
-extern "C" __global__ void int4_dequant_bf16(const u64* __restrict__ table, u32 n_table, const u32* __restrict__ ids,
+// O: the output format (the MLP block's).
+template <class O>
+__device__ __forceinline__ void int4_dequant(const u64* __restrict__ table, u32 n_table, const u32* __restrict__ ids,
                                              u32 n, u32 H, u32 I, u32 gl, u64 o13q, u64 o13s, u64 o2q, u64 o2s,
-                                             bf16_t* __restrict__ w13_out, bf16_t* __restrict__ w2_out) {
+                                             unsigned short* __restrict__ w13_out, unsigned short* __restrict__ w2_out) {
     const u32 x = blockIdx.y;
     if (x >= n) return;
     const u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -457,7 +524,7 @@ extern "C" __global__ void int4_dequant_bf16(const u64* __restrict__ table, u32 
     u64 row, c;
     const unsigned char* q;
     const f16_t* sc;
-    bf16_t* dst;
+    unsigned short* dst;
     if (g < c13) {
         K = H;
         row = g / (H / 32);
@@ -475,7 +542,7 @@ extern "C" __global__ void int4_dequant_bf16(const u64* __restrict__ table, u32 
     }
     uint4* o = (uint4*)(dst + row * K + c * 32);
     if (base == nullptr) {
-        const u32 nn = 0x7fc07fc0u;
+        const u32 nn = O::F16 ? 0x7e007e00u : 0x7fc07fc0u;  // NaN pairs
         for (int v = 0; v < 4; ++v) o[v] = make_uint4(nn, nn, nn, nn);
         return;
     }
@@ -485,10 +552,21 @@ extern "C" __global__ void int4_dequant_bf16(const u64* __restrict__ table, u32 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         uint4 r;
-        r.x = pack_bf2(nib(w[i], 0) * s, nib(w[i], 4) * s);
-        r.y = pack_bf2(nib(w[i], 8) * s, nib(w[i], 12) * s);
-        r.z = pack_bf2(nib(w[i], 16) * s, nib(w[i], 20) * s);
-        r.w = pack_bf2(nib(w[i], 24) * s, nib(w[i], 28) * s);
+        r.x = O::pack2(nib(w[i], 0) * s, nib(w[i], 4) * s);
+        r.y = O::pack2(nib(w[i], 8) * s, nib(w[i], 12) * s);
+        r.z = O::pack2(nib(w[i], 16) * s, nib(w[i], 20) * s);
+        r.w = O::pack2(nib(w[i], 24) * s, nib(w[i], 28) * s);
         o[i] = r;
     }
+}
+
+#define DQ_ARGS                                                                                                  \
+    const u64 *__restrict__ table, u32 n_table, const u32 *__restrict__ ids, u32 n, u32 H, u32 I, u32 gl,        \
+        u64 o13q, u64 o13s, u64 o2q, u64 o2s
+#define DQ_PASS table, n_table, ids, n, H, I, gl, o13q, o13s, o2q, o2s
+extern "C" __global__ void int4_dequant_bf16(DQ_ARGS, bf16_t* __restrict__ w13_out, bf16_t* __restrict__ w2_out) {
+    int4_dequant<ActBf16>(DQ_PASS, w13_out, w2_out);
+}
+extern "C" __global__ void int4_dequant_f16(DQ_ARGS, f16_t* __restrict__ w13_out, f16_t* __restrict__ w2_out) {
+    int4_dequant<ActF16>(DQ_PASS, w13_out, w2_out);
 }

@@ -19,7 +19,7 @@
 // Separate entry points (one template) so the linear path's code does not
 // change for the ring one.
 // Both copy 16-bit patterns without converting them, so the same entry
-// points append f16 K and V (AttnFormat::F16) to an f16 cache.
+// points append f16 K and V (ActFormat::F16) to an f16 cache.
 
 template <bool RING>
 __device__ __forceinline__ void kv_append(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,

@@ -9,7 +9,10 @@
 // its pairs in ascending pair order (stable, so the grouping is identical
 // run to run). Each block reads the id list twice; at E = 128 and 64K pairs
 // that is ~64 MB of L2 reads, a few microseconds.
-// gather_rows_bf16: one block per output row, 16-byte copies.
+// gather_rows_bf16: one block per output row, 16-byte copies. It copies
+// 16-bit patterns without converting them, so it gathers f16 rows (an FP16
+// MLP block's normed input) too; its fill for an invalid row, 0x7fc0, is
+// a NaN in both formats.
 // moe_combine_*: one block per token; each element sums its top_k grouped
 // rows in j order in f32, then adds once to the f32 residual. No atomics.
 

@@ -81,7 +81,7 @@ extern "C" __global__ void qk_norm_rope_bf16(bf16_t* __restrict__ qkv, const bf1
 // can differ from the host's only where the f32 value sits within a few
 // f32 ulp of a bf16 rounding boundary, and then by one bf16 ulp.
 
-// rope_table_f16: the same over f16 q/k (AttnFormat::F16, gpt-oss): read
+// rope_table_f16: the same over f16 q/k (ActFormat::F16, gpt-oss): read
 // f16, the same f32 arithmetic, one rounding to f16. The template over the
 // format (ActBf16 / ActF16, common.cuh) leaves rope_table_bf16's code as it
 // was.

@@ -8,6 +8,12 @@
 // logits (f32 bits) into the workspace plus one partial (max, argmax) per
 // block, so greedy selection reduces 256 partials instead of walking the
 // whole vocabulary in one block (34 us for 152K logits on an H200).
+// Fail closed on a non-finite logit (an FP16 activation past 65504 becomes
+// inf, and from there NaN): sample_prepare marks a block that read a
+// non-finite raw logit by storing NaN as its partial max (never a prepared
+// value: those are cleaned to -inf), and sample_select then writes
+// SAMPLE_NONFINITE (0xffffffff, no token id) and touches no count, so the
+// host refuses the step instead of emitting a token.
 // sample_select: a single 1024-thread block. Logits become 24-bit integer
 // weights w = min(floor(exp(l - max) * 2^24), 2^24 - 1), so all masses are
 // exact u64 sums and the result cannot depend on summation order. Top-k and
@@ -88,6 +94,7 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_bf16(const bf16_t* __r
 }
 
 #define PREP_MAX_BLOCKS 256  // = SAMPLE_PREP_BLOCKS in kernels/src/ops/sampling.rs
+#define SAMPLE_NONFINITE 0xffffffffu  // = SAMPLE_NONFINITE there
 
 template <typename T>
 __device__ void sample_prepare(const T* __restrict__ logits, const u32* __restrict__ counts, u32* __restrict__ ws,
@@ -96,9 +103,11 @@ __device__ void sample_prepare(const T* __restrict__ logits, const u32* __restri
     __shared__ u32 si[32];
     float bv = NEG_INF_F;
     u32 bi = 0xffffffffu;
+    int bad = 0;
     for (u32 v = blockIdx.x * blockDim.x + threadIdx.x; v < V; v += gridDim.x * blockDim.x) {
         const u32 c = counts[v];
         float l = ld_l<T>(logits, v);
+        bad |= !isfinite(l);
         l = (l - (c > 0 ? presence : 0.0f) - frequency * (float)c) * inv_t;
         l = clean(l);
         ws[v] = __float_as_uint(l);
@@ -107,11 +116,12 @@ __device__ void sample_prepare(const T* __restrict__ logits, const u32* __restri
             bi = v;
         }
     }
+    bad = __syncthreads_or(bad);
     float fv;
     u32 fi;
     block_argmax(bv, bi, sv, si, fv, fi);
     if (threadIdx.x == 0) {
-        ws[V + blockIdx.x] = __float_as_uint(fv);
+        ws[V + blockIdx.x] = bad ? 0x7fc00000u : __float_as_uint(fv);
         ws[V + PREP_MAX_BLOCKS + blockIdx.x] = fi;
     }
 }
@@ -189,6 +199,17 @@ extern "C" __global__ void __launch_bounds__(1024)
     __shared__ u32 sel[4];
     __shared__ u64 selm[2];
     const u32 tid = threadIdx.x;
+
+    // A block read a non-finite logit (its partial max is NaN): no token.
+    int bad = 0;
+    for (u32 b = tid; b < nblocks; b += blockDim.x) {
+        const float l = __uint_as_float(ws[V + b]);
+        bad |= l != l;
+    }
+    if (__syncthreads_or(bad)) {
+        if (tid == 0) out[0] = SAMPLE_NONFINITE;
+        return;
+    }
 
     if (greedy) {
         // The blocks' partial (max, lowest argmax) pairs; ties across

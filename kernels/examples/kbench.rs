@@ -818,16 +818,16 @@ fn bench_gemv(
         let mut yb = s.alloc_zeros::<bf16>(m * n)?;
         let t_gemv = time_graph_ms(s, reps, |it| {
             if out_f32 {
-                k.gemv_bf16::<f32>(s, &x, &wr.get(it), m, n, kk, acc, &mut yf)?;
+                k.gemv::<bf16, f32>(s, &x, &wr.get(it), m, n, kk, acc, &mut yf)?;
             } else {
-                k.gemv_bf16::<bf16>(s, &x, &wr.get(it), m, n, kk, false, &mut yb)?;
+                k.gemv::<bf16, bf16>(s, &x, &wr.get(it), m, n, kk, false, &mut yb)?;
             }
             Ok(())
         })?;
         let t_norm = time_graph_ms(s, reps, |it| {
             let w = wr.get(it);
             if out_f32 {
-                k.gemv_rmsnorm_bf16::<f32>(
+                k.gemv_rmsnorm::<bf16, f32>(
                     s,
                     &res,
                     &gw,
@@ -841,7 +841,7 @@ fn bench_gemv(
                     &mut yf,
                 )?;
             } else {
-                k.gemv_rmsnorm_bf16::<bf16>(
+                k.gemv_rmsnorm::<bf16, bf16>(
                     s,
                     &res,
                     &gw,
@@ -900,7 +900,7 @@ fn bench_gemv(
     let mut logits = s.alloc_zeros::<f32>(128)?;
     let reps = 32;
     let t_chain = time_graph_ms(s, reps, |it| {
-        k.gemv_rmsnorm_bf16::<bf16>(
+        k.gemv_rmsnorm::<bf16, bf16>(
             s,
             &resid,
             &gw,
@@ -913,8 +913,8 @@ fn bench_gemv(
             &mut normed,
             &mut qkv,
         )?;
-        k.gemv_bf16::<f32>(s, &x, &wo.get(it), 1, 2048, 4096, true, &mut resid)?;
-        k.gemv_rmsnorm_bf16::<f32>(
+        k.gemv::<bf16, f32>(s, &x, &wo.get(it), 1, 2048, 4096, true, &mut resid)?;
+        k.gemv_rmsnorm::<bf16, f32>(
             s,
             &resid,
             &gw,

@@ -36,11 +36,13 @@ impl Elem for bf16 {
     }
 }
 
-/// The 16-bit formats the attention path stores its activations in
-/// (`krasis_model::arch::AttnFormat`): bf16, or f16 (IEEE half). The
-/// attention, RoPE-table and KV-append wrappers are generic over it and
-/// pick the `_f16` entry point for f16 (the kernels are one template over
-/// the format, `ActBf16`/`ActF16` in `cuda/common.cuh`).
+/// The 16-bit formats a block stores its activations in
+/// (`krasis_model::arch::ActFormat`: the attention's and the MLP block's):
+/// bf16, or f16 (IEEE half). The attention, RoPE-table, KV-append, GEMV,
+/// SwiGLU, INT4 expert and row-gather wrappers are generic over it and pick
+/// the `_f16` entry point for f16 (the kernels are one template over the
+/// format, `ActBf16`/`ActF16` in `cuda/common.cuh`), or one entry point
+/// where they only copy 16-bit patterns.
 pub trait Act16: DeviceRepr + Copy + Default + std::fmt::Debug + sealed::Sealed + 'static {
     /// `true` for f16.
     const F16: bool;

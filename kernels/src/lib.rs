@@ -39,13 +39,15 @@ pub use driver::{GpuTestDevice, gpu_test_device, nvidia_driver_present, open_dev
 pub use error::{KernelError, Result};
 pub use launch::{Act16, Elem};
 pub use ops::attention::{DECODE_MAX_SPLITS, decode_workspace_len};
-pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS};
+pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvOut};
 pub use ops::int4::{
     INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPS, Int4Layout,
 };
 pub use ops::moe::{ROUTER_MAX_EXPERTS, ROUTER_MAX_TOPK};
 pub use ops::rope::{KvGeom, QkNormArgs, QkvGeom, StartPos};
-pub use ops::sampling::{SAMPLE_PREP_BLOCKS, SamplingParams, sample_workspace_len};
+pub use ops::sampling::{
+    SAMPLE_NONFINITE, SAMPLE_PREP_BLOCKS, SamplingParams, sample_workspace_len,
+};
 
 /// All kernels, loaded into one CUDA context. Cheap to share (`Arc`), and
 /// launches may be issued from any stream of that context.

@@ -50,6 +50,11 @@ fn sources_export_exactly_the_listed_kernels() {
         "rmsnorm_f32_to_f16",
         "bias_cast_f32_to_f16",
         "gemv_rmsnorm_f16_r1_m1",
+        "gemv_f16_r1_m1",
+        "swiglu_f16",
+        "int4_w13_swiglu_1_f16",
+        "int4_w13_swiglu_w16_4_f16",
+        "int4_dequant_f16",
     ] {
         assert!(all.contains(k), "missing {k}");
     }
@@ -1089,5 +1094,61 @@ mod rope_partial {
                 "head {head}"
             );
         }
+    }
+}
+
+/// The FP16 MLP block's references (`MlpSpec::activations`): SwiGLU
+/// rounded once to f16, the INT4 dequantization's f16 rounding, and the
+/// sampler's refusal of non-finite logits.
+mod fp16_mlp {
+    use super::*;
+    use half::bf16;
+
+    #[test]
+    fn swiglu_f16_rounds_the_f64_product_once() {
+        let gate_up: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) * 0.37).collect();
+        let h: Vec<f16> = cpu::swiglu_as(&gate_up, 4);
+        let b = cpu::swiglu(&gate_up, 4);
+        assert_eq!(h.len(), 8);
+        for (r, (h, b)) in h.chunks(4).zip(b.chunks(4)).enumerate() {
+            for i in 0..4 {
+                let (g, u) = (gate_up[r * 8 + i] as f64, gate_up[r * 8 + 4 + i] as f64);
+                let want = g / (1.0 + (-g).exp()) * u;
+                assert_eq!(h[i], f16::from_f64(want));
+                assert_eq!(b[i], bf16::from_f64(want));
+            }
+        }
+        // Past FP16's range the product is infinite (the sampler's case).
+        let big: Vec<f16> = cpu::swiglu_as(&[400.0, 400.0], 1);
+        assert!(big[0].is_infinite());
+    }
+
+    /// `(q - 8) * s` is exact in f32; its f16 rounding keeps 3 more bits
+    /// than bf16's, and a scale past 65504 / 8 overflows f16.
+    #[test]
+    fn int4_dequantized_values_round_once_to_f16() {
+        let w: Vec<f32> = (0..128)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 313.0)
+            .collect();
+        let (q, sc) = cpu::quantize_rows(&w, 1, 128, 128);
+        let d = cpu::dequant_rows(&q, &sc, 1, 128, 128);
+        let (mut moved_bf, mut moved_h) = (0usize, 0usize);
+        for v in &d {
+            let (h, b) = (f16::from_f32(*v).to_f32(), bf16::from_f32(*v).to_f32());
+            assert!((h - v).abs() <= v.abs() / 2048.0 && (b - v).abs() <= v.abs() / 256.0);
+            moved_h += usize::from(h != *v);
+            moved_bf += usize::from(b != *v);
+        }
+        assert!(moved_h < moved_bf, "{moved_h} vs {moved_bf}");
+        assert!(f16::from_f32(-8.0 * 8200.0).is_infinite());
+    }
+
+    #[test]
+    fn sampling_refuses_any_non_finite_logit() {
+        assert!(!cpu::refuses(&[0.0, -1e30, 3.0e38]));
+        for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+            assert!(cpu::refuses(&[1.0, bad, 2.0]), "{bad}");
+        }
+        assert_eq!(krasis_kernels::SAMPLE_NONFINITE, u32::MAX);
     }
 }

@@ -188,6 +188,8 @@ pub struct OptionFlags {
     pub attention_precision: Option<String>,
     #[arg(long)]
     pub kv_format: Option<String>,
+    #[arg(long)]
+    pub mlp_precision: Option<String>,
     /// Use at most this much VRAM, e.g. 20GiB.
     #[arg(long, value_name = "SIZE")]
     pub vram_limit: Option<String>,
@@ -267,6 +269,9 @@ impl OptionFlags {
         }
         if let Some(v) = &self.kv_format {
             base.kv_format = v.clone();
+        }
+        if let Some(v) = &self.mlp_precision {
+            base.mlp_precision = v.clone();
         }
         if let Some(v) = &self.vram_limit {
             base.vram_limit_bytes = Some(

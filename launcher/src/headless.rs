@@ -221,11 +221,12 @@ fn print_plan(ctx: &Ctx, opts: &LaunchOptions, m: &ModelSummary, hw: &Hardware) 
         m.top_k
     );
     println!(
-        "backend: {}   experts: {}   attention: {}   KV: {}   HCS: {}   pruning: {}",
+        "backend: {}   experts: {}   attention: {}   KV: {}   MLP: {}   HCS: {}   pruning: {}",
         opts.backend.as_str(),
         m.experts_for(opts.backend),
         opts.attention_precision,
         opts.kv_format,
+        opts.mlp_precision,
         if opts.hcs { "on" } else { "off" },
         opts.pruning
     );

@@ -65,6 +65,7 @@ fn refused(o: &Output) -> String {
 fn each_unimplemented_engine_option_is_refused_with_what_is_implemented() {
     for (flag, value, option, implemented) in [
         ("--kv-format", "fp8", "kv_format", "bf16"),
+        ("--mlp-precision", "fp8", "mlp_precision", "bf16"),
         ("--expert-precision", "int8", "expert_precision", "int4"),
         (
             "--attention-precision",

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Device script for issue 14 (glm4_moe on the CUDA engine); the lead runs it from the repo root
-# with release binaries in dist/gpu/ (krasis-runtime, and the test binaries: the kernels' gpu-*,
-# the engine's glm4_moe-*, gpu_engine-*, fault_injection-*, gpt_oss-*). Four calls, each under
-# 580 s, c and d on the same warm machine (d re-makes the model if /tmp was wiped, which leaves
-# less time for its bench):
-#   bash tools/device/glm_cuda.sh a COMMIT   GPU tests.
-#   bash tools/device/glm_cuda.sh b COMMIT   the tiny-glm4-moe witness fixtures (source and the new
-#                                            int4 variant, torch at /opt/torch); tiny-glm4-moe synth
-#                                            + bench --check against the int4 one.
+# with release binaries in dist/gpu/: krasis-runtime, and the test binaries gpu-* (`cargo test
+# --release --locked -p krasis-kernels --test gpu --no-run`) and glm4_moe-*, gpu_engine-*,
+# gpt_oss-*, fault_injection-* (`cargo test --release --locked -p krasis-gpu --test glm4_moe
+# --test gpu_engine --test gpt_oss --test fault_injection --no-run`, stripped; the
+# dev-dependency turns the fault-injection feature on). Four calls, each under 580 s, c and d on
+# the same warm machine (d re-makes the model if /tmp was wiped, which leaves less time for its
+# bench):
+#   bash tools/device/glm_cuda.sh a COMMIT   GPU tests: the kernels' FP16 MLP block, sampler and
+#                                            the families they share (int4, gemv, fp16, elementwise,
+#                                            moe), then glm4_moe, gpu_engine, gpt_oss in full,
+#                                            fault_injection if time is left.
+#   bash tools/device/glm_cuda.sh b COMMIT   tiny-glm4-moe synth + bench --check against the
+#                                            committed INT4 witness (the FP16 MLP block's check);
+#                                            then tiny-gpt-oss's check against its witness and the
+#                                            qwen tiny check (regressions: BF16 MLP blocks, the
+#                                            sampler's non-finite refusal).
 #   bash tools/device/glm_cuda.sh c COMMIT   glm-4.5-air-12l synth (routed experts in the cache
 #                                            only) + build-cache + generate --chat + serve with one
 #                                            request.
@@ -43,40 +51,54 @@ make_glm12() {
 }
 
 if [ "$P" = a ]; then
-  # GPU tests: kernels (rope_partial, router_sigmoid_grouped among them), the glm4_moe engine
-  # tests (reference check, planted faults, HCS/streamed bit-exactness), and the qwen3/gpt-oss
-  # regressions the shared MLP/router/rope changes touch.
-  for t in gpu glm4_moe gpu_engine fault_injection gpt_oss; do
+  # GPU tests. The kernel binary filtered to the FP16 MLP block's kernels (fp16_mlp::), the
+  # sampler (sampling::, the non-finite refusal) and the families whose wrappers became generic
+  # (int4::, gemv::, fp16::, elementwise::, moe::); then the glm4_moe engine tests (reference
+  # check with the FP16 MLP block, planted faults, HCS/streamed bit-exactness), and the
+  # qwen3/gpt-oss regressions of the shared MLP/router/sampler code.
+  b=$(ls $D/gpu-* 2>/dev/null | head -1)
+  if [ -z "$b" ]; then log "test gpu: binary missing"; else
+    timeout 220 $b --test-threads 1 fp16_mlp:: sampling:: int4:: gemv:: fp16:: elementwise:: moe:: \
+      > $R/test-gpu.log 2>&1
+    log "test gpu (filtered) rc=$? $(grep -h '^test result' $R/test-gpu.log | tail -1)"
+    grep -E "FAILED|panicked" $R/test-gpu.log | head -20 >> $R/summary.txt; save
+  fi
+  for t in glm4_moe gpu_engine gpt_oss fault_injection; do
     b=$(ls $D/$t-* 2>/dev/null | head -1)
     [ -z "$b" ] && { log "test $t: binary missing"; continue; }
-    lim=$(( $(left) < 200 ? $(left) : 200 )); [ $lim -lt 20 ] && { log "test $t: no time left"; continue; }
+    lim=$(( $(left) < 150 ? $(left) : 150 )); [ $lim -lt 20 ] && { log "test $t: no time left"; continue; }
     timeout $lim $b --test-threads 1 > $R/test-$t.log 2>&1; log "test $t rc=$? $(grep -h '^test result' $R/test-$t.log | tail -1)"
+    grep -E "FAILED|panicked" $R/test-$t.log | head -10 >> $R/summary.txt
     save
   done
   exit 0
 fi
 
 if [ "$P" = b ]; then
-  # The witness fixtures of tiny-glm4-moe, both variants (torch + transformers at
-  # /opt/torch): `source` must equal the committed one; `int4` (the routed experts' INT4 round
-  # trip by the independent NumPy rule) is new: commit $R/witness/tiny-glm4-moe/int4 to
-  # tests/fixtures/witness/tiny-glm4-moe/int4.
-  rm -rf /tmp/glmwit /tmp/tglm /tmp/tglmkc
-  timeout 150 bash tools/witness/run_device.sh $kr /tmp/glmwit --vocab $V --case tiny-glm4-moe > $R/witness.log 2>&1
-  log "witness tiny-glm4-moe rc=$?"; mkdir -p $R/witness && cp -r /tmp/glmwit/* $R/witness/ 2>/dev/null
-  for f in seq0.last.f32 seq1.last.f32 seq2.last.f32; do
-    cmp -s /tmp/glmwit/tiny-glm4-moe/source/$f tests/fixtures/witness/tiny-glm4-moe/source/$f
-    log "witness source $f equal to the committed one: rc=$?"
-  done
-  W=tests/fixtures/witness/tiny-glm4-moe/int4; [ -d /tmp/glmwit/tiny-glm4-moe/int4 ] && W=/tmp/glmwit/tiny-glm4-moe/int4
-  [ -d $W ] || W=tests/fixtures/witness/tiny-glm4-moe/source
-  # The GPU check on the checkpoint the fixtures were made from (seed 1, bf16, the Qwen
-  # vocabulary stand-in), against the INT4 witness (the GPU runs INT4 experts).
+  # The GPU check on the checkpoint tiny-glm4-moe's fixtures were made from (seed 1, bf16, the
+  # Qwen vocabulary stand-in), against the committed INT4 witness (the GPU runs INT4 experts):
+  # with the FP16 MLP block every comparison must pass (the BF16 one exceeded the reference
+  # bound at 3 of 331 witness positions by 1.13-1.16x).
+  rm -rf /tmp/tglm /tmp/tglmkc /tmp/tgo /tmp/tgokc /tmp/glm-rd /tmp/glm-rdout
+  W=tests/fixtures/witness/tiny-glm4-moe/int4
   timeout 60 $kr synth --preset tiny-glm4-moe --seed 1 --dtype bf16 --out /tmp/tglm --vocab $V > $R/synth-tiny.log 2>&1
   log "synth tiny-glm4-moe rc=$?"
-  timeout $(left) $kr bench --check --model /tmp/tglm --cache-dir /tmp/tglmkc --witness $W \
+  timeout 200 $kr bench --check --model /tmp/tglm --cache-dir /tmp/tglmkc --witness $W \
     --long-tokens 2048 --prefill-chunk 64 --determinism-runs 2 --json $R/check-tiny-glm.json > $R/check-tiny-glm.log 2>&1
-  log "check tiny-glm4-moe (witness $W) rc=$?"; tail -5 $R/check-tiny-glm.log >> $R/summary.txt; save
+  log "check tiny-glm4-moe (witness $W) rc=$?"; grep -iE "PASS|FAIL" $R/check-tiny-glm.log | head -20 >> $R/summary.txt
+  tail -5 $R/check-tiny-glm.log >> $R/summary.txt; save
+  # Regressions: tiny-gpt-oss (FP16 attention, BF16 MLP block) against its witness, and the
+  # qwen tiny check (all BF16).
+  timeout 30 $kr synth --preset tiny-gpt-oss --seed 1 --dtype bf16 --out /tmp/tgo \
+    --vocab .cache/vocab/o200k_base.tiktoken > $R/synth-tgo.log 2>&1; log "synth tiny-gpt-oss rc=$?"
+  lim=$(( $(left) < 150 ? $(left) : 150 ))
+  timeout $lim $kr bench --check --model /tmp/tgo --cache-dir /tmp/tgokc --witness tests/fixtures/witness/tiny-gpt-oss/source \
+    --long-tokens 2048 --prefill-chunk 64 --determinism-runs 2 --json $R/check-gpt-oss.json > $R/check-gpt-oss.log 2>&1
+  log "check tiny-gpt-oss rc=$?"; grep -iE "PASS|FAIL" $R/check-gpt-oss.log | head -20 >> $R/summary.txt; save
+  [ $(left) -gt 40 ] && { timeout $(( $(left) - 10 )) env KRASIS_DEVICE_TMP=/tmp/glm-rd bash benchmarks/run_device.sh \
+    /tmp/glm-rdout "$C" check-tiny > $R/rd.log 2>&1; log "check-tiny (qwen) rc=$?"; cp /tmp/glm-rdout/results.tgz $R/rd-results.tgz 2>/dev/null
+    tail -5 $R/rd.log >> $R/summary.txt; }
+  save
   exit 0
 fi
 

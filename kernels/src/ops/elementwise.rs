@@ -198,30 +198,32 @@ impl Kernels {
     }
 
     /// SwiGLU over a fused gate/up GEMM output:
-    /// `out[r, i] = bf16(silu(g) * u)` with `g = gate_up[r, i]`,
-    /// `u = gate_up[r, inter + i]`, computed in f32.
+    /// `out[r, i] = A(silu(g) * u)` with `g = gate_up[r, i]`,
+    /// `u = gate_up[r, inter + i]`, computed in f32 and rounded once to the
+    /// MLP block's format `A` (`swiglu_bf16`, or `swiglu_f16`; past ±65504
+    /// an f16 result is infinite).
     ///
-    /// - `gate_up`: bf16 `[rows, 2*inter]`; `out`: bf16 `[rows, inter]`.
-    pub fn swiglu(
+    /// - `gate_up`: `A` `[rows, 2*inter]`; `out`: `A` `[rows, inter]`.
+    pub fn swiglu<A: Act16>(
         &self,
         stream: &CudaStream,
-        gate_up: &impl DevicePtr<bf16>,
+        gate_up: &impl DevicePtr<A>,
         rows: usize,
         inter: usize,
-        out: &mut impl DevicePtrMut<bf16>,
+        out: &mut impl DevicePtrMut<A>,
     ) -> Result<()> {
-        const K: &str = "swiglu_bf16";
-        check_len(K, "gate_up", gate_up.len(), rows * 2 * inter)?;
-        check_len(K, "out", out.len(), rows * inter)?;
-        let (r, i) = (dim_u32(K, "rows", rows)?, dim_u32(K, "inter", inter)?);
-        dim_u32(K, "rows * inter", rows * inter)?;
-        let f = self.func(K)?;
+        let k = by_act::<A>("swiglu_bf16", "swiglu_f16");
+        check_len(k, "gate_up", gate_up.len(), rows * 2 * inter)?;
+        check_len(k, "out", out.len(), rows * inter)?;
+        let (r, i) = (dim_u32(k, "rows", rows)?, dim_u32(k, "inter", inter)?);
+        dim_u32(k, "rows * inter", rows * inter)?;
+        let f = self.func(k)?;
         let (gp, _g1) = gate_up.device_ptr(stream);
         let (op, _g2) = out.device_ptr_mut(stream);
         let mut b = builder(stream, f);
         b.arg(&gp).arg(&op).arg(&r).arg(&i);
         submit(
-            K,
+            k,
             b,
             cfg(
                 (blocks(rows * inter, THREADS as usize * 4), 1, 1),

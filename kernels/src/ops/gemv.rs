@@ -1,10 +1,12 @@
-//! BF16 weight GEMV for decode, optionally with the RMSNorm fused in front
-//! (`cuda/gemv.cu`): the M = 1..8 token projections that cuBLAS runs at
-//! ~2x the weight-streaming time.
+//! 16-bit weight GEMV for decode, optionally with the RMSNorm fused in
+//! front (`cuda/gemv.cu`): the M = 1..8 token projections that cuBLAS runs
+//! at ~2x the weight-streaming time.
 //!
-//! Row-major throughout: `W` is an `nn.Linear` weight `[n, k]` bf16, `x` is
-//! `[m, k]` bf16, `y` is `[m, n]`. Accumulation is f32 in a fixed order
-//! (bit-reproducible, no atomics); a bf16 `y` is rounded once (RNE).
+//! Row-major throughout: `W` is an `nn.Linear` weight `[n, k]`, `x` is
+//! `[m, k]`, both in one 16-bit format `A` (`Act16`: bf16, or f16 for an
+//! FP16 attention or MLP block, the `_f16` entry points), `y` is `[m, n]`
+//! f32 or `A`. Accumulation is f32 in a fixed order (bit-reproducible, no
+//! atomics); a 16-bit `y` is rounded once (RNE).
 //!
 //! On sm_90+ both wrappers launch as programmatic dependents (PDL) of the
 //! previous kernel on the stream: the kernel may start while that kernel
@@ -16,12 +18,28 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use half::{bf16, f16};
+use cudarc::driver::{
+    CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use half::bf16;
 
 use crate::launch::{
-    Act16, Elem, allow_smem, builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit,
+    Act16, allow_smem, builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit,
 };
+
+/// The output element types of a GEMV whose weight and input are in `A`:
+/// f32, or `A` itself (rounded once).
+pub trait GemvOut<A: Act16>: DeviceRepr + Copy + 'static {
+    /// f32 (the kernels' modes 1 and 2), else 16-bit (mode 0).
+    const WIDE: bool;
+}
+
+impl<A: Act16> GemvOut<A> for f32 {
+    const WIDE: bool = true;
+}
+impl<A: Act16> GemvOut<A> for A {
+    const WIDE: bool = false;
+}
 use crate::{Kernels, Result};
 
 /// Most tokens (rows of `x`) per GEMV launch.
@@ -50,6 +68,20 @@ const PLAIN: [[&str; 4]; 2] = [
         "gemv_bf16_r1_m2",
         "gemv_bf16_r1_m4",
         "gemv_bf16_r1_m8",
+    ],
+];
+const PLAIN_F16: [[&str; 4]; 2] = [
+    [
+        "gemv_f16_r2_m1",
+        "gemv_f16_r2_m2",
+        "gemv_f16_r2_m4",
+        "gemv_f16_r2_m8",
+    ],
+    [
+        "gemv_f16_r1_m1",
+        "gemv_f16_r1_m2",
+        "gemv_f16_r1_m4",
+        "gemv_f16_r1_m8",
     ],
 ];
 const NORM_F16: [[&str; 4]; 2] = [
@@ -93,13 +125,15 @@ fn entry(names: &[[&'static str; 4]; 2], m: usize, k: usize) -> &'static str {
     names[shape][bucket]
 }
 
-/// Checks the dims shared by both GEMVs; `Ok(false)` means nothing to do.
-fn check_dims<O: Elem>(
+/// Checks the dims shared by both GEMVs (`wide`: an f32 output);
+/// `Ok(false)` means nothing to do.
+fn check_dims(
     kernel: &'static str,
     m: usize,
     n: usize,
     k: usize,
     accumulate: bool,
+    wide: bool,
 ) -> Result<bool> {
     ensure(kernel, m <= GEMV_MAX_TOKENS, || {
         format!("m = {m} tokens exceeds the {GEMV_MAX_TOKENS} the GEMV supports (use a GEMM)")
@@ -115,8 +149,8 @@ fn check_dims<O: Elem>(
             m * k
         )
     })?;
-    ensure(kernel, !(accumulate && O::SUFFIX == "bf16"), || {
-        "accumulate needs an f32 output (a bf16 y would be rounded twice)".to_string()
+    ensure(kernel, !accumulate || wide, || {
+        "accumulate needs an f32 output (a 16-bit y would be rounded twice)".to_string()
     })?;
     dim_u32(kernel, "n", n)?;
     Ok(m > 0 && n > 0)
@@ -151,9 +185,9 @@ fn launch_cfg(kernels: &Kernels, n: usize, m: usize, k: usize) -> LaunchConfig {
     cfg((blocks, 1, 1), THREADS, (2 * m * k) as u32)
 }
 
-/// Output mode argument of the kernels: 0 bf16, 1 f32, 2 f32 accumulate.
-fn mode<O: Elem>(accumulate: bool) -> u32 {
-    match (O::SUFFIX == "f32", accumulate) {
+/// Output mode argument of the kernels: 0 16-bit, 1 f32, 2 f32 accumulate.
+fn mode(wide: bool, accumulate: bool) -> u32 {
+    match (wide, accumulate) {
         (false, _) => 0,
         (true, false) => 1,
         (true, true) => 2,
@@ -162,10 +196,11 @@ fn mode<O: Elem>(accumulate: bool) -> u32 {
 
 impl Kernels {
     /// `y[t, j] = (accumulate ? y[t, j] : 0) + sum_i x[t, i] * w[j, i]`
-    /// for `t < m`, `j < n`, f32 accumulation, rounded once to `O`.
+    /// for `t < m`, `j < n`, f32 accumulation, rounded once to `O`
+    /// (`gemv_bf16_*`, or `gemv_f16_*` for `A = f16`).
     ///
-    /// - `x`: bf16 `[m, k]`; `w`: bf16 `[n, k]` (an `nn.Linear` weight).
-    /// - `y`: bf16 or f32 `[m, n]`; `accumulate` (add into `y`, e.g. o_proj
+    /// - `x`: `A` `[m, k]`; `w`: `A` `[n, k]` (an `nn.Linear` weight).
+    /// - `y`: f32 or `A` `[m, n]`; `accumulate` (add into `y`, e.g. o_proj
     ///   into the f32 residual) needs `O = f32`. `y` must not overlap `x`.
     ///
     /// `m <= 8` ([`GEMV_MAX_TOKENS`]); `k` a positive multiple of 8,
@@ -173,19 +208,19 @@ impl Kernels {
     /// (`m == 0` or `n == 0` launches nothing). `x` and `w` must start
     /// 16-byte aligned. Buffers may be longer than the dims need.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemv_bf16<O: Elem>(
+    pub fn gemv<A: Act16, O: GemvOut<A>>(
         &self,
         stream: &CudaStream,
-        x: &impl DevicePtr<bf16>,
-        w: &impl DevicePtr<bf16>,
+        x: &impl DevicePtr<A>,
+        w: &impl DevicePtr<A>,
         m: usize,
         n: usize,
         k: usize,
         accumulate: bool,
         y: &mut impl DevicePtrMut<O>,
     ) -> Result<()> {
-        let kn = entry(&PLAIN, m, k);
-        if !check_dims::<O>(kn, m, n, k, accumulate)? {
+        let kn = entry(if A::F16 { &PLAIN_F16 } else { &PLAIN }, m, k);
+        if !check_dims(kn, m, n, k, accumulate, O::WIDE)? {
             return Ok(());
         }
         check_len(kn, "x", x.len(), m * k)?;
@@ -201,7 +236,7 @@ impl Kernels {
         check_disjoint(kn, ("y", yp, m * n * osz), ("x", xp, m * k * 2))?;
         let config = launch_cfg(self, n, m, k);
         allow_smem(kn, f, config.shared_mem_bytes)?;
-        let (mm, nn, kk, md) = (m as u32, n as u32, k as u32, mode::<O>(accumulate));
+        let (mm, nn, kk, md) = (m as u32, n as u32, k as u32, mode(O::WIDE, accumulate));
         if self.compute_capability().0 >= 9 {
             let mut args: [*mut c_void; 7] = [
                 &xp as *const u64 as *mut c_void,
@@ -228,70 +263,47 @@ impl Kernels {
         submit(kn, b, config)
     }
 
-    /// RMSNorm fused in front of [`Kernels::gemv_bf16`]:
-    /// `normed[t, :] = bf16(residual[t, :] * rsqrt(mean(residual[t, :]^2) + eps) * norm_w)`,
-    /// computed exactly as [`Kernels::rmsnorm`] computes it for an f32 input
+    /// RMSNorm fused in front of [`Kernels::gemv`]:
+    /// `normed[t, :] = A(residual[t, :] * rsqrt(mean(residual[t, :]^2) + eps) * norm_w)`,
+    /// computed exactly as [`Kernels::rmsnorm`] (bf16) and
+    /// [`Kernels::rmsnorm_f32_to_f16`] (f16) compute it for an f32 input
     /// (bit-identical), written to `normed`, and
-    /// `y[t, j] = (accumulate ? y[t, j] : 0) + sum_i normed[t, i] * w[j, i]`.
+    /// `y[t, j] = (accumulate ? y[t, j] : 0) + sum_i normed[t, i] * w[j, i]`
+    /// (`gemv_rmsnorm_bf16_*`, or `gemv_rmsnorm_f16_*` for `A = f16`: the
+    /// decode QKV projection of an FP16 attention block, the router and
+    /// dense gate/up of an FP16 MLP block, matching their prefill paths'
+    /// norm + f16 GEMM with f32 accumulation).
     ///
-    /// - `residual`: f32 `[m, k]`; `norm_w`: bf16 `[k]`; `w`: bf16 `[n, k]`.
-    /// - `normed`: bf16 `[m, k]`; `y`: bf16 or f32 `[m, n]`, neither
+    /// - `residual`: f32 `[m, k]`; `norm_w`: bf16 `[k]`; `w`: `A` `[n, k]`.
+    /// - `normed`: `A` `[m, k]`; `y`: f32 or `A` `[m, n]`, neither
     ///   overlapping `residual` or each other.
     ///
-    /// Limits and alignment as [`Kernels::gemv_bf16`] (`residual`, `norm_w`,
+    /// Limits and alignment as [`Kernels::gemv`] (`residual`, `norm_w`,
     /// `w` and `normed` 16-byte aligned).
     #[allow(clippy::too_many_arguments)]
-    pub fn gemv_rmsnorm_bf16<O: Elem>(
+    pub fn gemv_rmsnorm<A: Act16, O: GemvOut<A>>(
         &self,
         stream: &CudaStream,
         residual: &impl DevicePtr<f32>,
         norm_w: &impl DevicePtr<bf16>,
         eps: f32,
-        w: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<A>,
         m: usize,
         n: usize,
         k: usize,
         accumulate: bool,
-        normed: &mut impl DevicePtrMut<bf16>,
+        normed: &mut impl DevicePtrMut<A>,
         y: &mut impl DevicePtrMut<O>,
     ) -> Result<()> {
-        let kn = entry(&NORM, m, k);
-        self.gemv_rmsnorm(
+        let kn = entry(if A::F16 { &NORM_F16 } else { &NORM }, m, k);
+        self.launch_gemv_rmsnorm(
             kn, stream, residual, norm_w, eps, w, m, n, k, accumulate, normed, y,
         )
     }
 
-    /// [`Kernels::gemv_rmsnorm_bf16`] with an f16 weight, the normed row
-    /// rounded to f16 (bit-identical to [`Kernels::rmsnorm_f32_to_f16`]'s
-    /// output) and an f32 `y` (`gemv_rmsnorm_f16_*`): the decode QKV
-    /// projection of an FP16 attention block (`Act16`), matching the
-    /// prefill path's f16 x f16 GEMM with f32 accumulation.
-    ///
-    /// - `w`: f16 `[n, k]`; `normed`: f16 `[m, k]`; `y`: f32 `[m, n]`.
+    /// The launch of [`Kernels::gemv_rmsnorm`]'s entry point `kn`.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemv_rmsnorm_f16(
-        &self,
-        stream: &CudaStream,
-        residual: &impl DevicePtr<f32>,
-        norm_w: &impl DevicePtr<bf16>,
-        eps: f32,
-        w: &impl DevicePtr<f16>,
-        m: usize,
-        n: usize,
-        k: usize,
-        accumulate: bool,
-        normed: &mut impl DevicePtrMut<f16>,
-        y: &mut impl DevicePtrMut<f32>,
-    ) -> Result<()> {
-        let kn = entry(&NORM_F16, m, k);
-        self.gemv_rmsnorm(
-            kn, stream, residual, norm_w, eps, w, m, n, k, accumulate, normed, y,
-        )
-    }
-
-    /// The launch of both norm GEMVs: `A` is the format of `w` and `normed`.
-    #[allow(clippy::too_many_arguments)]
-    fn gemv_rmsnorm<A: Act16, O: Elem>(
+    fn launch_gemv_rmsnorm<A: Act16, O: GemvOut<A>>(
         &self,
         kn: &'static str,
         stream: &CudaStream,
@@ -306,7 +318,7 @@ impl Kernels {
         normed: &mut impl DevicePtrMut<A>,
         y: &mut impl DevicePtrMut<O>,
     ) -> Result<()> {
-        if !check_dims::<O>(kn, m, n, k, accumulate)? {
+        if !check_dims(kn, m, n, k, accumulate, O::WIDE)? {
             return Ok(());
         }
         check_len(kn, "residual", residual.len(), m * k)?;
@@ -330,7 +342,7 @@ impl Kernels {
         check_disjoint(kn, ("y", yp, ybytes), ("normed", np, m * k * 2))?;
         let config = launch_cfg(self, n, m, k);
         allow_smem(kn, f, config.shared_mem_bytes)?;
-        let (mm, nn, kk, md) = (m as u32, n as u32, k as u32, mode::<O>(accumulate));
+        let (mm, nn, kk, md) = (m as u32, n as u32, k as u32, mode(O::WIDE, accumulate));
         if self.compute_capability().0 >= 9 {
             let mut args: [*mut c_void; 10] = [
                 &rp as *const u64 as *mut c_void,
@@ -344,7 +356,7 @@ impl Kernels {
                 &np as *const u64 as *mut c_void,
                 &yp as *const u64 as *mut c_void,
             ];
-            // SAFETY: as in `gemv_bf16`.
+            // SAFETY: as in `gemv`.
             return unsafe { launch_dependent(kn, stream, f, config, &mut args) };
         }
         let mut b = builder(stream, f);
@@ -373,7 +385,8 @@ mod tests {
         assert_eq!(entry(&PLAIN, 5, 2056), "gemv_bf16_r1_m8");
         assert_eq!(entry(&NORM, 2, 4096), "gemv_rmsnorm_bf16_r1_m2");
         assert_eq!(entry(&NORM_F16, 1, 2880), "gemv_rmsnorm_f16_r1_m1");
-        for names in [PLAIN, NORM, NORM_F16] {
+        assert_eq!(entry(&PLAIN_F16, 1, 1408), "gemv_f16_r2_m1");
+        for names in [PLAIN, NORM, NORM_F16, PLAIN_F16] {
             for row in names {
                 for name in row {
                     assert!(
@@ -389,17 +402,17 @@ mod tests {
 
     #[test]
     fn dim_checks() {
-        assert!(check_dims::<f32>("k", 1, 5120, 2048, true).unwrap());
-        assert!(!check_dims::<f32>("k", 0, 5120, 2048, false).unwrap());
-        assert!(!check_dims::<f32>("k", 1, 0, 2048, false).unwrap());
-        assert!(check_dims::<f32>("k", 9, 16, 8, false).is_err());
-        assert!(check_dims::<f32>("k", 1, 16, 12, false).is_err());
-        assert!(check_dims::<f32>("k", 1, 16, 0, false).is_err());
-        assert!(check_dims::<f32>("k", 1, 16, 16392, false).is_err());
-        assert!(check_dims::<f32>("k", 2, 16, 16384, false).is_ok());
-        assert!(check_dims::<f32>("k", 3, 16, 16384, false).is_err());
-        assert!(check_dims::<f32>("k", 8, 16, 4096, false).is_ok());
-        assert!(check_dims::<bf16>("k", 1, 16, 8, true).is_err());
+        assert!(check_dims("k", 1, 5120, 2048, true, true).unwrap());
+        assert!(!check_dims("k", 0, 5120, 2048, false, true).unwrap());
+        assert!(!check_dims("k", 1, 0, 2048, false, true).unwrap());
+        assert!(check_dims("k", 9, 16, 8, false, true).is_err());
+        assert!(check_dims("k", 1, 16, 12, false, true).is_err());
+        assert!(check_dims("k", 1, 16, 0, false, true).is_err());
+        assert!(check_dims("k", 1, 16, 16392, false, true).is_err());
+        assert!(check_dims("k", 2, 16, 16384, false, true).is_ok());
+        assert!(check_dims("k", 3, 16, 16384, false, true).is_err());
+        assert!(check_dims("k", 8, 16, 4096, false, true).is_ok());
+        assert!(check_dims("k", 1, 16, 8, true, false).is_err());
         assert!(check_align("k", "x", 0x1000).is_ok());
         assert!(check_align("k", "x", 0x1002).is_err());
         assert!(check_disjoint("k", ("a", 0, 16), ("b", 16, 16)).is_ok());

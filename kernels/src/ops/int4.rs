@@ -1,6 +1,8 @@
 //! INT4 expert kernels over the expert-cache layout (`cuda/int4.cu`):
 //! batched decode GEMVs through a device-side expert pointer table, and
-//! dequantization to bf16 for prefill GEMMs.
+//! dequantization for prefill GEMMs. The gate/up GEMV's input and the
+//! dequantized weights are in the MLP block's 16-bit format (`Act16`: bf16,
+//! or f16 for an FP16 MLP block, the `_f16` entry points).
 //!
 //! Expert format (cache format v2, precision "int4", group `g` in
 //! {32, 64, 128}; `g = 128` is format v1): `w13_q` `[2I, H]` and `w2_q`
@@ -19,9 +21,10 @@
 use std::ffi::c_void;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
-use half::bf16;
 
-use crate::launch::{builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit};
+use crate::launch::{
+    Act16, builder, by_act, cfg, check_len, dim_u32, ensure, launch_dependent, submit,
+};
 use crate::{Kernels, Result};
 
 mod layout;
@@ -42,7 +45,9 @@ impl Kernels {
     /// `act[p, i] = silu(g) * u` with `g = W13_e[i, :] · x[t, :]`,
     /// `u = W13_e[I + i, :] · x[t, :]`, all f32.
     ///
-    /// - `x`: bf16 `[n_tokens, H]` (normalized hidden state).
+    /// - `x`: `A` (bf16 or f16) `[n_tokens, H]` (normalized hidden state);
+    ///   the dequantized weights meet it in the same format in the tensor
+    ///   cores (both exact for the INT4 values `q - 8`), f32 accumulation.
     /// - `table`: u64 `[n_table]`; `ids`: u32 `[n_tokens*top_k]`.
     /// - `slot_mask`: pair `p` is computed only if bit `j = p % top_k` is
     ///   set. A masked-out pair reads neither `ids[p]` nor its table entry
@@ -54,10 +59,10 @@ impl Kernels {
     /// GLM-4.5 5120, DeepSeek-V3 7168), any group of [`INT4_GROUPS`],
     /// `top_k <= 16`. `g = 128` with `H <= 4096` runs the fast path.
     #[allow(clippy::too_many_arguments)]
-    pub fn int4_w13_swiglu(
+    pub fn int4_w13_swiglu<A: Act16>(
         &self,
         stream: &CudaStream,
-        x: &impl DevicePtr<bf16>,
+        x: &impl DevicePtr<A>,
         table: &impl DevicePtr<u64>,
         ids: &impl DevicePtr<u32>,
         n_tokens: usize,
@@ -68,7 +73,7 @@ impl Kernels {
     ) -> Result<()> {
         layout.check_w13("int4_w13_swiglu_1", top_k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
-        let (k, warps, general) = w13_entry(h, layout.group);
+        let (k, warps, general) = w13_entry(h, layout.group, A::F16);
         let warps = warps as u32;
         let n_pairs = n_tokens * top_k;
         check_len(k, "x", x.len(), n_tokens * h)?;
@@ -211,32 +216,33 @@ impl Kernels {
         submit(k, b, config)
     }
 
-    /// Dequantize `n` experts (`table[ids[x]]`, `x < n`) to bf16:
-    /// `w13_out[x]` = `[2I, H]`, `w2_out[x]` = `[H, I]`, both row-major
-    /// (`(q - 8) * s` is exact in f32 and rounded once to bf16).
+    /// Dequantize `n` experts (`table[ids[x]]`, `x < n`) to `A` (bf16 or
+    /// f16): `w13_out[x]` = `[2I, H]`, `w2_out[x]` = `[H, I]`, both
+    /// row-major (`(q - 8) * s` is exact in f32 and rounded once to `A`;
+    /// in f16 a product past ±65504 becomes infinite).
     ///
-    /// - `ids`: u32 `[n]`; `w13_out`: bf16 `[n, 2I, H]`; `w2_out`: bf16 `[n, H, I]`.
+    /// - `ids`: u32 `[n]`; `w13_out`: `[n, 2I, H]`; `w2_out`: `[n, H, I]`.
     #[allow(clippy::too_many_arguments)]
-    pub fn int4_dequant(
+    pub fn int4_dequant<A: Act16>(
         &self,
         stream: &CudaStream,
         table: &impl DevicePtr<u64>,
         ids: &impl DevicePtr<u32>,
         n: usize,
         layout: &Int4Layout,
-        w13_out: &mut impl DevicePtrMut<bf16>,
-        w2_out: &mut impl DevicePtrMut<bf16>,
+        w13_out: &mut impl DevicePtrMut<A>,
+        w2_out: &mut impl DevicePtrMut<A>,
     ) -> Result<()> {
-        const K: &str = "int4_dequant_bf16";
-        layout.validate(K)?;
+        let k = by_act::<A>("int4_dequant_bf16", "int4_dequant_f16");
+        layout.validate(k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
-        check_len(K, "ids", ids.len(), n)?;
-        check_len(K, "w13_out", w13_out.len(), n * 2 * i * h)?;
-        check_len(K, "w2_out", w2_out.len(), n * h * i)?;
-        ensure(K, n <= 65535, || {
+        check_len(k, "ids", ids.len(), n)?;
+        check_len(k, "w13_out", w13_out.len(), n * 2 * i * h)?;
+        check_len(k, "w2_out", w2_out.len(), n * h * i)?;
+        ensure(k, n <= 65535, || {
             format!("n = {n} experts exceeds 65535 per launch")
         })?;
-        let n_table = dim_u32(K, "n_table", table.len())?;
+        let n_table = dim_u32(k, "n_table", table.len())?;
         let chunks = 3 * i * h / 32;
         let (hh, ii, nn, gl) = (h as u32, i as u32, n as u32, layout.gl());
         let offs = [
@@ -249,7 +255,7 @@ impl Kernels {
         let (ip, _g2) = ids.device_ptr(stream);
         let (ap, _g3) = w13_out.device_ptr_mut(stream);
         let (bp, _g4) = w2_out.device_ptr_mut(stream);
-        let f = self.func(K)?;
+        let f = self.func(k)?;
         let mut b = builder(stream, f);
         b.arg(&tp)
             .arg(&n_table)
@@ -265,44 +271,65 @@ impl Kernels {
             .arg(&ap)
             .arg(&bp);
         submit(
-            K,
+            k,
             b,
-            cfg((dim_u32(K, "blocks", chunks.div_ceil(256))?, nn, 1), 256, 0),
+            cfg((dim_u32(k, "blocks", chunks.div_ceil(256))?, nn, 1), 256, 0),
         )
     }
 }
 
-/// The w13 entry point for hidden `h` and group `g`: (name, warps per
-/// block, whether it takes `gl`). K runs in 128-wide tiles (the last one
-/// partial when `g < 128` and 128 does not divide `h`), `NCL` tiles per warp.
-fn w13_entry(h: usize, g: usize) -> (&'static str, usize, bool) {
-    const FAST: [&str; 4] = [
-        "int4_w13_swiglu_1",
-        "int4_w13_swiglu_2",
-        "int4_w13_swiglu_3",
-        "int4_w13_swiglu_4",
+/// The w13 entry point for hidden `h`, group `g` and an f16 (else bf16)
+/// `x`: (name, warps per block, whether it takes `gl`). K runs in
+/// 128-wide tiles (the last one partial when `g < 128` and 128 does not
+/// divide `h`), `NCL` tiles per warp.
+fn w13_entry(h: usize, g: usize, f16: bool) -> (&'static str, usize, bool) {
+    const FAST: [[&str; 4]; 2] = [
+        [
+            "int4_w13_swiglu_1",
+            "int4_w13_swiglu_2",
+            "int4_w13_swiglu_3",
+            "int4_w13_swiglu_4",
+        ],
+        [
+            "int4_w13_swiglu_1_f16",
+            "int4_w13_swiglu_2_f16",
+            "int4_w13_swiglu_3_f16",
+            "int4_w13_swiglu_4_f16",
+        ],
     ];
-    const GEN8: [&str; 4] = [
-        "int4_w13_swiglu_g1",
-        "int4_w13_swiglu_g2",
-        "int4_w13_swiglu_g3",
-        "int4_w13_swiglu_g4",
+    const GEN8: [[&str; 4]; 2] = [
+        [
+            "int4_w13_swiglu_g1",
+            "int4_w13_swiglu_g2",
+            "int4_w13_swiglu_g3",
+            "int4_w13_swiglu_g4",
+        ],
+        [
+            "int4_w13_swiglu_g1_f16",
+            "int4_w13_swiglu_g2_f16",
+            "int4_w13_swiglu_g3_f16",
+            "int4_w13_swiglu_g4_f16",
+        ],
     ];
-    const GEN16: [&str; 2] = ["int4_w13_swiglu_w16_3", "int4_w13_swiglu_w16_4"];
+    const GEN16: [[&str; 2]; 2] = [
+        ["int4_w13_swiglu_w16_3", "int4_w13_swiglu_w16_4"],
+        ["int4_w13_swiglu_w16_3_f16", "int4_w13_swiglu_w16_4_f16"],
+    ];
+    let f = usize::from(f16);
     let tiles = h.div_ceil(128);
     if h <= FAST_MAX_HIDDEN {
         // <= 8 warps; for g = 128 this is today's NCL = ceil(H / 1024).
         let ncl = tiles.div_ceil(8);
         let name = if g == 128 {
-            FAST[ncl - 1]
+            FAST[f][ncl - 1]
         } else {
-            GEN8[ncl - 1]
+            GEN8[f][ncl - 1]
         };
         (name, tiles.div_ceil(ncl), g != 128)
     } else {
         // <= 16 warps keep NCL at 3 or 4 (the registers of the 8-warp ones).
         let ncl = tiles.div_ceil(16);
-        (GEN16[ncl - 3], tiles.div_ceil(ncl), true)
+        (GEN16[f][ncl - 3], tiles.div_ceil(ncl), true)
     }
 }
 
@@ -336,17 +363,26 @@ mod tests {
     #[test]
     fn entry_points_keep_the_fast_path_and_cover_every_family() {
         // g = 128 within today's limits: exactly today's choice.
-        assert_eq!(w13_entry(2048, 128), ("int4_w13_swiglu_2", 8, false));
-        assert_eq!(w13_entry(4096, 128), ("int4_w13_swiglu_4", 8, false));
-        assert_eq!(w13_entry(640, 128), ("int4_w13_swiglu_1", 5, false));
+        assert_eq!(w13_entry(2048, 128, false), ("int4_w13_swiglu_2", 8, false));
+        assert_eq!(w13_entry(4096, 128, false), ("int4_w13_swiglu_4", 8, false));
+        assert_eq!(w13_entry(640, 128, false), ("int4_w13_swiglu_1", 5, false));
         assert_eq!(w2_entry(768, 128), ("int4_w2_combine_1", 2, 24, false));
         assert_eq!(w2_entry(2048, 128), ("int4_w2_combine_2", 4, 16, false));
         // Smaller groups, partial tiles, wider shapes: the general ones.
-        assert_eq!(w13_entry(2048, 64), ("int4_w13_swiglu_g2", 8, true));
-        assert_eq!(w13_entry(2880, 32), ("int4_w13_swiglu_g3", 8, true));
-        assert_eq!(w13_entry(5120, 128), ("int4_w13_swiglu_w16_3", 14, true));
-        assert_eq!(w13_entry(7168, 128), ("int4_w13_swiglu_w16_4", 14, true));
-        assert_eq!(w13_entry(8192, 32), ("int4_w13_swiglu_w16_4", 16, true));
+        assert_eq!(w13_entry(2048, 64, false), ("int4_w13_swiglu_g2", 8, true));
+        assert_eq!(w13_entry(2880, 32, false), ("int4_w13_swiglu_g3", 8, true));
+        assert_eq!(
+            w13_entry(5120, 128, false),
+            ("int4_w13_swiglu_w16_3", 14, true)
+        );
+        assert_eq!(
+            w13_entry(7168, 128, false),
+            ("int4_w13_swiglu_w16_4", 14, true)
+        );
+        assert_eq!(
+            w13_entry(8192, 32, false),
+            ("int4_w13_swiglu_w16_4", 16, true)
+        );
         assert_eq!(w2_entry(1408, 64), ("int4_w2_combine_g2", 4, 16, true));
         assert_eq!(w2_entry(2880, 32), ("int4_w2_combine_g3", 8, 16, true));
         assert_eq!(w2_entry(4096, 128), ("int4_w2_combine_g3", 8, 16, true));
@@ -354,7 +390,21 @@ mod tests {
         // every tile, at most 4 tiles per warp, and at most 64 w2 items.
         for g in INT4_GROUPS {
             for h in (g..=INT4_DECODE_MAX_HIDDEN).step_by(g) {
-                let (_, warps, _) = w13_entry(h, g);
+                let (_, warps, _) = w13_entry(h, g, false);
+                // The f16 entry is the bf16 one's twin.
+                let (bf, f16) = (w13_entry(h, g, false), w13_entry(h, g, true));
+                let name = f16.0;
+                assert_eq!(
+                    (name.to_string(), f16.1, f16.2),
+                    (format!("{}_f16", bf.0), bf.1, bf.2),
+                    "H {h} g {g}"
+                );
+                assert!(
+                    crate::sources::MODULES
+                        .iter()
+                        .any(|m| m.kernels.contains(&name)),
+                    "{name} not in sources"
+                );
                 let ncl = h.div_ceil(128).div_ceil(warps);
                 assert!(warps <= 16 && ncl <= 4, "H {h} g {g}");
             }

@@ -8,9 +8,8 @@
 //! so no atomics are needed and results are bit-reproducible.
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
-use half::bf16;
 
-use crate::launch::{Elem, builder, by_elem, cfg, check_len, dim_u32, ensure, submit};
+use crate::launch::{Act16, Elem, builder, by_elem, cfg, check_len, dim_u32, ensure, submit};
 use crate::{Kernels, Result};
 
 /// Largest expert count the router kernel handles.
@@ -252,21 +251,23 @@ impl Kernels {
 
     /// `out[r, :] = src[idx[r] / div, :]` for `r < n_rows` (gather the
     /// tokens routed to an expert: `idx = row_pair`, `div = top_k`).
-    /// An index past `n_src` writes a NaN row.
+    /// An index past `n_src` writes a NaN row. One entry point for both
+    /// 16-bit formats `A`: it copies bit patterns, and its fill is a NaN in
+    /// either.
     ///
-    /// - `src`: bf16 `[n_src, hidden]`; `out`: bf16 `[n_rows, hidden]`;
+    /// - `src`: `A` `[n_src, hidden]`; `out`: `A` `[n_rows, hidden]`;
     ///   `hidden % 8 == 0`.
     #[allow(clippy::too_many_arguments)]
-    pub fn gather_rows(
+    pub fn gather_rows<A: Act16>(
         &self,
         stream: &CudaStream,
-        src: &impl DevicePtr<bf16>,
+        src: &impl DevicePtr<A>,
         n_src: usize,
         hidden: usize,
         idx: &impl DevicePtr<u32>,
         div: usize,
         n_rows: usize,
-        out: &mut impl DevicePtrMut<bf16>,
+        out: &mut impl DevicePtrMut<A>,
     ) -> Result<()> {
         const K: &str = "gather_rows_bf16";
         ensure(K, hidden > 0 && hidden.is_multiple_of(8), || {

@@ -3,6 +3,9 @@
 //! only the chosen id crosses to the host.
 //!
 //! Sampling semantics (the CPU reference implements the same):
+//! 0. Any non-finite logit (±inf, NaN: an activation that overflowed its
+//!    16-bit format) => no token: `out[0] = SAMPLE_NONFINITE` and no count
+//!    changes. The engine refuses the step; it never becomes a token.
 //! 1. `l[v] = logit[v] - presence * (count[v] > 0) - frequency * count[v]`.
 //! 2. temperature 0 => greedy argmax of `l` (ties: lowest id). Otherwise
 //!    `l /= temperature`, `m = max l`, and each token gets the fixed-point
@@ -29,6 +32,11 @@ use crate::{Kernels, Result};
 /// argmax ids, follow the vocab entries in the workspace
 /// (`PREP_MAX_BLOCKS` in `cuda/sampling.cu`).
 pub const SAMPLE_PREP_BLOCKS: usize = 256;
+
+/// What [`Kernels::sample`] writes instead of a token id when a logit is
+/// not finite (`SAMPLE_NONFINITE` in `cuda/sampling.cu`; never a vocabulary
+/// id).
+pub const SAMPLE_NONFINITE: u32 = u32::MAX;
 
 /// u32 elements of the workspace [`Kernels::sample`] needs.
 pub fn sample_workspace_len(vocab: usize) -> usize {
@@ -127,7 +135,8 @@ impl Kernels {
     /// - `workspace`: u32, [`sample_workspace_len`] elements.
     /// - `step`: the Philox counter (e.g. the index of the generated token),
     ///   so a (seed, step) pair always draws the same number.
-    /// - `out`: u32 `[1]`, the chosen id.
+    /// - `out`: u32 `[1]`, the chosen id, or [`SAMPLE_NONFINITE`] (and no
+    ///   count changed) when a logit is not finite.
     #[allow(clippy::too_many_arguments)]
     pub fn sample<T: Elem>(
         &self,

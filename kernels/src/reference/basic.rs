@@ -78,12 +78,17 @@ pub fn bias_cast_as<A: Act16>(x: &[f32], bias: &[f32]) -> Vec<A> {
 
 /// `silu(gate) * up` over `[rows, 2*inter]` rows.
 pub fn swiglu(gate_up: &[f32], inter: usize) -> Vec<bf16> {
+    swiglu_as(gate_up, inter)
+}
+
+/// [`swiglu`] rounded to `A` (f16: `swiglu_f16`, an FP16 MLP block's).
+pub fn swiglu_as<A: Act16>(gate_up: &[f32], inter: usize) -> Vec<A> {
     let mut out = Vec::with_capacity(gate_up.len() / 2);
     for row in gate_up.chunks(2 * inter) {
         for i in 0..inter {
             let g = row[i] as f64;
             let u = row[inter + i] as f64;
-            out.push(bf16::from_f64(g / (1.0 + (-g).exp()) * u));
+            out.push(A::from_f64(g / (1.0 + (-g).exp()) * u));
         }
     }
     out

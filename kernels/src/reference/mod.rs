@@ -16,7 +16,7 @@ mod sampling;
 pub use attention::{attention, attention_ring, kv_append_ring};
 pub use basic::{
     add_rmsnorm, bias_cast, bias_cast_as, embed, kv_append, qk_norm_rope, rmsnorm, rmsnorm_as,
-    rope_table, swiglu, to_bf16, to_f32,
+    rope_table, swiglu, swiglu_as, to_bf16, to_f32,
 };
 pub use gemv::{gemv, gemv_rmsnorm, gemv_rmsnorm_as};
 pub use int4::{dequant_rows, expert_forward, quantize_rows, write_expert};
@@ -26,4 +26,6 @@ pub use mxfp4::{
     mxfp4_expert_forward,
 };
 pub use rope_partial::rope_partial;
-pub use sampling::{argmax, philox4x32_10, prepared_logits, sample_from_weights, sample_weights};
+pub use sampling::{
+    argmax, philox4x32_10, prepared_logits, refuses, sample_from_weights, sample_weights,
+};

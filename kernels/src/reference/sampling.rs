@@ -19,6 +19,12 @@ pub fn philox4x32_10(seed: u64, ctr: u64) -> [u32; 4] {
     [c0, c1, c2, c3]
 }
 
+/// Step 0 of the sampling semantics (`ops::sampling`): a non-finite logit
+/// means no token (`SAMPLE_NONFINITE`, counts unchanged).
+pub fn refuses(logits: &[f32]) -> bool {
+    logits.iter().any(|v| !v.is_finite())
+}
+
 /// Step 1-2 of the sampling semantics (`ops::sampling`): penalized,
 /// temperature-scaled logits, NaN -> -inf. For temperature 0 the scale is 1.
 pub fn prepared_logits(logits: &[f32], counts: &[u32], p: &SamplingParams) -> Vec<f32> {

@@ -1,4 +1,4 @@
-//! The FP16 attention path's non-attention kernels (`AttnFormat::F16`):
+//! The FP16 attention path's non-attention kernels (`ActFormat::F16`):
 //! `rmsnorm_f32_to_f16`, `bias_cast_f32_to_f16`, `rope_table_f16` and
 //! `gemv_rmsnorm_f16` against their CPU references, each bit for bit where
 //! its bf16 sibling is. (The attention kernels' f16 entry points run in
@@ -64,7 +64,7 @@ fn rmsnorm_f32_to_f16_and_gemv_rmsnorm_f16() {
             // The fused GEMV: normed bit-identical, y its f32 GEMV.
             let mut fnormed = poison_f16(&s, m * k);
             let mut y = poison_f32(&s, m * n + 3);
-            kr.gemv_rmsnorm_f16(
+            kr.gemv_rmsnorm::<f16, f32>(
                 &s,
                 &dres,
                 &dg,

@@ -103,7 +103,7 @@ fn gemv_matches_reference() {
 
             // bf16 out (rounded once).
             let mut yb = poison_bf16(&s, m * n + EXTRA);
-            kr.gemv_bf16::<bf16>(&s, &dx, &dw, m, n, k, false, &mut yb)
+            kr.gemv::<bf16, bf16>(&s, &dx, &dw, m, n, k, false, &mut yb)
                 .unwrap();
             let got = down(&s, &yb);
             assert_tail_nan_bf16(&format!("bf16 y {tag}"), &got[m * n..]);
@@ -120,7 +120,7 @@ fn gemv_matches_reference() {
             let mut runs = Vec::new();
             for _ in 0..2 {
                 let mut yf = poison_f32(&s, m * n + EXTRA);
-                kr.gemv_bf16::<f32>(&s, &dx, &dw, m, n, k, false, &mut yf)
+                kr.gemv::<bf16, f32>(&s, &dx, &dw, m, n, k, false, &mut yf)
                     .unwrap();
                 runs.push(down(&s, &yf));
             }
@@ -152,7 +152,7 @@ fn gemv_matches_reference() {
             // f32 accumulate into y0: exactly y0 + (the f32 result).
             let y0 = randn(&mut rng, m * n, 1.0);
             let mut ya = up(&s, &y0);
-            kr.gemv_bf16::<f32>(&s, &dx, &dw, m, n, k, true, &mut ya)
+            kr.gemv::<bf16, f32>(&s, &dx, &dw, m, n, k, true, &mut ya)
                 .unwrap();
             let got = down(&s, &ya);
             let want_acc: Vec<u32> = y0
@@ -208,7 +208,7 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
                           acc: bool| {
                 let mut normed = poison_bf16(&s, m * k + 8);
                 if f32_out {
-                    kr.gemv_rmsnorm_bf16::<f32>(
+                    kr.gemv_rmsnorm::<bf16, f32>(
                         &s,
                         &dres,
                         &dg,
@@ -222,7 +222,7 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
                         yf,
                     )
                 } else {
-                    kr.gemv_rmsnorm_bf16::<bf16>(
+                    kr.gemv_rmsnorm::<bf16, bf16>(
                         &s,
                         &dres,
                         &dg,
@@ -299,9 +299,9 @@ fn gemv_chains_respect_dependencies() {
     for _ in 0..3 {
         let mut y1 = poison_bf16(&s, n1);
         let mut y2 = poison_f32(&s, n2);
-        kr.gemv_bf16::<bf16>(&s, &dx, &dw1, 1, n1, k1, false, &mut y1)
+        kr.gemv::<bf16, bf16>(&s, &dx, &dw1, 1, n1, k1, false, &mut y1)
             .unwrap();
-        kr.gemv_bf16::<f32>(&s, &y1, &dw2, 1, n2, n1, false, &mut y2)
+        kr.gemv::<bf16, f32>(&s, &y1, &dw2, 1, n2, n1, false, &mut y2)
             .unwrap();
         let y1h = down(&s, &y1);
         let (y1f, w2f) = (f32s(&y1h), f32s(&w2));
@@ -320,7 +320,7 @@ fn gemv_chains_respect_dependencies() {
     let (dwo, dwr, dxa, dg) = (up(&s, &wo), up(&s, &wr), up(&s, &xa), up(&s, &gw));
     // The o_proj result alone (accumulated into zeros: exact).
     let mut delta = up(&s, &vec![0f32; h]);
-    kr.gemv_bf16::<f32>(&s, &dxa, &dwo, 1, h, kin, true, &mut delta)
+    kr.gemv::<bf16, f32>(&s, &dxa, &dwo, 1, h, kin, true, &mut delta)
         .unwrap();
     let delta = down(&s, &delta);
     const STEPS: usize = 4;
@@ -328,9 +328,9 @@ fn gemv_chains_respect_dependencies() {
     let mut normed: Vec<CudaSlice<bf16>> = (0..STEPS).map(|_| poison_bf16(&s, h)).collect();
     let mut logits: Vec<CudaSlice<f32>> = (0..STEPS).map(|_| poison_f32(&s, ne)).collect();
     for i in 0..STEPS {
-        kr.gemv_bf16::<f32>(&s, &dxa, &dwo, 1, h, kin, true, &mut res)
+        kr.gemv::<bf16, f32>(&s, &dxa, &dwo, 1, h, kin, true, &mut res)
             .unwrap();
-        kr.gemv_rmsnorm_bf16::<f32>(
+        kr.gemv_rmsnorm::<bf16, f32>(
             &s,
             &res,
             &dg,
@@ -397,49 +397,49 @@ fn gemv_rejects_bad_launches() {
 
     // Dims.
     err(
-        kr.gemv_bf16::<f32>(&s, &x, &w, m, n, 12, false, &mut y),
+        kr.gemv::<bf16, f32>(&s, &x, &w, m, n, 12, false, &mut y),
         "k not a multiple of 8",
         "k = 12",
     );
     err(
-        kr.gemv_bf16::<f32>(&s, &x, &w, m, n, 0, false, &mut y),
+        kr.gemv::<bf16, f32>(&s, &x, &w, m, n, 0, false, &mut y),
         "k = 0",
         "k = 0",
     );
     err(
-        kr.gemv_bf16::<f32>(&s, &x, &w, 1, n, 16392, false, &mut y),
+        kr.gemv::<bf16, f32>(&s, &x, &w, 1, n, 16392, false, &mut y),
         "k too large",
         "k = 16392",
     );
     err(
-        kr.gemv_bf16::<f32>(&s, &x, &w, 9, n, 8, false, &mut y),
+        kr.gemv::<bf16, f32>(&s, &x, &w, 9, n, 8, false, &mut y),
         "m = 9",
         "m = 9",
     );
     err(
-        kr.gemv_bf16::<f32>(&s, &x, &w, 3, n, 16384, false, &mut y),
+        kr.gemv::<bf16, f32>(&s, &x, &w, 3, n, 16384, false, &mut y),
         "m * k too large",
         "m * k",
     );
     err(
-        kr.gemv_bf16::<bf16>(&s, &x, &w, m, n, k, true, &mut yb),
+        kr.gemv::<bf16, bf16>(&s, &x, &w, m, n, k, true, &mut yb),
         "accumulate into bf16",
         "accumulate",
     );
 
     // Alignment: views starting 1 and 4 elements in.
     err(
-        kr.gemv_bf16::<f32>(&s, &x.slice(1..), &w, m, n, k, false, &mut y),
+        kr.gemv::<bf16, f32>(&s, &x.slice(1..), &w, m, n, k, false, &mut y),
         "misaligned x",
         "`x`",
     );
     err(
-        kr.gemv_bf16::<f32>(&s, &x, &w.slice(4..), m, n, k, false, &mut y),
+        kr.gemv::<bf16, f32>(&s, &x, &w.slice(4..), m, n, k, false, &mut y),
         "misaligned w",
         "aligned",
     );
     err(
-        kr.gemv_rmsnorm_bf16::<f32>(
+        kr.gemv_rmsnorm::<bf16, f32>(
             &s,
             &res.slice(2..),
             &gw,
@@ -456,7 +456,7 @@ fn gemv_rejects_bad_launches() {
         "`residual`",
     );
     err(
-        kr.gemv_rmsnorm_bf16::<f32>(
+        kr.gemv_rmsnorm::<bf16, f32>(
             &s,
             &res,
             &gw,
@@ -475,22 +475,22 @@ fn gemv_rejects_bad_launches() {
 
     // Short buffers.
     err(
-        kr.gemv_bf16::<f32>(&s, &x.slice(..m * k - 8), &w, m, n, k, false, &mut y),
+        kr.gemv::<bf16, f32>(&s, &x.slice(..m * k - 8), &w, m, n, k, false, &mut y),
         "short x",
         "`x`",
     );
     err(
-        kr.gemv_bf16::<f32>(&s, &x, &w.slice(..n * k - 8), m, n, k, false, &mut y),
+        kr.gemv::<bf16, f32>(&s, &x, &w.slice(..n * k - 8), m, n, k, false, &mut y),
         "short w",
         "`w`",
     );
     err(
-        kr.gemv_bf16::<f32>(&s, &x, &w, m, n, k, false, &mut y.slice_mut(..m * n - 1)),
+        kr.gemv::<bf16, f32>(&s, &x, &w, m, n, k, false, &mut y.slice_mut(..m * n - 1)),
         "short y",
         "`y`",
     );
     err(
-        kr.gemv_rmsnorm_bf16::<f32>(
+        kr.gemv_rmsnorm::<bf16, f32>(
             &s,
             &res.slice(..m * k - 4),
             &gw,
@@ -507,7 +507,7 @@ fn gemv_rejects_bad_launches() {
         "`residual`",
     );
     err(
-        kr.gemv_rmsnorm_bf16::<f32>(
+        kr.gemv_rmsnorm::<bf16, f32>(
             &s,
             &res,
             &gw.slice(..k - 8),
@@ -524,7 +524,7 @@ fn gemv_rejects_bad_launches() {
         "`norm_w`",
     );
     err(
-        kr.gemv_rmsnorm_bf16::<f32>(
+        kr.gemv_rmsnorm::<bf16, f32>(
             &s,
             &res,
             &gw,
@@ -542,9 +542,9 @@ fn gemv_rejects_bad_launches() {
     );
 
     // Nothing to do is fine.
-    kr.gemv_bf16::<f32>(&s, &x, &w, 0, n, k, false, &mut y)
+    kr.gemv::<bf16, f32>(&s, &x, &w, 0, n, k, false, &mut y)
         .unwrap();
-    kr.gemv_bf16::<f32>(&s, &x, &w, m, 0, k, false, &mut y)
+    kr.gemv::<bf16, f32>(&s, &x, &w, m, 0, k, false, &mut y)
         .unwrap();
     sync(&s);
     assert!(

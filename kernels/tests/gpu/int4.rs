@@ -7,15 +7,15 @@ use rand::seq::SliceRandom;
 use crate::common::*;
 
 /// `n` random experts quantized into one device buffer, 4096-aligned, and
-/// the pointer table addressing them.
-struct Experts {
+/// the pointer table addressing them (also used by `fp16_mlp.rs`).
+pub(crate) struct Experts {
     _buf: CudaSlice<u8>,
-    table: CudaSlice<u64>,
-    w13: Vec<Vec<f32>>,
-    w2: Vec<Vec<f32>>,
+    pub(crate) table: CudaSlice<u64>,
+    pub(crate) w13: Vec<Vec<f32>>,
+    pub(crate) w2: Vec<Vec<f32>>,
 }
 
-fn experts(
+pub(crate) fn experts(
     g: &crate::common::Gpu,
     s: &std::sync::Arc<cudarc::driver::CudaStream>,
     rng: &mut rand::rngs::StdRng,

@@ -6,6 +6,7 @@ mod attention;
 mod common;
 mod elementwise;
 mod fp16;
+mod fp16_mlp;
 mod gemv;
 mod int4;
 mod moe;

@@ -173,3 +173,78 @@ fn sample_distribution_follows_softmax() {
         );
     }
 }
+
+/// A non-finite logit anywhere (+inf, -inf, NaN; first, middle or last
+/// prep block) makes the sampler write `SAMPLE_NONFINITE` and change no
+/// count, greedy or not (`cpu::refuses`); the same logits made finite
+/// sample as before.
+#[test]
+fn sample_refuses_non_finite_logits() {
+    let name = "sample_refuses_non_finite_logits";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let v = 151_552usize;
+    let greedy = SamplingParams::default();
+    let sampled = SamplingParams {
+        temperature: 0.7,
+        top_p: 0.9,
+        seed: rng.random(),
+        ..Default::default()
+    };
+    let base = randn(&mut rng, v, 2.0);
+    for p in [greedy, sampled] {
+        for (at, bad) in [
+            (0usize, f32::INFINITY),
+            (v / 2, f32::NEG_INFINITY),
+            (v - 1, f32::NAN),
+        ] {
+            let mut logits = base.clone();
+            logits[at] = bad;
+            assert!(cpu::refuses(&logits));
+            let counts = vec![1u32; v];
+            let mut d_counts = up(&s, &counts);
+            let mut ws = poison_u32(&s, sample_workspace_len(v));
+            let mut out = poison_u32(&s, 1);
+            g.kernels
+                .sample::<f32>(
+                    &s,
+                    &up(&s, &logits),
+                    v,
+                    &p,
+                    3,
+                    &mut d_counts,
+                    &mut ws,
+                    &mut out,
+                )
+                .unwrap();
+            assert_eq!(
+                down(&s, &out)[0],
+                krasis_kernels::SAMPLE_NONFINITE,
+                "{bad} at {at}, temperature {}",
+                p.temperature
+            );
+            assert_eq!(down(&s, &d_counts), counts, "counts changed");
+        }
+        assert!(!cpu::refuses(&base));
+        let mut d_counts = up(&s, &vec![0u32; v]);
+        let mut ws = poison_u32(&s, sample_workspace_len(v));
+        let mut out = poison_u32(&s, 1);
+        g.kernels
+            .sample::<f32>(
+                &s,
+                &up(&s, &base),
+                v,
+                &p,
+                3,
+                &mut d_counts,
+                &mut ws,
+                &mut out,
+            )
+            .unwrap();
+        let tok = down(&s, &out)[0];
+        assert!((tok as usize) < v, "finite logits: token {tok}");
+        if p.temperature == 0.0 {
+            assert_eq!(tok, cpu::argmax(&base));
+        }
+    }
+}

@@ -206,6 +206,7 @@ pub struct Architecture {
     pub expert_precisions: Vec<String>,
     pub attention_precisions: Vec<String>,
     pub kv_formats: Vec<String>,
+    pub mlp_precisions: Vec<String>,
     pub pruning_modes: Vec<String>,
     pub hcs: bool,
 }
@@ -366,6 +367,7 @@ fn runtime_entry(r: &RuntimeFacts) -> Runtime {
                     expert_precisions: a.expert_precisions.clone(),
                     attention_precisions: a.attention_precisions.clone(),
                     kv_formats: a.kv_formats.clone(),
+                    mlp_precisions: a.mlp_precisions.clone(),
                     pruning_modes: a.pruning_modes.clone(),
                     hcs: a.hcs,
                 })

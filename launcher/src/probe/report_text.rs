@@ -219,11 +219,12 @@ pub fn render(r: &ProbeReport) -> String {
             for a in &rt.architectures {
                 let _ = writeln!(
                     w,
-                    "  serves {}: experts {}, attention {}, KV cache {}, pruning {}, GPU expert cache (HCS) {}",
+                    "  serves {}: experts {}, attention {}, KV cache {}, MLP {}, pruning {}, GPU expert cache (HCS) {}",
                     a.model_type,
                     a.expert_precisions.join("/"),
                     a.attention_precisions.join("/"),
                     a.kv_formats.join("/"),
+                    a.mlp_precisions.join("/"),
                     a.pruning_modes.join("/"),
                     if a.hcs { "yes" } else { "no" }
                 );

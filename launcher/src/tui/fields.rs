@@ -13,6 +13,7 @@ pub enum Field {
     ExpertPrecision,
     AttentionPrecision,
     KvFormat,
+    MlpPrecision,
     ContextLength,
     VramLimit,
     SafetyMargin,
@@ -29,11 +30,12 @@ pub enum Field {
 
 /// In form order. GPU comes last so the rows above keep their places (the
 /// tmux flow test counts them).
-pub const FIELDS: [Field; 16] = [
+pub const FIELDS: [Field; 17] = [
     Field::Backend,
     Field::ExpertPrecision,
     Field::AttentionPrecision,
     Field::KvFormat,
+    Field::MlpPrecision,
     Field::ContextLength,
     Field::VramLimit,
     Field::SafetyMargin,
@@ -64,6 +66,7 @@ impl Field {
             Field::ExpertPrecision => "Expert precision",
             Field::AttentionPrecision => "Attention precision",
             Field::KvFormat => "KV cache format",
+            Field::MlpPrecision => "MLP precision",
             Field::ContextLength => "Context length",
             Field::VramLimit => "VRAM limit",
             Field::SafetyMargin => "Safety margin (MiB)",
@@ -87,6 +90,7 @@ impl Field {
                 | Field::ExpertPrecision
                 | Field::AttentionPrecision
                 | Field::KvFormat
+                | Field::MlpPrecision
                 | Field::Hcs
                 | Field::Pruning
                 | Field::Gpu
@@ -99,6 +103,7 @@ impl Field {
             Field::ExpertPrecision => o.expert_precision.clone(),
             Field::AttentionPrecision => o.attention_precision.clone(),
             Field::KvFormat => o.kv_format.clone(),
+            Field::MlpPrecision => o.mlp_precision.clone(),
             Field::ContextLength => o
                 .context_length
                 .map_or("model maximum".into(), |c| c.to_string()),
@@ -237,6 +242,7 @@ impl Field {
                 .map(|a| a.attention_precisions.clone())
                 .unwrap_or_default(),
             Field::KvFormat => arch.map(|a| a.kv_formats.clone()).unwrap_or_default(),
+            Field::MlpPrecision => arch.map(|a| a.mlp_precisions.clone()).unwrap_or_default(),
             Field::Pruning => arch.map(|a| a.pruning_modes.clone()).unwrap_or_default(),
             Field::Hcs => {
                 let mut v = vec!["off".to_string()];
@@ -331,6 +337,7 @@ impl Field {
             Field::ExpertPrecision => o.expert_precision = v,
             Field::AttentionPrecision => o.attention_precision = v,
             Field::KvFormat => o.kv_format = v,
+            Field::MlpPrecision => o.mlp_precision = v,
             Field::Pruning => o.pruning = v,
             Field::Hcs => o.hcs = v == "on",
             _ => {}

@@ -142,16 +142,31 @@ pub struct HeatmapBinding {
     pub quantizer_version: u32,
     /// Precision of the attention path routes were recorded under ("bf16").
     pub attention_precision: String,
+    /// Precision of the MLP block (its normed input feeds the router)
+    /// routes were recorded under; a heatmap written before this field
+    /// existed was recorded with a BF16 MLP block.
+    #[serde(default = "bf16")]
+    pub mlp_precision: String,
     /// Experts routed per token.
     pub top_k: usize,
 }
 
+/// The MLP precision of a binding that does not name one.
+fn bf16() -> String {
+    "bf16".into()
+}
+
 impl HeatmapBinding {
     /// The binding of an opened expert cache, for an engine routing `top_k`
-    /// experts per token with attention in `attention_precision`. Every
-    /// cache-derived field is read from the cache's validated header, never
-    /// recomputed.
-    pub fn for_cache(cache: &ExpertCache, top_k: usize, attention_precision: &str) -> Self {
+    /// experts per token with attention in `attention_precision` and the
+    /// MLP block in `mlp_precision`. Every cache-derived field is read from
+    /// the cache's validated header, never recomputed.
+    pub fn for_cache(
+        cache: &ExpertCache,
+        top_k: usize,
+        attention_precision: &str,
+        mlp_precision: &str,
+    ) -> Self {
         let header = cache.header();
         HeatmapBinding {
             model_config_hash: config_hash(&header.source).to_string(),
@@ -159,6 +174,7 @@ impl HeatmapBinding {
             cache_format_version: header.format_version,
             quantizer_version: header.quantizer_version,
             attention_precision: attention_precision.to_string(),
+            mlp_precision: mlp_precision.to_string(),
             top_k,
         }
     }
@@ -166,7 +182,7 @@ impl HeatmapBinding {
     /// Field by field: (name, file value, expected value) of the first
     /// difference, config and cache identity first.
     fn first_difference(&self, expected: &Self) -> Option<(&'static str, String, String)> {
-        let fields: [(&'static str, String, String); 6] = [
+        let fields: [(&'static str, String, String); 7] = [
             (
                 "model_config_hash",
                 self.model_config_hash.clone(),
@@ -187,6 +203,11 @@ impl HeatmapBinding {
                 "attention_precision",
                 self.attention_precision.clone(),
                 expected.attention_precision.clone(),
+            ),
+            (
+                "mlp_precision",
+                self.mlp_precision.clone(),
+                expected.mlp_precision.clone(),
             ),
             ("top_k", self.top_k.to_string(), expected.top_k.to_string()),
         ];
@@ -529,8 +550,9 @@ impl Heatmap {
         cache: &ExpertCache,
         top_k: usize,
         attention_precision: &str,
+        mlp_precision: &str,
     ) -> Result<Heatmap, HeatmapError> {
-        let expected = HeatmapBinding::for_cache(cache, top_k, attention_precision);
+        let expected = HeatmapBinding::for_cache(cache, top_k, attention_precision, mlp_precision);
         let heatmap = Self::load(path, &expected)?;
         heatmap.check_shape(path, cache.moe_layers(), cache.num_experts())?;
         Ok(heatmap)
@@ -590,6 +612,7 @@ mod tests {
             cache_format_version: 1,
             quantizer_version: 1,
             attention_precision: "bf16".into(),
+            mlp_precision: "bf16".into(),
             top_k: 2,
         }
     }
@@ -635,6 +658,26 @@ mod tests {
             describe_prompt_text("t.txt", b"abc"),
             format!("t.txt (3 bytes, blake3 {})", blake3::hash(b"abc").to_hex())
         );
+    }
+
+    /// A heatmap written before the binding named the MLP precision was
+    /// recorded with a BF16 MLP block: it loads for one, and is refused,
+    /// naming the field, for a model whose MLP block is FP16 (glm4_moe).
+    #[test]
+    fn a_binding_without_mlp_precision_is_a_bf16_mlp_block() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = saved(tmp.path());
+        rewrite_signed(&path, |body| {
+            let b = body["binding"].as_object_mut().unwrap();
+            assert!(b.remove("mlp_precision").is_some());
+        });
+        assert_eq!(Heatmap::load(&path, &binding()).unwrap(), sample());
+        let fp16 = HeatmapBinding {
+            mlp_precision: "fp16".into(),
+            ..binding()
+        };
+        let e = Heatmap::load(&path, &fp16).unwrap_err().to_string();
+        assert!(e.contains("mlp_precision = bf16"), "{e}");
     }
 
     #[test]
@@ -841,6 +884,15 @@ mod tests {
                 "fp8",
             ),
             (
+                "mlp_precision",
+                HeatmapBinding {
+                    mlp_precision: "fp16".into(),
+                    ..binding()
+                },
+                "bf16",
+                "fp16",
+            ),
+            (
                 "top_k",
                 HeatmapBinding {
                     top_k: 4,
@@ -992,7 +1044,7 @@ mod tests {
             .unwrap()
             .cache;
         let top_k = source.config().geometry().top_k;
-        let b = HeatmapBinding::for_cache(&cache, top_k, "bf16");
+        let b = HeatmapBinding::for_cache(&cache, top_k, "bf16", "bf16");
         let config = std::fs::read(model.join("config.json")).unwrap();
         assert_eq!(
             b.model_config_hash,
@@ -1002,6 +1054,7 @@ mod tests {
         assert_eq!(b.cache_format_version, crate::FORMAT_VERSION);
         assert_eq!(b.quantizer_version, crate::QUANTIZER_VERSION);
         assert_eq!(b.attention_precision, "bf16");
+        assert_eq!(b.mlp_precision, "bf16");
         assert_eq!(b.top_k, top_k);
 
         let mut h = Heatmap::for_cache(&cache, b.clone(), "p", "t");
@@ -1011,10 +1064,13 @@ mod tests {
         assert_eq!(hp, tmp.path().join("cache").join(HEATMAP_FILE_NAME));
         h.save(&hp).unwrap();
         assert_eq!(
-            Heatmap::load_for_cache(&hp, &cache, top_k, "bf16").unwrap(),
+            Heatmap::load_for_cache(&hp, &cache, top_k, "bf16", "bf16").unwrap(),
             h
         );
-        let e = Heatmap::load_for_cache(&hp, &cache, top_k, "fp8").unwrap_err();
+        let e = Heatmap::load_for_cache(&hp, &cache, top_k, "fp8", "bf16").unwrap_err();
         assert!(e.to_string().contains("attention_precision = bf16"), "{e}");
+        // The MLP precision binds too (glm4_moe's FP16 MLP block).
+        let e = Heatmap::load_for_cache(&hp, &cache, top_k, "bf16", "fp16").unwrap_err();
+        assert!(e.to_string().contains("mlp_precision = bf16"), "{e}");
     }
 }

@@ -256,7 +256,7 @@ fn round_trip(bias: bool, interleaved: bool) {
     }
     verify_against_source(&cache, &source).unwrap();
     // The heatmap binding reads an MXFP4 cache's header like an INT4 one's.
-    let b = krasis_cache::HeatmapBinding::for_cache(&cache, 2, "bf16");
+    let b = krasis_cache::HeatmapBinding::for_cache(&cache, 2, "fp16", "bf16");
     assert_eq!(b.cache_format_version, 2);
     assert_eq!(b.cache_id, source.identity().id());
 }

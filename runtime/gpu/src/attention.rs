@@ -6,10 +6,10 @@
 //! **Activation format** (`AttentionSpec::activations`, the one place it is
 //! decided; the CPU reference's emulation reads the same field): BF16, or
 //! FP16 (gpt_oss). The FP16 path stores the input RMSNorm's output, the
-//! fused QKV weight ([`QkvWeight::F16`]), q/k/v and the KV cache in FP16 and
+//! fused QKV weight ([`Weight16::F16`]), q/k/v and the KV cache in FP16 and
 //! runs the `_f16` kernels (f16 MMAs, P in f16); the attention output stays
 //! BF16 for the BF16 o_proj. It keeps its FP16 values in the engine's
-//! 2-byte scratch and cache buffers ([`as_f16`]), so both paths have the
+//! 2-byte scratch and cache buffers (`act.rs`), so both paths have the
 //! same memory plan. The BF16 path launches what it launched before FP16
 //! existed, with the same arguments.
 
@@ -17,7 +17,7 @@ use crate::blas::{Gemm, InType, OutType};
 use crate::error::{GpuError, Result};
 use crate::forward::{Ctx, Positions};
 use crate::scratch::{KvCache, Scratch};
-use crate::weights::QkvWeight;
+use crate::weights::Weight16;
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
 use krasis_kernels::ops::attention::RingAttn;
@@ -25,14 +25,10 @@ use krasis_kernels::{Act16, KvGeom, QkvGeom, StartPos};
 use krasis_model::arch::AttentionKind;
 
 /// `s`'s storage seen as FP16: the FP16 attention path keeps its normed
-/// input, q/k/v and KV cache in the engine's BF16-typed buffers (2 bytes per
-/// element either way), which no BF16 reader touches in between.
-pub(crate) fn as_f16(s: &mut CudaSlice<bf16>) -> CudaViewMut<'_, f16> {
-    let n = s.len();
-    // SAFETY: bf16 and f16 are both 2-byte plain-old-data types for which
-    // every bit pattern is a valid value; the view covers exactly the
-    // allocation's `n` elements.
-    unsafe { s.transmute_mut::<f16>(n) }.expect("a 2-byte view of a 2-byte buffer fits")
+/// input, q/k/v and KV cache in the engine's 2-byte buffers, which no BF16
+/// reader touches in between (`act::view_mut`).
+fn as_f16(s: &mut CudaSlice<bf16>) -> CudaViewMut<'_, f16> {
+    crate::act::view_mut::<f16>(s)
 }
 
 /// The input RMSNorm of layer `l`'s prefill into `scratch.normed`, rounded
@@ -42,10 +38,10 @@ pub(crate) fn input_norm(cx: &Ctx<'_>, sc: &mut Scratch, l: usize, t: usize) -> 
     let (h, eps) = (g.hidden, g.rms_norm_eps);
     let lw = &cx.w.layers[l];
     match &lw.qkv {
-        QkvWeight::Bf16(_) => {
+        Weight16::Bf16(_) => {
             kn.rmsnorm::<f32>(s, &sc.residual, &lw.input_norm, t, h, eps, &mut sc.normed)?
         }
-        QkvWeight::F16(_) => kn.rmsnorm_f32_to_f16(
+        Weight16::F16(_) => kn.rmsnorm_f32_to_f16(
             s,
             &sc.residual,
             &lw.input_norm,
@@ -87,7 +83,7 @@ pub(crate) fn attention(
     let no_rope =
         || GpuError::Unsupported("attention without q/k norms but no RoPE table loaded".into());
     match &lw.qkv {
-        QkvWeight::Bf16(w) => {
+        Weight16::Bf16(w) => {
             project_bf16(cx, sc, l, t, decode, w)?;
             let sp = start_pos(at, &sc.pos)?;
             match (&lw.qk_norm, &cx.w.rope) {
@@ -130,7 +126,7 @@ pub(crate) fn attention(
                 &mut sc.attn,
             )?;
         }
-        QkvWeight::F16(w) => {
+        Weight16::F16(w) => {
             project_f16(cx, sc, l, t, decode, w)?;
             let sp = start_pos(at, &sc.pos)?;
             let mut qkv = as_f16(&mut sc.qkv);
@@ -166,7 +162,7 @@ pub(crate) fn attention(
         }
     }
     if decode {
-        kn.gemv_bf16::<f32>(s, &sc.attn, &lw.o_proj, 1, h, q, true, &mut sc.residual)?;
+        kn.gemv::<bf16, f32>(s, &sc.attn, &lw.o_proj, 1, h, q, true, &mut sc.residual)?;
     } else {
         cx.gemm(
             (t, h, q),
@@ -212,7 +208,7 @@ fn project_bf16(
     let lw = &cx.w.layers[l];
     match (&lw.qkv_bias, decode) {
         // The input RMSNorm folded in (the caller skipped it).
-        (None, true) => cx.norm_gemv::<bf16>(
+        (None, true) => cx.norm_gemv::<bf16, bf16>(
             &sc.residual,
             &lw.input_norm,
             w,
@@ -234,7 +230,14 @@ fn project_bf16(
                 GpuError::Unsupported("q/k/v biases without their f32 scratch".into())
             })?;
             if decode {
-                cx.norm_gemv::<f32>(&sc.residual, &lw.input_norm, w, n, &mut sc.normed, wide)?;
+                cx.norm_gemv::<bf16, f32>(
+                    &sc.residual,
+                    &lw.input_norm,
+                    w,
+                    n,
+                    &mut sc.normed,
+                    wide,
+                )?;
             } else {
                 cx.gemm(
                     (t, n, h),
@@ -276,7 +279,7 @@ fn project_f16(
         ));
     };
     if decode {
-        kn.gemv_rmsnorm_f16(
+        kn.gemv_rmsnorm::<f16, f32>(
             s,
             &sc.residual,
             &lw.input_norm,

@@ -1,9 +1,11 @@
 //! BF16 (or FP16) GEMM through cuBLAS with f32 accumulation, in the
 //! row-major convention of the rest of the engine: `Y[M,N] = X[M,K] ·
 //! W[N,K]ᵀ`, where `W` is an `nn.Linear` weight exactly as stored in the
-//! checkpoint (FP16 inputs: the QKV projection of an FP16 attention block,
-//! its weight converted at upload; always with an f32 output, so no
-//! reduced-precision FP16 reduction applies).
+//! checkpoint (FP16 inputs: the QKV projection of an FP16 attention block
+//! and every projection of an FP16 MLP block, their weights converted at
+//! upload, the routed experts dequantized to FP16). A 16-bit output is the
+//! f32 accumulation rounded to the input's format (the gate/up GEMMs of
+//! SwiGLU MLPs and experts); the rest write f32.
 
 use crate::error::{GpuError, Result};
 use cudarc::cublas::CudaBlas;
@@ -13,6 +15,7 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutType {
     Bf16,
+    F16,
     F32,
 }
 
@@ -53,6 +56,17 @@ pub fn gemm(blas: &CudaBlas, g: &Gemm, what: &str) -> Result<()> {
             g.m, g.n, g.k
         )));
     }
+    let sixteen = |o: OutType| matches!(o, OutType::Bf16 | OutType::F16);
+    let out_matches = match g.input {
+        InType::Bf16 => g.out != OutType::F16,
+        InType::F16 => g.out != OutType::Bf16,
+    };
+    if !out_matches || (sixteen(g.out) && g.beta != 0.0) {
+        return Err(GpuError::Unsupported(format!(
+            "GEMM {what}: {:?} inputs with a {:?} output and beta {} (a 16-bit output is the              inputs' format, written once)",
+            g.input, g.out, g.beta
+        )));
+    }
     let alpha = 1.0f32;
     let beta = g.beta;
     let ab_type = match g.input {
@@ -61,6 +75,7 @@ pub fn gemm(blas: &CudaBlas, g: &Gemm, what: &str) -> Result<()> {
     };
     let c_type = match g.out {
         OutType::Bf16 => cudaDataType::CUDA_R_16BF,
+        OutType::F16 => cudaDataType::CUDA_R_16F,
         OutType::F32 => cudaDataType::CUDA_R_32F,
     };
     // Column-major view: Yᵀ[N,M] = (Wᵀ)ᵀ[N,K] · Xᵀ[K,M], with W seen as a

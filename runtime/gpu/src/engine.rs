@@ -318,14 +318,14 @@ impl CudaEngine {
                 for lw in &mut m.weights.layers {
                     // Rows move whole, so the weight's bits do, in either format.
                     match &mut lw.qkv {
-                        crate::weights::QkvWeight::Bf16(w) => {
+                        crate::weights::Weight16::Bf16(w) => {
                             let mut host = m.gpu.download(w, rows * h, "a QKV weight")?;
                             let mut bits: Vec<u16> = host.iter().map(|v| v.to_bits()).collect();
                             swap(&mut bits);
                             host = bits.into_iter().map(half::bf16::from_bits).collect();
                             put(&host, w)?;
                         }
-                        crate::weights::QkvWeight::F16(w) => {
+                        crate::weights::Weight16::F16(w) => {
                             let host = m.gpu.download(w, rows * h, "a QKV weight")?;
                             let mut bits: Vec<u16> = host.iter().map(|v| v.to_bits()).collect();
                             swap(&mut bits);
@@ -462,7 +462,8 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// Samples from `scratch.logits[0]` into `scratch.ids[0]` and returns the id.
+    /// Samples from `scratch.logits[0]` into `scratch.ids[0]` and returns the
+    /// id; a non-finite logit is an error ([`sampled_token`]).
     fn sample(&mut self, params: &krasis_kernels::SamplingParams, step: u64) -> Result<u32> {
         let m = &mut self.model;
         let v = self.sampleable;
@@ -483,7 +484,7 @@ impl CudaEngine {
         let mut out = [0u32; 1];
         s.memcpy_dtoh(&sc.ids.slice(0..1), &mut out)
             .map_err(GpuError::driver("reading the sampled token"))?;
-        Ok(out[0])
+        sampled_token(out[0], step)
     }
 
     /// One decode step of the token in `scratch.ids[0]` at `pos`, leaving its
@@ -688,6 +689,18 @@ impl Engine for CudaEngine {
     }
 }
 
+/// The sampler's output as a token: its [`krasis_kernels::SAMPLE_NONFINITE`]
+/// (a logit was ±inf or NaN: an activation overflowed its 16-bit format,
+/// e.g. FP16's ±65504) is [`GpuError::NonFiniteLogits`], which fails the
+/// request and retires the engine (`EngineError::Backend`, fatal), never a
+/// token. `step` is the generated token's index.
+fn sampled_token(id: u32, step: u64) -> Result<u32> {
+    if id == krasis_kernels::SAMPLE_NONFINITE {
+        return Err(GpuError::NonFiniteLogits(format!("generated token {step}")));
+    }
+    Ok(id)
+}
+
 fn kernel_sampling(p: &SamplingParams) -> Result<krasis_kernels::SamplingParams, EngineError> {
     let k = krasis_kernels::SamplingParams {
         temperature: p.temperature.max(0.0),
@@ -706,4 +719,25 @@ fn kernel_sampling(p: &SamplingParams) -> Result<krasis_kernels::SamplingParams,
     // model's generation_config.json) fails the request, not the engine.
     k.validate().map_err(EngineError::InvalidRequest)?;
     Ok(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sampler's non-finite marker is a fatal error naming it, never a
+    /// token; every other id is the token.
+    #[test]
+    fn a_non_finite_sample_is_a_fatal_error_never_a_token() {
+        assert_eq!(sampled_token(42, 3).unwrap(), 42);
+        let e = sampled_token(krasis_kernels::SAMPLE_NONFINITE, 3).unwrap_err();
+        assert!(matches!(e, GpuError::NonFiniteLogits(_)), "{e}");
+        assert!(
+            e.to_string()
+                .contains("non-finite logits at generated token 3"),
+            "{e}"
+        );
+        let e = EngineError::from(e);
+        assert!(e.is_fatal(), "{e}");
+    }
 }

@@ -52,6 +52,14 @@ pub enum GpuError {
     CacheOpen(#[from] krasis_cache::CacheError),
     #[error("INT4 expert cache: {0}")]
     Cache(String),
+    /// A logit was ±inf or NaN where a token was to be chosen (an
+    /// activation overflowed, e.g. past FP16's ±65504): no token is
+    /// produced, and the engine is retired as after any backend failure.
+    #[error(
+        "non-finite logits at {0} (an activation overflowed its 16-bit format); no token was \
+         produced"
+    )]
+    NonFiniteLogits(String),
     /// The model or cache does not fit what this engine implements.
     #[error("unsupported: {0}")]
     Unsupported(String),

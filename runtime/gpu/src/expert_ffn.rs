@@ -14,16 +14,23 @@
 //! each expert's down GEMM, then [`ExpertFfn::down_bias`]; biases are per
 //! expert, so a biased format activates and adds its down bias expert by
 //! expert over that expert's grouped rows.
+//!
+//! The 16-bit values (the GEMV input `x`, the dequantized weights, the
+//! gate/up rows and the activation of the grouped path) are in the MLP
+//! block's format (`MlpSpec::activations`): BF16, or FP16 for INT4 experts
+//! (the `_f16` kernels); MXFP4 experts have BF16 kernels only, and an FP16
+//! MLP block with them is refused (`support.rs`, [`ExpertFfn::for_cache`]).
 
+use crate::act::{view, view_mut};
 use crate::error::{GpuError, Result};
 use crate::forward::Ctx;
 use crate::scratch::GroupedScratch;
 use cudarc::driver::{CudaSlice, DevicePtr};
-use half::bf16;
+use half::{bf16, f16};
 use krasis_kernels::Int4Layout;
 use krasis_kernels::ops::mxfp4::{ExpertActivation, Mxfp4Layout};
 use krasis_model::Geometry;
-use krasis_model::arch::Activation;
+use krasis_model::arch::{ActFormat, Activation};
 
 /// How one routed expert is stored on the device and computed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -66,7 +73,8 @@ impl ExpertFfn {
 
     /// Gate/up GEMV with the activation (and gate/up bias) fused, for `t`
     /// tokens' `k` pairs (`ids` index `table`), only the slots set in
-    /// `mask`: `act[p]` f32 `[t*k, I]`.
+    /// `mask`: `act[p]` f32 `[t*k, I]`. `x` (the normed rows) holds the MLP
+    /// block's format.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gate_up_act(
         &self,
@@ -79,15 +87,21 @@ impl ExpertFfn {
         act: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let (s, k) = (&cx.gpu.stream, cx.g.top_k);
-        match self {
-            ExpertFfn::Int4Swiglu(l) => Ok(cx
+        match (self, cx.g.mlp.activations) {
+            (ExpertFfn::Int4Swiglu(l), ActFormat::Bf16) => Ok(cx
                 .kn
                 .int4_w13_swiglu(s, x, table, ids, t, k, l, mask, act)?),
-            ExpertFfn::Mxfp4 { layout, activation } => {
+            (ExpertFfn::Int4Swiglu(l), ActFormat::F16) => {
+                Ok(cx
+                    .kn
+                    .int4_w13_swiglu(s, &view::<f16>(x), table, ids, t, k, l, mask, act)?)
+            }
+            (ExpertFfn::Mxfp4 { layout, activation }, ActFormat::Bf16) => {
                 Ok(cx
                     .kn
                     .mxfp4_w13_act(s, x, table, ids, t, k, layout, mask, *activation, act)?)
             }
+            (ExpertFfn::Mxfp4 { .. }, ActFormat::F16) => Err(mxfp4_f16()),
         }
     }
 
@@ -115,10 +129,10 @@ impl ExpertFfn {
         }
     }
 
-    /// Dequantizes experts `b0..b1` of the layer (`table[b0..b1]`) to BF16
-    /// `gs.w13` `[n, 2I, H]` and `gs.w2` `[n, H, I]` for the grouped
-    /// prefill GEMMs, and their biases to `gs.bias` (f32 `[n, 2I]`,
-    /// `[n, H]`).
+    /// Dequantizes experts `b0..b1` of the layer (`table[b0..b1]`) to the
+    /// MLP block's format, `gs.w13` `[n, 2I, H]` and `gs.w2` `[n, H, I]`,
+    /// for the grouped prefill GEMMs, and their biases to `gs.bias` (f32
+    /// `[n, 2I]`, `[n, H]`).
     pub(crate) fn dequant(
         &self,
         cx: &Ctx<'_>,
@@ -128,13 +142,23 @@ impl ExpertFfn {
     ) -> Result<()> {
         let s = &cx.gpu.stream;
         let (ids, n) = (gs.iota.slice(b0..b1), b1 - b0);
-        match self {
-            ExpertFfn::Int4Swiglu(l) => {
+        match (self, cx.g.mlp.activations) {
+            (ExpertFfn::Int4Swiglu(l), ActFormat::Bf16) => {
                 Ok(cx
                     .kn
                     .int4_dequant(s, table, &ids, n, l, &mut gs.w13, &mut gs.w2)?)
             }
-            ExpertFfn::Mxfp4 { layout, .. } => {
+            (ExpertFfn::Int4Swiglu(l), ActFormat::F16) => Ok(cx.kn.int4_dequant(
+                s,
+                table,
+                &ids,
+                n,
+                l,
+                &mut view_mut::<f16>(&mut gs.w13),
+                &mut view_mut::<f16>(&mut gs.w2),
+            )?),
+            (ExpertFfn::Mxfp4 { .. }, ActFormat::F16) => Err(mxfp4_f16()),
+            (ExpertFfn::Mxfp4 { layout, .. }, ActFormat::Bf16) => {
                 let biases = match (&mut gs.bias, layout.has_bias) {
                     (Some((b13, b2)), true) => Some((b13, b2)),
                     (None, false) => None,
@@ -156,9 +180,9 @@ impl ExpertFfn {
 
     /// The activation over the gate/up GEMM rows of experts `b0..b1` of a
     /// dequantized batch starting at `b0` (`offsets`: the grouped rows of
-    /// each expert; `gs.h13` `[rows, 2I]` BF16, gate half first) into
-    /// `gs.hact` `[rows, I]` BF16. With biases, each expert's rows get its
-    /// own gate/up bias.
+    /// each expert; `gs.h13` `[rows, 2I]`, gate half first) into `gs.hact`
+    /// `[rows, I]`, both in the MLP block's format. With biases, each
+    /// expert's rows get its own gate/up bias.
     pub(crate) fn activate(
         &self,
         cx: &Ctx<'_>,
@@ -168,15 +192,23 @@ impl ExpertFfn {
     ) -> Result<()> {
         let (s, i) = (&cx.gpu.stream, cx.g.expert_intermediate);
         let (r0, r1) = (offsets[b0] as usize, offsets[b1] as usize);
-        match self {
-            ExpertFfn::Int4Swiglu(_) => Ok(cx.kn.swiglu(
+        match (self, cx.g.mlp.activations) {
+            (ExpertFfn::Int4Swiglu(_), ActFormat::Bf16) => Ok(cx.kn.swiglu(
                 s,
                 &gs.h13.slice(r0 * 2 * i..),
                 r1 - r0,
                 i,
                 &mut gs.hact.slice_mut(r0 * i..),
             )?),
-            ExpertFfn::Mxfp4 { layout, activation } if !layout.has_bias => {
+            (ExpertFfn::Int4Swiglu(_), ActFormat::F16) => Ok(cx.kn.swiglu(
+                s,
+                &view::<f16>(&gs.h13).slice(r0 * 2 * i..),
+                r1 - r0,
+                i,
+                &mut view_mut::<f16>(&mut gs.hact).slice_mut(r0 * i..),
+            )?),
+            (ExpertFfn::Mxfp4 { .. }, ActFormat::F16) => Err(mxfp4_f16()),
+            (ExpertFfn::Mxfp4 { layout, activation }, _) if !layout.has_bias => {
                 Ok(cx.kn.bias_act_rows::<bf16>(
                     s,
                     &gs.h13.slice(r0 * 2 * i..),
@@ -187,7 +219,7 @@ impl ExpertFfn {
                     &mut gs.hact.slice_mut(r0 * i..),
                 )?)
             }
-            ExpertFfn::Mxfp4 { activation, .. } => {
+            (ExpertFfn::Mxfp4 { activation, .. }, _) => {
                 let (b13, _) = gs.bias.as_ref().ok_or_else(missing_bias_scratch)?;
                 for x in b0..b1 {
                     let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
@@ -287,6 +319,9 @@ impl ExpertFfn {
                 }
                 Ok(ExpertFfn::Int4Swiglu(mine))
             }
+            krasis_cache::ExpertFormat::Mxfp4 if g.mlp.activations == ActFormat::F16 => {
+                Err(mxfp4_f16())
+            }
             krasis_cache::ExpertFormat::Mxfp4 => {
                 let mine = Mxfp4Layout {
                     hidden: l.hidden,
@@ -313,6 +348,13 @@ impl ExpertFfn {
             }
         }
     }
+}
+
+/// MXFP4 experts under an FP16 MLP block: no kernels (refused at load).
+fn mxfp4_f16() -> GpuError {
+    GpuError::Unsupported(
+        "MXFP4 experts with an FP16 MLP block (their kernels are BF16 only)".into(),
+    )
 }
 
 fn missing_bias_scratch() -> GpuError {
@@ -394,6 +436,11 @@ mod tests {
             ExpertFfn::for_cache(&moved, &g),
             Err(GpuError::Cache(_))
         ));
+        // An FP16 MLP block has no MXFP4 kernels.
+        let mut f16 = g.clone();
+        f16.mlp.activations = ActFormat::F16;
+        let e = ExpertFfn::for_cache(&l, &f16).unwrap_err().to_string();
+        assert!(e.contains("MXFP4 experts with an FP16 MLP block"), "{e}");
         // INT4 experts with the clamped activation have no kernel.
         g.experts.bias = false;
         let int4 = ExpertLayout::int4(2880, 2880).unwrap();

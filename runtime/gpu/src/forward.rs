@@ -24,6 +24,13 @@
 //! fused QKV weight (converted from BF16 at upload), q/k/v, the KV cache
 //! and the softmax probabilities of `P·V` are FP16 and the MMAs f16 x f16
 //! with f32 accumulation; the attention output stays BF16 (`attention.rs`).
+//! The MLP block's are in `MlpSpec::activations`: BF16, or FP16 (glm4_moe:
+//! its MLP outputs are large against the residual), where the
+//! post-attention RMSNorm's output (the router's and every MLP's input),
+//! the router, dense and shared-expert weights, the dequantized routed
+//! experts, the gate/up outputs and the SwiGLU product are FP16 (`mlp.rs`,
+//! `moe.rs`, `expert_ffn.rs`); decode's INT4 GEMVs keep the experts'
+//! gate/up and SwiGLU product in f32 either way.
 
 use crate::blas::{Gemm, InType, OutType, gemm};
 use crate::device::Gpu;
@@ -34,7 +41,7 @@ use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
 use crate::weights::{Embedding, MlpWeights, ModelWeights};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
-use krasis_kernels::{Kernels, QkvGeom};
+use krasis_kernels::{Act16, GemvOut, Kernels, QkvGeom};
 use krasis_model::Geometry;
 
 /// Everything resident on the device for one model.
@@ -184,10 +191,26 @@ impl Ctx<'_> {
         }
     }
 
-    /// `y[m,n] (+)= x[m,k] · w[n,k]ᵀ` on device addresses.
+    /// `y[m,n] (+)= x[m,k] · w[n,k]ᵀ` on device addresses, BF16 inputs.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm(
         &self,
+        dims: (usize, usize, usize),
+        x: u64,
+        w: u64,
+        y: u64,
+        out: OutType,
+        beta: f32,
+        what: &str,
+    ) -> Result<()> {
+        self.gemm_as(InType::Bf16, dims, x, w, y, out, beta, what)
+    }
+
+    /// [`Ctx::gemm`] with `input` inputs (an FP16 block's GEMMs).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_as(
+        &self,
+        input: InType,
         (m, n, k): (usize, usize, usize),
         x: u64,
         w: u64,
@@ -205,7 +228,7 @@ impl Ctx<'_> {
                 x,
                 w,
                 y,
-                input: InType::Bf16,
+                input,
                 out,
                 beta,
             },
@@ -214,18 +237,19 @@ impl Ctx<'_> {
     }
 
     /// One decode row: `y = w · rmsnorm(residual)` with the model's eps
-    /// through the fused GEMV, which also writes the normed row to `normed`.
-    pub(crate) fn norm_gemv<O: krasis_kernels::Elem>(
+    /// through the fused GEMV, which also writes the normed row to `normed`
+    /// (in `A`, the format of `w`: bf16, or f16 for an FP16 block).
+    pub(crate) fn norm_gemv<A: Act16, O: GemvOut<A>>(
         &self,
         residual: &impl DevicePtr<f32>,
         norm: &CudaSlice<bf16>,
-        w: &CudaSlice<bf16>,
+        w: &impl DevicePtr<A>,
         n: usize,
-        normed: &mut CudaSlice<bf16>,
+        normed: &mut impl DevicePtrMut<A>,
         y: &mut impl DevicePtrMut<O>,
     ) -> Result<()> {
         let (h, eps) = (self.g.hidden, self.g.rms_norm_eps);
-        Ok(self.kn.gemv_rmsnorm_bf16::<O>(
+        Ok(self.kn.gemv_rmsnorm::<A, O>(
             &self.gpu.stream,
             residual,
             norm,
@@ -328,8 +352,6 @@ impl Model {
             routes,
             token_routes,
         } = m;
-        let (g, s, kn) = (cx.g, &cx.gpu.stream, cx.kn);
-        let (h, eps) = (g.hidden, g.rms_norm_eps);
         let lw = &cx.w.layers[l];
         // Decode folds both norms into the projections after them.
         let decode = matches!(at, Positions::Decode);
@@ -338,15 +360,7 @@ impl Model {
         }
         crate::attention::attention(&cx, sc, kv, l, t, at)?;
         if !decode {
-            kn.rmsnorm::<f32>(
-                s,
-                &sc.residual,
-                &lw.post_attention_norm,
-                t,
-                h,
-                eps,
-                &mut sc.normed,
-            )?;
+            crate::mlp::post_attention_norm(&cx, sc, l, t)?;
         }
         match &lw.mlp {
             MlpWeights::Moe {
@@ -403,7 +417,7 @@ impl Model {
             // One row (every decode step): the GEMV streams the head faster
             // than cuBLAS (144.6 vs 150.5 us for 151,936 x 2048 on an H200)
             // and takes the final norm with it.
-            return cx.norm_gemv::<f32>(
+            return cx.norm_gemv::<bf16, f32>(
                 &src,
                 &cx.w.final_norm,
                 cx.w.lm_head(),

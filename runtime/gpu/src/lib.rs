@@ -1,9 +1,11 @@
 //! The CUDA engine: whole-prompt GPU prefill and native decode of the
-//! families whose layer plan it implements (`support.rs`: qwen3_moe with
-//! INT4 routed experts, gpt_oss with its native MXFP4 experts), all resident
+//! families whose layer plan it implements (`support.rs`: qwen3_moe and
+//! glm4_moe with INT4 routed experts, gpt_oss with its native MXFP4
+//! experts), all resident
 //! in VRAM when they fit, otherwise cached by HCS (`hcs`) with streamed
 //! prefill.
 
+mod act;
 mod attention;
 pub mod blas;
 pub mod bounds;

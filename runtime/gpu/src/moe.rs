@@ -9,18 +9,24 @@
 //!   fused into the two kernels. No host sync, so it
 //!   is what the decode CUDA graph captures.
 //! - Grouped path (prefill): (token, expert) pairs are grouped by expert on
-//!   the GPU, the layer's experts are dequantized to BF16, and each expert
-//!   with tokens runs two cuBLAS GEMMs over its rows (an expert's biases
-//!   are added to its own rows, before the combine). The per-expert row
-//!   counts are read back once per layer (one small sync) to size the GEMMs.
+//!   the GPU, the layer's experts are dequantized to the MLP block's format
+//!   (BF16, or FP16: `MlpSpec::activations`, as the router's input and the
+//!   gathered rows are), and each expert with tokens runs two cuBLAS GEMMs
+//!   over its rows (an expert's biases are added to its own rows, before
+//!   the combine). The per-expert row counts are read back once per layer
+//!   (one small sync) to size the GEMMs.
 
+use crate::act::{in_type, out16, view_mut};
 use crate::blas::OutType;
 use crate::error::{GpuError, Result};
 use crate::expert_ffn::ExpertFfn;
 use crate::forward::{Ctx, Positions};
 use crate::scratch::Scratch;
+use crate::weights::Weight16;
+use half::{bf16, f16};
+use krasis_kernels::Act16;
 use krasis_kernels::ops::moe::RouterMode;
-use krasis_model::arch::RouterKind;
+use krasis_model::arch::{ActFormat, RouterKind};
 
 fn table_parts<'a>(
     cx: &'a Ctx<'_>,
@@ -54,8 +60,9 @@ pub(crate) fn routed_experts(
 
 /// Router GEMM (f32 logits) and top-k (the plan's router kind, plus its
 /// logit bias or its selection bias) of decoder layer `l` over
-/// `scratch.normed[..t]`; in decode the post-attention RMSNorm is folded
-/// into the router GEMV, which also writes `scratch.normed`.
+/// `scratch.normed[..t]` (in the MLP block's format, as the router weight
+/// is); in decode the post-attention RMSNorm is folded into the router
+/// GEMV, which also writes `scratch.normed`.
 /// `ignore_selection_bias` is `Fault::IgnoreSelectionBias` (tests only;
 /// always false otherwise).
 pub(crate) fn router(
@@ -77,25 +84,9 @@ pub(crate) fn router(
     else {
         return Err(GpuError::Unsupported(format!("layer {l} has no router")));
     };
-    if matches!(at, Positions::Decode) {
-        cx.norm_gemv::<f32>(
-            &sc.residual,
-            &lw.post_attention_norm,
-            router,
-            g.num_experts,
-            &mut sc.normed,
-            &mut sc.router,
-        )?;
-    } else {
-        cx.gemm(
-            (t, g.num_experts, g.hidden),
-            cx.p(&sc.normed, 0),
-            cx.p(router, 0),
-            cx.p(&sc.router, 0),
-            OutType::F32,
-            0.0,
-            "router",
-        )?;
+    match g.mlp.activations {
+        ActFormat::Bf16 => router_logits::<bf16>(cx, sc, l, t, at, router)?,
+        ActFormat::F16 => router_logits::<f16>(cx, sc, l, t, at, router)?,
     }
     match (g.router.kind, router_bias) {
         // qwen3_moe: the softmax-first kernel, no bias.
@@ -163,6 +154,41 @@ pub(crate) fn router(
     Ok(())
 }
 
+/// The router's f32 logits of layer `l` into `scratch.router`, the block's
+/// normed input and weight in `A`.
+fn router_logits<A: Act16>(
+    cx: &Ctx<'_>,
+    sc: &mut Scratch,
+    l: usize,
+    t: usize,
+    at: Positions,
+    router: &Weight16,
+) -> Result<()> {
+    let (g, lw) = (cx.g, &cx.w.layers[l]);
+    let w = router.get::<A>("the router weight")?;
+    if matches!(at, Positions::Decode) {
+        cx.norm_gemv::<A, f32>(
+            &sc.residual,
+            &lw.post_attention_norm,
+            &w,
+            g.num_experts,
+            &mut view_mut::<A>(&mut sc.normed),
+            &mut sc.router,
+        )
+    } else {
+        cx.gemm_as(
+            in_type::<A>(),
+            (t, g.num_experts, g.hidden),
+            cx.p(&sc.normed, 0),
+            router.ptr(cx.gpu, 0),
+            cx.p(&sc.router, 0),
+            OutType::F32,
+            0.0,
+            "router",
+        )
+    }
+}
+
 fn experts_gemv(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {
     let (table, ffn) = table_parts(cx, moe_index)?;
     let ids = &sc.topk_ids;
@@ -189,7 +215,12 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
         &mut gs.row_pair,
         &mut gs.pair_row,
     )?;
+    // The gather copies 16-bit patterns: the MLP block's format either way.
     kn.gather_rows(s, &sc.normed, t, h, &gs.row_pair, k, pairs, &mut gs.xg)?;
+    let (input, gate_up_out) = match g.mlp.activations {
+        ActFormat::Bf16 => (in_type::<bf16>(), out16::<bf16>()),
+        ActFormat::F16 => (in_type::<f16>(), out16::<f16>()),
+    };
     let mut offsets = vec![0u32; e + 1];
     s.memcpy_dtoh(&gs.offsets, &mut offsets)
         .map_err(GpuError::driver("reading expert row offsets"))?;
@@ -200,7 +231,7 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
             offsets[e]
         )));
     }
-    // Experts are dequantized `batch` at a time so the BF16 workspace stays
+    // Experts are dequantized `batch` at a time so the 16-bit workspace stays
     // bounded (a whole 512-expert layer would be 3.2 GB); each batch's
     // GEMMs finish on the stream before the next batch overwrites it.
     let batch = gs.dequant_experts;
@@ -215,12 +246,13 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
             if b <= a {
                 continue;
             }
-            cx.gemm(
+            cx.gemm_as(
+                input,
                 (b - a, 2 * i, h),
                 cx.p(&gs.xg, a * h),
                 cx.p(&gs.w13, (x - b0) * 2 * i * h),
                 cx.p(&gs.h13, a * 2 * i),
-                OutType::Bf16,
+                gate_up_out,
                 0.0,
                 "expert gate/up",
             )?;
@@ -231,7 +263,8 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
             if b <= a {
                 continue;
             }
-            cx.gemm(
+            cx.gemm_as(
+                input,
                 (b - a, h, i),
                 cx.p(&gs.hact, a * i),
                 cx.p(&gs.w2, (x - b0) * h * i),

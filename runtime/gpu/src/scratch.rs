@@ -24,7 +24,9 @@ pub struct Scratch {
     pub pos: CudaSlice<u32>,
     /// f32 `[cap, H]` residual stream.
     pub residual: CudaSlice<f32>,
-    /// bf16 `[cap, H]` normalized hidden state (GEMM input).
+    /// 16-bit `[cap, H]` normalized hidden state (GEMM input), in the
+    /// format of the block that reads it (`act.rs`: BF16, or FP16 for an
+    /// FP16 attention or MLP block; 2 bytes either way).
     pub normed: CudaSlice<bf16>,
     /// bf16 `[cap, q + 2kv]`.
     pub qkv: CudaSlice<bf16>,
@@ -59,17 +61,19 @@ pub struct GroupedScratch {
     pub pair_row: CudaSlice<u32>,
     /// u32 `[E]` = 0..E (dequantize every expert of a layer).
     pub iota: CudaSlice<u32>,
-    /// bf16 `[cap*top_k, H]` token rows gathered in expert order.
+    /// `[cap*top_k, H]` token rows gathered in expert order. This and the
+    /// other 16-bit buffers of the grouped path hold the MLP block's format
+    /// (BF16, or FP16: `MlpSpec::activations`).
     pub xg: CudaSlice<bf16>,
-    /// bf16 `[cap*top_k, 2I]`.
+    /// `[cap*top_k, 2I]`.
     pub h13: CudaSlice<bf16>,
-    /// bf16 `[cap*top_k, I]`.
+    /// `[cap*top_k, I]`.
     pub hact: CudaSlice<bf16>,
     /// f32 `[cap*top_k, H]` expert outputs in grouped-row order.
     pub y: CudaSlice<f32>,
     /// Experts dequantized at a time ([`dequant_batch`]).
     pub dequant_experts: usize,
-    /// bf16 `[batch, 2I, H]` and `[batch, H, I]` dequantized experts.
+    /// `[batch, 2I, H]` and `[batch, H, I]` dequantized experts.
     pub w13: CudaSlice<bf16>,
     pub w2: CudaSlice<bf16>,
     /// f32 `[batch, 2I]` and `[batch, H]`: the batch's expert biases
@@ -77,10 +81,11 @@ pub struct GroupedScratch {
     pub bias: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
 }
 
+/// The SwiGLU MLP's buffers, in the MLP block's 16-bit format.
 pub struct DenseScratch {
-    /// bf16 `[cap, 2*intermediate]`.
+    /// `[cap, 2*intermediate]`.
     pub gate_up: CudaSlice<bf16>,
-    /// bf16 `[cap, intermediate]`.
+    /// `[cap, intermediate]`.
     pub act: CudaSlice<bf16>,
 }
 
@@ -144,7 +149,7 @@ pub fn kv_bytes(g: &Geometry, context: usize, max_chunk: usize) -> usize {
         .sum()
 }
 
-/// BF16 bytes the prefill path may spend on dequantized experts at once.
+/// Bytes the prefill path may spend on dequantized (16-bit) experts at once.
 pub const DEQUANT_BUDGET_BYTES: usize = 256 << 20;
 
 /// Experts per dequantization batch: as many as fit [`DEQUANT_BUDGET_BYTES`]

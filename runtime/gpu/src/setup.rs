@@ -94,14 +94,7 @@ impl CudaEngine {
                 self.model.experts = Some(table);
             }
             crate::plan::Decision::Hcs { want } => {
-                let (ranked, source) = prior(
-                    model_dir,
-                    &cache,
-                    g.top_k,
-                    g.attention.activations,
-                    &opts.heatmap,
-                    total,
-                )?;
+                let (ranked, source) = prior(model_dir, &cache, &g, &opts.heatmap, total)?;
                 let hcs = self.model.hcs.as_mut().expect("set above");
                 let resident = hcs.grow_resident(
                     &self.model.gpu,
@@ -186,8 +179,7 @@ impl CudaEngine {
 fn prior(
     model_dir: &Path,
     cache: &ExpertCache,
-    top_k: usize,
-    attention: krasis_model::arch::AttnFormat,
+    g: &krasis_model::Geometry,
     choice: &HeatmapChoice,
     total: usize,
 ) -> Result<(Vec<(usize, usize)>, String)> {
@@ -214,8 +206,16 @@ fn prior(
             model_dir.display()
         )));
     }
-    let h = krasis_cache::heatmap::Heatmap::load_for_cache(&path, cache, top_k, attention.name())
-        .map_err(|e| GpuError::Hcs(e.to_string()))?;
+    // Routes depend on the attention's and the MLP block's formats (the
+    // router reads the MLP block's normed input): both bind the heatmap.
+    let h = krasis_cache::heatmap::Heatmap::load_for_cache(
+        &path,
+        cache,
+        g.top_k,
+        g.attention.activations.name(),
+        g.mlp.activations.name(),
+    )
+    .map_err(|e| GpuError::Hcs(e.to_string()))?;
     Ok((
         h.ranked(),
         format!(

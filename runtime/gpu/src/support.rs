@@ -8,7 +8,7 @@ use krasis_kernels::ops::moe::ROUTER_MAX_GROUPS;
 use krasis_kernels::ops::mxfp4::{
     MXFP4_DECODE_MAX_HIDDEN, MXFP4_DECODE_MAX_INTER, MXFP4_DECODE_MAX_TOPK,
 };
-use krasis_model::arch::{Activation, AttnFormat, RopeScaling, RouterKind};
+use krasis_model::arch::{ActFormat, Activation, RopeScaling, RouterKind};
 use krasis_model::{ExpertStorage, Geometry, ModelConfig};
 
 /// How the expert cache will hold a model's routed experts: the
@@ -41,10 +41,10 @@ fn missing_components(g: &Geometry, bits: ExpertBits) -> Vec<String> {
     if g.attention.qk_norm && g.rope.scaling != RopeScaling::None && !partial {
         why.push("RoPE scaling together with q/k RMSNorm".to_string());
     }
-    // The FP16 attention path (AttnFormat::F16) is built for gpt_oss's
+    // The FP16 attention path (ActFormat::F16) is built for gpt_oss's
     // shape: table RoPE, and q/k/v biases (its projection goes through f32
     // + bias, rounded once to FP16).
-    if g.attention.activations == AttnFormat::F16 {
+    if g.attention.activations == ActFormat::F16 {
         if g.attention.qk_norm {
             why.push(
                 "FP16 attention with q/k RMSNorm (the fused q/k-norm RoPE is BF16 only)".into(),
@@ -104,6 +104,11 @@ fn missing_components(g: &Geometry, bits: ExpertBits) -> Vec<String> {
                 "shared expert width {s} (must be a multiple of 8 up to {kmax})"
             ));
         }
+    }
+    // The FP16 MLP block (ActFormat::F16, glm4_moe) is built for INT4
+    // experts; the MXFP4 kernels are BF16 only.
+    if g.mlp.activations == ActFormat::F16 && g.num_moe_layers() > 0 && bits == ExpertBits::Mxfp4 {
+        why.push("an FP16 MLP block with MXFP4 experts (their kernels are BF16 only)".into());
     }
     if g.num_moe_layers() > 0 && bits == ExpertBits::Int4 {
         if let Activation::ClampedSwiglu { .. } = g.experts.activation {
@@ -290,21 +295,21 @@ mod tests {
     fn fp16_attention_follows_the_description_and_is_refused_where_not_built() {
         assert_eq!(
             config("gpt-oss-20b").geometry().attention.activations,
-            AttnFormat::F16
+            ActFormat::F16
         );
         assert_eq!(
             config("a3b-24l").geometry().attention.activations,
-            AttnFormat::Bf16
+            ActFormat::Bf16
         );
         let mut g = config("a3b-24l").geometry();
-        g.attention.activations = AttnFormat::F16;
+        g.attention.activations = ActFormat::F16;
         let e = check_geometry(&g, ExpertBits::Int4)
             .unwrap_err()
             .to_string();
         assert!(e.contains("FP16 attention with q/k RMSNorm"), "{e}");
         assert!(e.contains("FP16 attention without q/k/v biases"), "{e}");
         let mut g = config("glm-4.5-air").geometry();
-        g.attention.activations = AttnFormat::F16;
+        g.attention.activations = ActFormat::F16;
         let e = check_geometry(&g, ExpertBits::Int4)
             .unwrap_err()
             .to_string();
@@ -315,19 +320,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("FP16 attention without q/k/v biases"), "{e}");
-        g.attention.activations = AttnFormat::Bf16;
+        g.attention.activations = ActFormat::Bf16;
         check_geometry(&g, ExpertBits::Mxfp4).unwrap();
     }
 
     /// glm4_moe (partial rotary with and without q/k norms, q/k/v biases,
     /// the sigmoid group-limited router with its selection bias, the
-    /// shared expert, dense first layers; INT4 experts) is built by this
-    /// engine.
+    /// shared expert, dense first layers; INT4 experts; its MLP block in
+    /// FP16) is built by this engine.
     #[test]
     fn glm4_moe_plans_are_fully_supported() {
         for preset in ["tiny-glm4-moe", "glm-4.5-air", "glm-4.5-air-12l", "glm-4.5"] {
             let c = config(preset);
             assert_eq!(ExpertBits::of(&c), ExpertBits::Int4, "{preset}");
+            assert_eq!(c.geometry().mlp.activations, ActFormat::F16, "{preset}");
             check_supported(&c).unwrap_or_else(|e| panic!("{preset}: {e}"));
         }
     }
@@ -368,5 +374,38 @@ mod tests {
         ] {
             assert!(e.contains(part), "{part} missing from: {e}");
         }
+    }
+
+    /// The MLP format comes from the description (glm4_moe FP16, the
+    /// others BF16); an FP16 MLP block runs with INT4 experts (any family's
+    /// other components) and is refused, by name, only with MXFP4 experts.
+    #[test]
+    fn fp16_mlp_follows_the_description_and_is_refused_only_with_mxfp4() {
+        assert_eq!(
+            config("glm-4.5-air").geometry().mlp.activations,
+            ActFormat::F16
+        );
+        for preset in ["a3b-24l", "gpt-oss-20b"] {
+            assert_eq!(
+                config(preset).geometry().mlp.activations,
+                ActFormat::Bf16,
+                "{preset}"
+            );
+        }
+        let mut g = config("a3b-24l").geometry();
+        g.mlp.activations = ActFormat::F16;
+        check_geometry(&g, ExpertBits::Int4).unwrap();
+        let mut g = config("gpt-oss-20b").geometry();
+        g.mlp.activations = ActFormat::F16;
+        let e = check_geometry(&g, ExpertBits::Mxfp4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("an FP16 MLP block with MXFP4 experts"), "{e}");
+        // A dense-only model has no experts to refuse.
+        g.layers
+            .iter_mut()
+            .for_each(|l| l.mlp = krasis_model::MlpKind::Dense);
+        g.intermediate = 2880;
+        check_geometry(&g, ExpertBits::Mxfp4).unwrap();
     }
 }

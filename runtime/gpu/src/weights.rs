@@ -3,6 +3,11 @@
 //! uploaded (norm weights too: the kernels take BF16 norm weights, which
 //! is what checkpoints store). Matrices that the same input feeds are fused on upload (q/k/v
 //! into one `[q+2kv, H]` matrix, gate/up into `[2I, H]`) so each is one GEMM.
+//! A block whose description runs it in FP16 gets its matrices in FP16
+//! ([`Weight16`], converted from the BF16 values by [`to_f16`]): the fused
+//! QKV weight of an FP16 attention block, the router, dense-MLP and
+//! shared-expert weights of an FP16 MLP block. Both are 2 bytes, so
+//! [`weight_bytes`] does not depend on the formats.
 //!
 //! Small per-channel vectors the kernels add in f32 (q/k/v and o biases,
 //! attention sinks, the router bias) are widened to f32 on upload, which is
@@ -20,7 +25,8 @@ use crate::host_table::HostTable;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use krasis_common::events::{ByteProgress, EventSink, task};
-use krasis_model::arch::{AttnFormat, LayerTensor, ModelTensor};
+use krasis_kernels::Act16;
+use krasis_model::arch::{ActFormat, LayerTensor, ModelTensor};
 use krasis_model::{Checkpoint, DType, Geometry, MlpKind, ModelConfig, TensorView};
 
 pub struct LayerWeights {
@@ -31,7 +37,7 @@ pub struct LayerWeights {
     pub qk_norm: Option<QkNorm>,
     /// `[q_dim + 2*kv_dim, H]`: rows of q_proj, then k_proj, then v_proj,
     /// in the attention's format.
-    pub qkv: QkvWeight,
+    pub qkv: Weight16,
     /// f32 `[q_dim + 2*kv_dim]`: the q, k and v biases fused like `qkv`.
     pub qkv_bias: Option<CudaSlice<f32>>,
     /// `[H, q_dim]`.
@@ -43,12 +49,52 @@ pub struct LayerWeights {
     pub mlp: MlpWeights,
 }
 
-/// The fused q/k/v weight in the attention's activation format
-/// (`AttentionSpec::activations`): the QKV GEMM's two inputs share it.
-pub enum QkvWeight {
+/// A matrix in its block's 16-bit activation format (`AttentionSpec::
+/// activations` for the fused QKV weight, `MlpSpec::activations` for the
+/// router, dense-MLP and shared-expert weights): the GEMM's two inputs
+/// share it.
+pub enum Weight16 {
     Bf16(CudaSlice<bf16>),
-    /// Converted from the BF16 weight at upload ([`qkv_to_f16`]).
+    /// Converted from the BF16 weight at upload ([`to_f16`]).
     F16(CudaSlice<f16>),
+}
+
+impl Weight16 {
+    pub fn format(&self) -> ActFormat {
+        match self {
+            Weight16::Bf16(_) => ActFormat::Bf16,
+            Weight16::F16(_) => ActFormat::F16,
+        }
+    }
+
+    /// The weight as `A`, which must be its format: a block asks for the
+    /// format its description says, so a weight uploaded in another one is
+    /// refused (`what` names it), never read as the wrong type.
+    pub(crate) fn get<A: Act16>(&self, what: &str) -> Result<cudarc::driver::CudaView<'_, A>> {
+        match self {
+            // SAFETY (both arms): `A` is this variant's own element type
+            // (checked by its format), so the view is the slice itself.
+            Weight16::Bf16(w) if !A::F16 => {
+                Ok(unsafe { w.transmute::<A>(w.len()) }.expect("the slice's own element type"))
+            }
+            Weight16::F16(w) if A::F16 => {
+                Ok(unsafe { w.transmute::<A>(w.len()) }.expect("the slice's own element type"))
+            }
+            _ => Err(GpuError::Unsupported(format!(
+                "internal: {what} is {} but its block runs in {}",
+                self.format().name(),
+                crate::act::format_of::<A>().name()
+            ))),
+        }
+    }
+
+    /// Device address of element `offset` (either format: 2 bytes each).
+    pub(crate) fn ptr(&self, gpu: &Gpu, offset: usize) -> u64 {
+        match self {
+            Weight16::Bf16(w) => crate::forward::ptr(gpu, w, offset),
+            Weight16::F16(w) => crate::forward::ptr(gpu, w, offset),
+        }
+    }
 }
 
 pub struct QkNorm {
@@ -78,17 +124,19 @@ pub(crate) fn rope_table_len(g: &Geometry) -> Option<usize> {
     (!g.attention.qk_norm || rot != g.head_dim).then_some(rot / 2)
 }
 
+/// A layer's MLP block; every matrix in the model's
+/// `MlpSpec::activations` format.
 pub enum MlpWeights {
     Moe {
         /// `[E, H]`.
-        router: CudaSlice<bf16>,
+        router: Weight16,
         /// f32 `[E]`, added to the logits before selection.
         router_bias: Option<CudaSlice<f32>>,
         /// f32 `[E]`, added to the choice scores only (glm4_moe's
         /// `e_score_correction_bias`; the checkpoint stores it in f32).
         selection_bias: Option<CudaSlice<f32>>,
         /// The ungated shared expert added to every token's routed output
-        /// (BF16, always resident: it runs for every token).
+        /// (always resident: it runs for every token).
         shared: Option<SwigluMlp>,
         /// Index of this layer among the MoE layers (row of the expert pointer table).
         moe_index: usize,
@@ -96,13 +144,13 @@ pub enum MlpWeights {
     Dense(SwigluMlp),
 }
 
-/// A SwiGLU MLP in BF16 (a dense layer's MLP, or a MoE layer's shared
-/// expert), run by `crate::mlp::swiglu_mlp`.
+/// A SwiGLU MLP (a dense layer's MLP, or a MoE layer's shared expert), run
+/// by `crate::mlp::swiglu_mlp`.
 pub struct SwigluMlp {
     /// `[2I, H]`: gate rows then up rows (the same fusion as the INT4 `w13`).
-    pub gate_up: CudaSlice<bf16>,
+    pub gate_up: Weight16,
     /// `[H, I]`.
-    pub down: CudaSlice<bf16>,
+    pub down: Weight16,
     /// `I`.
     pub inter: usize,
 }
@@ -187,10 +235,8 @@ impl ModelWeights {
             use LayerTensor::*;
             let a = &g.attention;
             let qkv_parts = [(t(QProj), q), (t(KProj), kv), (t(VProj), kv)];
-            let qkv = match a.activations {
-                AttnFormat::Bf16 => QkvWeight::Bf16(up.bf16_fused(&qkv_parts, h)?),
-                AttnFormat::F16 => QkvWeight::F16(up.f16_fused(&qkv_parts, h)?),
-            };
+            let qkv = up.matrix(a.activations, &qkv_parts, h)?;
+            let mf = g.mlp.activations;
             let qkv_bias = match a.qkv_bias {
                 true => Some(up.f32_fused(&[(t(QBias), q), (t(KBias), kv), (t(VBias), kv)])?),
                 false => None,
@@ -198,7 +244,7 @@ impl ModelWeights {
             let mlp = match g.mlp_kind(i) {
                 MlpKind::Moe => {
                     let m = MlpWeights::Moe {
-                        router: up.bf16(&[&t(Router)], &[g.num_experts, h])?,
+                        router: up.matrix(mf, &[(t(Router), g.num_experts)], h)?,
                         router_bias: match g.router.bias {
                             true => Some(up.f32(&t(RouterBias), g.num_experts)?),
                             false => None,
@@ -208,9 +254,12 @@ impl ModelWeights {
                             false => None,
                         },
                         shared: match g.shared_intermediate {
-                            Some(s) => {
-                                Some(up.swiglu(t(SharedGate), t(SharedUp), t(SharedDown), s, h)?)
-                            }
+                            Some(s) => Some(up.swiglu(
+                                mf,
+                                [t(SharedGate), t(SharedUp), t(SharedDown)],
+                                s,
+                                h,
+                            )?),
                             None => None,
                         },
                         moe_index,
@@ -219,9 +268,8 @@ impl ModelWeights {
                     m
                 }
                 MlpKind::Dense => MlpWeights::Dense(up.swiglu(
-                    t(DenseGate),
-                    t(DenseUp),
-                    t(DenseDown),
+                    mf,
+                    [t(DenseGate), t(DenseUp), t(DenseDown)],
                     g.intermediate,
                     h,
                 )?),
@@ -294,9 +342,10 @@ impl ModelWeights {
 /// Where [`ModelWeights::upload`] puts the non-expert weights, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WeightBytes {
-    /// BF16 in VRAM: attention, norms, routers, dense MLPs and shared
-    /// experts, the LM head (and the input embedding when tied to it); f32
-    /// biases, sinks, selection biases and the RoPE table.
+    /// 16-bit in VRAM (BF16, or FP16 for an FP16 block's matrices):
+    /// attention, norms, routers, dense MLPs and shared experts, the LM
+    /// head (and the input embedding when tied to it); f32 biases, sinks,
+    /// selection biases and the RoPE table.
     pub device: usize,
     /// BF16 in mapped host memory: the untied input embedding.
     pub host: usize,
@@ -380,12 +429,12 @@ impl Uploader<'_> {
         Ok(dev)
     }
 
-    /// [`Uploader::bf16_fused`] converted to FP16 ([`qkv_to_f16`]).
+    /// [`Uploader::bf16_fused`] converted to FP16 ([`to_f16`]).
     fn f16_fused(&mut self, parts: &[(String, usize)], cols: usize) -> Result<CudaSlice<f16>> {
         let mut host = Vec::with_capacity(parts.iter().map(|(_, r)| r * cols).sum());
         for (name, rows) in parts {
             let t = self.ckpt.expect(name, &[*rows, cols])?;
-            host.extend(qkv_to_f16(&to_bf16_bits(&t), name)?);
+            host.extend(to_f16(&to_bf16_bits(&t), name)?);
         }
         self.bytes += host.len() * 2;
         let dev = self.gpu.upload(&host, &parts[0].0)?;
@@ -393,18 +442,32 @@ impl Uploader<'_> {
         Ok(dev)
     }
 
-    /// A SwiGLU MLP of width `inter`: gate and up fused into `[2I, H]`.
+    /// The row-concatenation of `[rows_i, cols]` tensors in `format` (a
+    /// block's matrix, one part or fused).
+    fn matrix(
+        &mut self,
+        format: ActFormat,
+        parts: &[(String, usize)],
+        cols: usize,
+    ) -> Result<Weight16> {
+        Ok(match format {
+            ActFormat::Bf16 => Weight16::Bf16(self.bf16_fused(parts, cols)?),
+            ActFormat::F16 => Weight16::F16(self.f16_fused(parts, cols)?),
+        })
+    }
+
+    /// A SwiGLU MLP of width `inter` in `format` (`[gate, up, down]`
+    /// tensor names): gate and up fused into `[2I, H]`.
     fn swiglu(
         &mut self,
-        gate: String,
-        up: String,
-        down: String,
+        format: ActFormat,
+        [gate, up, down]: [String; 3],
         inter: usize,
         h: usize,
     ) -> Result<SwigluMlp> {
         Ok(SwigluMlp {
-            gate_up: self.bf16_fused(&[(gate, inter), (up, inter)], h)?,
-            down: self.bf16(&[&down], &[h, inter])?,
+            gate_up: self.matrix(format, &[(gate, inter), (up, inter)], h)?,
+            down: self.matrix(format, &[(down, h)], inter)?,
             inter,
         })
     }
@@ -431,23 +494,25 @@ impl Uploader<'_> {
     }
 }
 
-/// A BF16 weight `name` as FP16, for an FP16 attention block's QKV GEMM.
+/// A BF16 weight `name` as FP16, for a block that runs in FP16 (the fused
+/// QKV weight of an FP16 attention block; the router, dense-MLP and
+/// shared-expert weights of an FP16 MLP block).
 /// Exact for every value in FP16's normal range (|w| from 2^-14 to 65504:
 /// FP16 has 3 more mantissa bits than BF16); values below 2^-14 become FP16
 /// subnormals, rounded to nearest (2^-24 steps, under 2^-25 to 0), a
-/// change of at most 2^-25 absolute per weight, below the f32 reference's
-/// own sensitivity. A value FP16 cannot hold (|w| > 65504, inf, NaN) is
-/// refused, naming the tensor: the engine never computes with a weight
-/// that became infinite.
-pub fn qkv_to_f16(w: &[bf16], name: &str) -> Result<Vec<f16>> {
+/// change of at most 2^-25 absolute per weight (the reference's emulation
+/// rounds the MLP block's weights the same way, `Rounding::mlp_weights`).
+/// A value FP16 cannot hold (|w| > 65504, inf, NaN) is refused, naming the
+/// tensor: the engine never computes with a weight that became infinite.
+pub fn to_f16(w: &[bf16], name: &str) -> Result<Vec<f16>> {
     if let Some((i, v)) = w
         .iter()
         .enumerate()
         .find(|(_, v)| v.is_nan() || v.to_f32().abs() > f16::MAX.to_f32())
     {
         return Err(GpuError::Unsupported(format!(
-            "{name}: element {i} is {v}, outside FP16's range (±65504); the FP16 attention \
-             path of this model cannot hold its QKV weight"
+            "{name}: element {i} is {v}, outside FP16's range (±65504); this model's \
+             description runs the weight's block in FP16, which cannot hold it"
         )));
     }
     Ok(w.iter().map(|v| f16::from_f32(v.to_f32())).collect())
@@ -539,10 +604,10 @@ mod tests {
         }
     }
 
-    /// The FP16 QKV weight: exact in FP16's normal range, subnormal (and
-    /// rounded) below it, refused (naming the tensor) past ±65504.
+    /// A weight converted to FP16: exact in FP16's normal range, subnormal
+    /// (and rounded) below it, refused (naming the tensor) past ±65504.
     #[test]
-    fn qkv_to_f16_is_exact_in_range_and_refuses_overflow() {
+    fn to_f16_is_exact_in_range_and_refuses_overflow() {
         let name = "model.layers.3.self_attn.k_proj.weight";
         // Every BF16 value with |w| in [2^-14, 65504] is exact in FP16.
         let normal: Vec<bf16> = (0..=u16::MAX)
@@ -552,7 +617,7 @@ mod tests {
                 (2f32.powi(-14)..=65504.0).contains(&a)
             })
             .collect();
-        let h = qkv_to_f16(&normal, name).unwrap();
+        let h = to_f16(&normal, name).unwrap();
         assert!(h.iter().zip(&normal).all(|(h, b)| h.to_f32() == b.to_f32()));
         // Below 2^-14: subnormal FP16, rounded to 2^-24 steps.
         let tiny = [
@@ -560,7 +625,7 @@ mod tests {
             bf16::from_f32(3e-8),
             bf16::ZERO,
         ];
-        let h = qkv_to_f16(&tiny, name).unwrap();
+        let h = to_f16(&tiny, name).unwrap();
         assert_eq!(h[0].to_f32(), 2f32.powi(-20));
         assert!(!h[0].is_normal() && h[0] != f16::ZERO, "subnormal");
         assert_eq!(
@@ -571,7 +636,7 @@ mod tests {
         assert_eq!(h[2], f16::ZERO);
         // Past FP16's range: refused with the tensor and the value.
         for bad in [65536.0f32, -1e5, f32::INFINITY, f32::NAN] {
-            let e = qkv_to_f16(&[bf16::ONE, bf16::from_f32(bad)], name)
+            let e = to_f16(&[bf16::ONE, bf16::from_f32(bad)], name)
                 .unwrap_err()
                 .to_string();
             assert!(

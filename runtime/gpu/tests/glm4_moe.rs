@@ -10,6 +10,10 @@
 //! own router near-ties, measured on the choice scores, then every
 //! position must be within 1% of the largest logit).
 //!
+//! Its MLP block runs in FP16 (`MlpSpec::activations`): the post-attention
+//! norm's output, the router, dense and shared-expert weights, the routed
+//! experts' f16 GEMVs and dequantized weights, gate/up and SwiGLU.
+//!
 //! Every planted bug that applies (`Fault::applicable`: RoPE sign on the
 //! rotated part, swapped GQA heads, a dropped expert, the selection bias
 //! ignored, the shared expert skipped) must fail the criterion. HCS decode
@@ -45,6 +49,10 @@ fn model(qk_norm: bool) -> PathBuf {
     assert!(g.num_moe_layers() < g.num_layers, "a dense first layer");
     assert_eq!(g.attention.qk_norm, qk_norm);
     assert_eq!(g.head_dim, 64);
+    // The FP16 MLP block (and the reference's emulation of it), BF16
+    // attention.
+    assert_eq!(g.mlp.activations, krasis_model::arch::ActFormat::F16);
+    assert_eq!(g.attention.activations, krasis_model::arch::ActFormat::Bf16);
     dir
 }
 

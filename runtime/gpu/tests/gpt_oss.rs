@@ -43,7 +43,7 @@ fn model() -> PathBuf {
     )));
     assert_eq!(g.head_dim, 64);
     // The FP16 attention path (and the reference's emulation of it).
-    assert_eq!(g.attention.activations, krasis_model::arch::AttnFormat::F16);
+    assert_eq!(g.attention.activations, krasis_model::arch::ActFormat::F16);
     dir
 }
 

@@ -114,18 +114,28 @@ fn fmt(on: bool) -> Format {
     if on { Format::Bf16 } else { Format::F32 }
 }
 
+/// The MLP block's rounding points (input, weights, gate/up, SwiGLU
+/// product, dequantized experts) in `f`.
+fn mlp_block(r: &mut Rounding, f: Format) {
+    (r.mlp_in, r.mlp_weights, r.gate_up, r.act, r.expert_weights) = (f, f, f, f, f);
+}
+
 /// The variants: name and rounding points. "engine" is the CUDA engine's
 /// rounding for this model (`Rounding::engine`: FP16 attention for
-/// gpt_oss); the others start from every point in BF16 (the engine before
-/// FP16 attention) or from none.
+/// gpt_oss, an FP16 MLP block for glm4_moe); "engine with a BF16 MLP block"
+/// is it before the FP16 MLP block; the others start from every point in
+/// BF16 (the engine before FP16 attention) or from none.
 fn variants(g: &krasis_model::Geometry) -> Vec<(String, Rounding)> {
     let all = Rounding::all_bf16();
     let none = Rounding::none();
+    let mut bf16_mlp = Rounding::engine(g);
+    mlp_block(&mut bf16_mlp, Format::Bf16);
     let mut v = vec![
         (
             "engine (as built for this model)".to_string(),
-            Rounding::engine(&g.attention),
+            Rounding::engine(g),
         ),
+        ("engine with a BF16 MLP block".to_string(), bf16_mlp),
         ("all points BF16".to_string(), all),
     ];
     type Set = fn(&mut Rounding, bool);
@@ -136,12 +146,12 @@ fn variants(g: &krasis_model::Geometry) -> Vec<(String, Rounding)> {
         ("v", |r, b| r.v = fmt(b)),
         ("p", |r, b| r.p = fmt(b)),
         ("attn_out", |r, b| r.attn_out = b),
-        ("mlp_in", |r, b| r.mlp_in = b),
-        ("gate_up", |r, b| r.gate_up = b),
-        ("act", |r, b| r.act = b),
+        ("mlp_in", |r, b| r.mlp_in = fmt(b)),
+        ("gate_up", |r, b| r.gate_up = fmt(b)),
+        ("act", |r, b| r.act = fmt(b)),
         ("final_norm", |r, b| r.final_norm = b),
         ("expert_w+norm_f32", |r, b| {
-            r.expert_weights = b;
+            r.expert_weights = fmt(b);
             r.norm_f32 = b
         }),
     ];
@@ -199,7 +209,7 @@ fn variants(g: &krasis_model::Geometry) -> Vec<(String, Rounding)> {
     };
     // The MoE block's rounding points off (f32).
     let moe_f32 = |r: &mut Rounding| {
-        (r.mlp_in, r.gate_up, r.act) = (false, false, false);
+        (r.mlp_in, r.gate_up, r.act) = (F32, F32, F32);
     };
     v.extend([
         fix("P FP16", &|r| r.p = F16),
@@ -229,6 +239,14 @@ fn variants(g: &krasis_model::Geometry) -> Vec<(String, Rounding)> {
             moe_f32(r)
         }),
         fix("MoE block f32 (mlp_in,gate_up,act)", &moe_f32),
+        fix(
+            "MLP block FP16 (mlp_in,weights,gate_up,act,expert_w)",
+            &|r| mlp_block(r, F16),
+        ),
+        fix("q,k,v,P FP16 + MLP block FP16", &|r| {
+            qkvp(r, F16);
+            mlp_block(r, F16)
+        }),
         fix("attention block f32", &|r| {
             qkvp(r, F32);
             r.attn_in = F32;
@@ -454,7 +472,7 @@ fn run_preset(
         for ((name, r), st) in vars.iter().zip(stats.iter_mut()) {
             e.set_activations(Activations::Bf16);
             e.set_rounding(*r);
-            let engine_variant = name.starts_with("engine");
+            let engine_variant = name.starts_with("engine (");
             e.set_capture_residuals(engine_variant);
             let (lb, tb) = e.prompt_logits_traced(&tokens).unwrap();
             let rb = e.take_residuals();
@@ -530,7 +548,7 @@ fn run_preset(
                 st.witness.extend(ratios);
             }
         }
-        e.set_rounding(Rounding::engine(&g.attention));
+        e.set_rounding(Rounding::engine(&g));
         if !is_long {
             for (_f, m) in fault_list.iter().zip(fault_measured.iter_mut()) {
                 #[cfg(feature = "fault-injection")]

@@ -66,13 +66,14 @@ fn human(c: &Capabilities) -> String {
     s += "architectures:\n";
     for a in &c.architectures {
         s += &format!(
-            "  {} ({})\n    backends: {}\n    experts: {}\n    attention: {}\n    kv: {}\n    hcs: {}\n    pruning: {}\n    multi-gpu: {}\n",
+            "  {} ({})\n    backends: {}\n    experts: {}\n    attention: {}\n    kv: {}\n    mlp: {}\n    hcs: {}\n    pruning: {}\n    multi-gpu: {}\n",
             a.model_type,
             a.display_name,
             a.backends.join(", "),
             a.expert_precisions.join(", "),
             a.attention_precisions.join(", "),
             a.kv_formats.join(", "),
+            a.mlp_precisions.join(", "),
             if a.hcs { "yes (cuda backend)" } else { "no" },
             a.pruning_modes.join(", "),
             a.multi_gpu_modes.join(", "),

@@ -180,11 +180,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .with_context(|| format!("loading {} with the cuda backend", model.display()))?;
     let cache = Arc::clone(expert_cache(&engine)?);
     let top_k = engine.geometry().top_k;
-    // The precision of the engine's attention path (the model's
-    // `AttentionSpec::activations`) is in the binding: another one can
-    // change routes.
-    let attention = engine.geometry().attention.activations.name();
-    let binding = HeatmapBinding::for_cache(&cache, top_k, attention);
+    // The precisions of the engine's attention and MLP blocks (the model's
+    // `AttentionSpec::activations`, `MlpSpec::activations`) are in the
+    // binding: others can change routes.
+    let g = engine.geometry();
+    let binding = HeatmapBinding::for_cache(
+        &cache,
+        top_k,
+        g.attention.activations.name(),
+        g.mlp.activations.name(),
+    );
     let out = a
         .out
         .clone()

@@ -60,8 +60,10 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
     let config = ModelConfig::load(dir).map_err(|e| e.to_string())?;
     let ckpt = Checkpoint::open(dir).map_err(|e| e.to_string())?;
     let g = config.geometry();
-    // The CUDA engine's attention activations and KV cache format.
+    // The CUDA engine's attention activations and KV cache format, and its
+    // MLP block's format: the heatmap binding's precisions too.
     let attention = g.attention.activations.name();
+    let mlp = g.mlp.activations.name();
     let routed = g.routed_expert_params();
     let total = g.total_params();
     let active = total - routed + (g.num_moe_layers() * g.top_k) as u64 * g.expert_params() as u64;
@@ -105,7 +107,10 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
                     (true, Some(l)) => format!("expert cache ({})", l.format),
                     (true, None) => "no expert cache format fits this model".into(),
                 },
-                compute: "bf16".into(),
+                compute: match (attention, mlp) {
+                    ("bf16", "bf16") => "bf16".into(),
+                    (a, m) => format!("attention {a}, MLP {m}"),
+                },
                 kv: attention.into(),
             },
             Backend::Reference => BackendFormat {
@@ -127,7 +132,7 @@ fn facts(dir: &Path, cache_root: Option<&Path>) -> Result<ModelFacts, String> {
             },
         })
         .collect();
-    let (cache, heatmap) = cache_and_heatmap(dir, cache_root, g.top_k, attention);
+    let (cache, heatmap) = cache_and_heatmap(dir, cache_root, g.top_k, (attention, mlp));
     Ok(ModelFacts {
         path: dir.to_path_buf(),
         model_type: config.model_type().to_string(),
@@ -175,7 +180,7 @@ fn cache_and_heatmap(
     dir: &Path,
     cache_root: Option<&Path>,
     top_k: usize,
-    attention: &str,
+    (attention, mlp): (&str, &str),
 ) -> (CacheState, HeatmapState) {
     let unavailable = |e: CacheError| {
         let reason = e.to_string();
@@ -225,11 +230,12 @@ fn cache_and_heatmap(
             }
         };
     let hpath = krasis_cache::default_heatmap_path(&path);
-    // The engine binds heatmaps to its attention precision (`setup::prior`).
+    // The engine binds heatmaps to its attention and MLP precisions
+    // (`setup::prior`).
     let heatmap = if !hpath.exists() {
         HeatmapState::Missing { path: hpath }
     } else {
-        match krasis_cache::Heatmap::load_for_cache(&hpath, &cache, top_k, attention) {
+        match krasis_cache::Heatmap::load_for_cache(&hpath, &cache, top_k, attention, mlp) {
             Ok(h) => HeatmapState::Present {
                 tokens: h.tokens,
                 routes: h.routes(),

@@ -66,6 +66,10 @@ pub struct Args {
     /// KV cache element format (cuda backend; default: the architecture's).
     #[arg(long)]
     pub kv_format: Option<String>,
+    /// MLP block activation and weight precision (cuda backend; default:
+    /// the architecture's, e.g. fp16 for glm4_moe).
+    #[arg(long)]
+    pub mlp_precision: Option<String>,
     /// Expert pruning; "off" is exact (cuda backend; default: the
     /// architecture's).
     #[arg(long)]
@@ -93,6 +97,7 @@ impl Args {
                 .clone()
                 .unwrap_or(d.attention_precision),
             kv_format: self.kv_format.clone().unwrap_or(d.kv_format),
+            mlp_precision: self.mlp_precision.clone().unwrap_or(d.mlp_precision),
             vram_limit_bytes: self.engine.vram_limit,
             safety_margin_mib: self.engine.safety_margin_mib,
             hcs: self.engine.hcs_enabled(),
@@ -130,6 +135,7 @@ fn resolved_options(args: &Args, caps: &Capabilities) -> LaunchOptions {
                 &d.attention_precision,
             ),
             (&args.kv_format, &mut o.kv_format, &d.kv_format),
+            (&args.mlp_precision, &mut o.mlp_precision, &d.mlp_precision),
             (&args.pruning, &mut o.pruning, &d.pruning),
         ] {
             if given.is_none() {
@@ -210,6 +216,7 @@ fn check_backend_flags(o: &LaunchOptions, arch: &LaunchOptions) -> anyhow::Resul
             o.attention_precision != arch.attention_precision,
         ),
         ("--kv-format", o.kv_format != arch.kv_format),
+        ("--mlp-precision", o.mlp_precision != arch.mlp_precision),
         (
             "--safety-margin-mib",
             o.safety_margin_mib != d.safety_margin_mib,
@@ -582,6 +589,7 @@ mod tests {
             check_options(&parse(argv.clone()).launch_options(), &caps).unwrap();
             for (flag, value, option, implemented) in [
                 ("--kv-format", "fp8", "kv_format", "bf16"),
+                ("--mlp-precision", "fp8", "mlp_precision", "bf16"),
                 ("--expert-precision", "int8", "expert_precision", "int4"),
                 (
                     "--attention-precision",

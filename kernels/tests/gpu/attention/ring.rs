@@ -144,7 +144,7 @@ fn attention_ring_matches_reference() {
 }
 
 /// The FP16 ring entry points (`_f16`) on the same runs: the path gpt-oss
-/// takes (`AttnFormat::F16`).
+/// takes (`ActFormat::F16`).
 #[test]
 fn attention_ring_f16_matches_reference() {
     ring_matches_reference::<f16>("attention_ring_f16_matches_reference");

@@ -11,6 +11,7 @@ mod tabs_and_help;
 
 use super::app::{App, RunStatus, Screen};
 use super::event::{Action, Event};
+use super::fields::Field;
 use super::screens;
 use crate::probe::fake::FakeProbe;
 use crate::runtime::tests::fake_caps;
@@ -21,6 +22,11 @@ use krasis_common::status::{HcsStats, VramStats};
 use krasis_common::{Backend, EngineStats, ProgressEvent};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
+
+/// Selects field `f` of the options form.
+fn at(a: &mut App, f: Field) {
+    a.field_idx = super::fields::FIELDS.iter().position(|x| *x == f).unwrap();
+}
 
 fn app(gpu: bool) -> App {
     App::new(&FakeProbe { gpu }, Ok(fake_caps(gpu)))
@@ -141,12 +147,12 @@ fn options_offer_only_what_the_runtime_implements() {
     key(&mut a, KeyCode::Right);
     assert_eq!(a.opts.backend, Backend::Reference);
     // KV format: bf16 only.
-    a.field_idx = 3;
+    at(&mut a, Field::KvFormat);
     key(&mut a, KeyCode::Right);
     assert_eq!(a.opts.kv_format, "bf16");
     // HCS is offered by the architecture but refused for the reference
     // backend: the field does not change and says why.
-    a.field_idx = 7;
+    at(&mut a, Field::Hcs);
     key(&mut a, KeyCode::Right);
     assert!(!a.opts.hcs);
     assert!(
@@ -156,7 +162,7 @@ fn options_offer_only_what_the_runtime_implements() {
     );
     // Invalid options (here a context beyond the model's) do not reach the
     // summary.
-    a.field_idx = 4;
+    at(&mut a, Field::ContextLength);
     key(&mut a, KeyCode::Enter);
     typed(&mut a, "999999");
     key(&mut a, KeyCode::Enter);
@@ -187,17 +193,17 @@ fn options_offer_only_what_the_runtime_implements() {
 fn typed_fields_parse_and_report_errors() {
     let mut a = app(true);
     keys(&mut a, &[KeyCode::Enter, KeyCode::Enter]);
-    a.field_idx = 4; // context length
+    at(&mut a, Field::ContextLength);
     key(&mut a, KeyCode::Enter);
     typed(&mut a, "32768");
     key(&mut a, KeyCode::Enter);
     assert_eq!(a.opts.context_length, Some(32768));
-    a.field_idx = 5; // VRAM limit
+    at(&mut a, Field::VramLimit);
     key(&mut a, KeyCode::Enter);
     typed(&mut a, "20GiB");
     key(&mut a, KeyCode::Enter);
     assert_eq!(a.opts.vram_limit_bytes, Some(20 << 30));
-    a.field_idx = 11; // port
+    at(&mut a, Field::Port);
     key(&mut a, KeyCode::Enter);
     key(&mut a, KeyCode::Backspace);
     typed(&mut a, "x");
@@ -206,7 +212,7 @@ fn typed_fields_parse_and_report_errors() {
     assert!(a.message.as_deref().unwrap().contains("not a whole number"));
     key(&mut a, KeyCode::Esc);
     assert_eq!(a.opts.port, 8080);
-    a.field_idx = 8; // heatmap
+    at(&mut a, Field::Heatmap);
     key(&mut a, KeyCode::Enter);
     for _ in 0..4 {
         key(&mut a, KeyCode::Backspace);
@@ -215,7 +221,7 @@ fn typed_fields_parse_and_report_errors() {
     key(&mut a, KeyCode::Enter);
     assert_eq!(a.opts.heatmap, HeatmapChoice::Off);
     // Context beyond the model's maximum is caught by the shared validation.
-    a.field_idx = 4;
+    at(&mut a, Field::ContextLength);
     key(&mut a, KeyCode::Enter);
     typed(&mut a, "0");
     key(&mut a, KeyCode::Enter);
@@ -232,7 +238,7 @@ fn summary_shows_estimate_and_launches() {
     let mut a = app(true);
     keys(&mut a, &[KeyCode::Enter, KeyCode::Enter, KeyCode::Tab]);
     assert_eq!(a.screen, Screen::Summary);
-    let s = screen_text(&a, 160, 34);
+    let s = screen_text(&a, 160, 36);
     assert!(s.contains("host RAM for the INT4 expert cache"), "{s}");
     assert!(s.contains("HCS:") && s.contains("coverage"), "{s}");
     assert!(s.contains("Valid. Press Enter to launch."), "{s}");
@@ -246,12 +252,12 @@ fn summary_shows_estimate_and_launches() {
 fn summary_warns_when_it_will_not_fit() {
     let mut a = app(true);
     keys(&mut a, &[KeyCode::Enter, KeyCode::Enter]);
-    a.field_idx = 5;
+    at(&mut a, Field::VramLimit);
     key(&mut a, KeyCode::Enter);
     typed(&mut a, "1GiB");
     key(&mut a, KeyCode::Enter);
     key(&mut a, KeyCode::Tab);
-    let s = screen_text(&a, 200, 34);
+    let s = screen_text(&a, 200, 36);
     assert!(s.contains("WARNING: will not fit"), "{s}");
 }
 

@@ -2,11 +2,7 @@
 //! disabled, with the reason from the capability report, and do not change.
 
 use super::*;
-use crate::tui::fields::{FIELDS, Field};
-
-fn at(a: &mut App, f: Field) {
-    a.field_idx = FIELDS.iter().position(|x| *x == f).unwrap();
-}
+use crate::tui::fields::Field;
 
 fn options(gpu: bool) -> App {
     let mut a = app(gpu);

@@ -41,7 +41,7 @@ fn number_keys_switch_tabs_or_say_why_not() {
     assert_eq!(a.screen, Screen::Summary);
     // Invalid options keep the summary out of reach, with the reason.
     key(&mut a, KeyCode::Char('3'));
-    a.field_idx = 4;
+    at(&mut a, Field::ContextLength);
     key(&mut a, KeyCode::Enter);
     typed(&mut a, "999999");
     key(&mut a, KeyCode::Enter);
@@ -58,7 +58,7 @@ fn number_keys_switch_tabs_or_say_why_not() {
 fn number_keys_type_while_editing() {
     let mut a = app(true);
     keys(&mut a, &[KeyCode::Enter, KeyCode::Enter]);
-    a.field_idx = 4;
+    at(&mut a, Field::ContextLength);
     key(&mut a, KeyCode::Enter);
     typed(&mut a, "12345");
     assert_eq!(a.screen, Screen::Options);
@@ -140,7 +140,7 @@ fn every_screen_lists_its_keys_in_the_footer() {
         );
     }
     a.screen = Screen::Options;
-    a.field_idx = 4;
+    at(&mut a, Field::ContextLength);
     key(&mut a, KeyCode::Enter);
     let text = screen_text(&a, 120, 40);
     assert!(text.contains("Enter accept  Esc cancel"), "{text}");

@@ -15,9 +15,9 @@ pub mod presets;
 
 use super::registry::{Architecture, OptionDefaults, OptionSupport};
 use super::{
-    Activation, AttentionKind, AttentionSpec, AttnFormat, CommonShape, ExpertSpec, Geometry,
-    LayerSpec, LayerTensor, MlpKind, ModelConfig, ModelTensor, RopeScaling, RopeSpec, RouterKind,
-    RouterSpec,
+    ActFormat, Activation, AttentionKind, AttentionSpec, CommonShape, ExpertSpec, Geometry,
+    LayerSpec, LayerTensor, MlpKind, MlpSpec, ModelConfig, ModelTensor, RopeScaling, RopeSpec,
+    RouterKind, RouterSpec,
 };
 use crate::error::ModelError;
 use krasis_common::Backend;
@@ -29,7 +29,8 @@ pub const MODEL_TYPE: &str = "glm4_moe";
 
 /// The registry entry: both engines build it; the CUDA engine runs the
 /// BF16 checkpoint experts from the INT4 expert cache (as qwen3_moe), with
-/// HCS; BF16 attention and KV cache, one GPU.
+/// HCS; BF16 attention and KV cache, the MLP block in FP16
+/// (`MlpSpec::activations`), one GPU.
 pub const ARCHITECTURE: Architecture = Architecture {
     model_type: MODEL_TYPE,
     display_name: "GLM-4.5 MoE",
@@ -39,6 +40,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
         expert_precisions: &["int4"],
         attention_precisions: &["bf16"],
         kv_formats: &["bf16"],
+        mlp_precisions: &["fp16"],
         hcs: true,
         pruning_modes: &["off"],
         multi_gpu_modes: &["single"],
@@ -46,6 +48,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
             expert_precision: "int4",
             attention_precision: "bf16",
             kv_format: "bf16",
+            mlp_precision: "fp16",
             pruning: "off",
             multi_gpu: "single",
         },
@@ -249,7 +252,15 @@ impl Glm4MoeConfig {
                 qkv_bias: self.attention_bias,
                 o_bias: false,
                 sinks: false,
-                activations: AttnFormat::Bf16,
+                activations: ActFormat::Bf16,
+            },
+            // Its MLP outputs are large against the residual (routed
+            // scaling plus the shared expert): BF16 there exceeds the GPU
+            // check's bound, FP16 does not (ActFormat). The attention stays
+            // BF16 (FP16 attention alone measured 0.92 bounds, and its
+            // partial rotary has a BF16 kernel only).
+            mlp: MlpSpec {
+                activations: ActFormat::F16,
             },
             router: RouterSpec {
                 kind: RouterKind::SigmoidGroupedTopK {
@@ -368,6 +379,9 @@ mod tests {
         assert_eq!(g.shared_intermediate, Some(1408));
         assert_eq!(g.q_dim(), 12288);
         assert!(!g.attention.o_bias && g.attention.qkv_bias && !g.attention.qk_norm);
+        // The MLP block in FP16, the attention in BF16 (ActFormat).
+        assert_eq!(g.mlp.activations, ActFormat::F16);
+        assert_eq!(g.attention.activations, ActFormat::Bf16);
         let p = g.total_params() as f64 / 1e9;
         assert!((100.0..108.0).contains(&p), "{p}");
         assert_eq!(c.skipped_prefixes(), ["model.layers.46."]);

@@ -11,9 +11,9 @@
 pub mod presets;
 
 use super::{
-    Activation, AttentionKind, AttentionSpec, AttnFormat, CommonShape, ExpertSpec, ExpertStorage,
-    FusedMxfp4Names, Geometry, LayerSpec, LayerTensor, MlpKind, ModelTensor, RopeScaling, RopeSpec,
-    RouterKind, RouterSpec,
+    ActFormat, Activation, AttentionKind, AttentionSpec, CommonShape, ExpertSpec, ExpertStorage,
+    FusedMxfp4Names, Geometry, LayerSpec, LayerTensor, MlpKind, MlpSpec, ModelTensor, RopeScaling,
+    RopeSpec, RouterKind, RouterSpec,
 };
 use crate::error::ModelError;
 use serde::{Deserialize, Serialize};
@@ -219,8 +219,11 @@ impl GptOssConfig {
                 qkv_bias: true,
                 o_bias: true,
                 sinks: true,
-                // YaRN scales every score by 1.81 with no q/k norm (AttnFormat).
-                activations: AttnFormat::F16,
+                // YaRN scales every score by 1.81 with no q/k norm (ActFormat).
+                activations: ActFormat::F16,
+            },
+            mlp: MlpSpec {
+                activations: ActFormat::Bf16,
             },
             router: RouterSpec {
                 kind: RouterKind::TopKSoftmax,
@@ -304,7 +307,9 @@ mod tests {
         assert_eq!(g.layers[1].attention, AttentionKind::Full);
         assert!(g.attention.sinks && !g.attention.qk_norm);
         // YaRN's 1.81x scores without a q/k norm: the attention in FP16.
-        assert_eq!(g.attention.activations, crate::arch::AttnFormat::F16);
+        assert_eq!(g.attention.activations, crate::arch::ActFormat::F16);
+        // Its MLP block (MXFP4 experts) stays BF16.
+        assert_eq!(g.mlp.activations, crate::arch::ActFormat::Bf16);
         // gpt-oss-20b has 20.9B parameters (OpenAI's model card).
         let p = g.total_params() as f64 / 1e9;
         assert!((20.5..21.5).contains(&p), "{p}");

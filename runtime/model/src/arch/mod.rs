@@ -12,7 +12,7 @@ pub mod registry;
 pub mod tensors;
 
 pub use plan::{
-    Activation, AttentionKind, AttentionSpec, AttnFormat, ExpertSpec, LayerSpec, MlpKind,
+    ActFormat, Activation, AttentionKind, AttentionSpec, ExpertSpec, LayerSpec, MlpKind, MlpSpec,
     RopeScaling, RopeSpec, RouterKind, RouterSpec,
 };
 pub use tensors::{LayerTensor, ModelTensor};
@@ -319,6 +319,8 @@ pub struct Geometry {
     pub tie_word_embeddings: bool,
     pub rope: RopeSpec,
     pub attention: AttentionSpec,
+    /// The MLP blocks' format (every layer's, dense or MoE).
+    pub mlp: MlpSpec,
     pub router: RouterSpec,
     pub experts: ExpertSpec,
     /// The layer plan: per decoder layer its attention and MLP kind.

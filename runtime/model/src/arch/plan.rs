@@ -65,37 +65,69 @@ pub struct AttentionSpec {
     /// weight, q/k/v, the KV cache and the softmax probabilities of `P·V`.
     /// The attention output (o_proj input) stays BF16 whatever this says.
     /// Both engines read it: the CUDA engine stores in it, the CPU
-    /// reference's emulation of that engine rounds to it.
-    pub activations: AttnFormat,
+    /// reference's emulation of that engine rounds to it ([`ActFormat`]).
+    pub activations: ActFormat,
 }
 
-/// See [`AttentionSpec::activations`].
+/// A 16-bit activation format the engines store a block's activations in
+/// ([`AttentionSpec::activations`], [`MlpSpec::activations`]).
 ///
 /// BF16 is the default (the format of the checkpoints' weights). FP16 has
-/// 3 more mantissa bits and a range of ±65504: gpt_oss takes it because
-/// its YaRN attention factor scales q and k by 1.347 each with no q/k norm,
-/// so every attention score by 1.81, and BF16's rounding of the QKV input
-/// and of q/k then moves the softmax by more than the 1% logit bound of the
-/// GPU check (benchmarks/results/2026-12-01-issue13-gpt-oss-rounding.md).
-/// llama.cpp's default KV cache type is FP16 too; the cache stays 2 bytes
-/// per element.
+/// 3 more mantissa bits and a range of ±65504; both are 2 bytes, so the
+/// choice changes no buffer size. A family takes FP16 for a block where
+/// BF16's rounding there moves the logits by more than the 1% bound of the
+/// GPU check (measured with the reference's emulation,
+/// `examples/gpt_oss_rounding.rs`):
+/// - gpt_oss's attention: its YaRN attention factor scales q and k by
+///   1.347 each with no q/k norm, so every attention score by 1.81, and
+///   BF16's rounding of the QKV input and of q/k moves the softmax past
+///   the bound (benchmarks/results/2026-12-01-issue13-gpt-oss-rounding.md).
+///   llama.cpp's default KV cache type is FP16 too.
+/// - glm4_moe's MLP block: its MLP outputs are large against the residual
+///   (routed scaling 2.5 plus the shared expert: block output rms ~1.2 vs
+///   the attention's ~0.33), so BF16 rounding of the MLP inputs and
+///   intermediates grows the residual's relative error ~0.15-0.2% per
+///   layer; tiny-glm4-moe's emulation reaches 1.18 bounds with a BF16 MLP
+///   block and 0.62 with an FP16 one (benchmarks/results/
+///   2026-12-02-issue14-glm-rounding.md, -glm-fp16-mlp.md).
+///
+/// FP16 tensor cores run at BF16's rate; a value past ±65504 becomes
+/// infinite in a conversion, which the engines refuse for weights (at
+/// upload) and detect in the logits (the sampler), never as a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AttnFormat {
+pub enum ActFormat {
     #[default]
     Bf16,
     F16,
 }
 
-impl AttnFormat {
+impl ActFormat {
     /// Its name in engine options, capability reports, heatmap bindings
-    /// and model reports (`attention_precision`, `kv_format`): the
-    /// registry's entries must equal it (tested there).
+    /// and model reports (`attention_precision`, `kv_format`,
+    /// `mlp_precision`): the registry's entries must equal it (tested
+    /// there).
     pub fn name(self) -> &'static str {
         match self {
-            AttnFormat::Bf16 => "bf16",
-            AttnFormat::F16 => "fp16",
+            ActFormat::Bf16 => "bf16",
+            ActFormat::F16 => "fp16",
         }
     }
+}
+
+/// Model-wide choices of every layer's MLP block: a dense layer's MLP, a
+/// MoE layer's router input, routed experts and shared expert (which kind
+/// a layer has is [`LayerSpec::mlp`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MlpSpec {
+    /// The 16-bit format of the block's activations and weights: the
+    /// post-attention RMSNorm's output (the router's and every MLP's
+    /// input), the router, dense and shared-expert weights (converted from
+    /// the checkpoint's BF16), the routed experts' dequantized weights, the
+    /// gate/up GEMM outputs and the SwiGLU product (the down projection's
+    /// input). Router logits, accumulations and the block's output into
+    /// the residual stay f32 whatever this says. Both engines read it: the
+    /// CUDA engine stores in it, the CPU reference's emulation rounds to it.
+    pub activations: ActFormat,
 }
 
 /// Which keys a layer's queries see.

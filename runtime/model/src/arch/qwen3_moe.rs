@@ -9,9 +9,9 @@ pub mod presets;
 
 use super::registry::{Architecture, OptionDefaults, OptionSupport};
 use super::{
-    Activation, AttentionKind, AttentionSpec, AttnFormat, CommonShape, ExpertSpec, Geometry,
-    LayerSpec, LayerTensor, MlpKind, ModelConfig, ModelTensor, RopeScaling, RopeSpec, RouterKind,
-    RouterSpec,
+    ActFormat, Activation, AttentionKind, AttentionSpec, CommonShape, ExpertSpec, Geometry,
+    LayerSpec, LayerTensor, MlpKind, MlpSpec, ModelConfig, ModelTensor, RopeScaling, RopeSpec,
+    RouterKind, RouterSpec,
 };
 use crate::error::ModelError;
 use krasis_common::Backend;
@@ -33,6 +33,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
         expert_precisions: &["int4"],
         attention_precisions: &["bf16"],
         kv_formats: &["bf16"],
+        mlp_precisions: &["bf16"],
         hcs: true,
         pruning_modes: &["off"],
         multi_gpu_modes: &["single"],
@@ -40,6 +41,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
             expert_precision: "int4",
             attention_precision: "bf16",
             kv_format: "bf16",
+            mlp_precision: "bf16",
             pruning: "off",
             multi_gpu: "single",
         },
@@ -210,7 +212,10 @@ impl Qwen3MoeConfig {
                 qkv_bias: self.attention_bias,
                 o_bias: self.attention_bias,
                 sinks: false,
-                activations: AttnFormat::Bf16,
+                activations: ActFormat::Bf16,
+            },
+            mlp: MlpSpec {
+                activations: ActFormat::Bf16,
             },
             router: RouterSpec {
                 kind: RouterKind::SoftmaxTopK {
@@ -371,7 +376,8 @@ mod tests {
         let g = c.geometry();
         assert_eq!(g.num_moe_layers(), 48);
         // q/k norms keep the scores small: the attention stays BF16.
-        assert_eq!(g.attention.activations, AttnFormat::Bf16);
+        assert_eq!(g.attention.activations, ActFormat::Bf16);
+        assert_eq!(g.mlp.activations, ActFormat::Bf16);
         // Qwen3-30B-A3B has ~30.5B parameters.
         let p = g.total_params() as f64 / 1e9;
         assert!((30.0..31.0).contains(&p), "{p}");

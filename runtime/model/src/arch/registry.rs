@@ -55,10 +55,11 @@ pub const GPT_OSS: Architecture = Architecture {
     backends: &[Backend::Reference, Backend::Cuda],
     options: OptionSupport {
         expert_precisions: &["mxfp4"],
-        // AttnFormat::F16 (`AttentionSpec::activations`): the attention's
-        // activations and its KV cache are FP16.
+        // ActFormat::F16 (`AttentionSpec::activations`): the attention's
+        // activations and its KV cache are FP16; its MLP block is BF16.
         attention_precisions: &["fp16"],
         kv_formats: &["fp16"],
+        mlp_precisions: &["bf16"],
         hcs: true,
         pruning_modes: &["off"],
         multi_gpu_modes: &["single"],
@@ -66,6 +67,7 @@ pub const GPT_OSS: Architecture = Architecture {
             expert_precision: "mxfp4",
             attention_precision: "fp16",
             kv_format: "fp16",
+            mlp_precision: "bf16",
             pruning: "off",
             multi_gpu: "single",
         },
@@ -94,6 +96,8 @@ pub struct OptionSupport {
     pub expert_precisions: &'static [&'static str],
     pub attention_precisions: &'static [&'static str],
     pub kv_formats: &'static [&'static str],
+    /// The MLP block's activation format (`MlpSpec::activations`).
+    pub mlp_precisions: &'static [&'static str],
     /// HCS (hot expert cache in VRAM); a cuda-backend feature.
     pub hcs: bool,
     pub pruning_modes: &'static [&'static str],
@@ -105,6 +109,7 @@ pub struct OptionDefaults {
     pub expert_precision: &'static str,
     pub attention_precision: &'static str,
     pub kv_format: &'static str,
+    pub mlp_precision: &'static str,
     pub pruning: &'static str,
     pub multi_gpu: &'static str,
 }
@@ -129,6 +134,7 @@ impl Architecture {
             expert_precisions: v(o.expert_precisions),
             attention_precisions: v(o.attention_precisions),
             kv_formats: v(o.kv_formats),
+            mlp_precisions: v(o.mlp_precisions),
             hcs: o.hcs,
             pruning_modes: v(o.pruning_modes),
             multi_gpu_modes: v(o.multi_gpu_modes),
@@ -136,6 +142,7 @@ impl Architecture {
                 expert_precision: o.defaults.expert_precision.into(),
                 attention_precision: o.defaults.attention_precision.into(),
                 kv_format: o.defaults.kv_format.into(),
+                mlp_precision: o.defaults.mlp_precision.into(),
                 pruning: o.defaults.pruning.into(),
                 multi_gpu: o.defaults.multi_gpu.into(),
             },
@@ -213,6 +220,7 @@ mod tests {
                 (d.expert_precision, o.expert_precisions),
                 (d.attention_precision, o.attention_precisions),
                 (d.kv_format, o.kv_formats),
+                (d.mlp_precision, o.mlp_precisions),
                 (d.pruning, o.pruning_modes),
                 (d.multi_gpu, o.multi_gpu_modes),
             ] {
@@ -230,11 +238,12 @@ mod tests {
         assert!(preset("nope").is_none());
     }
 
-    /// The attention precision and KV format an architecture offers are
-    /// the one its description builds (`AttentionSpec::activations`), for
-    /// every preset.
+    /// The attention precision, KV format and MLP precision an
+    /// architecture offers are the ones its description builds
+    /// (`AttentionSpec::activations`, `MlpSpec::activations`), for every
+    /// preset.
     #[test]
-    fn attention_options_are_the_descriptions_format() {
+    fn precision_options_are_the_descriptions_formats() {
         for a in ARCHITECTURES {
             let o = &a.options;
             for p in a.presets {
@@ -247,6 +256,9 @@ mod tests {
                 assert_eq!(o.kv_formats, [name], "{}", p.name);
                 assert_eq!(o.defaults.attention_precision, name, "{}", p.name);
                 assert_eq!(o.defaults.kv_format, name, "{}", p.name);
+                let mlp = g.mlp.activations.name();
+                assert_eq!(o.mlp_precisions, [mlp], "{}", p.name);
+                assert_eq!(o.defaults.mlp_precision, mlp, "{}", p.name);
             }
         }
     }

@@ -14,6 +14,7 @@ use crate::layers::mlp::{SwigluWeights, activate, swiglu};
 use crate::layers::norm::rms_norm_rows;
 use crate::layers::router::{decision_gap, route_selected, route_with};
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 impl ReferenceEngine {
     /// Runs `tokens` at positions `start..start + n` through every layer,
@@ -115,9 +116,24 @@ impl ReferenceEngine {
         }
     }
 
+    /// A router, dense-MLP or shared-expert weight as the engine stores it
+    /// ([`super::Rounding::mlp_weights`]): converted to FP16 where the
+    /// model's MLP block is FP16 (a copy only where that changes a value:
+    /// those below FP16's normal range), else as loaded.
+    pub(super) fn mlp_weight<'w>(&self, w: &'w [f32]) -> Cow<'w, [f32]> {
+        let f = self.rounding.mlp_weights;
+        if self.activations == Activations::F32
+            || f != super::Format::F16
+            || w.iter().all(|&x| f.round(x) == x)
+        {
+            return Cow::Borrowed(w);
+        }
+        Cow::Owned(w.iter().map(|&x| f.round(x)).collect())
+    }
+
     /// SwiGLU of a dense MLP or routed expert. In BF16 mode the gate/up
-    /// GEMM outputs and the activation product are rounded, as the CUDA
-    /// prefill path stores them; biases (gpt_oss experts) are added in f32
+    /// GEMM outputs and the activation product are rounded to the MLP
+    /// block's format, as the CUDA prefill path stores them; biases (gpt_oss experts) are added in f32
     /// after that rounding and before the activation, and the down bias to
     /// the f32 down output (`bias_act_rows_bf16`, `ExpertFfn::down_bias`).
     fn swiglu(&self, w: SwigluWeights<'_>, x: &[f32]) -> Vec<f32> {
@@ -129,8 +145,8 @@ impl ReferenceEngine {
         let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
         matmul(w.gate, i, h, x, &mut g);
         matmul(w.up, i, h, x, &mut u);
-        self.round_if(self.rounding.gate_up, &mut g);
-        self.round_if(self.rounding.gate_up, &mut u);
+        self.round_as(self.rounding.gate_up, &mut g);
+        self.round_as(self.rounding.gate_up, &mut u);
         if let Some(b) = w.bias {
             add_bias_rows(&mut g, &b.gate);
             add_bias_rows(&mut u, &b.up);
@@ -138,7 +154,7 @@ impl ReferenceEngine {
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = activate(w.activation, *gv, *uv);
         }
-        self.round_if(self.rounding.act, &mut g);
+        self.round_as(self.rounding.act, &mut g);
         let mut out = vec![0f32; n * h];
         matmul(w.down, h, i, &g, &mut out);
         if let Some(b) = w.bias {
@@ -264,14 +280,14 @@ impl ReferenceEngine {
         let lw = &self.weights.layers[layer];
         let mut xn = x.to_vec();
         self.norm_rows(&mut xn, &lw.post_attention_norm, g.rms_norm_eps);
-        self.round_if(self.rounding.mlp_in, &mut xn);
+        self.round_as(self.rounding.mlp_in, &mut xn);
         let mut router_logits = None;
         let y = match &lw.mlp {
             MlpWeights::Dense { gate, up, down } => self.swiglu(
                 SwigluWeights {
-                    gate,
-                    up,
-                    down,
+                    gate: &self.mlp_weight(gate),
+                    up: &self.mlp_weight(up),
+                    down: &self.mlp_weight(down),
                     hidden: h,
                     intermediate: g.intermediate,
                     activation: crate::arch::Activation::Swiglu,
@@ -286,7 +302,7 @@ impl ReferenceEngine {
                 shared,
             } => {
                 let mut logits = vec![0f32; n * g.num_experts];
-                matmul(router, g.num_experts, h, &xn, &mut logits);
+                matmul(&self.mlp_weight(router), g.num_experts, h, &xn, &mut logits);
                 if let Some(b) = router_bias {
                     add_bias_rows(&mut logits, b);
                 }
@@ -302,9 +318,9 @@ impl ReferenceEngine {
                 if let (Some([gate, up, down]), Some(s)) = (shared, g.shared_intermediate) {
                     let sh = self.swiglu(
                         SwigluWeights {
-                            gate,
-                            up,
-                            down,
+                            gate: &self.mlp_weight(gate),
+                            up: &self.mlp_weight(up),
+                            down: &self.mlp_weight(down),
                             hidden: h,
                             intermediate: s,
                             activation: crate::arch::Activation::Swiglu,
@@ -376,15 +392,18 @@ impl ReferenceEngine {
             for &(t, _) in u {
                 xs.extend_from_slice(&xn[t * h..(t + 1) * h]);
             }
-            // The CUDA prefill path dequantizes INT4 experts to BF16 weights
-            // (`int4_dequant_bf16`: (q - 8) * s rounded once) before its
-            // GEMMs; BF16 source experts are unchanged by the rounding.
+            // The CUDA prefill path dequantizes INT4 experts to the MLP
+            // block's format (`int4_dequant_{bf16,f16}`: (q - 8) * s
+            // rounded once) before its GEMMs; BF16 source experts are
+            // unchanged by a BF16 rounding (and exact in FP16's normal
+            // range).
             let rounded;
+            let ew = self.rounding.expert_weights;
             let w: &crate::ExpertF32 =
-                if self.activations == Activations::Bf16 && self.rounding.expert_weights {
+                if self.activations == Activations::Bf16 && ew != super::Format::F32 {
                     let mut r = (*w).clone();
                     for m in [&mut r.gate, &mut r.up, &mut r.down] {
-                        self.round(m);
+                        self.round_as(ew, m);
                     }
                     rounded = r;
                     &rounded

@@ -19,7 +19,7 @@ pub use fault::Fault;
 pub use follow::{RouteFollow, kth_and_gap};
 pub use trace::Trace;
 
-use crate::arch::{AttentionSpec, AttnFormat, Geometry, ModelConfig};
+use crate::arch::{ActFormat, Geometry, ModelConfig};
 use crate::checkpoint::Checkpoint;
 use crate::engine::{
     CancelToken, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,
@@ -53,20 +53,25 @@ pub struct ReferenceOptions {
 /// [`Activations::Bf16`] is a diagnostic emulation of the CUDA engine's
 /// rounding: values are rounded to BF16 (round to nearest even) exactly where
 /// the CUDA engine stores them as BF16 in its prefill path, or to FP16 where
-/// it stores them as FP16 (the attention block's points when the model's
-/// `AttentionSpec::activations` says so, see [`Rounding::engine`]) (the RMSNorm
-/// outputs feeding the QKV, router, MLP and LM-head GEMMs; q/k/v after the
-/// projection; q/k after q/k-norm + RoPE; the attention output; the SwiGLU
-/// gate/up GEMM outputs and the SwiGLU product; the routed experts' weights,
-/// which the prefill path dequantizes from INT4 to BF16), while the residual
-/// stream, every accumulation, the router logits and the router softmax stay
-/// f32. Attention follows the tensor-core prefill kernel (`flash.rs`): an
-/// online softmax over 64-key tiles in the log2 domain whose probabilities
-/// are rounded to BF16 for the `P·V` product (the row sum keeps them f32);
-/// RMSNorms sum their squares in f32 as the kernels do. It
-/// tells whether a GPU/reference difference is what BF16 activations alone
-/// produce on that model. (The CUDA decode path of chunks of at most 8
-/// tokens keeps the expert SwiGLU product in f32; this follows prefill.)
+/// it stores them as FP16 (a block's points when the model's description
+/// says so: `AttentionSpec::activations`, `MlpSpec::activations`; see
+/// [`Rounding::engine`]) (the RMSNorm outputs feeding the QKV, router, MLP
+/// and LM-head GEMMs; q/k/v after the projection; q/k after q/k-norm +
+/// RoPE; the attention output; the SwiGLU gate/up GEMM outputs and the
+/// SwiGLU product; the routed experts' weights, which the prefill path
+/// dequantizes from INT4 to the MLP block's format; the router, dense and
+/// shared-expert weights where the engine converts them to FP16), while the
+/// residual stream, every accumulation, the router logits and the router
+/// softmax stay f32. Attention follows the tensor-core prefill kernel
+/// (`flash.rs`): an online softmax over 64-key tiles in the log2 domain
+/// whose probabilities are rounded to BF16 for the `P·V` product (the row
+/// sum keeps them f32); RMSNorms sum their squares in f32 as the kernels
+/// do. It tells whether a GPU/reference difference is what 16-bit
+/// activations alone produce on that model. It follows the prefill path:
+/// the CUDA decode path (chunks of at most 8 tokens) keeps the routed
+/// experts' gate/up outputs and SwiGLU product in f32 (its INT4/MXFP4
+/// GEMVs read the weights' own bits, so no dequantized-weight rounding
+/// either); its other points are prefill's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Activations {
     #[default]
@@ -86,11 +91,11 @@ pub enum Format {
     F32,
 }
 
-impl From<AttnFormat> for Format {
-    fn from(f: AttnFormat) -> Self {
+impl From<ActFormat> for Format {
+    fn from(f: ActFormat) -> Self {
         match f {
-            AttnFormat::Bf16 => Format::Bf16,
-            AttnFormat::F16 => Format::F16,
+            ActFormat::Bf16 => Format::Bf16,
+            ActFormat::F16 => Format::F16,
         }
     }
 }
@@ -115,7 +120,7 @@ impl Format {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rounding {
     /// The input RMSNorm's output (the QKV GEMM input; the QKV weight is
-    /// exact in either 16-bit format's normal range, see `AttnFormat`).
+    /// exact in either 16-bit format's normal range, see `ActFormat`).
     pub attn_in: Format,
     /// q after the projection (+ bias) and after q-norm + RoPE.
     pub q: Format,
@@ -128,14 +133,21 @@ pub struct Rounding {
     /// The attention output (the o_proj GEMM input).
     pub attn_out: bool,
     /// The post-attention RMSNorm's output (router and expert/MLP input).
-    pub mlp_in: bool,
+    pub mlp_in: Format,
+    /// The router, dense-MLP and shared-expert weights as the engine
+    /// stores them. A checkpoint's BF16 values are exact in BF16, so
+    /// `Bf16` (like `F32`) uses them as loaded; `F16` rounds them as the
+    /// engine's conversion does (exact in FP16's normal range, subnormal
+    /// steps of 2^-24 below 2^-14, see `krasis_gpu::weights::to_f16`).
+    pub mlp_weights: Format,
     /// The gate/up GEMM outputs of SwiGLU MLPs and experts.
-    pub gate_up: bool,
+    pub gate_up: Format,
     /// The SwiGLU activation product (the down GEMM input).
-    pub act: bool,
-    /// Routed expert weights rounded to BF16 (INT4 dequantized to BF16;
-    /// MXFP4 values are exact in BF16).
-    pub expert_weights: bool,
+    pub act: Format,
+    /// Routed expert weights as the prefill path dequantizes them (INT4
+    /// `(q - 8) * s` rounded once to this format; MXFP4 values are exact in
+    /// BF16).
+    pub expert_weights: Format,
     /// The final RMSNorm's output (the LM head input).
     pub final_norm: bool,
     /// RMSNorm sums of squares in f32 as the kernels do (else as the oracle).
@@ -143,24 +155,33 @@ pub struct Rounding {
 }
 
 impl Rounding {
-    /// The CUDA engine's rounding points for a model whose attention is
-    /// `attention`: every point, the attention block's (QKV input, q, k,
-    /// v, P) in its [`AttentionSpec::activations`] format, which is the
-    /// one place the engine reads it from too.
-    pub fn engine(attention: &AttentionSpec) -> Self {
-        let f = Format::from(attention.activations);
+    /// The CUDA engine's rounding points for a model of geometry `g`:
+    /// every point, the attention block's (QKV input, q, k, v, P) in its
+    /// [`AttentionSpec::activations`](crate::arch::AttentionSpec)
+    /// format and the MLP block's (its input, weights, gate/up, SwiGLU
+    /// product, dequantized experts) in its
+    /// [`MlpSpec::activations`](crate::arch::MlpSpec) format: the
+    /// description is the one place the engine reads them from too.
+    pub fn engine(g: &Geometry) -> Self {
+        let a = Format::from(g.attention.activations);
+        let m = Format::from(g.mlp.activations);
         Rounding {
-            attn_in: f,
-            q: f,
-            k: f,
-            v: f,
-            p: f,
+            attn_in: a,
+            q: a,
+            k: a,
+            v: a,
+            p: a,
+            mlp_in: m,
+            mlp_weights: m,
+            gate_up: m,
+            act: m,
+            expert_weights: m,
             ..Self::all_bf16()
         }
     }
 
-    /// Every point in BF16 (the CUDA engine before FP16 attention, and its
-    /// engine for BF16 models; diagnostics).
+    /// Every point in BF16 (the CUDA engine before FP16 attention and MLP
+    /// blocks, and its engine for all-BF16 models; diagnostics).
     pub fn all_bf16() -> Self {
         Rounding {
             attn_in: Format::Bf16,
@@ -169,10 +190,11 @@ impl Rounding {
             v: Format::Bf16,
             p: Format::Bf16,
             attn_out: true,
-            mlp_in: true,
-            gate_up: true,
-            act: true,
-            expert_weights: true,
+            mlp_in: Format::Bf16,
+            mlp_weights: Format::Bf16,
+            gate_up: Format::Bf16,
+            act: Format::Bf16,
+            expert_weights: Format::Bf16,
             final_norm: true,
             norm_f32: true,
         }
@@ -187,10 +209,11 @@ impl Rounding {
             v: Format::F32,
             p: Format::F32,
             attn_out: false,
-            mlp_in: false,
-            gate_up: false,
-            act: false,
-            expert_weights: false,
+            mlp_in: Format::F32,
+            mlp_weights: Format::F32,
+            gate_up: Format::F32,
+            act: Format::F32,
+            expert_weights: Format::F32,
             final_norm: false,
             norm_f32: false,
         }
@@ -333,7 +356,7 @@ impl ReferenceEngine {
         let sampleable = crate::tokenizer::sampleable_vocab(dir, g.vocab_size)?;
         Ok(ReferenceEngine {
             sampleable,
-            rounding: Rounding::engine(&g.attention),
+            rounding: Rounding::engine(&g),
             rope: Rope::with_spec(g.head_dim, g.rope, context),
             kv: KvCache::new(g.num_layers, context, g.kv_dim()),
             experts: ExpertCache::new(experts, &g),

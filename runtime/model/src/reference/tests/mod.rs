@@ -269,22 +269,26 @@ fn seeded_sampling_replays() {
 }
 
 /// The emulation's rounding is the CUDA engine's for the model: the
-/// attention block's points in the description's format (gpt_oss FP16,
-/// qwen3_moe BF16), every other point BF16; diagnostics can change it.
+/// attention block's points in the description's attention format
+/// (gpt_oss FP16, qwen3_moe and glm4_moe BF16), the MLP block's in its
+/// MLP format (glm4_moe FP16, the others BF16), every other point BF16;
+/// diagnostics can change it.
 #[test]
-fn the_emulated_rounding_follows_the_attention_format() {
-    use crate::arch::AttnFormat;
+fn the_emulated_rounding_follows_the_descriptions_formats() {
+    use crate::arch::ActFormat;
     let mut e = engine(64);
-    assert_eq!(e.geometry().attention.activations, AttnFormat::Bf16);
+    assert_eq!(e.geometry().attention.activations, ActFormat::Bf16);
+    assert_eq!(e.geometry().mlp.activations, ActFormat::Bf16);
     assert_eq!(e.rounding(), Rounding::all_bf16());
     e.set_rounding(Rounding::none());
     assert_eq!(e.rounding(), Rounding::none());
 
     let dir = crate::testutil::tiny_gpt_oss_checkpoint();
     let e = ReferenceEngine::load(&dir, ReferenceOptions::default()).unwrap();
-    assert_eq!(e.geometry().attention.activations, AttnFormat::F16);
+    assert_eq!(e.geometry().attention.activations, ActFormat::F16);
+    assert_eq!(e.geometry().mlp.activations, ActFormat::Bf16);
     let r = e.rounding();
-    assert_eq!(r, Rounding::engine(&e.geometry().attention));
+    assert_eq!(r, Rounding::engine(e.geometry()));
     assert_eq!([r.attn_in, r.q, r.k, r.v, r.p], [Format::F16; 5], "{r:?}");
     // The attention output and the MoE block stay BF16.
     assert_eq!(
@@ -298,6 +302,91 @@ fn the_emulated_rounding_follows_the_attention_format() {
         },
         Rounding::all_bf16()
     );
+
+    let dir = crate::testutil::tiny_glm4_moe_checkpoint();
+    let e = ReferenceEngine::load(&dir, ReferenceOptions::default()).unwrap();
+    assert_eq!(e.geometry().attention.activations, ActFormat::Bf16);
+    assert_eq!(e.geometry().mlp.activations, ActFormat::F16);
+    let r = e.rounding();
+    assert_eq!(r, Rounding::engine(e.geometry()));
+    assert_eq!(
+        [r.mlp_in, r.mlp_weights, r.gate_up, r.act, r.expert_weights],
+        [Format::F16; 5],
+        "{r:?}"
+    );
+    // The attention block, its output and the final norm stay BF16.
+    assert_eq!(
+        Rounding {
+            mlp_in: Format::Bf16,
+            mlp_weights: Format::Bf16,
+            gate_up: Format::Bf16,
+            act: Format::Bf16,
+            expert_weights: Format::Bf16,
+            ..r
+        },
+        Rounding::all_bf16()
+    );
+}
+
+/// The MLP block's FP16 points make the emulation closer to the f32
+/// oracle than BF16 ones (glm4_moe, each compared with the oracle running
+/// its expert choices), and its weights are converted as the engine
+/// converts them: only values below FP16's normal range move, by at most
+/// 2^-25, and nothing in f32 mode.
+#[test]
+fn fp16_mlp_rounding_is_closer_and_converts_only_subnormal_weights() {
+    let dir = crate::testutil::tiny_glm4_moe_checkpoint();
+    let mut e = ReferenceEngine::load(&dir, ReferenceOptions::default()).unwrap();
+    let toks: Vec<u32> = (0..48).map(|i| (i * 37 + 5) % 500).collect();
+    let engine = e.rounding();
+    let err = |e: &mut ReferenceEngine, r: Rounding| {
+        e.set_rounding(r);
+        e.set_activations(Activations::Bf16);
+        let (lb, tb) = e.prompt_logits_traced(&toks).unwrap();
+        e.set_activations(Activations::F32);
+        let follow = RouteFollow {
+            experts: tb.experts,
+            abs: f32::INFINITY,
+            rel: 0.0,
+            spread: 0.0,
+        };
+        let (lf, _) = e.prompt_logits_following(&toks, follow).unwrap();
+        lb.iter()
+            .flatten()
+            .zip(lf.iter().flatten())
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+    };
+    let e16 = err(&mut e, engine);
+    let e_bf = err(
+        &mut e,
+        Rounding {
+            mlp_in: Format::Bf16,
+            mlp_weights: Format::Bf16,
+            gate_up: Format::Bf16,
+            act: Format::Bf16,
+            expert_weights: Format::Bf16,
+            ..engine
+        },
+    );
+    assert!(e16 > 0.0 && e16 < e_bf, "FP16 MLP {e16} vs BF16 MLP {e_bf}");
+    // The weight conversion: exact in the normal range, subnormal below.
+    e.set_rounding(engine);
+    let normal = [0.0234375f32, -1.5, 2f32.powi(-14), 65504.0];
+    e.set_activations(Activations::Bf16);
+    assert!(matches!(
+        e.mlp_weight(&normal),
+        std::borrow::Cow::Borrowed(_)
+    ));
+    let tiny = [0.0234375f32, 3e-6];
+    let w = e.mlp_weight(&tiny);
+    assert_eq!(w[0], 0.0234375);
+    assert!(
+        w[1] != 3e-6 && (w[1] - 3e-6).abs() <= 2f32.powi(-25),
+        "{}",
+        w[1]
+    );
+    e.set_activations(Activations::F32);
+    assert!(matches!(e.mlp_weight(&tiny), std::borrow::Cow::Borrowed(_)));
 }
 
 #[test]
