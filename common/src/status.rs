@@ -147,6 +147,45 @@ pub struct EngineStats {
     pub last_decode_tok_s: f64,
     pub hcs: Option<HcsStats>,
     pub vram: Option<VramStats>,
+    /// The engine's prefix cache (absent when it has none or it is off).
+    #[serde(default)]
+    pub prefix_cache: Option<PrefixCacheStats>,
+}
+
+/// The prefix cache (`krasis_model::prefix_cache`): KV of prompt prefixes
+/// held in whole blocks and reused by later prompts that start with them.
+/// Counters are totals since the engine loaded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PrefixCacheStats {
+    /// Where the blocks are held: `vram` (CUDA engine) or `host`
+    /// (reference engine).
+    pub location: String,
+    /// Prompt tokens per block (the engine's prefill chunk).
+    pub block_tokens: u64,
+    pub capacity_blocks: u64,
+    pub capacity_bytes: u64,
+    pub blocks_held: u64,
+    pub bytes_held: u64,
+    /// Requests that looked for a cached prefix.
+    pub lookups: u64,
+    /// Lookups that reused at least one block.
+    pub hits: u64,
+    pub misses: u64,
+    /// Requests that asked not to use the cache (`cache_prompt: false`).
+    pub bypassed: u64,
+    /// Prompt tokens served from the cache instead of prefilled.
+    pub cached_tokens: u64,
+    pub blocks_stored: u64,
+    pub evictions: u64,
+    /// Times every block was dropped because the engine's settings changed.
+    pub invalidations: u64,
+    /// Time spent copying cached blocks into requests' KV, total and the
+    /// last hit's, ms.
+    pub restore_ms: f64,
+    pub last_restore_ms: f64,
+    /// Time spent copying completed prefills' blocks into the pool, ms.
+    pub store_ms: f64,
 }
 
 /// The GPU expert cache: what calibration decided, and the traffic of the

@@ -120,6 +120,7 @@ impl CudaEngine {
             stop_token_ids: Vec::new(),
             cancel: Default::default(),
             live: Default::default(),
+            cache_prompt: false,
         };
         self.generate(&req, &mut |_| ControlFlow::Continue(()))
             .map_err(|e| {

@@ -125,6 +125,7 @@ fn decode_graphs_eager_and_prefill_agree() {
             stop_token_ids: vec![],
             cancel: Default::default(),
             live: Default::default(),
+            cache_prompt: false,
         };
         gpu.generate(&req, &mut |t| {
             out.push(t);
@@ -169,6 +170,7 @@ fn decode_graphs_eager_and_prefill_agree() {
         stop_token_ids: vec![],
         cancel: Default::default(),
         live: Default::default(),
+        cache_prompt: false,
     };
     let mut a = Vec::new();
     gpu.generate(&req, &mut |t| {

@@ -115,6 +115,12 @@ pub struct GenerateRequest {
     pub cancel: CancelToken,
     /// Where the engine reports progress while it runs.
     pub live: LiveProgress,
+    /// Use the engine's prefix cache, when it has one: reuse the KV of the
+    /// longest cached prefix of the prompt and, once the prefill completed,
+    /// keep the prompt's whole blocks for later requests. `false` (the
+    /// API's `cache_prompt: false`) prefills cold and stores nothing; the
+    /// output is the same either way.
+    pub cache_prompt: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,14 +137,21 @@ pub enum FinishReason {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GenerateStats {
     pub prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache (not prefilled).
+    pub cached_tokens: usize,
     pub generated_tokens: usize,
+    /// Restoring cached blocks, prefilling the rest and storing new blocks.
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
 }
 
 impl GenerateStats {
+    /// Prompt tokens prefilled (not served from the prefix cache) per second.
     pub fn prefill_tok_s(&self) -> f64 {
-        rate(self.prompt_tokens, self.prefill_seconds)
+        rate(
+            self.prompt_tokens.saturating_sub(self.cached_tokens),
+            self.prefill_seconds,
+        )
     }
     /// Decode rate over the tokens after the first (the first comes from prefill).
     pub fn decode_tok_s(&self) -> f64 {

@@ -11,6 +11,7 @@ pub mod error;
 pub mod experts;
 pub mod formats;
 pub mod layers;
+pub mod prefix_cache;
 pub mod reference;
 pub mod sampling;
 pub mod synth;

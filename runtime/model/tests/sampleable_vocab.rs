@@ -45,6 +45,7 @@ fn reference_engine_never_emits_a_padding_id() {
         stop_token_ids: vec![],
         cancel: Default::default(),
         live: Default::default(),
+        cache_prompt: false,
     };
     let mut ids = Vec::new();
     engine

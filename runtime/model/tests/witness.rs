@@ -103,6 +103,7 @@ fn tiny_prefill_64_decode_32_is_fast() {
         stop_token_ids: vec![],
         cancel: Default::default(),
         live: Default::default(),
+        cache_prompt: false,
     };
     let t = std::time::Instant::now();
     let o = e

@@ -144,6 +144,7 @@ fn generate_into(a: &Args, out: &mut dyn Write) -> anyhow::Result<GenerateOutcom
         stop_token_ids: tokenizer.eos_token_ids().to_vec(),
         cancel: Default::default(),
         live: Default::default(),
+        cache_prompt: true,
     };
     let mut decoder = tokenizer.incremental();
     let mut failure: Option<anyhow::Error> = None;
@@ -213,6 +214,7 @@ mod tests {
             stop_token_ids: tok.eos_token_ids().to_vec(),
             cancel: Default::default(),
             live: Default::default(),
+            cache_prompt: true,
         };
         let mut ids = Vec::new();
         e.generate(&req, &mut |t| {

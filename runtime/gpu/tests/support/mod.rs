@@ -97,6 +97,7 @@ pub fn greedy_request(prompt: &[u32], max: usize) -> GenerateRequest {
         stop_token_ids: vec![],
         cancel: Default::default(),
         live: Default::default(),
+        cache_prompt: false,
     }
 }
 

@@ -39,6 +39,16 @@ impl KvCache {
         self.values[layer][r].copy_from_slice(v);
     }
 
+    pub fn num_layers(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Keys and values of positions `start..start + n`.
+    pub fn rows(&self, layer: usize, start: usize, n: usize) -> (&[f32], &[f32]) {
+        let r = start * self.kv_dim..(start + n) * self.kv_dim;
+        (&self.keys[layer][r.clone()], &self.values[layer][r])
+    }
+
     /// Keys and values of positions `0..len`.
     pub fn layer(&self, layer: usize, len: usize) -> (&[f32], &[f32]) {
         let n = len * self.kv_dim;

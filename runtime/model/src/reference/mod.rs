@@ -10,6 +10,7 @@ mod flash;
 mod follow;
 mod forward;
 mod kv;
+mod prefix;
 mod trace;
 mod weights;
 
@@ -257,6 +258,12 @@ pub struct ReferenceEngine {
     trace: Option<Trace>,
     /// Set only while [`ReferenceEngine::prompt_logits_following`] runs.
     follow: Option<RouteFollow>,
+    /// KV of prompt prefixes kept for reuse ([`ReferenceEngine::set_prefix_cache`]).
+    prefix: Option<prefix::HostPrefix>,
+    /// Tests: sets this flag (a request's cancel token) once this many
+    /// prefill chunks are done, so a cancel lands mid-prefill exactly.
+    #[cfg(test)]
+    cancel_after_chunks: Option<(usize, Arc<std::sync::atomic::AtomicBool>)>,
 }
 
 impl std::fmt::Debug for ReferenceEngine {
@@ -369,6 +376,9 @@ impl ReferenceEngine {
             fault: Fault::None,
             trace: None,
             follow: None,
+            prefix: None,
+            #[cfg(test)]
+            cancel_after_chunks: None,
         })
     }
 
@@ -500,25 +510,92 @@ impl ReferenceEngine {
         Ok(self.logits(&hidden[hidden.len() - h..]))
     }
 
-    /// Runs `tokens` from position 0 in chunks of `prefill_chunk`, calling
-    /// `after(chunk start, final normed hidden states [len, H])` after each.
-    /// Before every chunk it looks at `cancel` and returns `false` (the
-    /// remaining chunks not run) once it is set; `true` when all ran.
+    /// Runs `tokens[from..]` (the KV holds positions `0..from`) in chunks
+    /// of `prefill_chunk` starting at `from`, calling `after(chunk start,
+    /// final normed hidden states [len, H])` after each. Before every chunk
+    /// it looks at `cancel` and returns `false` (the remaining chunks not
+    /// run) once it is set; `true` when all ran.
     fn prefill(
         &mut self,
         tokens: &[u32],
+        from: usize,
         cancel: &CancelToken,
         mut after: impl FnMut(&Self, usize, &[f32]),
     ) -> Result<bool, EngineError> {
         let chunk = self.prefill_chunk.max(1);
-        for (i, c) in tokens.chunks(chunk).enumerate() {
+        for (i, c) in tokens[from..].chunks(chunk).enumerate() {
             if cancel.is_cancelled() {
                 return Ok(false);
             }
-            let hidden = self.forward(c, i * chunk)?;
-            after(self, i * chunk, &hidden);
+            let start = from + i * chunk;
+            let hidden = self.forward(c, start)?;
+            after(self, start, &hidden);
+            #[cfg(test)]
+            if let Some((n, flag)) = &self.cancel_after_chunks
+                && i + 1 == *n
+            {
+                flag.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         Ok(true)
+    }
+
+    /// The prefill of [`Engine::generate`]: reuses the longest cached
+    /// prefix of `prompt` (unless `use_cache` is false or the cache is
+    /// off), prefills the rest and, once that completed and `cancel` is
+    /// still clear, stores the prompt's new whole blocks. Returns the last
+    /// position's logits and the prompt tokens served from the cache;
+    /// `None` when `cancel` stopped it (nothing is stored then).
+    fn prefill_prompt(
+        &mut self,
+        prompt: &[u32],
+        use_cache: bool,
+        cancel: &CancelToken,
+        live: &crate::engine::LiveProgress,
+    ) -> Result<Option<(Vec<f32>, usize)>, EngineError> {
+        let hit = if cancel.is_cancelled() {
+            None
+        } else {
+            self.reuse_prefix(prompt, use_cache)
+        };
+        let from = hit.as_ref().map_or(0, |h| h.tokens);
+        live.set_prefilled(from);
+        let n = prompt.len();
+        let h = self.geometry.hidden;
+        let mut logits = Vec::new();
+        let done = self.prefill(prompt, from, cancel, |e, start, hidden| {
+            let end = start + hidden.len() / h;
+            if end == n {
+                logits = e.logits(&hidden[hidden.len() - h..]);
+            }
+            // The server's stats endpoint shows "prefilling end of n".
+            live.set_prefilled(end);
+        })?;
+        // Also when it came during the last chunk: nothing after a cancel.
+        if !done || cancel.is_cancelled() {
+            return Ok(None);
+        }
+        self.store_prefix(prompt, hit.as_ref());
+        Ok(Some((logits, from)))
+    }
+
+    /// The last position's logits of `prompt` through the prefill
+    /// [`Engine::generate`] runs (with `use_cache`, served from the prefix
+    /// cache where it can, and stored into it), and the prompt tokens the
+    /// cache served. What the exactness tests compare with a cold prefill.
+    pub fn prefill_logits(
+        &mut self,
+        prompt: &[u32],
+        use_cache: bool,
+    ) -> Result<(Vec<f32>, usize), EngineError> {
+        self.check_tokens(prompt, self.kv.capacity())?;
+        let out = self.prefill_prompt(
+            prompt,
+            use_cache,
+            &CancelToken::default(),
+            &Default::default(),
+        )?;
+        Ok(out.expect("a prefill without a cancel token completes"))
     }
 }
 
@@ -575,25 +652,17 @@ impl Engine for ReferenceEngine {
         }
         let mut sampler = Sampler::new(&req.sampling);
         let t0 = Instant::now();
-        let n = req.prompt.len();
-        let h = self.geometry.hidden;
-        let mut logits = Vec::new();
-        let done = self.prefill(&req.prompt, &req.cancel, |e, start, hidden| {
-            let end = start + hidden.len() / h;
-            if end == n {
-                logits = e.logits(&hidden[hidden.len() - h..]);
-            }
-            // The server's stats endpoint shows "prefilling end of n".
-            req.live.set_prefilled(end);
-        })?;
+        let prefilled =
+            self.prefill_prompt(&req.prompt, req.cache_prompt, &req.cancel, &req.live)?;
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
-        // Also when it came during the last chunk: no token after a cancel.
-        if !done || req.cancel.is_cancelled() {
+        // No token after a cancel, also when it came during the last chunk.
+        let Some((logits, cached)) = prefilled else {
             return Ok(GenerateOutcome {
                 finish: FinishReason::Cancelled,
                 stats,
             });
-        }
+        };
+        stats.cached_tokens = cached;
         let mut token = sampler.sample(&logits[..self.sampleable]);
         let t1 = Instant::now();
         // Position the latest token would be written at when fed back.
@@ -626,10 +695,18 @@ impl Engine for ReferenceEngine {
         self.check_tokens(tokens, self.kv.capacity())?;
         let v = self.geometry.vocab_size;
         let mut rows = Vec::with_capacity(tokens.len());
-        self.prefill(tokens, &CancelToken::default(), |e, _, hidden| {
+        self.prefill(tokens, 0, &CancelToken::default(), |e, _, hidden| {
             rows.extend(e.logits(hidden).chunks_exact(v).map(<[f32]>::to_vec));
         })?;
         Ok(rows)
+    }
+
+    fn stats(&self) -> Option<krasis_common::status::EngineStats> {
+        let prefix_cache = self.prefix_cache_stats()?;
+        Some(krasis_common::status::EngineStats {
+            prefix_cache: Some(prefix_cache),
+            ..Default::default()
+        })
     }
 }
 

@@ -224,6 +224,7 @@ fn reference_engine_loads_and_generates() {
         stop_token_ids: vec![],
         cancel: Default::default(),
         live: Default::default(),
+        cache_prompt: false,
     };
     let mut out = Vec::new();
     crate::engine::Engine::generate(&mut e, &req, &mut |t| {

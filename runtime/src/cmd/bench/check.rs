@@ -59,6 +59,7 @@ fn greedy(e: &mut dyn Engine, prompt: &[u32], n: usize) -> anyhow::Result<Vec<u3
         stop_token_ids: Vec::new(),
         cancel: Default::default(),
         live: Default::default(),
+        cache_prompt: false,
     };
     let mut out = Vec::new();
     e.generate(&req, &mut |t| {

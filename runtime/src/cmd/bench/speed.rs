@@ -119,6 +119,7 @@ pub(super) fn greedy(
         stop_token_ids: Vec::new(),
         cancel: Default::default(),
         live: Default::default(),
+        cache_prompt: false,
     };
     let out = engine
         .generate(&req, &mut |_| ControlFlow::Continue(()))

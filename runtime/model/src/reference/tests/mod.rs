@@ -59,6 +59,7 @@ fn request(prompt: &[u32], max: usize) -> GenerateRequest {
         stop_token_ids: vec![],
         cancel: Default::default(),
         live: Default::default(),
+        cache_prompt: false,
     }
 }
 
@@ -505,6 +506,7 @@ fn every_fault_changes_the_logits_and_none_restores_them() {
 
 mod cancel;
 mod mxfp4_experts;
+mod prefix;
 
 /// The byte progress of loading counts exactly the total it announces.
 #[test]

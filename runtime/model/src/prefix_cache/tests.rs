@@ -1,0 +1,170 @@
+//! The index's rules on token ids alone (the engines' exactness tests are in
+//! `reference/tests/prefix.rs` and `runtime/gpu/tests/prefix_cache.rs`).
+
+use super::*;
+
+const B: usize = 4;
+
+fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
+    range.collect()
+}
+
+/// Looks up, then stores what follows, as an engine does after a prefill.
+fn serve(c: &mut PrefixCache, prompt: &[u32]) -> (Hit, Vec<StoreBlock>) {
+    let hit = c.lookup(prompt);
+    let plan = c.plan_store(prompt, &hit);
+    let blocks = plan.blocks.clone();
+    assert!(c.publish(plan));
+    (hit, blocks)
+}
+
+#[test]
+fn a_prompt_reuses_whole_blocks_and_always_leaves_a_token_to_prefill() {
+    let mut c = PrefixCache::new(B, 16, 100, "host");
+    let p = toks(0..10); // 2 whole blocks + 2 tokens
+    let (hit, stored) = serve(&mut c, &p);
+    assert_eq!(hit.tokens, 0);
+    assert_eq!(
+        stored.iter().map(|s| s.block).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    // The same prompt again: both blocks.
+    let (hit, stored) = serve(&mut c, &p);
+    assert_eq!(hit.tokens, 8);
+    assert!(stored.is_empty());
+    // A prompt of exactly 2 blocks reuses only the first: its last token
+    // must be prefilled for the logits; the second is held already.
+    let (hit, stored) = serve(&mut c, &p[..8]);
+    assert_eq!(hit.tokens, 4);
+    assert!(stored.is_empty(), "{stored:?}");
+    // A longer prompt reuses 2 and stores its third whole block.
+    let longer = toks(0..13);
+    let (hit, stored) = serve(&mut c, &longer);
+    assert_eq!(hit.tokens, 8);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].block, 2);
+    // A prompt shorter than a block neither reuses nor stores.
+    let (hit, stored) = serve(&mut c, &p[..3]);
+    assert_eq!((hit.tokens, stored.len()), (0, 0));
+    let s = c.stats();
+    assert_eq!((s.lookups, s.hits, s.misses), (5, 3, 2));
+    assert_eq!(s.cached_tokens, 8 + 4 + 8);
+    assert_eq!(
+        (s.blocks_held, s.bytes_held, s.capacity_bytes),
+        (3, 300, 1600)
+    );
+}
+
+#[test]
+fn a_block_matches_only_after_the_same_prefix() {
+    let mut c = PrefixCache::new(B, 16, 1, "host");
+    let a = toks(0..9);
+    serve(&mut c, &a);
+    // Same second block, different first block: nothing is reused, and a
+    // change inside the first block breaks the chain at the first block.
+    let mut b = a.clone();
+    b[1] = 99;
+    assert_eq!(c.lookup(&b).tokens, 0);
+    let mut d = a.clone();
+    d[5] = 99;
+    assert_eq!(c.lookup(&d).tokens, 4);
+    // Two conversations sharing a first block: both chains are held and
+    // each prompt gets its own second block.
+    serve(&mut c, &d);
+    assert_eq!(c.lookup(&a).tokens, 8);
+    assert_eq!(c.lookup(&d).tokens, 8);
+    assert_eq!(c.held(), 3);
+}
+
+#[test]
+fn eviction_takes_least_recently_used_leaves_and_spares_the_extended_chain() {
+    let mut c = PrefixCache::new(B, 3, 1, "host");
+    let a = toks(0..9); // blocks a0 a1
+    let b = toks(100..105); // block b0
+    serve(&mut c, &a);
+    serve(&mut c, &b);
+    assert_eq!(c.held(), 3);
+    // a is used again: b0 is now the least recently used leaf.
+    assert_eq!(c.lookup(&a).tokens, 8);
+    let d = toks(200..205);
+    let (_, stored) = serve(&mut c, &d);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(c.lookup(&b).tokens, 0, "b0 was evicted");
+    assert_eq!(c.lookup(&a).tokens, 8);
+    // Extending a by two blocks with a full pool: only leaves outside a's
+    // chain may go (d0), so one block is stored, never a0 or a1.
+    let longer = toks(0..17);
+    let (hit, stored) = serve(&mut c, &longer);
+    assert_eq!(hit.tokens, 8);
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(c.lookup(&longer).tokens, 12);
+    assert_eq!(c.stats().evictions, 2);
+    // A parent is never evicted before its children: with a0 a1 a2 held
+    // and a new chain needing 3 slots, a2 goes first, then a1, then a0.
+    let e = toks(300..313);
+    let (_, stored) = serve(&mut c, &e);
+    assert_eq!(stored.len(), 3);
+    assert_eq!(c.lookup(&longer).tokens, 0);
+    assert_eq!(c.lookup(&e).tokens, 12);
+}
+
+#[test]
+fn nothing_is_visible_before_publish_and_an_abandoned_plan_is_reclaimed() {
+    let mut c = PrefixCache::new(B, 2, 1, "host");
+    let a = toks(0..9);
+    let hit = c.lookup(&a);
+    let plan = c.plan_store(&a, &hit);
+    assert_eq!(plan.blocks.len(), 2);
+    // Not published (a cancelled or failed request's copy): invisible...
+    assert_eq!(c.lookup(&a).tokens, 0);
+    // ...and the lookup reclaimed its slots, so the stale plan cannot
+    // publish and the slots serve the next store.
+    assert!(!c.publish(plan));
+    let (_, stored) = serve(&mut c, &a);
+    assert_eq!(stored.len(), 2);
+    assert_eq!(c.lookup(&a).tokens, 8);
+    assert_eq!(c.stats().evictions, 0);
+}
+
+#[test]
+fn a_changed_binding_drops_everything() {
+    let mut c = PrefixCache::new(B, 4, 1, "host");
+    assert!(!c.bind(1));
+    let a = toks(0..9);
+    serve(&mut c, &a);
+    assert!(!c.bind(1));
+    assert_eq!(c.lookup(&a).tokens, 8);
+    let hit = c.lookup(&a);
+    assert!(c.bind(2));
+    assert_eq!(c.held(), 0);
+    // A hit from before the change stores nothing.
+    assert!(c.plan_store(&a, &hit).blocks.is_empty());
+    assert_eq!(c.lookup(&a).tokens, 0);
+    assert_eq!(c.stats().invalidations, 1);
+}
+
+#[test]
+fn a_cache_without_slots_never_hits_and_never_stores() {
+    let mut c = PrefixCache::new(B, 0, 1, "host");
+    let a = toks(0..9);
+    let (hit, stored) = serve(&mut c, &a);
+    assert_eq!((hit.tokens, stored.len()), (0, 0));
+    assert_eq!(serve(&mut c, &a).0.tokens, 0);
+}
+
+/// Hash collisions cannot produce a hit: keys compare the tokens and the
+/// parent exactly (checked by planting two entries under one hash).
+#[test]
+fn a_hash_collision_is_not_a_hit() {
+    let mut c = PrefixCache::new(B, 4, 1, "host");
+    let a = toks(0..5);
+    serve(&mut c, &a);
+    let other = toks(50..55);
+    // Move a's entry under the hash of `other`'s first block.
+    let h_other = key_hash(0, &other[..B]);
+    let slot = c.lookup(&toks(0..5)).slots[0];
+    let h_a = c.slots[slot].as_ref().unwrap().hash;
+    let v = c.by_hash.remove(&h_a).unwrap();
+    c.by_hash.insert(h_other, v);
+    assert_eq!(c.lookup(&other).tokens, 0);
+}

@@ -1,0 +1,215 @@
+//! The reference engine's prefix cache: a prompt served from cached blocks
+//! gives logits bit-identical to a cold prefill of the whole prompt (at
+//! block boundaries, with a partly matching last block, across two
+//! conversations sharing a prefix, after evictions, under a changed
+//! setting), greedy generation is unchanged, and a cancelled prefill or a
+//! bypassing request stores nothing.
+
+use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Tokens per block (the prefill chunk) in these tests.
+const B: usize = 16;
+
+fn cached_engine(pool_blocks: usize) -> ReferenceEngine {
+    let mut e = engine(512);
+    e.set_prefill_chunk(B);
+    let g = e.geometry().clone();
+    let block_bytes = (g.num_layers * 2 * B * g.kv_dim() * 4) as u64;
+    e.set_prefix_cache(pool_blocks as u64 * block_bytes);
+    assert_eq!(
+        e.prefix_cache_stats().unwrap().capacity_blocks,
+        pool_blocks as u64
+    );
+    e
+}
+
+/// `n` tokens of a sequence seeded by `seed`.
+fn text(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(131) + seed * 977 + 7) % 512)
+        .collect()
+}
+
+fn cold_last(prompt: &[u32]) -> Vec<f32> {
+    let mut cold = engine(512);
+    cold.prompt_logits(prompt).unwrap().pop().unwrap()
+}
+
+/// `prompt` through the cached path: (last logits, cached tokens), checked
+/// bit for bit against a cold prefill of the whole prompt.
+fn served(e: &mut ReferenceEngine, prompt: &[u32], want_cached: usize) {
+    let (logits, cached) = e.prefill_logits(prompt, true).unwrap();
+    assert_eq!(
+        cached,
+        want_cached,
+        "cached tokens of a {}-token prompt",
+        prompt.len()
+    );
+    let cold = cold_last(prompt);
+    assert!(
+        logits
+            .iter()
+            .map(|v| v.to_bits())
+            .eq(cold.iter().map(|v| v.to_bits())),
+        "{}-token prompt with {cached} cached tokens differs from a cold prefill",
+        prompt.len()
+    );
+}
+
+#[test]
+fn hits_at_block_boundaries_and_partial_blocks_are_bit_identical_to_cold() {
+    let mut e = cached_engine(64);
+    let p = text(70, 1); // 4 whole blocks + 6 tokens
+    served(&mut e, &p, 0);
+    served(&mut e, &p, 64);
+    // Exactly 4 blocks: the last is recomputed for the logits.
+    served(&mut e, &p[..64], 48);
+    // One token past a block boundary.
+    served(&mut e, &p[..49], 48);
+    // A prompt that matches 2.5 blocks then differs: 2 blocks reused.
+    let mut q = p[..40].to_vec();
+    q.extend(text(30, 2));
+    served(&mut e, &q, 32);
+    // The conversation goes on: the earlier prompt plus a reply and a new
+    // message reuses all 4 of its blocks.
+    let mut next = p.clone();
+    next.extend(text(50, 3));
+    served(&mut e, &next, 64);
+    served(&mut e, &next, 112);
+}
+
+#[test]
+fn two_conversations_sharing_a_system_prompt_each_reuse_it() {
+    let mut e = cached_engine(64);
+    let system = text(40, 4);
+    let conv = |seed| {
+        let mut c = system.clone();
+        c.extend(text(37, seed));
+        c
+    };
+    let (a, b) = (conv(5), conv(6));
+    served(&mut e, &a, 0);
+    // B shares the 2 whole blocks of the system prompt.
+    served(&mut e, &b, 32);
+    // Each then finds its own blocks.
+    served(&mut e, &a, 64);
+    served(&mut e, &b, 64);
+    let s = e.prefix_cache_stats().unwrap();
+    assert_eq!(s.blocks_held, 2 + 2 + 2);
+    assert_eq!((s.hits, s.misses), (3, 1));
+}
+
+#[test]
+fn after_eviction_a_miss_recomputes_the_same_logits() {
+    // Room for 3 blocks: each 4-block prompt evicts the other's blocks.
+    let mut e = cached_engine(3);
+    let (a, b) = (text(70, 7), text(70, 8));
+    served(&mut e, &a, 0);
+    served(&mut e, &b, 0);
+    assert!(e.prefix_cache_stats().unwrap().evictions >= 3);
+    served(&mut e, &a, 0);
+    served(&mut e, &a, 48);
+}
+
+#[test]
+fn greedy_generation_is_unchanged_and_reports_cached_tokens() {
+    let p = text(60, 9);
+    let mut plain = engine(512);
+    plain.set_prefill_chunk(B);
+    let (want, _) = run(&mut plain, &request(&p, 12));
+    let mut e = cached_engine(64);
+    let mut req = request(&p, 12);
+    req.cache_prompt = true;
+    for cached in [0, 48] {
+        let (got, o) = run(&mut e, &req);
+        assert_eq!(got, want);
+        assert_eq!(o.stats.cached_tokens, cached);
+    }
+    // The second turn: prompt + its reply + more; decode never stored
+    // anything (the reply's KV came from decode, not prefill).
+    let mut turn2 = p.clone();
+    turn2.extend(&want);
+    turn2.extend(text(20, 10));
+    let (want2, _) = run(&mut plain, &request(&turn2, 8));
+    req.prompt = turn2;
+    req.max_new_tokens = 8;
+    let (got2, o) = run(&mut e, &req);
+    assert_eq!(got2, want2);
+    assert_eq!(o.stats.cached_tokens, 48);
+    // Bypassing the cache: nothing reused, nothing stored.
+    let held = e.prefix_cache_stats().unwrap().blocks_held;
+    req.cache_prompt = false;
+    let (got2b, o) = run(&mut e, &req);
+    assert_eq!(got2b, want2);
+    assert_eq!(o.stats.cached_tokens, 0);
+    let s = e.prefix_cache_stats().unwrap();
+    assert_eq!((s.bypassed, s.blocks_held), (1, held));
+}
+
+#[test]
+fn a_cancelled_prefill_stores_nothing() {
+    let mut e = cached_engine(64);
+    let p = text(480, 11);
+    let flag = Arc::new(AtomicBool::new(false));
+    let mut req = request(&p, 4);
+    req.cache_prompt = true;
+    req.cancel = CancelToken::new(flag.clone());
+    // The cancel token is set once 3 of the 30 chunks are done.
+    e.cancel_after_chunks = Some((3, flag.clone()));
+    let (tokens, o) = run(&mut e, &req);
+    e.cancel_after_chunks = None;
+    assert!(flag.load(Ordering::Relaxed));
+    assert_eq!((o.finish, tokens.len()), (FinishReason::Cancelled, 0));
+    assert_eq!(req.live.prefilled(), 3 * B as u64, "cancelled mid-prefill");
+    assert_eq!(e.prefix_cache_stats().unwrap().blocks_held, 0);
+    // Cancelled during the last chunk (all 30 ran): still nothing stored.
+    flag.store(false, Ordering::Relaxed);
+    e.cancel_after_chunks = Some((30, flag.clone()));
+    let (tokens, o) = run(&mut e, &req);
+    e.cancel_after_chunks = None;
+    assert_eq!((o.finish, tokens.len()), (FinishReason::Cancelled, 0));
+    assert_eq!(req.live.prefilled(), p.len() as u64);
+    assert_eq!(e.prefix_cache_stats().unwrap().blocks_held, 0);
+    // The next request finds nothing and is exact.
+    served(&mut e, &p, 0);
+    assert_eq!(e.prefix_cache_stats().unwrap().blocks_held, 30);
+}
+
+#[test]
+fn a_changed_setting_invalidates_the_cache() {
+    let mut e = cached_engine(64);
+    let p = text(50, 12);
+    served(&mut e, &p, 0);
+    served(&mut e, &p, 48);
+    // Blocks computed in f32 are not the BF16 emulation's.
+    e.set_activations(Activations::Bf16);
+    let (logits, cached) = e.prefill_logits(&p, true).unwrap();
+    assert_eq!(cached, 0);
+    let mut cold = engine(512);
+    cold.set_activations(Activations::Bf16);
+    let want = cold.prompt_logits(&p).unwrap().pop().unwrap();
+    assert_eq!(logits, want);
+    assert_eq!(e.prefix_cache_stats().unwrap().invalidations, 1);
+    // A new chunk size starts a cache of the new block size.
+    e.set_activations(Activations::F32);
+    e.set_prefill_chunk(8);
+    let (_, cached) = e.prefill_logits(&p, true).unwrap();
+    assert_eq!(cached, 0);
+    assert_eq!(e.prefix_cache_stats().unwrap().block_tokens, 8);
+    served(&mut e, &p, 48);
+}
+
+/// The restored blocks are what the prefill reads: corrupting a held block
+/// changes the logits of the next hit (so the bit-identity above is not
+/// a recomputation in disguise).
+#[test]
+fn restored_blocks_are_read_by_the_prefill() {
+    let mut e = cached_engine(64);
+    let p = text(40, 13);
+    served(&mut e, &p, 0);
+    e.prefix.as_mut().unwrap().corrupt_for_test();
+    let (logits, cached) = e.prefill_logits(&p, true).unwrap();
+    assert_eq!(cached, 32);
+    assert_ne!(logits, cold_last(&p));
+}
