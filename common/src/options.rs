@@ -67,6 +67,55 @@ impl HeatmapChoice {
     }
 }
 
+/// How much memory the engine's prefix cache gets (the KV of prompt
+/// prefixes kept for later requests that start with them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase", tag = "mode", content = "bytes")]
+pub enum PrefixCacheChoice {
+    /// The engine's rule: the CUDA engine takes the smaller of one
+    /// context's KV and a quarter of the VRAM left after calibration's
+    /// floor (in whole blocks; none where it lacks the cache: models with
+    /// sliding-window layers); the reference engine 256 MiB of host memory.
+    #[default]
+    Auto,
+    /// No prefix cache: every prompt is prefilled in full.
+    Off,
+    /// Exactly this many bytes (whole blocks of it); refused where the
+    /// engine cannot hold it.
+    Bytes(u64),
+}
+
+impl PrefixCacheChoice {
+    /// The `--prefix-cache` value: `auto`, `off`, or an exact byte count.
+    pub fn to_arg(self) -> String {
+        match self {
+            PrefixCacheChoice::Auto => "auto".into(),
+            PrefixCacheChoice::Off => "off".into(),
+            PrefixCacheChoice::Bytes(b) => b.to_string(),
+        }
+    }
+
+    /// `auto`, `off` (or `0`), or a size (`2GiB`, `512MiB`, a byte count;
+    /// `crate::size` rules).
+    pub fn parse(s: &str) -> Result<Self, OptionError> {
+        match s.trim() {
+            "auto" => Ok(PrefixCacheChoice::Auto),
+            "off" | "0" => Ok(PrefixCacheChoice::Off),
+            t => crate::size::parse_size(t)
+                .map(|b| match b {
+                    0 => PrefixCacheChoice::Off,
+                    b => PrefixCacheChoice::Bytes(b),
+                })
+                .map_err(|e| {
+                    OptionError::new(
+                        "prefix_cache",
+                        format!("'{t}': {e}; use auto, off, or a size such as 2GiB"),
+                    )
+                }),
+        }
+    }
+}
+
 /// Everything needed to start a runtime server.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -115,6 +164,8 @@ pub struct LaunchOptions {
     pub queue_depth: u32,
     /// CUDA device ordinal.
     pub gpu: u32,
+    /// Memory for the prefix cache (reuse of prompt prefixes' KV).
+    pub prefix_cache: PrefixCacheChoice,
     /// Browser origins allowed to call the API cross-origin (CORS), each
     /// `scheme://host[:port]`, or `*` for any. Empty: loopback origins only.
     pub cors_origins: Vec<String>,
@@ -143,6 +194,7 @@ impl Default for LaunchOptions {
             cache_dir: None,
             queue_depth: 16,
             gpu: 0,
+            prefix_cache: PrefixCacheChoice::Auto,
             cors_origins: Vec::new(),
         }
     }
@@ -456,6 +508,8 @@ impl LaunchOptions {
             self.queue_depth.to_string(),
             "--gpu".into(),
             self.gpu.to_string(),
+            "--prefix-cache".into(),
+            self.prefix_cache.to_arg(),
             "--progress-json".into(),
         ];
         if let Some(p) = &self.api_key_file {
@@ -663,6 +717,46 @@ mod tests {
         assert_eq!(o.validate().unwrap_err().option, "cors_origins");
         // Nothing is allowed cross-origin unless asked for.
         assert!(LaunchOptions::default().cors_origins.is_empty());
+    }
+
+    #[test]
+    fn prefix_cache_choices_parse_and_pass() {
+        assert_eq!(
+            PrefixCacheChoice::parse("auto").unwrap(),
+            PrefixCacheChoice::Auto
+        );
+        for off in ["off", "0", "0MiB"] {
+            assert_eq!(
+                PrefixCacheChoice::parse(off).unwrap(),
+                PrefixCacheChoice::Off
+            );
+        }
+        assert_eq!(
+            PrefixCacheChoice::parse("2GiB").unwrap(),
+            PrefixCacheChoice::Bytes(2 << 30)
+        );
+        let e = PrefixCacheChoice::parse("lots").unwrap_err();
+        assert_eq!(e.option, "prefix_cache");
+        for c in [
+            PrefixCacheChoice::Auto,
+            PrefixCacheChoice::Off,
+            PrefixCacheChoice::Bytes(123 << 20),
+        ] {
+            assert_eq!(PrefixCacheChoice::parse(&c.to_arg()).unwrap(), c);
+            let o = LaunchOptions {
+                model: "/m".into(),
+                prefix_cache: c,
+                ..Default::default()
+            };
+            assert!(
+                o.to_serve_args()
+                    .windows(2)
+                    .any(|w| w[0] == "--prefix-cache" && w[1] == c.to_arg())
+            );
+            let back: LaunchOptions =
+                serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
+            assert_eq!(back, o);
+        }
     }
 
     #[test]

@@ -92,6 +92,8 @@ pub struct RequestRecord {
     pub endpoint: String,
     pub client: Option<String>,
     pub prompt_tokens: u64,
+    /// Prompt tokens served from the engine's prefix cache.
+    pub cached_tokens: u64,
     pub completion_tokens: u64,
     /// Time to first token as [`LiveRequest::ttft_ms`] defines it (None
     /// when none was produced).

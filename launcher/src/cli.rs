@@ -213,6 +213,10 @@ pub struct OptionFlags {
     /// CUDA device ordinal.
     #[arg(long)]
     pub gpu: Option<u32>,
+    /// Prefix cache memory: auto (the engine's rule), off, or a size such
+    /// as 2GiB.
+    #[arg(long, value_name = "auto|off|SIZE")]
+    pub prefix_cache: Option<String>,
 }
 
 impl OptionFlags {
@@ -299,6 +303,9 @@ impl OptionFlags {
         }
         if let Some(v) = self.gpu {
             base.gpu = v;
+        }
+        if let Some(v) = &self.prefix_cache {
+            base.prefix_cache = krasis_common::options::PrefixCacheChoice::parse(v)?;
         }
         Ok(())
     }

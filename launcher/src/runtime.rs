@@ -247,6 +247,8 @@ pub fn plan_args(opts: &LaunchOptions, device: Option<(u64, u64)>) -> Vec<String
             opts.heatmap.to_arg(),
             "--gpu".into(),
             opts.gpu.to_string(),
+            "--prefix-cache".into(),
+            opts.prefix_cache.to_arg(),
         ]);
         if let Some(v) = opts.vram_limit_bytes {
             a.push("--vram-limit".into());

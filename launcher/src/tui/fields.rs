@@ -4,7 +4,7 @@
 
 use crate::probe::GpuInfo;
 use crate::units::{fmt_bytes, format_size_exact, parse_size};
-use krasis_common::options::HeatmapChoice;
+use krasis_common::options::{HeatmapChoice, PrefixCacheChoice};
 use krasis_common::{Backend, Capabilities, LaunchOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,11 +26,12 @@ pub enum Field {
     ApiKeyFile,
     CorsOrigins,
     Gpu,
+    PrefixCache,
 }
 
-/// In form order. GPU comes last so the rows above keep their places (the
-/// tmux flow test counts them).
-pub const FIELDS: [Field; 17] = [
+/// In form order. GPU and the prefix cache come last so the rows above
+/// keep their places (the tmux flow test counts them).
+pub const FIELDS: [Field; 18] = [
     Field::Backend,
     Field::ExpertPrecision,
     Field::AttentionPrecision,
@@ -48,6 +49,7 @@ pub const FIELDS: [Field; 17] = [
     Field::ApiKeyFile,
     Field::CorsOrigins,
     Field::Gpu,
+    Field::PrefixCache,
 ];
 
 /// What availability and choices are derived from: the runtime's report
@@ -79,6 +81,7 @@ impl Field {
             Field::ApiKeyFile => "API key file",
             Field::CorsOrigins => "CORS origins",
             Field::Gpu => "GPU (CUDA device)",
+            Field::PrefixCache => "Prefix cache (auto/off/size)",
         }
     }
 
@@ -136,6 +139,11 @@ impl Field {
                 }
             }
             Field::Gpu => o.gpu.to_string(),
+            Field::PrefixCache => match o.prefix_cache {
+                PrefixCacheChoice::Auto => "auto (engine's rule)".into(),
+                PrefixCacheChoice::Off => "off".into(),
+                PrefixCacheChoice::Bytes(b) => fmt_bytes(b),
+            },
         }
     }
 
@@ -154,6 +162,10 @@ impl Field {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
             Field::CorsOrigins => o.cors_origins.join(" "),
+            Field::PrefixCache => match o.prefix_cache {
+                PrefixCacheChoice::Bytes(b) => format_size_exact(b),
+                c => c.to_arg(),
+            },
             _ => self.show(o),
         }
     }
@@ -184,6 +196,10 @@ impl Field {
                 }
             }
             Field::SafetyMargin => o.safety_margin_mib = num("safety margin")?,
+            Field::PrefixCache => {
+                o.prefix_cache = PrefixCacheChoice::parse(if t.is_empty() { "auto" } else { t })
+                    .map_err(|e| e.reason)?
+            }
             Field::Heatmap => {
                 o.heatmap = HeatmapChoice::parse(if t.is_empty() { "auto" } else { t })
             }

@@ -46,6 +46,9 @@ pub struct LoadReport {
     pub load_seconds: f64,
     /// What calibration measured and decided (MoE models with HCS on).
     pub hcs: Option<crate::setup::HcsReport>,
+    /// VRAM of the prefix cache's pool (0: no cache) and its block size.
+    pub prefix_cache_bytes: u64,
+    pub prefix_block_tokens: usize,
 }
 
 /// The captured decode step.
@@ -73,6 +76,8 @@ pub struct CudaEngine {
     cache: Option<Arc<krasis_cache::ExpertCache>>,
     /// HCS traffic of the last request.
     pub(crate) last_hcs: Option<krasis_common::status::HcsStats>,
+    /// KV of prompt prefixes kept for reuse (`prefix.rs`).
+    pub(crate) prefix: Option<crate::prefix::VramPrefix>,
 }
 
 impl CudaEngine {
@@ -168,6 +173,8 @@ impl CudaEngine {
             prefill_chunk: cap,
             load_seconds: 0.0,
             hcs: None,
+            prefix_cache_bytes: 0,
+            prefix_block_tokens: cap,
         };
         let mut engine = CudaEngine {
             sampleable,
@@ -197,9 +204,21 @@ impl CudaEngine {
             min_free: None,
             cache: cache.clone(),
             last_hcs: None,
+            prefix: None,
         };
         if let (true, Some(cache)) = (opts.hcs, cache) {
+            // Allocates the prefix cache's pool between calibration and
+            // the expert placement.
             engine.setup_experts(model_dir, cache, opts, progress)?;
+        } else {
+            // Every expert (if any) is resident already: the pool takes
+            // from what is left above the safety margin.
+            let spare = engine
+                .model
+                .gpu
+                .free_in_budget()?
+                .saturating_sub(opts.safety_margin);
+            engine.setup_prefix(opts.prefix_cache, spare)?;
         }
         engine.report.load_seconds = t0.elapsed().as_secs_f64();
         tracing::info!(report = ?engine.report, device = %engine.model.gpu.info.name, "CUDA engine loaded");
@@ -341,6 +360,104 @@ impl CudaEngine {
         Ok(())
     }
 
+    /// Allocates the prefix cache's pool by [`crate::prefix::pool_bytes`]
+    /// for `spare` bytes above the floor, and says what it took.
+    pub(crate) fn setup_prefix(
+        &mut self,
+        choice: krasis_common::options::PrefixCacheChoice,
+        spare: u64,
+    ) -> Result<()> {
+        let g = &self.model.geometry;
+        let block = self.model.scratch.cap;
+        let bytes =
+            crate::prefix::pool_bytes(choice, g, block, self.report.kv_bytes as u64, spare)?;
+        if bytes == 0 {
+            let why = match (choice, crate::prefix::unsupported(g)) {
+                (krasis_common::options::PrefixCacheChoice::Off, _) => "off".to_string(),
+                (_, Some(why)) => format!("off: {why}"),
+                _ => format!(
+                    "off: a quarter of the {:.2} GiB above the floor holds no {block}-token block",
+                    spare as f64 / (1u64 << 30) as f64
+                ),
+            };
+            eprintln!("prefix cache: {why}");
+            return Ok(());
+        }
+        let pool = crate::prefix::VramPrefix::new(&self.model.gpu, g, block, bytes).map_err(|e| {
+            match e {
+                GpuError::OverLimit { .. } | GpuError::OutOfMemory { .. } => GpuError::Unsupported(
+                    format!("the prefix cache of {bytes} bytes does not fit: {e}; ask for less with --prefix-cache SIZE, or auto"),
+                ),
+                e => e,
+            }
+        })?;
+        eprintln!(
+            "prefix cache: {:.2} GiB of VRAM ({} blocks of {block} tokens, {choice:?}), taken before the expert placement (HCS gets the rest)",
+            bytes as f64 / (1u64 << 30) as f64,
+            pool.index.capacity(),
+        );
+        self.report.prefix_cache_bytes = pool.bytes();
+        self.prefix = Some(pool);
+        Ok(())
+    }
+
+    /// What the cached KV depends on besides the loaded model and the
+    /// block size (fixed at load): a planted fault.
+    #[cfg(any(test, feature = "fault-injection"))]
+    fn prefix_binding(&self) -> u64 {
+        self.model.fault as u64 + 1
+    }
+
+    #[cfg(not(any(test, feature = "fault-injection")))]
+    fn prefix_binding(&self) -> u64 {
+        0
+    }
+
+    /// Looks `prompt` up and queues the restore of the hit into the KV;
+    /// `None` when the cache is off or the request bypasses it.
+    fn reuse_prefix(
+        &mut self,
+        prompt: &[u32],
+        use_cache: bool,
+    ) -> Result<Option<krasis_model::prefix_cache::Hit>> {
+        let binding = self.prefix_binding();
+        let Some(p) = self.prefix.as_mut() else {
+            return Ok(None);
+        };
+        if !use_cache {
+            p.index.note_bypass();
+            return Ok(None);
+        }
+        p.index.bind(binding);
+        let hit = p.index.lookup(prompt);
+        p.restore(&self.model.gpu, &self.model.geometry, &self.model.kv, &hit)?;
+        Ok(Some(hit))
+    }
+
+    /// After `prompt`'s prefill completed: queues the store of its new
+    /// whole blocks.
+    fn store_prefix(
+        &mut self,
+        prompt: &[u32],
+        hit: Option<&krasis_model::prefix_cache::Hit>,
+    ) -> Result<()> {
+        match (self.prefix.as_mut(), hit) {
+            (Some(p), Some(hit)) => p.store(
+                &self.model.gpu,
+                &self.model.geometry,
+                &self.model.kv,
+                prompt,
+                hit,
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// The prefix cache's figures, when it is on.
+    pub fn prefix_cache_stats(&self) -> Option<krasis_common::status::PrefixCacheStats> {
+        self.prefix.as_ref().map(|p| p.index.stats())
+    }
+
     /// Turns decode CUDA graphs on or off (results are identical).
     pub fn set_cuda_graphs(&mut self, on: bool) {
         self.cuda_graphs = on;
@@ -378,6 +495,7 @@ impl CudaEngine {
     ) -> Result<()> {
         self.prefill_cancellable(
             tokens,
+            0,
             &CancelToken::default(),
             &LiveProgress::default(),
             after,
@@ -385,7 +503,9 @@ impl CudaEngine {
         .map(|_| ())
     }
 
-    /// [`CudaEngine::prefill`] that looks at `cancel` before every chunk
+    /// [`CudaEngine::prefill`] of `tokens[from..]` (the KV holds positions
+    /// `0..from`; `from` is a multiple of the prefill chunk, so the chunks
+    /// are those of a prefill from 0) that looks at `cancel` before every chunk
     /// (with HCS: before every chunk of every layer group) and stops once
     /// it is set: `Ok(false)`, with `after` not run for the chunks left.
     /// The engine is then as after any prefill (HCS reclaimable tier
@@ -399,19 +519,27 @@ impl CudaEngine {
     pub(crate) fn prefill_cancellable(
         &mut self,
         tokens: &[u32],
+        from: usize,
         cancel: &CancelToken,
         live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<bool> {
+        debug_assert_eq!(
+            from % self.model.scratch.cap,
+            0,
+            "resumed off a chunk boundary"
+        );
         if self.model.hcs.is_some() {
-            return self.model.prefill_streamed(tokens, cancel, live, after);
+            return self
+                .model
+                .prefill_streamed(tokens, from, cancel, live, after);
         }
         let cap = self.model.scratch.cap;
-        for (ci, chunk) in tokens.chunks(cap).enumerate() {
+        for (ci, chunk) in tokens[from..].chunks(cap).enumerate() {
             if cancel.is_cancelled() {
                 return Ok(false);
             }
-            let start = ci * cap;
+            let start = from + ci * cap;
             let m = &mut self.model;
             m.gpu
                 .stream
@@ -425,12 +553,14 @@ impl CudaEngine {
     }
 
     /// Starts a generation: clears the sampler's per-request token counts
-    /// and prefills `prompt` (non-empty), leaving the last position's logits
-    /// in `scratch.logits[0]`. `Ok(false)`: `cancel` was set before the
-    /// last chunk (no logits). `live` counts the prefilled tokens.
+    /// and prefills `prompt[from..]` (non-empty; positions `0..from` are in
+    /// the KV), leaving the last position's logits in `scratch.logits[0]`.
+    /// `Ok(false)`: `cancel` was set before the last chunk (no logits).
+    /// `live` counts the prefilled tokens.
     fn prefill_to_sample(
         &mut self,
         prompt: &[u32],
+        from: usize,
         cancel: &CancelToken,
         live: &LiveProgress,
     ) -> Result<bool> {
@@ -443,7 +573,8 @@ impl CudaEngine {
         }
         let n = prompt.len();
         let last_chunk_start = (n - 1) / self.model.scratch.cap * self.model.scratch.cap;
-        self.prefill_cancellable(prompt, cancel, live, |m, start, _| {
+        live.set_prefilled(from);
+        self.prefill_cancellable(prompt, from, cancel, live, |m, start, _| {
             if start == last_chunk_start {
                 m.lm_head(n - 1 - start, 1)?;
             }
@@ -456,6 +587,9 @@ impl CudaEngine {
     /// request's figures are its own.
     fn end_cancelled(&mut self) -> Result<()> {
         self.model.gpu.sync("cancelling a prefill")?;
+        if let Some(p) = self.prefix.as_mut() {
+            p.collect_timing()?;
+        }
         if let Some(h) = self.model.hcs.as_mut() {
             h.take_stats()?;
         }
@@ -554,8 +688,15 @@ impl CudaEngine {
                 stats,
             });
         }
-        // No token once cancelled, even when that came during the last chunk.
-        if !self.prefill_to_sample(&req.prompt, &req.cancel, &req.live)?
+        let hit = if req.cancel.is_cancelled() {
+            None
+        } else {
+            self.reuse_prefix(&req.prompt, req.cache_prompt)?
+        };
+        let from = hit.as_ref().map_or(0, |h| h.tokens);
+        // No token once cancelled, even when that came during the last
+        // chunk, and nothing stored.
+        if !self.prefill_to_sample(&req.prompt, from, &req.cancel, &req.live)?
             || req.cancel.is_cancelled()
         {
             self.end_cancelled()?;
@@ -566,6 +707,10 @@ impl CudaEngine {
             });
         }
         let mut token = self.sample(&params, 0)?;
+        stats.cached_tokens = from;
+        // After the first token (its sampling does not wait for the copies);
+        // decode writes only positions past the prompt.
+        self.store_prefix(&req.prompt, hit.as_ref())?;
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut pos = n;
@@ -594,6 +739,10 @@ impl CudaEngine {
         };
         stats.decode_seconds = t1.elapsed().as_secs_f64();
         self.collect_hcs(stats.generated_tokens)?;
+        if let Some(p) = self.prefix.as_mut() {
+            // The last token's read synchronised past the copies.
+            p.collect_timing()?;
+        }
         // The request's exact final figures (copy timings all read).
         req.live
             .publish_engine(self.engine_stats(self.last_hcs.as_ref()));
@@ -609,6 +758,20 @@ impl CudaEngine {
     /// token was chosen from (the first from prefill, the rest from
     /// decode), for bit-exactness checks between expert placements.
     pub fn greedy_logits(&mut self, prompt: &[u32], n: usize) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
+        self.greedy_logits_cached(prompt, n, false)
+            .map(|(t, l, _)| (t, l))
+    }
+
+    /// [`CudaEngine::greedy_logits`] through the prefill `generate` runs:
+    /// with `use_cache`, served from the prefix cache where it can (and
+    /// stored into it). Also returns the prompt tokens the cache served.
+    /// What the exactness tests compare with a cold prefill.
+    pub fn greedy_logits_cached(
+        &mut self,
+        prompt: &[u32],
+        n: usize,
+        use_cache: bool,
+    ) -> Result<(Vec<u32>, Vec<Vec<f32>>, usize)> {
         self.check_tokens(prompt)?;
         if n == 0 || prompt.len() + n > self.context {
             return Err(GpuError::Unsupported(format!(
@@ -619,7 +782,15 @@ impl CudaEngine {
         }
         let params = kernel_sampling(&SamplingParams::greedy())?;
         let np = prompt.len();
-        self.prefill_to_sample(prompt, &CancelToken::default(), &LiveProgress::default())?;
+        let hit = self.reuse_prefix(prompt, use_cache)?;
+        let from = hit.as_ref().map_or(0, |h| h.tokens);
+        self.prefill_to_sample(
+            prompt,
+            from,
+            &CancelToken::default(),
+            &LiveProgress::default(),
+        )?;
+        self.store_prefix(prompt, hit.as_ref())?;
         let v = self.model.geometry.vocab_size;
         let (mut toks, mut rows) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut pos = np;
@@ -637,7 +808,10 @@ impl CudaEngine {
             pos += 1;
         }
         self.collect_hcs(n)?;
-        Ok((toks, rows))
+        if let Some(p) = self.prefix.as_mut() {
+            p.collect_timing()?;
+        }
+        Ok((toks, rows, from))
     }
 
     fn run_prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {

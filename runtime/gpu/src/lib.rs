@@ -24,6 +24,7 @@ mod moe;
 pub mod monitor;
 pub mod options;
 pub mod plan;
+pub mod prefix;
 pub mod profile;
 pub mod scratch;
 pub mod setup;

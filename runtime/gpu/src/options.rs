@@ -32,6 +32,9 @@ pub struct CudaEngineOptions {
     pub safety_margin: u64,
     /// How the host backing is made page-locked.
     pub host_backing: krasis_cache::HostBacking,
+    /// VRAM for the prefix cache (`crate::prefix::pool_bytes` is the rule);
+    /// off unless asked for (`serve` asks for `Auto`).
+    pub prefix_cache: krasis_common::options::PrefixCacheChoice,
 }
 
 impl Default for CudaEngineOptions {
@@ -48,6 +51,7 @@ impl Default for CudaEngineOptions {
             heatmap: krasis_common::options::HeatmapChoice::Auto,
             safety_margin: krasis_common::plan::DEFAULT_SAFETY_MARGIN_MIB << 20,
             host_backing: krasis_cache::HostBacking::RegisterMmap,
+            prefix_cache: krasis_common::options::PrefixCacheChoice::Off,
         }
     }
 }

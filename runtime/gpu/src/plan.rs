@@ -144,7 +144,6 @@ pub fn plan_cuda(
     } else {
         0
     };
-    let fixed = used(&items);
     let margin = opts.safety_margin;
     let transient = if hcs {
         notes.push(
@@ -160,6 +159,29 @@ pub fn plan_cuda(
     } else {
         PlanItem::exact("transient (none beyond the scratch)", 0)
     };
+    // The prefix cache's pool, allocated at load before the expert
+    // placement from what is above the floor (as `setup_prefix` does).
+    if let Some(bud) = budget {
+        let floor = if hcs {
+            transient.bytes + margin
+        } else {
+            margin
+        };
+        let spare = bud.saturating_sub(used(&items)).saturating_sub(floor);
+        let kv = kv_bytes(g, context, want) as u64;
+        match crate::prefix::pool_bytes(opts.prefix_cache, g, cap, kv, spare) {
+            Ok(0) => {}
+            Ok(pool) => items.push(PlanItem::exact(
+                &format!(
+                    "prefix cache pool ({} blocks of {cap} tokens)",
+                    pool / crate::prefix::block_bytes(g, cap).max(1)
+                ),
+                pool,
+            )),
+            Err(e) => notes.push(format!("the prefix cache is refused: {e}")),
+        }
+    }
+    let fixed = used(&items);
     notes.push(
         "not counted: the CUDA context and kernel modules (taken before or outside the budget), \
          allocator slack"

@@ -111,6 +111,7 @@ impl CudaEngine {
             v.margin_bytes = h.safety_margin_bytes;
         }
         s.pinned_host_bytes = Some(self.pinned_host_bytes());
+        s.prefix_cache = self.prefix_cache_stats();
         s
     }
 

@@ -62,18 +62,20 @@ impl Model {
         groups
     }
 
-    /// Streams `tokens` through the layer groups; `Ok(false)` when
+    /// Streams `tokens[from..]` through the layer groups (positions
+    /// `0..from` are in the KV, `from` a chunk boundary); `Ok(false)` when
     /// `cancel` stopped it. `live` counts progress (see the module comment).
     pub(crate) fn prefill_streamed(
         &mut self,
         tokens: &[u32],
+        from: usize,
         cancel: &CancelToken,
         live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<bool> {
         let (cap, h) = (self.scratch.cap, self.geometry.hidden);
-        let mut span = self.prefill_span.unwrap_or(tokens.len()).max(1);
-        let mut start = 0;
+        let mut span = self.prefill_span.unwrap_or(tokens.len() - from).max(1);
+        let mut start = from;
         while start < tokens.len() {
             if cancel.is_cancelled() {
                 return Ok(false);

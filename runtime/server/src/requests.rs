@@ -51,6 +51,8 @@ impl RequestLog {
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
     pub completion_tokens: u64,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u64,
     pub ttft: Option<Duration>,
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
@@ -81,6 +83,7 @@ impl Report {
                 endpoint: info.endpoint.to_string(),
                 client: info.client.map(|c| c.to_string()),
                 prompt_tokens: info.prompt_tokens,
+                cached_tokens: outcome.cached_tokens,
                 completion_tokens: outcome.completion_tokens,
                 ttft_ms: outcome.ttft.map(ms),
                 prefill_tok_s: outcome.prefill_tok_s,
@@ -108,11 +111,12 @@ impl Drop for Report {
             .ttft_ms
             .map_or_else(|| "-".to_string(), |t| format!("{t:.0} ms"));
         tracing::info!(
-            "request {} {} from {}: {} prompt + {} completion tokens, TTFT {ttft}, prefill {:.1} tok/s, decode {:.1} tok/s, finish {}",
+            "request {} {} from {}: {} prompt ({} cached) + {} completion tokens, TTFT {ttft}, prefill {:.1} tok/s, decode {:.1} tok/s, finish {}",
             r.id,
             r.endpoint,
             r.client.as_deref().unwrap_or("unknown"),
             r.prompt_tokens,
+            r.cached_tokens,
             r.completion_tokens,
             r.prefill_tok_s,
             r.decode_tok_s,

@@ -5,7 +5,10 @@
 //! parsers all run. Like the real engines it honours the request's
 //! [`CancelToken`](krasis_model::CancelToken) between (simulated) prefill
 //! chunks and decode steps, and reports its progress through the request's
-//! [`LiveProgress`](krasis_model::LiveProgress) as they do.
+//! [`LiveProgress`](krasis_model::LiveProgress) as they do. It stands in for
+//! a prefix cache too: a request with `cache_prompt` reports as cached the
+//! tokens its prompt shares with the previous such request's (at most all
+//! but its last), as a real engine reports its hit.
 
 use krasis_common::status::{EngineStats, HcsStats, VramStats};
 use krasis_model::{
@@ -32,6 +35,8 @@ pub struct ScriptedEngine {
     chunk_delay: Duration,
     failure: Option<Failure>,
     cache_figures: bool,
+    /// The last prompt of a request with `cache_prompt`.
+    last_cached_prompt: Vec<u32>,
     /// Tokens handed to callbacks, across all requests.
     pub produced: Arc<AtomicUsize>,
     /// Prefill chunks run, across all requests.
@@ -49,6 +54,7 @@ impl ScriptedEngine {
             chunk_delay: Duration::ZERO,
             failure: None,
             cache_figures: false,
+            last_cached_prompt: Vec::new(),
             produced: Arc::new(AtomicUsize::new(0)),
             prefill_chunks: Arc::new(AtomicUsize::new(0)),
         }
@@ -140,6 +146,14 @@ impl Engine for ScriptedEngine {
             prompt_tokens: req.prompt.len(),
             ..Default::default()
         };
+        if req.cache_prompt {
+            let shared = (self.last_cached_prompt.iter())
+                .zip(&req.prompt)
+                .take_while(|(a, b)| a == b)
+                .count();
+            stats.cached_tokens = shared.min(req.prompt.len() - 1);
+            self.last_cached_prompt = req.prompt.clone();
+        }
         let mut prefilled = 0;
         for chunk in req.prompt.chunks(self.prefill_chunk) {
             if req.cancel.is_cancelled() {

@@ -423,3 +423,37 @@ async fn legacy_function_fields_are_never_silently_dropped() {
         assert_eq!(v["error"]["param"], param, "{v}");
     }
 }
+
+/// `usage.prompt_tokens_details.cached_tokens` carries the engine's prefix
+/// cache hit (chat, streaming usage chunk, the request log), and
+/// `cache_prompt: false` reaches the engine (the scripted engine then
+/// reports 0, as a real one does).
+#[tokio::test]
+async fn usage_reports_cached_tokens_and_cache_prompt_false_bypasses() {
+    let h = harness(Opts::default(), |_| "Hello.".into());
+    let app = app(&h);
+    let (status, v) = post_json(&app, "/v1/chat/completions", &user("a long question")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    // The same conversation again: all but the last prompt token.
+    let mut body = user("a long question");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (_, _, text) = send(&app, post("/v1/chat/completions", &body)).await;
+    let (events, _) = sse_events(&text);
+    let usage = &events.last().unwrap()["usage"];
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        Some(prompt - 1)
+    );
+    body["cache_prompt"] = json!(false);
+    body["stream"] = json!(false);
+    let (_, v) = post_json(&app, "/v1/chat/completions", &body).await;
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let stats = h.state.engine_stats();
+    let cached: Vec<u64> = (stats.recent_requests.iter())
+        .map(|r| r.cached_tokens)
+        .collect();
+    assert_eq!(cached, vec![0, prompt - 1, 0]);
+}

@@ -5,7 +5,7 @@
 
 use anyhow::{Context, bail};
 use krasis_common::events::EventSink;
-use krasis_common::options::Backend;
+use krasis_common::options::{Backend, PrefixCacheChoice};
 use krasis_model::Engine;
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use std::path::PathBuf;
@@ -46,7 +46,23 @@ pub struct EngineArgs {
     /// CUDA device ordinal (cuda backend); `nvidia-smi -L` lists them.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gpu: u32,
+    /// Memory for the prefix cache, which keeps the KV of prompt prefixes
+    /// for later requests that start with them: `auto` (cuda: the smaller
+    /// of one context's KV and a quarter of the VRAM above calibration's
+    /// floor, taken before HCS places experts; reference: 256 MiB of host
+    /// memory), `off`, or a size such as `2GiB` (default: auto for `serve`,
+    /// off otherwise).
+    #[arg(long, value_name = "auto|off|SIZE", value_parser = parse_prefix_cache)]
+    pub prefix_cache: Option<PrefixCacheChoice>,
+    /// Prompt tokens per prefill chunk, also the prefix cache's block:
+    /// smaller chunks reuse prompts at a finer grain at some cost in
+    /// prefill speed (default: cuda 8192, reference 512).
+    #[arg(long, value_name = "TOKENS")]
+    pub prefill_chunk: Option<usize>,
 }
+
+/// The reference engine's prefix cache under `auto`: host memory.
+pub const REFERENCE_AUTO_PREFIX_CACHE: u64 = 256 << 20;
 
 impl EngineArgs {
     /// Whether HCS is on: as asked, else on exactly for the cuda backend.
@@ -59,7 +75,10 @@ impl EngineArgs {
 
     /// The CUDA engine options these flags describe.
     pub fn cuda_options(&self) -> krasis_gpu::CudaEngineOptions {
+        let d = krasis_gpu::CudaEngineOptions::default();
         krasis_gpu::CudaEngineOptions {
+            prefix_cache: self.prefix_cache.unwrap_or(PrefixCacheChoice::Off),
+            prefill_chunk: self.prefill_chunk.unwrap_or(d.prefill_chunk),
             context_length: self.context_length,
             cache_root: self.cache_dir.clone(),
             vram_limit: self.vram_limit,
@@ -70,6 +89,10 @@ impl EngineArgs {
             ..krasis_gpu::CudaEngineOptions::default()
         }
     }
+}
+
+fn parse_prefix_cache(s: &str) -> Result<PrefixCacheChoice, String> {
+    PrefixCacheChoice::parse(s).map_err(|e| e.reason)
 }
 
 fn parse_backend(s: &str) -> Result<Backend, String> {
@@ -130,13 +153,42 @@ pub fn load_engine_reporting(
             let opts = ReferenceOptions {
                 context_length: args.context_length,
             };
-            let engine = ReferenceEngine::load_reporting(&args.model, opts, progress)
+            let mut engine = ReferenceEngine::load_reporting(&args.model, opts, progress)
                 .with_context(|| {
                     format!(
                         "loading {} with the reference backend",
                         args.model.display()
                     )
                 })?;
+            if let Some(c) = args.prefill_chunk {
+                if c == 0 {
+                    bail!("--prefill-chunk 0: a chunk holds at least one token");
+                }
+                engine.set_prefill_chunk(c);
+            }
+            let prefix = match args.prefix_cache.unwrap_or(PrefixCacheChoice::Off) {
+                PrefixCacheChoice::Off => 0,
+                PrefixCacheChoice::Auto => REFERENCE_AUTO_PREFIX_CACHE,
+                PrefixCacheChoice::Bytes(b) => b,
+            };
+            engine.set_prefix_cache(prefix);
+            if let Some(s) = engine.prefix_cache_stats() {
+                if s.capacity_blocks == 0 {
+                    let g = engine.geometry();
+                    bail!(
+                        "--prefix-cache {prefix} bytes holds no block: a block of {} tokens (the \
+                         prefill chunk) of this model's KV is {} bytes in the reference engine",
+                        s.block_tokens,
+                        g.num_layers * 2 * s.block_tokens as usize * g.kv_dim() * 4
+                    );
+                }
+                eprintln!(
+                    "prefix cache: {:.2} GiB of host memory ({} blocks of {} tokens)",
+                    s.capacity_bytes as f64 / (1u64 << 30) as f64,
+                    s.capacity_blocks,
+                    s.block_tokens
+                );
+            }
             tracing::info!(
                 model = %args.model.display(),
                 experts = %engine.expert_source(),

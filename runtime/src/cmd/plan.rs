@@ -129,6 +129,8 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
             };
             let mut opts = e.cuda_options();
             opts.context_length = Some(context);
+            // As `serve` loads it: the prefix cache is on unless turned off.
+            opts.prefix_cache = e.prefix_cache.unwrap_or_default();
             let (gpu, n) = krasis_gpu::plan::plan_cuda(&g, stride, &opts, device);
             notes.extend(n);
             let mut items = Vec::new();

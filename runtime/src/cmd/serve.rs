@@ -106,6 +106,7 @@ impl Args {
             cache_dir: self.engine.cache_dir.clone(),
             queue_depth: self.queue_depth,
             gpu: self.engine.gpu,
+            prefix_cache: self.engine.prefix_cache.unwrap_or_default(),
             cors_origins: self.cors_origins.clone(),
         }
     }
@@ -350,6 +351,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 fn start(mut args: Args) -> anyhow::Result<()> {
     args.api_key = resolve_api_key(&args, std::env::var(API_KEY_ENV).ok())?;
+    // A server keeps prompt prefixes unless told not to.
+    args.engine
+        .prefix_cache
+        .get_or_insert(krasis_common::options::PrefixCacheChoice::Auto);
     // The key is in force now; its file was read (and is checked again below
     // through the key itself).
     let caps = super::capabilities::report();

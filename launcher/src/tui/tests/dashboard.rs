@@ -13,6 +13,7 @@ fn record(id: u64, reason: &str) -> RequestRecord {
         endpoint: "/v1/chat/completions".into(),
         client: Some(format!("127.0.0.1:5123{id}")),
         prompt_tokens: 100 + id,
+        cached_tokens: 0,
         completion_tokens: 64,
         ttft_ms: Some(412.0),
         prefill_tok_s: 812.5,

@@ -111,7 +111,7 @@ pub async fn chat_completions(
         stop_token_ids: model.tokenizer.eos_token_ids().to_vec(),
         cancel: Default::default(),
         live: Default::default(),
-        cache_prompt: true,
+        cache_prompt: req.common.cache_prompt(),
     };
     // Legacy function calling has one call per message.
     let max_calls = (legacy || req.parallel_tool_calls == Some(false)).then_some(1);

@@ -75,7 +75,7 @@ pub async fn completions(
         stop_token_ids: model.tokenizer.eos_token_ids().to_vec(),
         cancel: Default::default(),
         live: Default::default(),
-        cache_prompt: true,
+        cache_prompt: req.common.cache_prompt(),
     };
     let job = submit(&model, slot, gen_req, req.common.stop_strings(), origin)?;
     let meta = ResponseMeta::new("cmpl", &state.config.model_id, req.common.include_usage());

@@ -37,6 +37,9 @@ pub struct CommonParams {
     pub repetition_penalty: Option<f64>,
     pub n: Option<i64>,
     pub logit_bias: Option<Map<String, Value>>,
+    /// llama.cpp's name: `false` bypasses the engine's prefix cache (the
+    /// prompt is prefilled cold and nothing of it is kept); default true.
+    pub cache_prompt: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -185,6 +188,11 @@ impl CommonParams {
             Some(StopField::One(s)) => vec![s.clone()],
             Some(StopField::Many(v)) => v.clone(),
         }
+    }
+
+    /// Whether the request may use the prefix cache (`cache_prompt`).
+    pub fn cache_prompt(&self) -> bool {
+        self.cache_prompt.unwrap_or(true)
     }
 
     pub fn stream(&self) -> bool {

@@ -113,11 +113,14 @@ fn finish_reason(f: Finish, tool_calls: usize, legacy: bool) -> &'static str {
     }
 }
 
+/// OpenAI's usage object; `prompt_tokens_details.cached_tokens` is what
+/// the prefix cache served (0 without a hit), the field clients read.
 fn usage(f: &Finished) -> Value {
     json!({
         "prompt_tokens": f.prompt_tokens,
         "completion_tokens": f.completion_tokens,
         "total_tokens": f.prompt_tokens + f.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
     })
 }
 

@@ -51,6 +51,8 @@ pub enum Finish {
 pub struct Finished {
     pub finish: Finish,
     pub prompt_tokens: usize,
+    /// Prompt tokens served from the engine's prefix cache.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
 }
 

@@ -141,6 +141,7 @@ fn run_job(
                 stats.completed.fetch_add(1, Ordering::Relaxed);
             }
             outcome.prefill_tok_s = gen_stats.prefill_tok_s();
+            outcome.cached_tokens = gen_stats.cached_tokens as u64;
             outcome.decode_tok_s = gen_stats.decode_tok_s();
             // The response side names the reason its client got (tool
             // calls, or a stop after enough of them); these are the
@@ -260,6 +261,7 @@ fn generate(
         Finished {
             finish,
             prompt_tokens: job.request.prompt.len(),
+            cached_tokens: outcome.stats.cached_tokens,
             completion_tokens,
         },
         outcome.stats,
