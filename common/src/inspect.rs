@@ -8,7 +8,7 @@
 //!
 //! ```json
 //! {
-//!   "protocol_version": 3,
+//!   "protocol_version": 4,
 //!   "models": [
 //!     { "status": "ok", "path": "/m/a3b", "model_type": "qwen3_moe",
 //!       "geometry": { "hidden_size": 2048, ... },

@@ -30,5 +30,7 @@ pub use status::{
 /// change so a launcher refuses a runtime it does not understand. 2: the
 /// `inspect` and `plan` reports, architectures with `display_name` and
 /// `backends`, the live `/v1/stats` fields. 3: the `mlp_precision` option
-/// (`--mlp-precision`), architectures with `mlp_precisions`.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// (`--mlp-precision`), architectures with `mlp_precisions`. 4: the
+/// `prefix_cache` option (`--prefix-cache`), `/v1/stats` `prefix_cache`
+/// and `cached_tokens` in the request log.
+pub const PROTOCOL_VERSION: u32 = 4;

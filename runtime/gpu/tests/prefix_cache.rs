@@ -114,7 +114,13 @@ fn hits_are_exact(what: &str, p: &mut Pair) {
     let s = p.cached.prefix_cache_stats().unwrap();
     eprintln!(
         "{what}: {} hits, {} cached tokens, {} blocks held ({} bytes), restore {:.3} ms total (last {:.3} ms), store {:.3} ms",
-        s.hits, s.cached_tokens, s.blocks_held, s.bytes_held, s.restore_ms, s.last_restore_ms, s.store_ms
+        s.hits,
+        s.cached_tokens,
+        s.blocks_held,
+        s.bytes_held,
+        s.restore_ms,
+        s.last_restore_ms,
+        s.store_ms
     );
     assert!(s.restore_ms > 0.0, "{what}: restores were not timed");
 }
