@@ -271,6 +271,52 @@ mod tests {
     }
 
     #[test]
+    fn prefix_cache_and_prefill_chunk_reach_both_engines() {
+        let p = |extra: &[&str]| {
+            let mut argv = vec!["x", "--model", "m"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).map(|c| c.engine)
+        };
+        let o = p(&["--prefix-cache", "2GiB", "--prefill-chunk", "2048"])
+            .unwrap()
+            .cuda_options();
+        assert_eq!(o.prefix_cache, PrefixCacheChoice::Bytes(2 << 30));
+        assert_eq!(o.prefill_chunk, 2048);
+        // Outside `serve` (which asks for auto) the cache is off.
+        let o = p(&[]).unwrap().cuda_options();
+        assert_eq!(o.prefix_cache, PrefixCacheChoice::Off);
+        assert_eq!(o.prefill_chunk, 8192);
+        assert!(p(&["--prefix-cache", "lots"]).is_err());
+        // The reference engine: its blocks are its prefill chunk, and a
+        // size that holds no block is refused, naming the block's size.
+        let model = krasis_model::testutil::tiny_checkpoint("tiny");
+        let model = model.to_str().unwrap();
+        let reference = |extra: &[&str]| {
+            let mut argv = vec!["x", "--model", model, "--backend", "reference"];
+            argv.extend_from_slice(extra);
+            load_engine(&Cli::try_parse_from(argv).unwrap().engine)
+        };
+        let e = reference(&["--prefix-cache", "1KiB"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("holds no block"), "{e}");
+        let e = reference(&["--prefill-chunk", "0"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("--prefill-chunk 0"), "{e}");
+        let s = reference(&["--prefix-cache", "auto", "--prefill-chunk", "64"])
+            .unwrap()
+            .stats()
+            .and_then(|s| s.prefix_cache)
+            .unwrap();
+        assert_eq!((s.block_tokens, s.location.as_str()), (64, "host"));
+        assert!(s.capacity_bytes <= REFERENCE_AUTO_PREFIX_CACHE && s.capacity_blocks > 0);
+        assert!(reference(&[]).unwrap().stats().is_none(), "off by default");
+    }
+
+    #[test]
     fn gpu_ordinal_reaches_the_cuda_engine_options() {
         let cli = Cli::try_parse_from(["x", "--model", "m", "--gpu", "3"]).unwrap();
         assert_eq!(cli.engine.cuda_options().device, 3);
