@@ -154,9 +154,15 @@ impl VramPrefix {
         Ok(())
     }
 
-    /// Adds the copy times of the last restore and store to the counters
-    /// (the stream must have passed them: call after a synchronisation).
+    /// Adds the copy times of the last restore and store to the counters,
+    /// waiting for the copies if the stream has not passed them yet (a
+    /// request that ends right after its first token: the store was queued
+    /// after the last synchronisation).
     pub fn collect_timing(&mut self) -> Result<()> {
+        for (_, end) in self.restore_ev.iter().chain(&self.store_ev) {
+            end.synchronize()
+                .map_err(GpuError::driver("waiting for prefix cache copies"))?;
+        }
         if let Some((a, b)) = self.restore_ev.take() {
             let ms = a
                 .elapsed_ms(&b)

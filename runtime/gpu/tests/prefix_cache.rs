@@ -209,6 +209,15 @@ fn generate_bypass_cancel_and_invalidation() {
         assert_eq!(got, want);
         assert_eq!(o.stats.cached_tokens, cached);
     }
+    // One token only: the store is queued after the last synchronisation
+    // and its timing is read at the end of the request.
+    let short = tokens(100, vocab, 11);
+    let mut one = greedy_request(&short, 1);
+    one.cache_prompt = true;
+    for cached in [0, 96] {
+        let (got, o) = generate_all(&mut p.cached, &one);
+        assert_eq!((got.len(), o.stats.cached_tokens), (1, cached));
+    }
     let held = p.cached.prefix_cache_stats().unwrap().blocks_held;
     req.cache_prompt = false;
     let (got, o) = generate_all(&mut p.cached, &req);
