@@ -40,6 +40,10 @@ pub struct ArchitectureCaps {
     /// model's description runs that block in FP16).
     pub mlp_precisions: Vec<String>,
     pub hcs: bool,
+    /// Backends with a prefix cache for this architecture (`--prefix-cache`
+    /// with a size is refused on the others; `auto` is off there).
+    #[serde(default)]
+    pub prefix_cache_backends: Vec<String>,
     pub pruning_modes: Vec<String>,
     pub multi_gpu_modes: Vec<String>,
     pub defaults: ArchitectureDefaults,
@@ -168,6 +172,18 @@ impl Capabilities {
             model_type,
         )?;
         one_of("pruning", &opts.pruning, &arch.pruning_modes, model_type)?;
+        if let crate::options::PrefixCacheChoice::Bytes(_) = opts.prefix_cache
+            && !arch.prefix_cache_backends.iter().any(|b| b == backend)
+        {
+            return Err(OptionError::new(
+                "prefix_cache",
+                format!(
+                    "the '{backend}' backend has no prefix cache for '{model_type}' in this runtime \
+                     (it has one on: {}); use auto (off there) or off",
+                    join(arch.prefix_cache_backends.iter().map(|s| s.as_str()))
+                ),
+            ));
+        }
         if opts.hcs && !arch.hcs {
             return Err(OptionError::new(
                 "hcs",
@@ -337,6 +353,39 @@ mod tests {
             c.default_options("qwen3_moe").unwrap().mlp_precision,
             "bf16"
         );
+    }
+
+    /// A prefix cache size is refused on a backend without one for the
+    /// family (gpt_oss's ring KV on the cuda backend); auto and off pass.
+    #[test]
+    fn a_prefix_cache_size_needs_the_backends_cache() {
+        use crate::options::PrefixCacheChoice;
+        let c = caps(true);
+        let at = |backend, prefix_cache| LaunchOptions {
+            model: "m".into(),
+            backend,
+            hcs: backend == Backend::Cuda,
+            expert_precision: "mxfp4".into(),
+            attention_precision: "fp16".into(),
+            kv_format: "fp16".into(),
+            prefix_cache,
+            ..Default::default()
+        };
+        let size = PrefixCacheChoice::Bytes(1 << 30);
+        let e = c
+            .check_options(&at(Backend::Cuda, size), "gpt_oss")
+            .unwrap_err();
+        assert_eq!(e.option, "prefix_cache");
+        assert!(e.reason.contains("use auto"), "{}", e.reason);
+        for ok in [PrefixCacheChoice::Auto, PrefixCacheChoice::Off] {
+            c.check_options(&at(Backend::Cuda, ok), "gpt_oss").unwrap();
+        }
+        c.check_options(&at(Backend::Reference, size), "gpt_oss")
+            .unwrap();
+        let mut o = c.default_options("qwen3_moe").unwrap();
+        o.model = "m".into();
+        o.prefix_cache = size;
+        c.check_options(&o, "qwen3_moe").unwrap();
     }
 
     #[test]

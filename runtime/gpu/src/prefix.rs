@@ -303,6 +303,28 @@ mod tests {
         assert!(e.to_string().contains("holds no block"), "{e}");
     }
 
+    /// The registry's `prefix_cache_backends` says cuda exactly for the
+    /// families whose every preset this engine's cache handles.
+    #[test]
+    fn the_registry_lists_the_cuda_cache_where_it_handles_the_layers() {
+        for a in krasis_model::arch::registry::ARCHITECTURES {
+            let listed = a
+                .options
+                .prefix_cache_backends
+                .contains(&krasis_common::Backend::Cuda);
+            for p in a.presets {
+                let g = preset_geometry(p.name).unwrap();
+                assert_eq!(
+                    listed,
+                    unsupported(&g).is_none(),
+                    "{} {}",
+                    a.model_type,
+                    p.name
+                );
+            }
+        }
+    }
+
     #[test]
     fn sliding_window_models_have_no_cache_on_this_engine() {
         let g = preset_geometry("gpt-oss-20b").unwrap();

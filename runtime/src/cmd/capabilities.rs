@@ -66,7 +66,7 @@ fn human(c: &Capabilities) -> String {
     s += "architectures:\n";
     for a in &c.architectures {
         s += &format!(
-            "  {} ({})\n    backends: {}\n    experts: {}\n    attention: {}\n    kv: {}\n    mlp: {}\n    hcs: {}\n    pruning: {}\n    multi-gpu: {}\n",
+            "  {} ({})\n    backends: {}\n    experts: {}\n    attention: {}\n    kv: {}\n    mlp: {}\n    hcs: {}\n    prefix cache: {}\n    pruning: {}\n    multi-gpu: {}\n",
             a.model_type,
             a.display_name,
             a.backends.join(", "),
@@ -75,6 +75,7 @@ fn human(c: &Capabilities) -> String {
             a.kv_formats.join(", "),
             a.mlp_precisions.join(", "),
             if a.hcs { "yes (cuda backend)" } else { "no" },
+            a.prefix_cache_backends.join(", "),
             a.pruning_modes.join(", "),
             a.multi_gpu_modes.join(", "),
         );

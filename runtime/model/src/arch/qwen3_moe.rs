@@ -35,6 +35,7 @@ pub const ARCHITECTURE: Architecture = Architecture {
         kv_formats: &["bf16"],
         mlp_precisions: &["bf16"],
         hcs: true,
+        prefix_cache_backends: &[Backend::Reference, Backend::Cuda],
         pruning_modes: &["off"],
         multi_gpu_modes: &["single"],
         defaults: OptionDefaults {

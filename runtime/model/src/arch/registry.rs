@@ -61,6 +61,9 @@ pub const GPT_OSS: Architecture = Architecture {
         kv_formats: &["fp16"],
         mlp_precisions: &["bf16"],
         hcs: true,
+        // The CUDA engine's prefix cache does not handle ring (sliding
+        // window) KV yet (`krasis_gpu::prefix::unsupported`).
+        prefix_cache_backends: &[Backend::Reference],
         pruning_modes: &["off"],
         multi_gpu_modes: &["single"],
         defaults: OptionDefaults {
@@ -100,6 +103,10 @@ pub struct OptionSupport {
     pub mlp_precisions: &'static [&'static str],
     /// HCS (hot expert cache in VRAM); a cuda-backend feature.
     pub hcs: bool,
+    /// Backends whose prefix cache handles this family's layers
+    /// (`krasis_gpu`'s test checks the CUDA engine's entry against its
+    /// `prefix::unsupported` on every preset).
+    pub prefix_cache_backends: &'static [Backend],
     pub pruning_modes: &'static [&'static str],
     pub multi_gpu_modes: &'static [&'static str],
     pub defaults: OptionDefaults,
@@ -136,6 +143,11 @@ impl Architecture {
             kv_formats: v(o.kv_formats),
             mlp_precisions: v(o.mlp_precisions),
             hcs: o.hcs,
+            prefix_cache_backends: o
+                .prefix_cache_backends
+                .iter()
+                .map(|b| b.as_str().into())
+                .collect(),
             pruning_modes: v(o.pruning_modes),
             multi_gpu_modes: v(o.multi_gpu_modes),
             defaults: ArchitectureDefaults {
