@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 15's serving measurements on the H200: benchmarks/agent_load.py against a real
 # `krasis-runtime serve --backend cuda` of a3b-24l at a VRAM limit (6GiB unless LIMIT is set;
-# LIMIT=none serves all resident). One PHASE per device call (each stays under 580 s):
+# LIMIT=none serves all resident; CLIENTS=1,2,4 narrows parallel). One PHASE per device call (each stays under 580 s):
 #   prep      synth a3b-24l, build its INT4 cache and the heatmap at 6GiB (benchmarks/run_device.sh
 #             heatmap-a3b-24l; skipped when done, device /tmp may persist)
 #   parallel  1/2/4/8 streaming clients, 2 requests each, ~1000-token prompts, 128 tokens
@@ -31,6 +31,14 @@ finish() {
 trap finish EXIT
 export KRASIS_LOG=warn
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt" 2>&1
+# The device has no network and its Python no openai client: install the wheels carried in
+# .cache/wheels (fetched here with `pip download --python-version 3.12 --only-binary=:all:
+# --platform manylinux2014_x86_64 openai -d .cache/wheels`) into a directory of their own.
+if ! "$py" -c "import openai" 2> /dev/null && [ -d .cache/wheels ]; then
+  "$py" -m pip install -q --no-index --find-links .cache/wheels --target "$T/pydeps" openai \
+    > "$R/pip.log" 2>&1
+  export PYTHONPATH="$T/pydeps"
+fi
 "$py" -c "import openai; print('openai', openai.__version__)" >> "$R/summary.txt" 2>&1 \
   || { log "no openai client in $py"; exit 1; }
 
@@ -60,7 +68,7 @@ al() { # name args...: one agent_load run
   log "$name rc=$?"; sed -n '/^PASS\|^FAIL/p' "$R/$name.log" >> "$R/summary.txt"
 }
 case "$phase" in
-  parallel) al parallel parallel --clients 1,2,4,8 --requests 2 --prompt-tokens 1000 --max-tokens 128 ;;
+  parallel) al parallel parallel --clients "${CLIENTS:-1,2,4,8}" --requests 2 --prompt-tokens 1000 --max-tokens 128 ;;
   agent)
     al agent agent --context-tokens 24000 --turns 6 --append-tokens 256 --reply-tokens 64
     al agent-evict agent --context-tokens 24000 --turns 3 --append-tokens 256 --reply-tokens 64 \
