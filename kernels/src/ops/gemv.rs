@@ -296,28 +296,6 @@ impl Kernels {
         y: &mut impl DevicePtrMut<O>,
     ) -> Result<()> {
         let kn = entry(if A::F16 { &NORM_F16 } else { &NORM }, m, k);
-        self.launch_gemv_rmsnorm(
-            kn, stream, residual, norm_w, eps, w, m, n, k, accumulate, normed, y,
-        )
-    }
-
-    /// The launch of [`Kernels::gemv_rmsnorm`]'s entry point `kn`.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_gemv_rmsnorm<A: Act16, O: GemvOut<A>>(
-        &self,
-        kn: &'static str,
-        stream: &CudaStream,
-        residual: &impl DevicePtr<f32>,
-        norm_w: &impl DevicePtr<bf16>,
-        eps: f32,
-        w: &impl DevicePtr<A>,
-        m: usize,
-        n: usize,
-        k: usize,
-        accumulate: bool,
-        normed: &mut impl DevicePtrMut<A>,
-        y: &mut impl DevicePtrMut<O>,
-    ) -> Result<()> {
         if !check_dims(kn, m, n, k, accumulate, O::WIDE)? {
             return Ok(());
         }

@@ -101,12 +101,21 @@ pub fn poison_bf16(s: &Arc<CudaStream>, n: usize) -> CudaSlice<bf16> {
     up(s, &vec![bf16::NAN; n])
 }
 
+pub fn poison_f16(s: &Arc<CudaStream>, n: usize) -> CudaSlice<half::f16> {
+    up(s, &vec![half::f16::NAN; n])
+}
+
 pub fn poison_u32(s: &Arc<CudaStream>, n: usize) -> CudaSlice<u32> {
     up(s, &vec![u32::MAX; n])
 }
 
-pub fn f32s(x: &[bf16]) -> Vec<f32> {
+/// The f32 values of bf16 or f16 data.
+pub fn f32s<A: krasis_kernels::Act16>(x: &[A]) -> Vec<f32> {
     x.iter().map(|v| v.to_f32()).collect()
+}
+
+pub fn f16_bits(v: &[half::f16]) -> Vec<u16> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// Fails on any NaN/inf in `got` and when ||got - want|| / ||want|| > tol.

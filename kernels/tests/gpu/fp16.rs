@@ -4,19 +4,10 @@
 //! its bf16 sibling is. (The attention kernels' f16 entry points run in
 //! `attention.rs` and `attention/ring.rs`.)
 
-use cudarc::driver::CudaSlice;
 use half::f16;
 use krasis_kernels::{QkvGeom, StartPos, reference as cpu};
 
 use crate::common::*;
-
-fn bits(v: &[f16]) -> Vec<u16> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-fn poison_f16(s: &std::sync::Arc<cudarc::driver::CudaStream>, n: usize) -> CudaSlice<f16> {
-    up(s, &vec![f16::NAN; n])
-}
 
 /// The f16 norm output is the bf16 kernel's f32 value rounded to f16: the
 /// CPU reference (f64 statistics) within an f16 ulp, and bit-identical to
@@ -79,8 +70,8 @@ fn rmsnorm_f32_to_f16_and_gemv_rmsnorm_f16() {
             )
             .unwrap();
             assert_eq!(
-                bits(&down(&s, &fnormed)),
-                bits(nref),
+                f16_bits(&down(&s, &fnormed)),
+                f16_bits(nref),
                 "{tag}: normed differs"
             );
             let got = down(&s, &y);
@@ -115,8 +106,8 @@ fn bias_cast_f32_to_f16_rounds_once() {
         let got = down(&s, &out);
         let want: Vec<f16> = cpu::bias_cast_as(&x, &bias);
         assert_eq!(
-            bits(&got),
-            bits(&want),
+            f16_bits(&got),
+            f16_bits(&want),
             "bias_cast_f32_to_f16 {rows}x{cols}"
         );
         assert!(got[1].is_infinite());
@@ -181,8 +172,8 @@ fn rope_table_f16_matches_reference() {
         for t in 0..geom.n_tokens {
             let r = t * geom.row_stride() + vo;
             assert_eq!(
-                bits(&got[r..r + geom.n_kv_heads * d]),
-                bits(&x0[r..r + geom.n_kv_heads * d])
+                f16_bits(&got[r..r + geom.n_kv_heads * d]),
+                f16_bits(&x0[r..r + geom.n_kv_heads * d])
             );
         }
     }

@@ -8,30 +8,10 @@
 
 use half::f16;
 use krasis_kernels::{Int4Layout, reference as cpu};
-use rand::Rng;
 use rand::seq::SliceRandom;
 
 use crate::common::*;
-use crate::int4::experts;
-
-fn bits(v: &[f16]) -> Vec<u16> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-fn widen(v: &[f16]) -> Vec<f32> {
-    v.iter().map(|x| x.to_f32()).collect()
-}
-
-fn randn_f16(rng: &mut rand::rngs::StdRng, n: usize, std: f32) -> Vec<f16> {
-    randn_act::<f16>(rng, n, std)
-}
-
-fn poison_f16(
-    s: &std::sync::Arc<cudarc::driver::CudaStream>,
-    n: usize,
-) -> cudarc::driver::CudaSlice<f16> {
-    up(s, &vec![f16::NAN; n])
-}
+use crate::int4::{DecodeRun, decode_gemv_matches_cpu, experts};
 
 /// `got` is `want` (an f64-accurate value) rounded to f16, give or take the
 /// one f16 ulp a different f32 summation order can move it across.
@@ -72,65 +52,23 @@ fn int4_f16_decode_gemv_and_dequant_match_reference() {
         let tag = format!("H={h} I={i} g={gs}");
         let layout = Int4Layout::new(h, i, gs).unwrap();
         let ex = experts(g, &s, &mut rng, &layout, n_exp);
-        let mut ids = Vec::new();
-        for _ in 0..t {
-            let mut all: Vec<u32> = (0..n_exp as u32).collect();
-            all.shuffle(&mut rng);
-            ids.extend_from_slice(&all[..k]);
-        }
-        let weights: Vec<f32> = (0..t * k).map(|_| rng.random_range(0.0..1.0)).collect();
-        let x = randn_f16(&mut rng, t * h, 1.0);
-        let xf = widen(&x);
-        let (d_x, d_ids, d_w) = (up(&s, &x), up(&s, &ids), up(&s, &weights));
-        let res0 = randn(&mut rng, t * h, 1.0);
-        let mut runs = Vec::new();
-        for _ in 0..2 {
-            let mut act = poison_f32(&s, t * k * i);
-            g.kernels
-                .int4_w13_swiglu(
-                    &s,
-                    &d_x,
-                    &ex.table,
-                    &d_ids,
-                    t,
-                    k,
-                    &layout,
-                    u32::MAX,
-                    &mut act,
-                )
-                .unwrap();
-            let mut res = up(&s, &res0);
-            g.kernels
-                .int4_w2_combine(&s, &act, &ex.table, &d_ids, &d_w, t, k, &layout, &mut res)
-                .unwrap();
-            runs.push((down(&s, &act), down(&s, &res)));
-        }
-        let b32 = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert!(
-            b32(&runs[0].0) == b32(&runs[1].0) && b32(&runs[0].1) == b32(&runs[1].1),
-            "{tag}: two runs differ"
+        let DecodeRun {
+            d_x,
+            d_ids,
+            want_act,
+        } = decode_gemv_matches_cpu::<f16>(
+            &g.kernels,
+            &s,
+            &mut rng,
+            &ex,
+            &layout,
+            (n_exp, t, k),
+            (
+                &tag,
+                &format!("w13_f16 {tag}"),
+                &format!("w2 after w13_f16 {tag}"),
+            ),
         );
-        let (act, res) = runs.swap_remove(0);
-        let mut want_act = Vec::new();
-        let mut want_res = res0.clone();
-        for tok in 0..t {
-            let mut acc = vec![0f64; h];
-            for j in 0..k {
-                let e = ids[tok * k + j] as usize;
-                let (a, y) = cpu::expert_forward(&ex.w13[e], &ex.w2[e], h, i, &xf[tok * h..][..h]);
-                want_act.extend(a);
-                for n in 0..h {
-                    acc[n] += weights[tok * k + j] as f64 * y[n] as f64;
-                }
-            }
-            for n in 0..h {
-                want_res[tok * h + n] += acc[n] as f32;
-            }
-        }
-        assert_close(&format!("w13_f16 {tag}"), &act, &want_act, 1e-4);
-        let got: Vec<f32> = res.iter().zip(&res0).map(|(a, b)| a - b).collect();
-        let want: Vec<f32> = want_res.iter().zip(&res0).map(|(a, b)| a - b).collect();
-        assert_close(&format!("w2 after w13_f16 {tag}"), &got, &want, 1e-4);
 
         // Masked pairs (slot 0 of each token) are neither read nor written.
         if k >= 2 {
@@ -171,11 +109,11 @@ fn int4_f16_decode_gemv_and_dequant_match_reference() {
                 .map(|v| f16::from_f32(*v))
                 .collect();
             assert!(
-                bits(&g13[x * 2 * i * h..][..2 * i * h]) == bits(&w13),
+                f16_bits(&g13[x * 2 * i * h..][..2 * i * h]) == f16_bits(&w13),
                 "dequant_f16 w13 of expert {e} ({tag})"
             );
             assert!(
-                bits(&g2[x * h * i..][..h * i]) == bits(&w2),
+                f16_bits(&g2[x * h * i..][..h * i]) == f16_bits(&w2),
                 "dequant_f16 w2 of expert {e} ({tag})"
             );
         }
@@ -205,17 +143,17 @@ fn gemv_f16_outputs_match_reference() {
     // tiny-glm4-moe's shared expert (256 x 128, 128 x 128); GLM-4.5-Air's
     // shared gate/up (2816 x 4096) and down (4096 x 1408).
     for (n, k) in [(256usize, 128usize), (128, 128), (2816, 4096), (4096, 1408)] {
-        let w = randn_f16(&mut rng, n * k, 0.05);
-        let wf = widen(&w);
+        let w = randn_act::<f16>(&mut rng, n * k, 0.05);
+        let wf = f32s(&w);
         let dw = up(&s, &w);
         for m in [1usize, 2, 5, 8] {
             if m * k > krasis_kernels::GEMV_MAX_MK {
                 continue;
             }
             let tag = format!("m={m} n={n} k={k}");
-            let x = randn_f16(&mut rng, m * k, 1.0);
+            let x = randn_act::<f16>(&mut rng, m * k, 1.0);
             let dx = up(&s, &x);
-            let want = cpu::gemv(&widen(&x), &wf, m, n, k, None);
+            let want = cpu::gemv(&f32s(&x), &wf, m, n, k, None);
             let mut yh = poison_f16(&s, m * n + 5);
             kr.gemv::<f16, f16>(&s, &dx, &dw, m, n, k, false, &mut yh)
                 .unwrap();
@@ -238,7 +176,7 @@ fn gemv_f16_outputs_match_reference() {
             let mut ya = up(&s, &y0);
             kr.gemv::<f16, f32>(&s, &dx, &dw, m, n, k, true, &mut ya)
                 .unwrap();
-            let want_acc = cpu::gemv(&widen(&x), &wf, m, n, k, Some(&y0));
+            let want_acc = cpu::gemv(&f32s(&x), &wf, m, n, k, Some(&y0));
             assert_close(
                 &format!("gemv_f16 += {tag}"),
                 &down(&s, &ya),
@@ -271,11 +209,11 @@ fn gemv_f16_outputs_match_reference() {
             )
             .unwrap();
             assert_eq!(
-                bits(&down(&s, &fnormed)),
-                bits(&nref),
+                f16_bits(&down(&s, &fnormed)),
+                f16_bits(&nref),
                 "{tag}: normed differs"
             );
-            let want = cpu::gemv(&widen(&nref), &wf, m, n, k, None);
+            let want = cpu::gemv(&f32s(&nref), &wf, m, n, k, None);
             assert_f16_close(
                 &format!("gemv_rmsnorm_f16 f16 y {tag}"),
                 &down(&s, &y),
@@ -301,7 +239,7 @@ fn swiglu_f16_matches_reference() {
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
     for (rows, inter) in [(37usize, 128usize), (5, 1408), (300, 10944)] {
-        let mut gu = randn_f16(&mut rng, rows * 2 * inter, 2.0);
+        let mut gu = randn_act::<f16>(&mut rng, rows * 2 * inter, 2.0);
         gu[0] = f16::from_f32(400.0);
         gu[inter] = f16::from_f32(400.0);
         let mut out = poison_f16(&s, rows * inter);
@@ -309,12 +247,12 @@ fn swiglu_f16_matches_reference() {
             .swiglu(&s, &up(&s, &gu), rows, inter, &mut out)
             .unwrap();
         let got = down(&s, &out);
-        let want: Vec<f16> = cpu::swiglu_as(&widen(&gu), inter);
+        let want: Vec<f16> = cpu::swiglu_as(&f32s(&gu), inter);
         assert!(got[0].is_infinite() && want[0].is_infinite());
         assert_f16_close(
             &format!("swiglu_f16 {rows}x{inter}"),
             &got[1..],
-            &widen(&want[1..]),
+            &f32s(&want[1..]),
         );
         let differ = got
             .iter()
@@ -338,7 +276,7 @@ fn gather_rows_f16_copies_bits() {
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
     let (t, k, h) = (50usize, 2usize, 128usize);
-    let x = randn_f16(&mut rng, t * h, 1.0);
+    let x = randn_act::<f16>(&mut rng, t * h, 1.0);
     let mut idx: Vec<u32> = (0..(t * k) as u32).collect();
     idx.shuffle(&mut rng);
     idx[3] = (t * k + 7) as u32;
@@ -353,7 +291,7 @@ fn gather_rows_f16_copies_bits() {
             assert!(row.iter().all(|v| v.is_nan()), "invalid row {r}");
         } else {
             let src = i as usize / k;
-            assert_eq!(bits(row), bits(&x[src * h..][..h]), "row {r}");
+            assert_eq!(f16_bits(row), f16_bits(&x[src * h..][..h]), "row {r}");
         }
     }
     sync(&s);

@@ -63,6 +63,83 @@ pub(crate) fn experts(
     }
 }
 
+/// What a decode GEMV check leaves for further checks on the same routes.
+pub(crate) struct DecodeRun<A> {
+    pub(crate) d_x: CudaSlice<A>,
+    pub(crate) d_ids: CudaSlice<u32>,
+    /// The f64 reference's activations, `[t * k, I]`.
+    pub(crate) want_act: Vec<f32>,
+}
+
+/// `t` tokens routed to `k` distinct of `n_exp` experts, x random in `A`:
+/// `int4_w13_swiglu` (all pairs) then `int4_w2_combine` into a random f32
+/// residual, run twice (bit-identical: fixed reduction order), against the
+/// f64 CPU reference over the same x; `tag` names the shape, `act_what`
+/// and `res_what` the act and residual comparisons.
+pub(crate) fn decode_gemv_matches_cpu<A: krasis_kernels::Act16>(
+    kr: &krasis_kernels::Kernels,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    rng: &mut rand::rngs::StdRng,
+    ex: &Experts,
+    layout: &Int4Layout,
+    (n_exp, t, k): (usize, usize, usize),
+    (tag, act_what, res_what): (&str, &str, &str),
+) -> DecodeRun<A> {
+    let (h, i) = (layout.hidden, layout.intermediate);
+    let mut ids = Vec::new();
+    for _ in 0..t {
+        let mut all: Vec<u32> = (0..n_exp as u32).collect();
+        all.shuffle(rng);
+        ids.extend_from_slice(&all[..k]);
+    }
+    let weights: Vec<f32> = (0..t * k).map(|_| rng.random_range(0.0..1.0)).collect();
+    let x = randn_act::<A>(rng, t * h, 1.0);
+    let xf = f32s(&x);
+    let (d_x, d_ids, d_w) = (up(s, &x), up(s, &ids), up(s, &weights));
+    let res0 = randn(rng, t * h, 1.0);
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let mut act = poison_f32(s, t * k * i);
+        kr.int4_w13_swiglu(s, &d_x, &ex.table, &d_ids, t, k, layout, u32::MAX, &mut act)
+            .unwrap();
+        let mut res = up(s, &res0);
+        kr.int4_w2_combine(s, &act, &ex.table, &d_ids, &d_w, t, k, layout, &mut res)
+            .unwrap();
+        runs.push((down(s, &act), down(s, &res)));
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        bits(&runs[0].0) == bits(&runs[1].0) && bits(&runs[0].1) == bits(&runs[1].1),
+        "{tag}: two runs differ"
+    );
+    let (act, res) = runs.swap_remove(0);
+    let mut want_act = Vec::new();
+    let mut want_res = res0.clone();
+    for tok in 0..t {
+        let mut acc = vec![0f64; h];
+        for j in 0..k {
+            let e = ids[tok * k + j] as usize;
+            let (a, y) = cpu::expert_forward(&ex.w13[e], &ex.w2[e], h, i, &xf[tok * h..][..h]);
+            want_act.extend(a);
+            for n in 0..h {
+                acc[n] += weights[tok * k + j] as f64 * y[n] as f64;
+            }
+        }
+        for n in 0..h {
+            want_res[tok * h + n] += acc[n] as f32;
+        }
+    }
+    assert_close(act_what, &act, &want_act, 1e-4);
+    let got: Vec<f32> = res.iter().zip(&res0).map(|(a, b)| a - b).collect();
+    let want: Vec<f32> = want_res.iter().zip(&res0).map(|(a, b)| a - b).collect();
+    assert_close(res_what, &got, &want, 1e-4);
+    DecodeRun {
+        d_x,
+        d_ids,
+        want_act,
+    }
+}
+
 #[test]
 fn int4_decode_gemv_matches_reference() {
     let name = "int4_decode_gemv_matches_reference";
@@ -98,73 +175,20 @@ fn int4_decode_gemv_matches_reference() {
     ] {
         let layout = Int4Layout::new(h, i, gs).unwrap();
         let ex = experts(g, &s, &mut rng, &layout, n_exp);
-        let mut ids = Vec::new();
-        for _ in 0..t {
-            let mut all: Vec<u32> = (0..n_exp as u32).collect();
-            all.shuffle(&mut rng);
-            ids.extend_from_slice(&all[..k]);
-        }
-        let weights: Vec<f32> = (0..t * k).map(|_| rng.random_range(0.0..1.0)).collect();
-        let x = randn_bf16(&mut rng, t * h, 1.0);
-        let xf = f32s(&x);
-        let (d_ids, d_w) = (up(&s, &ids), up(&s, &weights));
-        let d_x = up(&s, &x);
-        let res0 = randn(&mut rng, t * h, 1.0);
-        // Run twice: the results must be bit-identical (fixed reduction order).
-        let mut runs = Vec::new();
-        for _ in 0..2 {
-            let mut act = poison_f32(&s, t * k * i);
-            g.kernels
-                .int4_w13_swiglu(
-                    &s,
-                    &d_x,
-                    &ex.table,
-                    &d_ids,
-                    t,
-                    k,
-                    &layout,
-                    u32::MAX,
-                    &mut act,
-                )
-                .unwrap();
-            let mut res = up(&s, &res0);
-            g.kernels
-                .int4_w2_combine(&s, &act, &ex.table, &d_ids, &d_w, t, k, &layout, &mut res)
-                .unwrap();
-            runs.push((down(&s, &act), down(&s, &res)));
-        }
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert!(
-            bits(&runs[0].0) == bits(&runs[1].0) && bits(&runs[0].1) == bits(&runs[1].1),
-            "H={h} I={i} g={gs}: two runs differ"
+        let tag = format!("H={h} I={i} g={gs}");
+        decode_gemv_matches_cpu::<bf16>(
+            &g.kernels,
+            &s,
+            &mut rng,
+            &ex,
+            &layout,
+            (n_exp, t, k),
+            (
+                &tag,
+                &format!("w13+swiglu {tag}"),
+                &format!("w2+combine {tag}"),
+            ),
         );
-        let (act, res) = runs.swap_remove(0);
-
-        let mut want_act = Vec::new();
-        let mut want_res = res0.clone();
-        for tok in 0..t {
-            let mut acc = vec![0f64; h];
-            for j in 0..k {
-                let e = ids[tok * k + j] as usize;
-                let (a, y) = cpu::expert_forward(&ex.w13[e], &ex.w2[e], h, i, &xf[tok * h..][..h]);
-                want_act.extend(a);
-                for n in 0..h {
-                    acc[n] += weights[tok * k + j] as f64 * y[n] as f64;
-                }
-            }
-            for n in 0..h {
-                want_res[tok * h + n] += acc[n] as f32;
-            }
-        }
-        assert_close(
-            &format!("w13+swiglu H={h} I={i} g={gs}"),
-            &act,
-            &want_act,
-            1e-4,
-        );
-        let got: Vec<f32> = res.iter().zip(&res0).map(|(a, b)| a - b).collect();
-        let want: Vec<f32> = want_res.iter().zip(&res0).map(|(a, b)| a - b).collect();
-        assert_close(&format!("w2+combine H={h} I={i} g={gs}"), &got, &want, 1e-4);
 
         // Dequantization to bf16 is exact up to the one rounding.
         let sel: Vec<u32> = vec![2, 0, (n_exp - 1) as u32];
