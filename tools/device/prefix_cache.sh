@@ -11,7 +11,7 @@
 #   bash tools/device/prefix_cache.sh prep COMMIT
 #       a3b-24l + INT4 cache + heatmap at 6GiB (benchmarks/agent_load_device.sh prep; skipped when
 #       done).
-#   LIMIT=6GiB|none CONFIG=off|auto|auto-2048|auto-2048-1536MiB bash tools/device/prefix_cache.sh agent COMMIT
+#   LIMIT=6GiB|none CONFIG=off|auto|auto-2048|auto-2048-1536MiB[,...] bash tools/device/prefix_cache.sh agent COMMIT
 #       `serve --backend cuda` of a3b-24l with the prefix cache per CONFIG (off; auto; auto with
 #       --prefill-chunk 2048 (blocks of 2048 tokens); the same with an explicit 1.5 GiB pool),
 #       then `benchmarks/agent_load.py agent` over a ~24K-token context (4 turns, 256 appended
@@ -19,18 +19,20 @@
 #       cached_tokens, the server's startup line saying what the pool took from HCS, and
 #       /v1/stats' prefix_cache section after the run. Suggested calls: LIMIT=none with CONFIG off,
 #       auto, auto-2048; LIMIT=6GiB with CONFIG off, auto-2048, auto-2048-1536MiB.
+# CONFIG may list several configurations (comma-separated), run one after another in one call.
 # Results: $OUT/pc-PHASE[-LIMIT-CONFIG].tgz (summary.txt first).
 set -u
 P=${1:?phase tests, prep or agent}; C=${2:-unknown}
 L=${LIMIT:-6GiB}; CFG=${CONFIG:-auto-2048}
-tag=$P; [ "$P" = agent ] && tag=$P-$L-$CFG
+tag=$P; [ "$P" = agent ] && tag=$P-$L-${CFG//,/+}
 R=/tmp/pcr-$tag; rm -rf "$R"; mkdir -p "$R"
 D=dist/gpu; kr=$(realpath $D/krasis-runtime); py=/opt/torch/.venv/bin/python3
 T=/tmp/agent-load                     # the model, cache and heatmap of agent_load_device.sh prep
 export KRASIS_LOG=warn
 T0=$SECONDS
-log() { echo "$* (t=$((SECONDS-T0))s)" | tee -a "$R/summary.txt"; }
-left() { local l=$((575-(SECONDS-T0))); echo $((l > 1 ? l : 1)); }
+SUM=$R/summary.txt
+log() { echo "$* (t=$((SECONDS-T0))s)" | tee -a "$SUM"; }
+left() { local l=$((${BUDGET:-575}-(SECONDS-T0))); echo $((l > 1 ? l : 1)); }
 finish() {
   [ -n "${spid:-}" ] && kill -TERM "$spid" 2>/dev/null && wait "$spid" 2>/dev/null
   tar czf "$OUT/pc-$tag.tgz" -C "$R" . 2>/dev/null
@@ -59,12 +61,14 @@ fi
 [ "$P" = agent ] || { log "unknown phase $P"; exit 2; }
 [ -f "$T/a3b-24l/config.json" ] || { log "run the prep phase first"; exit 1; }
 "$py" -c "import openai" 2>/dev/null || { log "no openai client in $py"; exit 1; }
+run_config() {
+local CFG=$1 R=$R/$1; mkdir -p "$R"
 case "$CFG" in
   off) pc=(--prefix-cache off) ;;
   auto) pc=(--prefix-cache auto) ;;
   auto-2048) pc=(--prefix-cache auto --prefill-chunk 2048) ;;
   auto-2048-1536MiB) pc=(--prefix-cache 1536MiB --prefill-chunk 2048) ;;
-  *) log "unknown CONFIG $CFG"; exit 2 ;;
+  *) log "unknown CONFIG $CFG"; return 2 ;;
 esac
 lim=(--vram-limit "$L"); [ "$L" = none ] && lim=()
 port=18096; url=http://127.0.0.1:$port
@@ -73,17 +77,23 @@ port=18096; url=http://127.0.0.1:$port
 spid=$!
 for _ in $(seq 1 1200); do
   curl -sf "$url/health" > /dev/null 2>&1 && break
-  kill -0 "$spid" 2>/dev/null || { log "serve exited: $(tail -3 "$R/serve.log")"; exit 1; }
+  kill -0 "$spid" 2>/dev/null || { log "serve exited: $(tail -3 "$R/serve.log")"; return 1; }
   sleep 0.2
 done
 log "serving (limit $L, $CFG): $(curl -s "$url/health")"
-grep -E "^prefix cache|^memory:|^experts:" "$R/serve.log" >> "$R/summary.txt"
+grep -E "^prefix cache|^memory:|^experts:" "$R/serve.log" >> "$SUM"
 timeout "$(left)" "$py" benchmarks/agent_load.py agent --url "$url" --commit "$C" --runtime-bin "$kr" \
   --context-tokens 24000 --turns 4 --append-tokens 256 --reply-tokens 64 --repeats 3 \
   --json "$R/agent.json" --markdown "$R/agent.md" > "$R/agent.log" 2>&1
 log "agent rc=$?"
-sed -n '/^PASS\|^FAIL/p' "$R/agent.log" >> "$R/summary.txt"
-grep -iE "ttft|cached" "$R/agent.md" | head -20 >> "$R/summary.txt"
+sed -n '/^PASS\|^FAIL/p' "$R/agent.log" >> "$SUM"
+grep -iE "ttft|cached" "$R/agent.md" | head -20 >> "$SUM"
 curl -s "$url/v1/stats" > "$R/stats.json"
 "$py" -c "import json,sys; s=json.load(open('$R/stats.json')); print('prefix_cache', json.dumps(s.get('prefix_cache')))" \
-  >> "$R/summary.txt" 2>&1
+  >> "$SUM" 2>&1
+kill -TERM "$spid" 2>/dev/null; wait "$spid" 2>/dev/null; spid=
+}
+for c in ${CFG//,/ }; do
+  [ "$(left)" -lt 120 ] && { log "no time left for $c"; break; }
+  log "== config $c"; run_config "$c"
+done
