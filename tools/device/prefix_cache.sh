@@ -24,7 +24,7 @@
 set -u
 P=${1:?phase tests, prep or agent}; C=${2:-unknown}
 L=${LIMIT:-6GiB}; CFG=${CONFIG:-auto-2048}
-tag=$P; [ "$P" = agent ] && tag=$P-$L-${CFG//,/+}
+tag=$P; [ "$P" = agent ] && tag=$P-$L-${CFG//,/_}
 R=/tmp/pcr-$tag; rm -rf "$R"; mkdir -p "$R"
 D=dist/gpu; kr=$(realpath $D/krasis-runtime); py=/opt/torch/.venv/bin/python3
 T=/tmp/agent-load                     # the model, cache and heatmap of agent_load_device.sh prep
@@ -66,8 +66,9 @@ local CFG=$1 R=$R/$1; mkdir -p "$R"
 case "$CFG" in
   off) pc=(--prefix-cache off) ;;
   auto) pc=(--prefix-cache auto) ;;
-  auto-2048) pc=(--prefix-cache auto --prefill-chunk 2048) ;;
-  auto-2048-1536MiB) pc=(--prefix-cache 1536MiB --prefill-chunk 2048) ;;
+  # auto-CHUNK: auto pool, blocks (= prefill chunks) of CHUNK tokens; auto-CHUNK-SIZE: a SIZE pool.
+  auto-*-*) c=${CFG#auto-}; pc=(--prefix-cache "${c#*-}" --prefill-chunk "${c%%-*}") ;;
+  auto-*) pc=(--prefix-cache auto --prefill-chunk "${CFG#auto-}") ;;
   *) log "unknown CONFIG $CFG"; return 2 ;;
 esac
 lim=(--vram-limit "$L"); [ "$L" = none ] && lim=()
