@@ -338,7 +338,7 @@ def check_usage(u, max_tokens, finish, produced_text):
 
 def stream_chat(client, model, messages, max_tokens, fixed, cut_after=None, label=""):
     """One streaming chat completion, measured and checked. `fixed` asks for
-    exactly max_tokens tokens (vLLM's `ignore_eos` and `min_tokens`). `cut_after`:
+    exactly max_tokens tokens (`ignore_eos`, which the server implements). `cut_after`:
     None reads to the end; 0 closes the stream as soon as the response
     headers arrive (a cancel before any token); k closes it after k chunks
     carrying text (a mid-stream disconnect)."""
@@ -352,7 +352,7 @@ def stream_chat(client, model, messages, max_tokens, fixed, cut_after=None, labe
         stream = client.chat.completions.create(
             model=model, messages=messages, max_tokens=max_tokens, temperature=0,
             stream=True, stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True, "min_tokens": max_tokens} if fixed else None)
+            extra_body={"ignore_eos": True} if fixed else None)
         record_events(stream, events)
         reading = True
         if cut_after == 0:
@@ -800,9 +800,8 @@ def markdown(report):
              f"Figures: median (min–max) over {report['config']['repeats']} runs after one "
              "discarded warm-up run. Times in ms.", ""]
     if report["config"]["ignore_eos"]:
-        lines.append("Requests carry `ignore_eos`/`min_tokens` (vLLM's extensions); the server "
-                     "ignores fields it does not know, so only the completion lengths show "
-                     "whether output length was fixed (column `all max`).")
+        lines.append("Requests carry `ignore_eos` (generation runs to max_tokens past the end "
+                     "of sequence), so every completion has max_tokens tokens (column `all max`).")
         lines.append("")
     sc = report["scenarios"]
     if "parallel" in sc:
@@ -910,7 +909,7 @@ def parser():
     g.add_argument("--chars-per-token", type=float,
                    help="skip the calibration requests and use this ratio")
     g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="do not send ignore_eos/min_tokens")
+                   help="do not send ignore_eos")
     g.add_argument("--json", help="write the full report here")
     g.add_argument("--markdown", help="write the markdown tables here")
     g.add_argument("--strict", action="store_true",

@@ -143,6 +143,28 @@ def test_error_paths(reference_server):
     assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
 
 
+def test_unknown_fields_are_refused_and_ignore_eos_is_honoured(reference_server):
+    c = client(reference_server, max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    # A field the server does not implement is named in a 400, never ignored.
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="tiny", messages=msgs, max_tokens=2,
+                                  extra_body={"typical_p": 0.5})
+    assert e.value.body["param"] == "typical_p" and e.value.code == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body={"min_tokens": 2})
+    assert e.value.body["param"] == "min_tokens"
+    # Fields that by definition change nothing are accepted.
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, user="u-1",
+                                  store=False, metadata={"run": "e2e"})
+    assert r.usage.completion_tokens >= 1
+    # ignore_eos: always the whole budget, whatever the model would have ended with.
+    for _ in range(3):
+        r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=1.0,
+                                      extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 24 and r.choices[0].finish_reason == "length"
+
+
 # ---- scripted engine: exact model output through the real server stack ----
 
 

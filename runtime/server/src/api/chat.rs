@@ -35,6 +35,7 @@ pub async fn chat_completions(
     let origin = origin("/v1/chat/completions", &http);
     let mut req: ChatRequest = read_json(http).await?;
     req.common.validate()?;
+    super::request::refuse_unknown(&req.extra)?;
     req.common.check_model(&state.config.model_id)?;
     check_unsupported(&req)?;
     let legacy = map_legacy_functions(&mut req)?;
@@ -108,7 +109,7 @@ pub async fn chat_completions(
         prompt: prompt_ids,
         max_new_tokens: max_new,
         sampling: req.common.sampling(&state.config.default_sampling),
-        stop_token_ids: model.tokenizer.eos_token_ids().to_vec(),
+        stop_token_ids: req.common.stop_token_ids(model.tokenizer.eos_token_ids()),
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: req.common.cache_prompt(),

@@ -23,6 +23,7 @@ pub async fn completions(
     let origin = origin("/v1/completions", &http);
     let mut req: CompletionRequest = read_json(http).await?;
     req.common.validate()?;
+    super::request::refuse_unknown(&req.extra)?;
     req.common.check_model(&state.config.model_id)?;
     if req.echo == Some(true) {
         return Err(ApiError::unsupported(
@@ -72,7 +73,7 @@ pub async fn completions(
         prompt,
         max_new_tokens: max_new,
         sampling: req.common.sampling(&state.config.default_sampling),
-        stop_token_ids: model.tokenizer.eos_token_ids().to_vec(),
+        stop_token_ids: req.common.stop_token_ids(model.tokenizer.eos_token_ids()),
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: req.common.cache_prompt(),

@@ -1,5 +1,8 @@
-//! Request bodies as real clients send them. Unknown fields are ignored;
-//! fields we cannot honour are refused with a 400 naming them.
+//! Request bodies as real clients send them. Every field is either
+//! honoured or refused with a 400 naming it: a field this server does not
+//! know is refused too (an ignored sampling or output option would silently
+//! change what the client gets), except the few OpenAI fields that by their
+//! definition do not change the response ([`NO_EFFECT`]).
 
 use crate::error::ApiError;
 use krasis_model::SamplingParams;
@@ -40,12 +43,63 @@ pub struct CommonParams {
     /// llama.cpp's name: `false` bypasses the engine's prefix cache (the
     /// prompt is prefilled cold and nothing of it is kept); default true.
     pub cache_prompt: Option<bool>,
+    /// vLLM's and llama.cpp's benchmarking extension: `true` keeps
+    /// generating past the model's end-of-sequence tokens until the token
+    /// budget (or a stop string) ends it.
+    pub ignore_eos: Option<bool>,
+    /// vLLM's extension (end-of-sequence masked until this many tokens):
+    /// not implemented, so refused unless 0.
+    pub min_tokens: Option<i64>,
+}
+
+/// OpenAI request fields that by their definition do not change the
+/// response of a local server, accepted and not acted on: `user` and
+/// `safety_identifier` (who the end user is, for abuse monitoring),
+/// `metadata` (tags for stored completions), `prompt_cache_key` (a routing
+/// hint for the provider's prompt cache; this server's cache keys on the
+/// tokens). `store`, `service_tier` and `modalities` are accepted only with
+/// the values that ask for nothing (`false`; `auto`/`default`; `["text"]`).
+pub const NO_EFFECT: [&str; 4] = ["user", "safety_identifier", "metadata", "prompt_cache_key"];
+
+/// Refuses the fields of a request body that no typed field took (`extra`),
+/// except the [`NO_EFFECT`] ones and the no-op values of `store`,
+/// `service_tier` and `modalities`.
+pub fn refuse_unknown(extra: &Map<String, Value>) -> Result<(), ApiError> {
+    for (name, value) in extra {
+        let harmless = NO_EFFECT.contains(&name.as_str())
+            || match name.as_str() {
+                "store" => matches!(value, Value::Bool(false) | Value::Null),
+                "service_tier" => {
+                    matches!(value.as_str(), Some("auto" | "default")) || value.is_null()
+                }
+                "modalities" => *value == serde_json::json!(["text"]) || value.is_null(),
+                _ => false,
+            };
+        if !harmless {
+            let what = match name.as_str() {
+                "store" | "service_tier" | "modalities" => format!(
+                    "{name}={value} is not supported by this server (it accepts store=false, \
+                     service_tier auto/default and modalities [\"text\"])"
+                ),
+                _ => format!(
+                    "unknown parameter {name:?}: this server does not implement it, and an \
+                     ignored parameter could change the response you expect; remove it from \
+                     the request (the README lists the supported parameters)"
+                ),
+            };
+            return Err(ApiError::unsupported(name.clone(), what));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
     #[serde(flatten)]
     pub common: CommonParams,
+    /// Every field no typed field took; see [`refuse_unknown`].
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
     pub messages: Vec<Value>,
     pub max_completion_tokens: Option<i64>,
     pub tools: Option<Vec<Value>>,
@@ -67,6 +121,9 @@ pub struct ChatRequest {
 pub struct CompletionRequest {
     #[serde(flatten)]
     pub common: CommonParams,
+    /// Every field no typed field took; see [`refuse_unknown`].
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
     pub prompt: Value,
     pub echo: Option<bool>,
     pub suffix: Option<String>,
@@ -132,6 +189,17 @@ impl CommonParams {
                 "logit_bias is not supported by this server",
             ));
         }
+        if let Some(n) = self.min_tokens
+            && n != 0
+        {
+            return Err(ApiError::unsupported(
+                "min_tokens",
+                format!(
+                    "min_tokens={n} is not supported by this server (only 0); use ignore_eos=true \
+                     with max_tokens to get a fixed number of tokens"
+                ),
+            ));
+        }
         if let Some(r) = self.repetition_penalty
             && r != 1.0
         {
@@ -187,6 +255,16 @@ impl CommonParams {
             None => Vec::new(),
             Some(StopField::One(s)) => vec![s.clone()],
             Some(StopField::Many(v)) => v.clone(),
+        }
+    }
+
+    /// The token ids that end generation: the model's end-of-sequence
+    /// tokens, or none with `ignore_eos`.
+    pub fn stop_token_ids(&self, eos: &[u32]) -> Vec<u32> {
+        if self.ignore_eos.unwrap_or(false) {
+            Vec::new()
+        } else {
+            eos.to_vec()
         }
     }
 
@@ -317,5 +395,61 @@ mod tests {
             e.message
         );
         assert!(requested_tokens(Some(0), "max_tokens").is_err());
+    }
+
+    fn chat(body: serde_json::Value) -> ChatRequest {
+        serde_json::from_value(body).expect("a chat request")
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name_and_no_effect_ones_accepted() {
+        let base = serde_json::json!({"messages": [], "max_tokens": 4, "temperature": 0.5});
+        let with = |k: &str, v: serde_json::Value| {
+            let mut b = base.clone();
+            b[k] = v;
+            chat(b)
+        };
+        // Typed fields never reach `extra`, also those of the flattened common part.
+        let r = with("cache_prompt", serde_json::json!(false));
+        assert!(r.extra.is_empty(), "{:?}", r.extra);
+        assert!(refuse_unknown(&r.extra).is_ok());
+        for (k, v) in [
+            ("user", serde_json::json!("u-1")),
+            ("metadata", serde_json::json!({"a": "b"})),
+            ("store", serde_json::json!(false)),
+            ("service_tier", serde_json::json!("auto")),
+            ("modalities", serde_json::json!(["text"])),
+            ("prompt_cache_key", serde_json::json!("k")),
+        ] {
+            assert!(refuse_unknown(&with(k, v.clone()).extra).is_ok(), "{k}={v}");
+        }
+        for (k, v) in [
+            ("typical_p", serde_json::json!(0.5)),
+            ("store", serde_json::json!(true)),
+            ("service_tier", serde_json::json!("flex")),
+            ("modalities", serde_json::json!(["text", "audio"])),
+            (
+                "prediction",
+                serde_json::json!({"type": "content", "content": "x"}),
+            ),
+        ] {
+            let e = refuse_unknown(&with(k, v.clone()).extra).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(k), "{k}={v}");
+            assert_eq!(e.code, Some("unsupported_parameter"));
+            assert!(e.message.contains(k), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn ignore_eos_drops_the_stop_tokens_and_min_tokens_is_refused() {
+        let r = chat(serde_json::json!({"messages": [], "ignore_eos": true}));
+        assert!(r.common.stop_token_ids(&[7, 9]).is_empty());
+        let r = chat(serde_json::json!({"messages": []}));
+        assert_eq!(r.common.stop_token_ids(&[7, 9]), vec![7, 9]);
+        let r = chat(serde_json::json!({"messages": [], "min_tokens": 0}));
+        assert!(r.common.validate().is_ok());
+        let r = chat(serde_json::json!({"messages": [], "min_tokens": 8}));
+        let e = r.common.validate().unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("min_tokens"));
     }
 }
