@@ -8,7 +8,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step's wall time is printed when the next starts and summed at the end, so a CI log
+# says where the suite's time goes (CI has 2 cores; the suite should stay under ~20 minutes).
+times=(); cur=""; t_step=$SECONDS
+step() {
+  [ -n "$cur" ] && times+=("$(printf '%5ds  %s' $((SECONDS - t_step)) "$cur")")
+  cur="$*"; t_step=$SECONDS
+  printf '\n==> %s\n' "$*"
+}
+step_times() {
+  step "done"
+  printf '\nstep times (total %ds):\n' "$SECONDS"; printf '  %s\n' "${times[@]}"
+}
 
 command -v cargo >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 not found" >&2; exit 1; }
@@ -61,4 +72,6 @@ step "independent oracles reproduce their committed fixtures (NumPy MXFP4, opena
 "$venv/bin/python" tools/witness/make_sequences_gpt_oss.py --check
 
 step "python end-to-end tests (official openai client against krasis-runtime)"
-"$venv/bin/python" -m pytest -q tests/e2e
+"$venv/bin/python" -m pytest -q --durations=15 tests/e2e
+
+step_times

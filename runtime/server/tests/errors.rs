@@ -163,12 +163,16 @@ async fn bad_requests_are_openai_error_objects() {
     let (status, _, text) = send(&app, req).await;
     assert_eq!(status, 400);
     assert_error(&serde_json::from_str(&text).unwrap(), None);
-    // Unknown fields are ignored.
+    // Unknown fields are refused by name, never ignored; fields that by
+    // definition change nothing are accepted.
     let mut b = user("x");
-    b["frobnicate"] = json!({"deep": [1]});
     b["user"] = json!("u1");
     b["response_format"] = json!({"type": "text"});
     assert_eq!(post_json(&app, "/v1/chat/completions", &b).await.0, 200);
+    b["frobnicate"] = json!({"deep": [1]});
+    let (status, v) = post_json(&app, "/v1/chat/completions", &b).await;
+    assert_eq!(status, 400, "{v}");
+    assert_error(&v, Some("frobnicate"));
 }
 
 #[tokio::test]
