@@ -70,6 +70,16 @@ pub enum SeqEvent {
     },
 }
 
+/// KV memory of a batching engine, in tokens (one token: one position of
+/// every layer's keys and values). `used_tokens` is what the running
+/// sequences have reserved at admission ([`Batch::admit`]), so it returns
+/// to its idle value whenever every sequence has ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvUsage {
+    pub used_tokens: usize,
+    pub total_tokens: usize,
+}
+
 /// The step interface of a batching engine (see the module docs).
 pub trait Batch {
     /// The most sequences one decode step runs together.
@@ -87,11 +97,17 @@ pub trait Batch {
     /// Ends `seq` now, from the caller's side (after one of its tokens):
     /// it frees what it held, runs no more work, and its outcome (finish
     /// `Cancelled`, with the tokens produced so far) is returned here
-    /// instead of as a `Done` event. `None` when `seq` is not running.
+    /// instead of as a `Done` event. `None` when `seq` is not running: it
+    /// ended by itself, and its `Done` follows its last `Token` in the
+    /// same step's events (a sequence's last token and its end come
+    /// together).
     fn end(&mut self, seq: SeqId) -> Option<GenerateOutcome>;
 
     /// Sequences admitted and not yet ended.
     fn active(&self) -> usize;
+
+    /// The KV tokens reserved by running sequences and the engine's total.
+    fn kv_usage(&self) -> KvUsage;
 }
 
 /// Runs one request alone through `batch`: the single-request path of an
@@ -116,28 +132,43 @@ pub fn generate_one(
         }
     };
     let mut events = Vec::new();
+    let mut broke = false;
     loop {
         events.clear();
         batch.step(&mut events)?;
         for ev in events.drain(..) {
             match ev {
-                SeqEvent::Token { seq: s, token } if s == seq => {
+                SeqEvent::Token { seq: s, token } if s == seq && !broke => {
                     if on_token(token).is_break() {
-                        return batch.end(seq).ok_or_else(|| {
-                            EngineError::Backend(format!(
-                                "sequence {} vanished from the batch before it ended",
-                                seq.0
-                            ))
-                        });
+                        if let Some(outcome) = batch.end(seq) {
+                            return Ok(outcome);
+                        }
+                        // It ended with this very token: its `Done` is
+                        // next, and a break still makes it `Cancelled`.
+                        broke = true;
                     }
                 }
-                SeqEvent::Done { seq: s, result } if s == seq => return result,
+                SeqEvent::Done { seq: s, result } if s == seq => {
+                    return match result {
+                        Ok(o) if broke => Ok(GenerateOutcome {
+                            finish: FinishReason::Cancelled,
+                            ..o
+                        }),
+                        r => r,
+                    };
+                }
                 other => {
                     return Err(EngineError::Backend(format!(
                         "an idle engine reported an event of a sequence it was not given: {other:?}"
                     )));
                 }
             }
+        }
+        if broke {
+            return Err(EngineError::Backend(format!(
+                "sequence {} vanished from the batch before it ended",
+                seq.0
+            )));
         }
     }
 }

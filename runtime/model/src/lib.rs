@@ -20,7 +20,7 @@ pub mod testutil;
 pub mod tokenizer;
 
 pub use arch::{ExpertStorage, FusedMxfp4Names, Geometry, MlpKind, ModelConfig};
-pub use batch::{Admission, Batch, SeqEvent, SeqId};
+pub use batch::{Admission, Batch, KvUsage, SeqEvent, SeqId};
 pub use checkpoint::{Checkpoint, DType, TensorView};
 pub use engine::{
     CancelToken, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,
