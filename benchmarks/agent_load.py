@@ -119,7 +119,7 @@ class Server:
 
 
 def idle(s):
-    return (s.get("activity") == "idle" and s.get("current") is None
+    return (s.get("activity") == "idle" and not s.get("running")
             and s.get("active_sequences", 0) == 0 and s.get("queue_len", 0) == 0)
 
 
@@ -661,10 +661,10 @@ def chaos_checks(server, text, a, fixed, recs, before, after):
                                 and not (r["action"] == "timeout" and r["error_kind"] == "timeout"))]
     checks.append(check("every response well-formed (read parts of cut ones too)", not bad,
                         "; ".join(bad[:5])))
-    checks.append(check("engine idle after (activity idle, no current request, "
+    checks.append(check("engine idle after (activity idle, no running request, "
                         "active_sequences 0, queue_len 0)", idle(after),
                         json.dumps({k: after.get(k) for k in
-                                    ("activity", "current", "active_sequences", "queue_len")})))
+                                    ("activity", "running", "active_sequences", "queue_len")})))
     for g in a.gauge:
         b, f = dig(before, g), dig(after, g)
         checks.append(check(f"{g} back to baseline", b is not None and b == f,
@@ -683,7 +683,7 @@ def chaos_checks(server, text, a, fixed, recs, before, after):
     # same concurrency, read to the end. (A disconnected client's queued job
     # keeps its slot until the engine reaches it, so the chaos itself may see
     # 503s; this may not. The server does not report its queue depth: keep
-    # --chaos-clients <= queue depth + 1.)
+    # --chaos-clients <= queue depth + the server's `parallel`.)
     def work(i):
         return stream_chat(server.client(), server.model,
                            [{"role": "user", "content": text.prompt(a.chaos_prompt_tokens)}],

@@ -19,6 +19,18 @@ pub struct BackendCaps {
     pub available: bool,
     /// Why it is unavailable (no driver, no GPU, ...), when it is.
     pub reason: Option<String>,
+    /// The most requests its engine decodes together (continuous
+    /// batching): `parallel` is refused above it; 1 runs one at a time.
+    #[serde(default = "one")]
+    pub max_parallel: u32,
+    /// Whether it takes a KV budget (`kv_tokens`); without, the engine
+    /// sizes its KV itself and the option is refused.
+    #[serde(default)]
+    pub kv_tokens: bool,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// One architecture as the runtime implements it. The runtime derives these
@@ -62,28 +74,39 @@ pub struct ArchitectureDefaults {
 impl Capabilities {
     /// A report: the reference backend (always available), the cuda backend
     /// (`Err(reason)` when it cannot run here), and `architectures` (the
-    /// runtime passes those of its registry).
+    /// runtime passes those of its registry). Both backends run one request
+    /// at a time without a KV budget until [`Capabilities::set_batching`]
+    /// says what their engines do.
     pub fn new(
         runtime_version: &str,
         cuda: Result<(), String>,
         architectures: Vec<ArchitectureCaps>,
     ) -> Self {
+        let backend = |name: &str, reason: Option<String>| BackendCaps {
+            name: name.into(),
+            available: reason.is_none(),
+            reason,
+            max_parallel: 1,
+            kv_tokens: false,
+        };
         Capabilities {
             protocol_version: crate::PROTOCOL_VERSION,
             runtime_version: runtime_version.to_string(),
-            backends: vec![
-                BackendCaps {
-                    name: "reference".into(),
-                    available: true,
-                    reason: None,
-                },
-                BackendCaps {
-                    name: "cuda".into(),
-                    available: cuda.is_ok(),
-                    reason: cuda.err(),
-                },
-            ],
+            backends: vec![backend("reference", None), backend("cuda", cuda.err())],
             architectures,
+        }
+    }
+
+    /// Records that `backend`'s engine decodes up to `max_parallel`
+    /// requests together and whether it takes `kv_tokens`.
+    pub fn set_batching(&mut self, backend: Backend, max_parallel: u32, kv_tokens: bool) {
+        if let Some(b) = self
+            .backends
+            .iter_mut()
+            .find(|b| b.name == backend.as_str())
+        {
+            b.max_parallel = max_parallel.max(1);
+            b.kv_tokens = kv_tokens;
         }
     }
 
@@ -132,7 +155,29 @@ impl Capabilities {
                     ),
                 ));
             }
-            Some(_) => {}
+            Some(b) => {
+                if let Some(n) = opts.parallel
+                    && n > b.max_parallel
+                {
+                    return Err(OptionError::new(
+                        "parallel",
+                        format!(
+                            "the '{backend}' backend runs at most {} request(s) together in this \
+                             runtime; pass at most that, or leave it to the engine",
+                            b.max_parallel
+                        ),
+                    ));
+                }
+                if opts.kv_tokens.is_some() && !b.kv_tokens {
+                    return Err(OptionError::new(
+                        "kv_tokens",
+                        format!(
+                            "the '{backend}' backend sizes its KV memory itself in this runtime; \
+                             leave kv_tokens unset"
+                        ),
+                    ));
+                }
+            }
         }
         let arch = self.architecture(model_type).ok_or_else(|| {
             OptionError::new(
@@ -328,6 +373,45 @@ mod tests {
         assert_eq!(err.unwrap_err().option, "hcs");
         let err = c.check_options(&base, "llama");
         assert!(err.unwrap_err().reason.contains("qwen3_moe"));
+    }
+
+    /// `parallel` up to the backend's `max_parallel`, `kv_tokens` only
+    /// where the backend takes it; both refused by name otherwise.
+    #[test]
+    fn parallel_and_kv_tokens_follow_the_backends_batching() {
+        let mut c = caps(true);
+        c.set_batching(Backend::Reference, 8, true);
+        let at = |backend, parallel, kv_tokens| LaunchOptions {
+            model: "m".into(),
+            backend,
+            hcs: false,
+            parallel,
+            kv_tokens,
+            ..Default::default()
+        };
+        let check = |o: LaunchOptions| c.check_options(&o, "qwen3_moe").map_err(|e| e.option);
+        assert_eq!(check(at(Backend::Reference, Some(8), Some(4096))), Ok(()));
+        assert_eq!(check(at(Backend::Reference, None, None)), Ok(()));
+        // The cuda backend here runs one request at a time, no KV budget.
+        assert_eq!(check(at(Backend::Cuda, Some(1), None)), Ok(()));
+        assert_eq!(
+            check(at(Backend::Cuda, Some(2), None)),
+            Err("parallel".into())
+        );
+        assert_eq!(
+            check(at(Backend::Cuda, None, Some(4096))),
+            Err("kv_tokens".into())
+        );
+        // The option rules hold whatever the backend.
+        for (o, name) in [
+            (at(Backend::Reference, Some(0), None), "parallel"),
+            (at(Backend::Reference, Some(9), None), "parallel"),
+            (at(Backend::Reference, None, Some(0)), "kv_tokens"),
+        ] {
+            assert_eq!(o.validate().unwrap_err().option, name);
+        }
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<Capabilities>(&json).unwrap(), c);
     }
 
     /// glm4_moe's MLP block is FP16 (its description): that is what it

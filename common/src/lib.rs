@@ -22,7 +22,7 @@ pub use options::{API_KEY_ENV, Backend, LaunchOptions, OptionError};
 pub use plan::{DEFAULT_SAFETY_MARGIN_MIB, Plan};
 pub use size::{SizeError, format_size, parse_size};
 pub use status::{
-    Activity, EXIT_ENGINE_FAULT, EngineStats, Health, HealthStatus, LiveRequest, Phase,
+    Activity, EXIT_ENGINE_FAULT, EngineStats, Health, HealthStatus, KvStats, LiveRequest, Phase,
     REQUEST_LOG_LEN, RequestRecord,
 };
 
@@ -32,5 +32,8 @@ pub use status::{
 /// `backends`, the live `/v1/stats` fields. 3: the `mlp_precision` option
 /// (`--mlp-precision`), architectures with `mlp_precisions`. 4: the
 /// `prefix_cache` option (`--prefix-cache`), `/v1/stats` `prefix_cache`
-/// and `cached_tokens` in the request log.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// and `cached_tokens` in the request log. 5: continuous batching: the
+/// `parallel` and `kv_tokens` options (`--parallel`, `--kv-tokens`),
+/// `/v1/stats` `running` (a list, replacing `current`) with each request's
+/// `activity`, `parallel` and `kv`.
+pub const PROTOCOL_VERSION: u32 = 5;

@@ -160,8 +160,17 @@ pub struct LaunchOptions {
     pub pruning: String,
     /// Expert cache directory override (default: the platform cache directory).
     pub cache_dir: Option<PathBuf>,
-    /// Requests allowed to wait while one is running; more get 503.
+    /// Requests allowed to wait while `parallel` run; more get 503.
     pub queue_depth: u32,
+    /// The most requests decoding together (continuous batching, 1 to
+    /// [`MAX_PARALLEL`]); `None`: the engine's batch capacity (the
+    /// backend's `max_parallel` in the capability report).
+    pub parallel: Option<u32>,
+    /// KV memory all running requests share, in tokens (each reserves its
+    /// prompt + max_tokens; one that does not fit waits in the queue);
+    /// `None`: the engine's default. Only backends whose capability says
+    /// `kv_tokens` take it.
+    pub kv_tokens: Option<u64>,
     /// CUDA device ordinal.
     pub gpu: u32,
     /// Memory for the prefix cache (reuse of prompt prefixes' KV).
@@ -193,12 +202,18 @@ impl Default for LaunchOptions {
             pruning: "off".into(),
             cache_dir: None,
             queue_depth: 16,
+            parallel: None,
+            kv_tokens: None,
             gpu: 0,
             prefix_cache: PrefixCacheChoice::Auto,
             cors_origins: Vec::new(),
         }
     }
 }
+
+/// The most requests any engine decodes together (`parallel`): the CUDA
+/// decode kernels take at most 8 rows.
+pub const MAX_PARALLEL: u32 = 8;
 
 /// Environment variable that carries the API key to the launcher and the
 /// runtime (the launcher sets it for the runtime it starts).
@@ -452,6 +467,19 @@ impl LaunchOptions {
         if self.queue_depth == 0 {
             return Err(OptionError::new("queue_depth", "must be at least 1"));
         }
+        if let Some(n) = self.parallel
+            && !(1..=MAX_PARALLEL).contains(&n)
+        {
+            return Err(OptionError::new(
+                "parallel",
+                format!(
+                    "{n} is outside 1..={MAX_PARALLEL} (the decode kernels take at most {MAX_PARALLEL} rows)"
+                ),
+            ));
+        }
+        if self.kv_tokens == Some(0) {
+            return Err(OptionError::new("kv_tokens", "must be at least 1"));
+        }
         Ok(())
     }
 
@@ -534,6 +562,14 @@ impl LaunchOptions {
         if let Some(d) = &self.cache_dir {
             a.push("--cache-dir".into());
             a.push(d.display().to_string());
+        }
+        if let Some(n) = self.parallel {
+            a.push("--parallel".into());
+            a.push(n.to_string());
+        }
+        if let Some(t) = self.kv_tokens {
+            a.push("--kv-tokens".into());
+            a.push(t.to_string());
         }
         a
     }

@@ -42,7 +42,8 @@ pub struct Health {
 /// supervisor restarts it. (70 is `EX_SOFTWARE` of sysexits.h.)
 pub const EXIT_ENGINE_FAULT: i32 = 70;
 
-/// What the engine is doing at the moment `/v1/stats` answered.
+/// What the engine (or one running request) is doing at the moment
+/// `/v1/stats` answered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Activity {
@@ -55,12 +56,14 @@ pub enum Activity {
     Decoding,
 }
 
-/// The request the engine is running, as of this stats snapshot.
+/// A request the engine is running, as of this stats snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct LiveRequest {
     /// Server-assigned, increasing; the same id appears in the request log.
     pub id: u64,
+    /// Prefilling its prompt or decoding (never idle).
+    pub activity: Activity,
     /// `/v1/chat/completions` or `/v1/completions`.
     pub endpoint: String,
     /// The client's socket address, e.g. `127.0.0.1:51234`.
@@ -114,16 +117,23 @@ pub const REQUEST_LOG_LEN: usize = 64;
 /// launcher polls it every 200 ms; everything here is cheap to snapshot.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineStats {
-    /// Idle, or what the running request is doing.
+    /// Idle; `prefilling` while any running request prefills (a prefill
+    /// chunk is part of every engine step then); else `decoding`.
     #[serde(default)]
     pub activity: Activity,
-    /// The running request, if any.
+    /// The requests the engine is running, oldest first.
     #[serde(default)]
-    pub current: Option<LiveRequest>,
-    /// Sequences the engine is running now (0 or 1 until batching); the
+    pub running: Vec<LiveRequest>,
+    /// Sequences the engine is running now (`running.len()`); the
     /// requests waiting for it are [`EngineStats::queue_len`].
     #[serde(default)]
     pub active_sequences: u64,
+    /// The most requests the engine runs together (`serve --parallel`).
+    #[serde(default)]
+    pub parallel: u64,
+    /// The engine's KV memory, in tokens, when it batches.
+    #[serde(default)]
+    pub kv: Option<KvStats>,
     /// Time to first token ([`LiveRequest::ttft_ms`]) of the last finished
     /// request that produced one.
     #[serde(default)]
@@ -152,6 +162,18 @@ pub struct EngineStats {
     /// The engine's prefix cache (absent when it has none or it is off).
     #[serde(default)]
     pub prefix_cache: Option<PrefixCacheStats>,
+}
+
+/// KV memory of a batching engine, in tokens (one token: one position of
+/// every layer's keys and values). A running request reserves its prompt +
+/// `max_tokens` (within the context) when it starts; a request that does
+/// not fit waits in the queue. `used_tokens` is back to 0 whenever nothing
+/// runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KvStats {
+    pub used_tokens: u64,
+    pub total_tokens: u64,
 }
 
 /// The prefix cache (`krasis_model::prefix_cache`): KV of prompt prefixes

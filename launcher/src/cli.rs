@@ -217,6 +217,14 @@ pub struct OptionFlags {
     /// as 2GiB.
     #[arg(long, value_name = "auto|off|SIZE")]
     pub prefix_cache: Option<String>,
+    /// The most requests decoding together, 1 to 8 (default: the engine's
+    /// capacity).
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<u32>,
+    /// KV memory all running requests share, in tokens (reference backend;
+    /// default: the engine's).
+    #[arg(long, value_name = "TOKENS")]
+    pub kv_tokens: Option<u64>,
 }
 
 impl OptionFlags {
@@ -306,6 +314,12 @@ impl OptionFlags {
         }
         if let Some(v) = &self.prefix_cache {
             base.prefix_cache = krasis_common::options::PrefixCacheChoice::parse(v)?;
+        }
+        if let Some(v) = self.parallel {
+            base.parallel = Some(v);
+        }
+        if let Some(v) = self.kv_tokens {
+            base.kv_tokens = Some(v);
         }
         Ok(())
     }

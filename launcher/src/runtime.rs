@@ -237,6 +237,10 @@ pub fn plan_args(opts: &LaunchOptions, device: Option<(u64, u64)>) -> Vec<String
         a.push("--context-length".into());
         a.push(c.to_string());
     }
+    if let Some(t) = opts.kv_tokens {
+        a.push("--kv-tokens".into());
+        a.push(t.to_string());
+    }
     if opts.backend == Backend::Cuda {
         a.extend([
             "--safety-margin-mib".into(),
@@ -305,7 +309,11 @@ pub mod tests {
         let architectures =
             serde_json::from_str(include_str!("../../common/fixtures/architectures.json"))
                 .expect("common/fixtures/architectures.json parses");
-        Capabilities::new("0.1.0", reason, architectures)
+        let mut c = Capabilities::new("0.1.0", reason, architectures);
+        // As the runtime reports its engines (`runtime/src/cmd/capabilities.rs`):
+        // the reference engine batches 8 requests and takes a KV budget.
+        c.set_batching(Backend::Reference, 8, true);
+        c
     }
 
     #[test]

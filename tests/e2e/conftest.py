@@ -224,7 +224,7 @@ HERMES_RULES = [
 def scripted_server(scripted_bin, tiny_model, tmp_path_factory):
     s = start_scripted(
         scripted_bin, tiny_model, tmp_path_factory, HERMES_RULES,
-        "--token-delay-ms", "5", "--queue-depth", "1",
+        "--token-delay-ms", "5", "--queue-depth", "1", "--parallel", "1",
     )
     yield s
     s.stop()

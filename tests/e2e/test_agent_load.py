@@ -186,7 +186,7 @@ class Fake(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             self.reply({"object": "list", "data": [{"id": "fake", "object": "model"}]})
         else:
-            self.reply({"activity": "idle", "current": None, "active_sequences": 0,
+            self.reply({"activity": "idle", "running": [], "active_sequences": 0,
                         "queue_len": 0, "recent_requests": [],
                         "requests_completed": type(self).served, "requests_cancelled": 0,
                         "requests_rejected": 0,

@@ -286,20 +286,20 @@ def test_stats_show_a_streaming_request_live_then_log_it(long_prefill_server):
         time.sleep(0.05)
     th.join(timeout=10)
     usage = done["chunks"][-1].usage
-    live = [st for st in seen if st["current"]]
-    prefill = [st["current"]["prefilled_tokens"] for st in live if st["activity"] == "prefilling"]
-    decode = [st["current"] for st in live if st["activity"] == "decoding"]
+    live = [st for st in seen if st["running"]]
+    prefill = [st["running"][0]["prefilled_tokens"] for st in live if st["activity"] == "prefilling"]
+    decode = [st["running"][0] for st in live if st["activity"] == "decoding"]
     # The prefill is seen part-way (chunk by chunk), never going back.
     assert any(0 < p < usage.prompt_tokens for p in prefill), prefill
     assert prefill == sorted(prefill), prefill
     assert decode and all(c["ttft_ms"] is not None for c in decode), decode
     assert all(st["active_sequences"] == 1 for st in live)
-    c = live[0]["current"]
+    c = live[0]["running"][0]
     assert (c["endpoint"], c["prompt_tokens"], c["max_tokens"]) == (
         "/v1/completions", usage.prompt_tokens, 48)
     assert c["client"].startswith("127.0.0.1:"), c
     end = seen[-1]
-    assert end["activity"] == "idle" and end["current"] is None, end
+    assert end["activity"] == "idle" and end["running"] == [], end
     r = end["recent_requests"][-1]
     assert (r["endpoint"], r["client"]) == ("/v1/completions", c["client"]), r
     assert r["finish_reason"] == done["chunks"][-2].choices[0].finish_reason, r

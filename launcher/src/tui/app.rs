@@ -6,7 +6,7 @@
 mod live;
 mod run;
 
-pub use live::{HISTORY, Live, LogView, Progress};
+pub use live::{HISTORY, Live, LogView, Progress, decoding_tok_s, prefilling_tok_s};
 
 use super::event::{Action, Event};
 use super::fields::{FIELDS, FieldCtx};

@@ -27,11 +27,13 @@ pub enum Field {
     CorsOrigins,
     Gpu,
     PrefixCache,
+    Parallel,
+    KvTokens,
 }
 
-/// In form order. GPU and the prefix cache come last so the rows above
-/// keep their places (the tmux flow test counts them).
-pub const FIELDS: [Field; 18] = [
+/// In form order. GPU, the prefix cache and the batching fields come last
+/// so the rows above keep their places (the tmux flow test counts them).
+pub const FIELDS: [Field; 20] = [
     Field::Backend,
     Field::ExpertPrecision,
     Field::AttentionPrecision,
@@ -50,6 +52,8 @@ pub const FIELDS: [Field; 18] = [
     Field::CorsOrigins,
     Field::Gpu,
     Field::PrefixCache,
+    Field::Parallel,
+    Field::KvTokens,
 ];
 
 /// What availability and choices are derived from: the runtime's report
@@ -82,6 +86,8 @@ impl Field {
             Field::CorsOrigins => "CORS origins",
             Field::Gpu => "GPU (CUDA device)",
             Field::PrefixCache => "Prefix cache (auto/off/size)",
+            Field::Parallel => "Parallel requests",
+            Field::KvTokens => "KV budget (tokens)",
         }
     }
 
@@ -97,6 +103,7 @@ impl Field {
                 | Field::Hcs
                 | Field::Pruning
                 | Field::Gpu
+                | Field::Parallel
         )
     }
 
@@ -144,6 +151,10 @@ impl Field {
                 PrefixCacheChoice::Off => "off".into(),
                 PrefixCacheChoice::Bytes(b) => fmt_bytes(b),
             },
+            Field::Parallel => o.parallel.map_or(AUTO_PARALLEL.into(), |n| n.to_string()),
+            Field::KvTokens => o
+                .kv_tokens
+                .map_or("engine default".into(), |t| t.to_string()),
         }
     }
 
@@ -166,6 +177,7 @@ impl Field {
                 PrefixCacheChoice::Bytes(b) => format_size_exact(b),
                 c => c.to_arg(),
             },
+            Field::KvTokens => o.kv_tokens.map(|t| t.to_string()).unwrap_or_default(),
             _ => self.show(o),
         }
     }
@@ -196,6 +208,15 @@ impl Field {
                 }
             }
             Field::SafetyMargin => o.safety_margin_mib = num("safety margin")?,
+            Field::KvTokens => {
+                o.kv_tokens = match t {
+                    "" => None,
+                    _ => match num("KV budget")? {
+                        0 => return Err("KV budget: at least 1 token".into()),
+                        n => Some(n),
+                    },
+                }
+            }
             Field::PrefixCache => {
                 o.prefix_cache = PrefixCacheChoice::parse(if t.is_empty() { "auto" } else { t })
                     .map_err(|e| e.reason)?
@@ -237,8 +258,8 @@ impl Field {
         Ok(())
     }
 
-    /// What the runtime offers for a choice field.
-    pub fn choices(self, cx: FieldCtx) -> Vec<String> {
+    /// What the runtime offers for a choice field, with `o` as chosen so far.
+    pub fn choices(self, o: &LaunchOptions, cx: FieldCtx) -> Vec<String> {
         let caps = cx.caps;
         let arch = cx.model_type.and_then(|t| caps.architecture(t));
         match self {
@@ -268,6 +289,15 @@ impl Field {
                 v
             }
             Field::Gpu => cx.gpus.iter().map(|g| g.index.to_string()).collect(),
+            // auto, then 1 to what the selected backend runs together.
+            Field::Parallel => {
+                let max = caps
+                    .backend(o.backend.as_str())
+                    .map_or(1, |b| b.max_parallel);
+                std::iter::once(AUTO_PARALLEL.to_string())
+                    .chain((1..=max).map(|n| n.to_string()))
+                    .collect()
+            }
             _ => Vec::new(),
         }
     }
@@ -294,6 +324,15 @@ impl Field {
                 (self == Field::Gpu && cx.gpus.is_empty())
                     .then(|| "the hardware probe found no GPU".to_string())
             }
+            Field::KvTokens => {
+                let b = cx.caps.backend(o.backend.as_str())?;
+                (!b.kv_tokens).then(|| {
+                    format!(
+                        "the {} backend sizes its KV memory itself",
+                        o.backend.as_str()
+                    )
+                })
+            }
             // Asked of the one authority: would these options pass with
             // HCS on? Only a refusal of HCS itself disables the field.
             Field::Hcs => {
@@ -313,7 +352,7 @@ impl Field {
     /// Moves to the next/previous offered value.
     pub fn cycle(self, o: &mut LaunchOptions, cx: FieldCtx, forward: bool) {
         let (caps, model_type) = (cx.caps, cx.model_type);
-        let c = self.choices(cx);
+        let c = self.choices(o, cx);
         if c.is_empty() {
             return;
         }
@@ -343,6 +382,14 @@ impl Field {
                     if Field::VramLimit.unavailable(o, cx).is_some() {
                         o.vram_limit_bytes = None;
                     }
+                    // Nor batching it cannot do.
+                    let b = caps.backend(o.backend.as_str());
+                    if o.parallel > b.map(|b| b.max_parallel) {
+                        o.parallel = None;
+                    }
+                    if !b.is_some_and(|b| b.kv_tokens) {
+                        o.kv_tokens = None;
+                    }
                 }
             }
             Field::Gpu => {
@@ -356,10 +403,14 @@ impl Field {
             Field::MlpPrecision => o.mlp_precision = v,
             Field::Pruning => o.pruning = v,
             Field::Hcs => o.hcs = v == "on",
+            Field::Parallel => o.parallel = v.parse().ok(),
             _ => {}
         }
     }
 }
+
+/// How the Parallel field shows "the engine decides".
+const AUTO_PARALLEL: &str = "auto (engine's capacity)";
 
 #[cfg(test)]
 mod tests {

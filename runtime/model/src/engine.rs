@@ -238,6 +238,14 @@ pub trait Engine: Send {
     fn stats(&self) -> Option<krasis_common::status::EngineStats> {
         None
     }
+
+    /// The engine's continuous-batching interface, when it has one: the
+    /// server then runs several requests together through it
+    /// ([`crate::batch`]); without one it runs them one at a time through
+    /// [`Engine::generate`].
+    fn batch(&mut self) -> Option<&mut dyn crate::batch::Batch> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! engine is checked against).
 
 pub mod arch;
+pub mod batch;
 pub mod chat_template;
 pub mod checkpoint;
 pub mod engine;
@@ -19,6 +20,7 @@ pub mod testutil;
 pub mod tokenizer;
 
 pub use arch::{ExpertStorage, FusedMxfp4Names, Geometry, MlpKind, ModelConfig};
+pub use batch::{Admission, Batch, KvUsage, SeqEvent, SeqId};
 pub use checkpoint::{Checkpoint, DType, TensorView};
 pub use engine::{
     CancelToken, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,

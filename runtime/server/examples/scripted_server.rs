@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! scripted_server --model DIR --replies FILE [--port N] [--template qwen3-coder]
-//!                 [--token-delay-ms N] [--queue-depth N]
+//!                 [--token-delay-ms N] [--queue-depth N] [--parallel N]
 //! ```
 //! FILE is a JSON list of `{"when": "substring of the rendered prompt",
 //! "reply": "model output"}` or `{"when": ..., "panic": "message"}` (the
@@ -31,6 +31,8 @@ struct Args {
     coder_template: bool,
     token_delay_ms: u64,
     queue_depth: usize,
+    /// Requests decoding together (default: the scripted engine's capacity).
+    parallel: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -41,6 +43,7 @@ fn parse_args() -> Result<Args, String> {
         coder_template: false,
         token_delay_ms: 0,
         queue_depth: 4,
+        parallel: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -63,6 +66,9 @@ fn parse_args() -> Result<Args, String> {
                 a.queue_depth = value()?
                     .parse()
                     .map_err(|e| format!("--queue-depth: {e}"))?
+            }
+            "--parallel" => {
+                a.parallel = Some(value()?.parse().map_err(|e| format!("--parallel: {e}"))?)
             }
             other => return Err(format!("unknown flag {other}")),
         }
@@ -121,6 +127,7 @@ fn main() -> Result<(), String> {
         backend: "scripted".into(),
         api_key: None,
         queue_depth: args.queue_depth,
+        parallel: args.parallel,
         default_sampling: SamplingParams::greedy(),
         ..ServerConfig::default()
     });

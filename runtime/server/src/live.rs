@@ -1,4 +1,4 @@
-//! The running job as `/v1/stats` sees it while it runs. The engine thread
+//! A running job as `/v1/stats` sees it while it runs. The engine thread
 //! writes a few atomics per generated token (no lock, no allocation) and the
 //! engine itself reports prefill progress and its cache figures through the
 //! request's [`LiveProgress`]; a stats snapshot turns these into a
@@ -32,7 +32,7 @@ pub struct JobInfo {
     pub max_tokens: u64,
 }
 
-/// The job the engine is running.
+/// A job the engine is running.
 #[derive(Debug)]
 pub struct Running {
     pub info: JobInfo,
@@ -89,7 +89,7 @@ impl Running {
     }
 
     /// What the job is doing and its figures so far, as of `now`.
-    pub fn snapshot(&self, now: Instant) -> (Activity, LiveRequest) {
+    pub fn snapshot(&self, now: Instant) -> LiveRequest {
         let generated = self.generated.load(Ordering::Acquire);
         let first = Duration::from_micros(self.first_token_us.load(Ordering::Relaxed));
         let last = Duration::from_micros(self.last_token_us.load(Ordering::Relaxed));
@@ -112,8 +112,9 @@ impl Running {
                 Some(ttft),
             )
         };
-        let request = LiveRequest {
+        LiveRequest {
             id: self.info.id,
+            activity,
             endpoint: self.info.endpoint.to_string(),
             client: self.info.client.map(|c| c.to_string()),
             prompt_tokens: prompt,
@@ -124,8 +125,7 @@ impl Running {
             ttft_ms: ttft.map(ms),
             prefill_tok_s,
             decode_tok_s,
-        };
-        (activity, request)
+        }
     }
 }
 
@@ -157,14 +157,14 @@ mod tests {
     #[test]
     fn prefilling_then_decoding_with_rates_so_far() {
         let r = running(100);
-        let (a, l) = r.snapshot(r.started + Duration::from_millis(500));
+        let l = r.snapshot(r.started + Duration::from_millis(500));
         assert_eq!(
-            (a, l.prefilled_tokens, l.ttft_ms),
+            (l.activity, l.prefilled_tokens, l.ttft_ms),
             (Activity::Prefilling, 0, None)
         );
         r.progress.set_prefilled(50);
-        let (a, l) = r.snapshot(r.started + Duration::from_millis(500));
-        assert_eq!((a, l.prefilled_tokens), (Activity::Prefilling, 50));
+        let l = r.snapshot(r.started + Duration::from_millis(500));
+        assert_eq!((l.activity, l.prefilled_tokens), (Activity::Prefilling, 50));
         assert!(
             (l.prefill_tok_s - 100.0).abs() < 1e-6,
             "{}",
@@ -172,14 +172,14 @@ mod tests {
         );
         // An engine may over-report (a chunk padded); never past the prompt.
         r.progress.set_prefilled(130);
-        assert_eq!(r.snapshot(Instant::now()).1.prefilled_tokens, 100);
+        assert_eq!(r.snapshot(Instant::now()).prefilled_tokens, 100);
 
         r.on_token();
         std::thread::sleep(Duration::from_millis(20));
         r.on_token();
         r.on_token();
-        let (a, l) = r.snapshot(Instant::now());
-        assert_eq!(a, Activity::Decoding);
+        let l = r.snapshot(Instant::now());
+        assert_eq!(l.activity, Activity::Decoding);
         assert_eq!((l.prefilled_tokens, l.generated_tokens), (100, 3));
         assert_eq!((l.id, l.endpoint.as_str()), (7, "/v1/completions"));
         assert_eq!(l.client.as_deref(), Some("127.0.0.1:4242"));

@@ -25,8 +25,11 @@ pub struct ServerConfig {
     pub backend: String,
     /// Bearer token required on `/v1/*` when set.
     pub api_key: Option<String>,
-    /// Requests allowed to wait while one runs; more get 503.
+    /// Requests allowed to wait while `parallel` run; more get 503.
     pub queue_depth: usize,
+    /// The most requests the engine runs together (`--parallel`); `None`:
+    /// the engine's batch capacity ([`crate::worker::parallel_for`]).
+    pub parallel: Option<usize>,
     /// Sampling used for fields a request leaves out.
     pub default_sampling: SamplingParams,
     /// Web origins allowed besides loopback ones (`http://localhost:*`,
@@ -46,6 +49,7 @@ impl Default for ServerConfig {
             backend: "reference".into(),
             api_key: None,
             queue_depth: 16,
+            parallel: None,
             default_sampling: SamplingParams::default(),
             cors_origins: Vec::new(),
             check_host: true,
@@ -134,13 +138,16 @@ impl AppState {
         self.life.set(Phase::Failed, Some(reason));
     }
 
-    /// Starts the engine thread and begins serving requests.
+    /// Starts the engine thread and begins serving requests. A `parallel`
+    /// the engine cannot run is refused (`InvalidInput`, with the reason).
     pub fn install(
         &self,
-        engine: Box<dyn Engine>,
+        mut engine: Box<dyn Engine>,
         tokenizer: Arc<Tokenizer>,
         template: Option<ChatTemplate>,
     ) -> std::io::Result<()> {
+        let parallel = crate::worker::parallel_for(engine.as_mut(), self.config.parallel)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let info = engine.info();
         let grammar = template.as_ref().and_then(|t| detect_grammar(t.source()));
         let life = self.life.clone();
@@ -148,6 +155,7 @@ impl AppState {
             engine,
             tokenizer.clone(),
             self.config.queue_depth,
+            parallel,
             self.stats.clone(),
             Box::new(move |reason: String| {
                 life.set(Phase::Failed, Some(format!("engine fault: {reason}")));

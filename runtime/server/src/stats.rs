@@ -1,13 +1,14 @@
 //! What `/v1/stats` reports: counters, the last finished run, the running
-//! job's live figures ([`crate::live`]) and the request log
-//! ([`crate::requests`]). The launcher polls it several times a second, so
-//! a snapshot takes each lock only long enough to clone a few small values,
-//! and the engine thread takes them only when a job starts or ends.
+//! jobs' live figures ([`crate::live`]), the engine's KV use and the
+//! request log ([`crate::requests`]). The launcher polls it several times
+//! a second, so a snapshot takes each lock only long enough to clone a few
+//! small values, and the engine thread takes them only when a job starts
+//! or ends (and, for the KV figures, once per engine step).
 
 use crate::live::Running;
 use crate::requests::RequestLog;
-use krasis_common::status::{Activity, EngineStats};
-use krasis_model::GenerateStats;
+use krasis_common::status::{Activity, EngineStats, KvStats};
+use krasis_model::{GenerateStats, KvUsage};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -22,8 +23,12 @@ pub struct SharedStats {
     /// Jobs waiting for the engine thread.
     pub queued: AtomicU64,
     pub last: Mutex<LastRun>,
-    /// The job the engine is running.
-    running: Mutex<Option<Arc<Running>>>,
+    /// The jobs the engine is running, oldest first.
+    running: Mutex<Vec<Arc<Running>>>,
+    /// The engine's KV use, when it batches.
+    kv: Mutex<Option<KvUsage>>,
+    /// The most jobs the engine runs together.
+    parallel: AtomicU64,
     pub log: Arc<RequestLog>,
     /// The id of the last queued job (ids start at 1).
     last_id: AtomicU64,
@@ -45,9 +50,23 @@ impl SharedStats {
         self.last_id.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// The engine thread starts (`Some`) or ends (`None`) a job.
-    pub fn set_running(&self, running: Option<Arc<Running>>) {
-        *lock(&self.running) = running;
+    /// The engine thread starts a job.
+    pub fn add_running(&self, running: Arc<Running>) {
+        lock(&self.running).push(running);
+    }
+
+    /// The engine thread ends the job of this id.
+    pub fn remove_running(&self, id: u64) {
+        lock(&self.running).retain(|r| r.info.id != id);
+    }
+
+    /// The engine's KV use after its last change.
+    pub fn set_kv(&self, kv: KvUsage) {
+        *lock(&self.kv) = Some(kv);
+    }
+
+    pub fn set_parallel(&self, n: usize) {
+        self.parallel.store(n as u64, Ordering::Relaxed);
     }
 
     pub fn snapshot(&self) -> EngineStats {
@@ -55,23 +74,28 @@ impl SharedStats {
         let last = lock(&self.last).clone();
         let running = lock(&self.running).clone();
         let mut s = last.engine.unwrap_or_default();
-        if let Some(r) = &running {
-            let (activity, current) = r.snapshot(now);
-            s.activity = activity;
-            s.current = Some(current);
-            s.active_sequences = 1;
-            // The engine's figures so far in this request replace those of
-            // the last one; what it has not published yet stays.
-            if let Some(e) = r.progress.engine() {
-                s.hcs = e.hcs.or(s.hcs);
-                s.vram = e.vram.or(s.vram);
-                s.pinned_host_bytes = e.pinned_host_bytes.or(s.pinned_host_bytes);
-            }
+        s.running = running.iter().map(|r| r.snapshot(now)).collect();
+        s.active_sequences = s.running.len() as u64;
+        s.activity = if s.running.iter().any(|r| r.activity == Activity::Prefilling) {
+            Activity::Prefilling
+        } else if s.running.is_empty() {
+            Activity::Idle
         } else {
-            s.activity = Activity::Idle;
-            s.current = None;
-            s.active_sequences = 0;
+            Activity::Decoding
+        };
+        // The engine's figures so far in the latest running request that
+        // published any replace those of the last finished one; what it
+        // has not published yet stays.
+        if let Some(e) = running.iter().rev().find_map(|r| r.progress.engine()) {
+            s.hcs = e.hcs.or(s.hcs);
+            s.vram = e.vram.or(s.vram);
+            s.pinned_host_bytes = e.pinned_host_bytes.or(s.pinned_host_bytes);
         }
+        s.parallel = self.parallel.load(Ordering::Relaxed);
+        s.kv = lock(&self.kv).map(|k| KvStats {
+            used_tokens: k.used_tokens as u64,
+            total_tokens: k.total_tokens as u64,
+        });
         (s.recent_requests, s.last_ttft_ms) = self.log.recent();
         s.requests_completed = self.completed.load(Ordering::Relaxed);
         s.requests_cancelled = self.cancelled.load(Ordering::Relaxed);

@@ -9,10 +9,22 @@
 //! a prefix cache too: a request with `cache_prompt` reports as cached the
 //! tokens its prompt shares with the previous such request's (at most all
 //! but its last), as a real engine reports its hit.
+//!
+//! It batches like the real engines ([`Batch`]): up to
+//! [`ScriptedEngine::with_capacity`] sequences, each reserving prompt +
+//! `max_new_tokens` (within the context) of a KV budget
+//! ([`ScriptedEngine::with_kv_tokens`]) at admission; a step runs one
+//! simulated prefill chunk of the oldest sequence still prefilling, then
+//! one token of every decoding sequence (one `token_delay` per step, as one
+//! batched decode step), so the server's scheduler is tested
+//! deterministically. [`ScriptedEngine::without_batching`] hides the batch
+//! interface, for the server's one-at-a-time path.
 
 use krasis_common::status::{EngineStats, HcsStats, VramStats};
+use krasis_model::batch::generate_one;
 use krasis_model::{
-    Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats,
+    Admission, Batch, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome,
+    GenerateRequest, GenerateStats, KvUsage, SeqEvent, SeqId,
 };
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -37,6 +49,11 @@ pub struct ScriptedEngine {
     cache_figures: bool,
     /// The last prompt of a request with `cache_prompt`.
     last_cached_prompt: Vec<u32>,
+    capacity: usize,
+    kv_tokens: usize,
+    batching: bool,
+    seqs: Vec<Seq>,
+    next_seq: u64,
     /// Tokens handed to callbacks, across all requests.
     pub produced: Arc<AtomicUsize>,
     /// Prefill chunks run, across all requests.
@@ -55,6 +72,11 @@ impl ScriptedEngine {
             failure: None,
             cache_figures: false,
             last_cached_prompt: Vec::new(),
+            capacity: DEFAULT_CAPACITY,
+            kv_tokens: DEFAULT_CAPACITY * context_length,
+            batching: true,
+            seqs: Vec::new(),
+            next_seq: 0,
             produced: Arc::new(AtomicUsize::new(0)),
             prefill_chunks: Arc::new(AtomicUsize::new(0)),
         }
@@ -83,12 +105,36 @@ impl ScriptedEngine {
         self
     }
 
-    /// Sleeps this long before each token, like a real decode step.
+    /// Sleeps this long before each token, like a real decode step (one
+    /// step of every decoding sequence when batched).
     pub fn with_token_delay(mut self, d: Duration) -> Self {
         self.token_delay = d;
         self
     }
+
+    /// Runs at most `n` sequences together (default [`DEFAULT_CAPACITY`]).
+    pub fn with_capacity(mut self, n: usize) -> Self {
+        self.capacity = n.max(1);
+        self
+    }
+
+    /// The KV tokens running sequences may reserve together (default:
+    /// a whole context for each of the capacity's sequences).
+    pub fn with_kv_tokens(mut self, tokens: usize) -> Self {
+        self.kv_tokens = tokens;
+        self
+    }
+
+    /// No batch interface: the server runs one request at a time through
+    /// [`Engine::generate`].
+    pub fn without_batching(mut self) -> Self {
+        self.batching = false;
+        self
+    }
 }
+
+/// Sequences a scripted engine runs together unless told otherwise.
+pub const DEFAULT_CAPACITY: usize = 8;
 
 /// The figures [`ScriptedEngine::with_cache_figures`] reports.
 pub const LAST_HIT_RATE: f64 = 0.25;
@@ -113,20 +159,126 @@ fn cache_figures(hit_rate: f64, free_bytes: u64, pinned: Option<u64>) -> EngineS
     }
 }
 
-impl Engine for ScriptedEngine {
-    fn info(&self) -> EngineInfo {
-        EngineInfo {
-            backend: "scripted".into(),
-            vocab_size: self.vocab_size,
-            context_length: self.context_length,
+/// One admitted sequence.
+struct Seq {
+    id: SeqId,
+    req: GenerateRequest,
+    /// KV tokens reserved at admission.
+    reserved: usize,
+    /// The error the failure function chose for it, raised at its prefill.
+    failure: Option<EngineError>,
+    prefilled: Option<usize>,
+    /// The tokens it will produce, once its prefill is done.
+    script: Option<Vec<u32>>,
+    stats: GenerateStats,
+    started: Option<Instant>,
+    first_token: Option<Instant>,
+}
+
+impl Seq {
+    fn outcome(&self, finish: FinishReason) -> GenerateOutcome {
+        let mut stats = self.stats.clone();
+        if self.script.is_none()
+            && let Some(t) = self.started
+        {
+            stats.prefill_seconds = t.elapsed().as_secs_f64();
         }
+        if let Some(t) = self.first_token {
+            stats.decode_seconds = t.elapsed().as_secs_f64();
+        }
+        GenerateOutcome { finish, stats }
     }
 
-    fn generate(
-        &mut self,
-        req: &GenerateRequest,
-        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
-    ) -> Result<GenerateOutcome, EngineError> {
+    /// The most tokens it may produce.
+    fn limit(&self, context: usize) -> usize {
+        self.req.max_new_tokens.min(context - self.req.prompt.len())
+    }
+}
+
+impl ScriptedEngine {
+    /// One prefill chunk of `seq`; at its end the script is made (the
+    /// responder may panic there, as a real engine may in a step).
+    fn prefill_chunk(&mut self, seq: &mut Seq) -> Result<(), EngineError> {
+        let done = match seq.prefilled {
+            Some(done) => done,
+            None => {
+                seq.started = Some(Instant::now());
+                if let Some(e) = seq.failure.take() {
+                    return Err(e);
+                }
+                if seq.req.cache_prompt {
+                    let shared = (self.last_cached_prompt.iter())
+                        .zip(&seq.req.prompt)
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    seq.stats.cached_tokens = shared.min(seq.req.prompt.len() - 1);
+                    self.last_cached_prompt = seq.req.prompt.clone();
+                }
+                0
+            }
+        };
+        if !self.chunk_delay.is_zero() {
+            std::thread::sleep(self.chunk_delay);
+        }
+        self.prefill_chunks.fetch_add(1, Ordering::Relaxed);
+        let end = done
+            .saturating_add(self.prefill_chunk)
+            .min(seq.req.prompt.len());
+        seq.req.live.set_prefilled(end);
+        seq.prefilled = Some(end);
+        if end == seq.req.prompt.len() {
+            seq.stats.prefill_seconds = seq.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+            seq.script = Some((self.responder)(&seq.req.prompt));
+        }
+        Ok(())
+    }
+
+    /// The next token of a decoding `seq`, or how it ended without one.
+    fn next_token(&mut self, seq: &mut Seq, events: &mut Vec<SeqEvent>) -> Option<FinishReason> {
+        let script = seq.script.as_ref().expect("decoding after prefill");
+        let i = seq.stats.generated_tokens;
+        let limit = seq.limit(self.context_length);
+        let Some(&tok) = script.get(i) else {
+            // A script that ends before the limit is a model that stopped.
+            return Some(FinishReason::Stop);
+        };
+        seq.stats.generated_tokens += 1;
+        seq.first_token.get_or_insert_with(Instant::now);
+        self.produced.fetch_add(1, Ordering::Relaxed);
+        if self.cache_figures {
+            seq.req
+                .live
+                .publish_engine(cache_figures(LIVE_HIT_RATE, LIVE_FREE_BYTES, None));
+        }
+        events.push(SeqEvent::Token {
+            seq: seq.id,
+            token: tok,
+        });
+        if seq.req.stop_token_ids.contains(&tok) {
+            Some(FinishReason::Stop)
+        } else if i + 1 == limit {
+            Some(FinishReason::Length)
+        } else if i + 1 == script.len() {
+            Some(FinishReason::Stop)
+        } else {
+            None
+        }
+    }
+}
+
+fn done(seq: &Seq, result: Result<GenerateOutcome, EngineError>, events: &mut Vec<SeqEvent>) {
+    events.push(SeqEvent::Done {
+        seq: seq.id,
+        result,
+    });
+}
+
+impl Batch for ScriptedEngine {
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn admit(&mut self, req: GenerateRequest) -> Result<Admission, EngineError> {
         if req.prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -136,79 +288,122 @@ impl Engine for ScriptedEngine {
                 context: self.context_length,
             });
         }
-        if let Some(fail) = &mut self.failure
-            && let Some(e) = fail(&req.prompt)
-        {
-            return Err(e);
-        }
-        let start = Instant::now();
-        let mut stats = GenerateStats {
-            prompt_tokens: req.prompt.len(),
-            ..Default::default()
+        let reserved = match req.max_new_tokens {
+            0 => 0,
+            n => (req.prompt.len() + n).min(self.context_length),
         };
-        if req.cache_prompt {
-            let shared = (self.last_cached_prompt.iter())
-                .zip(&req.prompt)
-                .take_while(|(a, b)| a == b)
-                .count();
-            stats.cached_tokens = shared.min(req.prompt.len() - 1);
-            self.last_cached_prompt = req.prompt.clone();
+        if reserved > self.kv_tokens {
+            return Err(EngineError::InvalidRequest(format!(
+                "the request needs {reserved} KV tokens but the engine's KV budget is {}",
+                self.kv_tokens
+            )));
         }
-        let mut prefilled = 0;
-        for chunk in req.prompt.chunks(self.prefill_chunk) {
-            if req.cancel.is_cancelled() {
-                stats.prefill_seconds = start.elapsed().as_secs_f64();
-                return Ok(GenerateOutcome {
-                    finish: FinishReason::Cancelled,
-                    stats,
-                });
-            }
-            if !self.chunk_delay.is_zero() {
-                std::thread::sleep(self.chunk_delay);
-            }
-            self.prefill_chunks.fetch_add(1, Ordering::Relaxed);
-            prefilled += chunk.len();
-            req.live.set_prefilled(prefilled);
+        let used: usize = self.seqs.iter().map(|s| s.reserved).sum();
+        if self.seqs.len() >= self.capacity || used + reserved > self.kv_tokens {
+            return Ok(Admission::Wait);
         }
-        stats.prefill_seconds = start.elapsed().as_secs_f64();
-        let start = Instant::now();
-        let script = (self.responder)(&req.prompt);
-        let limit = req
-            .max_new_tokens
-            .min(self.context_length - req.prompt.len());
-        let mut finish = FinishReason::Length;
-        for (i, &tok) in script.iter().enumerate() {
-            if i == limit {
-                break;
-            }
-            if req.cancel.is_cancelled() {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            if !self.token_delay.is_zero() {
-                std::thread::sleep(self.token_delay);
-            }
-            stats.generated_tokens += 1;
-            self.produced.fetch_add(1, Ordering::Relaxed);
-            if self.cache_figures {
-                req.live
-                    .publish_engine(cache_figures(LIVE_HIT_RATE, LIVE_FREE_BYTES, None));
-            }
-            if on_token(tok).is_break() {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            if req.stop_token_ids.contains(&tok) {
-                finish = FinishReason::Stop;
-                break;
+        let failure = self.failure.as_mut().and_then(|f| f(&req.prompt));
+        let id = SeqId(self.next_seq);
+        self.next_seq += 1;
+        self.seqs.push(Seq {
+            id,
+            stats: GenerateStats {
+                prompt_tokens: req.prompt.len(),
+                ..Default::default()
+            },
+            req,
+            reserved,
+            failure,
+            prefilled: None,
+            script: None,
+            started: None,
+            first_token: None,
+        });
+        Ok(Admission::Admitted(id))
+    }
+
+    fn step(&mut self, events: &mut Vec<SeqEvent>) -> Result<(), EngineError> {
+        let mut seqs = std::mem::take(&mut self.seqs);
+        seqs.retain(|s| {
+            let finish = if s.req.max_new_tokens == 0 {
+                FinishReason::Length
+            } else if s.req.cancel.is_cancelled() {
+                FinishReason::Cancelled
+            } else {
+                return true;
+            };
+            done(s, Ok(s.outcome(finish)), events);
+            false
+        });
+        let mut ended = Vec::new();
+        if let Some(seq) = seqs.iter_mut().find(|s| s.script.is_none()) {
+            if let Err(e) = self.prefill_chunk(seq) {
+                if e.is_fatal() {
+                    // Every sequence is lost with the engine (`seqs` is dropped).
+                    return Err(e);
+                }
+                done(seq, Err(e), events);
+                ended.push(seq.id);
+            } else if seq.script.is_some() && seq.req.cancel.is_cancelled() {
+                // No token after a cancel, also one during the last chunk.
+                done(seq, Ok(seq.outcome(FinishReason::Cancelled)), events);
+                ended.push(seq.id);
             }
         }
-        // A script that ends before the limit is a model that stopped.
-        if finish == FinishReason::Length && script.len() < limit {
-            finish = FinishReason::Stop;
+        let decoding = seqs
+            .iter()
+            .any(|s| s.script.is_some() && !ended.contains(&s.id));
+        if decoding && !self.token_delay.is_zero() {
+            std::thread::sleep(self.token_delay);
         }
-        stats.decode_seconds = start.elapsed().as_secs_f64();
-        Ok(GenerateOutcome { finish, stats })
+        for seq in seqs.iter_mut() {
+            if seq.script.is_none() || ended.contains(&seq.id) {
+                continue;
+            }
+            if let Some(finish) = self.next_token(seq, events) {
+                done(seq, Ok(seq.outcome(finish)), events);
+                ended.push(seq.id);
+            }
+        }
+        seqs.retain(|s| !ended.contains(&s.id));
+        self.seqs = seqs;
+        Ok(())
+    }
+
+    fn end(&mut self, seq: SeqId) -> Option<GenerateOutcome> {
+        let i = self.seqs.iter().position(|s| s.id == seq)?;
+        let s = self.seqs.remove(i);
+        Some(s.outcome(FinishReason::Cancelled))
+    }
+
+    fn active(&self) -> usize {
+        self.seqs.len()
+    }
+
+    fn kv_usage(&self) -> KvUsage {
+        KvUsage {
+            used_tokens: self.seqs.iter().map(|s| s.reserved).sum(),
+            total_tokens: self.kv_tokens,
+        }
+    }
+}
+
+impl Engine for ScriptedEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            backend: "scripted".into(),
+            vocab_size: self.vocab_size,
+            context_length: self.context_length,
+        }
+    }
+
+    /// One request through the batch interface, as the reference engine does.
+    fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerateOutcome, EngineError> {
+        generate_one(self, req, on_token)
     }
 
     fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -218,5 +413,9 @@ impl Engine for ScriptedEngine {
     fn stats(&self) -> Option<EngineStats> {
         self.cache_figures
             .then(|| cache_figures(LAST_HIT_RATE, TOTAL_BYTES, Some(PINNED_BYTES)))
+    }
+
+    fn batch(&mut self) -> Option<&mut dyn Batch> {
+        if self.batching { Some(self) } else { None }
     }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use futures::StreamExt;
-use krasis_common::status::{Activity, EngineStats, REQUEST_LOG_LEN, RequestRecord};
+use krasis_common::status::{Activity, EngineStats, LiveRequest, REQUEST_LOG_LEN, RequestRecord};
 use krasis_server::testkit::{LAST_HIT_RATE, LIVE_FREE_BYTES, LIVE_HIT_RATE, PINNED_BYTES};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -51,15 +51,23 @@ const CHUNK_DELAY: Duration = Duration::from_millis(40);
 const TOKEN_DELAY: Duration = Duration::from_millis(30);
 const REPLY_TOKENS: usize = 20;
 
+/// A slow engine running one request at a time (`parallel` 1), so a
+/// second one waits in the queue.
 fn slow(queue_depth: usize) -> Harness {
     let opts = Opts {
         prefill: Some((CHUNK, CHUNK_DELAY)),
         token_delay: TOKEN_DELAY,
         queue_depth,
         cache_figures: true,
+        parallel: Some(1),
         ..Opts::default()
     };
     harness(opts, |_| "tick ".repeat(REPLY_TOKENS))
+}
+
+/// The first running request.
+fn cur(s: &EngineStats) -> Option<&LiveRequest> {
+    s.running.first()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,7 +109,7 @@ async fn stats_follow_a_streaming_request_from_prefill_to_the_log() {
     let usage = &events.last().unwrap()["usage"];
     let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap();
 
-    let live: Vec<_> = seen.iter().filter(|s| s.current.is_some()).collect();
+    let live: Vec<_> = seen.iter().filter(|s| cur(s).is_some()).collect();
     let prefill: Vec<_> = live
         .iter()
         .filter(|s| s.activity == Activity::Prefilling)
@@ -118,7 +126,7 @@ async fn stats_follow_a_streaming_request_from_prefill_to_the_log() {
     );
     let prefilled: Vec<u64> = prefill
         .iter()
-        .map(|s| s.current.as_ref().unwrap().prefilled_tokens)
+        .map(|s| cur(s).unwrap().prefilled_tokens)
         .collect();
     assert!(prefilled.windows(2).all(|w| w[0] <= w[1]), "{prefilled:?}");
     let mut partial: Vec<u64> = prefilled
@@ -132,19 +140,15 @@ async fn stats_follow_a_streaming_request_from_prefill_to_the_log() {
         "prefill progress not seen growing: {prefilled:?} of {prompt_tokens}"
     );
     for s in &prefill {
-        let c = s.current.as_ref().unwrap();
+        let c = cur(s).unwrap();
         assert_eq!((c.generated_tokens, c.ttft_ms), (0, None), "{c:?}");
         assert_eq!(c.prompt_tokens, prompt_tokens);
     }
-    assert!(
-        prefill
-            .iter()
-            .any(|s| s.current.as_ref().unwrap().prefill_tok_s > 0.0)
-    );
+    assert!(prefill.iter().any(|s| cur(s).unwrap().prefill_tok_s > 0.0));
     // Then decode, with a growing token count and a fixed TTFT.
     let generated: Vec<u64> = decode
         .iter()
-        .map(|s| s.current.as_ref().unwrap().generated_tokens)
+        .map(|s| cur(s).unwrap().generated_tokens)
         .collect();
     assert!(generated.windows(2).all(|w| w[0] <= w[1]), "{generated:?}");
     let mut distinct = generated.clone();
@@ -153,14 +157,12 @@ async fn stats_follow_a_streaming_request_from_prefill_to_the_log() {
         distinct.len() >= 2,
         "decode progress not seen growing: {generated:?}"
     );
-    let ttft = decode[0]
-        .current
-        .as_ref()
+    let ttft = cur(decode[0])
         .unwrap()
         .ttft_ms
         .expect("a TTFT once decoding");
     for s in &decode {
-        let c = s.current.as_ref().unwrap();
+        let c = cur(s).unwrap();
         assert_eq!(c.ttft_ms, Some(ttft));
         assert_eq!(c.prefilled_tokens, prompt_tokens);
         // The engine's figures so far in this request, over the last ones.
@@ -169,11 +171,7 @@ async fn stats_follow_a_streaming_request_from_prefill_to_the_log() {
         assert_eq!(s.vram.as_ref().unwrap().free_bytes, LIVE_FREE_BYTES);
         assert_eq!(s.pinned_host_bytes, Some(PINNED_BYTES));
     }
-    assert!(
-        decode
-            .iter()
-            .any(|s| s.current.as_ref().unwrap().decode_tok_s > 0.0)
-    );
+    assert!(decode.iter().any(|s| cur(s).unwrap().decode_tok_s > 0.0));
     // TTFT counts the whole prefill (and everything before it).
     let chunks = prompt_tokens.div_ceil(CHUNK as u64) as u32;
     assert!(
@@ -181,8 +179,11 @@ async fn stats_follow_a_streaming_request_from_prefill_to_the_log() {
         "{ttft} ms"
     );
     for s in &live {
-        let c = s.current.as_ref().unwrap();
+        let c = cur(s).unwrap();
         assert_eq!((s.active_sequences, s.queue_len, c.id), (1, 0, 1));
+        assert_eq!((c.activity, s.parallel), (s.activity, 1));
+        let kv = s.kv.expect("a batching engine reports its KV");
+        assert_eq!(kv.used_tokens, prompt_tokens + 50, "prompt + max_tokens");
         assert_eq!(
             (c.endpoint.as_str(), c.max_tokens),
             ("/v1/chat/completions", 50)
@@ -193,12 +194,12 @@ async fn stats_follow_a_streaming_request_from_prefill_to_the_log() {
     // Ended: idle, the last figures, and one record of what the client got.
     let end = seen.last().unwrap();
     assert_eq!((end.activity, end.active_sequences), (Activity::Idle, 0));
-    assert!(end.current.is_none());
+    assert!(end.running.is_empty());
     assert_eq!(end.hcs.as_ref().unwrap().hit_rate, LAST_HIT_RATE);
     let r = &end.recent_requests[0];
     assert_eq!(end.recent_requests.len(), 1);
     assert_eq!((r.id, r.endpoint.as_str()), (1, "/v1/chat/completions"));
-    assert_eq!(r.client, live[0].current.as_ref().unwrap().client);
+    assert_eq!(r.client, cur(live[0]).unwrap().client);
     assert_eq!(r.prompt_tokens, prompt_tokens);
     assert_eq!(
         r.completion_tokens,
@@ -223,16 +224,16 @@ async fn a_waiting_request_is_queued_and_its_ttft_counts_the_wait() {
         tokio::spawn(async move { req.send().await.unwrap().json::<Value>().await.unwrap() })
     };
     let first = send("one");
-    wait_for(&h, Duration::from_secs(10), |s| s.current.is_some()).await;
+    wait_for(&h, Duration::from_secs(10), |s| cur(s).is_some()).await;
     let second = send("two");
     let queued = wait_for(&h, Duration::from_secs(10), |s| s.queue_len == 1).await;
     let seen_queued = Instant::now();
     assert_eq!(queued.active_sequences, 1);
-    assert_eq!(queued.current.as_ref().map(|c| c.id), Some(1));
+    assert_eq!(cur(&queued).map(|c| c.id), Some(1));
     // The last moment the first request was seen running.
     let mut first_running = seen_queued;
     let both = wait_for(&h, Duration::from_secs(20), |s| {
-        if s.current.as_ref().is_some_and(|c| c.id == 1) {
+        if cur(s).is_some_and(|c| c.id == 1) {
             first_running = Instant::now();
         }
         s.recent_requests.len() == 2
@@ -311,7 +312,7 @@ async fn a_shutdown_logs_the_running_and_the_queued_request_as_cancelled() {
         tokio::spawn(async move { req.send().await.map(|r| r.status()) });
     }
     wait_for(&h, Duration::from_secs(10), |s| {
-        s.queue_len == 1 && s.current.is_some()
+        s.queue_len == 1 && cur(s).is_some()
     })
     .await;
     stop.send(()).unwrap();

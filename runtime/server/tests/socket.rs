@@ -40,10 +40,12 @@ async fn settle(h: &Harness, quiet: Duration) -> usize {
 
 const LONG_TOKENS: usize = 400;
 
+/// One request runs at a time (`parallel` 1), one more may wait.
 fn slow_long() -> Harness {
     let opts = Opts {
         token_delay: Duration::from_millis(10),
         queue_depth: 1,
+        parallel: Some(1),
         ..Opts::default()
     };
     harness(opts, |_| "tick ".repeat(LONG_TOKENS))
@@ -490,6 +492,7 @@ async fn shutdown_cancels_running_and_queued_requests_and_returns_within_two_sec
     let opts = Opts {
         token_delay: Duration::from_millis(20),
         queue_depth: 2,
+        parallel: Some(1),
         ..Opts::default()
     };
     // 400 tokens at 20 ms: 8 s per request if nothing is cancelled.

@@ -31,7 +31,13 @@ pub fn report() -> Capabilities {
 /// (tests use it as the report of a runtime with or without a GPU). The
 /// architectures are the registry's, never restated.
 pub fn of_this_build(runtime_version: &str, cuda: Result<(), String>) -> Capabilities {
-    Capabilities::new(runtime_version, cuda, registry::caps())
+    let mut c = Capabilities::new(runtime_version, cuda, registry::caps());
+    // The reference engine batches (`Engine::batch`) and takes a KV budget.
+    // The CUDA engine runs one request at a time in this build: no batch
+    // interface, and its KV is sized from the VRAM budget.
+    let reference = krasis_model::reference::BATCH_CAPACITY as u32;
+    c.set_batching(krasis_common::Backend::Reference, reference, true);
+    c
 }
 
 /// Loads the CUDA driver library dynamically (cudarc) and counts devices, so a
@@ -59,9 +65,14 @@ fn human(c: &Capabilities) -> String {
     );
     for b in &c.backends {
         match &b.reason {
-            None => s += &format!("  {:<10} available\n", b.name),
-            Some(r) => s += &format!("  {:<10} unavailable: {r}\n", b.name),
+            None => s += &format!("  {:<10} available", b.name),
+            Some(r) => s += &format!("  {:<10} unavailable: {r}", b.name),
         }
+        s += &format!(
+            " (up to {} parallel request(s){})\n",
+            b.max_parallel,
+            if b.kv_tokens { ", --kv-tokens" } else { "" }
+        );
     }
     s += "architectures:\n";
     for a in &c.architectures {
@@ -86,6 +97,22 @@ fn human(c: &Capabilities) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the report says of the reference backend's batching is what
+    /// its engine does.
+    #[test]
+    fn the_reported_batching_is_the_engines() {
+        use krasis_model::Engine;
+        let c = report();
+        let b = c.backend("reference").unwrap();
+        let dir = krasis_model::testutil::tiny_checkpoint("tiny");
+        let mut e =
+            krasis_model::reference::ReferenceEngine::load(&dir, Default::default()).unwrap();
+        assert_eq!(b.max_parallel as usize, e.batch().unwrap().capacity());
+        assert!(b.kv_tokens);
+        // The CUDA engine of this build has no batch interface.
+        assert_eq!(c.backend("cuda").unwrap().max_parallel, 1);
+    }
 
     #[test]
     fn report_defaults_are_offered_and_validate() {

@@ -59,6 +59,13 @@ pub struct EngineArgs {
     /// prefill speed (default: cuda 8192, reference 512).
     #[arg(long, value_name = "TOKENS")]
     pub prefill_chunk: Option<usize>,
+    /// KV memory all running requests share, in tokens (reference backend;
+    /// default: 8 contexts, so each of its 8 sequences can hold a whole
+    /// context). A request reserves its prompt + max_tokens when it starts;
+    /// one that does not fit beside the running ones waits in the queue,
+    /// one that never fits is refused.
+    #[arg(long, value_name = "TOKENS")]
+    pub kv_tokens: Option<u64>,
 }
 
 /// The reference engine's prefix cache under `auto`: host memory.
@@ -150,6 +157,9 @@ pub fn load_engine_reporting(
                      experts from the checkpoint"
                 );
             }
+            if args.kv_tokens == Some(0) {
+                bail!("--kv-tokens 0: the KV budget holds at least one token");
+            }
             let opts = ReferenceOptions {
                 context_length: args.context_length,
             };
@@ -172,6 +182,9 @@ pub fn load_engine_reporting(
                 PrefixCacheChoice::Bytes(b) => b,
             };
             engine.set_prefix_cache(prefix);
+            if let Some(t) = args.kv_tokens {
+                engine.set_kv_tokens(usize::try_from(t).unwrap_or(usize::MAX));
+            }
             if let Some(s) = engine.prefix_cache_stats() {
                 if s.capacity_blocks == 0 {
                     let g = engine.geometry();
@@ -198,6 +211,13 @@ pub fn load_engine_reporting(
             Ok(Box::new(engine))
         }
         Backend::Cuda => {
+            // The capability report says the same (`kv_tokens: false`).
+            if args.kv_tokens.is_some() {
+                bail!(
+                    "--kv-tokens applies to the reference backend; the cuda engine sizes its KV \
+                     memory from the measured VRAM budget"
+                );
+            }
             let engine =
                 krasis_gpu::CudaEngine::load_reporting(&args.model, &args.cuda_options(), progress)
                     .with_context(|| {
@@ -314,6 +334,35 @@ mod tests {
         assert_eq!((s.block_tokens, s.location.as_str()), (64, "host"));
         assert!(s.capacity_bytes <= REFERENCE_AUTO_PREFIX_CACHE && s.capacity_blocks > 0);
         assert!(reference(&[]).unwrap().stats().is_none(), "off by default");
+    }
+
+    /// `--kv-tokens` becomes the reference engine's KV budget (its default
+    /// is 8 contexts); 0 is refused, and the cuda backend refuses it.
+    #[test]
+    fn kv_tokens_reach_the_reference_engine_and_cuda_refuses_them() {
+        let model = krasis_model::testutil::tiny_checkpoint("tiny");
+        let engine = |extra: &[&str]| {
+            let mut argv = vec!["x", "--model", model.to_str().unwrap()];
+            argv.extend_from_slice(extra);
+            load_engine(&Cli::try_parse_from(argv).unwrap().engine)
+        };
+        let kv = |extra: &[&str]| {
+            let mut e = engine(extra).unwrap();
+            e.batch().unwrap().kv_usage().total_tokens
+        };
+        let r = ["--backend", "reference", "--context-length", "128"];
+        assert_eq!(kv(&r), 128 * krasis_model::reference::BATCH_CAPACITY);
+        assert_eq!(kv(&[&r[..], &["--kv-tokens", "300"]].concat()), 300);
+        let e = engine(&[&r[..], &["--kv-tokens", "0"]].concat())
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("--kv-tokens 0"), "{e}");
+        let e = engine(&["--kv-tokens", "300"]).err().unwrap();
+        assert!(
+            e.to_string()
+                .contains("--kv-tokens applies to the reference"),
+            "{e}"
+        );
     }
 
     #[test]

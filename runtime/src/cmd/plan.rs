@@ -92,9 +92,15 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
             if routed * 4 <= krasis_model::reference::F32_CACHE_LIMIT_BYTES {
                 items.push(PlanItem::exact("routed experts kept as f32", routed * 4));
             }
+            // Every running request has its own KV, reserved out of the
+            // budget at admission and committed as it is written.
+            let batch = krasis_model::reference::BATCH_CAPACITY;
+            let kv_tokens = e.kv_tokens.map_or(batch * context, |t| t as usize);
             items.push(PlanItem::exact(
-                &format!("KV cache (f32, {context} positions)"),
-                (2 * g.num_layers * g.kv_dim() * context * 4) as u64,
+                &format!(
+                    "KV cache (f32, at most {kv_tokens} tokens shared by up to {batch} running requests)"
+                ),
+                (2 * g.num_layers * g.kv_dim() * kv_tokens * 4) as u64,
             ));
             notes.push(
                 "the reference engine is the CPU f32 oracle: exact, and far too slow to serve a real model"

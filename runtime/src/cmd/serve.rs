@@ -46,9 +46,16 @@ pub struct Args {
     /// the port can use the model).
     #[arg(long)]
     pub insecure_public: bool,
-    /// Requests allowed to wait while one runs; more get 503 + Retry-After.
+    /// Requests allowed to wait while `--parallel` run; more get 503 +
+    /// Retry-After.
     #[arg(long, default_value_t = 16)]
     pub queue_depth: u32,
+    /// The most requests decoding together (continuous batching), 1 to 8
+    /// (default: the engine's capacity: 8 for the reference engine, 1 for
+    /// an engine that runs one request at a time). More than the engine
+    /// can run is refused.
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<u32>,
     /// Write JSON-lines progress events to stdout (logs stay on stderr).
     #[arg(long)]
     pub progress_json: bool,
@@ -105,6 +112,8 @@ impl Args {
             pruning: self.pruning.clone().unwrap_or(d.pruning),
             cache_dir: self.engine.cache_dir.clone(),
             queue_depth: self.queue_depth,
+            parallel: self.parallel,
+            kv_tokens: self.engine.kv_tokens,
             gpu: self.engine.gpu,
             prefix_cache: self.engine.prefix_cache.unwrap_or_default(),
             cors_origins: self.cors_origins.clone(),
@@ -389,6 +398,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         backend: args.engine.backend.as_str().to_string(),
         api_key: args.api_key.clone(),
         queue_depth: args.queue_depth as usize,
+        parallel: args.parallel.map(|n| n as usize),
         default_sampling: default_sampling(&args.engine.model)?,
         cors_origins: args.cors_origins.clone(),
         check_host: ServerConfig::needs_host_check(local.ip(), args.api_key.as_deref()),
@@ -533,6 +543,8 @@ mod tests {
             heatmap: HeatmapChoice::File("/h.json".into()),
             hcs: false,
             queue_depth: 3,
+            parallel: Some(4),
+            kv_tokens: Some(65_536),
             gpu: 1,
             safety_margin_mib: 700,
             cors_origins: vec![

@@ -136,15 +136,28 @@ fn push_capped<T>(q: &mut VecDeque<T>, v: T, cap: usize) {
     q.push_back(v);
 }
 
+/// Prompt tokens per second being prefilled now: the prefilling running
+/// requests' rates together (0 when none prefills).
+pub fn prefilling_tok_s(s: &EngineStats) -> f64 {
+    (s.running.iter())
+        .filter(|r| r.activity == Activity::Prefilling)
+        .map(|r| r.prefill_tok_s)
+        .sum()
+}
+
+/// Tokens per second decoded now, by every decoding request together
+/// (they share the engine's decode steps).
+pub fn decoding_tok_s(s: &EngineStats) -> f64 {
+    (s.running.iter())
+        .filter(|r| r.activity == Activity::Decoding)
+        .map(|r| r.decode_tok_s)
+        .sum()
+}
+
 impl Live {
     pub fn observe(&mut self, s: &EngineStats) {
-        let (p, d) = match (s.activity, &s.current) {
-            (Activity::Prefilling, Some(c)) => (c.prefill_tok_s, 0.0),
-            (Activity::Decoding, Some(c)) => (0.0, c.decode_tok_s),
-            _ => (0.0, 0.0),
-        };
-        push_capped(&mut self.prefill_tok_s, p, HISTORY);
-        push_capped(&mut self.decode_tok_s, d, HISTORY);
+        push_capped(&mut self.prefill_tok_s, prefilling_tok_s(s), HISTORY);
+        push_capped(&mut self.decode_tok_s, decoding_tok_s(s), HISTORY);
         // The runtime keeps its last 64 requests and every poll repeats
         // them; ids increase within one runtime process.
         for r in &s.recent_requests {

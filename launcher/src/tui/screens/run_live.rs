@@ -5,7 +5,7 @@
 
 use crate::tui::app::RunState;
 use crate::units::{fmt_bytes, fmt_duration, fmt_ms};
-use krasis_common::{Activity, EngineStats};
+use krasis_common::{Activity, EngineStats, LiveRequest};
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -127,17 +127,23 @@ fn spark(f: &mut Frame, area: Rect, label: String, data: &[u64]) {
 /// 2.5 tok/s still has a shape).
 fn sparks(r: &RunState, width: usize) -> ((String, Vec<u64>), (String, Vec<u64>)) {
     let st = r.stats.as_ref();
-    let cur = st.and_then(|s| s.current.as_ref());
-    // The running request's rate once it has one, else the last request's.
+    // The running requests' rate once there is one, else the last
+    // request's: the newest running request's prefill (in progress or
+    // done), and all decoding requests together.
     let rate = |now: Option<f64>, last: Option<f64>| match now {
         Some(v) if v > 0.0 => v,
         _ => last.unwrap_or(0.0),
     };
-    let p = rate(
-        cur.map(|c| c.prefill_tok_s),
-        st.map(|s| s.last_prefill_tok_s),
+    let newest_prefill = st.and_then(|s| {
+        (s.running.iter().rev())
+            .map(|c| c.prefill_tok_s)
+            .find(|&v| v > 0.0)
+    });
+    let p = rate(newest_prefill, st.map(|s| s.last_prefill_tok_s));
+    let d = rate(
+        st.map(crate::tui::app::decoding_tok_s),
+        st.map(|s| s.last_decode_tok_s),
     );
-    let d = rate(cur.map(|c| c.decode_tok_s), st.map(|s| s.last_decode_tok_s));
     let hist = |h: &VecDeque<f64>| -> Vec<u64> {
         h.iter()
             .skip(h.len().saturating_sub(width))
@@ -169,42 +175,60 @@ fn state_line(st: Option<&EngineStats>, err: Option<&str>) -> Line<'static> {
             Style::default().fg(c).add_modifier(Modifier::BOLD),
         )
     };
-    let (head, detail) = match (s.activity, &s.current) {
-        (Activity::Prefilling, Some(c)) => (
-            word("prefilling", Color::Yellow),
-            format!(
-                " {} of {} prompt tokens ({:.0}%)",
-                c.prefilled_tokens,
-                c.prompt_tokens,
-                if c.prompt_tokens == 0 {
-                    0.0
-                } else {
-                    c.prefilled_tokens as f64 * 100.0 / c.prompt_tokens as f64
-                }
-            ),
-        ),
-        (Activity::Decoding, Some(c)) => (
-            word("decoding", Color::Green),
-            format!(" {} tokens (max {})", c.generated_tokens, c.max_tokens),
-        ),
-        (Activity::Idle, _) | (_, None) => (word("idle", Color::Gray), String::new()),
+    let head = match (s.activity, s.running.is_empty()) {
+        (Activity::Prefilling, false) => word("prefilling", Color::Yellow),
+        (Activity::Decoding, false) => word("decoding", Color::Green),
+        _ => return Line::from(word("idle", Color::Gray)),
     };
-    let mut spans = vec![head, Span::raw(detail)];
-    if let Some(c) = &s.current {
-        spans.push(Span::styled(
+    let prefilled = |c: &LiveRequest| {
+        format!(
+            "{} of {} prompt tokens ({:.0}%)",
+            c.prefilled_tokens,
+            c.prompt_tokens,
+            if c.prompt_tokens == 0 {
+                0.0
+            } else {
+                c.prefilled_tokens as f64 * 100.0 / c.prompt_tokens as f64
+            }
+        )
+    };
+    let decoded = |c: &LiveRequest| format!("{} tokens (max {})", c.generated_tokens, c.max_tokens);
+    let dim = Style::default().fg(Color::DarkGray);
+    let [c] = &s.running[..] else {
+        // Several: each request's id and progress, oldest first.
+        let mut spans = vec![head, Span::raw(format!(" {} requests", s.running.len()))];
+        for c in &s.running {
+            let what = match c.activity {
+                Activity::Prefilling => {
+                    format!("prefill {}/{}", c.prefilled_tokens, c.prompt_tokens)
+                }
+                _ => format!("{}/{} tok", c.generated_tokens, c.max_tokens),
+            };
+            spans.push(Span::styled(format!("  #{} ", c.id), dim));
+            spans.push(Span::raw(what));
+        }
+        return Line::from(spans);
+    };
+    let detail = match c.activity {
+        Activity::Prefilling => prefilled(c),
+        _ => decoded(c),
+    };
+    Line::from(vec![
+        head,
+        Span::raw(format!(" {detail}")),
+        Span::styled(
             format!(
                 "  #{} {}",
                 c.id,
                 c.client.as_deref().unwrap_or("unknown client")
             ),
-            Style::default().fg(Color::DarkGray),
-        ));
-    }
-    Line::from(spans)
+            dim,
+        ),
+    ])
 }
 
-/// TTFT of the last request (and of the running one), elapsed time; the
-/// compact form adds the queue.
+/// TTFT of the last request (and of the newest running one that has one),
+/// elapsed time of the oldest running one; the compact form adds the queue.
 fn timing(st: Option<&EngineStats>, compact: bool) -> String {
     let Some(s) = st else {
         return String::new();
@@ -213,22 +237,32 @@ fn timing(st: Option<&EngineStats>, compact: bool) -> String {
         "TTFT last {}",
         s.last_ttft_ms.map_or("-".into(), fmt_ms)
     )];
-    if let Some(c) = &s.current {
-        if let Some(t) = c.ttft_ms {
-            v.push(format!("now {}", fmt_ms(t)));
-        }
+    if let Some(t) = s.running.iter().rev().find_map(|c| c.ttft_ms) {
+        v.push(format!("now {}", fmt_ms(t)));
+    }
+    if let Some(c) = s.running.first() {
         v.push(format!(
             "elapsed {}",
             fmt_duration(Duration::from_secs_f64(c.elapsed_ms.max(0.0) / 1000.0))
         ));
     }
     if compact {
-        v.push(format!(
-            "queue {}  active {}",
-            s.queue_len, s.active_sequences
-        ));
+        v.push(load(s));
     }
     v.join("  ")
+}
+
+/// The queue, the running requests (of `parallel`, when the engine says)
+/// and the KV they hold.
+fn load(s: &EngineStats) -> String {
+    let mut v = format!("queue {}  active {}", s.queue_len, s.active_sequences);
+    if s.parallel > 0 {
+        v += &format!("/{}", s.parallel);
+    }
+    if let Some(kv) = s.kv {
+        v += &format!("  KV {}/{} tok", kv.used_tokens, kv.total_tokens);
+    }
+    v
 }
 
 /// Requests finished, cancelled and refused, after the queue when asked.
@@ -238,7 +272,7 @@ fn counts(st: Option<&EngineStats>, queue: bool) -> String {
     };
     let mut v = String::new();
     if queue {
-        v = format!("queue {}  active {}  ", s.queue_len, s.active_sequences);
+        v = load(s) + "  ";
     }
     v + &format!(
         "done {}  cancelled {}  rejected {}",

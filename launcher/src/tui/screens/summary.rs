@@ -37,15 +37,21 @@ pub fn model_lines(app: &App) -> Vec<String> {
 
 pub fn render(app: &App, f: &mut Frame, area: Rect) {
     let mut lines = model_lines(app);
-    for (i, field) in FIELDS.iter().enumerate() {
-        // The same rule as the options form: a setting the backend or this
-        // machine cannot use is not shown as if it applied.
-        let value = match app.field_unavailable(i) {
-            Some(why) => format!("n/a: {why}"),
-            None => field.show(&app.opts),
-        };
-        lines.push(format!("  {:<28}{value}", field.label()));
-    }
+    let fields: Vec<String> = FIELDS
+        .iter()
+        .enumerate()
+        .map(|(i, field)| {
+            // The same rule as the options form: a setting the backend or
+            // this machine cannot use is not shown as if it applied.
+            let value = match app.field_unavailable(i) {
+                Some(why) => format!("n/a: {why}"),
+                None => field.show(&app.opts),
+            };
+            format!("  {:<28}{value}", field.label())
+        })
+        .collect();
+    let at = lines.len();
+    lines.extend(fields);
     lines.push(String::new());
     lines.push("Estimate:".into());
     match app.estimate() {
@@ -60,10 +66,34 @@ pub fn render(app: &App, f: &mut Frame, area: Rect) {
     if let Some(buf) = &app.editing {
         lines.push(format!("save as profile: {buf}_"));
     }
+    // On a short terminal the estimate and the verdict matter more than the
+    // list of options (which the Options tab shows): it gives way first.
+    let inner = (
+        area.width.saturating_sub(2) as usize,
+        area.height.saturating_sub(2) as usize,
+    );
+    if rows(&lines, inner.0) > inner.1 {
+        lines.splice(
+            at..at + FIELDS.len(),
+            [format!(
+                "  ({} options: the Options tab lists them; a taller terminal shows them here)",
+                FIELDS.len()
+            )],
+        );
+    }
     f.render_widget(
         Paragraph::new(lines.join("\n"))
             .wrap(Wrap { trim: false })
             .block(Block::default().borders(Borders::ALL).title("Summary")),
         area,
     );
+}
+
+/// Rows `lines` take when wrapped at `width` columns.
+fn rows(lines: &[String], width: usize) -> usize {
+    let width = width.max(1);
+    lines
+        .iter()
+        .map(|l| l.chars().count().div_ceil(width).max(1))
+        .sum()
 }

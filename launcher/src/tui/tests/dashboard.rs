@@ -26,8 +26,9 @@ fn record(id: u64, reason: &str) -> RequestRecord {
 pub(super) fn decoding(generated: u64, decode_tok_s: f64) -> EngineStats {
     EngineStats {
         activity: Activity::Decoding,
-        current: Some(LiveRequest {
+        running: vec![LiveRequest {
             id: 7,
+            activity: Activity::Decoding,
             endpoint: "/v1/chat/completions".into(),
             client: Some("127.0.0.1:51234".into()),
             prompt_tokens: 4096,
@@ -38,7 +39,7 @@ pub(super) fn decoding(generated: u64, decode_tok_s: f64) -> EngineStats {
             ttft_ms: Some(380.0),
             prefill_tok_s: 1650.0,
             decode_tok_s,
-        }),
+        }],
         active_sequences: 1,
         queue_len: 2,
         last_ttft_ms: Some(412.0),
@@ -110,7 +111,8 @@ fn prefilling_request_shows_how_far_the_prompt_is() {
     let mut a = serving(true);
     let mut st = decoding(0, 0.0);
     st.activity = Activity::Prefilling;
-    let c = st.current.as_mut().unwrap();
+    let c = &mut st.running[0];
+    c.activity = Activity::Prefilling;
     c.prefilled_tokens = 1024;
     c.ttft_ms = None;
     a.update(Event::Stats(Ok(st)));
@@ -125,11 +127,54 @@ fn prefilling_request_shows_how_far_the_prompt_is() {
     assert!(s.contains("idle") && !s.contains("prefilling"), "{s}");
 }
 
+/// Several requests decoding together (continuous batching): each one's
+/// progress, the load against `parallel` with the KV in use, and the
+/// decode rate of all of them together.
+#[test]
+fn several_running_requests_are_listed_with_the_load() {
+    let mut a = serving(true);
+    let mut st = decoding(40, 20.0);
+    let mut second = st.running[0].clone();
+    (second.id, second.generated_tokens, second.decode_tok_s) = (8, 3, 10.0);
+    let mut third = st.running[0].clone();
+    third.id = 9;
+    third.activity = Activity::Prefilling;
+    (
+        third.prefilled_tokens,
+        third.generated_tokens,
+        third.ttft_ms,
+    ) = (512, 0, None);
+    (third.prefill_tok_s, third.decode_tok_s) = (900.0, 0.0);
+    st.running.extend([second, third]);
+    st.activity = Activity::Prefilling;
+    (st.active_sequences, st.parallel) = (3, 4);
+    st.kv = Some(krasis_common::KvStats {
+        used_tokens: 13_824,
+        total_tokens: 65_536,
+    });
+    a.update(Event::Stats(Ok(st)));
+    let s = screen_text(&a, 200, 40);
+    for want in [
+        "prefilling 3 requests  #7 40/512 tok  #8 3/512 tok  #9 prefill 512/4096",
+        "queue 2  active 3/4  KV 13824/65536 tok",
+        "prefill   900.0 tok/s",
+        "decode     30.0 tok/s",
+    ] {
+        assert!(s.contains(want), "missing {want:?}\n{s}");
+    }
+    let l = &a.run.live;
+    assert_eq!(
+        (l.prefill_tok_s.back(), l.decode_tok_s.back()),
+        (Some(&900.0), Some(&30.0))
+    );
+}
+
 #[test]
 fn sparklines_keep_a_history_of_polls() {
     let mut a = serving(true);
     let mut st = decoding(10, 20.0);
     st.activity = Activity::Prefilling;
+    st.running[0].activity = Activity::Prefilling;
     a.update(Event::Stats(Ok(st)));
     a.update(Event::Stats(Ok(decoding(11, 20.0))));
     a.update(Event::Stats(Ok(EngineStats::default())));

@@ -3,7 +3,9 @@
 //! limit (`benchmarks/serve_live.sh`, results in
 //! `benchmarks/results/2026-12-01-issue12-serve-live.txt`). It checks that
 //! the launcher reads the runtime's real output (not only hand-made structs)
-//! and shows every figure the issue asks for. `docs/run-screen-h200.txt` is
+//! and shows every figure the issue asks for. (Protocol 5 turned its
+//! `current` request into the one-entry `running` list and added
+//! `parallel`; nothing else changed.) `docs/run-screen-h200.txt` is
 //! this render: `cargo test -p krasis --lib tui::tests::h200 -- --nocapture`.
 
 use super::*;

@@ -242,6 +242,14 @@ fn summary_shows_estimate_and_launches() {
     assert!(s.contains("host RAM for the INT4 expert cache"), "{s}");
     assert!(s.contains("HCS:") && s.contains("coverage"), "{s}");
     assert!(s.contains("Valid. Press Enter to launch."), "{s}");
+    // Too short for the options too: they give way to the estimate.
+    assert!(s.contains("20 options: the Options tab lists them"), "{s}");
+    let tall = screen_text(&a, 160, 48);
+    assert!(
+        tall.contains("Parallel requests") && tall.contains("Valid."),
+        "{tall}"
+    );
+    assert!(!tall.contains("the Options tab lists them"), "{tall}");
     let acts = key(&mut a, KeyCode::Enter);
     assert_eq!(acts, vec![Action::Launch(a.opts.clone())]);
     assert_eq!(a.screen, Screen::Run);

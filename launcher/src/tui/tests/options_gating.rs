@@ -100,11 +100,14 @@ fn the_summary_does_not_show_gpu_settings_as_if_they_applied() {
 fn only_backends_that_build_the_family_are_offered() {
     let caps = crate::runtime::tests::fake_caps(true);
     let choices = |model_type| {
-        Field::Backend.choices(crate::tui::fields::FieldCtx {
-            caps: &caps,
-            model_type,
-            gpus: &[],
-        })
+        Field::Backend.choices(
+            &krasis_common::LaunchOptions::default(),
+            crate::tui::fields::FieldCtx {
+                caps: &caps,
+                model_type,
+                gpus: &[],
+            },
+        )
     };
     assert_eq!(choices(Some("qwen3_moe")), ["reference", "cuda"]);
     assert_eq!(choices(Some("gpt_oss")), ["reference", "cuda"]);
@@ -124,10 +127,52 @@ fn only_backends_that_build_the_family_are_offered() {
         .unwrap()
         .backends
         .retain(|b| b == "reference");
-    let only = Field::Backend.choices(crate::tui::fields::FieldCtx {
-        caps: &one,
-        model_type: Some("gpt_oss"),
-        gpus: &[],
-    });
+    let only = Field::Backend.choices(
+        &krasis_common::LaunchOptions::default(),
+        crate::tui::fields::FieldCtx {
+            caps: &one,
+            model_type: Some("gpt_oss"),
+            gpus: &[],
+        },
+    );
     assert_eq!(only, ["reference"]);
+}
+
+/// The batching fields follow the selected backend's capability: Parallel
+/// cycles through auto and 1 to its `max_parallel`, the KV budget is typed
+/// only where the backend takes one; switching to a backend that cannot
+/// do them drops them.
+#[test]
+fn batching_fields_follow_the_backend() {
+    let caps = crate::runtime::tests::fake_caps(true);
+    let cx = crate::tui::fields::FieldCtx {
+        caps: &caps,
+        model_type: Some("qwen3_moe"),
+        gpus: &[],
+    };
+    let mut o = krasis_common::LaunchOptions {
+        backend: Backend::Reference,
+        hcs: false,
+        ..Default::default()
+    };
+    let c = Field::Parallel.choices(&o, cx);
+    assert_eq!(c.len(), 9, "{c:?}");
+    assert_eq!(Field::Parallel.show(&o), c[0]);
+    Field::Parallel.cycle(&mut o, cx, true);
+    assert_eq!(o.parallel, Some(1));
+    Field::Parallel.cycle(&mut o, cx, false);
+    Field::Parallel.cycle(&mut o, cx, false);
+    assert_eq!(o.parallel, Some(8));
+    assert_eq!(Field::KvTokens.unavailable(&o, cx), None);
+    Field::KvTokens.set_text(&mut o, "65536").unwrap();
+    assert_eq!(o.kv_tokens, Some(65536));
+    assert!(Field::KvTokens.set_text(&mut o, "0").is_err());
+    caps.check_options(&o, "qwen3_moe").unwrap();
+    // To cuda (one request at a time in this build): both are dropped.
+    while o.backend != Backend::Cuda {
+        Field::Backend.cycle(&mut o, cx, true);
+    }
+    assert_eq!((o.parallel, o.kv_tokens), (None, None));
+    assert_eq!(Field::Parallel.choices(&o, cx).len(), 2);
+    assert!(Field::KvTokens.unavailable(&o, cx).is_some());
 }

@@ -4,6 +4,7 @@
 //! the model's RoPE) and the layer's mixer (dense gated MLP, or router +
 //! routed experts with the family's router kind and activation).
 
+use super::kv::KvCache;
 use super::trace::{attention_peaks, rms_rows};
 use super::weights::{LayerWeights, MlpWeights};
 use super::{Activations, ReferenceEngine};
@@ -18,10 +19,14 @@ use std::borrow::Cow;
 
 impl ReferenceEngine {
     /// Runs `tokens` at positions `start..start + n` through every layer,
-    /// appending their keys and values to the cache, and returns the final
-    /// normed hidden states `[n, H]`. Callers check bounds and token ids.
+    /// appending their keys and values to `kv` (one sequence's cache, which
+    /// holds its positions `0..start`), and returns the final normed hidden
+    /// states `[n, H]`. Callers check bounds and token ids. Nothing here
+    /// depends on another sequence: a row's result is the same whatever
+    /// else the engine runs (batch invariance).
     pub(super) fn forward(
         &mut self,
+        kv: &mut KvCache,
         tokens: &[u32],
         start: usize,
     ) -> Result<Vec<f32>, EngineError> {
@@ -34,7 +39,7 @@ impl ReferenceEngine {
             if let Some(tr) = self.trace.as_mut() {
                 tr.layer_input_rms[layer].extend(rms_rows(&x, h));
             }
-            self.attention_block(layer, &mut x, start);
+            self.attention_block(kv, layer, &mut x, start);
             self.capture(2 * layer, &x);
             if let Some(tr) = self.trace.as_mut() {
                 tr.mlp_input_rms[layer].extend(rms_rows(&x, h));
@@ -181,7 +186,7 @@ impl ReferenceEngine {
     }
 
     /// `x += o_proj(attention(rope(norm(q)), rope(norm(k)), v))` of `norm(x)`.
-    fn attention_block(&mut self, layer: usize, x: &mut [f32], start: usize) {
+    fn attention_block(&mut self, kv: &mut KvCache, layer: usize, x: &mut [f32], start: usize) {
         let g = &self.geometry;
         let shape = AttnShape {
             num_heads: g.num_heads,
@@ -229,8 +234,8 @@ impl ReferenceEngine {
         }
         self.round_as(r.q, &mut q);
         self.round_as(r.k, &mut k);
-        self.kv.write(layer, start, &k, &v);
-        let (keys, values) = self.kv.layer(layer, start + n);
+        kv.write(layer, start, &k, &v);
+        let (keys, values) = kv.layer(layer, start + n);
         let mut attn = vec![0f32; n * qd];
         let sinks = a.sinks.as_deref();
         #[cfg(any(test, feature = "fault-injection"))]

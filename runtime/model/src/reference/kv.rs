@@ -1,6 +1,7 @@
-//! The f32 KV cache, allocated once for the whole context. The buffers are
-//! zero-initialised allocations, so the OS commits pages only as positions
-//! are written.
+//! One sequence's f32 KV cache, allocated once for the positions it may
+//! hold (its reservation: prompt + new tokens within the context). The
+//! buffers are zero-initialised allocations, so the OS commits pages only
+//! as positions are written.
 
 pub(crate) struct KvCache {
     kv_dim: usize,

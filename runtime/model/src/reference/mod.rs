@@ -3,6 +3,7 @@
 //! speed. It is the oracle the CUDA engine and the INT4 expert cache are
 //! measured against, and a working (slow) backend for tiny models.
 
+mod batch;
 mod experts;
 #[cfg(any(test, feature = "fault-injection"))]
 mod fault;
@@ -14,6 +15,7 @@ mod prefix;
 mod trace;
 mod weights;
 
+pub use batch::BATCH_CAPACITY;
 pub use experts::{CheckpointExperts, ExpertCache, F32_CACHE_LIMIT_BYTES, stored_expert_format};
 #[cfg(any(test, feature = "fault-injection"))]
 pub use fault::Fault;
@@ -22,21 +24,16 @@ pub use trace::Trace;
 
 use crate::arch::{ActFormat, Geometry, ModelConfig};
 use crate::checkpoint::Checkpoint;
-use crate::engine::{
-    CancelToken, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome, GenerateRequest,
-    GenerateStats,
-};
+use crate::engine::{Engine, EngineError, EngineInfo, GenerateOutcome, GenerateRequest};
 use crate::error::ModelError;
 use crate::experts::ExpertWeights;
 use crate::layers::rope::Rope;
-use crate::sampling::Sampler;
 use krasis_common::events::{ByteProgress, EventSink, task};
 use kv::KvCache;
 use std::collections::HashSet;
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 use weights::Weights;
 
 /// Load-time choices of the reference engine.
@@ -228,7 +225,8 @@ pub const DEFAULT_CONTEXT_CAP: usize = 32_768;
 
 /// Prompt tokens per prefill batch unless [`ReferenceEngine::set_prefill_chunk`]
 /// says otherwise. Chunks bound the activations of a long prompt and are
-/// where [`Engine::generate`] looks at the request's cancel token; the
+/// the unit of prefill a batch step runs (so also how long one step stalls
+/// the running decodes, and where a cancel token is looked at); the
 /// logits are bit-identical to one batch (a chunk's attention reads the
 /// earlier chunks' keys and values from the KV cache, and every other
 /// operation is per token).
@@ -239,7 +237,15 @@ pub struct ReferenceEngine {
     weights: Weights,
     experts: ExpertCache,
     rope: Rope,
-    kv: KvCache,
+    /// Prompt + generated tokens a sequence may hold.
+    context: usize,
+    /// The running sequences, oldest admission first (`batch.rs`).
+    seqs: Vec<batch::Seq>,
+    /// The id the next admitted sequence gets.
+    next_seq: u64,
+    /// KV tokens the running sequences may reserve together
+    /// ([`ReferenceEngine::set_kv_tokens`]).
+    kv_tokens: usize,
     /// Ids `0..sampleable` have text; padded embedding rows are never sampled.
     sampleable: usize,
     activations: Activations,
@@ -264,6 +270,9 @@ pub struct ReferenceEngine {
     /// prefill chunks are done, so a cancel lands mid-prefill exactly.
     #[cfg(test)]
     cancel_after_chunks: Option<(usize, Arc<std::sync::atomic::AtomicBool>)>,
+    /// Tests: the logits every sampled token came from, per sequence.
+    #[cfg(test)]
+    logits_log: Option<Vec<(crate::batch::SeqId, Vec<f32>)>>,
 }
 
 impl std::fmt::Debug for ReferenceEngine {
@@ -271,7 +280,9 @@ impl std::fmt::Debug for ReferenceEngine {
         f.debug_struct("ReferenceEngine")
             .field("geometry", &self.geometry)
             .field("experts", &self.experts.describe())
-            .field("context_length", &self.kv.capacity())
+            .field("context_length", &self.context)
+            .field("kv_tokens", &self.kv_tokens)
+            .field("sequences", &self.seqs.len())
             .field("activations", &self.activations)
             .field("prefill_chunk", &self.prefill_chunk)
             .finish()
@@ -365,7 +376,10 @@ impl ReferenceEngine {
             sampleable,
             rounding: Rounding::engine(&g),
             rope: Rope::with_spec(g.head_dim, g.rope, context),
-            kv: KvCache::new(g.num_layers, context, g.kv_dim()),
+            context,
+            seqs: Vec::new(),
+            next_seq: 0,
+            kv_tokens: context * BATCH_CAPACITY,
             experts: ExpertCache::new(experts, &g),
             weights,
             geometry: g,
@@ -379,6 +393,8 @@ impl ReferenceEngine {
             prefix: None,
             #[cfg(test)]
             cancel_after_chunks: None,
+            #[cfg(test)]
+            logits_log: None,
         })
     }
 
@@ -420,8 +436,8 @@ impl ReferenceEngine {
     }
 
     /// Prompt tokens per prefill batch (see [`DEFAULT_PREFILL_CHUNK`]);
-    /// 0 is taken as 1. Applies to the next request. The outputs do not
-    /// depend on it.
+    /// 0 is taken as 1. Applies to prefills that begin after it. The
+    /// outputs do not depend on it.
     pub fn set_prefill_chunk(&mut self, tokens: usize) {
         self.prefill_chunk = tokens.max(1);
     }
@@ -487,96 +503,38 @@ impl ReferenceEngine {
         if tokens.len() > limit {
             return Err(EngineError::PromptTooLong {
                 prompt: tokens.len(),
-                context: self.kv.capacity(),
+                context: self.context,
             });
         }
         Ok(())
+    }
+
+    /// A KV cache of `tokens` positions for one sequence.
+    fn new_kv(&self, tokens: usize) -> KvCache {
+        KvCache::new(self.geometry.num_layers, tokens, self.geometry.kv_dim())
     }
 
     /// Logits at every position of `tokens`, computed one token at a time
     /// through the KV cache as decode does (`prompt_logits` runs them as
     /// batched prefill chunks). Comparing the two checks the cache path.
     pub fn stepwise_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.check_tokens(tokens, self.kv.capacity())?;
+        self.check_tokens(tokens, self.context)?;
+        let mut kv = self.new_kv(tokens.len());
         (0..tokens.len())
-            .map(|pos| self.step(&tokens[pos..pos + 1], pos))
+            .map(|pos| self.last_logits(&mut kv, &tokens[pos..pos + 1], pos))
             .collect()
     }
 
     /// Logits of the last position after running `tokens` from `start`.
-    fn step(&mut self, tokens: &[u32], start: usize) -> Result<Vec<f32>, EngineError> {
-        let hidden = self.forward(tokens, start)?;
+    fn last_logits(
+        &mut self,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        start: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let hidden = self.forward(kv, tokens, start)?;
         let h = self.geometry.hidden;
         Ok(self.logits(&hidden[hidden.len() - h..]))
-    }
-
-    /// Runs `tokens[from..]` (the KV holds positions `0..from`) in chunks
-    /// of `prefill_chunk` starting at `from`, calling `after(chunk start,
-    /// final normed hidden states [len, H])` after each. Before every chunk
-    /// it looks at `cancel` and returns `false` (the remaining chunks not
-    /// run) once it is set; `true` when all ran.
-    fn prefill(
-        &mut self,
-        tokens: &[u32],
-        from: usize,
-        cancel: &CancelToken,
-        mut after: impl FnMut(&Self, usize, &[f32]),
-    ) -> Result<bool, EngineError> {
-        let chunk = self.prefill_chunk.max(1);
-        for (i, c) in tokens[from..].chunks(chunk).enumerate() {
-            if cancel.is_cancelled() {
-                return Ok(false);
-            }
-            let start = from + i * chunk;
-            let hidden = self.forward(c, start)?;
-            after(self, start, &hidden);
-            #[cfg(test)]
-            if let Some((n, flag)) = &self.cancel_after_chunks
-                && i + 1 == *n
-            {
-                flag.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-        Ok(true)
-    }
-
-    /// The prefill of [`Engine::generate`]: reuses the longest cached
-    /// prefix of `prompt` (unless `use_cache` is false or the cache is
-    /// off), prefills the rest and, once that completed and `cancel` is
-    /// still clear, stores the prompt's new whole blocks. Returns the last
-    /// position's logits and the prompt tokens served from the cache;
-    /// `None` when `cancel` stopped it (nothing is stored then).
-    fn prefill_prompt(
-        &mut self,
-        prompt: &[u32],
-        use_cache: bool,
-        cancel: &CancelToken,
-        live: &crate::engine::LiveProgress,
-    ) -> Result<Option<(Vec<f32>, usize)>, EngineError> {
-        let hit = if cancel.is_cancelled() {
-            None
-        } else {
-            self.reuse_prefix(prompt, use_cache)
-        };
-        let from = hit.as_ref().map_or(0, |h| h.tokens);
-        live.set_prefilled(from);
-        let n = prompt.len();
-        let h = self.geometry.hidden;
-        let mut logits = Vec::new();
-        let done = self.prefill(prompt, from, cancel, |e, start, hidden| {
-            let end = start + hidden.len() / h;
-            if end == n {
-                logits = e.logits(&hidden[hidden.len() - h..]);
-            }
-            // The server's stats endpoint shows "prefilling end of n".
-            live.set_prefilled(end);
-        })?;
-        // Also when it came during the last chunk: nothing after a cancel.
-        if !done || cancel.is_cancelled() {
-            return Ok(None);
-        }
-        self.store_prefix(prompt, hit.as_ref());
-        Ok(Some((logits, from)))
     }
 
     /// The last position's logits of `prompt` through the prefill
@@ -588,14 +546,19 @@ impl ReferenceEngine {
         prompt: &[u32],
         use_cache: bool,
     ) -> Result<(Vec<f32>, usize), EngineError> {
-        self.check_tokens(prompt, self.kv.capacity())?;
-        let out = self.prefill_prompt(
-            prompt,
-            use_cache,
-            &CancelToken::default(),
-            &Default::default(),
-        )?;
-        Ok(out.expect("a prefill without a cancel token completes"))
+        self.check_tokens(prompt, self.context)?;
+        let mut req = batch::prompt_only(prompt);
+        req.cache_prompt = use_cache;
+        let mut seq = batch::Seq::new(
+            crate::batch::SeqId(u64::MAX),
+            req,
+            self.new_kv(prompt.len()),
+        );
+        loop {
+            if let batch::Prefill::Done(logits) = self.prefill_step(&mut seq)? {
+                return Ok((logits, seq.cached_tokens()));
+            }
+        }
     }
 }
 
@@ -628,76 +591,30 @@ impl Engine for ReferenceEngine {
         EngineInfo {
             backend: "reference".into(),
             vocab_size: self.geometry.vocab_size,
-            context_length: self.kv.capacity(),
+            context_length: self.context,
         }
     }
 
+    /// One request through the batch interface ([`crate::batch::generate_one`]):
+    /// alone and beside others, the same code runs.
     fn generate(
         &mut self,
         req: &GenerateRequest,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutcome, EngineError> {
-        let context = self.kv.capacity();
-        // The context must also hold the first generated token.
-        self.check_tokens(&req.prompt, context - 1)?;
-        let mut stats = GenerateStats {
-            prompt_tokens: req.prompt.len(),
-            ..GenerateStats::default()
-        };
-        if req.max_new_tokens == 0 {
-            return Ok(GenerateOutcome {
-                finish: FinishReason::Length,
-                stats,
-            });
-        }
-        let mut sampler = Sampler::new(&req.sampling);
-        let t0 = Instant::now();
-        let prefilled =
-            self.prefill_prompt(&req.prompt, req.cache_prompt, &req.cancel, &req.live)?;
-        stats.prefill_seconds = t0.elapsed().as_secs_f64();
-        // No token after a cancel, also when it came during the last chunk.
-        let Some((logits, cached)) = prefilled else {
-            return Ok(GenerateOutcome {
-                finish: FinishReason::Cancelled,
-                stats,
-            });
-        };
-        stats.cached_tokens = cached;
-        let mut token = sampler.sample(&logits[..self.sampleable]);
-        let t1 = Instant::now();
-        // Position the latest token would be written at when fed back.
-        let mut pos = req.prompt.len();
-        let finish = loop {
-            stats.generated_tokens += 1;
-            if on_token(token).is_break() {
-                break FinishReason::Cancelled;
-            }
-            if req.stop_token_ids.contains(&token) {
-                break FinishReason::Stop;
-            }
-            if stats.generated_tokens >= req.max_new_tokens
-                || req.prompt.len() + stats.generated_tokens >= context
-            {
-                break FinishReason::Length;
-            }
-            if req.cancel.is_cancelled() {
-                break FinishReason::Cancelled;
-            }
-            let logits = self.step(&[token], pos)?;
-            pos += 1;
-            token = sampler.sample(&logits[..self.sampleable]);
-        };
-        stats.decode_seconds = t1.elapsed().as_secs_f64();
-        Ok(GenerateOutcome { finish, stats })
+        crate::batch::generate_one(self, req, on_token)
     }
 
     fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.check_tokens(tokens, self.kv.capacity())?;
+        self.check_tokens(tokens, self.context)?;
         let v = self.geometry.vocab_size;
+        let mut kv = self.new_kv(tokens.len());
         let mut rows = Vec::with_capacity(tokens.len());
-        self.prefill(tokens, 0, &CancelToken::default(), |e, _, hidden| {
-            rows.extend(e.logits(hidden).chunks_exact(v).map(<[f32]>::to_vec));
-        })?;
+        let chunk = self.prefill_chunk.max(1);
+        for (i, c) in tokens.chunks(chunk).enumerate() {
+            let hidden = self.forward(&mut kv, c, i * chunk)?;
+            rows.extend(self.logits(&hidden).chunks_exact(v).map(<[f32]>::to_vec));
+        }
         Ok(rows)
     }
 
@@ -707,6 +624,10 @@ impl Engine for ReferenceEngine {
             prefix_cache: Some(prefix_cache),
             ..Default::default()
         })
+    }
+
+    fn batch(&mut self) -> Option<&mut dyn crate::batch::Batch> {
+        Some(self)
     }
 }
 

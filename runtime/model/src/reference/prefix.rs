@@ -122,9 +122,14 @@ impl ReferenceEngine {
         h.finish()
     }
 
-    /// Looks `prompt` up and restores the hit into the KV; `None` when the
-    /// cache is off or the request bypasses it.
-    pub(super) fn reuse_prefix(&mut self, prompt: &[u32], use_cache: bool) -> Option<Hit> {
+    /// Looks `prompt` up and restores the hit into its sequence's `kv`;
+    /// `None` when the cache is off or the request bypasses it.
+    pub(super) fn reuse_prefix(
+        &mut self,
+        prompt: &[u32],
+        use_cache: bool,
+        kv: &mut KvCache,
+    ) -> Option<Hit> {
         let binding = self.prefix_binding();
         let chunk = self.prefill_chunk;
         if self
@@ -143,14 +148,24 @@ impl ReferenceEngine {
         }
         p.index.bind(binding);
         let hit = p.index.lookup(prompt);
-        p.restore(&hit, &mut self.kv);
+        p.restore(&hit, kv);
         Some(hit)
     }
 
-    /// After `prompt`'s prefill completed: stores its new whole blocks.
-    pub(super) fn store_prefix(&mut self, prompt: &[u32], hit: Option<&Hit>) {
-        if let (Some(p), Some(hit)) = (self.prefix.as_mut(), hit) {
-            p.store(prompt, hit, &self.kv);
+    /// After `prompt`'s prefill (in chunks of `chunk` tokens, into `kv`)
+    /// completed: stores its new whole blocks. Nothing when the block size
+    /// changed since its lookup (the hit's blocks are of the old size).
+    pub(super) fn store_prefix(
+        &mut self,
+        prompt: &[u32],
+        hit: Option<&Hit>,
+        chunk: usize,
+        kv: &KvCache,
+    ) {
+        if let (Some(p), Some(hit)) = (self.prefix.as_mut(), hit)
+            && p.index.block_tokens() == chunk
+        {
+            p.store(prompt, hit, kv);
         }
     }
 }

@@ -1,27 +1,35 @@
-//! The engine thread. The engine is `Send` but not `Sync`, and runs one
-//! sequence at a time, so it lives on one dedicated thread that takes jobs
-//! from a FIFO queue. Detokenization and stop-string matching run in the
-//! per-token callback on this thread, so a matched stop string or a vanished
-//! client ends generation at the very next token; the job's cancel flag is
-//! also the engine's [`CancelToken`], so a cancel reaches a running prefill
-//! at its next chunk.
+//! The engine thread. The engine is `Send` but not `Sync`, so it lives on
+//! one dedicated thread that takes jobs from a FIFO queue. An engine with a
+//! batch interface runs up to `parallel` jobs together through the
+//! scheduler in `batch.rs` (admission order, KV waits, one engine step at a
+//! time); one without runs one job at a time through `Engine::generate`
+//! (`thread.rs`). Either way each job's tokens go through its own
+//! `stream.rs` on this thread (incremental detokenization, stop strings,
+//! the client's disconnect), so a matched stop string or a vanished client
+//! ends that job's sequence at the very next token; the job's cancel flag
+//! is also the engine's [`CancelToken`], so a cancel reaches a running
+//! prefill at its next chunk.
 //!
 //! Admission comes first: a request [`Worker::reserve`]s a [`Slot`] before
 //! its body is read, rendered or tokenized, and holds it until its job has
-//! run, so at most `queue_depth + 1` requests are admitted (one running,
-//! the rest waiting or being prepared) and a full server answers 503
-//! without doing any work.
+//! run, so at most `queue_depth + parallel` requests are admitted (up to
+//! `parallel` running, the rest waiting or being prepared) and a full
+//! server answers 503 without doing any work. A job waiting for the
+//! engine's KV stays in the queue; it never fails for memory.
 //!
 //! The thread stops for good on [`Worker::stop`] (shutdown: the running
-//! job is cancelled, queued ones fail at once) or after a fault: a panic or
-//! an [`EngineError::is_fatal`] error leaves the engine in an unknown state,
-//! so it is never given another job. The failing job gets its error, the
-//! queued ones fail, and the fault is reported to whoever spawned the worker.
+//! jobs are cancelled, queued ones fail at once) or after a fault: a panic
+//! or an [`EngineError::is_fatal`] error leaves the engine in an unknown
+//! state, so it is never given another job. The running jobs get the
+//! error, the queued ones fail, and the fault is reported to whoever
+//! spawned the worker.
 //!
-//! While a job runs the thread publishes it ([`crate::live::Running`]) for
+//! While jobs run the thread publishes them ([`crate::live::Running`]) for
 //! `/v1/stats`, and every queued job, however it ends, leaves one
 //! [`Report`] for the request log, sent with its `Done`.
 
+mod batch;
+mod stream;
 mod thread;
 
 use crate::live::{JobInfo, Origin};
@@ -145,7 +153,7 @@ enum Msg {
 }
 
 struct Control {
-    /// Requests that may be admitted at once (`queue_depth + 1`).
+    /// Requests that may be admitted at once (`queue_depth + parallel`).
     limit: usize,
     admitted: AtomicUsize,
     state: Mutex<ControlState>,
@@ -156,8 +164,8 @@ struct Control {
 #[derive(Default)]
 struct ControlState {
     halt: Option<Halt>,
-    /// Cancel flag of the job the engine is running.
-    current: Option<Arc<AtomicBool>>,
+    /// Cancel flags of the jobs the engine is running.
+    current: Vec<Arc<AtomicBool>>,
 }
 
 impl Control {
@@ -198,17 +206,42 @@ pub struct Worker {
     stats: Arc<SharedStats>,
 }
 
+/// The sequences to run together on `engine`: `asked` (the `--parallel`
+/// option), by default the engine's batch capacity; 1 for an engine
+/// without a batch interface. More than the engine can run, or 0, is
+/// refused with the reason.
+pub fn parallel_for(engine: &mut dyn Engine, asked: Option<usize>) -> Result<usize, String> {
+    let capacity = engine.batch().map(|b| b.capacity());
+    match (asked, capacity) {
+        (Some(0), _) => Err("--parallel 0: at least one request must run".into()),
+        (None, Some(c)) => Ok(c.max(1)),
+        (None, None) => Ok(1),
+        (Some(n), Some(c)) if n > c => Err(format!(
+            "--parallel {n}: this engine runs at most {c} sequences together; pass at most {c}"
+        )),
+        (Some(n), None) if n > 1 => Err(format!(
+            "--parallel {n}: the {} engine runs one request at a time (it has no batching);              pass 1 or leave it out",
+            engine.info().backend
+        )),
+        (Some(n), _) => Ok(n),
+    }
+}
+
 impl Worker {
+    /// Starts the engine thread; up to `parallel` jobs run together (see
+    /// [`parallel_for`]).
     pub fn spawn(
         engine: Box<dyn Engine>,
         tokenizer: Arc<Tokenizer>,
         queue_depth: usize,
+        parallel: usize,
         stats: Arc<SharedStats>,
         on_fault: FaultHook,
     ) -> std::io::Result<Worker> {
         let (tx, rx) = channel::<Msg>();
+        stats.set_parallel(parallel);
         let control = Arc::new(Control {
-            limit: queue_depth + 1,
+            limit: queue_depth + parallel,
             admitted: AtomicUsize::new(0),
             state: Mutex::new(ControlState::default()),
             stopped: watch::Sender::new(false),
@@ -224,6 +257,7 @@ impl Worker {
                     rx,
                     thread_stats,
                     &thread_control,
+                    parallel,
                     on_fault,
                 )
             })?;
@@ -236,7 +270,7 @@ impl Worker {
     }
 
     /// Admits one request, or refuses at once when `queue_depth` requests
-    /// already wait besides the running one, or when the engine has stopped.
+    /// already wait besides the running ones, or when the engine has stopped.
     pub fn reserve(&self) -> Result<Slot, SubmitError> {
         if let Some(h) = &self.control.lock().halt {
             return Err(SubmitError::Halted(h.clone()));
@@ -295,8 +329,8 @@ impl Worker {
         Ok(id)
     }
 
-    /// Stops the engine thread for shutdown: the running job is cancelled
-    /// (at its next prefill chunk or token) and ends with
+    /// Stops the engine thread for shutdown: the running jobs are cancelled
+    /// (at their next prefill chunk or token) and end with
     /// [`Halt::Shutdown`], queued jobs fail at once, and nothing new is
     /// accepted. Returns at once; [`Worker::stopped`] waits for the thread.
     pub fn stop(&self) {
@@ -304,7 +338,7 @@ impl Worker {
         if state.halt.is_none() {
             state.halt = Some(Halt::Shutdown);
         }
-        if let Some(c) = &state.current {
+        for c in &state.current {
             c.store(true, Ordering::Relaxed);
         }
         drop(state);

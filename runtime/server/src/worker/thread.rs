@@ -1,14 +1,16 @@
-//! The engine thread's loop: one job at a time, each published for
-//! `/v1/stats` while it runs and reported to the request log when it ends.
+//! The engine thread: the loop that feeds the engine (the batching
+//! scheduler in `batch.rs` when the engine has a batch interface, else one
+//! job at a time here), and what every job goes through on either path:
+//! skipped when its client left while it waited, published for
+//! `/v1/stats` while it runs, and reported to the request log when it ends.
 
+use super::stream::Stream;
 use super::{Control, FaultHook, Finish, Finished, GenError, Halt, Job, Msg, Queued, StreamMsg};
 use crate::live::Running;
-use crate::output::stop::{StopMatcher, StopStep};
 use crate::requests::{Outcome, Report};
 use crate::stats::SharedStats;
 use krasis_model::tokenizer::Tokenizer;
-use krasis_model::{Engine, FinishReason, GenerateStats};
-use std::ops::ControlFlow;
+use krasis_model::{Engine, GenerateStats};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,37 +22,21 @@ pub(super) fn engine_thread(
     rx: Receiver<Msg>,
     stats: Arc<SharedStats>,
     control: &Control,
+    parallel: usize,
     on_fault: FaultHook,
 ) {
     if let Ok(mut last) = stats.last.lock() {
         last.engine = catch_unwind(AssertUnwindSafe(|| engine.stats())).unwrap_or(None);
     }
-    let mut fault = None;
-    let halted = loop {
-        let queued = match rx.recv() {
-            Ok(Msg::Job(q)) => *q,
-            Ok(Msg::Stop) => break true,
-            // Every handle is gone: nobody can send more.
-            Err(_) => break false,
-        };
-        stats.queued.fetch_sub(1, Ordering::Relaxed);
-        {
-            let mut state = control.lock();
-            if let Some(h) = &state.halt {
-                fail(queued, h, &stats);
-                continue;
-            }
-            state.current = Some(queued.job.cancel.clone());
-        }
-        let reason = run_job(engine.as_mut(), tokenizer, queued, &stats, control);
-        control.lock().current = None;
-        if let Some(reason) = reason {
-            tracing::error!("engine fault, the engine is retired: {reason}");
-            control.lock().halt = Some(Halt::Fault(reason.clone()));
-            fault = Some(reason);
-            break true;
-        }
+    let (halted, fault) = if engine.batch().is_some() {
+        super::batch::schedule(engine.as_mut(), tokenizer, &rx, &stats, control, parallel)
+    } else {
+        one_at_a_time(engine.as_mut(), tokenizer, &rx, &stats, control)
     };
+    if let Some(reason) = &fault {
+        tracing::error!("engine fault, the engine is retired: {reason}");
+        control.lock().halt = Some(Halt::Fault(reason.clone()));
+    }
     {
         // Answer everything still queued; `submit` refuses from now on.
         let state = control.lock();
@@ -75,8 +61,52 @@ pub(super) fn engine_thread(
     }
 }
 
+/// The loop for an engine without a batch interface: one job at a time
+/// through [`Engine::generate`]. Returns whether it stopped for a halt
+/// (not because every handle is gone) and the fault's reason, if any.
+fn one_at_a_time(
+    engine: &mut dyn Engine,
+    tokenizer: &Tokenizer,
+    rx: &Receiver<Msg>,
+    stats: &Arc<SharedStats>,
+    control: &Control,
+) -> (bool, Option<String>) {
+    loop {
+        let queued = match rx.recv() {
+            Ok(Msg::Job(q)) => *q,
+            Ok(Msg::Stop) => return (true, None),
+            // Every handle is gone: nobody can send more.
+            Err(_) => return (false, None),
+        };
+        stats.queued.fetch_sub(1, Ordering::Relaxed);
+        {
+            let mut state = control.lock();
+            if let Some(h) = &state.halt {
+                fail(queued, h, stats);
+                continue;
+            }
+            state.current.push(queued.job.cancel.clone());
+        }
+        let Some((job, running)) = start(queued, stats) else {
+            control.lock().current.clear();
+            continue;
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let mut stream = Stream::new(tokenizer, &job);
+            let outcome =
+                engine.generate(&job.request, &mut |id| stream.on_token(id, &job, &running))?;
+            stream.finish(&job, outcome)
+        }))
+        .unwrap_or_else(|p| Err(GenError::Panic(panic_message(p.as_ref()))));
+        control.lock().current.clear();
+        if let Some(reason) = complete(job, &running, result, Some(&*engine), stats, control) {
+            return (true, Some(reason));
+        }
+    }
+}
+
 /// Answers a job that will not run because the engine stopped.
-fn fail(queued: Queued, halt: &Halt, stats: &Arc<SharedStats>) {
+pub(super) fn fail(queued: Queued, halt: &Halt, stats: &Arc<SharedStats>) {
     let Queued { job, info } = queued;
     let Job { events, slot, .. } = job;
     drop(slot);
@@ -91,39 +121,54 @@ fn fail(queued: Queued, halt: &Halt, stats: &Arc<SharedStats>) {
     let _ = events.send(StreamMsg::Done(Err(GenError::Halted(halt.clone())), report));
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic payload".into())
 }
 
-/// Runs one job and sends its `Done`. Returns the fault's reason when the
-/// engine must be retired.
-fn run_job(
-    engine: &mut dyn Engine,
-    tokenizer: &Tokenizer,
-    queued: Queued,
+/// Whether a queued job's client left (or the job was cancelled) while it
+/// waited.
+pub(super) fn gone(queued: &Queued) -> bool {
+    queued.job.cancel.load(Ordering::Relaxed) || queued.job.events.is_closed()
+}
+
+/// Starts a queued job: published as running for `/v1/stats`. A job
+/// whose client left while it waited costs nothing: it is logged as
+/// cancelled and `None` is returned.
+pub(super) fn start(queued: Queued, stats: &Arc<SharedStats>) -> Option<(Job, Arc<Running>)> {
+    if gone(&queued) {
+        skip(queued, stats);
+        return None;
+    }
+    let Queued { job, info } = queued;
+    let running = Arc::new(Running::new(info, job.request.live.clone()));
+    stats.add_running(running.clone());
+    Some((job, running))
+}
+
+/// Logs a job that never ran because its client left.
+pub(super) fn skip(queued: Queued, stats: &Arc<SharedStats>) {
+    stats.cancelled.fetch_add(1, Ordering::Relaxed);
+    let outcome = Outcome {
+        finish_reason: "cancelled",
+        ..Outcome::default()
+    };
+    drop(Report::new(stats.log.clone(), &queued.info, outcome));
+}
+
+/// Ends a started job with `result`: counters, the last run's figures
+/// (with `engine`'s, when given), its report, the freed admission and its
+/// `Done`. Returns the fault's reason when the engine must be retired.
+pub(super) fn complete(
+    job: Job,
+    running: &Running,
+    result: Result<(Finished, GenerateStats), GenError>,
+    engine: Option<&dyn Engine>,
     stats: &Arc<SharedStats>,
     control: &Control,
 ) -> Option<String> {
-    let Queued { job, info } = queued;
-    // A client that left while its request waited costs nothing.
-    if job.cancel.load(Ordering::Relaxed) || job.events.is_closed() {
-        stats.cancelled.fetch_add(1, Ordering::Relaxed);
-        let outcome = Outcome {
-            finish_reason: "cancelled",
-            ..Outcome::default()
-        };
-        drop(Report::new(stats.log.clone(), &info, outcome));
-        return None;
-    }
-    let running = Arc::new(Running::new(info, job.request.live.clone()));
-    stats.set_running(Some(running.clone()));
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        generate(engine, tokenizer, &job, &running)
-    }))
-    .unwrap_or_else(|p| Err(GenError::Panic(panic_message(p.as_ref()))));
     let mut fault = None;
     let mut outcome = Outcome {
         completion_tokens: running.generated(),
@@ -151,7 +196,8 @@ fn run_job(
                 Finish::Length => "length",
                 Finish::Cancelled => "cancelled",
             };
-            let engine_stats = catch_unwind(AssertUnwindSafe(|| engine.stats())).unwrap_or(None);
+            let engine_stats =
+                engine.and_then(|e| catch_unwind(AssertUnwindSafe(|| e.stats())).unwrap_or(None));
             if let Ok(mut last) = stats.last.lock() {
                 last.stats = gen_stats;
                 last.engine = engine_stats;
@@ -172,7 +218,7 @@ fn run_job(
             Err(e)
         }
     };
-    stats.set_running(None);
+    stats.remove_running(running.info.id);
     let report = Report::new(stats.log.clone(), &running.info, outcome);
     let Job { events, slot, .. } = job;
     // Free the place before answering, so a client that sends its next
@@ -181,89 +227,4 @@ fn run_job(
     // Undeliverable (the client is gone): the report is logged as it is.
     let _ = events.send(StreamMsg::Done(result, report));
     fault
-}
-
-fn generate(
-    engine: &mut dyn Engine,
-    tokenizer: &Tokenizer,
-    job: &Job,
-    running: &Running,
-) -> Result<(Finished, GenerateStats), GenError> {
-    let mut decoder = tokenizer.incremental_with(!job.keep_special_tokens);
-    let mut stop = StopMatcher::new(job.stop_strings.clone());
-    let mut completion_tokens = 0usize;
-    let mut stopped_by_string = false;
-    let mut client_gone = false;
-    let mut decode_error = None;
-    let send = |text: String| -> bool {
-        text.is_empty() || job.events.send(StreamMsg::Text(text)).is_ok()
-    };
-
-    let outcome = engine.generate(&job.request, &mut |id| {
-        running.on_token();
-        completion_tokens += 1;
-        if job.request.stop_token_ids.contains(&id) {
-            return ControlFlow::Continue(());
-        }
-        if job.cancel.load(Ordering::Relaxed) {
-            return ControlFlow::Break(());
-        }
-        let text = match decoder.push(id) {
-            Ok(t) => t,
-            Err(e) => {
-                decode_error = Some(e.to_string());
-                return ControlFlow::Break(());
-            }
-        };
-        match stop.push(&text) {
-            StopStep::Emit(t) => {
-                if !send(t) {
-                    client_gone = true;
-                    return ControlFlow::Break(());
-                }
-                ControlFlow::Continue(())
-            }
-            StopStep::Stopped(t) => {
-                stopped_by_string = true;
-                send(t);
-                ControlFlow::Break(())
-            }
-        }
-    })?;
-    if let Some(e) = decode_error {
-        return Err(GenError::Decode(e));
-    }
-    if !stopped_by_string && !client_gone {
-        let tail = decoder
-            .finish()
-            .map_err(|e| GenError::Decode(e.to_string()))?;
-        match stop.push(&tail) {
-            StopStep::Emit(t) => {
-                send(t);
-                send(stop.finish());
-            }
-            StopStep::Stopped(t) => {
-                stopped_by_string = true;
-                send(t);
-            }
-        }
-    }
-    let finish = if stopped_by_string {
-        Finish::Stop
-    } else {
-        match outcome.finish {
-            FinishReason::Stop => Finish::Stop,
-            FinishReason::Length => Finish::Length,
-            FinishReason::Cancelled => Finish::Cancelled,
-        }
-    };
-    Ok((
-        Finished {
-            finish,
-            prompt_tokens: job.request.prompt.len(),
-            cached_tokens: outcome.stats.cached_tokens,
-            completion_tokens,
-        },
-        outcome.stats,
-    ))
 }

@@ -47,6 +47,13 @@ pub struct Opts {
     pub check_host: bool,
     /// The engine reports HCS/VRAM figures (see `ScriptedEngine::with_cache_figures`).
     pub cache_figures: bool,
+    /// The server's `--parallel` (default: the engine's capacity).
+    pub parallel: Option<usize>,
+    /// The engine's batch capacity and KV budget (`ScriptedEngine::with_*`).
+    pub capacity: Option<usize>,
+    pub kv_tokens: Option<usize>,
+    /// The engine has a batch interface (else the server's one-at-a-time path).
+    pub batching: bool,
 }
 
 impl Default for Opts {
@@ -66,6 +73,10 @@ impl Default for Opts {
             cors_origins: Vec::new(),
             check_host: true,
             cache_figures: false,
+            parallel: None,
+            capacity: None,
+            kv_tokens: None,
+            batching: true,
         }
     }
 }
@@ -79,6 +90,14 @@ pub struct Harness {
 /// `reply(prompt_text) -> model output text`; the output is tokenized with
 /// the real tokenizer and ends with `<|im_end|>`.
 pub fn harness(opts: Opts, reply: impl Fn(&str) -> String + Send + 'static) -> Harness {
+    try_harness(opts, reply).expect("install")
+}
+
+/// [`harness`], or why the server refused the engine (`install`'s error).
+pub fn try_harness(
+    opts: Opts,
+    reply: impl Fn(&str) -> String + Send + 'static,
+) -> Result<Harness, String> {
     let tok = tokenizer();
     let im_end = tok.token_id("<|im_end|>").expect("im_end token");
     let vocab = tok.vocab_size();
@@ -96,6 +115,15 @@ pub fn harness(opts: Opts, reply: impl Fn(&str) -> String + Send + 'static) -> H
     if opts.cache_figures {
         engine = engine.with_cache_figures();
     }
+    if let Some(n) = opts.capacity {
+        engine = engine.with_capacity(n);
+    }
+    if let Some(t) = opts.kv_tokens {
+        engine = engine.with_kv_tokens(t);
+    }
+    if !opts.batching {
+        engine = engine.without_batching();
+    }
     if let Some(fail) = opts.fail {
         let tok = tokenizer();
         engine = engine.with_failure(Box::new(move |prompt: &[u32]| {
@@ -109,18 +137,19 @@ pub fn harness(opts: Opts, reply: impl Fn(&str) -> String + Send + 'static) -> H
         backend: "scripted".into(),
         api_key: opts.api_key,
         queue_depth: opts.queue_depth,
+        parallel: opts.parallel,
         default_sampling: SamplingParams::greedy(),
         cors_origins: opts.cors_origins,
         check_host: opts.check_host,
     });
     state
         .install(Box::new(engine), tokenizer(), opts.template)
-        .expect("install");
-    Harness {
+        .map_err(|e| e.to_string())?;
+    Ok(Harness {
         state,
         produced,
         prefill_chunks,
-    }
+    })
 }
 
 pub fn app(h: &Harness) -> Router {

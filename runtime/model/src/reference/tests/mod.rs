@@ -3,10 +3,11 @@
 //! Hugging Face witness fixtures is tested in `tests/witness.rs`.)
 
 use super::*;
-use crate::engine::SamplingParams;
+use crate::engine::{CancelToken, FinishReason, SamplingParams};
 use crate::synth::{self, GENERATOR_VERSION, RECORD_FILE, SynthDtype, SynthExperts, SynthSpec};
 use serde_json::{Value, json};
 use std::path::PathBuf;
+use std::time::Instant;
 
 /// A synthetic checkpoint without tokenizer files, made once per content.
 fn synth_dir(preset: &str, overrides: &[(&str, Value)], omit_experts: bool) -> PathBuf {
@@ -504,6 +505,7 @@ fn every_fault_changes_the_logits_and_none_restores_them() {
     assert_eq!(e.prompt_logits(&prompt).unwrap(), clean);
 }
 
+mod batch;
 mod cancel;
 mod mxfp4_experts;
 mod prefix;
