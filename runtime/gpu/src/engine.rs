@@ -188,6 +188,7 @@ impl CudaEngine {
                 kv,
                 scratch,
                 gemv_tokens: GEMV_MAX_TOKENS,
+                grouped_prefill: false,
                 hcs: None,
                 routes: None,
                 token_routes: None,
@@ -283,6 +284,39 @@ impl CudaEngine {
         self.graph = None;
         self.eager_steps = 0;
         self.model.gpu.sync("planting a fault")
+    }
+
+    /// Plants (or removes) the per-shape GEMM choice
+    /// ([`crate::blas::Selection::PerShape`]), which the row invariance
+    /// tests must catch. Test builds only.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn set_gemm_selection(&mut self, s: crate::blas::Selection) {
+        self.model.gpu.blas.set_selection(s);
+    }
+
+    /// The KV cache's bit patterns of positions `0..positions`: per layer,
+    /// K then V, per KV head. Tests compare prefills with it.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn kv_bits(&self, positions: usize) -> Result<Vec<u16>> {
+        let m = &self.model;
+        let (h, d) = (m.geometry.num_kv_heads, m.geometry.head_dim);
+        let mut out = Vec::new();
+        for l in 0..m.geometry.num_layers {
+            let cap = m.kv.geoms[l].capacity;
+            if positions > cap {
+                return Err(GpuError::Unsupported(format!(
+                    "kv_bits of {positions} positions in a layer of {cap}"
+                )));
+            }
+            for buf in [&m.kv.k[l], &m.kv.v[l]] {
+                let all = m.gpu.download(buf, h * cap * d, "the KV cache")?;
+                for head in 0..h {
+                    let base = head * cap * d;
+                    out.extend(all[base..base + positions * d].iter().map(|v| v.to_bits()));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Applies (or, applied twice, undoes) the weight edit of `fault`.
@@ -524,11 +558,8 @@ impl CudaEngine {
         live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<bool> {
-        debug_assert_eq!(
-            from % self.model.scratch.cap,
-            0,
-            "resumed off a chunk boundary"
-        );
+        let m = &mut self.model;
+        m.grouped_prefill = tokens.len() > m.gemv_tokens && m.scratch.grouped.is_some();
         if self.model.hcs.is_some() {
             return self
                 .model
@@ -572,7 +603,9 @@ impl CudaEngine {
                 .map_err(GpuError::driver("clearing sampling counts"))?;
         }
         let n = prompt.len();
-        let last_chunk_start = (n - 1) / self.model.scratch.cap * self.model.scratch.cap;
+        // Chunks are counted from `from` (a block boundary on a hit).
+        let cap = self.model.scratch.cap;
+        let last_chunk_start = from + (n - 1 - from) / cap * cap;
         live.set_prefilled(from);
         self.prefill_cancellable(prompt, from, cancel, live, |m, start, _| {
             if start == last_chunk_start {

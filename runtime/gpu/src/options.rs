@@ -56,9 +56,11 @@ impl Default for CudaEngineOptions {
     }
 }
 
-/// Below this many prompt tokens in a chunk, routed experts run through the
-/// expert GEMV kernels (no host sync, no dequantization); above it, experts are
-/// dequantized to BF16 and multiplied with cuBLAS over the tokens routed to
-/// each. The GEMV reads every selected expert once per token, so it wins
-/// only while `tokens * top_k` is small against the expert count.
+/// The prefill of a prompt of at most this many tokens runs its routed
+/// experts through the expert GEMV kernels (no host sync, no
+/// dequantization); a longer prompt's chunks (all of them, also a short
+/// last one, so a row is computed the same in every chunking) dequantize
+/// the experts to BF16 and multiply them with cuBLASLt over the tokens
+/// routed to each. The GEMV reads every selected expert once per token, so
+/// it wins only while `tokens * top_k` is small against the expert count.
 pub const GEMV_MAX_TOKENS: usize = 8;
