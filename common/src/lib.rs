@@ -32,5 +32,8 @@ pub use status::{
 /// `backends`, the live `/v1/stats` fields. 3: the `mlp_precision` option
 /// (`--mlp-precision`), architectures with `mlp_precisions`. 4: the
 /// `prefix_cache` option (`--prefix-cache`), `/v1/stats` `prefix_cache`
-/// and `cached_tokens` in the request log.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// and `cached_tokens` in the request log. 5: the prefix cache's RAM tier
+/// and block size (`prefix_cache_host`, `prefix_block`: `--prefix-cache-host`,
+/// `--prefix-block`; `0` is a size, not `off`), `/v1/stats` `prefix_cache`
+/// with `tiers` and `demotions`.
+pub const PROTOCOL_VERSION: u32 = 5;

@@ -27,11 +27,13 @@ pub enum Field {
     CorsOrigins,
     Gpu,
     PrefixCache,
+    PrefixCacheHost,
+    PrefixBlock,
 }
 
 /// In form order. GPU and the prefix cache come last so the rows above
 /// keep their places (the tmux flow test counts them).
-pub const FIELDS: [Field; 18] = [
+pub const FIELDS: [Field; 20] = [
     Field::Backend,
     Field::ExpertPrecision,
     Field::AttentionPrecision,
@@ -50,6 +52,8 @@ pub const FIELDS: [Field; 18] = [
     Field::CorsOrigins,
     Field::Gpu,
     Field::PrefixCache,
+    Field::PrefixCacheHost,
+    Field::PrefixBlock,
 ];
 
 /// What availability and choices are derived from: the runtime's report
@@ -82,6 +86,8 @@ impl Field {
             Field::CorsOrigins => "CORS origins",
             Field::Gpu => "GPU (CUDA device)",
             Field::PrefixCache => "Prefix cache (auto/off/size)",
+            Field::PrefixCacheHost => "Prefix cache host tier",
+            Field::PrefixBlock => "Prefix block (tokens)",
         }
     }
 
@@ -142,8 +148,15 @@ impl Field {
             Field::PrefixCache => match o.prefix_cache {
                 PrefixCacheChoice::Auto => "auto (engine's rule)".into(),
                 PrefixCacheChoice::Off => "off".into(),
+                PrefixCacheChoice::Bytes(0) => "no VRAM pool (host tier only)".into(),
                 PrefixCacheChoice::Bytes(b) => fmt_bytes(b),
             },
+            Field::PrefixCacheHost => match o.prefix_cache_host {
+                PrefixCacheChoice::Auto => "auto (engine's rule)".into(),
+                PrefixCacheChoice::Off | PrefixCacheChoice::Bytes(0) => "off".into(),
+                PrefixCacheChoice::Bytes(b) => fmt_bytes(b),
+            },
+            Field::PrefixBlock => o.prefix_block.to_string(),
         }
     }
 
@@ -163,6 +176,10 @@ impl Field {
                 .unwrap_or_default(),
             Field::CorsOrigins => o.cors_origins.join(" "),
             Field::PrefixCache => match o.prefix_cache {
+                PrefixCacheChoice::Bytes(b) => format_size_exact(b),
+                c => c.to_arg(),
+            },
+            Field::PrefixCacheHost => match o.prefix_cache_host {
                 PrefixCacheChoice::Bytes(b) => format_size_exact(b),
                 c => c.to_arg(),
             },
@@ -199,6 +216,21 @@ impl Field {
             Field::PrefixCache => {
                 o.prefix_cache = PrefixCacheChoice::parse(if t.is_empty() { "auto" } else { t })
                     .map_err(|e| e.reason)?
+            }
+            Field::PrefixCacheHost => {
+                o.prefix_cache_host =
+                    PrefixCacheChoice::parse(if t.is_empty() { "auto" } else { t })
+                        .map_err(|e| e.reason)?
+            }
+            Field::PrefixBlock => {
+                let v = if t.is_empty() {
+                    krasis_common::options::DEFAULT_PREFIX_BLOCK
+                } else {
+                    u32::try_from(num("prefix block")?)
+                        .map_err(|_| "prefix block too large".to_string())?
+                };
+                krasis_common::options::check_prefix_block(v).map_err(|e| e.reason)?;
+                o.prefix_block = v;
             }
             Field::Heatmap => {
                 o.heatmap = HeatmapChoice::parse(if t.is_empty() { "auto" } else { t })

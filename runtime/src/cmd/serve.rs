@@ -107,6 +107,11 @@ impl Args {
             queue_depth: self.queue_depth,
             gpu: self.engine.gpu,
             prefix_cache: self.engine.prefix_cache.unwrap_or_default(),
+            prefix_cache_host: self.engine.prefix_cache_host.unwrap_or_default(),
+            prefix_block: self
+                .engine
+                .prefix_block
+                .unwrap_or(krasis_common::options::DEFAULT_PREFIX_BLOCK),
             cors_origins: self.cors_origins.clone(),
         }
     }
@@ -354,6 +359,9 @@ fn start(mut args: Args) -> anyhow::Result<()> {
     // A server keeps prompt prefixes unless told not to.
     args.engine
         .prefix_cache
+        .get_or_insert(krasis_common::options::PrefixCacheChoice::Auto);
+    args.engine
+        .prefix_cache_host
         .get_or_insert(krasis_common::options::PrefixCacheChoice::Auto);
     // The key is in force now; its file was read (and is checked again below
     // through the key itself).
