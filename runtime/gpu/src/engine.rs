@@ -601,8 +601,10 @@ impl CudaEngine {
     }
 
     /// [`CudaEngine::prefill`] of `tokens[from..]` (the KV holds positions
-    /// `0..from`; `from` is a multiple of the prefill chunk, so the chunks
-    /// are those of a prefill from 0) that looks at `cancel` before every chunk
+    /// `0..from`; `from` is any position, a prefix cache block boundary on a
+    /// hit, and the chunks are counted from it: the prefill is chunk
+    /// invariant, so every row comes out as in a prefill from 0) that looks
+    /// at `cancel` before every chunk
     /// (with HCS: before every chunk of every layer group) and stops once
     /// it is set: `Ok(false)`, with `after` not run for the chunks left.
     /// The engine is then as after any prefill (HCS reclaimable tier
