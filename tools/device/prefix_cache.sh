@@ -39,7 +39,10 @@
 #                        turn 2 demotes the conversation's blocks to the host tier, and turn 2 is
 #                        the "restore from RAM <= 25% of cold" target
 #         block-N        auto with --prefix-block N (e.g. block-64, block-1024)
-#       Suggested calls: LIMIT=none CONFIG=off,auto,evict; LIMIT=6GiB CONFIG=off,auto,evict.
+#       Suggested calls (two configurations fit one call): LIMIT=none CONFIG=off,auto;
+#       LIMIT=none CONFIG=evict; LIMIT=6GiB CONFIG=off,auto (at 6GiB auto is the host tier alone:
+#       every later turn restores from RAM, the <= 25% target there; evict's 1.25 GiB VRAM pool
+#       would take most of HCS's slots).
 # CONFIG may list several configurations (comma-separated), run one after another in one call.
 # Results: $OUT/pc-PHASE[-LIMIT-CONFIG].tgz (summary.txt first).
 set -u
