@@ -217,17 +217,23 @@ impl Capabilities {
             model_type,
         )?;
         one_of("pruning", &opts.pruning, &arch.pruning_modes, model_type)?;
-        if let crate::options::PrefixCacheChoice::Bytes(_) = opts.prefix_cache
-            && !arch.prefix_cache_backends.iter().any(|b| b == backend)
-        {
-            return Err(OptionError::new(
-                "prefix_cache",
-                format!(
-                    "the '{backend}' backend has no prefix cache for '{model_type}' in this runtime \
-                     (it has one on: {}); use auto (off there) or off",
-                    join(arch.prefix_cache_backends.iter().map(|s| s.as_str()))
-                ),
-            ));
+        for (option, choice) in [
+            ("prefix_cache", opts.prefix_cache),
+            ("prefix_cache_host", opts.prefix_cache_host),
+        ] {
+            if let crate::options::PrefixCacheChoice::Bytes(1..) = choice
+                && opts.prefix_cache.is_on()
+                && !arch.prefix_cache_backends.iter().any(|b| b == backend)
+            {
+                return Err(OptionError::new(
+                    option,
+                    format!(
+                        "the '{backend}' backend has no prefix cache for '{model_type}' in this \
+                         runtime (it has one on: {}); use auto (off there) or off",
+                        join(arch.prefix_cache_backends.iter().map(|s| s.as_str()))
+                    ),
+                ));
+            }
         }
         if opts.hcs && !arch.hcs {
             return Err(OptionError::new(
@@ -464,6 +470,14 @@ mod tests {
         for ok in [PrefixCacheChoice::Auto, PrefixCacheChoice::Off] {
             c.check_options(&at(Backend::Cuda, ok), "gpt_oss").unwrap();
         }
+        // A sized RAM tier too, unless the cache is off.
+        let mut host = at(Backend::Cuda, PrefixCacheChoice::Auto);
+        host.prefix_cache_host = size;
+        let e = c.check_options(&host, "gpt_oss").unwrap_err();
+        assert_eq!(e.option, "prefix_cache_host");
+        host.prefix_cache = PrefixCacheChoice::Off;
+        host.prefix_cache_host = PrefixCacheChoice::Auto;
+        c.check_options(&host, "gpt_oss").unwrap();
         c.check_options(&at(Backend::Reference, size), "gpt_oss")
             .unwrap();
         let mut o = c.default_options("qwen3_moe").unwrap();

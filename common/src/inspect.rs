@@ -8,7 +8,7 @@
 //!
 //! ```json
 //! {
-//!   "protocol_version": 5,
+//!   "protocol_version": 6,
 //!   "models": [
 //!     { "status": "ok", "path": "/m/a3b", "model_type": "qwen3_moe",
 //!       "geometry": { "hidden_size": 2048, ... },

@@ -36,4 +36,8 @@ pub use status::{
 /// `parallel` and `kv_tokens` options (`--parallel`, `--kv-tokens`),
 /// `/v1/stats` `running` (a list, replacing `current`) with each request's
 /// `activity`, `parallel` and `kv`.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: the prefix cache's RAM tier
+/// and block size (`prefix_cache_host`, `prefix_block`: `--prefix-cache-host`,
+/// `--prefix-block`; `0` is a size, not `off`), `/v1/stats` `prefix_cache`
+/// with `tiers` and `demotions`.
+pub const PROTOCOL_VERSION: u32 = 6;

@@ -67,26 +67,35 @@ impl HeatmapChoice {
     }
 }
 
-/// How much memory the engine's prefix cache gets (the KV of prompt
-/// prefixes kept for later requests that start with them).
+/// How much memory a tier of the engine's prefix cache gets (the KV of
+/// prompt prefixes kept for later requests that start with them):
+/// `prefix_cache` is the cache and its first tier (VRAM on the CUDA
+/// engine), `prefix_cache_host` its RAM tier (page-locked host memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase", tag = "mode", content = "bytes")]
 pub enum PrefixCacheChoice {
-    /// The engine's rule: the CUDA engine takes the smaller of one
-    /// context's KV and a quarter of the VRAM left after calibration's
-    /// floor (in whole blocks; none where it lacks the cache: models with
-    /// sliding-window layers); the reference engine 256 MiB of host memory.
+    /// The engine's rule. First tier: the CUDA engine's VRAM pool is the
+    /// smaller of one context's KV and half the VRAM left once every
+    /// expert is resident, and none when not every expert fits (the host
+    /// tier carries the cache then); the reference engine 256 MiB. RAM
+    /// tier: the smaller of four contexts' KV and a quarter of the host's
+    /// available memory (CUDA), 1 GiB (reference). Whole blocks; none where
+    /// the engine lacks the cache (the CUDA engine with sliding-window
+    /// layers).
     #[default]
     Auto,
-    /// No prefix cache: every prompt is prefilled in full.
+    /// First tier: no prefix cache at all (every prompt is prefilled in
+    /// full; the RAM tier is off too). RAM tier: no RAM tier.
     Off,
     /// Exactly this many bytes (whole blocks of it); refused where the
-    /// engine cannot hold it.
+    /// engine cannot hold it. `0` for the first tier: no VRAM pool, the
+    /// RAM tier carries the cache.
     Bytes(u64),
 }
 
 impl PrefixCacheChoice {
-    /// The `--prefix-cache` value: `auto`, `off`, or an exact byte count.
+    /// The `--prefix-cache` / `--prefix-cache-host` value: `auto`, `off`,
+    /// or an exact byte count.
     pub fn to_arg(self) -> String {
         match self {
             PrefixCacheChoice::Auto => "auto".into(),
@@ -95,17 +104,14 @@ impl PrefixCacheChoice {
         }
     }
 
-    /// `auto`, `off` (or `0`), or a size (`2GiB`, `512MiB`, a byte count;
+    /// `auto`, `off`, or a size (`2GiB`, `512MiB`, a byte count, `0`;
     /// `crate::size` rules).
     pub fn parse(s: &str) -> Result<Self, OptionError> {
         match s.trim() {
             "auto" => Ok(PrefixCacheChoice::Auto),
-            "off" | "0" => Ok(PrefixCacheChoice::Off),
+            "off" => Ok(PrefixCacheChoice::Off),
             t => crate::size::parse_size(t)
-                .map(|b| match b {
-                    0 => PrefixCacheChoice::Off,
-                    b => PrefixCacheChoice::Bytes(b),
-                })
+                .map(PrefixCacheChoice::Bytes)
                 .map_err(|e| {
                     OptionError::new(
                         "prefix_cache",
@@ -114,6 +120,35 @@ impl PrefixCacheChoice {
                 }),
         }
     }
+
+    /// Whether this first-tier choice leaves the prefix cache on.
+    pub fn is_on(self) -> bool {
+        self != PrefixCacheChoice::Off
+    }
+}
+
+/// Prompt tokens per prefix cache block unless `--prefix-block` says
+/// otherwise: a later turn of a conversation re-prefills at most one
+/// partial block (255 tokens, a few ms at prefill rates) beyond what it
+/// appended, while a 24K-token conversation is ~100 blocks, one copy
+/// launch per tier and a cheap index walk.
+pub const DEFAULT_PREFIX_BLOCK: u32 = 256;
+
+/// Block sizes are whole 64-token tiles (the attention kernels' key tile).
+pub const PREFIX_BLOCK_MULTIPLE: u32 = 64;
+
+/// Checks a `--prefix-block` value.
+pub fn check_prefix_block(tokens: u32) -> Result<(), OptionError> {
+    if tokens == 0 || !tokens.is_multiple_of(PREFIX_BLOCK_MULTIPLE) {
+        return Err(OptionError::new(
+            "prefix_block",
+            format!(
+                "{tokens} tokens: a prefix cache block is a positive multiple of \
+                 {PREFIX_BLOCK_MULTIPLE} tokens (default {DEFAULT_PREFIX_BLOCK})"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Everything needed to start a runtime server.
@@ -173,8 +208,14 @@ pub struct LaunchOptions {
     pub kv_tokens: Option<u64>,
     /// CUDA device ordinal.
     pub gpu: u32,
-    /// Memory for the prefix cache (reuse of prompt prefixes' KV).
+    /// Memory for the prefix cache (reuse of prompt prefixes' KV): its
+    /// first tier (VRAM on the CUDA engine), or `off` for none.
     pub prefix_cache: PrefixCacheChoice,
+    /// The prefix cache's RAM tier (page-locked host memory on the CUDA
+    /// engine), where blocks evicted from the first tier go.
+    pub prefix_cache_host: PrefixCacheChoice,
+    /// Prompt tokens per prefix cache block (a multiple of 64).
+    pub prefix_block: u32,
     /// Browser origins allowed to call the API cross-origin (CORS), each
     /// `scheme://host[:port]`, or `*` for any. Empty: loopback origins only.
     pub cors_origins: Vec<String>,
@@ -206,6 +247,8 @@ impl Default for LaunchOptions {
             kv_tokens: None,
             gpu: 0,
             prefix_cache: PrefixCacheChoice::Auto,
+            prefix_cache_host: PrefixCacheChoice::Auto,
+            prefix_block: DEFAULT_PREFIX_BLOCK,
             cors_origins: Vec::new(),
         }
     }
@@ -480,6 +523,18 @@ impl LaunchOptions {
         if self.kv_tokens == Some(0) {
             return Err(OptionError::new("kv_tokens", "must be at least 1"));
         }
+        check_prefix_block(self.prefix_block)?;
+        if let (PrefixCacheChoice::Off, PrefixCacheChoice::Bytes(b @ 1..)) =
+            (self.prefix_cache, self.prefix_cache_host)
+        {
+            return Err(OptionError::new(
+                "prefix_cache_host",
+                format!(
+                    "a {b}-byte RAM tier with the prefix cache off; turn the cache on (prefix_cache \
+                     auto, or 0 for no VRAM pool) or the RAM tier off"
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -538,6 +593,10 @@ impl LaunchOptions {
             self.gpu.to_string(),
             "--prefix-cache".into(),
             self.prefix_cache.to_arg(),
+            "--prefix-cache-host".into(),
+            self.prefix_cache_host.to_arg(),
+            "--prefix-block".into(),
+            self.prefix_block.to_string(),
             "--progress-json".into(),
         ];
         if let Some(p) = &self.api_key_file {
@@ -761,10 +820,15 @@ mod tests {
             PrefixCacheChoice::parse("auto").unwrap(),
             PrefixCacheChoice::Auto
         );
-        for off in ["off", "0", "0MiB"] {
+        assert_eq!(
+            PrefixCacheChoice::parse("off").unwrap(),
+            PrefixCacheChoice::Off
+        );
+        // 0 is a size (no first-tier pool; the RAM tier carries the cache).
+        for zero in ["0", "0MiB"] {
             assert_eq!(
-                PrefixCacheChoice::parse(off).unwrap(),
-                PrefixCacheChoice::Off
+                PrefixCacheChoice::parse(zero).unwrap(),
+                PrefixCacheChoice::Bytes(0)
             );
         }
         assert_eq!(
@@ -776,22 +840,58 @@ mod tests {
         for c in [
             PrefixCacheChoice::Auto,
             PrefixCacheChoice::Off,
+            PrefixCacheChoice::Bytes(0),
             PrefixCacheChoice::Bytes(123 << 20),
         ] {
             assert_eq!(PrefixCacheChoice::parse(&c.to_arg()).unwrap(), c);
             let o = LaunchOptions {
                 model: "/m".into(),
                 prefix_cache: c,
+                prefix_cache_host: c,
+                prefix_block: 512,
                 ..Default::default()
             };
-            assert!(
-                o.to_serve_args()
-                    .windows(2)
-                    .any(|w| w[0] == "--prefix-cache" && w[1] == c.to_arg())
-            );
+            let args = o.to_serve_args();
+            let has = |flag: &str, v: &str| args.windows(2).any(|w| w[0] == flag && w[1] == v);
+            assert!(has("--prefix-cache", &c.to_arg()));
+            assert!(has("--prefix-cache-host", &c.to_arg()));
+            assert!(has("--prefix-block", "512"));
             let back: LaunchOptions =
                 serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
             assert_eq!(back, o);
+        }
+    }
+
+    #[test]
+    fn prefix_block_and_host_tier_are_checked() {
+        let base = LaunchOptions {
+            model: "/m".into(),
+            ..Default::default()
+        };
+        base.validate().unwrap();
+        assert_eq!(base.prefix_block, DEFAULT_PREFIX_BLOCK);
+        for bad in [0, 100, 32] {
+            let o = LaunchOptions {
+                prefix_block: bad,
+                ..base.clone()
+            };
+            assert_eq!(o.validate().unwrap_err().option, "prefix_block");
+        }
+        // A sized RAM tier with the cache off is contradictory; auto or off
+        // with it is not (nothing is allocated).
+        let o = LaunchOptions {
+            prefix_cache: PrefixCacheChoice::Off,
+            prefix_cache_host: PrefixCacheChoice::Bytes(1 << 30),
+            ..base.clone()
+        };
+        assert_eq!(o.validate().unwrap_err().option, "prefix_cache_host");
+        for host in [PrefixCacheChoice::Auto, PrefixCacheChoice::Off] {
+            let o = LaunchOptions {
+                prefix_cache: PrefixCacheChoice::Off,
+                prefix_cache_host: host,
+                ..base.clone()
+            };
+            o.validate().unwrap();
         }
     }
 

@@ -9,7 +9,7 @@
 //! JSON shape (stable; fields are only ever added):
 //!
 //! ```json
-//! { "protocol_version": 5, "model": "/m/a3b", "backend": "cuda", "context_length": 32768,
+//! { "protocol_version": 6, "model": "/m/a3b", "backend": "cuda", "context_length": 32768,
 //!   "host": { "items": [ { "name": "INT4 expert cache (page-locked)", "bytes": 14948794368, "estimate": false } ],
 //!             "total_bytes": ... },
 //!   "gpu": { "device": { "status": "known", "source": "given", "free_bytes": ..., "total_bytes": ..., "budget_bytes": ... },

@@ -177,15 +177,16 @@ pub struct KvStats {
 }
 
 /// The prefix cache (`krasis_model::prefix_cache`): KV of prompt prefixes
-/// held in whole blocks and reused by later prompts that start with them.
-/// Counters are totals since the engine loaded.
+/// held in whole blocks in one or two tiers and reused by later prompts
+/// that start with them. Counters are totals since the engine loaded; the
+/// sizes and held figures are the sums over `tiers`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PrefixCacheStats {
-    /// Where the blocks are held: `vram` (CUDA engine) or `host`
-    /// (reference engine).
+    /// The tiers' locations joined by `+`: `vram+host`, `host` (CUDA
+    /// engine with no VRAM pool), `vram`, ... (each in `tiers`).
     pub location: String,
-    /// Prompt tokens per block (the engine's prefill chunk).
+    /// Prompt tokens per block (`--prefix-block`).
     pub block_tokens: u64,
     pub capacity_blocks: u64,
     pub capacity_bytes: u64,
@@ -201,15 +202,45 @@ pub struct PrefixCacheStats {
     /// Prompt tokens served from the cache instead of prefilled.
     pub cached_tokens: u64,
     pub blocks_stored: u64,
+    /// Blocks dropped from the cache (from any tier).
     pub evictions: u64,
+    /// Blocks moved from the first tier to the second (RAM) tier.
+    pub demotions: u64,
     /// Times every block was dropped because the engine's settings changed.
     pub invalidations: u64,
-    /// Time spent copying cached blocks into requests' KV, total and the
-    /// last hit's, ms.
+    /// Time spent copying cached blocks into requests' KV (all tiers),
+    /// total and the last hit's (its slowest tier), ms.
     pub restore_ms: f64,
     pub last_restore_ms: f64,
-    /// Time spent copying completed prefills' blocks into the pool, ms.
+    /// Time spent copying completed prefills' blocks into the pools (and
+    /// the demotions they caused), ms.
     pub store_ms: f64,
+    /// Per tier, first tier first (tiers of no capacity are left out).
+    pub tiers: Vec<PrefixTierStats>,
+}
+
+/// One tier of the prefix cache: the CUDA engine's VRAM pool (`vram`) or
+/// its page-locked host tier (`host`); the reference engine's two host
+/// pools (`host`, `host-ram`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PrefixTierStats {
+    pub location: String,
+    pub capacity_blocks: u64,
+    pub capacity_bytes: u64,
+    pub blocks_held: u64,
+    pub bytes_held: u64,
+    /// Lookups that restored at least one block from this tier.
+    pub hits: u64,
+    pub blocks_restored: u64,
+    pub bytes_restored: u64,
+    /// Time spent restoring from this tier, total and the last hit's, ms.
+    pub restore_ms: f64,
+    pub last_restore_ms: f64,
+    /// Blocks that entered this tier (stored, or demoted into it).
+    pub blocks_in: u64,
+    /// Blocks that left it (demoted out of the first tier, or dropped).
+    pub evictions: u64,
 }
 
 /// The GPU expert cache: what calibration decided, and the traffic of the

@@ -37,6 +37,28 @@
 // accumulated with the probabilities broadcast by shuffle. f32 throughout.
 // Used for other head dims and as an independent implementation in tests.
 //
+// Chunk invariance (the prefix cache resumes prefill at any block boundary,
+// so a row must come out the same whichever chunk it is in and wherever
+// that chunk starts): a query row's result depends only on its absolute
+// position p, its q row and the cached keys/values 0..p. The mma kernel's
+// key tiles start at absolute multiples of BN (kt0 = 0 for causal layers),
+// so row p sees keys in the same tiles, in the same order, with the same
+// per-tile reductions (the S MMAs over the head dim, the quad shuffles of
+// the row max, each lane's partial row sum added at the end) in every
+// chunking; the chunk only decides how many further tiles the block walks
+// (up to its last row), and a tile wholly past p is an exact no-op for row
+// p: its scores are -inf, so the running max stays (alpha = exp2(0) = 1
+// exactly), its P is 0 and adds 0 to the row sum and, through the MMA, to
+// O. Staged rows past the chunk's last position are zero-filled but
+// masked for every row. Which lane and warp hold row p changes with the
+// chunk start; mma.sync computes every element of its 16x8 tile the same
+// way, so that does not change the bits (checked on the device by
+// attention_prefill_rows_are_chunk_invariant in kernels/tests/gpu). The
+// SIMT kernel walks 32-key groups from key 0 for each row alone. The ring
+// variants start at the window start of the query tile's first row, which
+// depends on the chunk: the prefix cache refuses sliding-window models on
+// the CUDA engine.
+//
 // KV cache layout: [n_kv_heads][capacity][head_dim] bf16 per layer (f16 for
 // the _f16 entry points).
 //

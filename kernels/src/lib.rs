@@ -43,6 +43,7 @@ pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvOut};
 pub use ops::int4::{
     INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPS, Int4Layout,
 };
+pub use ops::kv_blocks::{BlockCopy, KvBlockGeom};
 pub use ops::moe::{ROUTER_MAX_EXPERTS, ROUTER_MAX_TOPK};
 pub use ops::rope::{KvGeom, QkNormArgs, QkvGeom, StartPos};
 pub use ops::sampling::{

@@ -60,6 +60,11 @@ pub const MODULES: &[Module] = &[
         kernels: &["kv_append_bf16", "kv_append_ring_bf16"],
     },
     Module {
+        name: "kv_blocks",
+        source: include_str!("../cuda/kv_blocks.cu"),
+        kernels: &["kv_blocks_copy"],
+    },
+    Module {
         name: "attention_prefill",
         source: include_str!("../cuda/attention_prefill.cu"),
         kernels: &[

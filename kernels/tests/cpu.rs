@@ -1152,3 +1152,87 @@ mod fp16_mlp {
         assert_eq!(krasis_kernels::SAMPLE_NONFINITE, u32::MAX);
     }
 }
+
+/// The block copy's reference: a slot holds `[layer][K, V][head][position]
+/// [head_dim]` of its block's positions, and storing then restoring a block
+/// into a cleared cache gives those positions back (others untouched).
+#[test]
+fn kv_blocks_reference_layout_and_round_trip() {
+    use krasis_kernels::{BlockCopy, KvBlockGeom, reference::kv_blocks_copy};
+    let g = KvBlockGeom {
+        layers: 2,
+        heads: 3,
+        head_dim: 8,
+        block_tokens: 2,
+        capacity: 6,
+    };
+    let n = g.heads * g.capacity * g.head_dim;
+    // Element value = its coordinates: layer, K/V, head, position, dim.
+    let val = |l: usize, w: usize, h: usize, p: usize, d: usize| {
+        (l * 10000 + w * 5000 + h * 1000 + p * 10 + d) as u16
+    };
+    let fill = |w: usize| -> Vec<Vec<u16>> {
+        (0..g.layers)
+            .map(|l| {
+                (0..n)
+                    .map(|i| {
+                        let (h, r) = (i / (g.capacity * g.head_dim), i % (g.capacity * g.head_dim));
+                        val(l, w, h, r / g.head_dim, r % g.head_dim)
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let (mut k, mut v) = (fill(0), fill(1));
+    let mut pool = vec![0u16; 3 * g.slot_elems()];
+    // Block 2 (positions 4, 5) into slot 1, block 0 into slot 2.
+    kv_blocks_copy(
+        &mut k,
+        &mut v,
+        g,
+        &mut pool,
+        &[(1, 2), (2, 0)],
+        BlockCopy::ToPool,
+    );
+    assert!(
+        pool[..g.slot_elems()].iter().all(|&x| x == 0),
+        "slot 0 untouched"
+    );
+    let at = |slot: usize, l: usize, w: usize, h: usize, p: usize, d: usize| {
+        pool[slot * g.slot_elems() + ((l * 2 + w) * g.heads + h) * g.run() + p * g.head_dim + d]
+    };
+    assert_eq!(at(1, 1, 1, 2, 1, 7), val(1, 1, 2, 5, 7));
+    assert_eq!(at(1, 0, 0, 0, 0, 0), val(0, 0, 0, 4, 0));
+    assert_eq!(at(2, 1, 0, 1, 1, 3), val(1, 0, 1, 1, 3));
+    // Restore slot 1 as block 1 of a cleared cache.
+    let (mut k2, mut v2) = (vec![vec![0u16; n]; 2], vec![vec![0u16; n]; 2]);
+    kv_blocks_copy(
+        &mut k2,
+        &mut v2,
+        g,
+        &mut pool,
+        &[(1, 1)],
+        BlockCopy::ToSequence,
+    );
+    for l in 0..g.layers {
+        for h in 0..g.heads {
+            for p in 0..g.capacity {
+                for d in 0..g.head_dim {
+                    let i = (h * g.capacity + p) * g.head_dim + d;
+                    let want = |w| {
+                        if p / 2 == 1 {
+                            val(l, w, h, p + 2, d)
+                        } else {
+                            0
+                        }
+                    };
+                    assert_eq!(
+                        (k2[l][i], v2[l][i]),
+                        (want(0), want(1)),
+                        "l{l} h{h} p{p} d{d}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -213,8 +213,9 @@ pub struct OptionFlags {
     /// CUDA device ordinal.
     #[arg(long)]
     pub gpu: Option<u32>,
-    /// Prefix cache memory: auto (the engine's rule), off, or a size such
-    /// as 2GiB.
+    /// Prefix cache memory (its first tier, VRAM on the cuda backend):
+    /// auto (the engine's rule), off (no cache), or a size such as 2GiB
+    /// (0: no VRAM pool, the host tier carries the cache).
     #[arg(long, value_name = "auto|off|SIZE")]
     pub prefix_cache: Option<String>,
     /// The most requests decoding together, 1 to 8 (default: the engine's
@@ -225,6 +226,12 @@ pub struct OptionFlags {
     /// default: the engine's).
     #[arg(long, value_name = "TOKENS")]
     pub kv_tokens: Option<u64>,
+    /// The prefix cache's host tier (page-locked RAM): auto, off, or a size.
+    #[arg(long, value_name = "auto|off|SIZE")]
+    pub prefix_cache_host: Option<String>,
+    /// Prompt tokens per prefix cache block (a multiple of 64).
+    #[arg(long, value_name = "TOKENS")]
+    pub prefix_block: Option<u32>,
 }
 
 impl OptionFlags {
@@ -320,6 +327,14 @@ impl OptionFlags {
         }
         if let Some(v) = self.kv_tokens {
             base.kv_tokens = Some(v);
+        }
+        if let Some(v) = &self.prefix_cache_host {
+            base.prefix_cache_host = krasis_common::options::PrefixCacheChoice::parse(v)
+                .map_err(|e| OptionError::new("prefix_cache_host", e.reason))?;
+        }
+        if let Some(v) = self.prefix_block {
+            krasis_common::options::check_prefix_block(v)?;
+            base.prefix_block = v;
         }
         Ok(())
     }

@@ -253,6 +253,10 @@ pub fn plan_args(opts: &LaunchOptions, device: Option<(u64, u64)>) -> Vec<String
             opts.gpu.to_string(),
             "--prefix-cache".into(),
             opts.prefix_cache.to_arg(),
+            "--prefix-cache-host".into(),
+            opts.prefix_cache_host.to_arg(),
+            "--prefix-block".into(),
+            opts.prefix_block.to_string(),
         ]);
         if let Some(v) = opts.vram_limit_bytes {
             a.push("--vram-limit".into());

@@ -1,11 +1,15 @@
 """The prefix cache through the official openai client (reference backend:
 the same index and rules as the CUDA engine's, over host memory).
 
-The server prefills in chunks of 16 tokens, so its cache blocks are 16
-tokens: a second turn of a conversation reuses the first turn's whole
-blocks, reports them in `usage.prompt_tokens_details.cached_tokens`, and
-gives the output a cold prefill gives (greedy); `cache_prompt: false`
-(llama.cpp's request field) bypasses the cache.
+Blocks are 64 tokens (`--prefix-block`) and the server prefills in chunks
+of 48, so blocks are not whole chunks: a second turn of a conversation
+reuses the first turn's whole blocks, reports them in
+`usage.prompt_tokens_details.cached_tokens`, and gives the output a cold
+prefill gives (greedy); `cache_prompt: false` (llama.cpp's request field)
+bypasses the cache. With a first tier of two blocks, another conversation
+demotes the first one's blocks to the RAM tier (`--prefix-cache-host`),
+from which its next turn restores them, still exact; a RAM tier too small
+for everything evicts, and every request is still served.
 """
 
 import json
@@ -16,19 +20,47 @@ import pytest
 
 from conftest import start_serve
 
-CONTEXT = 1024
-BLOCK = 16
+CONTEXT = 2048
+BLOCK = 64
+CHUNK = 48
+# Bytes of one block of the tiny model's KV: 3 layers x K and V x 64
+# positions x 64 values x 4 bytes (reference, f32), the same as the CUDA
+# engine's with the e2e head_dim of 64 (128 values x 2 bytes).
+BLOCK_BYTES = 3 * 2 * 64 * 64 * 4
 
-SYSTEM = (
-    "You are a careful coding assistant. The repository holds a Rust inference engine with a "
-    "CUDA backend and a CPU reference backend; answer in short sentences and cite file paths."
-)
+SYSTEM = " ".join([
+    "You are a careful coding assistant for a repository that holds a Rust inference engine.",
+    "It has a CUDA backend and a CPU reference backend, a launcher with a terminal interface,",
+    "an OpenAI-compatible HTTP server, a cache of quantized routed experts and a set of",
+    "benchmarks. Answer in short sentences, cite file paths, and say when you are unsure.",
+    "Prefer the smallest change that fixes a problem; explain why a change is correct;",
+    "never invent functions, files or options that the repository does not have; when a",
+    "question is about performance, ask for the measurement first and name what it shows.",
+    "Tests must fail when the code is wrong; a planted fault shows that they can. Every",
+    "unsupported combination of options is refused with a message that names it, and",
+    "nothing falls back silently to another engine, format or path. Comments explain why,",
+    "not what, and each file should be readable in one sitting by a new contributor.",
+])
+
+
+def server(runtime_bin, tiny_model, pytestconfig, *extra):
+    return start_serve(runtime_bin, tiny_model, pytestconfig.getoption("--backend"), CONTEXT,
+                       "--prefill-chunk", CHUNK, "--prefix-block", BLOCK, *extra)
 
 
 @pytest.fixture(scope="module")
 def cache_server(runtime_bin, tiny_model, pytestconfig):
-    s = start_serve(runtime_bin, tiny_model, pytestconfig.getoption("--backend"), CONTEXT,
-                    "--prefill-chunk", BLOCK, "--prefix-cache", "64MiB")
+    s = server(runtime_bin, tiny_model, pytestconfig, "--prefix-cache", "64MiB",
+               "--prefix-cache-host", "off")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def tiered_server(runtime_bin, tiny_model, pytestconfig):
+    # Two first-tier blocks; the RAM tier holds eight.
+    s = server(runtime_bin, tiny_model, pytestconfig, "--prefix-cache", 2 * BLOCK_BYTES,
+               "--prefix-cache-host", 8 * BLOCK_BYTES)
     yield s
     s.stop()
 
@@ -47,10 +79,15 @@ def chat(c, messages, **kw):
                                      temperature=0, **kw)
 
 
+def conversation(topic):
+    # The topic first: conversations share no block.
+    return [{"role": "system", "content": topic + " " + SYSTEM},
+            {"role": "user", "content": "Where is the prefill loop of the reference engine?"}]
+
+
 def test_a_second_turn_reuses_the_first_and_answers_as_a_cold_prefill(cache_server):
     c = client(cache_server)
-    turn1 = [{"role": "system", "content": SYSTEM},
-             {"role": "user", "content": "Where is the prefill loop of the reference engine?"}]
+    turn1 = conversation("This session is about prefill.")
     r1 = chat(c, turn1)
     u1 = r1.usage
     assert u1.prompt_tokens > 2 * BLOCK
@@ -70,15 +107,15 @@ def test_a_second_turn_reuses_the_first_and_answers_as_a_cold_prefill(cache_serv
     s = stats(cache_server)["prefix_cache"]
     assert s["hits"] >= 1 and s["bypassed"] >= 1
     assert s["cached_tokens"] >= cached and s["blocks_held"] > 0
-    assert s["block_tokens"] == BLOCK and s["location"] == "host"
+    assert s["block_tokens"] == BLOCK
+    assert [t["location"] for t in s["tiers"]] == [s["location"]]
     logged = [r["cached_tokens"] for r in stats(cache_server)["recent_requests"]]
     assert cached in logged
 
 
 def test_streaming_usage_and_completions_report_cached_tokens(cache_server):
     c = client(cache_server)
-    msgs = [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": "List the crates of the workspace, one per line."}]
+    msgs = conversation("List the crates of the workspace, one per line.")
     first = chat(c, msgs)
     stream = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0,
                                        stream=True, stream_options={"include_usage": True})
@@ -99,3 +136,42 @@ def test_streaming_usage_and_completions_report_cached_tokens(cache_server):
                                extra_body={"cache_prompt": False})
     assert off.usage.prompt_tokens_details.cached_tokens == 0
     assert off.choices[0].text == a.choices[0].text
+
+
+def test_blocks_demoted_to_the_ram_tier_are_restored_exactly(tiered_server):
+    c = client(tiered_server)
+    a1 = conversation("Conversation A is about the expert cache.")
+    ra = chat(c, a1)
+    assert ra.usage.prompt_tokens > 3 * BLOCK
+    # Conversation B fills the two first-tier blocks: A's go to the RAM tier.
+    chat(c, conversation("Conversation B is about the launcher."))
+    s = stats(tiered_server)["prefix_cache"]
+    assert s["demotions"] > 0, s
+    first, ram = s["tiers"]
+    assert first["capacity_blocks"] == 2 and ram["capacity_blocks"] == 8
+    assert s["location"] == first["location"] + "+" + ram["location"]
+    before = ram["blocks_restored"]
+    # A's next turn restores its blocks from the RAM tier.
+    a2 = a1 + [{"role": "assistant", "content": ra.choices[0].message.content or "ok"},
+               {"role": "user", "content": "Which file builds it?"}]
+    warm = chat(c, a2)
+    cached = warm.usage.prompt_tokens_details.cached_tokens
+    assert cached >= (ra.usage.prompt_tokens // BLOCK - 1) * BLOCK > 0
+    cold = chat(c, a2, extra_body={"cache_prompt": False})
+    assert warm.choices[0].message.content == cold.choices[0].message.content
+    s = stats(tiered_server)["prefix_cache"]
+    ram = s["tiers"][1]
+    assert ram["hits"] >= 1 and ram["blocks_restored"] > before, s
+    assert ram["bytes_restored"] == ram["blocks_restored"] * BLOCK_BYTES
+    assert ram["restore_ms"] > 0
+
+
+def test_a_full_cache_evicts_and_every_request_is_served(tiered_server):
+    c = client(tiered_server)
+    # Ten blocks of room, four conversations of more than three blocks each.
+    for i in range(4):
+        r = chat(c, conversation(f"Conversation {i} of many asks about topic number {i}."))
+        assert r.choices[0].finish_reason in ("stop", "length")
+    s = stats(tiered_server)["prefix_cache"]
+    assert s["evictions"] > 0, s
+    assert s["blocks_held"] <= 10

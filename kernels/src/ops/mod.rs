@@ -4,6 +4,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod gemv;
 pub mod int4;
+pub mod kv_blocks;
 pub mod moe;
 pub mod mxfp4;
 pub mod norm;

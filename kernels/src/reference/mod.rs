@@ -8,6 +8,7 @@ mod attention;
 mod basic;
 mod gemv;
 mod int4;
+mod kv_blocks;
 mod moe;
 mod mxfp4;
 mod rope_partial;
@@ -20,6 +21,7 @@ pub use basic::{
 };
 pub use gemv::{gemv, gemv_rmsnorm, gemv_rmsnorm_as};
 pub use int4::{dequant_rows, expert_forward, quantize_rows, write_expert};
+pub use kv_blocks::kv_blocks_copy;
 pub use moe::{moe_combine, moe_group, router_topk, router_topk_with};
 pub use mxfp4::{
     E2M1, Mxfp4Decoded, Mxfp4Expert, e8m0, expert_activation, mxfp4_decode_rows,

@@ -234,3 +234,81 @@ fn decode_matches_reference<A: Act16>(name: &str) {
         );
     }
 }
+
+/// The prefix cache's premise for attention (design header of
+/// `attention_prefill.cu`, "Chunk invariance"): a query row's output is the
+/// same bits whichever prefill chunk holds it and wherever that chunk
+/// starts. One launch over every row against chunkings with starts that
+/// are not multiples of the 64-row tile (and single rows), both formats,
+/// every head dim of the mma kernel and the SIMT kernel.
+#[test]
+fn attention_prefill_rows_are_chunk_invariant() {
+    rows_are_chunk_invariant::<bf16>("attention_prefill_rows_are_chunk_invariant");
+    rows_are_chunk_invariant::<f16>("attention_prefill_rows_are_chunk_invariant (f16)");
+}
+
+fn rows_are_chunk_invariant<A: Act16>(name: &str) {
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let t = 300usize;
+    // Chunk boundaries over 0..t: one chunk, tile-aligned, odd starts
+    // (what a resume at a block boundary followed by chunks gives), and
+    // single rows around a tile edge.
+    let chunkings: [&[usize]; 4] = [
+        &[0, 64, 128, 192, 256, 300],
+        &[0, 37, 100, 163, 290, 300],
+        &[0, 1, 2, 63, 64, 65, 130, 131, 299, 300],
+        &[0, 256, 299, 300],
+    ];
+    for (d, nq, nkv) in [(64usize, 8usize, 2usize), (128, 16, 2), (256, 4, 1)] {
+        let geom = QkvGeom {
+            n_tokens: t,
+            n_q_heads: nq,
+            n_kv_heads: nkv,
+            head_dim: d,
+        };
+        let c = case::<A>(&mut rng, geom, 0, t + 11);
+        let scale = 1.0 / (d as f32).sqrt();
+        let (k, v) = (up(&s, &c.kc), up(&s, &c.vc));
+        let rs = geom.row_stride();
+        let row = nq * d;
+        for simt in [false, true] {
+            let run = |a: usize, b: usize| {
+                let q = up(&s, &c.qkv[a * rs..b * rs]);
+                let gg = QkvGeom {
+                    n_tokens: b - a,
+                    ..geom
+                };
+                let mut out = poison_bf16(&s, (b - a) * row);
+                if simt {
+                    g.kernels
+                        .attention_prefill_simt(&s, &q, gg, a, c.kv, &k, &v, scale, &mut out)
+                        .unwrap();
+                } else {
+                    g.kernels
+                        .attention_prefill(&s, &q, gg, a, c.kv, &k, &v, scale, &mut out)
+                        .unwrap();
+                }
+                down(&s, &out)
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<u16>>()
+            };
+            let whole = run(0, t);
+            for bounds in chunkings {
+                let mut got = Vec::with_capacity(whole.len());
+                for w in bounds.windows(2) {
+                    got.extend(run(w[0], w[1]));
+                }
+                let first =
+                    (0..t).find(|&r| got[r * row..(r + 1) * row] != whole[r * row..(r + 1) * row]);
+                assert!(
+                    first.is_none(),
+                    "{name}: d={d} nq={nq} nkv={nkv} simt={simt} chunks {bounds:?}: row {:?} \
+                     differs from the one-chunk prefill",
+                    first
+                );
+            }
+        }
+    }
+}

@@ -29,11 +29,13 @@ pub enum Field {
     PrefixCache,
     Parallel,
     KvTokens,
+    PrefixCacheHost,
+    PrefixBlock,
 }
 
 /// In form order. GPU, the prefix cache and the batching fields come last
 /// so the rows above keep their places (the tmux flow test counts them).
-pub const FIELDS: [Field; 20] = [
+pub const FIELDS: [Field; 22] = [
     Field::Backend,
     Field::ExpertPrecision,
     Field::AttentionPrecision,
@@ -54,6 +56,8 @@ pub const FIELDS: [Field; 20] = [
     Field::PrefixCache,
     Field::Parallel,
     Field::KvTokens,
+    Field::PrefixCacheHost,
+    Field::PrefixBlock,
 ];
 
 /// What availability and choices are derived from: the runtime's report
@@ -88,6 +92,8 @@ impl Field {
             Field::PrefixCache => "Prefix cache (auto/off/size)",
             Field::Parallel => "Parallel requests",
             Field::KvTokens => "KV budget (tokens)",
+            Field::PrefixCacheHost => "Prefix cache host tier",
+            Field::PrefixBlock => "Prefix block (tokens)",
         }
     }
 
@@ -149,12 +155,19 @@ impl Field {
             Field::PrefixCache => match o.prefix_cache {
                 PrefixCacheChoice::Auto => "auto (engine's rule)".into(),
                 PrefixCacheChoice::Off => "off".into(),
+                PrefixCacheChoice::Bytes(0) => "no VRAM pool (host tier only)".into(),
                 PrefixCacheChoice::Bytes(b) => fmt_bytes(b),
             },
             Field::Parallel => o.parallel.map_or(AUTO_PARALLEL.into(), |n| n.to_string()),
             Field::KvTokens => o
                 .kv_tokens
                 .map_or("engine default".into(), |t| t.to_string()),
+            Field::PrefixCacheHost => match o.prefix_cache_host {
+                PrefixCacheChoice::Auto => "auto (engine's rule)".into(),
+                PrefixCacheChoice::Off | PrefixCacheChoice::Bytes(0) => "off".into(),
+                PrefixCacheChoice::Bytes(b) => fmt_bytes(b),
+            },
+            Field::PrefixBlock => o.prefix_block.to_string(),
         }
     }
 
@@ -178,6 +191,10 @@ impl Field {
                 c => c.to_arg(),
             },
             Field::KvTokens => o.kv_tokens.map(|t| t.to_string()).unwrap_or_default(),
+            Field::PrefixCacheHost => match o.prefix_cache_host {
+                PrefixCacheChoice::Bytes(b) => format_size_exact(b),
+                c => c.to_arg(),
+            },
             _ => self.show(o),
         }
     }
@@ -220,6 +237,21 @@ impl Field {
             Field::PrefixCache => {
                 o.prefix_cache = PrefixCacheChoice::parse(if t.is_empty() { "auto" } else { t })
                     .map_err(|e| e.reason)?
+            }
+            Field::PrefixCacheHost => {
+                o.prefix_cache_host =
+                    PrefixCacheChoice::parse(if t.is_empty() { "auto" } else { t })
+                        .map_err(|e| e.reason)?
+            }
+            Field::PrefixBlock => {
+                let v = if t.is_empty() {
+                    krasis_common::options::DEFAULT_PREFIX_BLOCK
+                } else {
+                    u32::try_from(num("prefix block")?)
+                        .map_err(|_| "prefix block too large".to_string())?
+                };
+                krasis_common::options::check_prefix_block(v).map_err(|e| e.reason)?;
+                o.prefix_block = v;
             }
             Field::Heatmap => {
                 o.heatmap = HeatmapChoice::parse(if t.is_empty() { "auto" } else { t })

@@ -305,6 +305,7 @@ fn project_f16(
                 input: InType::F16,
                 out: OutType::F32,
                 beta: 0.0,
+                ref_rows: crate::blas::DENSE_REF_ROWS,
             },
             "qkv projection (FP16)",
         )?;

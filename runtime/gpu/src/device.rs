@@ -1,4 +1,4 @@
-//! The CUDA context, the one compute stream, the cuBLAS handle, and
+//! The CUDA context, the one compute stream, the GEMM handles, and
 //! allocation that reports out-of-memory with the size and purpose.
 
 use crate::error::{GpuError, Result};
@@ -110,11 +110,11 @@ impl Budget {
     }
 }
 
-/// One device with its compute stream and cuBLAS handle.
+/// One device with its compute stream and GEMM handles.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    pub blas: CudaBlas,
+    pub blas: crate::blas::Blas,
     pub info: DeviceInfo,
     pub budget: Budget,
     _blas_workspace: CudaSlice<u8>,
@@ -152,8 +152,9 @@ impl Gpu {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(GpuError::driver("reading the multiprocessor count"))?;
         let driver_version = driver_version()?;
-        let blas =
+        let legacy =
             CudaBlas::new(stream.clone()).map_err(GpuError::blas("creating the cuBLAS handle"))?;
+        let blas = crate::blas::Blas::new(stream.clone(), legacy)?;
         let info = DeviceInfo {
             ordinal,
             name,
@@ -176,7 +177,7 @@ impl Gpu {
             // and the handle is dropped first, being declared earlier).
             unsafe {
                 cudarc::cublas::sys::cublasSetWorkspace_v2(
-                    *blas.handle(),
+                    *blas.legacy.handle(),
                     ptr as *mut std::ffi::c_void,
                     BLAS_WORKSPACE_BYTES,
                 )

@@ -46,8 +46,10 @@ pub struct LoadReport {
     pub load_seconds: f64,
     /// What calibration measured and decided (MoE models with HCS on).
     pub hcs: Option<crate::setup::HcsReport>,
-    /// VRAM of the prefix cache's pool (0: no cache) and its block size.
+    /// The prefix cache's VRAM pool and page-locked host tier (both 0: no
+    /// cache) and its block size.
     pub prefix_cache_bytes: u64,
+    pub prefix_host_bytes: u64,
     pub prefix_block_tokens: usize,
 }
 
@@ -77,7 +79,7 @@ pub struct CudaEngine {
     /// HCS traffic of the last request.
     pub(crate) last_hcs: Option<krasis_common::status::HcsStats>,
     /// KV of prompt prefixes kept for reuse (`prefix.rs`).
-    pub(crate) prefix: Option<crate::prefix::VramPrefix>,
+    pub(crate) prefix: Option<crate::prefix::TieredPrefix>,
 }
 
 impl CudaEngine {
@@ -174,7 +176,8 @@ impl CudaEngine {
             load_seconds: 0.0,
             hcs: None,
             prefix_cache_bytes: 0,
-            prefix_block_tokens: cap,
+            prefix_host_bytes: 0,
+            prefix_block_tokens: 0,
         };
         let mut engine = CudaEngine {
             sampleable,
@@ -188,6 +191,7 @@ impl CudaEngine {
                 kv,
                 scratch,
                 gemv_tokens: GEMV_MAX_TOKENS,
+                grouped_prefill: false,
                 hcs: None,
                 routes: None,
                 token_routes: None,
@@ -218,7 +222,7 @@ impl CudaEngine {
                 .gpu
                 .free_in_budget()?
                 .saturating_sub(opts.safety_margin);
-            engine.setup_prefix(opts.prefix_cache, spare)?;
+            engine.setup_prefix(opts, Some(spare))?;
         }
         engine.report.load_seconds = t0.elapsed().as_secs_f64();
         tracing::info!(report = ?engine.report, device = %engine.model.gpu.info.name, "CUDA engine loaded");
@@ -283,6 +287,39 @@ impl CudaEngine {
         self.graph = None;
         self.eager_steps = 0;
         self.model.gpu.sync("planting a fault")
+    }
+
+    /// Plants (or removes) the per-shape GEMM choice
+    /// ([`crate::blas::Selection::PerShape`]), which the row invariance
+    /// tests must catch. Test builds only.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn set_gemm_selection(&mut self, s: crate::blas::Selection) {
+        self.model.gpu.blas.set_selection(s);
+    }
+
+    /// The KV cache's bit patterns of positions `0..positions`: per layer,
+    /// K then V, per KV head. Tests compare prefills with it.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn kv_bits(&self, positions: usize) -> Result<Vec<u16>> {
+        let m = &self.model;
+        let (h, d) = (m.geometry.num_kv_heads, m.geometry.head_dim);
+        let mut out = Vec::new();
+        for l in 0..m.geometry.num_layers {
+            let cap = m.kv.geoms[l].capacity;
+            if positions > cap {
+                return Err(GpuError::Unsupported(format!(
+                    "kv_bits of {positions} positions in a layer of {cap}"
+                )));
+            }
+            for buf in [&m.kv.k[l], &m.kv.v[l]] {
+                let all = m.gpu.download(buf, h * cap * d, "the KV cache")?;
+                for head in 0..h {
+                    let base = head * cap * d;
+                    out.extend(all[base..base + positions * d].iter().map(|v| v.to_bits()));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Applies (or, applied twice, undoes) the weight edit of `fault`.
@@ -360,52 +397,118 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// Allocates the prefix cache's pool by [`crate::prefix::pool_bytes`]
-    /// for `spare` bytes above the floor, and says what it took.
+    /// Allocates the prefix cache's tiers by [`crate::prefix::pool_bytes`]
+    /// (`spare`: the VRAM above the floor once every expert is resident;
+    /// `None` when not every expert fits) and
+    /// [`crate::prefix::host_bytes`], and says what it took.
     pub(crate) fn setup_prefix(
         &mut self,
-        choice: krasis_common::options::PrefixCacheChoice,
-        spare: u64,
+        opts: &crate::options::CudaEngineOptions,
+        spare: Option<u64>,
     ) -> Result<()> {
+        use krasis_common::options::PrefixCacheChoice as C;
         let g = &self.model.geometry;
-        let block = self.model.scratch.cap;
-        let bytes =
-            crate::prefix::pool_bytes(choice, g, block, self.report.kv_bytes as u64, spare)?;
-        if bytes == 0 {
-            let why = match (choice, crate::prefix::unsupported(g)) {
-                (krasis_common::options::PrefixCacheChoice::Off, _) => "off".to_string(),
-                (_, Some(why)) => format!("off: {why}"),
-                _ => format!(
-                    "off: a quarter of the {:.2} GiB above the floor holds no {block}-token block",
-                    spare as f64 / (1u64 << 30) as f64
-                ),
-            };
+        let block = opts.prefix_block;
+        let sized = |c| matches!(c, C::Bytes(1..));
+        let explicit = sized(opts.prefix_cache) || sized(opts.prefix_cache_host);
+        let off = |why: String| {
             eprintln!("prefix cache: {why}");
-            return Ok(());
+            Ok(())
+        };
+        if !opts.prefix_cache.is_on() {
+            return off("off".into());
         }
-        let pool = crate::prefix::VramPrefix::new(&self.model.gpu, g, block, bytes).map_err(|e| {
-            match e {
-                GpuError::OverLimit { .. } | GpuError::OutOfMemory { .. } => GpuError::Unsupported(
-                    format!("the prefix cache of {bytes} bytes does not fit: {e}; ask for less with --prefix-cache SIZE, or auto"),
-                ),
+        krasis_common::options::check_prefix_block(block as u32)
+            .map_err(|e| GpuError::Unsupported(e.to_string()))?;
+        if block > self.context {
+            return Err(GpuError::Unsupported(format!(
+                "--prefix-block {block} is longer than the context ({} tokens)",
+                self.context
+            )));
+        }
+        if let Some(why) = crate::prefix::unsupported(g) {
+            return if explicit {
+                Err(GpuError::Unsupported(why))
+            } else {
+                off(format!("off: {why}"))
+            };
+        }
+        // A prompt's rows are chunk invariant only on the grouped expert
+        // path, which needs chunks longer than the GEMV path's limit.
+        if self.model.scratch.cap <= self.model.gemv_tokens {
+            let why = format!(
+                "the prefix cache needs a prefill chunk above {} tokens (this one is {})",
+                self.model.gemv_tokens, self.model.scratch.cap
+            );
+            return if explicit {
+                Err(GpuError::Unsupported(why))
+            } else {
+                off(format!("off: {why}"))
+            };
+        }
+        let kv = self.report.kv_bytes as u64;
+        let vram = crate::prefix::pool_bytes(opts.prefix_cache, g, block, kv, spare)?;
+        let available = crate::prefix::host_available();
+        let host = crate::prefix::host_bytes(opts.prefix_cache_host, g, block, kv, available)?;
+        if vram == 0 && host == 0 {
+            return off(format!(
+                "off: no VRAM pool ({}) and no host tier ({:?})",
+                if spare.is_some() {
+                    "half the VRAM left once every expert is resident holds no block"
+                } else {
+                    "not every expert is resident"
+                },
+                opts.prefix_cache_host
+            ));
+        }
+        let sizes = crate::prefix::Sizes {
+            vram_bytes: vram,
+            host_bytes: host,
+            block_tokens: block,
+        };
+        let pool = crate::prefix::TieredPrefix::new(&self.model.gpu, g, &self.model.kv, sizes)
+            .map_err(|e| match e {
+                GpuError::OverLimit { .. } | GpuError::OutOfMemory { .. } => {
+                    GpuError::Unsupported(format!(
+                        "the prefix cache's VRAM pool of {vram} bytes does not fit: {e}; ask for \
+                         less with --prefix-cache SIZE, or auto"
+                    ))
+                }
                 e => e,
-            }
-        })?;
+            })?;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let blocks = |b: u64| b / crate::prefix::block_bytes(g, block).max(1);
         eprintln!(
-            "prefix cache: {:.2} GiB of VRAM ({} blocks of {block} tokens, {choice:?}), taken before the expert placement (HCS gets the rest)",
-            bytes as f64 / (1u64 << 30) as f64,
-            pool.index.capacity(),
+            "prefix cache: blocks of {block} tokens; VRAM {:.2} GiB ({} blocks, {:?}{}), taken \
+             before the expert placement (HCS gets the rest); host tier {:.2} GiB page-locked \
+             ({} blocks, {:?}; {:.1} GiB of host memory available)",
+            gib(vram),
+            blocks(vram),
+            opts.prefix_cache,
+            match (opts.prefix_cache, spare) {
+                (C::Auto, None) => ": not every expert is resident, so none",
+                (C::Auto, Some(_)) => ": one context's KV within half the spare VRAM",
+                _ => "",
+            },
+            gib(host),
+            blocks(host),
+            opts.prefix_cache_host,
+            gib(available),
         );
-        self.report.prefix_cache_bytes = pool.bytes();
+        self.report.prefix_cache_bytes = pool.vram_bytes();
+        self.report.prefix_host_bytes = pool.host_bytes();
+        self.report.prefix_block_tokens = block;
         self.prefix = Some(pool);
         Ok(())
     }
 
     /// What the cached KV depends on besides the loaded model and the
-    /// block size (fixed at load): a planted fault.
+    /// block size (fixed at load): a planted fault, the planted per-shape
+    /// GEMM choice.
     #[cfg(any(test, feature = "fault-injection"))]
     fn prefix_binding(&self) -> u64 {
-        self.model.fault as u64 + 1
+        let per_shape = self.model.gpu.blas.selection() == crate::blas::Selection::PerShape;
+        self.model.fault as u64 + 1 + (u64::from(per_shape) << 32)
     }
 
     #[cfg(not(any(test, feature = "fault-injection")))]
@@ -430,7 +533,7 @@ impl CudaEngine {
         }
         p.index.bind(binding);
         let hit = p.index.lookup(prompt);
-        p.restore(&self.model.gpu, &self.model.geometry, &self.model.kv, &hit)?;
+        p.restore(&self.model.gpu, &self.model.kernels, &hit)?;
         Ok(Some(hit))
     }
 
@@ -442,13 +545,7 @@ impl CudaEngine {
         hit: Option<&krasis_model::prefix_cache::Hit>,
     ) -> Result<()> {
         match (self.prefix.as_mut(), hit) {
-            (Some(p), Some(hit)) => p.store(
-                &self.model.gpu,
-                &self.model.geometry,
-                &self.model.kv,
-                prompt,
-                hit,
-            ),
+            (Some(p), Some(hit)) => p.store(&self.model.gpu, &self.model.kernels, prompt, hit),
             _ => Ok(()),
         }
     }
@@ -504,8 +601,10 @@ impl CudaEngine {
     }
 
     /// [`CudaEngine::prefill`] of `tokens[from..]` (the KV holds positions
-    /// `0..from`; `from` is a multiple of the prefill chunk, so the chunks
-    /// are those of a prefill from 0) that looks at `cancel` before every chunk
+    /// `0..from`; `from` is any position, a prefix cache block boundary on a
+    /// hit, and the chunks are counted from it: the prefill is chunk
+    /// invariant, so every row comes out as in a prefill from 0) that looks
+    /// at `cancel` before every chunk
     /// (with HCS: before every chunk of every layer group) and stops once
     /// it is set: `Ok(false)`, with `after` not run for the chunks left.
     /// The engine is then as after any prefill (HCS reclaimable tier
@@ -524,11 +623,8 @@ impl CudaEngine {
         live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<bool> {
-        debug_assert_eq!(
-            from % self.model.scratch.cap,
-            0,
-            "resumed off a chunk boundary"
-        );
+        let m = &mut self.model;
+        m.grouped_prefill = tokens.len() > m.gemv_tokens && m.scratch.grouped.is_some();
         if self.model.hcs.is_some() {
             return self
                 .model
@@ -572,7 +668,9 @@ impl CudaEngine {
                 .map_err(GpuError::driver("clearing sampling counts"))?;
         }
         let n = prompt.len();
-        let last_chunk_start = (n - 1) / self.model.scratch.cap * self.model.scratch.cap;
+        // Chunks are counted from `from` (a block boundary on a hit).
+        let cap = self.model.scratch.cap;
+        let last_chunk_start = from + (n - 1 - from) / cap * cap;
         live.set_prefilled(from);
         self.prefill_cancellable(prompt, from, cancel, live, |m, start, _| {
             if start == last_chunk_start {

@@ -21,6 +21,12 @@ pub enum GpuError {
         #[source]
         source: cudarc::cublas::result::CublasError,
     },
+    #[error("cuBLASLt call failed while {what}: {source}")]
+    BlasLt {
+        what: String,
+        #[source]
+        source: cudarc::cublaslt::result::CublasError,
+    },
     #[error(
         "out of GPU memory allocating {requested} bytes for {what} ({free} of {total} bytes free); \
          use a smaller --context-length or a GPU with more memory"

@@ -55,8 +55,13 @@ pub struct Model {
     pub ffn: Option<ExpertFfn>,
     pub kv: KvCache,
     pub scratch: Scratch,
-    /// Chunks of at most this many tokens use the INT4 GEMV expert path.
+    /// Prompts of at most this many tokens run their routed experts through
+    /// the expert GEMV kernels.
     pub gemv_tokens: usize,
+    /// Set by every prefill: the prompt is longer than `gemv_tokens` (and
+    /// the grouped scratch exists), so every chunk of it, whatever its
+    /// length, runs the grouped expert path (`moe::routed_experts`).
+    pub grouped_prefill: bool,
     /// The GPU expert cache when not every expert is resident.
     pub hcs: Option<crate::hcs::Hcs>,
     /// When set, prefill adds each token's selected experts here
@@ -173,6 +178,7 @@ pub(crate) struct Ctx<'a> {
     pub experts: Option<&'a ExpertTable>,
     pub ffn: Option<&'a ExpertFfn>,
     pub gemv_tokens: usize,
+    pub grouped_prefill: bool,
 }
 
 impl Ctx<'_> {
@@ -206,7 +212,8 @@ impl Ctx<'_> {
         self.gemm_as(InType::Bf16, dims, x, w, y, out, beta, what)
     }
 
-    /// [`Ctx::gemm`] with `input` inputs (an FP16 block's GEMMs).
+    /// [`Ctx::gemm`] with `input` inputs (an FP16 block's GEMMs). Dense
+    /// sites: the algorithm is chosen for [`crate::blas::DENSE_REF_ROWS`].
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm_as(
         &self,
@@ -219,6 +226,7 @@ impl Ctx<'_> {
         beta: f32,
         what: &str,
     ) -> Result<()> {
+        let ref_rows = crate::blas::DENSE_REF_ROWS;
         gemm(
             &self.gpu.blas,
             &Gemm {
@@ -231,6 +239,7 @@ impl Ctx<'_> {
                 input,
                 out,
                 beta,
+                ref_rows,
             },
             what,
         )
@@ -289,6 +298,7 @@ impl Model {
                 experts: self.experts.as_ref(),
                 ffn: self.ffn.as_ref(),
                 gemv_tokens: self.gemv_tokens,
+                grouped_prefill: self.grouped_prefill,
             },
             Mut {
                 sc: &mut self.scratch,

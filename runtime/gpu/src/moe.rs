@@ -3,12 +3,15 @@
 //! `sum_j w_j * expert_j(x)` into the f32 residual in a fixed order (no
 //! float atomics), so results are reproducible run to run.
 //!
-//! - GEMV path (decode and tiny chunks): each selected expert's block
+//! - GEMV path (decode, and the prefill of prompts of at most
+//!   `GEMV_MAX_TOKENS` tokens): each selected expert's block
 //!   (INT4 or MXFP4, `expert_ffn.rs`) is read once per token through the
 //!   pointer table; the activation, biases and the weighted combine are
 //!   fused into the two kernels. No host sync, so it
 //!   is what the decode CUDA graph captures.
-//! - Grouped path (prefill): (token, expert) pairs are grouped by expert on
+//! - Grouped path (prefill of longer prompts, every chunk of them whatever
+//!   its length, so each row is computed as in any other chunking):
+//!   (token, expert) pairs are grouped by expert on
 //!   the GPU, the layer's experts are dequantized to the MLP block's format
 //!   (BF16, or FP16: `MlpSpec::activations`, as the router's input and the
 //!   gathered rows are), and each expert with tokens runs two cuBLAS GEMMs
@@ -53,7 +56,15 @@ pub(crate) fn routed_experts(
 ) -> Result<()> {
     match (at, hcs) {
         (Positions::Decode, Some(hcs)) => hcs.decode_experts(cx, sc, moe_index),
-        _ if t <= cx.gemv_tokens => experts_gemv(cx, sc, moe_index, t),
+        (Positions::Decode, None) => experts_gemv(cx, sc, moe_index, t),
+        // The path is the prompt's, not the chunk's: a chunk's rows must be
+        // computed as they are in any other chunking (the prefix cache
+        // resumes prefill at any block boundary), and the GEMV path (f32
+        // gate/up, no dequantized weights) differs from the grouped one. A
+        // prompt short enough for it is shorter than any cache block.
+        (Positions::Prefill(_), _) if t <= cx.gemv_tokens && !cx.grouped_prefill => {
+            experts_gemv(cx, sc, moe_index, t)
+        }
         _ => experts_grouped(cx, sc, moe_index, t),
     }
 }
@@ -246,14 +257,16 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
             if b <= a {
                 continue;
             }
-            cx.gemm_as(
+            expert_gemm(
+                cx,
                 input,
                 (b - a, 2 * i, h),
-                cx.p(&gs.xg, a * h),
-                cx.p(&gs.w13, (x - b0) * 2 * i * h),
-                cx.p(&gs.h13, a * 2 * i),
+                (
+                    cx.p(&gs.xg, a * h),
+                    cx.p(&gs.w13, (x - b0) * 2 * i * h),
+                    cx.p(&gs.h13, a * 2 * i),
+                ),
                 gate_up_out,
-                0.0,
                 "expert gate/up",
             )?;
         }
@@ -263,14 +276,16 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
             if b <= a {
                 continue;
             }
-            cx.gemm_as(
+            expert_gemm(
+                cx,
                 input,
                 (b - a, h, i),
-                cx.p(&gs.hact, a * i),
-                cx.p(&gs.w2, (x - b0) * h * i),
-                cx.p(&gs.y, a * h),
+                (
+                    cx.p(&gs.hact, a * i),
+                    cx.p(&gs.w2, (x - b0) * h * i),
+                    cx.p(&gs.y, a * h),
+                ),
                 OutType::F32,
-                0.0,
                 "expert down",
             )?;
         }
@@ -287,6 +302,37 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
         h,
     )?;
     Ok(())
+}
+
+/// One expert's GEMM over its grouped rows `(x, w, y)` (device addresses):
+/// the algorithm is chosen for a chunk's share of rows per expert
+/// ([`crate::blas::expert_ref_rows`]) and serves every row count the same
+/// way, so a token's expert output does not depend on which other tokens
+/// share its chunk.
+fn expert_gemm(
+    cx: &Ctx<'_>,
+    input: crate::blas::InType,
+    (m, n, k): (usize, usize, usize),
+    (x, w, y): (u64, u64, u64),
+    out: OutType,
+    what: &str,
+) -> Result<()> {
+    crate::blas::gemm(
+        &cx.gpu.blas,
+        &crate::blas::Gemm {
+            m,
+            n,
+            k,
+            x,
+            w,
+            y,
+            input,
+            out,
+            beta: 0.0,
+            ref_rows: crate::blas::expert_ref_rows(cx.g.top_k, cx.g.num_experts),
+        },
+        what,
+    )
 }
 
 /// Adds the experts `t` tokens selected (`scratch.topk_ids`) to `counts`.

@@ -32,9 +32,15 @@ pub struct CudaEngineOptions {
     pub safety_margin: u64,
     /// How the host backing is made page-locked.
     pub host_backing: krasis_cache::HostBacking,
-    /// VRAM for the prefix cache (`crate::prefix::pool_bytes` is the rule);
-    /// off unless asked for (`serve` asks for `Auto`).
+    /// The prefix cache and its VRAM pool (`crate::prefix::pool_bytes` is
+    /// the rule; `Off` turns the whole cache off); off unless asked for
+    /// (`serve` asks for `Auto`).
     pub prefix_cache: krasis_common::options::PrefixCacheChoice,
+    /// The prefix cache's page-locked host tier
+    /// (`crate::prefix::host_bytes`).
+    pub prefix_cache_host: krasis_common::options::PrefixCacheChoice,
+    /// Prompt tokens per prefix cache block (a multiple of 64).
+    pub prefix_block: usize,
 }
 
 impl Default for CudaEngineOptions {
@@ -52,13 +58,17 @@ impl Default for CudaEngineOptions {
             safety_margin: krasis_common::plan::DEFAULT_SAFETY_MARGIN_MIB << 20,
             host_backing: krasis_cache::HostBacking::RegisterMmap,
             prefix_cache: krasis_common::options::PrefixCacheChoice::Off,
+            prefix_cache_host: krasis_common::options::PrefixCacheChoice::Off,
+            prefix_block: krasis_common::options::DEFAULT_PREFIX_BLOCK as usize,
         }
     }
 }
 
-/// Below this many prompt tokens in a chunk, routed experts run through the
-/// expert GEMV kernels (no host sync, no dequantization); above it, experts are
-/// dequantized to BF16 and multiplied with cuBLAS over the tokens routed to
-/// each. The GEMV reads every selected expert once per token, so it wins
-/// only while `tokens * top_k` is small against the expert count.
+/// The prefill of a prompt of at most this many tokens runs its routed
+/// experts through the expert GEMV kernels (no host sync, no
+/// dequantization); a longer prompt's chunks (all of them, also a short
+/// last one, so a row is computed the same in every chunking) dequantize
+/// the experts to BF16 and multiply them with cuBLASLt over the tokens
+/// routed to each. The GEMV reads every selected expert once per token, so
+/// it wins only while `tokens * top_k` is small against the expert count.
 pub const GEMV_MAX_TOKENS: usize = 8;

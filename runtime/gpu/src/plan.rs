@@ -159,22 +159,25 @@ pub fn plan_cuda(
     } else {
         PlanItem::exact("transient (none beyond the scratch)", 0)
     };
-    // The prefix cache's pool, allocated at load before the expert
-    // placement from what is above the floor (as `setup_prefix` does).
+    // The prefix cache's VRAM pool, allocated at load before the expert
+    // placement (as `setup_prefix` does): `auto` only from what stays
+    // above the floor once every expert is resident.
     if let Some(bud) = budget {
         let floor = if hcs {
             transient.bytes + margin
         } else {
             margin
         };
-        let spare = bud.saturating_sub(used(&items)).saturating_sub(floor);
+        let experts = if hcs { all_bytes } else { 0 };
+        let spare = bud.checked_sub(used(&items) + floor + experts);
         let kv = kv_bytes(g, context, want) as u64;
-        match crate::prefix::pool_bytes(opts.prefix_cache, g, cap, kv, spare) {
+        let block = opts.prefix_block;
+        match crate::prefix::pool_bytes(opts.prefix_cache, g, block, kv, spare) {
             Ok(0) => {}
             Ok(pool) => items.push(PlanItem::exact(
                 &format!(
-                    "prefix cache pool ({} blocks of {cap} tokens)",
-                    pool / crate::prefix::block_bytes(g, cap).max(1)
+                    "prefix cache VRAM pool ({} blocks of {block} tokens)",
+                    pool / crate::prefix::block_bytes(g, block).max(1)
                 ),
                 pool,
             )),

@@ -1,35 +1,45 @@
 //! The CUDA engine's prefix cache: the shared index
-//! ([`krasis_model::prefix_cache`]) over a VRAM pool of KV blocks.
+//! ([`krasis_model::prefix_cache`]) over two pools of KV blocks, a VRAM
+//! pool (the first tier) and page-locked host memory (the RAM tier its
+//! least recently used blocks are demoted to).
 //!
-//! A block is `prefill_chunk` prompt positions of every layer's K and V,
+//! A block is `--prefix-block` prompt positions of every layer's K and V,
 //! laid out `[layer][K, V][kv_head][position][head_dim]` in 16-bit (the KV
 //! cache's format, copied as bits). The sequence's KV stays contiguous
-//! (`[kv_head][capacity][head_dim]` per layer), so a block moves between it
-//! and the pool as one pitched 2D copy per layer and K/V (`kv_head` rows of
-//! `block * head_dim` elements), device to device on the compute stream:
-//! every read of a block is stream-ordered after the copy that wrote it.
+//! (`[kv_head][capacity][head_dim]` per layer); one `kv_blocks_copy`
+//! launch per tier moves all of a hit's blocks into it (the host tier is
+//! mapped into the device, so the kernel reads it over PCIe: no DMA call
+//! per block and layer), and one per tier stores a prefill's new blocks.
+//! A demotion is one device-to-host DMA copy of a whole slot. Everything
+//! runs on the compute stream, so every read of a slot is ordered after the
+//! copy that wrote it, and a slot is overwritten only after the copies that
+//! read it.
 //!
-//! Exactness: a block is a whole prefill chunk, so a prompt resumed after
-//! its restored blocks runs exactly the chunks `[kC, (k+1)C)` a cold
-//! prefill of the whole prompt runs, over bit-identical KV, and its logits
-//! are bit-identical (the engine's chunked prefill is not boundary-invariant
-//! bit for bit: cuBLAS picks its kernels by shape). Decode's KV is never
-//! stored (decode kernels differ from prefill's).
+//! Exactness: the prefill is chunk-boundary invariant (`blas.rs`,
+//! `attention_prefill.cu`, `moe::routed_experts`), so a prompt resumed at
+//! any block boundary after its restored blocks computes every row as a
+//! cold prefill of the whole prompt does, over bit-identical KV, and its
+//! logits are bit-identical. Decode's KV is never stored (decode kernels
+//! differ from prefill's).
 //!
-//! The pool is allocated once at load, after calibration and before the
-//! expert placement, so it comes out of what HCS would otherwise hold
-//! ([`pool_bytes`] is the rule).
+//! Sizes ([`pool_bytes`], [`host_bytes`]): the VRAM pool is allocated at
+//! load after calibration and before the expert placement; `auto` gives it
+//! VRAM only when every expert is resident anyway (measured on the H200,
+//! `benchmarks/results/2026-12-02-issue15-prefix-cache-vram.md`: at 6 GiB
+//! the pool got 2-5 blocks and cut a later turn's TTFT by 8-16% while
+//! those bytes are expert slots; there the host tier carries the cache).
 
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::forward::ptr;
 use crate::scratch::KvCache;
-use cudarc::driver::{CudaEvent, CudaSlice, sys};
-use half::bf16;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, result, sys};
 use krasis_common::options::PrefixCacheChoice;
+use krasis_kernels::{BlockCopy, KvBlockGeom};
 use krasis_model::Geometry;
 use krasis_model::arch::AttentionKind;
-use krasis_model::prefix_cache::{Hit, PrefixCache};
+use krasis_model::prefix_cache::{Demotion, Hit, PrefixCache, Tier};
+use std::sync::Arc;
 
 /// Bytes of one block of `block_tokens` positions of every layer's K and V.
 pub fn block_bytes(g: &Geometry, block_tokens: usize) -> u64 {
@@ -43,110 +53,361 @@ pub fn unsupported(g: &Geometry) -> Option<String> {
         .any(|l| matches!(l.attention, AttentionKind::Sliding { .. }))
         .then(|| {
             "the cuda backend's prefix cache does not handle sliding-window attention layers \
-             (their ring KV overwrites a prompt's early blocks during prefill); pass \
-             --prefix-cache off"
+             (their ring KV overwrites a prompt's early blocks during prefill, and the ring \
+             attention kernels' tiles start at a chunk's window start); pass --prefix-cache off"
                 .to_string()
         })
 }
 
-/// The pool size for `choice`: `Auto` takes the smaller of one context's
-/// KV (`kv_bytes`) and a quarter of `spare` (free VRAM above calibration's
-/// floor), in whole blocks; `Bytes` its whole blocks. 0: no cache (also
-/// `Auto` on a model the cache does not handle, or with less than a block;
-/// `Bytes` is refused then).
+/// Whole blocks of `bytes`; an explicit size of less than a block is
+/// refused, naming the block.
+fn whole_blocks(what: &str, b: u64, block: u64, block_tokens: usize) -> Result<u64> {
+    if b < block {
+        return Err(GpuError::Unsupported(format!(
+            "a prefix cache {what} of {b} bytes holds no block: one block ({block_tokens} tokens, \
+             --prefix-block) of this model's KV is {block} bytes"
+        )));
+    }
+    Ok(b / block * block)
+}
+
+/// The VRAM pool for `choice`. `Auto`: the smaller of one context's KV
+/// (`kv_bytes`) and half of `spare`, the VRAM left above calibration's
+/// floor once every expert is resident (`None`: not every expert fits, so
+/// no pool: those bytes are worth more as expert slots and the host tier
+/// carries the cache), in whole blocks. `Bytes(b)`: its whole blocks
+/// (`0`: none). `Off`: none (the cache is off). An explicit size on a model
+/// the cache does not handle is refused.
 pub fn pool_bytes(
     choice: PrefixCacheChoice,
     g: &Geometry,
     block_tokens: usize,
     kv_bytes: u64,
-    spare: u64,
+    spare: Option<u64>,
 ) -> Result<u64> {
     let block = block_bytes(g, block_tokens).max(1);
     match choice {
-        PrefixCacheChoice::Off => Ok(0),
-        PrefixCacheChoice::Auto => Ok(match unsupported(g) {
-            Some(_) => 0,
-            None => kv_bytes.min(spare / 4) / block * block,
+        PrefixCacheChoice::Off | PrefixCacheChoice::Bytes(0) => Ok(0),
+        PrefixCacheChoice::Auto => Ok(match (unsupported(g), spare) {
+            (None, Some(spare)) => kv_bytes.min(spare / 2) / block * block,
+            _ => 0,
         }),
         PrefixCacheChoice::Bytes(b) => {
             if let Some(why) = unsupported(g) {
                 return Err(GpuError::Unsupported(why));
             }
-            if b < block {
-                return Err(GpuError::Unsupported(format!(
-                    "a prefix cache of {b} bytes holds no block: one block ({block_tokens} \
-                     tokens, the prefill chunk) of this model's KV is {block} bytes"
-                )));
-            }
-            Ok(b / block * block)
+            whole_blocks("VRAM pool", b, block, block_tokens)
         }
     }
 }
 
-pub(crate) struct VramPrefix {
+/// The host tier for `choice`. `Auto`: the smaller of four contexts' KV
+/// and a quarter of the host's available memory (`available`), in whole
+/// blocks. `Bytes(b)`: its whole blocks. `Off`, `0`: none.
+pub fn host_bytes(
+    choice: PrefixCacheChoice,
+    g: &Geometry,
+    block_tokens: usize,
+    kv_bytes: u64,
+    available: u64,
+) -> Result<u64> {
+    let block = block_bytes(g, block_tokens).max(1);
+    match choice {
+        PrefixCacheChoice::Off | PrefixCacheChoice::Bytes(0) => Ok(0),
+        PrefixCacheChoice::Auto => Ok(match unsupported(g) {
+            None => (4 * kv_bytes).min(available / 4) / block * block,
+            Some(_) => 0,
+        }),
+        PrefixCacheChoice::Bytes(b) => {
+            if let Some(why) = unsupported(g) {
+                return Err(GpuError::Unsupported(why));
+            }
+            whole_blocks("host tier", b, block, block_tokens)
+        }
+    }
+}
+
+/// The host's available memory now (what `auto` sizes the host tier by).
+pub fn host_available() -> u64 {
+    use sysinfo::{MemoryRefreshKind, RefreshKind, System};
+    System::new_with_specifics(
+        RefreshKind::nothing().with_memory(MemoryRefreshKind::nothing().with_ram()),
+    )
+    .available_memory()
+}
+
+/// Page-locked host memory mapped into the device: the host tier's slots.
+struct HostPool {
+    host: *mut u8,
+    dev: sys::CUdeviceptr,
+    stream: Arc<CudaStream>,
+}
+
+// SAFETY: only the device reads and writes the allocation (through the
+// compute stream); the host pointer is kept to free it.
+unsafe impl Send for HostPool {}
+
+impl HostPool {
+    fn new(stream: &Arc<CudaStream>, bytes: usize) -> Result<Self> {
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(GpuError::driver("binding the CUDA context"))?;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: a fresh allocation, written by the device before any read.
+        let host = unsafe { result::malloc_host(bytes, flags) }.map_err(GpuError::driver(
+            format!("allocating {bytes} bytes of page-locked host memory for the prefix cache"),
+        ))? as *mut u8;
+        // Owned from here, so an error below frees it.
+        let mut pool = HostPool {
+            host,
+            dev: 0,
+            stream: stream.clone(),
+        };
+        // SAFETY: allocated with DEVICEMAP in this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut pool.dev, host as *mut _, 0) }
+            .result()
+            .map_err(GpuError::driver(
+                "mapping the prefix cache's host tier into the device",
+            ))?;
+        Ok(pool)
+    }
+}
+
+impl Drop for HostPool {
+    fn drop(&mut self) {
+        let _ = self.stream.context().bind_to_thread();
+        // Copies reading or writing the pool must be done before it goes.
+        let _ = self.stream.synchronize();
+        // SAFETY: allocated by malloc_host in new().
+        let _ = unsafe { result::free_host(self.host as *mut std::ffi::c_void) };
+    }
+}
+
+pub(crate) struct TieredPrefix {
     pub index: PrefixCache,
-    pool: CudaSlice<bf16>,
-    /// Elements of one block.
-    block_elems: usize,
-    /// Timing events around the last restore and store (read once the
-    /// stream has passed them).
-    restore_ev: Option<(CudaEvent, CudaEvent)>,
+    geom: KvBlockGeom,
+    vram: Option<CudaSlice<u16>>,
+    host: Option<HostPool>,
+    /// Device addresses of every layer's K and V cache.
+    layer_k: CudaSlice<u64>,
+    layer_v: CudaSlice<u64>,
+    /// (slot, block) pairs of one launch; room for two launches of a whole
+    /// context each (restore: VRAM then host; store: the same).
+    pairs: CudaSlice<u32>,
+    /// Timing events around the last restore per tier and the last store
+    /// (read once the stream has passed them).
+    restore_ev: [Option<(CudaEvent, CudaEvent)>; 2],
     store_ev: Option<(CudaEvent, CudaEvent)>,
 }
 
-impl VramPrefix {
-    /// A pool of `bytes` (whole blocks) for `block_tokens`-token blocks.
-    pub fn new(gpu: &Gpu, g: &Geometry, block_tokens: usize, bytes: u64) -> Result<Self> {
-        let block = block_bytes(g, block_tokens);
-        let slots = (bytes / block) as usize;
-        let block_elems = (block / 2) as usize;
-        let pool = gpu.alloc::<bf16>(slots * block_elems, "prefix cache pool")?;
-        Ok(VramPrefix {
-            index: PrefixCache::new(block_tokens, slots, block, "vram"),
-            pool,
-            block_elems,
-            restore_ev: None,
+/// The two tiers' sizes and the block, as decided at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    pub vram_bytes: u64,
+    pub host_bytes: u64,
+    pub block_tokens: usize,
+}
+
+fn tier_index(t: Tier) -> usize {
+    match t {
+        Tier::Primary => 0,
+        Tier::Secondary => 1,
+    }
+}
+
+impl TieredPrefix {
+    /// Pools of `sizes` over the blocks of `kv` (every layer of one
+    /// capacity, a whole number of blocks per layer).
+    pub fn new(gpu: &Gpu, g: &Geometry, kv: &KvCache, sizes: Sizes) -> Result<Self> {
+        let capacity = kv.geoms.first().map_or(0, |k| k.capacity);
+        if kv.geoms.iter().any(|k| k.capacity != capacity) {
+            return Err(GpuError::Unsupported(
+                "a prefix cache over layers of different KV capacities (ring layers)".into(),
+            ));
+        }
+        let geom = KvBlockGeom {
+            layers: g.num_layers,
+            heads: g.num_kv_heads,
+            head_dim: g.head_dim,
+            block_tokens: sizes.block_tokens,
+            capacity,
+        };
+        let block = block_bytes(g, sizes.block_tokens);
+        let (vs, hs) = (
+            (sizes.vram_bytes / block) as usize,
+            (sizes.host_bytes / block) as usize,
+        );
+        let vram = (vs > 0)
+            .then(|| gpu.alloc::<u16>(vs * geom.slot_elems(), "prefix cache VRAM pool"))
+            .transpose()?;
+        let host = (hs > 0)
+            .then(|| HostPool::new(&gpu.stream, hs * block as usize))
+            .transpose()?;
+        let addrs = |bufs: &[CudaSlice<half::bf16>]| {
+            bufs.iter().map(|b| ptr(gpu, b, 0)).collect::<Vec<u64>>()
+        };
+        let max_pairs = (capacity / sizes.block_tokens.max(1)).max(1);
+        Ok(TieredPrefix {
+            index: PrefixCache::new(sizes.block_tokens, block, ("vram", vs), ("host", hs)),
+            geom,
+            vram,
+            host,
+            layer_k: gpu.upload(&addrs(&kv.k), "prefix cache layer table")?,
+            layer_v: gpu.upload(&addrs(&kv.v), "prefix cache layer table")?,
+            pairs: gpu.alloc_zeros::<u32>(4 * max_pairs, "prefix cache block list")?,
+            restore_ev: [None, None],
             store_ev: None,
         })
     }
 
-    pub fn bytes(&self) -> u64 {
-        self.index.stats().capacity_bytes
+    pub fn vram_bytes(&self) -> u64 {
+        self.index.capacity(Tier::Primary) as u64 * self.slot_bytes()
     }
 
-    /// Queues the copies of the hit's blocks into positions
-    /// `0..hit.tokens` of `kv`.
-    pub fn restore(&mut self, gpu: &Gpu, g: &Geometry, kv: &KvCache, hit: &Hit) -> Result<()> {
-        if hit.slots.is_empty() {
-            return Ok(());
+    pub fn host_bytes(&self) -> u64 {
+        self.index.capacity(Tier::Secondary) as u64 * self.slot_bytes()
+    }
+
+    fn slot_bytes(&self) -> u64 {
+        self.geom.slot_elems() as u64 * 2
+    }
+
+    /// Device address of `tier`'s pool.
+    fn pool_addr(&self, gpu: &Gpu, tier: Tier) -> Option<u64> {
+        match tier {
+            Tier::Primary => self.vram.as_ref().map(|v| ptr(gpu, v, 0)),
+            Tier::Secondary => self.host.as_ref().map(|h| h.dev),
         }
-        let a = timing_event(gpu)?;
-        for (i, &slot) in hit.slots.iter().enumerate() {
-            self.copy_block(gpu, g, kv, i, slot, Direction::ToSequence)?;
+    }
+
+    /// Queues one launch moving `pairs` (slot, block) of `tier`, its list
+    /// at `offset` pairs into the pair buffer.
+    fn launch(
+        &mut self,
+        gpu: &Gpu,
+        kernels: &krasis_kernels::Kernels,
+        tier: Tier,
+        pairs: &[(usize, usize)],
+        offset: usize,
+        dir: BlockCopy,
+    ) -> Result<()> {
+        let blocks = self.geom.blocks_per_head();
+        let slots = self.index.capacity(tier);
+        if let Some(&(s, b)) = pairs.iter().find(|&&(s, b)| s >= slots || b >= blocks) {
+            return Err(GpuError::Unsupported(format!(
+                "prefix cache copy of slot {s} (of {slots}) and block {b} (of {blocks})"
+            )));
         }
-        let b = timing_event(gpu)?;
-        self.restore_ev = Some((a, b));
+        let pool = self.pool_addr(gpu, tier).ok_or_else(|| {
+            GpuError::Unsupported(format!("a prefix cache copy to the absent {tier:?} tier"))
+        })?;
+        let flat: Vec<u32> = pairs
+            .iter()
+            .flat_map(|&(s, b)| [s as u32, b as u32])
+            .collect();
+        let mut dst = self.pairs.slice_mut(2 * offset..2 * (offset + pairs.len()));
+        gpu.stream
+            .memcpy_htod(&flat, &mut dst)
+            .map_err(GpuError::driver("copying a prefix cache block list"))?;
+        let list = self.pairs.slice(2 * offset..2 * (offset + pairs.len()));
+        Ok(kernels.kv_blocks_copy(
+            &gpu.stream,
+            &self.layer_k,
+            &self.layer_v,
+            self.geom,
+            pool,
+            slots,
+            &list,
+            pairs.len(),
+            dir,
+        )?)
+    }
+
+    /// Queues the copies of the hit's blocks into positions `0..hit.tokens`
+    /// of the sequence's KV: one launch per tier holding any of them.
+    pub fn restore(
+        &mut self,
+        gpu: &Gpu,
+        kernels: &krasis_kernels::Kernels,
+        hit: &Hit,
+    ) -> Result<()> {
+        let mut offset = 0;
+        for tier in Tier::ALL {
+            let pairs: Vec<(usize, usize)> = hit.in_tier(tier).map(|(b, s)| (s, b)).collect();
+            if pairs.is_empty() {
+                continue;
+            }
+            let a = timing_event(gpu)?;
+            self.launch(gpu, kernels, tier, &pairs, offset, BlockCopy::ToSequence)?;
+            let b = timing_event(gpu)?;
+            self.restore_ev[tier_index(tier)] = Some((a, b));
+            offset += pairs.len();
+        }
         Ok(())
     }
 
-    /// Queues the copies of `prompt`'s new whole blocks (prefilled to its
-    /// end in `kv`) into the pool and publishes them: every later read is
-    /// ordered after these copies on the same stream.
+    /// Queues the demotions a store needs and the copies of `prompt`'s new
+    /// whole blocks (prefilled to its end in the KV) into the pools, and
+    /// publishes them: every later read is ordered after these copies on
+    /// the same stream.
     pub fn store(
         &mut self,
         gpu: &Gpu,
-        g: &Geometry,
-        kv: &KvCache,
+        kernels: &krasis_kernels::Kernels,
         prompt: &[u32],
         hit: &Hit,
     ) -> Result<()> {
-        let plan = self.index.plan_store(prompt, hit);
-        if plan.blocks.is_empty() {
-            return Ok(());
-        }
         let a = timing_event(gpu)?;
-        for s in &plan.blocks {
-            self.copy_block(gpu, g, kv, s.block, s.slot, Direction::ToPool)?;
+        let slot_bytes = self.slot_bytes() as usize;
+        let (vram, host) = (
+            self.pool_addr(gpu, Tier::Primary),
+            self.pool_addr(gpu, Tier::Secondary),
+        );
+        let mut failed = None;
+        let stream = gpu.stream.cu_stream();
+        let plan = self.index.plan_store(prompt, hit, &mut |d: Demotion| {
+            let (Some(v), Some(h)) = (vram, host) else {
+                return false;
+            };
+            // SAFETY: both slots lie inside their pools (the index hands
+            // out slots of the pools' sizes); the copy is ordered on the
+            // compute stream before any later write of either slot.
+            let r = unsafe {
+                sys::cuMemcpyAsync(
+                    h + (d.to * slot_bytes) as u64,
+                    v + (d.from * slot_bytes) as u64,
+                    slot_bytes,
+                    stream,
+                )
+            }
+            .result();
+            match r {
+                Ok(()) => true,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    false
+                }
+            }
+        });
+        if let Some(e) = failed {
+            return Err(GpuError::Driver {
+                what: "demoting a prefix cache block to the host tier".into(),
+                source: e,
+            });
+        }
+        let mut offset = 0;
+        for tier in Tier::ALL {
+            let pairs: Vec<(usize, usize)> = plan
+                .blocks
+                .iter()
+                .filter(|s| s.place.tier == tier)
+                .map(|s| (s.place.slot, s.block))
+                .collect();
+            if !pairs.is_empty() {
+                self.launch(gpu, kernels, tier, &pairs, offset, BlockCopy::ToPool)?;
+                offset += pairs.len();
+            }
         }
         let b = timing_event(gpu)?;
         self.store_ev = Some((a, b));
@@ -154,20 +415,23 @@ impl VramPrefix {
         Ok(())
     }
 
-    /// Adds the copy times of the last restore and store to the counters,
+    /// Adds the copy times of the last restores and store to the counters,
     /// waiting for the copies if the stream has not passed them yet (a
     /// request that ends right after its first token: the store was queued
     /// after the last synchronisation).
     pub fn collect_timing(&mut self) -> Result<()> {
-        for (_, end) in self.restore_ev.iter().chain(&self.store_ev) {
+        let evs = self.restore_ev.iter().flatten().chain(&self.store_ev);
+        for (_, end) in evs {
             end.synchronize()
                 .map_err(GpuError::driver("waiting for prefix cache copies"))?;
         }
-        if let Some((a, b)) = self.restore_ev.take() {
-            let ms = a
-                .elapsed_ms(&b)
-                .map_err(GpuError::driver("reading prefix restore timing"))?;
-            self.index.record_restore_ms(ms as f64);
+        for tier in Tier::ALL {
+            if let Some((a, b)) = self.restore_ev[tier_index(tier)].take() {
+                let ms = a
+                    .elapsed_ms(&b)
+                    .map_err(GpuError::driver("reading prefix restore timing"))?;
+                self.index.record_restore_ms(tier, ms as f64);
+            }
         }
         if let Some((a, b)) = self.store_ev.take() {
             let ms = a
@@ -177,47 +441,6 @@ impl VramPrefix {
         }
         Ok(())
     }
-
-    /// One block between prompt block `block` of the sequence's KV and
-    /// pool slot `slot`: per layer, K then V, `kv_head` rows of
-    /// `block_tokens * head_dim` elements.
-    fn copy_block(
-        &self,
-        gpu: &Gpu,
-        g: &Geometry,
-        kv: &KvCache,
-        block: usize,
-        slot: usize,
-        dir: Direction,
-    ) -> Result<()> {
-        let (b, d, h) = (self.index.block_tokens(), g.head_dim, g.num_kv_heads);
-        let row = b * d * 2;
-        for l in 0..g.num_layers {
-            let cap = kv.geoms[l].capacity;
-            debug_assert!((block + 1) * b <= cap, "a block past the layer's KV");
-            for (which, buf) in [&kv.k[l], &kv.v[l]].into_iter().enumerate() {
-                let seq = ptr(gpu, buf, block * b * d);
-                let pool = ptr(
-                    gpu,
-                    &self.pool,
-                    slot * self.block_elems + (2 * l + which) * h * b * d,
-                );
-                let (seq_pitch, pool_pitch) = (cap * d * 2, row);
-                let (src, sp, dst, dp) = match dir {
-                    Direction::ToPool => (seq, seq_pitch, pool, pool_pitch),
-                    Direction::ToSequence => (pool, pool_pitch, seq, seq_pitch),
-                };
-                copy_2d(gpu, (src, sp), (dst, dp), row, h)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Direction {
-    ToPool,
-    ToSequence,
 }
 
 fn timing_event(gpu: &Gpu) -> Result<CudaEvent> {
@@ -226,81 +449,63 @@ fn timing_event(gpu: &Gpu) -> Result<CudaEvent> {
         .map_err(GpuError::driver("recording a prefix cache timing event"))
 }
 
-/// `height` rows of `width` bytes from `src` (address, pitch) to `dst`,
-/// device to device on the compute stream.
-fn copy_2d(
-    gpu: &Gpu,
-    src: (u64, usize),
-    dst: (u64, usize),
-    width: usize,
-    height: usize,
-) -> Result<()> {
-    let p = sys::CUDA_MEMCPY2D {
-        srcXInBytes: 0,
-        srcY: 0,
-        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        srcHost: std::ptr::null(),
-        srcDevice: src.0,
-        srcArray: std::ptr::null_mut(),
-        srcPitch: src.1,
-        dstXInBytes: 0,
-        dstY: 0,
-        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        dstHost: std::ptr::null_mut(),
-        dstDevice: dst.0,
-        dstArray: std::ptr::null_mut(),
-        dstPitch: dst.1,
-        WidthInBytes: width,
-        Height: height,
-    };
-    // SAFETY: both regions are inside live device allocations the engine
-    // owns (`copy_block` computes them from the buffers' own geometry), the
-    // descriptor outlives the call (the driver reads it before returning),
-    // and the copy is ordered on the compute stream with every kernel that
-    // reads or writes either region.
-    unsafe { sys::cuMemcpy2DAsync_v2(&p, gpu.stream.cu_stream()) }
-        .result()
-        .map_err(GpuError::driver("copying a prefix cache block"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use krasis_model::synth::preset_geometry;
 
     #[test]
-    fn the_pool_rule_takes_whole_blocks_within_a_quarter_of_the_spare_memory() {
+    fn the_vram_pool_is_auto_only_when_every_expert_is_resident() {
         let g = preset_geometry("a3b").unwrap();
-        let block = block_bytes(&g, 2048);
+        let block = block_bytes(&g, 256);
         // a3b: 48 layers x 2 x 4 KV heads x 128 x 2 bytes per position.
-        assert_eq!(block, 2048 * 48 * 2 * 4 * 128 * 2);
-        let kv = 32768 / 2048 * block;
+        assert_eq!(block, 256 * 48 * 2 * 4 * 128 * 2);
+        let kv = 32768 / 256 * block;
+        let auto = PrefixCacheChoice::Auto;
         // Plenty of memory: one context's KV.
-        assert_eq!(
-            pool_bytes(PrefixCacheChoice::Auto, &g, 2048, kv, 1 << 40).unwrap(),
-            kv
-        );
-        // Tight: a quarter of the spare memory, in whole blocks.
+        assert_eq!(pool_bytes(auto, &g, 256, kv, Some(1 << 40)).unwrap(), kv);
+        // Tight: half the spare memory, in whole blocks.
         let spare = 10 * block + 3;
         assert_eq!(
-            pool_bytes(PrefixCacheChoice::Auto, &g, 2048, kv, spare).unwrap(),
-            2 * block
+            pool_bytes(auto, &g, 256, kv, Some(spare)).unwrap(),
+            5 * block
         );
-        // Less than a block: none.
+        // Less than a block, or not every expert resident: none.
+        assert_eq!(pool_bytes(auto, &g, 256, kv, Some(block)).unwrap(), 0);
+        assert_eq!(pool_bytes(auto, &g, 256, kv, None).unwrap(), 0);
+        for none in [PrefixCacheChoice::Off, PrefixCacheChoice::Bytes(0)] {
+            assert_eq!(pool_bytes(none, &g, 256, kv, Some(1 << 40)).unwrap(), 0);
+        }
+        // An explicit size takes its whole blocks, resident experts or not.
         assert_eq!(
-            pool_bytes(PrefixCacheChoice::Auto, &g, 2048, kv, block).unwrap(),
-            0
-        );
-        assert_eq!(
-            pool_bytes(PrefixCacheChoice::Off, &g, 2048, kv, 1 << 40).unwrap(),
-            0
-        );
-        assert_eq!(
-            pool_bytes(PrefixCacheChoice::Bytes(3 * block + 5), &g, 2048, kv, 0).unwrap(),
+            pool_bytes(PrefixCacheChoice::Bytes(3 * block + 5), &g, 256, kv, None).unwrap(),
             3 * block
         );
-        let e = pool_bytes(PrefixCacheChoice::Bytes(block - 1), &g, 2048, kv, 0).unwrap_err();
+        let e = pool_bytes(PrefixCacheChoice::Bytes(block - 1), &g, 256, kv, None).unwrap_err();
         assert!(e.to_string().contains("holds no block"), "{e}");
+    }
+
+    #[test]
+    fn the_host_tier_takes_four_contexts_within_a_quarter_of_the_host() {
+        let g = preset_geometry("a3b").unwrap();
+        let block = block_bytes(&g, 256);
+        let kv = 128 * block;
+        let auto = PrefixCacheChoice::Auto;
+        assert_eq!(host_bytes(auto, &g, 256, kv, 1 << 50).unwrap(), 4 * kv);
+        assert_eq!(
+            host_bytes(auto, &g, 256, kv, 40 * block + 7).unwrap(),
+            10 * block
+        );
+        assert_eq!(
+            host_bytes(PrefixCacheChoice::Off, &g, 256, kv, 1 << 50).unwrap(),
+            0
+        );
+        assert_eq!(
+            host_bytes(PrefixCacheChoice::Bytes(2 * block), &g, 256, kv, 0).unwrap(),
+            2 * block
+        );
+        let e = host_bytes(PrefixCacheChoice::Bytes(5), &g, 256, kv, 0).unwrap_err();
+        assert!(e.to_string().contains("host tier of 5 bytes"), "{e}");
     }
 
     /// The registry's `prefix_cache_backends` says cuda exactly for the
@@ -329,13 +534,16 @@ mod tests {
     fn sliding_window_models_have_no_cache_on_this_engine() {
         let g = preset_geometry("gpt-oss-20b").unwrap();
         assert!(unsupported(&g).is_some());
+        let auto = PrefixCacheChoice::Auto;
         assert_eq!(
-            pool_bytes(PrefixCacheChoice::Auto, &g, 512, 1 << 30, 1 << 40).unwrap(),
+            pool_bytes(auto, &g, 256, 1 << 30, Some(1 << 40)).unwrap(),
             0
         );
-        let e =
-            pool_bytes(PrefixCacheChoice::Bytes(1 << 30), &g, 512, 1 << 30, 1 << 40).unwrap_err();
+        assert_eq!(host_bytes(auto, &g, 256, 1 << 30, 1 << 40).unwrap(), 0);
+        let size = PrefixCacheChoice::Bytes(1 << 30);
+        let e = pool_bytes(size, &g, 256, 1 << 30, Some(1 << 40)).unwrap_err();
         assert!(e.to_string().contains("--prefix-cache off"), "{e}");
+        assert!(host_bytes(size, &g, 256, 1 << 30, 1 << 40).is_err());
         assert!(unsupported(&preset_geometry("a3b").unwrap()).is_none());
     }
 }

@@ -70,11 +70,14 @@ impl CudaEngine {
         // expert cold) must not show in `/v1/stats` as the last request's.
         self.last_hcs = None;
         let floor = cal.transient_at_context + opts.safety_margin;
-        // The prefix cache's pool comes out of what the experts would get.
-        let spare = self.model.gpu.free_in_budget()?.saturating_sub(floor);
-        self.setup_prefix(opts.prefix_cache, spare)?;
-        let free = self.model.gpu.free_in_budget()?;
+        // The prefix cache's VRAM pool comes out of what the experts would
+        // get; `auto` takes only what stays spare once every expert is
+        // resident (none when they do not all fit).
         let all_bytes = (total * stride) as u64;
+        let free = self.model.gpu.free_in_budget()?;
+        let spare = (free + staging).checked_sub(all_bytes + floor);
+        self.setup_prefix(opts, spare)?;
+        let free = self.model.gpu.free_in_budget()?;
         let mut report = HcsReport {
             calibration: cal,
             shape: None,

@@ -116,12 +116,13 @@ impl CudaEngine {
     }
 
     /// Page-locked host memory the engine holds: the mapped input
-    /// embedding and, under HCS, the expert backing and decode exchange
+    /// embedding, the prefix cache's host tier and, under HCS, the expert backing and decode exchange
     /// buffers (with every expert resident the backing is released after
     /// loading, so it does not count).
     pub fn pinned_host_bytes(&self) -> u64 {
         self.model.weights.host_bytes as u64
             + self.model.hcs.as_ref().map_or(0, |h| h.pinned_bytes())
+            + self.prefix.as_ref().map_or(0, |p| p.host_bytes())
     }
 }
 

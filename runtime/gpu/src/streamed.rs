@@ -63,7 +63,8 @@ impl Model {
     }
 
     /// Streams `tokens[from..]` through the layer groups (positions
-    /// `0..from` are in the KV, `from` a chunk boundary); `Ok(false)` when
+    /// `0..from` are in the KV; chunks and spans counted from `from`);
+    /// `Ok(false)` when
     /// `cancel` stopped it. `live` counts progress (see the module comment).
     pub(crate) fn prefill_streamed(
         &mut self,

@@ -1,12 +1,16 @@
 //! The CUDA engine's prefix cache (`prefix.rs`) on the tiny synthetic
-//! model: a prompt served from cached blocks gives prefill and decode
-//! logits bit-identical to a cold prefill of the whole prompt on an engine
-//! without a cache (at block boundaries, with a partly matching last block,
-//! for two conversations sharing a prefix, after evictions, all resident
-//! and under HCS with streamed prefill); a cancelled prefill stores
-//! nothing; a bypassing request neither reads nor stores; a planted fault
-//! invalidates the blocks. On a machine without an NVIDIA driver every test
-//! prints `SKIPPED (no CUDA device): <name> (no NVIDIA driver)`.
+//! model, with blocks (64 tokens) that are not whole prefill chunks (the
+//! cached engines prefill in chunks of 100, so a hit resumes mid-chunk and
+//! the chunks fall elsewhere than a cold prefill's): a prompt served from
+//! cached blocks gives prefill and decode logits bit-identical to a cold
+//! prefill of the whole prompt in one chunk on an engine without a cache
+//! (at block boundaries, with a partly matching last block, for two
+//! conversations sharing a prefix, after evictions, with blocks restored
+//! from the page-locked host tier and with a chain spanning both tiers, all
+//! resident and under HCS with streamed prefill); a cancelled prefill
+//! stores nothing; a bypassing request neither reads nor stores; a planted
+//! fault invalidates the blocks. On a machine without an NVIDIA driver
+//! every test prints `SKIPPED (no CUDA device): <name> (no NVIDIA driver)`.
 
 mod support;
 
@@ -22,23 +26,34 @@ use support::{
 };
 
 const CONTEXT: usize = 1024;
-/// Prefill chunk = block.
-const B: usize = 32;
+/// Tokens per block.
+const B: usize = 64;
+/// The cached engines' prefill chunk: not a multiple of the block.
+const CHUNK: usize = 100;
+/// The cold engine's chunk: every prompt here in one.
+const COLD_CHUNK: usize = 1024;
 /// Greedy tokens compared after each prefill (the first from prefill).
 const N: usize = 6;
 
-/// `opts` with a pool of `blocks` blocks.
-fn with_pool(model: &Path, opts: CudaEngineOptions, blocks: u64) -> CudaEngineOptions {
+fn block_bytes(model: &Path) -> u64 {
     let g = ModelConfig::load(model).expect("config").geometry();
+    krasis_gpu::prefix::block_bytes(&g, B)
+}
+
+/// `opts` with a VRAM pool of `vram` blocks and a host tier of `host`.
+fn with_tiers(model: &Path, opts: CudaEngineOptions, vram: u64, host: u64) -> CudaEngineOptions {
+    let bb = block_bytes(model);
     CudaEngineOptions {
-        prefix_cache: PrefixCacheChoice::Bytes(blocks * krasis_gpu::prefix::block_bytes(&g, B)),
+        prefix_cache: PrefixCacheChoice::Bytes(vram * bb),
+        prefix_cache_host: PrefixCacheChoice::Bytes(host * bb),
+        prefix_block: B,
         ..opts
     }
 }
 
 struct Pair {
     cached: CudaEngine,
-    /// The same model without a prefix cache, all resident.
+    /// The same model without a prefix cache, all resident, one chunk.
     cold: CudaEngine,
 }
 
@@ -49,10 +64,11 @@ impl Pair {
             model,
             &CudaEngineOptions {
                 hcs: false,
-                ..cuda_options(cache, CONTEXT, B)
+                ..cuda_options(cache, CONTEXT, COLD_CHUNK)
             },
         );
-        assert_eq!(cached.load_report().prefill_chunk, B);
+        assert_eq!(cached.load_report().prefill_chunk, CHUNK);
+        assert_eq!(cached.load_report().prefix_block_tokens, B);
         assert!(cached.prefix_cache_stats().is_some(), "no prefix cache");
         assert!(cold.prefix_cache_stats().is_none());
         Pair { cached, cold }
@@ -80,49 +96,81 @@ impl Pair {
             prompt.len()
         );
     }
+
+    fn report(&self, what: &str) -> krasis_common::status::PrefixCacheStats {
+        let s = self.cached.prefix_cache_stats().unwrap();
+        eprintln!(
+            "{what}: {} hits, {} cached tokens, {} blocks held ({} bytes, {}), {} demotions, {} \
+             evictions, restore {:.3} ms total, store {:.3} ms",
+            s.hits,
+            s.cached_tokens,
+            s.blocks_held,
+            s.bytes_held,
+            s.location,
+            s.demotions,
+            s.evictions,
+            s.restore_ms,
+            s.store_ms
+        );
+        for t in &s.tiers {
+            eprintln!(
+                "  {}: {} hits, {} blocks restored ({} bytes) in {:.3} ms (last {:.3} ms), {} in, {} out",
+                t.location,
+                t.hits,
+                t.blocks_restored,
+                t.bytes_restored,
+                t.restore_ms,
+                t.last_restore_ms,
+                t.blocks_in,
+                t.evictions
+            );
+        }
+        s
+    }
 }
 
 /// The sequence of hits the reference engine's test walks through
-/// (`krasis_model` `reference/tests/prefix.rs`), in blocks of 32.
+/// (`krasis_model` `reference/tests/prefix.rs`), in blocks of 64.
 fn hits_are_exact(what: &str, p: &mut Pair) {
     let vocab = p.cold.info().vocab_size;
-    let prompt = tokens(230, vocab, 1); // 7 blocks + 6 tokens
+    let prompt = tokens(330, vocab, 1); // 5 blocks + 10 tokens
     p.served(what, &prompt, 0);
-    p.served(what, &prompt, 224);
-    // Exactly 7 blocks: the last is recomputed for the logits.
-    p.served(what, &prompt[..224], 192);
-    p.served(what, &prompt[..193], 192);
-    // 3 blocks + 4 tokens match, then it differs.
-    let mut q = prompt[..100].to_vec();
+    p.served(what, &prompt, 320);
+    // Exactly 5 blocks: the last is recomputed for the logits.
+    p.served(what, &prompt[..320], 256);
+    p.served(what, &prompt[..257], 256);
+    // 2 blocks + 22 tokens match, then it differs.
+    let mut q = prompt[..150].to_vec();
     q.extend(tokens(90, vocab, 2));
-    p.served(what, &q, 96);
+    p.served(what, &q, 128);
     // The conversation goes on.
     let mut next = prompt.clone();
     next.extend(tokens(150, vocab, 3));
-    p.served(what, &next, 224);
-    p.served(what, &next, 352);
-    // Another conversation with the same 80-token system prompt.
-    let system = tokens(80, vocab, 4);
+    p.served(what, &next, 320);
+    p.served(what, &next, 448);
+    // Another conversation with the same 150-token system prompt.
+    let system = tokens(150, vocab, 4);
     let conv = |seed| {
         let mut c = system.clone();
         c.extend(tokens(70, vocab, seed));
         c
     };
     p.served(what, &conv(5), 0);
-    p.served(what, &conv(6), 64);
-    p.served(what, &conv(5), 128);
-    let s = p.cached.prefix_cache_stats().unwrap();
-    eprintln!(
-        "{what}: {} hits, {} cached tokens, {} blocks held ({} bytes), restore {:.3} ms total (last {:.3} ms), store {:.3} ms",
-        s.hits,
-        s.cached_tokens,
-        s.blocks_held,
-        s.bytes_held,
-        s.restore_ms,
-        s.last_restore_ms,
-        s.store_ms
-    );
+    p.served(what, &conv(6), 128);
+    p.served(what, &conv(5), 192);
+    let s = p.report(what);
     assert!(s.restore_ms > 0.0, "{what}: restores were not timed");
+}
+
+fn tiny(tmp: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    (synth(tmp, "tiny"), tmp.join("cache"))
+}
+
+fn all_resident(cache: &Path) -> CudaEngineOptions {
+    CudaEngineOptions {
+        hcs: false,
+        ..cuda_options(cache, CONTEXT, CHUNK)
+    }
 }
 
 #[test]
@@ -131,13 +179,9 @@ fn prefix_hits_are_bit_identical_all_resident() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let model = synth(tmp.path(), "tiny");
-    let cache = tmp.path().join("cache");
-    let opts = CudaEngineOptions {
-        hcs: false,
-        ..cuda_options(&cache, CONTEXT, B)
-    };
-    let mut p = Pair::new(&model, &cache, with_pool(&model, opts, 64));
+    let (model, cache) = tiny(tmp.path());
+    let opts = with_tiers(&model, all_resident(&cache), 64, 0);
+    let mut p = Pair::new(&model, &cache, opts);
     assert!(!p.cached.hcs_active());
     hits_are_exact("all resident", &mut p);
 }
@@ -148,18 +192,68 @@ fn prefix_hits_are_bit_identical_under_streamed_prefill() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let model = synth(tmp.path(), "tiny");
-    let cache = tmp.path().join("cache");
-    let opts = no_resident_options(&cache, CONTEXT, B);
-    let mut p = Pair::new(&model, &cache, with_pool(&model, opts, 64));
+    let (model, cache) = tiny(tmp.path());
+    let opts = with_tiers(&model, no_resident_options(&cache, CONTEXT, CHUNK), 64, 0);
+    let mut p = Pair::new(&model, &cache, opts);
     assert!(p.cached.hcs_active(), "HCS was not forced on");
     hits_are_exact("HCS, streamed prefill", &mut p);
     // Resumed prefills streamed one chunk per span too.
-    p.cached.set_prefill_span(Some(B));
+    p.cached.set_prefill_span(Some(CHUNK));
     let vocab = p.cold.info().vocab_size;
-    let prompt = tokens(300, vocab, 7);
+    let prompt = tokens(500, vocab, 7);
     p.served("one-chunk spans", &prompt, 0);
-    p.served("one-chunk spans", &prompt, 288);
+    p.served("one-chunk spans", &prompt, 448);
+}
+
+/// Blocks demoted from a 2-block VRAM pool to the host tier are restored
+/// from it bit for bit (the kernel reading mapped host memory), alone and
+/// in chains spanning both tiers; all resident and under streamed prefill.
+#[test]
+fn blocks_restored_from_the_host_tier_are_bit_identical() {
+    if !gpu_or_skip("blocks_restored_from_the_host_tier_are_bit_identical") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, cache) = tiny(tmp.path());
+    for (what, base) in [
+        ("host tier, all resident", all_resident(&cache)),
+        (
+            "host tier, streamed prefill",
+            no_resident_options(&cache, CONTEXT, CHUNK),
+        ),
+    ] {
+        let mut p = Pair::new(&model, &cache, with_tiers(&model, base, 2, 32));
+        hits_are_exact(what, &mut p);
+        let s = p.report(what);
+        assert_eq!(s.location, "vram+host");
+        assert!(s.demotions > 0, "{what}: nothing was demoted");
+        let host = &s.tiers[1];
+        assert!(
+            host.hits > 0 && host.blocks_restored > 0 && host.restore_ms > 0.0,
+            "{what}: no timed restore from the host tier: {host:?}"
+        );
+        assert_eq!(
+            host.bytes_restored,
+            host.blocks_restored * block_bytes(&model)
+        );
+    }
+}
+
+/// No VRAM pool: the host tier carries the cache (what `auto` does when not
+/// every expert fits), under streamed prefill.
+#[test]
+fn the_host_tier_alone_serves_hits_under_streamed_prefill() {
+    if !gpu_or_skip("the_host_tier_alone_serves_hits_under_streamed_prefill") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, cache) = tiny(tmp.path());
+    let opts = with_tiers(&model, no_resident_options(&cache, CONTEXT, CHUNK), 0, 64);
+    let mut p = Pair::new(&model, &cache, opts);
+    assert_eq!(p.cached.load_report().prefix_cache_bytes, 0);
+    hits_are_exact("host tier only", &mut p);
+    let s = p.report("host tier only");
+    assert_eq!((s.location.as_str(), s.demotions), ("host", 0));
 }
 
 #[test]
@@ -168,21 +262,21 @@ fn after_eviction_a_miss_recomputes_the_same_logits() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let model = synth(tmp.path(), "tiny");
-    let cache = tmp.path().join("cache");
-    let opts = CudaEngineOptions {
-        hcs: false,
-        ..cuda_options(&cache, CONTEXT, B)
-    };
-    // Room for 3 blocks: each 4-block prompt evicts the other's.
-    let mut p = Pair::new(&model, &cache, with_pool(&model, opts, 3));
+    let (model, cache) = tiny(tmp.path());
+    // 1 VRAM block and 2 host blocks: each 4-block prompt evicts the
+    // other's blocks from both tiers.
+    let mut p = Pair::new(
+        &model,
+        &cache,
+        with_tiers(&model, all_resident(&cache), 1, 2),
+    );
     let vocab = p.cold.info().vocab_size;
-    let (a, b) = (tokens(140, vocab, 8), tokens(140, vocab, 9));
+    let (a, b) = (tokens(270, vocab, 8), tokens(270, vocab, 9));
     p.served("eviction", &a, 0);
     p.served("eviction", &b, 0);
     assert!(p.cached.prefix_cache_stats().unwrap().evictions >= 3);
     p.served("eviction", &a, 0);
-    p.served("eviction", &a, 96);
+    p.served("eviction", &a, 192);
 }
 
 /// Through `generate`: tokens equal to a cold engine's with the hit in the
@@ -195,26 +289,25 @@ fn generate_bypass_cancel_and_invalidation() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let model = synth(tmp.path(), "tiny");
-    let cache = tmp.path().join("cache");
-    let opts = no_resident_options(&cache, CONTEXT, B);
-    let mut p = Pair::new(&model, &cache, with_pool(&model, opts, 64));
+    let (model, cache) = tiny(tmp.path());
+    let opts = with_tiers(&model, no_resident_options(&cache, CONTEXT, CHUNK), 4, 32);
+    let mut p = Pair::new(&model, &cache, opts);
     let vocab = p.cold.info().vocab_size;
-    let prompt = tokens(200, vocab, 10);
+    let prompt = tokens(300, vocab, 10);
     let (want, _) = generate_all(&mut p.cold, &greedy_request(&prompt, 12));
     let mut req = greedy_request(&prompt, 12);
     req.cache_prompt = true;
-    for cached in [0, 192] {
+    for cached in [0, 256] {
         let (got, o) = generate_all(&mut p.cached, &req);
         assert_eq!(got, want);
         assert_eq!(o.stats.cached_tokens, cached);
     }
     // One token only: the store is queued after the last synchronisation
     // and its timing is read at the end of the request.
-    let short = tokens(100, vocab, 11);
+    let short = tokens(140, vocab, 11);
     let mut one = greedy_request(&short, 1);
     one.cache_prompt = true;
-    for cached in [0, 96] {
+    for cached in [0, 128] {
         let (got, o) = generate_all(&mut p.cached, &one);
         assert_eq!((got.len(), o.stats.cached_tokens), (1, cached));
     }
@@ -241,13 +334,13 @@ fn generate_bypass_cancel_and_invalidation() {
             }
             flag.store(true, Ordering::Relaxed);
         });
-        let before = p.cached.prefix_cache_stats().unwrap().blocks_held;
+        let before = p.cached.prefix_cache_stats().unwrap().blocks_stored;
         let (toks, o) = generate_all(&mut p.cached, &req);
         setter.join().unwrap();
         assert_eq!(o.finish, FinishReason::Cancelled);
         if toks.is_empty() {
             cancelled_mid_prefill += 1;
-            let after = p.cached.prefix_cache_stats().unwrap().blocks_held;
+            let after = p.cached.prefix_cache_stats().unwrap().blocks_stored;
             assert_eq!(after, before, "a cancelled prefill stored blocks");
             // The same prompt then misses and is exact.
             p.served("after a cancel", &long, 0);
@@ -261,7 +354,7 @@ fn generate_bypass_cancel_and_invalidation() {
 
     // A planted fault changes the KV: the blocks are dropped, and the
     // faulty engine's prefill is its own (bit-identical to itself cold).
-    p.served("before a fault", &prompt, 192);
+    p.served("before a fault", &prompt, 256);
     p.cached
         .set_fault(krasis_gpu::forward::Fault::RopeSign)
         .expect("plant");
@@ -274,43 +367,56 @@ fn generate_bypass_cancel_and_invalidation() {
         .set_fault(krasis_gpu::forward::Fault::None)
         .expect("remove");
     p.served("after the fault", &prompt, 0);
-    p.served("after the fault", &prompt, 192);
+    p.served("after the fault", &prompt, 256);
     assert_eq!(p.cached.prefix_cache_stats().unwrap().invalidations, 2);
 }
 
-/// The pool is allocated at load from the options and said in the load
-/// report; `Off` has none, and a model the cache cannot handle refuses an
-/// explicit size.
+/// The tiers are allocated at load from the options and said in the load
+/// report: explicit sizes; `auto` all resident (one context's KV in VRAM)
+/// and with HCS not holding every expert (no VRAM pool, the host tier
+/// alone); `Off` has none; a block size that is not a multiple of 64 is
+/// refused.
 #[test]
-fn the_pool_follows_the_options() {
-    if !gpu_or_skip("the_pool_follows_the_options") {
+fn the_tiers_follow_the_options() {
+    if !gpu_or_skip("the_tiers_follow_the_options") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let model = synth(tmp.path(), "tiny");
-    let cache = tmp.path().join("cache");
-    let opts = cuda_options(&cache, CONTEXT, B);
-    let e = load(&model, &with_pool(&model, opts.clone(), 5));
-    let g = ModelConfig::load(&model).unwrap().geometry();
+    let (model, cache) = tiny(tmp.path());
+    let bb = block_bytes(&model);
+    let e = load(&model, &with_tiers(&model, all_resident(&cache), 5, 7));
+    let r = e.load_report();
     assert_eq!(
-        e.load_report().prefix_cache_bytes,
-        5 * krasis_gpu::prefix::block_bytes(&g, B)
+        (r.prefix_cache_bytes, r.prefix_host_bytes),
+        (5 * bb, 7 * bb)
     );
     drop(e);
-    let e = load(
-        &model,
-        &CudaEngineOptions {
-            prefix_cache: PrefixCacheChoice::Auto,
-            ..opts.clone()
-        },
-    );
-    // Auto on a card with room: one context's KV.
-    assert_eq!(
-        e.load_report().prefix_cache_bytes,
-        e.load_report().kv_bytes as u64
-    );
+    let auto = |base: CudaEngineOptions| CudaEngineOptions {
+        prefix_cache: PrefixCacheChoice::Auto,
+        prefix_cache_host: PrefixCacheChoice::Auto,
+        prefix_block: B,
+        ..base
+    };
+    let e = load(&model, &auto(all_resident(&cache)));
+    let r = e.load_report();
+    // Auto on a card with room: one context's KV, and a host tier.
+    assert_eq!(r.prefix_cache_bytes, r.kv_bytes as u64);
+    assert!(r.prefix_host_bytes > 0);
     drop(e);
-    let e = load(&model, &opts);
+    let e = load(&model, &auto(no_resident_options(&cache, CONTEXT, CHUNK)));
+    assert!(e.hcs_active());
+    let r = e.load_report();
+    assert_eq!(r.prefix_cache_bytes, 0, "auto gave HCS's VRAM to the cache");
+    assert!(r.prefix_host_bytes > 0);
+    drop(e);
+    let e = load(&model, &all_resident(&cache));
     assert!(e.prefix_cache_stats().is_none());
     assert_eq!(e.load_report().prefix_cache_bytes, 0);
+    drop(e);
+    let bad = CudaEngineOptions {
+        prefix_block: 100,
+        ..with_tiers(&model, all_resident(&cache), 5, 0)
+    };
+    let err = CudaEngine::load(&model, &bad).err().expect("refused");
+    assert!(err.to_string().contains("multiple of 64"), "{err}");
 }

@@ -46,17 +46,30 @@ pub struct EngineArgs {
     /// CUDA device ordinal (cuda backend); `nvidia-smi -L` lists them.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gpu: u32,
-    /// Memory for the prefix cache, which keeps the KV of prompt prefixes
-    /// for later requests that start with them: `auto` (cuda: the smaller
-    /// of one context's KV and a quarter of the VRAM above calibration's
-    /// floor, taken before HCS places experts; reference: 256 MiB of host
-    /// memory), `off`, or a size such as `2GiB` (default: auto for `serve`,
-    /// off otherwise).
+    /// The prefix cache, which keeps the KV of prompt prefixes for later
+    /// requests that start with them, and its first tier: `auto` (cuda: a
+    /// VRAM pool of the smaller of one context's KV and half the VRAM left
+    /// once every expert is resident, taken before HCS places experts, and
+    /// none when not every expert fits; reference: 256 MiB of host memory),
+    /// `off` (no cache at all), or a size such as `2GiB` (`0`: no first
+    /// tier, the RAM tier carries the cache). Default: auto for `serve`,
+    /// off otherwise.
     #[arg(long, value_name = "auto|off|SIZE", value_parser = parse_prefix_cache)]
     pub prefix_cache: Option<PrefixCacheChoice>,
-    /// Prompt tokens per prefill chunk, also the prefix cache's block:
-    /// smaller chunks reuse prompts at a finer grain at some cost in
-    /// prefill speed (default: cuda 8192, reference 512).
+    /// The prefix cache's RAM tier, where blocks evicted from the first tier
+    /// go and are restored from: `auto` (cuda: page-locked host memory, the
+    /// smaller of four contexts' KV and a quarter of the available host
+    /// memory; reference: 1 GiB), `off`, or a size (default: auto for
+    /// `serve`, off otherwise).
+    #[arg(long, value_name = "auto|off|SIZE", value_parser = parse_prefix_cache)]
+    pub prefix_cache_host: Option<PrefixCacheChoice>,
+    /// Prompt tokens per prefix cache block, a multiple of 64 (default
+    /// 256): a later prompt reuses every whole block it shares and
+    /// prefills the rest.
+    #[arg(long, value_name = "TOKENS", value_parser = parse_prefix_block)]
+    pub prefix_block: Option<u32>,
+    /// Prompt tokens per prefill chunk (default: cuda 8192, reference 512);
+    /// any prefill rows form prefix cache blocks whatever the chunk.
     #[arg(long, value_name = "TOKENS")]
     pub prefill_chunk: Option<usize>,
     /// KV memory all running requests share, in tokens (reference backend;
@@ -68,8 +81,9 @@ pub struct EngineArgs {
     pub kv_tokens: Option<u64>,
 }
 
-/// The reference engine's prefix cache under `auto`: host memory.
+/// The reference engine's prefix cache tiers under `auto`: host memory.
 pub const REFERENCE_AUTO_PREFIX_CACHE: u64 = 256 << 20;
+pub const REFERENCE_AUTO_PREFIX_CACHE_HOST: u64 = 1 << 30;
 
 impl EngineArgs {
     /// Whether HCS is on: as asked, else on exactly for the cuda backend.
@@ -85,6 +99,8 @@ impl EngineArgs {
         let d = krasis_gpu::CudaEngineOptions::default();
         krasis_gpu::CudaEngineOptions {
             prefix_cache: self.prefix_cache.unwrap_or(PrefixCacheChoice::Off),
+            prefix_cache_host: self.prefix_cache_host.unwrap_or(PrefixCacheChoice::Off),
+            prefix_block: self.prefix_block.map_or(d.prefix_block, |b| b as usize),
             prefill_chunk: self.prefill_chunk.unwrap_or(d.prefill_chunk),
             context_length: self.context_length,
             cache_root: self.cache_dir.clone(),
@@ -100,6 +116,14 @@ impl EngineArgs {
 
 fn parse_prefix_cache(s: &str) -> Result<PrefixCacheChoice, String> {
     PrefixCacheChoice::parse(s).map_err(|e| e.reason)
+}
+
+fn parse_prefix_block(s: &str) -> Result<u32, String> {
+    let v: u32 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a whole number of tokens"))?;
+    krasis_common::options::check_prefix_block(v).map_err(|e| e.reason)?;
+    Ok(v)
 }
 
 fn parse_backend(s: &str) -> Result<Backend, String> {
@@ -176,31 +200,9 @@ pub fn load_engine_reporting(
                 }
                 engine.set_prefill_chunk(c);
             }
-            let prefix = match args.prefix_cache.unwrap_or(PrefixCacheChoice::Off) {
-                PrefixCacheChoice::Off => 0,
-                PrefixCacheChoice::Auto => REFERENCE_AUTO_PREFIX_CACHE,
-                PrefixCacheChoice::Bytes(b) => b,
-            };
-            engine.set_prefix_cache(prefix);
+            set_reference_prefix_cache(&mut engine, args)?;
             if let Some(t) = args.kv_tokens {
                 engine.set_kv_tokens(usize::try_from(t).unwrap_or(usize::MAX));
-            }
-            if let Some(s) = engine.prefix_cache_stats() {
-                if s.capacity_blocks == 0 {
-                    let g = engine.geometry();
-                    bail!(
-                        "--prefix-cache {prefix} bytes holds no block: a block of {} tokens (the \
-                         prefill chunk) of this model's KV is {} bytes in the reference engine",
-                        s.block_tokens,
-                        g.num_layers * 2 * s.block_tokens as usize * g.kv_dim() * 4
-                    );
-                }
-                eprintln!(
-                    "prefix cache: {:.2} GiB of host memory ({} blocks of {} tokens)",
-                    s.capacity_bytes as f64 / (1u64 << 30) as f64,
-                    s.capacity_blocks,
-                    s.block_tokens
-                );
             }
             tracing::info!(
                 model = %args.model.display(),
@@ -226,6 +228,68 @@ pub fn load_engine_reporting(
             Ok(Box::new(engine))
         }
     }
+}
+
+/// The reference engine's prefix cache from the flags: both tiers in host
+/// memory (`auto`: [`REFERENCE_AUTO_PREFIX_CACHE`] and
+/// [`REFERENCE_AUTO_PREFIX_CACHE_HOST`]); a size holding no block is
+/// refused, naming the block's size.
+fn set_reference_prefix_cache(
+    engine: &mut ReferenceEngine,
+    args: &EngineArgs,
+) -> anyhow::Result<()> {
+    let first = args.prefix_cache.unwrap_or(PrefixCacheChoice::Off);
+    if !first.is_on() {
+        return Ok(());
+    }
+    let bytes = |c: PrefixCacheChoice, auto: u64| match c {
+        PrefixCacheChoice::Off => 0,
+        PrefixCacheChoice::Auto => auto,
+        PrefixCacheChoice::Bytes(b) => b,
+    };
+    let block_tokens = args
+        .prefix_block
+        .unwrap_or(krasis_common::options::DEFAULT_PREFIX_BLOCK) as usize;
+    let sizes = krasis_model::reference::PrefixSizes {
+        primary_bytes: bytes(first, REFERENCE_AUTO_PREFIX_CACHE),
+        secondary_bytes: bytes(
+            args.prefix_cache_host.unwrap_or(PrefixCacheChoice::Off),
+            REFERENCE_AUTO_PREFIX_CACHE_HOST,
+        ),
+        block_tokens,
+    };
+    let g = engine.geometry();
+    let block = (g.num_layers * 2 * block_tokens * g.kv_dim() * 4) as u64;
+    for (flag, b) in [
+        ("--prefix-cache", sizes.primary_bytes),
+        ("--prefix-cache-host", sizes.secondary_bytes),
+    ] {
+        if b > 0 && b < block {
+            bail!(
+                "{flag} {b} bytes holds no block: a block of {block_tokens} tokens \
+                 (--prefix-block) of this model's KV is {block} bytes in the reference engine"
+            );
+        }
+    }
+    engine.set_prefix_cache(sizes);
+    match engine.prefix_cache_stats() {
+        Some(s) => eprintln!(
+            "prefix cache: blocks of {} tokens; {}",
+            s.block_tokens,
+            s.tiers
+                .iter()
+                .map(|t| format!(
+                    "{} {:.2} GiB ({} blocks)",
+                    t.location,
+                    t.capacity_bytes as f64 / (1u64 << 30) as f64,
+                    t.capacity_blocks
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => eprintln!("prefix cache: off (no tier holds a block)"),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -297,18 +361,34 @@ mod tests {
             argv.extend_from_slice(extra);
             Cli::try_parse_from(argv).map(|c| c.engine)
         };
-        let o = p(&["--prefix-cache", "2GiB", "--prefill-chunk", "2048"])
-            .unwrap()
-            .cuda_options();
+        let o = p(&[
+            "--prefix-cache",
+            "2GiB",
+            "--prefix-cache-host",
+            "0",
+            "--prefix-block",
+            "512",
+            "--prefill-chunk",
+            "2048",
+        ])
+        .unwrap()
+        .cuda_options();
         assert_eq!(o.prefix_cache, PrefixCacheChoice::Bytes(2 << 30));
-        assert_eq!(o.prefill_chunk, 2048);
+        assert_eq!(o.prefix_cache_host, PrefixCacheChoice::Bytes(0));
+        assert_eq!((o.prefix_block, o.prefill_chunk), (512, 2048));
         // Outside `serve` (which asks for auto) the cache is off.
         let o = p(&[]).unwrap().cuda_options();
         assert_eq!(o.prefix_cache, PrefixCacheChoice::Off);
-        assert_eq!(o.prefill_chunk, 8192);
+        assert_eq!(o.prefix_cache_host, PrefixCacheChoice::Off);
+        assert_eq!((o.prefix_block, o.prefill_chunk), (256, 8192));
         assert!(p(&["--prefix-cache", "lots"]).is_err());
-        // The reference engine: its blocks are its prefill chunk, and a
-        // size that holds no block is refused, naming the block's size.
+        for bad in ["100", "0", "x"] {
+            let e = p(&["--prefix-block", bad]).err().unwrap().to_string();
+            assert!(e.contains("prefix-block"), "{e}");
+        }
+        // The reference engine: blocks of --prefix-block whatever the
+        // chunk, two host tiers, and a size that holds no block is refused,
+        // naming the block's size.
         let model = krasis_model::testutil::tiny_checkpoint("tiny");
         let model = model.to_str().unwrap();
         let reference = |extra: &[&str]| {
@@ -316,24 +396,50 @@ mod tests {
             argv.extend_from_slice(extra);
             load_engine(&Cli::try_parse_from(argv).unwrap().engine)
         };
-        let e = reference(&["--prefix-cache", "1KiB"])
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("holds no block"), "{e}");
+        for (flag, e) in [
+            ("--prefix-cache", reference(&["--prefix-cache", "1KiB"])),
+            (
+                "--prefix-cache-host",
+                reference(&["--prefix-cache", "auto", "--prefix-cache-host", "1KiB"]),
+            ),
+        ] {
+            let e = e.err().unwrap().to_string();
+            assert!(e.contains("holds no block") && e.contains(flag), "{e}");
+        }
         let e = reference(&["--prefill-chunk", "0"])
             .err()
             .unwrap()
             .to_string();
         assert!(e.contains("--prefill-chunk 0"), "{e}");
-        let s = reference(&["--prefix-cache", "auto", "--prefill-chunk", "64"])
-            .unwrap()
-            .stats()
-            .and_then(|s| s.prefix_cache)
-            .unwrap();
-        assert_eq!((s.block_tokens, s.location.as_str()), (64, "host"));
-        assert!(s.capacity_bytes <= REFERENCE_AUTO_PREFIX_CACHE && s.capacity_blocks > 0);
-        assert!(reference(&[]).unwrap().stats().is_none(), "off by default");
+        let stats = |extra: &[&str]| {
+            reference(extra)
+                .unwrap()
+                .stats()
+                .and_then(|s| s.prefix_cache)
+        };
+        let s = stats(&[
+            "--prefix-cache",
+            "auto",
+            "--prefix-cache-host",
+            "auto",
+            "--prefix-block",
+            "64",
+            "--prefill-chunk",
+            "100",
+        ])
+        .unwrap();
+        assert_eq!((s.block_tokens, s.location.as_str()), (64, "host+host-ram"));
+        assert!(s.tiers[0].capacity_bytes <= REFERENCE_AUTO_PREFIX_CACHE);
+        assert!(s.tiers[1].capacity_bytes <= REFERENCE_AUTO_PREFIX_CACHE_HOST);
+        assert!(s.tiers.iter().all(|t| t.capacity_blocks > 0));
+        // No first tier: the RAM tier alone.
+        let s = stats(&["--prefix-cache", "0", "--prefix-cache-host", "auto"]).unwrap();
+        assert_eq!((s.location.as_str(), s.block_tokens), ("host-ram", 256));
+        assert!(stats(&[]).is_none(), "off by default");
+        assert!(
+            stats(&["--prefix-cache", "off", "--prefix-cache-host", "auto"]).is_none(),
+            "off is the whole cache"
+        );
     }
 
     /// `--kv-tokens` becomes the reference engine's KV budget (its default

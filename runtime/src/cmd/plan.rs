@@ -137,6 +137,7 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
             opts.context_length = Some(context);
             // As `serve` loads it: the prefix cache is on unless turned off.
             opts.prefix_cache = e.prefix_cache.unwrap_or_default();
+            opts.prefix_cache_host = e.prefix_cache_host.unwrap_or_default();
             let (gpu, n) = krasis_gpu::plan::plan_cuda(&g, stride, &opts, device);
             notes.extend(n);
             let mut items = Vec::new();
@@ -149,6 +150,23 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
             let emb = krasis_gpu::weights::weight_bytes(&g).host as u64;
             if emb > 0 {
                 items.push(PlanItem::exact("input embedding (mapped host memory)", emb));
+            }
+            // The prefix cache's host tier, by the rule `serve` applies.
+            if opts.prefix_cache.is_on() {
+                let kv = krasis_gpu::scratch::kv_bytes(&g, context, opts.prefill_chunk.min(context))
+                    as u64;
+                let block = opts.prefix_block;
+                let avail = krasis_gpu::prefix::host_available();
+                match krasis_gpu::prefix::host_bytes(opts.prefix_cache_host, &g, block, kv, avail) {
+                    Ok(0) => {}
+                    Ok(b) => items.push(PlanItem::exact(
+                        &format!("prefix cache host tier (page-locked, blocks of {block} tokens)"),
+                        b,
+                    )),
+                    Err(err) => {
+                        notes.push(format!("the prefix cache's host tier is refused: {err}"))
+                    }
+                }
             }
             (host_plan(items), Some(gpu))
         }

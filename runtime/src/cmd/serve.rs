@@ -116,6 +116,11 @@ impl Args {
             kv_tokens: self.engine.kv_tokens,
             gpu: self.engine.gpu,
             prefix_cache: self.engine.prefix_cache.unwrap_or_default(),
+            prefix_cache_host: self.engine.prefix_cache_host.unwrap_or_default(),
+            prefix_block: self
+                .engine
+                .prefix_block
+                .unwrap_or(krasis_common::options::DEFAULT_PREFIX_BLOCK),
             cors_origins: self.cors_origins.clone(),
         }
     }
@@ -363,6 +368,9 @@ fn start(mut args: Args) -> anyhow::Result<()> {
     // A server keeps prompt prefixes unless told not to.
     args.engine
         .prefix_cache
+        .get_or_insert(krasis_common::options::PrefixCacheChoice::Auto);
+    args.engine
+        .prefix_cache_host
         .get_or_insert(krasis_common::options::PrefixCacheChoice::Auto);
     // The key is in force now; its file was read (and is checked again below
     // through the key itself).

@@ -238,7 +238,8 @@ fn summary_shows_estimate_and_launches() {
     let mut a = app(true);
     keys(&mut a, &[KeyCode::Enter, KeyCode::Enter, KeyCode::Tab]);
     assert_eq!(a.screen, Screen::Summary);
-    let s = screen_text(&a, 160, 36);
+    // 38 rows: the form's 20 fields, the model's lines and the estimate.
+    let s = screen_text(&a, 160, 38);
     assert!(s.contains("host RAM for the INT4 expert cache"), "{s}");
     assert!(s.contains("HCS:") && s.contains("coverage"), "{s}");
     assert!(s.contains("Valid. Press Enter to launch."), "{s}");

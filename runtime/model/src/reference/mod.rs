@@ -12,6 +12,7 @@ mod follow;
 mod forward;
 mod kv;
 mod prefix;
+pub use prefix::PrefixSizes;
 mod trace;
 mod weights;
 

@@ -1,78 +1,111 @@
 //! The reference engine's prefix cache: the shared index
-//! ([`crate::prefix_cache`]) over blocks of its f32 KV held in host memory.
-//! A block is `prefill_chunk` tokens of every layer's keys and values
-//! (`[layer][K rows | V rows]`, `block * kv_dim` f32 each), copied out of the
+//! ([`crate::prefix_cache`]) over blocks of its f32 KV in two host-memory
+//! pools, the first tier (`host`) and the RAM tier blocks are demoted to
+//! (`host-ram`), with exactly the CUDA engine's rules. A block is
+//! `block_tokens` positions of every layer's keys and values (`[layer][K
+//! rows | V rows]`, `block * kv_dim` f32 each), copied out of the
 //! sequence's KV after a prefill completed and back in when a later prompt
 //! starts with the same blocks. The engine's chunked prefill is
-//! bit-identical to one batch whatever the chunk boundaries, and blocks are
-//! whole chunks anyway, so a prompt resumed after restored blocks gives the
-//! logits a cold prefill gives, bit for bit (`tests/prefix.rs`).
+//! bit-identical to one batch whatever the chunk boundaries (every
+//! operation but attention is per token, and attention reads earlier
+//! positions from the KV), so blocks need not be whole chunks: a prompt
+//! resumed after restored blocks gives the logits a cold prefill gives, bit
+//! for bit (`tests/prefix.rs`).
 
 use super::ReferenceEngine;
 use super::kv::KvCache;
-use crate::prefix_cache::{Hit, PrefixCache};
+use crate::prefix_cache::{Demotion, Hit, PrefixCache, Tier};
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
+/// The sizes of a [`HostPrefix`]: bytes of each tier's pool and the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixSizes {
+    pub primary_bytes: u64,
+    pub secondary_bytes: u64,
+    pub block_tokens: usize,
+}
+
 pub(super) struct HostPrefix {
     pub index: PrefixCache,
-    /// Pool bytes asked for; the block count follows from the block size.
-    budget: u64,
-    /// One vector per slot, allocated when first stored into.
-    pool: Vec<Vec<f32>>,
+    /// One vector per slot and tier, allocated when first stored into.
+    pools: [Vec<Vec<f32>>; 2],
+}
+
+fn pool(tier: Tier) -> usize {
+    match tier {
+        Tier::Primary => 0,
+        Tier::Secondary => 1,
+    }
 }
 
 impl HostPrefix {
-    /// A cache of `budget` bytes of blocks of `block_tokens` tokens.
-    pub fn new(budget: u64, block_tokens: usize, layers: usize, kv_dim: usize) -> Self {
-        let block_bytes = (layers * 2 * block_tokens * kv_dim * 4) as u64;
-        let slots = (budget / block_bytes.max(1)) as usize;
+    pub fn new(sizes: PrefixSizes, layers: usize, kv_dim: usize) -> Self {
+        let block_bytes = (layers * 2 * sizes.block_tokens * kv_dim * 4) as u64;
+        let slots = |b: u64| (b / block_bytes.max(1)) as usize;
+        let (p, s) = (slots(sizes.primary_bytes), slots(sizes.secondary_bytes));
         HostPrefix {
-            index: PrefixCache::new(block_tokens, slots, block_bytes, "host"),
-            budget,
-            pool: vec![Vec::new(); slots],
+            index: PrefixCache::new(
+                sizes.block_tokens,
+                block_bytes,
+                ("host", p),
+                ("host-ram", s),
+            ),
+            pools: [vec![Vec::new(); p], vec![Vec::new(); s]],
         }
-    }
-
-    pub fn budget(&self) -> u64 {
-        self.budget
     }
 
     /// Shifts every held value (tests: shows the restored bytes are used).
     #[cfg(test)]
     pub fn corrupt_for_test(&mut self) {
-        self.pool.iter_mut().flatten().for_each(|v| *v += 1.0);
+        self.pools
+            .iter_mut()
+            .flatten()
+            .flatten()
+            .for_each(|v| *v += 1.0);
     }
 
-    /// Copies the hit's blocks into positions `0..hit.tokens` of `kv`.
+    /// Copies the hit's blocks into positions `0..hit.tokens` of `kv`, per
+    /// tier.
     fn restore(&mut self, hit: &Hit, kv: &mut KvCache) {
-        let t = Instant::now();
         let b = self.index.block_tokens();
-        for (i, &slot) in hit.slots.iter().enumerate() {
-            let block = &self.pool[slot];
-            let per = block.len() / (2 * kv.num_layers());
-            for layer in 0..kv.num_layers() {
-                let base = 2 * layer * per;
-                kv.write(
-                    layer,
-                    i * b,
-                    &block[base..base + per],
-                    &block[base + per..base + 2 * per],
-                );
+        for tier in Tier::ALL {
+            let t = Instant::now();
+            let mut any = false;
+            for (i, slot) in hit.in_tier(tier) {
+                any = true;
+                let block = &self.pools[pool(tier)][slot];
+                let per = block.len() / (2 * kv.num_layers());
+                for layer in 0..kv.num_layers() {
+                    let base = 2 * layer * per;
+                    kv.write(
+                        layer,
+                        i * b,
+                        &block[base..base + per],
+                        &block[base + per..base + 2 * per],
+                    );
+                }
+            }
+            if any {
+                self.index
+                    .record_restore_ms(tier, t.elapsed().as_secs_f64() * 1e3);
             }
         }
-        self.index
-            .record_restore_ms(t.elapsed().as_secs_f64() * 1e3);
     }
 
     /// Stores the whole blocks of `prompt` (prefilled to its end in `kv`)
     /// that follow `hit`, then publishes them.
     fn store(&mut self, prompt: &[u32], hit: &Hit, kv: &KvCache) {
         let t = Instant::now();
-        let plan = self.index.plan_store(prompt, hit);
+        let pools = &mut self.pools;
+        let plan = self.index.plan_store(prompt, hit, &mut |d: Demotion| {
+            let block = std::mem::take(&mut pools[0][d.from]);
+            pools[1][d.to] = block;
+            true
+        });
         let b = self.index.block_tokens();
         for s in &plan.blocks {
-            let block = &mut self.pool[s.slot];
+            let block = &mut self.pools[pool(s.place.tier)][s.place.slot];
             block.clear();
             for layer in 0..kv.num_layers() {
                 let (k, v) = kv.rows(layer, s.block * b, b);
@@ -86,17 +119,16 @@ impl HostPrefix {
 }
 
 impl ReferenceEngine {
-    /// Holds up to `bytes` of prompt-prefix KV in host memory (whole blocks
-    /// of the prefill chunk; 0 turns the cache off and drops what it held).
-    /// Requests then reuse the longest cached prefix of their prompt unless
-    /// they ask not to (`GenerateRequest::cache_prompt`).
-    pub fn set_prefix_cache(&mut self, bytes: u64) {
-        self.prefix = (bytes > 0).then(|| self.new_prefix(bytes));
-    }
-
-    fn new_prefix(&self, bytes: u64) -> HostPrefix {
+    /// Holds prompt-prefix KV in host memory: blocks of `sizes.block_tokens`
+    /// tokens, up to `sizes.primary_bytes` in the first tier and
+    /// `sizes.secondary_bytes` in the RAM tier its least recently used
+    /// blocks are demoted to (both 0 turn the cache off and drop what it
+    /// held). Requests then reuse the longest cached prefix of their prompt
+    /// unless they ask not to (`GenerateRequest::cache_prompt`).
+    pub fn set_prefix_cache(&mut self, sizes: PrefixSizes) {
+        let on = sizes.primary_bytes > 0 || sizes.secondary_bytes > 0;
         let g = &self.geometry;
-        HostPrefix::new(bytes, self.prefill_chunk, g.num_layers, g.kv_dim())
+        self.prefix = on.then(|| HostPrefix::new(sizes, g.num_layers, g.kv_dim()));
     }
 
     /// The prefix cache's figures, when it is on.
@@ -107,18 +139,15 @@ impl ReferenceEngine {
     /// What the cached KV depends on besides the model: everything a
     /// setter can change between requests that changes the keys and values
     /// a prefill writes (the activation emulation, its rounding points, a
-    /// planted fault) and the block size (the prefill chunk).
+    /// planted fault). The prefill chunk is not among them (the prefill is
+    /// chunk invariant), nor the block size (fixed per cache).
     fn prefix_binding(&self) -> u64 {
         #[cfg(any(test, feature = "fault-injection"))]
         let fault = format!("{:?}", self.fault);
         #[cfg(not(any(test, feature = "fault-injection")))]
         let fault = "";
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        format!(
-            "{:?}/{:?}/{}/{fault}",
-            self.activations, self.rounding, self.prefill_chunk
-        )
-        .hash(&mut h);
+        format!("{:?}/{:?}/{fault}", self.activations, self.rounding).hash(&mut h);
         h.finish()
     }
 
@@ -131,16 +160,6 @@ impl ReferenceEngine {
         kv: &mut KvCache,
     ) -> Option<Hit> {
         let binding = self.prefix_binding();
-        let chunk = self.prefill_chunk;
-        if self
-            .prefix
-            .as_ref()
-            .is_some_and(|p| p.index.block_tokens() != chunk)
-        {
-            // The chunk changed: blocks of the old size are useless.
-            let bytes = self.prefix.as_ref().map_or(0, HostPrefix::budget);
-            self.prefix = Some(self.new_prefix(bytes));
-        }
         let p = self.prefix.as_mut()?;
         if !use_cache {
             p.index.note_bypass();

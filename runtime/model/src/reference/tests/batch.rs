@@ -312,7 +312,11 @@ fn the_prefix_cache_serves_running_sequences_from_each_other() {
     let mut e = engine(512);
     e.set_prefill_chunk(B);
     let g = e.geometry().clone();
-    e.set_prefix_cache(64 * (g.num_layers * 2 * B * g.kv_dim() * 4) as u64);
+    e.set_prefix_cache(PrefixSizes {
+        primary_bytes: 64 * (g.num_layers * 2 * B * g.kv_dim() * 4) as u64,
+        secondary_bytes: 0,
+        block_tokens: B,
+    });
     let mut cold = engine(512);
     cold.set_prefill_chunk(B);
     let system = text(40, 4);

@@ -1,27 +1,43 @@
 //! The reference engine's prefix cache: a prompt served from cached blocks
 //! gives logits bit-identical to a cold prefill of the whole prompt (at
 //! block boundaries, with a partly matching last block, across two
-//! conversations sharing a prefix, after evictions, under a changed
-//! setting), greedy generation is unchanged, and a cancelled prefill or a
-//! bypassing request stores nothing.
+//! conversations sharing a prefix, after evictions, with blocks restored
+//! from the RAM tier, under a changed setting), greedy generation is
+//! unchanged, and a cancelled prefill or a bypassing request stores
+//! nothing. Blocks are not whole prefill chunks: the engine prefills in
+//! chunks of 7 tokens, so resumed prefills start mid-chunk and their chunks
+//! fall elsewhere than a cold prefill's.
 
 use super::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Tokens per block (the prefill chunk) in these tests.
+/// Tokens per block in these tests.
 const B: usize = 16;
+/// The prefill chunk: not a divisor of the block.
+const CHUNK: usize = 7;
+
+fn block_bytes(e: &ReferenceEngine) -> u64 {
+    let g = e.geometry();
+    (g.num_layers * 2 * B * g.kv_dim() * 4) as u64
+}
+
+/// A cache of `primary` first-tier blocks and `secondary` RAM-tier blocks.
+fn tiered_engine(primary: usize, secondary: usize) -> ReferenceEngine {
+    let mut e = engine(512);
+    e.set_prefill_chunk(CHUNK);
+    let bb = block_bytes(&e);
+    e.set_prefix_cache(PrefixSizes {
+        primary_bytes: primary as u64 * bb,
+        secondary_bytes: secondary as u64 * bb,
+        block_tokens: B,
+    });
+    let s = e.prefix_cache_stats().unwrap();
+    assert_eq!(s.capacity_blocks, (primary + secondary) as u64);
+    e
+}
 
 fn cached_engine(pool_blocks: usize) -> ReferenceEngine {
-    let mut e = engine(512);
-    e.set_prefill_chunk(B);
-    let g = e.geometry().clone();
-    let block_bytes = (g.num_layers * 2 * B * g.kv_dim() * 4) as u64;
-    e.set_prefix_cache(pool_blocks as u64 * block_bytes);
-    assert_eq!(
-        e.prefix_cache_stats().unwrap().capacity_blocks,
-        pool_blocks as u64
-    );
-    e
+    tiered_engine(pool_blocks, 0)
 }
 
 /// `n` tokens of a sequence seeded by `seed`.
@@ -31,8 +47,10 @@ fn text(n: usize, seed: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The last logits of a cold prefill of `prompt` in one chunk.
 fn cold_last(prompt: &[u32]) -> Vec<f32> {
     let mut cold = engine(512);
+    cold.set_prefill_chunk(512);
     cold.prompt_logits(prompt).unwrap().pop().unwrap()
 }
 
@@ -116,7 +134,6 @@ fn after_eviction_a_miss_recomputes_the_same_logits() {
 fn greedy_generation_is_unchanged_and_reports_cached_tokens() {
     let p = text(60, 9);
     let mut plain = engine(512);
-    plain.set_prefill_chunk(B);
     let (want, _) = run(&mut plain, &request(&p, 12));
     let mut e = cached_engine(64);
     let mut req = request(&p, 12);
@@ -155,17 +172,21 @@ fn a_cancelled_prefill_stores_nothing() {
     let mut req = request(&p, 4);
     req.cache_prompt = true;
     req.cancel = CancelToken::new(flag.clone());
-    // The cancel token is set once 3 of the 30 chunks are done.
+    // The cancel token is set once 3 of the 69 chunks are done.
     e.cancel_after_chunks = Some((3, flag.clone()));
     let (tokens, o) = run(&mut e, &req);
     e.cancel_after_chunks = None;
     assert!(flag.load(Ordering::Relaxed));
     assert_eq!((o.finish, tokens.len()), (FinishReason::Cancelled, 0));
-    assert_eq!(req.live.prefilled(), 3 * B as u64, "cancelled mid-prefill");
+    assert_eq!(
+        req.live.prefilled(),
+        3 * CHUNK as u64,
+        "cancelled mid-prefill"
+    );
     assert_eq!(e.prefix_cache_stats().unwrap().blocks_held, 0);
-    // Cancelled during the last chunk (all 30 ran): still nothing stored.
+    // Cancelled during the last chunk (all 69 ran): still nothing stored.
     flag.store(false, Ordering::Relaxed);
-    e.cancel_after_chunks = Some((30, flag.clone()));
+    e.cancel_after_chunks = Some((480_usize.div_ceil(CHUNK), flag.clone()));
     let (tokens, o) = run(&mut e, &req);
     e.cancel_after_chunks = None;
     assert_eq!((o.finish, tokens.len()), (FinishReason::Cancelled, 0));
@@ -191,13 +212,50 @@ fn a_changed_setting_invalidates_the_cache() {
     let want = cold.prompt_logits(&p).unwrap().pop().unwrap();
     assert_eq!(logits, want);
     assert_eq!(e.prefix_cache_stats().unwrap().invalidations, 1);
-    // A new chunk size starts a cache of the new block size.
+    // Back to f32 (invalidated again); a new prefill chunk changes nothing
+    // (the prefill is chunk invariant): the blocks stay and are exact.
     e.set_activations(Activations::F32);
-    e.set_prefill_chunk(8);
-    let (_, cached) = e.prefill_logits(&p, true).unwrap();
-    assert_eq!(cached, 0);
-    assert_eq!(e.prefix_cache_stats().unwrap().block_tokens, 8);
+    served(&mut e, &p, 0);
+    e.set_prefill_chunk(5);
     served(&mut e, &p, 48);
+    let s = e.prefix_cache_stats().unwrap();
+    assert_eq!((s.invalidations, s.block_tokens), (2, B as u64));
+}
+
+/// Blocks demoted to the RAM tier are restored from it bit for bit; a
+/// chain spanning both tiers too; with no first tier the RAM tier carries
+/// the cache; when the RAM tier is full its least recently used leaves go.
+#[test]
+fn blocks_restored_from_the_ram_tier_are_bit_identical_to_cold() {
+    // 2 first-tier blocks, 8 in the RAM tier.
+    let mut e = tiered_engine(2, 8);
+    let (a, b) = (text(70, 21), text(70, 22)); // 4 whole blocks each
+    served(&mut e, &a, 0);
+    served(&mut e, &b, 0);
+    let s = e.prefix_cache_stats().unwrap();
+    assert!(s.demotions >= 2, "{s:?}");
+    assert_eq!(s.location, "host+host-ram");
+    // a's blocks: in the RAM tier now.
+    served(&mut e, &a, 64);
+    let s = e.prefix_cache_stats().unwrap();
+    assert!(
+        s.tiers[1].hits >= 1 && s.tiers[1].blocks_restored >= 2,
+        "{s:?}"
+    );
+    // a conversation going on: its chain spans both tiers.
+    let mut next = a.clone();
+    next.extend(text(40, 23));
+    served(&mut e, &next, 64);
+    served(&mut e, &next, 96);
+    // No first tier: the RAM tier alone, evicting leaves when full.
+    let mut r = tiered_engine(0, 5);
+    served(&mut r, &a, 0);
+    served(&mut r, &a, 64);
+    served(&mut r, &b, 0);
+    let s = r.prefix_cache_stats().unwrap();
+    assert_eq!((s.location.as_str(), s.evictions), ("host-ram", 3));
+    served(&mut r, &b, 64);
+    served(&mut r, &a, 16);
 }
 
 /// The restored blocks are what the prefill reads: corrupting a held block

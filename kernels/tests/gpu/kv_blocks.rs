@@ -1,0 +1,120 @@
+//! `kv_blocks_copy` against its CPU reference: storing and restoring blocks
+//! between random per-layer caches and a pool in device memory and in
+//! page-locked host memory mapped into the device, bit for bit, with pools
+//! and caches poisoned where nothing may be written.
+
+use cudarc::driver::{DevicePtr, sys};
+use krasis_kernels::{BlockCopy, KvBlockGeom, reference as cpu};
+use rand::Rng;
+
+use crate::common::*;
+
+#[test]
+fn kv_blocks_copy_matches_reference() {
+    let Some((g, s)) = gpu("kv_blocks_copy_matches_reference") else {
+        return;
+    };
+    let mut rng = rng("kv_blocks_copy_matches_reference");
+    for (geom, slots, pairs) in [
+        (
+            KvBlockGeom {
+                layers: 3,
+                heads: 4,
+                head_dim: 128,
+                block_tokens: 64,
+                capacity: 512,
+            },
+            5usize,
+            vec![(3u32, 0u32), (0, 7), (4, 2)],
+        ),
+        (
+            KvBlockGeom {
+                layers: 2,
+                heads: 2,
+                head_dim: 64,
+                block_tokens: 256,
+                capacity: 1024,
+            },
+            2,
+            vec![(1, 3), (0, 0)],
+        ),
+    ] {
+        let n = geom.heads * geom.capacity * geom.head_dim;
+        let rand16 = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<u16> {
+            (0..n).map(|_| rng.random::<u16>()).collect()
+        };
+        let k: Vec<Vec<u16>> = (0..geom.layers).map(|_| rand16(&mut rng, n)).collect();
+        let v: Vec<Vec<u16>> = (0..geom.layers).map(|_| rand16(&mut rng, n)).collect();
+        let pool0 = rand16(&mut rng, slots * geom.slot_elems());
+        let flat: Vec<u32> = pairs.iter().flat_map(|&(a, b)| [a, b]).collect();
+        let pairs_d = up(&s, &flat);
+        for mapped in [false, true] {
+            for dir in [BlockCopy::ToPool, BlockCopy::ToSequence] {
+                let what = format!("{geom:?} mapped={mapped} {dir:?}");
+                let kd: Vec<_> = k.iter().map(|x| up(&s, x)).collect();
+                let vd: Vec<_> = v.iter().map(|x| up(&s, x)).collect();
+                let addr = |b: &cudarc::driver::CudaSlice<u16>| b.device_ptr(&s).0;
+                let lk = up(&s, &kd.iter().map(addr).collect::<Vec<u64>>());
+                let lv = up(&s, &vd.iter().map(addr).collect::<Vec<u64>>());
+                let pool_dev = up(&s, &pool0);
+                let mut host = HostPool::new(&pool0);
+                let pool = if mapped { host.dev } else { addr(&pool_dev) };
+                g.kernels
+                    .kv_blocks_copy(&s, &lk, &lv, geom, pool, slots, &pairs_d, pairs.len(), dir)
+                    .unwrap();
+                s.synchronize().unwrap();
+                let (mut kw, mut vw, mut pw) = (k.clone(), v.clone(), pool0.clone());
+                cpu::kv_blocks_copy(&mut kw, &mut vw, geom, &mut pw, &pairs, dir);
+                let got_pool = if mapped {
+                    host.read()
+                } else {
+                    down(&s, &pool_dev)
+                };
+                assert!(got_pool == pw, "{what}: pool differs");
+                for l in 0..geom.layers {
+                    assert!(down(&s, &kd[l]) == kw[l], "{what}: K of layer {l} differs");
+                    assert!(down(&s, &vd[l]) == vw[l], "{what}: V of layer {l} differs");
+                }
+                host.free();
+            }
+        }
+    }
+}
+
+/// Page-locked host memory mapped into the device, holding `data`.
+struct HostPool {
+    host: *mut u16,
+    dev: u64,
+    len: usize,
+}
+
+impl HostPool {
+    fn new(data: &[u16]) -> Self {
+        let bytes = data.len() * 2;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: fresh allocation, filled before any device access.
+        let host =
+            unsafe { cudarc::driver::result::malloc_host(bytes, flags) }.unwrap() as *mut u16;
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), host, data.len()) };
+        let mut dev = 0;
+        // SAFETY: allocated with DEVICEMAP above.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut _, 0) }
+            .result()
+            .unwrap();
+        HostPool {
+            host,
+            dev,
+            len: data.len(),
+        }
+    }
+
+    fn read(&self) -> Vec<u16> {
+        // SAFETY: `len` elements allocated in `new`; the stream was synchronized.
+        unsafe { std::slice::from_raw_parts(self.host, self.len) }.to_vec()
+    }
+
+    fn free(&mut self) {
+        // SAFETY: allocated by malloc_host in `new`, freed once.
+        unsafe { cudarc::driver::result::free_host(self.host as *mut _) }.unwrap();
+    }
+}
