@@ -44,7 +44,7 @@ pub use ops::int4::{
     INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPS, Int4Layout,
 };
 pub use ops::moe::{ROUTER_MAX_EXPERTS, ROUTER_MAX_TOPK};
-pub use ops::rope::{KvGeom, QkNormArgs, QkvGeom, StartPos};
+pub use ops::rope::{KvBase, KvGeom, QkNormArgs, QkvGeom, StartPos};
 pub use ops::sampling::{
     SAMPLE_NONFINITE, SAMPLE_PREP_BLOCKS, SamplingParams, sample_workspace_len,
 };

@@ -21,7 +21,7 @@ use crate::weights::Weight16;
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
 use krasis_kernels::ops::attention::RingAttn;
-use krasis_kernels::{Act16, KvGeom, QkvGeom, StartPos};
+use krasis_kernels::{Act16, KvBase, KvGeom, QkvGeom, StartPos};
 use krasis_model::arch::AttentionKind;
 
 /// `s`'s storage seen as FP16: the FP16 attention path keeps its normed
@@ -337,14 +337,24 @@ fn attend<A: Act16>(
         AttentionKind::Sliding { window } => window,
     };
     if window == 0 && lw.sinks.is_none() {
-        kn.kv_append(s, qkv, geom, sp, kvg, kc, vc)?;
+        kn.kv_append(s, qkv, geom, sp, kvg, KvBase::Host(0), kc, vc)?;
         match at {
             Positions::Prefill(start) => {
-                kn.attention_prefill(s, qkv, geom, start, kvg, kc, vc, scale, attn)?
+                kn.attention_prefill(s, qkv, geom, start, kvg, 0, kc, vc, scale, attn)?
             }
-            Positions::Decode => {
-                kn.attention_decode(s, qkv, geom, sp, kvg, kc, vc, scale, attn_ws, attn)?
-            }
+            Positions::Decode => kn.attention_decode(
+                s,
+                qkv,
+                geom,
+                sp,
+                kvg,
+                KvBase::Host(0),
+                kc,
+                vc,
+                scale,
+                attn_ws,
+                attn,
+            )?,
         }
     } else {
         let ring = RingAttn {
