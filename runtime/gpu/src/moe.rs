@@ -52,7 +52,7 @@ pub(crate) fn routed_experts(
     at: Positions,
 ) -> Result<()> {
     match (at, hcs) {
-        (Positions::Decode, Some(hcs)) => hcs.decode_experts(cx, sc, moe_index),
+        (Positions::Decode, Some(hcs)) => hcs.decode_experts(cx, sc, moe_index, t),
         _ if t <= cx.gemv_tokens => experts_gemv(cx, sc, moe_index, t),
         _ => experts_grouped(cx, sc, moe_index, t),
     }
@@ -171,9 +171,10 @@ fn router_logits<A: Act16>(
             &sc.residual,
             &lw.post_attention_norm,
             &w,
+            t,
             g.num_experts,
             &mut view_mut::<A>(&mut sc.normed),
-            &mut sc.router,
+            &mut sc.router.slice_mut(..),
         )
     } else {
         cx.gemm_as(
@@ -368,7 +369,7 @@ pub(crate) fn log_token_routes(
         .get_mut(moe_index)
         .ok_or_else(|| GpuError::Unsupported(format!("route log has no MoE layer {moe_index}")))?;
     let first = match at {
-        Positions::Prefill(start) => start,
+        Positions::Prefill { start, .. } => start,
         Positions::Decode => rows.len(),
     };
     if rows.len() < first + t {

@@ -3,11 +3,14 @@
 //!
 //! A block is `prefill_chunk` prompt positions of every layer's K and V,
 //! laid out `[layer][K, V][kv_head][position][head_dim]` in 16-bit (the KV
-//! cache's format, copied as bits). The sequence's KV stays contiguous
-//! (`[kv_head][capacity][head_dim]` per layer), so a block moves between it
-//! and the pool as one pitched 2D copy per layer and K/V (`kv_head` rows of
-//! `block * head_dim` elements), device to device on the compute stream:
-//! every read of a block is stream-ordered after the copy that wrote it.
+//! cache's format, copied as bits). A sequence's KV stays contiguous (its
+//! rows `[base, base + len)` of every layer's `[kv_head][rows][head_dim]`
+//! arena, `arena.rs`), so a block moves between it and the pool as one
+//! pitched 2D copy per layer and K/V (`kv_head` rows of `block * head_dim`
+//! elements), device to device on the compute stream: every read of a
+//! block is stream-ordered after the copy that wrote it, and a block
+//! restored into one sequence's rows is the block another sequence stored
+//! from its own.
 //!
 //! Exactness: a block is a whole prefill chunk, so a prompt resumed after
 //! its restored blocks runs exactly the chunks `[kC, (k+1)C)` a cold
@@ -115,14 +118,24 @@ impl VramPrefix {
     }
 
     /// Queues the copies of the hit's blocks into positions
-    /// `0..hit.tokens` of `kv`.
-    pub fn restore(&mut self, gpu: &Gpu, g: &Geometry, kv: &KvCache, hit: &Hit) -> Result<()> {
+    /// `0..hit.tokens` of the sequence whose KV rows start at `base`.
+    pub fn restore(
+        &mut self,
+        gpu: &Gpu,
+        g: &Geometry,
+        kv: &KvCache,
+        base: usize,
+        hit: &Hit,
+    ) -> Result<()> {
         if hit.slots.is_empty() {
             return Ok(());
         }
+        // The timing of an earlier restore is read first (it is before this
+        // one on the stream; several sequences' prefills interleave).
+        self.collect_timing()?;
         let a = timing_event(gpu)?;
         for (i, &slot) in hit.slots.iter().enumerate() {
-            self.copy_block(gpu, g, kv, i, slot, Direction::ToSequence)?;
+            self.copy_block(gpu, g, kv, base, i, slot, Direction::ToSequence)?;
         }
         let b = timing_event(gpu)?;
         self.restore_ev = Some((a, b));
@@ -130,13 +143,15 @@ impl VramPrefix {
     }
 
     /// Queues the copies of `prompt`'s new whole blocks (prefilled to its
-    /// end in `kv`) into the pool and publishes them: every later read is
-    /// ordered after these copies on the same stream.
+    /// end in the sequence's KV rows from `base` on) into the pool and
+    /// publishes them: every later read is ordered after these copies on
+    /// the same stream.
     pub fn store(
         &mut self,
         gpu: &Gpu,
         g: &Geometry,
         kv: &KvCache,
+        base: usize,
         prompt: &[u32],
         hit: &Hit,
     ) -> Result<()> {
@@ -144,9 +159,10 @@ impl VramPrefix {
         if plan.blocks.is_empty() {
             return Ok(());
         }
+        self.collect_timing()?;
         let a = timing_event(gpu)?;
         for s in &plan.blocks {
-            self.copy_block(gpu, g, kv, s.block, s.slot, Direction::ToPool)?;
+            self.copy_block(gpu, g, kv, base, s.block, s.slot, Direction::ToPool)?;
         }
         let b = timing_event(gpu)?;
         self.store_ev = Some((a, b));
@@ -178,14 +194,16 @@ impl VramPrefix {
         Ok(())
     }
 
-    /// One block between prompt block `block` of the sequence's KV and
-    /// pool slot `slot`: per layer, K then V, `kv_head` rows of
-    /// `block_tokens * head_dim` elements.
+    /// One block between prompt block `block` of the KV of the sequence
+    /// whose rows start at `base` and pool slot `slot`: per layer, K then
+    /// V, `kv_head` rows of `block_tokens * head_dim` elements.
+    #[allow(clippy::too_many_arguments)]
     fn copy_block(
         &self,
         gpu: &Gpu,
         g: &Geometry,
         kv: &KvCache,
+        base: usize,
         block: usize,
         slot: usize,
         dir: Direction,
@@ -194,9 +212,13 @@ impl VramPrefix {
         let row = b * d * 2;
         for l in 0..g.num_layers {
             let cap = kv.geoms[l].capacity;
-            debug_assert!((block + 1) * b <= cap, "a block past the layer's KV");
+            if base + (block + 1) * b > cap {
+                return Err(GpuError::Unsupported(format!(
+                    "prefix block {block} of the sequence at KV row {base} is past layer {l}'s {cap} rows"
+                )));
+            }
             for (which, buf) in [&kv.k[l], &kv.v[l]].into_iter().enumerate() {
-                let seq = ptr(gpu, buf, block * b * d);
+                let seq = ptr(gpu, buf, (base + block * b) * d);
                 let pool = ptr(
                     gpu,
                     &self.pool,
