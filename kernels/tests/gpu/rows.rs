@@ -636,3 +636,78 @@ fn prefill_at_a_kv_base_matches_row_zero() {
     );
     sync(&s);
 }
+
+/// The elementwise kernels of a decode step (the embedding gather, q/k/v's
+/// bias and one rounding in both formats, the o_proj bias, the shared
+/// expert's SwiGLU in both formats) over `m` rows against each row alone.
+#[test]
+fn elementwise_rows_are_batch_invariant() {
+    let name = "elementwise_rows_are_batch_invariant";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let kr = &g.kernels;
+    let (m, n, inter, vocab) = (GEMV_MAX_TOKENS, 1280usize, 768usize, 1000usize);
+    let x = randn(&mut rng, m * n, 2.0);
+    let bias = up(&s, &randn(&mut rng, n, 0.5));
+    let gu_b = randn_bf16(&mut rng, m * 2 * inter, 2.0);
+    let gu_h: Vec<f16> = gu_b.iter().map(|v| f16::from_f32(v.to_f32())).collect();
+    let table = up(&s, &randn_bf16(&mut rng, vocab * n, 1.0));
+    let ids: Vec<u32> = (0..m as u32).map(|i| (i * 97 + 5) % vocab as u32).collect();
+    // (what, (the m-row output, each row alone)), as bit patterns.
+    type Bits = (Vec<u32>, Vec<Vec<u32>>);
+    let mut cases: Vec<(&str, Bits)> = Vec::new();
+    let rows = |t: usize, f: &dyn Fn(usize, usize) -> Vec<u32>| -> Bits {
+        (f(0, t), (0..t).map(|r| f(r, 1)).collect())
+    };
+    let (all, one) = rows(m, &|r0, t| {
+        let mut out = poison_bf16(&s, t * n);
+        kr.bias_cast_f32_to_bf16(&s, &up(&s, &x[r0 * n..(r0 + t) * n]), &bias, t, n, &mut out)
+            .unwrap();
+        out_bits(&down(&s, &out))
+    });
+    cases.push(("bias_cast bf16", (all, one)));
+    let (all, one) = rows(m, &|r0, t| {
+        let mut out = poison_f16(&s, t * n);
+        kr.bias_cast_f32_to_f16(&s, &up(&s, &x[r0 * n..(r0 + t) * n]), &bias, t, n, &mut out)
+            .unwrap();
+        out_bits(&down(&s, &out))
+    });
+    cases.push(("bias_cast f16", (all, one)));
+    let (all, one) = rows(m, &|r0, t| {
+        let mut y = up(&s, &x[r0 * n..(r0 + t) * n]);
+        kr.add_bias_rows::<f32>(&s, &mut y, &bias, t, n).unwrap();
+        out_bits(&down(&s, &y))
+    });
+    cases.push(("add_bias_rows", (all, one)));
+    let (all, one) = rows(m, &|r0, t| {
+        let mut out = poison_bf16(&s, t * inter);
+        let gu = up(&s, &gu_b[r0 * 2 * inter..(r0 + t) * 2 * inter]);
+        kr.swiglu::<bf16>(&s, &gu, t, inter, &mut out).unwrap();
+        out_bits(&down(&s, &out))
+    });
+    cases.push(("swiglu bf16", (all, one)));
+    let (all, one) = rows(m, &|r0, t| {
+        let mut out = poison_f16(&s, t * inter);
+        let gu = up(&s, &gu_h[r0 * 2 * inter..(r0 + t) * 2 * inter]);
+        kr.swiglu::<f16>(&s, &gu, t, inter, &mut out).unwrap();
+        out_bits(&down(&s, &out))
+    });
+    cases.push(("swiglu f16", (all, one)));
+    let (all, one) = rows(m, &|r0, t| {
+        let mut out = poison_f32(&s, t * n);
+        kr.embed(&s, &table, vocab, n, &up(&s, &ids[r0..r0 + t]), t, &mut out)
+            .unwrap();
+        out_bits(&down(&s, &out))
+    });
+    cases.push(("embed", (all, one)));
+    for (what, (all, one)) in cases {
+        let w = all.len() / m;
+        for (r, alone) in one.iter().enumerate() {
+            assert!(
+                all[r * w..(r + 1) * w] == alone[..],
+                "{what}: row {r} of {m} differs from the row alone"
+            );
+        }
+    }
+    sync(&s);
+}

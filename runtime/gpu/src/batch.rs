@@ -474,6 +474,8 @@ impl CudaEngine {
             .prefill_start
             .map_or(0.0, |t| now.duration_since(t).as_secs_f64());
         s.decode_start = Some(now);
+        // Decode's figures are published at most every period from here.
+        s.publisher = LivePublisher::new();
         s.stats.generated_tokens = 1;
         let pos = s.req.prompt.len();
         s.phase = Phase::Decode { token, pos };

@@ -585,7 +585,7 @@ fn ring_models_run_one_sequence() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let model = synth(tmp.path(), "tiny-gpt-oss");
+    let model = krasis_model::testutil::tiny_gpt_oss_checkpoint();
     let cache = tmp.path().join("cache");
     let e = load(
         &model,
