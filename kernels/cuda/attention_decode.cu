@@ -21,6 +21,14 @@
 // capacity-derived chunk (32K / 64) would give it.
 // attn_decode_combine: one block per q head merges the active splits in
 // ascending order (fixed order, no atomics) and writes bf16.
+// Rows (continuous batching): a launch decodes `rows` tokens of different
+// sequences at once, grid z (split) / y (combine) = row. Row z reads its q
+// from qkv row z, its position from pos_ptr[z] (token_pos, common.cuh),
+// its sequence's KV from row kv_base[z] on (plain kernels; 0 without
+// kv_base), uses workspace block z and writes output row z. The split
+// count is the launch's (from the capacity), so a row runs exactly the
+// blocks, chunks and combine order it runs when launched alone: its result
+// does not depend on the other rows.
 // Precision: f32 everywhere; one rounding to bf16 at the end.
 // Activation format: the split kernel is a template over A (ActBf16 /
 // ActF16, common.cuh) for how q, K and V are stored; attn_decode_split* is
@@ -72,17 +80,21 @@ __device__ __forceinline__ void decode_span(u32 pos, u32 cap, u32 window, u32& k
 template <class A, bool RING>
 __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                                                     const bf16_t* __restrict__ vc, float* __restrict__ ws,
-                                                    const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 nkv,
-                                                    u32 d, u32 cap, u32 chunk, float sl2, u32 window) {
+                                                    const u32* __restrict__ pos_ptr, u32 pos_base,
+                                                    const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap,
+                                                    u32 chunk, float sl2, u32 window) {
     __shared__ __align__(16) float qs[2048];
     __shared__ __align__(16) uint4 ks[DEC_TILE_ELEMS / 8];
     __shared__ __align__(16) uint4 vs[DEC_TILE_ELEMS / 8];
     __shared__ float sc[16][64];
     __shared__ float m_s[16], l_s[16], a_s[16];
-    const u32 s = blockIdx.x, kvh = blockIdx.y;
+    const u32 s = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
     const u32 G = nq / nkv;
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base;
+    const u32 pos = token_pos(pos_ptr, pos_base, z);
+    qkv += (u64)z * (nq + 2 * nkv) * d;
+    ws += (u64)z * DEC_MAX_SPLITS * nq * (d + 2);
+    const u32 row0 = kv_base ? kv_base[z] : 0u;  // the sequence's first KV row
     u32 kfirst, n_keys;
     decode_span<RING>(pos, cap, window, kfirst, n_keys);
     chunk = decode_chunk(chunk, n_keys, gridDim.x);
@@ -104,8 +116,8 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
         m_s[threadIdx.x] = NEG_INF_F;
         l_s[threadIdx.x] = 0.0f;
     }
-    const bf16_t* kbase = kc + (u64)kvh * cap * d;
-    const bf16_t* vbase = vc + (u64)kvh * cap * d;
+    const bf16_t* kbase = kc + ((u64)kvh * cap + row0) * d;
+    const bf16_t* vbase = vc + ((u64)kvh * cap + row0) * d;
     const u32 cpr = d / 8;                       // 16-byte chunks per row
     const u32 TK = min(64u, DEC_TILE_ELEMS / d);  // keys per staged tile
     const u32 od = (d + 127) / 128;               // output dims per thread
@@ -207,32 +219,34 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
-                      float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 nkv, u32 d,
-                      u32 cap, u32 chunk, float sl2) {
-    attn_decode_split_t<ActBf16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, 0);
+                      float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base,
+                      const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2) {
+    attn_decode_split_t<ActBf16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, kv_base, nq, nkv, d, cap, chunk, sl2, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_ring(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                            const bf16_t* __restrict__ vc, float* __restrict__ ws, const u32* __restrict__ pos_ptr,
                            u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2, u32 window) {
-    attn_decode_split_t<ActBf16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, window);
+    attn_decode_split_t<ActBf16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nullptr, nq, nkv, d, cap, chunk, sl2,
+                                       window);
 }
 
 // FP16 variants (ActFormat::F16): q, K and V read as f16; the partial
 // outputs are f32, so the combine kernels serve both formats.
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc, const f16_t* __restrict__ vc,
-                          float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 nkv,
-                          u32 d, u32 cap, u32 chunk, float sl2) {
-    attn_decode_split_t<ActF16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, 0);
+                          float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base,
+                          const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2) {
+    attn_decode_split_t<ActF16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, kv_base, nq, nkv, d, cap, chunk, sl2, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_ring_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
                                const f16_t* __restrict__ vc, float* __restrict__ ws, const u32* __restrict__ pos_ptr,
                                u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2, u32 window) {
-    attn_decode_split_t<ActF16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nq, nkv, d, cap, chunk, sl2, window);
+    attn_decode_split_t<ActF16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nullptr, nq, nkv, d, cap, chunk, sl2,
+                                      window);
 }
 
 template <bool RING>
@@ -240,9 +254,11 @@ __device__ __forceinline__ void attn_decode_combine_t(const float* __restrict__ 
                                                       const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 d,
                                                       u32 n_splits, u32 chunk, const float* __restrict__ sinks,
                                                       u32 window) {
-    const u32 h = blockIdx.x, i = threadIdx.x;
+    const u32 h = blockIdx.x, i = threadIdx.x, z = blockIdx.y;
     if (h >= nq || i >= d) return;
-    const u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base;
+    const u32 pos = token_pos(pos_ptr, pos_base, z);
+    ws += (u64)z * DEC_MAX_SPLITS * nq * (d + 2);
+    out += (u64)z * nq * d;
     // Splits that hold live keys: s * chunk < n_keys (plain: s * chunk <= pos,
     // kept in that form so the plain kernel's code is unchanged).
     u32 n_keys = pos + 1;

@@ -16,6 +16,14 @@ typedef int i32;
 #define NAN_F __int_as_float(0x7fc00000)
 #define NEG_INF_F __int_as_float(0xff800000)
 
+// Position of token (or decode row) t of a launch: from the device array
+// (pos_ptr[t]: each row of a batched decode step is its own sequence's
+// next position; a captured graph reads them at replay), else the host's
+// first position + t (a prefill chunk).
+__device__ __forceinline__ u32 token_pos(const u32* pos_ptr, u32 pos_base, u32 t) {
+    return pos_ptr ? pos_ptr[t] : pos_base + t;
+}
+
 __device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
 
 __device__ __forceinline__ bf16_t f2bf(float f) {

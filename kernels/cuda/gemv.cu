@@ -31,10 +31,19 @@
 // M*K <= 32768: 64 KB) and read as one 16-byte vector per weight vector
 // (consecutive lanes, conflict free), shared by the NR rows of a group.
 // Products are f32 FMAs in a fixed order per lane (two interleaved partial
-// sums when M = 1, for ILP), then a fixed xor-shuffle tree across lanes, so
+// sums per row: lo halves and hi halves of each weight pair, for ILP,
+// added once at the end), then a fixed xor-shuffle tree across lanes, so
 // results are bit-reproducible; nothing is atomic. M is bucketed to 1, 2, 4
 // or 8 at compile time (accumulators in registers), the real M guarded at
-// run time. Per 16-byte weight vector the M = 1 path costs ~27 instructions
+// run time.
+// Row invariance (continuous batching): row t of an M-row launch runs
+// exactly the FMAs, in the same order, of a one-row launch of that row
+// (the same two partial sums, the same shuffle tree, the same block and
+// warp owning each output), whatever M and whatever the other rows hold;
+// so a sequence's projections do not depend on which sequences decode
+// beside it. (M = 1 once used two partial sums and M > 1 one, which broke
+// this; the M = 1 code is the one kept.) kernels/tests/gpu/gemv.rs checks
+// it bit for bit for every M <= 8. Per 16-byte weight vector the M = 1 path costs ~27 instructions
 // per lane (~20% of the SM's issue rate at full HBM speed); at M = 8 the x
 // conversions and FMAs reach ~85% of it, so M > 4 may run below HBM speed.
 //
@@ -103,7 +112,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
                                           u32 mode, unsigned short* normed, void* y) {
     extern __shared__ __align__(16) uint4 gemv_xs[];  // [m][K/8] vectors of 8 bf16
     __shared__ float scratch[32];
-    constexpr int P = MB == 1 ? 2 : 1;
+    constexpr int P = 2;  // per row: lo and hi partial sums (header: row invariance)
     constexpr u32 CH = 32u * U;  // vectors of a row per chunk
     gemv_pdl_trigger();
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -199,7 +208,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
                 if (MB == 1 || (u32)t < m) {
 #pragma unroll
                     for (int i = 0; i < NR; ++i) {
-                        const float s = warp_sum(P == 2 ? acc[t][i][0] + acc[t][i][P - 1] : acc[t][i][0]);
+                        const float s = warp_sum(acc[t][i][0] + acc[t][i][1]);
                         const u32 row = r0 + grp * NR + i;
                         if (lane == 0 && row < r1) {
                             const u64 o = (u64)t * n + row;

@@ -6,11 +6,15 @@
 // head) copying the k and v head rows of the fused QKV output with 16-byte
 // loads/stores.
 //
-// kv_append_bf16 (linear cache): position p lives in row p; a position >=
-// capacity (possible only when the position is read from device memory) is
-// skipped rather than written out of bounds.
-// kv_append_ring_bf16 (ring cache, gpt-oss sliding layers): position p lives
-// in row p % capacity, so a sliding layer keeps only the rows its window can
+// kv_append_bf16 (linear cache): position p of the sequence whose rows
+// start at row b lives in row b + p. b is per token from kv_base (a batched
+// decode step: each row its own sequence's slice of the layer's buffers,
+// continuous batching) or 0 (the host offsets the buffers to a prefill's
+// sequence instead). A row >= capacity (possible only when positions or
+// bases are read from device memory) is skipped rather than written out of
+// bounds. Token t's position: pos_ptr[t] from the device, else pos_base + t.
+// kv_append_ring_bf16 (ring cache, gpt-oss sliding layers; one sequence, so
+// no kv_base): position p lives in row p % capacity, so a sliding layer keeps only the rows its window can
 // still see and a later position overwrites the oldest. With capacity >= the
 // context this is the linear layout (p % capacity == p), which is how full
 // layers of the same model use it. The host checks n_tokens <= capacity (a
@@ -24,12 +28,16 @@
 template <bool RING>
 __device__ __forceinline__ void kv_append(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,
                                           bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr, u32 pos_base,
-                                          u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 cap) {
+                                          const u32* __restrict__ kv_base, u32 n_tokens, u32 nq, u32 nkv, u32 d,
+                                          u32 cap) {
     u32 t = blockIdx.x, h = blockIdx.y;
     if (t >= n_tokens || h >= nkv) return;
-    u32 pos = (pos_ptr ? *pos_ptr : 0u) + pos_base + t;
+    u32 pos = token_pos(pos_ptr, pos_base, t);
     if constexpr (RING) pos %= cap;
-    else if (pos >= cap) return;
+    else {
+        pos += kv_base ? kv_base[t] : 0u;
+        if (pos >= cap) return;
+    }
     u32 stride = (nq + 2 * nkv) * d;
     const uint4* ksrc = (const uint4*)(qkv + (u64)t * stride + (u64)(nq + h) * d);
     const uint4* vsrc = (const uint4*)(qkv + (u64)t * stride + (u64)(nq + nkv + h) * d);
@@ -44,12 +52,13 @@ __device__ __forceinline__ void kv_append(const bf16_t* __restrict__ qkv, bf16_t
 
 extern "C" __global__ void kv_append_bf16(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,
                                           bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr, u32 pos_base,
-                                          u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 cap) {
-    kv_append<false>(qkv, kc, vc, pos_ptr, pos_base, n_tokens, nq, nkv, d, cap);
+                                          const u32* __restrict__ kv_base, u32 n_tokens, u32 nq, u32 nkv, u32 d,
+                                          u32 cap) {
+    kv_append<false>(qkv, kc, vc, pos_ptr, pos_base, kv_base, n_tokens, nq, nkv, d, cap);
 }
 
 extern "C" __global__ void kv_append_ring_bf16(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,
                                                bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr,
                                                u32 pos_base, u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 cap) {
-    kv_append<true>(qkv, kc, vc, pos_ptr, pos_base, n_tokens, nq, nkv, d, cap);
+    kv_append<true>(qkv, kc, vc, pos_ptr, pos_base, nullptr, n_tokens, nq, nkv, d, cap);
 }

@@ -14,6 +14,9 @@
 // Precision: norm, weight multiply and rotation in f32 (precise cosf/sinf);
 // one rounding to bf16 (HF rounds after the norm, after the weight and
 // after the rotation).
+// Positions (every kernel here): token t is at pos_ptr[t] when the
+// positions come from the device (each row of a batched decode step its
+// own sequence's position), else at pos_base + t (token_pos, common.cuh).
 
 extern "C" __global__ void qk_norm_rope_bf16(bf16_t* __restrict__ qkv, const bf16_t* __restrict__ qw,
                                              const bf16_t* __restrict__ kw, const u32* __restrict__ pos_ptr,
@@ -40,7 +43,7 @@ extern "C" __global__ void qk_norm_rope_bf16(bf16_t* __restrict__ qkv, const bf1
     }
     ss = warp_sum(ss);
     float inv = rsqrtf(ss / (float)d + eps);
-    float pos = (float)((pos_ptr ? *pos_ptr : 0u) + pos_base + t);
+    float pos = (float)token_pos(pos_ptr, pos_base, t);
 #pragma unroll
     for (u32 j = 0; j < 4; ++j) {
         if (j < np) {
@@ -96,7 +99,7 @@ __device__ __forceinline__ void rope_table_t(unsigned short* __restrict__ qkv, c
     u32 stride = (nq + 2 * nkv) * d;
     unsigned short* x = qkv + (u64)t * stride + (u64)hh * d;
     u32 half = d / 2, np = d / 64;  // pairs per lane (d % 64 == 0, d <= 256)
-    float pos = (float)((pos_ptr ? *pos_ptr : 0u) + pos_base + t);
+    float pos = (float)token_pos(pos_ptr, pos_base, t);
 #pragma unroll
     for (u32 j = 0; j < 4; ++j) {
         if (j < np) {
@@ -185,7 +188,7 @@ extern "C" __global__ void rope_partial_bf16(bf16_t* __restrict__ qkv, const bf1
             if (i < d) x[i] = f2bf(p[j] * inv * bf2f(w[i]));
         }
     }
-    float pos = (float)((pos_ptr ? *pos_ptr : 0u) + pos_base + t);
+    float pos = (float)token_pos(pos_ptr, pos_base, t);
 #pragma unroll
     for (u32 j = 0; j < 4; ++j) {
         u32 i = lane + 32 * j;

@@ -20,8 +20,8 @@ use cudarc::driver::{
 };
 use half::bf16;
 use krasis_kernels::{
-    CacheDir, Int4Layout, Kernels, KvGeom, QkvGeom, SamplingParams, StartPos, decode_workspace_len,
-    sample_workspace_len,
+    CacheDir, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
+    decode_workspace_len, sample_workspace_len,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -250,11 +250,20 @@ fn main() -> anyhow::Result<()> {
     let qkv = s.clone_htod(&rand_bf16(&mut rng, geom.len()))?;
     let mut kc = s.alloc_zeros::<bf16>(kv.len())?;
     let mut vc = s.alloc_zeros::<bf16>(kv.len())?;
-    k.kv_append(&s, &qkv, geom, StartPos::Host(0), kv, &mut kc, &mut vc)?;
+    k.kv_append(
+        &s,
+        &qkv,
+        geom,
+        StartPos::Host(0),
+        kv,
+        KvBase::Host(0),
+        &mut kc,
+        &mut vc,
+    )?;
     let mut out = s.alloc_zeros::<bf16>(t * 32 * 128)?;
     let scale = 1.0 / (128f32).sqrt();
     let ta = time_ms(&s, 3, |_| {
-        Ok(k.attention_prefill(&s, &qkv, geom, 0, kv, &kc, &vc, scale, &mut out)?)
+        Ok(k.attention_prefill(&s, &qkv, geom, 0, kv, 0, &kc, &vc, scale, &mut out)?)
     })?;
     let flops = 4.0 * 128.0 * 32.0 * (t as f64) * (t as f64 + 1.0) / 2.0;
     rows.push(format!(
@@ -268,10 +277,10 @@ fn main() -> anyhow::Result<()> {
         ..geom
     };
     let ts = time_ms(&s, 1, |_| {
-        Ok(k.attention_prefill_simt(&s, &qkv, g2, 0, kv, &kc, &vc, scale, &mut out)?)
+        Ok(k.attention_prefill_simt(&s, &qkv, g2, 0, kv, 0, &kc, &vc, scale, &mut out)?)
     })?;
     let tm = time_ms(&s, 3, |_| {
-        Ok(k.attention_prefill(&s, &qkv, g2, 0, kv, &kc, &vc, scale, &mut out)?)
+        Ok(k.attention_prefill(&s, &qkv, g2, 0, kv, 0, &kc, &vc, scale, &mut out)?)
     })?;
     rows.push(format!(
         "attn prefill T=2048: simt {:.2} ms, mma {:.3} ms",
@@ -303,6 +312,7 @@ fn main() -> anyhow::Result<()> {
                 g1,
                 StartPos::Host(pos),
                 kv,
+                KvBase::Host(0),
                 &kc,
                 &vc,
                 scale,
@@ -318,6 +328,7 @@ fn main() -> anyhow::Result<()> {
                 g1,
                 StartPos::Device(&pos_buf),
                 kv,
+                KvBase::Host(0),
                 &kc,
                 &vc,
                 scale,
@@ -333,6 +344,7 @@ fn main() -> anyhow::Result<()> {
                 g1,
                 StartPos::Device(&pos_buf),
                 kv,
+                KvBase::Host(0),
                 &kc,
                 &vc,
                 scale,
@@ -473,11 +485,20 @@ fn bench_prefill(
     let qkv = s.clone_htod(&rand_bf16(rng, geom.len()))?;
     let mut kc = s.alloc_zeros::<bf16>(kv.len())?;
     let mut vc = s.alloc_zeros::<bf16>(kv.len())?;
-    k.kv_append(s, &qkv, geom, StartPos::Host(0), kv, &mut kc, &mut vc)?;
+    k.kv_append(
+        s,
+        &qkv,
+        geom,
+        StartPos::Host(0),
+        kv,
+        KvBase::Host(0),
+        &mut kc,
+        &mut vc,
+    )?;
     let mut out = s.alloc_zeros::<bf16>(t * nq * d)?;
     let scale = 1.0 / (d as f32).sqrt();
     time_ms(s, reps, |_| {
-        Ok(k.attention_prefill(s, &qkv, geom, 0, kv, &kc, &vc, scale, &mut out)?)
+        Ok(k.attention_prefill(s, &qkv, geom, 0, kv, 0, &kc, &vc, scale, &mut out)?)
     })
 }
 
@@ -1160,6 +1181,7 @@ fn bench_attn_gptoss(
                     g1,
                     StartPos::Host(pos),
                     kv,
+                    KvBase::Host(0),
                     &kc,
                     &vc,
                     scale,

@@ -3,7 +3,8 @@
 //! (with `-v`) ptxas register/spill usage; `--dump DIR` writes each module's
 //! cubin to `DIR/<module>.cubin` (to compare the machine code of two source
 //! versions, e.g. that a template leaves an entry point's code unchanged).
-//! Usage: `kcompile [--arch 90] [-v] [--dump DIR]`.
+//! `--module NAME` compiles that module only.
+//! Usage: `kcompile [--arch 90] [-v] [--dump DIR] [--module NAME]`.
 
 use krasis_kernels::{compile_module, sources::MODULES};
 
@@ -11,6 +12,7 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut arch, mut verbose) = (90, false);
     let mut dump: Option<std::path::PathBuf> = None;
+    let mut only: Option<String> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--arch" => {
@@ -27,6 +29,12 @@ fn main() -> anyhow::Result<()> {
                 std::fs::create_dir_all(&dir)?;
                 dump = Some(dir.into());
             }
+            "--module" => {
+                only = Some(
+                    args.next()
+                        .ok_or_else(|| anyhow::anyhow!("--module needs a name"))?,
+                )
+            }
             other => anyhow::bail!("unknown argument {other}"),
         }
     }
@@ -40,7 +48,13 @@ fn main() -> anyhow::Result<()> {
     );
     let cc = (arch / 10, arch % 10);
     let extra: &[&str] = if verbose { &["-Xptxas=-v"] } else { &[] };
-    for m in MODULES {
+    if let Some(name) = &only {
+        anyhow::ensure!(MODULES.iter().any(|m| m.name == name), "no module {name}");
+    }
+    for m in MODULES
+        .iter()
+        .filter(|m| only.as_ref().is_none_or(|n| m.name == n))
+    {
         let t = std::time::Instant::now();
         let c = compile_module(m, cc, extra)?;
         println!(

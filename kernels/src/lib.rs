@@ -45,7 +45,7 @@ pub use ops::int4::{
 };
 pub use ops::kv_blocks::{BlockCopy, KvBlockGeom};
 pub use ops::moe::{ROUTER_MAX_EXPERTS, ROUTER_MAX_TOPK};
-pub use ops::rope::{KvGeom, QkNormArgs, QkvGeom, StartPos};
+pub use ops::rope::{KvBase, KvGeom, QkNormArgs, QkvGeom, StartPos};
 pub use ops::sampling::{
     SAMPLE_NONFINITE, SAMPLE_PREP_BLOCKS, SamplingParams, sample_workspace_len,
 };

@@ -11,7 +11,7 @@ pub use ring::{RingAttn, ring_min_capacity};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, PushKernelArg};
 use half::bf16;
 
-use super::rope::{KvGeom, QkvGeom, StartPos};
+use super::rope::{KvBase, KvGeom, QkvGeom, StartPos, kv_rows_ptr};
 use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
 use crate::{Kernels, Result};
 
@@ -93,7 +93,9 @@ impl Kernels {
     /// Query `t` (at absolute position `start_pos + t`) of q head `h`
     /// attends keys `0..=start_pos + t` of kv head `h / (n_q/n_kv)`;
     /// the cache must already hold positions `0..start_pos + n_tokens`
-    /// (call [`Kernels::kv_append`] first). Softmax is online in f32 with
+    /// (call [`Kernels::kv_append`] first), those of the sequence whose
+    /// rows start at row `base` (position `p` in row `base + p`;
+    /// `base + start_pos + n_tokens <= capacity`). Softmax is online in f32 with
     /// `scores * scale`; P is rounded to bf16 for the P·V product (as in
     /// flash attention); output rounded to bf16 once.
     ///
@@ -116,6 +118,7 @@ impl Kernels {
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
+        base: usize,
         k_cache: &impl DevicePtr<A>,
         v_cache: &impl DevicePtr<A>,
         scale: f32,
@@ -123,17 +126,23 @@ impl Kernels {
     ) -> Result<()> {
         let Some(mma) = PREFILL_MMA.iter().find(|m| m.head_dim == geom.head_dim) else {
             return self.attention_prefill_simt(
-                stream, qkv, geom, start_pos, kv, k_cache, v_cache, scale, out,
+                stream, qkv, geom, start_pos, kv, base, k_cache, v_cache, scale, out,
             );
         };
         let kn = mma.entry::<A>();
-        let args = PrefillArgs::check(kn, qkv, geom, start_pos, kv, k_cache, v_cache, out, None)?;
+        let args = PrefillArgs::check(
+            kn, qkv, geom, start_pos, kv, base, k_cache, v_cache, out, None,
+        )?;
         let f = self.func(kn)?;
         let smem = mma.smem_bytes();
         crate::launch::allow_smem(kn, f, smem)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
+        let (kp, vp) = (
+            kv_rows_ptr(kp, base, geom.head_dim),
+            kv_rows_ptr(vp, base, geom.head_dim),
+        );
         let (op, _g4) = out.device_ptr_mut(stream);
         let sl2 = log2_scale(scale);
         let mut b = builder(stream, f);
@@ -160,17 +169,24 @@ impl Kernels {
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
+        base: usize,
         k_cache: &impl DevicePtr<A>,
         v_cache: &impl DevicePtr<A>,
         scale: f32,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         let kn = by_act::<A>("attn_prefill_simt", "attn_prefill_simt_f16");
-        let args = PrefillArgs::check(kn, qkv, geom, start_pos, kv, k_cache, v_cache, out, None)?;
+        let args = PrefillArgs::check(
+            kn, qkv, geom, start_pos, kv, base, k_cache, v_cache, out, None,
+        )?;
         let f = self.func(kn)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
+        let (kp, vp) = (
+            kv_rows_ptr(kp, base, geom.head_dim),
+            kv_rows_ptr(vp, base, geom.head_dim),
+        );
         let (op, _g4) = out.device_ptr_mut(stream);
         let sl2 = log2_scale(scale);
         let d = geom.head_dim as u32;
@@ -187,20 +203,25 @@ impl Kernels {
         submit(kn, b, cfg((args.t.div_ceil(4), args.nq, 1), 128, 0))
     }
 
-    /// Attention of one new token (decode) against keys `0..=pos`, where
-    /// `pos` comes from `start` (the token's position; its k/v must already
-    /// be appended). Flash-decoding: the keys are split into chunks, each
-    /// block (chunk, kv head) computes a partial softmax for the whole GQA
-    /// group into `workspace`, then a combine kernel merges the splits in a
-    /// fixed order.
+    /// Attention of new tokens (decode) against their sequences' keys
+    /// `0..=pos` (each token's k/v must already be appended). Token (row)
+    /// `t` of the launch is its own sequence: at position `pos[t]`
+    /// (`start`), over the rows from `base[t]` on (`base`), so one launch
+    /// decodes a step of several sequences (continuous batching); with
+    /// host positions, one token. Flash-decoding: the keys are split into
+    /// chunks, each block (chunk, kv head, row) computes a partial softmax
+    /// for the whole GQA group into the row's part of `workspace`, then a
+    /// combine kernel merges the splits in a fixed order. The split count
+    /// is the launch's, so a row's result is bit-identical to a launch of
+    /// that row alone (with the same capacity), whatever the other rows.
     ///
-    /// - `qkv`: `A` (bf16 or f16) `[1, geom.row_stride()]`; `geom.n_tokens`
-    ///   must be 1; the caches `A` as for prefill.
-    /// - `workspace`: f32, at least [`decode_workspace_len`] elements.
-    /// - `out`: bf16 `[n_q_heads * head_dim]`.
+    /// - `qkv`: `A` (bf16 or f16) `[rows, geom.row_stride()]`
+    ///   (`geom.n_tokens` = rows); the caches `A` as for prefill.
+    /// - `workspace`: f32, at least `rows *` [`decode_workspace_len`].
+    /// - `out`: bf16 `[rows, n_q_heads * head_dim]`.
     ///
     /// With `StartPos::Device` the split count is derived from the capacity
-    /// (the launch shape never depends on the position, so it can be
+    /// (the launch shape never depends on the positions, so it can be
     /// graph-captured); with `StartPos::Host` from the actual length.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode<A: Act16>(
@@ -210,6 +231,7 @@ impl Kernels {
         geom: QkvGeom,
         start: StartPos<'_>,
         kv: KvGeom,
+        base: KvBase<'_>,
         k_cache: &impl DevicePtr<A>,
         v_cache: &impl DevicePtr<A>,
         scale: f32,
@@ -217,16 +239,20 @@ impl Kernels {
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         let kn = by_act::<A>("attn_decode_split", "attn_decode_split_f16");
+        let rows = geom.n_tokens;
         check_decode(kn, qkv, geom, kv, k_cache, v_cache, workspace, out)?;
+        start.check(kn, rows)?;
         let span = match start {
             StartPos::Host(p) => {
-                ensure(kn, (p as usize) < kv.capacity, || {
-                    format!("position {p} is outside the KV capacity {}", kv.capacity)
+                ensure(kn, rows == 1, || {
+                    format!("{rows} decode rows need device positions (one each)")
                 })?;
                 p as usize + 1
             }
             StartPos::Device(_) => kv.capacity,
         };
+        // Every row's keys (a host position's: through it) in the buffer.
+        base.check(kn, &start, rows, kv.capacity)?;
         let (splits, chunk) = self.decode_splits(&start, geom.n_kv_heads, span);
         let (nq, nkv, d, cap) = (
             geom.n_q_heads as u32,
@@ -235,10 +261,16 @@ impl Kernels {
             kv.capacity as u32,
         );
         let sl2 = log2_scale(scale);
+        let nrows = dim_u32(kn, "rows", rows)?;
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
+        let (base_ptr, base_rows, _gb) = base.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
+        let (kp, vp) = (
+            kv_rows_ptr(kp, base_rows, geom.head_dim),
+            kv_rows_ptr(vp, base_rows, geom.head_dim),
+        );
         let (wp, _g4) = workspace.device_ptr_mut(stream);
         let f = self.func(kn)?;
         let mut b = builder(stream, f);
@@ -247,9 +279,10 @@ impl Kernels {
             .arg(&vp)
             .arg(&wp)
             .arg(&pos_ptr)
-            .arg(&pos_base);
+            .arg(&pos_base)
+            .arg(&base_ptr);
         b.arg(&nq).arg(&nkv).arg(&d).arg(&cap).arg(&chunk).arg(&sl2);
-        submit(kn, b, cfg((splits, nkv, 1), 128, 0))?;
+        submit(kn, b, cfg((splits, nkv, nrows), 128, 0))?;
 
         const C: &str = "attn_decode_combine";
         let (op, _g5) = out.device_ptr_mut(stream);
@@ -263,11 +296,12 @@ impl Kernels {
             .arg(&d)
             .arg(&splits)
             .arg(&chunk);
-        submit(C, b, cfg((nq, 1, 1), d, 0))
+        submit(C, b, cfg((nq, nrows, 1), d, 0))
     }
 }
 
-/// Shapes and buffer lengths of a decode launch (both variants).
+/// Shapes and buffer lengths of a decode launch of `geom.n_tokens` rows
+/// (both variants; the ring one takes one row).
 #[allow(clippy::too_many_arguments)]
 fn check_decode<A: Act16>(
     k: &'static str,
@@ -281,8 +315,8 @@ fn check_decode<A: Act16>(
 ) -> Result<()> {
     geom.validate(k)?;
     kv.validate(k, &geom)?;
-    ensure(k, geom.n_tokens == 1, || {
-        format!("decode takes one token, got n_tokens = {}", geom.n_tokens)
+    ensure(k, geom.n_tokens >= 1, || {
+        "decode takes at least one row".to_string()
     })?;
     let group = geom.n_q_heads / geom.n_kv_heads;
     ensure(k, group <= 16, || {
@@ -295,9 +329,14 @@ fn check_decode<A: Act16>(
         k,
         "workspace",
         workspace.len(),
-        decode_workspace_len(geom.n_q_heads, geom.head_dim),
+        geom.n_tokens * decode_workspace_len(geom.n_q_heads, geom.head_dim),
     )?;
-    check_len(k, "out", out.len(), geom.n_q_heads * geom.head_dim)
+    check_len(
+        k,
+        "out",
+        out.len(),
+        geom.n_tokens * geom.n_q_heads * geom.head_dim,
+    )
 }
 
 impl Kernels {
@@ -341,6 +380,7 @@ impl PrefillArgs {
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
+        base: usize,
         k_cache: &impl DevicePtr<A>,
         v_cache: &impl DevicePtr<A>,
         out: &impl DeviceSlice<bf16>,
@@ -351,14 +391,19 @@ impl PrefillArgs {
         match window {
             // Linear cache, or a full layer over a ring cache (p % capacity
             // == p): every position up to the last query is a row.
-            None | Some(0) => ensure(k, start_pos + geom.n_tokens <= kv.capacity, || {
+            None | Some(0) => ensure(k, base + start_pos + geom.n_tokens <= kv.capacity, || {
                 format!(
-                    "positions {start_pos}..{} exceed the KV capacity {}",
+                    "positions {start_pos}..{} of a sequence at KV row {base} exceed the KV capacity {}",
                     start_pos + geom.n_tokens,
                     kv.capacity
                 )
             })?,
-            Some(w) => ring::check_window_fits(k, w, geom.n_tokens, kv.capacity)?,
+            Some(w) => {
+                ensure(k, base == 0, || {
+                    format!("a ring KV cache holds one sequence (KV row {base} asked for)")
+                })?;
+                ring::check_window_fits(k, w, geom.n_tokens, kv.capacity)?
+            }
         }
         check_len(k, "qkv", qkv.len(), geom.len())?;
         check_len(k, "k_cache", k_cache.len(), kv.len())?;

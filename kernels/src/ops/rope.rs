@@ -87,17 +87,98 @@ impl KvGeom {
     }
 }
 
-/// Absolute position of the first token of a launch. `Device` reads it from
-/// a one-element device buffer at run time, so a captured CUDA graph can be
-/// replayed for every decode step; the host cannot bounds-check it then, so
-/// kernels skip writes at positions `>= capacity`.
+/// Where the absolute positions of a launch's tokens come from.
 #[derive(Debug, Clone, Copy)]
 pub enum StartPos<'a> {
+    /// Token `t` is at `start + t` (a prefill chunk).
     Host(u32),
+    /// Token (decode row) `t` is at `pos[t]`, read from the device at run
+    /// time: each row of a batched decode step is its own sequence's next
+    /// position, and a captured CUDA graph is replayed for every step. The
+    /// host cannot bounds-check them, so kernels skip writes at rows
+    /// `>= capacity`.
     Device(&'a CudaSlice<u32>),
 }
 
+/// Where each token's sequence starts in a layer's KV buffers: position
+/// `p` of a sequence whose first row is `b` lives in row `b + p` (ring
+/// caches: one sequence, base 0). Continuous batching gives every running
+/// sequence its own contiguous rows of the shared buffers.
+#[derive(Debug, Clone, Copy)]
+pub enum KvBase<'a> {
+    /// Every token of the launch belongs to the sequence whose rows start
+    /// here (the wrapper offsets the buffers; the kernels see row 0).
+    Host(usize),
+    /// Token (decode row) `t` belongs to the sequence whose rows start at
+    /// `base[t]`, read from the device at run time (a batched decode step).
+    /// Only with [`StartPos::Device`] positions.
+    Device(&'a CudaSlice<u32>),
+}
+
+impl KvBase<'_> {
+    /// Checks `base` against a launch of `n_tokens` tokens at `start` over
+    /// `capacity` rows: a host base with host positions must hold them all
+    /// (`base + start + n_tokens <= capacity`), a host base with device
+    /// positions must be a row of the buffer, a device base needs device
+    /// positions and one entry per token.
+    pub(crate) fn check(
+        &self,
+        k: &'static str,
+        start: &StartPos<'_>,
+        n_tokens: usize,
+        capacity: usize,
+    ) -> Result<()> {
+        match (self, start) {
+            (KvBase::Host(b), StartPos::Host(p)) => {
+                ensure(k, b + *p as usize + n_tokens <= capacity, || {
+                    format!(
+                        "positions {p}..{} of a sequence at KV row {b} exceed the KV capacity {capacity}",
+                        *p as usize + n_tokens
+                    )
+                })
+            }
+            (KvBase::Host(b), StartPos::Device(_)) => ensure(k, *b < capacity, || {
+                format!("KV row {b} is outside the KV capacity {capacity}")
+            }),
+            (KvBase::Device(d), StartPos::Device(_)) => check_len(k, "kv_base", d.len(), n_tokens),
+            (KvBase::Device(_), StartPos::Host(_)) => Err(shape_err(
+                k,
+                "per-token KV bases need per-token device positions (a batched decode step)",
+            )),
+        }
+    }
+
+    /// The kernels' `kv_base` pointer (0 for a host base) and the host
+    /// base in rows (0 for a device one).
+    pub(crate) fn kernel_args<'s>(
+        &'s self,
+        stream: &'s CudaStream,
+    ) -> (u64, usize, Option<SyncOnDrop<'s>>) {
+        match self {
+            KvBase::Host(b) => (0, *b, None),
+            KvBase::Device(s) => {
+                let (ptr, guard) = s.device_ptr(stream);
+                (ptr, 0, Some(guard))
+            }
+        }
+    }
+}
+
+/// `ptr` (a KV buffer of 16-bit elements) advanced by `rows` rows of
+/// `head_dim`: where a sequence starting at that row begins.
+pub(crate) fn kv_rows_ptr(ptr: u64, rows: usize, head_dim: usize) -> u64 {
+    ptr + (rows * head_dim * 2) as u64
+}
+
 impl StartPos<'_> {
+    /// Fails unless device positions hold one entry per token.
+    pub(crate) fn check(&self, k: &'static str, n_tokens: usize) -> Result<()> {
+        match self {
+            StartPos::Host(_) => Ok(()),
+            StartPos::Device(p) => check_len(k, "positions", p.len(), n_tokens),
+        }
+    }
+
     /// (device pointer or 0, host base) as the kernels take them.
     pub(crate) fn kernel_args<'s>(
         &'s self,
@@ -147,6 +228,7 @@ impl Kernels {
             geom.head_dim as u32,
         );
         let f = self.func(K)?;
+        start.check(K, geom.n_tokens)?;
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr_mut(stream);
         let (qn, _g2) = q_norm.device_ptr(stream);
@@ -195,6 +277,7 @@ impl Kernels {
             geom.head_dim as u32,
         );
         let f = self.func(kn)?;
+        start.check(kn, geom.n_tokens)?;
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr_mut(stream);
         let (fp, _g2) = inv_freq.device_ptr(stream);
@@ -206,8 +289,9 @@ impl Kernels {
     }
 
     /// Copy the k and v heads of `qkv` (after [`Kernels::qk_norm_rope`]) into
-    /// the layer's caches at positions `start + t`. With `StartPos::Host`
-    /// the host checks `start + n_tokens <= capacity`. Bits are copied, so
+    /// the layer's caches: token `t` at its position (`start`) in its
+    /// sequence's rows (`base`). With host positions and base the host
+    /// checks `base + start + n_tokens <= capacity`. Bits are copied, so
     /// one kernel serves bf16 and f16 (`A`).
     #[allow(clippy::too_many_arguments)]
     pub fn kv_append<A: Act16>(
@@ -217,6 +301,7 @@ impl Kernels {
         geom: QkvGeom,
         start: StartPos<'_>,
         kv: KvGeom,
+        base: KvBase<'_>,
         k_cache: &mut impl DevicePtrMut<A>,
         v_cache: &mut impl DevicePtrMut<A>,
     ) -> Result<()> {
@@ -227,15 +312,8 @@ impl Kernels {
         check_len(K, "qkv", qkv.len(), geom.len())?;
         check_len(K, "k_cache", k_cache.len(), kv.len())?;
         check_len(K, "v_cache", v_cache.len(), kv.len())?;
-        if let StartPos::Host(p) = start {
-            ensure(K, p as usize + geom.n_tokens <= kv.capacity, || {
-                format!(
-                    "positions {p}..{} exceed the KV capacity {}",
-                    p as usize + geom.n_tokens,
-                    kv.capacity
-                )
-            })?;
-        }
+        start.check(K, geom.n_tokens)?;
+        base.check(K, &start, geom.n_tokens, kv.capacity)?;
         let (t, nq, nkv, d, cap) = (
             dim_u32(K, "n_tokens", geom.n_tokens)?,
             geom.n_q_heads as u32,
@@ -245,11 +323,17 @@ impl Kernels {
         );
         let f = self.func(K)?;
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
+        let (base_ptr, rows, _gb) = base.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr_mut(stream);
         let (vp, _g3) = v_cache.device_ptr_mut(stream);
+        let (kp, vp) = (
+            kv_rows_ptr(kp, rows, geom.head_dim),
+            kv_rows_ptr(vp, rows, geom.head_dim),
+        );
         let mut b = builder(stream, f);
         b.arg(&qp).arg(&kp).arg(&vp).arg(&pos_ptr).arg(&pos_base);
+        b.arg(&base_ptr);
         b.arg(&t).arg(&nq).arg(&nkv).arg(&d).arg(&cap);
         submit(K, b, cfg((t, nkv, 1), 64, 0))
     }
@@ -322,6 +406,7 @@ impl Kernels {
             rotary_dim as u32,
         );
         let f = self.func(K)?;
+        start.check(K, geom.n_tokens)?;
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr_mut(stream);
         let (fp, _g2) = inv_freq.device_ptr(stream);

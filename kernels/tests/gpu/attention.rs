@@ -1,5 +1,7 @@
 use half::{bf16, f16};
-use krasis_kernels::{Act16, KvGeom, QkvGeom, StartPos, decode_workspace_len, reference as cpu};
+use krasis_kernels::{
+    Act16, KvBase, KvGeom, QkvGeom, StartPos, decode_workspace_len, reference as cpu,
+};
 
 use crate::common::*;
 
@@ -119,11 +121,11 @@ fn prefill_matches_reference<A: Act16>(name: &str) {
             let mut out = poison_bf16(&s, n + guard);
             if simt {
                 g.kernels
-                    .attention_prefill_simt(&s, &q, geom, start, c.kv, &k, &v, scale, &mut out)
+                    .attention_prefill_simt(&s, &q, geom, start, c.kv, 0, &k, &v, scale, &mut out)
                     .unwrap();
             } else {
                 g.kernels
-                    .attention_prefill(&s, &q, geom, start, c.kv, &k, &v, scale, &mut out)
+                    .attention_prefill(&s, &q, geom, start, c.kv, 0, &k, &v, scale, &mut out)
                     .unwrap();
             }
             let all = down(&s, &out);
@@ -221,7 +223,19 @@ fn decode_matches_reference<A: Act16>(name: &str) {
             StartPos::Host(pos as u32)
         };
         g.kernels
-            .attention_decode(&s, &q, geom, sp, c.kv, &k, &v, scale, &mut ws, &mut out)
+            .attention_decode(
+                &s,
+                &q,
+                geom,
+                sp,
+                c.kv,
+                KvBase::Host(0),
+                &k,
+                &v,
+                scale,
+                &mut ws,
+                &mut out,
+            )
             .unwrap();
         assert_close(
             &format!(

@@ -1,5 +1,5 @@
 use half::bf16;
-use krasis_kernels::{KvGeom, QkvGeom, StartPos, reference as cpu};
+use krasis_kernels::{KvBase, KvGeom, QkvGeom, StartPos, reference as cpu};
 use rand::Rng;
 
 use crate::common::*;
@@ -198,7 +198,11 @@ fn qk_norm_rope_and_kv_append() {
         let qn = randn_bf16(&mut rng, d, 1.0);
         let kn = randn_bf16(&mut rng, d, 1.0);
         let mut qkv = up(&s, &qkv0);
-        let pos_buf = up(&s, &[start]);
+        // Device positions: one per token.
+        let pos_buf = up(
+            &s,
+            &(start..start + geom.n_tokens as u32).collect::<Vec<u32>>(),
+        );
         let sp = if device_pos {
             StartPos::Device(&pos_buf)
         } else {
@@ -238,7 +242,7 @@ fn qk_norm_rope_and_kv_append() {
         let mut kc = poison_bf16(&s, kv.len());
         let mut vc = poison_bf16(&s, kv.len());
         g.kernels
-            .kv_append(&s, &qkv, geom, sp, kv, &mut kc, &mut vc)
+            .kv_append(&s, &qkv, geom, sp, kv, KvBase::Host(0), &mut kc, &mut vc)
             .unwrap();
         let mut kw = vec![bf16::NAN; kv.len()];
         let mut vw = vec![bf16::NAN; kv.len()];
@@ -264,7 +268,16 @@ fn qk_norm_rope_and_kv_append() {
     let (mut kc, mut vc) = (poison_bf16(&s, kv.len()), poison_bf16(&s, kv.len()));
     assert!(
         g.kernels
-            .kv_append(&s, &qkv, geom, StartPos::Host(7), kv, &mut kc, &mut vc)
+            .kv_append(
+                &s,
+                &qkv,
+                geom,
+                StartPos::Host(7),
+                kv,
+                KvBase::Host(0),
+                &mut kc,
+                &mut vc
+            )
             .is_err()
     );
     sync(&s);

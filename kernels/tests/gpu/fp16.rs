@@ -140,7 +140,11 @@ fn rope_table_f16_matches_reference() {
             .map(f16::from_f32)
             .collect();
         let mut x = up(&s, &x0);
-        let pos = up(&s, &[start]);
+        // Device positions: one per token.
+        let pos = up(
+            &s,
+            &(start..start + geom.n_tokens as u32).collect::<Vec<u32>>(),
+        );
         let sp = if device {
             StartPos::Device(&pos)
         } else {

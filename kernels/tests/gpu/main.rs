@@ -14,4 +14,5 @@ mod moe;
 mod mxfp4;
 mod rope;
 mod rope_partial;
+mod rows;
 mod sampling;

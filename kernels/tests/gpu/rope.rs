@@ -73,7 +73,11 @@ fn rope_table_matches_reference() {
         let what = format!("rope_table d={d} start={start} device_pos={device_pos}");
         let x0 = randn_bf16(&mut rng, geom.len(), 2.0);
         let mut x = up(&s, &x0);
-        let pos_buf = up(&s, &[start]);
+        // Device positions: one per token.
+        let pos_buf = up(
+            &s,
+            &(start..start + geom.n_tokens as u32).collect::<Vec<u32>>(),
+        );
         let sp = if device_pos {
             StartPos::Device(&pos_buf)
         } else {

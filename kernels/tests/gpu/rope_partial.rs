@@ -50,7 +50,11 @@ fn rope_partial_matches_reference() {
             eps,
         });
         let mut x = up(&s, &x0);
-        let pos_buf = up(&s, &[start]);
+        // Device positions: one per token.
+        let pos_buf = up(
+            &s,
+            &(start..start + geom.n_tokens as u32).collect::<Vec<u32>>(),
+        );
         let sp = if device_pos {
             StartPos::Device(&pos_buf)
         } else {

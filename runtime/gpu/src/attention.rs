@@ -21,7 +21,7 @@ use crate::weights::Weight16;
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut};
 use half::{bf16, f16};
 use krasis_kernels::ops::attention::RingAttn;
-use krasis_kernels::{Act16, KvGeom, QkvGeom, StartPos};
+use krasis_kernels::{Act16, KvBase, KvGeom, QkvGeom, StartPos};
 use krasis_model::arch::AttentionKind;
 
 /// `s`'s storage seen as FP16: the FP16 attention path keeps its normed
@@ -63,6 +63,12 @@ pub(crate) fn input_norm(cx: &Ctx<'_>, sc: &mut Scratch, l: usize, t: usize) -> 
 /// q/k RMSNorm fused with RoPE, or RoPE from the model's frequency table;
 /// plain causal attention over a linear KV cache, or (sliding window or
 /// sinks) the ring kernels.
+///
+/// A prefill chunk is one sequence's, in its KV rows from `base` on; a
+/// decode step has `t` rows of different sequences, each at its own
+/// position and in its own KV rows (`scratch.pos`, `scratch.kv_base`).
+/// Ring caches hold one sequence (`options::single_sequence`): base 0 and
+/// one decode row.
 pub(crate) fn attention(
     cx: &Ctx<'_>,
     sc: &mut Scratch,
@@ -86,6 +92,7 @@ pub(crate) fn attention(
         Weight16::Bf16(w) => {
             project_bf16(cx, sc, l, t, decode, w)?;
             let sp = start_pos(at, &sc.pos)?;
+            let base = kv_base(at, &sc.kv_base);
             match (&lw.qk_norm, &cx.w.rope) {
                 // Partial rotary (glm4_moe): its own kernel, with or without norm.
                 (n, Some(r)) if r.rotary_dim < g.head_dim => {
@@ -116,7 +123,7 @@ pub(crate) fn attention(
                 cx,
                 l,
                 at,
-                sp,
+                (sp, base),
                 geom,
                 &sc.qkv,
                 kvg,
@@ -129,6 +136,7 @@ pub(crate) fn attention(
         Weight16::F16(w) => {
             project_f16(cx, sc, l, t, decode, w)?;
             let sp = start_pos(at, &sc.pos)?;
+            let base = kv_base(at, &sc.kv_base);
             let mut qkv = as_f16(&mut sc.qkv);
             match (&lw.qk_norm, &cx.w.rope) {
                 // support.rs refuses both before anything is uploaded.
@@ -150,7 +158,7 @@ pub(crate) fn attention(
                 cx,
                 l,
                 at,
-                sp,
+                (sp, base),
                 geom,
                 &qkv,
                 kvg,
@@ -162,7 +170,15 @@ pub(crate) fn attention(
         }
     }
     if decode {
-        kn.gemv::<bf16, f32>(s, &sc.attn, &lw.o_proj, 1, h, q, true, &mut sc.residual)?;
+        cx.gemv::<bf16, f32>(
+            &sc.attn.slice(..),
+            &lw.o_proj,
+            t,
+            h,
+            q,
+            true,
+            &mut sc.residual.slice_mut(..),
+        )?;
     } else {
         cx.gemm(
             (t, h, q),
@@ -181,15 +197,24 @@ pub(crate) fn attention(
 }
 
 /// Where a launch's positions come from: the prefill chunk's start, or
-/// decode's device-side position (graph-capturable).
+/// decode's device-side positions, one per row (graph-capturable).
 fn start_pos(at: Positions, pos: &CudaSlice<u32>) -> Result<StartPos<'_>> {
     Ok(match at {
-        Positions::Prefill(start) => StartPos::Host(
+        Positions::Prefill { start, .. } => StartPos::Host(
             u32::try_from(start)
                 .map_err(|_| GpuError::Unsupported(format!("position {start} exceeds u32")))?,
         ),
         Positions::Decode => StartPos::Device(pos),
     })
+}
+
+/// Where a launch's sequences' KV rows start: the prefill's sequence, or
+/// decode's device-side bases, one per row.
+fn kv_base(at: Positions, base: &CudaSlice<u32>) -> KvBase<'_> {
+    match at {
+        Positions::Prefill { base, .. } => KvBase::Host(base),
+        Positions::Decode => KvBase::Device(base),
+    }
 }
 
 /// The BF16 q/k/v projection into `scratch.qkv`: a BF16 GEMM (GEMV with
@@ -212,9 +237,10 @@ fn project_bf16(
             &sc.residual,
             &lw.input_norm,
             w,
+            t,
             n,
-            &mut sc.normed,
-            &mut sc.qkv,
+            &mut sc.normed.slice_mut(..),
+            &mut sc.qkv.slice_mut(..),
         ),
         (None, false) => cx.gemm(
             (t, n, h),
@@ -234,9 +260,10 @@ fn project_bf16(
                     &sc.residual,
                     &lw.input_norm,
                     w,
+                    t,
                     n,
-                    &mut sc.normed,
-                    wide,
+                    &mut sc.normed.slice_mut(..),
+                    &mut wide.slice_mut(..),
                 )?;
             } else {
                 cx.gemm(
@@ -279,18 +306,14 @@ fn project_f16(
         ));
     };
     if decode {
-        kn.gemv_rmsnorm::<f16, f32>(
-            s,
+        cx.norm_gemv::<f16, f32>(
             &sc.residual,
             &lw.input_norm,
-            g.rms_norm_eps,
             w,
-            1,
+            t,
             n,
-            h,
-            false,
             &mut as_f16(&mut sc.normed),
-            wide,
+            &mut wide.slice_mut(..),
         )?;
     } else {
         crate::blas::gemm(
@@ -320,7 +343,7 @@ fn attend<A: Act16>(
     cx: &Ctx<'_>,
     l: usize,
     at: Positions,
-    sp: StartPos<'_>,
+    (sp, base): (StartPos<'_>, KvBase<'_>),
     geom: QkvGeom,
     qkv: &impl DevicePtr<A>,
     kvg: KvGeom,
@@ -338,23 +361,34 @@ fn attend<A: Act16>(
         AttentionKind::Sliding { window } => window,
     };
     if window == 0 && lw.sinks.is_none() {
-        kn.kv_append(s, qkv, geom, sp, kvg, kc, vc)?;
+        kn.kv_append(s, qkv, geom, sp, kvg, base, kc, vc)?;
         match at {
-            Positions::Prefill(start) => {
-                kn.attention_prefill(s, qkv, geom, start, kvg, kc, vc, scale, attn)?
+            Positions::Prefill { start, base } => {
+                kn.attention_prefill(s, qkv, geom, start, kvg, base, kc, vc, scale, attn)?
             }
             Positions::Decode => {
-                kn.attention_decode(s, qkv, geom, sp, kvg, kc, vc, scale, attn_ws, attn)?
+                kn.attention_decode(s, qkv, geom, sp, kvg, base, kc, vc, scale, attn_ws, attn)?
             }
         }
     } else {
+        // A ring cache holds one sequence, at row 0, one decode row.
+        let one = match at {
+            Positions::Prefill { base, .. } => base == 0,
+            Positions::Decode => geom.n_tokens == 1,
+        };
+        if !one {
+            return Err(GpuError::Unsupported(format!(
+                "layer {l}'s ring KV cache (sliding window or sinks) holds one sequence: {}",
+                crate::options::single_sequence(g).unwrap_or_default()
+            )));
+        }
         let ring = RingAttn {
             sinks: lw.sinks.as_ref(),
             window,
         };
         kn.kv_append_ring(s, qkv, geom, sp, kvg, kc, vc)?;
         match at {
-            Positions::Prefill(start) => {
+            Positions::Prefill { start, .. } => {
                 kn.attention_prefill_ring(s, qkv, geom, start, kvg, kc, vc, scale, ring, attn)?
             }
             Positions::Decode => {

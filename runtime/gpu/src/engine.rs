@@ -1,13 +1,16 @@
 //! [`CudaEngine`]: the `krasis_model::Engine` implementation on one GPU.
 //!
-//! Prefill runs the whole prompt on the GPU in chunks of
+//! Requests run through the continuous-batching step interface
+//! (`krasis_model::batch`, `batch.rs`): `generate` is
+//! `batch::generate_one`, so one request alone and several together run
+//! the same code. Prefill runs a prompt on the GPU in chunks of
 //! `prefill_chunk` tokens; the request's cancel token is looked at before
-//! every chunk (and every decode step), and a cancelled prefill returns
-//! `Cancelled` with no token. Decode is a Rust loop whose only per-token host
-//! work is writing the position (4 bytes), launching (one graph replay, or
-//! the kernels one by one when graphs are off), launching the sampler, and
-//! reading the sampled id (4 bytes). The sampled id is written straight into
-//! the next step's input buffer on the device.
+//! every chunk (and every decode step), and a cancelled prefill ends with
+//! `Cancelled` and no token. A decode step's only host work is writing the
+//! rows' token ids, positions and KV bases (4 bytes each per row),
+//! launching (one graph replay per row count, or the kernels one by one
+//! when graphs are off or under HCS), launching each row's sampler, and
+//! reading the sampled ids (4 bytes per row).
 
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
@@ -15,15 +18,14 @@ use crate::experts::ExpertTable;
 use crate::forward::{Model, Positions};
 use crate::options::{CudaEngineOptions, GEMV_MAX_TOKENS};
 use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
-use crate::stats::LivePublisher;
 use crate::weights::ModelWeights;
-use cudarc::driver::{CudaGraph, sys};
+use cudarc::driver::CudaGraph;
 use krasis_common::events::EventSink;
 use krasis_common::status::EngineStats;
 use krasis_kernels::Kernels;
 use krasis_model::{
-    CancelToken, Checkpoint, Engine, EngineError, EngineInfo, FinishReason, GenerateOutcome,
-    GenerateRequest, GenerateStats, Geometry, LiveProgress, ModelConfig, SamplingParams,
+    CancelToken, Checkpoint, Engine, EngineError, EngineInfo, GenerateOutcome, GenerateRequest,
+    Geometry, LiveProgress, ModelConfig, SamplingParams,
 };
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -51,10 +53,14 @@ pub struct LoadReport {
     pub prefix_cache_bytes: u64,
     pub prefix_host_bytes: u64,
     pub prefix_block_tokens: usize,
+    /// Most sequences one decode step runs together, and the rows of the
+    /// KV arena they share (`arena.rs`).
+    pub parallel: usize,
+    pub kv_rows: usize,
 }
 
-/// The captured decode step.
-struct DecodeGraph(CudaGraph);
+/// A captured decode step (of one row count).
+pub(crate) struct DecodeGraph(pub(crate) CudaGraph);
 
 // SAFETY: CUDA graph objects may be used from any thread provided calls on
 // one graph are serialized (CUDA driver API, "Graph object thread safety").
@@ -64,12 +70,14 @@ unsafe impl Send for DecodeGraph {}
 
 pub struct CudaEngine {
     pub(crate) model: Model,
-    context: usize,
-    cuda_graphs: bool,
-    graph: Option<DecodeGraph>,
-    /// Decode steps run eagerly so far (the graph is captured after one
-    /// eager step, once every kernel module and cuBLAS kernel is loaded).
-    eager_steps: usize,
+    pub(crate) context: usize,
+    pub(crate) cuda_graphs: bool,
+    /// The captured decode step of `rows` rows at `[rows - 1]`.
+    pub(crate) graphs: Vec<Option<DecodeGraph>>,
+    /// Whether a decode step of `rows` rows has run eagerly (`[rows - 1]`;
+    /// its graph is captured after one eager step, once every kernel it
+    /// launches is loaded).
+    pub(crate) warmed: Vec<bool>,
     pub(crate) report: LoadReport,
     pub(crate) stats: EngineStats,
     pub(crate) min_free: Option<u64>,
@@ -80,6 +88,8 @@ pub struct CudaEngine {
     pub(crate) last_hcs: Option<krasis_common::status::HcsStats>,
     /// KV of prompt prefixes kept for reuse (`prefix.rs`).
     pub(crate) prefix: Option<crate::prefix::TieredPrefix>,
+    /// The running sequences (continuous batching, `batch.rs`).
+    pub(crate) batch: crate::batch::Sequences,
 }
 
 impl CudaEngine {
@@ -155,9 +165,15 @@ impl CudaEngine {
         // Sliding layers' ring buffers hold the window of the largest chunk
         // asked for; the budget may then choose a smaller one.
         let want = opts.prefill_chunk.min(context);
-        let kv = KvCache::new(&gpu, &g, context, want)?;
+        // Refused values fail here, before the KV is allocated; the chunk
+        // the budget allows may lower the default parallelism below.
+        let (_, rows) =
+            crate::options::batching(opts, &g, context, want).map_err(GpuError::Unsupported)?;
+        let kv = KvCache::new(&gpu, &g, rows, want)?;
         let cap = crate::scratch::chunk_for_budget(&gpu, &g, want)?;
-        let scratch = Scratch::new(&gpu, &g, cap, GEMV_MAX_TOKENS)?;
+        let (parallel, _) =
+            crate::options::batching(opts, &g, context, cap).map_err(GpuError::Unsupported)?;
+        let scratch = Scratch::new(&gpu, &g, cap, GEMV_MAX_TOKENS, parallel)?;
         gpu.sync("loading weights")?;
         let report = LoadReport {
             model_dir: model_dir.to_path_buf(),
@@ -178,6 +194,8 @@ impl CudaEngine {
             prefix_cache_bytes: 0,
             prefix_host_bytes: 0,
             prefix_block_tokens: 0,
+            parallel,
+            kv_rows: rows,
         };
         let mut engine = CudaEngine {
             sampleable,
@@ -201,14 +219,15 @@ impl CudaEngine {
             },
             context,
             cuda_graphs: opts.cuda_graphs,
-            graph: None,
-            eager_steps: 0,
+            graphs: (0..parallel).map(|_| None).collect(),
+            warmed: vec![false; parallel],
             report,
             stats: EngineStats::default(),
             min_free: None,
             cache: cache.clone(),
             last_hcs: None,
             prefix: None,
+            batch: crate::batch::Sequences::new(parallel, rows),
         };
         if let (true, Some(cache)) = (opts.hcs, cache) {
             // Allocates the prefix cache's pool between calibration and
@@ -238,6 +257,7 @@ impl CudaEngine {
     /// heatmaps). The KV state is overwritten like by any prefill.
     pub fn record_routes(&mut self, prompt: &[u32]) -> Result<Vec<Vec<u64>>> {
         self.check_tokens(prompt)?;
+        self.require_idle("recording routes")?;
         let g = &self.model.geometry;
         self.model.routes = Some(vec![vec![0; g.num_experts]; g.num_moe_layers()]);
         let r = self.prefill(prompt, |_, _, _| Ok(()));
@@ -284,8 +304,7 @@ impl CudaEngine {
         self.fault_weights(fault)?;
         self.model.fault = fault;
         // A captured decode step holds the old launches.
-        self.graph = None;
-        self.eager_steps = 0;
+        self.drop_graphs();
         self.model.gpu.sync("planting a fault")
     }
 
@@ -338,7 +357,9 @@ impl CudaEngine {
             Fault::None
             | Fault::DropExpert
             | Fault::IgnoreSelectionBias
-            | Fault::NoSharedExpert => {}
+            | Fault::NoSharedExpert
+            | Fault::SwapRowPositions
+            | Fault::ShiftRowKv => {}
             Fault::RopeSign => {
                 for lw in &mut m.weights.layers {
                     let n = lw.qk_norm.as_mut().ok_or_else(|| {
@@ -446,7 +467,8 @@ impl CudaEngine {
                 off(format!("off: {why}"))
             };
         }
-        let kv = self.report.kv_bytes as u64;
+        // One context's KV (`auto`'s measure), whatever the arena holds.
+        let kv = crate::scratch::kv_bytes(g, self.context, self.model.scratch.cap) as u64;
         let vram = crate::prefix::pool_bytes(opts.prefix_cache, g, block, kv, spare)?;
         let available = crate::prefix::host_available();
         let host = crate::prefix::host_bytes(opts.prefix_cache_host, g, block, kv, available)?;
@@ -516,12 +538,14 @@ impl CudaEngine {
         0
     }
 
-    /// Looks `prompt` up and queues the restore of the hit into the KV;
-    /// `None` when the cache is off or the request bypasses it.
-    fn reuse_prefix(
+    /// Looks `prompt` up and queues the restore of the hit into the KV
+    /// rows of the sequence starting at row `base`; `None` when the cache
+    /// is off or the request bypasses it.
+    pub(crate) fn reuse_prefix(
         &mut self,
         prompt: &[u32],
         use_cache: bool,
+        base: usize,
     ) -> Result<Option<krasis_model::prefix_cache::Hit>> {
         let binding = self.prefix_binding();
         let Some(p) = self.prefix.as_mut() else {
@@ -533,19 +557,22 @@ impl CudaEngine {
         }
         p.index.bind(binding);
         let hit = p.index.lookup(prompt);
-        p.restore(&self.model.gpu, &self.model.kernels, &hit)?;
+        p.restore(&self.model.gpu, &self.model.kernels, base, &hit)?;
         Ok(Some(hit))
     }
 
-    /// After `prompt`'s prefill completed: queues the store of its new
-    /// whole blocks.
-    fn store_prefix(
+    /// After `prompt`'s prefill (into the rows from `base` on) completed:
+    /// queues the store of its new whole blocks.
+    pub(crate) fn store_prefix(
         &mut self,
         prompt: &[u32],
         hit: Option<&krasis_model::prefix_cache::Hit>,
+        base: usize,
     ) -> Result<()> {
         match (self.prefix.as_mut(), hit) {
-            (Some(p), Some(hit)) => p.store(&self.model.gpu, &self.model.kernels, prompt, hit),
+            (Some(p), Some(hit)) => {
+                p.store(&self.model.gpu, &self.model.kernels, base, prompt, hit)
+            }
             _ => Ok(()),
         }
     }
@@ -558,6 +585,26 @@ impl CudaEngine {
     /// Turns decode CUDA graphs on or off (results are identical).
     pub fn set_cuda_graphs(&mut self, on: bool) {
         self.cuda_graphs = on;
+        if !on {
+            self.drop_graphs();
+        }
+    }
+
+    /// Forgets the captured decode steps (their launches changed).
+    pub(crate) fn drop_graphs(&mut self) {
+        self.graphs.iter_mut().for_each(|g| *g = None);
+        self.warmed.iter_mut().for_each(|w| *w = false);
+    }
+
+    /// Fails while sequences are running: what follows uses the KV from
+    /// row 0 and would overwrite theirs.
+    pub(crate) fn require_idle(&self, what: &str) -> Result<()> {
+        match self.batch.active() {
+            0 => Ok(()),
+            n => Err(GpuError::Unsupported(format!(
+                "{what} needs an idle engine; {n} sequence(s) are running"
+            ))),
+        }
     }
 
     /// Lowest free VRAM seen by an external monitor, for the stats endpoint.
@@ -565,7 +612,7 @@ impl CudaEngine {
         self.min_free = Some(self.min_free.map_or(bytes, |m| m.min(bytes)));
     }
 
-    fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
+    pub(crate) fn check_tokens(&self, tokens: &[u32]) -> Result<(), EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -582,16 +629,19 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// Prefills `tokens` from position 0; after each chunk runs `after`
-    /// with (chunk start, chunk length) while the chunk's final hidden
-    /// states are in the scratch.
+    /// Prefills `tokens` from position 0 into KV rows from 0 on (the
+    /// engine must be idle); after each chunk runs `after` with (chunk
+    /// start, chunk length) while the chunk's final hidden states are in
+    /// the scratch.
     pub(crate) fn prefill(
         &mut self,
         tokens: &[u32],
         after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<()> {
+        self.require_idle("a prefill outside a request")?;
         self.prefill_cancellable(
             tokens,
+            (0, usize::MAX),
             0,
             &CancelToken::default(),
             &LiveProgress::default(),
@@ -600,15 +650,17 @@ impl CudaEngine {
         .map(|_| ())
     }
 
-    /// [`CudaEngine::prefill`] of `tokens[from..]` (the KV holds positions
-    /// `0..from`; `from` is any position, a prefix cache block boundary on a
-    /// hit, and the chunks are counted from it: the prefill is chunk
-    /// invariant, so every row comes out as in a prefill from 0) that looks
-    /// at `cancel` before every chunk
-    /// (with HCS: before every chunk of every layer group) and stops once
-    /// it is set: `Ok(false)`, with `after` not run for the chunks left.
-    /// The engine is then as after any prefill (HCS reclaimable tier
-    /// reloaded); the next prefill starts again at position 0.
+    /// [`CudaEngine::prefill`] of `tokens[from..]` into the sequence's KV
+    /// rows from `base` on (the KV holds positions `0..from`; `from` is any
+    /// position, a prefix cache block boundary on a hit, and the chunks are
+    /// counted from it: the prefill is chunk invariant, so every row comes
+    /// out as in a prefill from 0), at most `chunks` chunks of it (all
+    /// resident: a batched step runs one; with HCS the whole prompt streams
+    /// at once), looking at `cancel` before every chunk (with HCS: before
+    /// every chunk of every layer group). Returns the position prefilled
+    /// to, or `None` once `cancel` stopped it (`after` not run for the
+    /// chunks left; with HCS the reclaimable tier is reloaded as after any
+    /// prefill).
     ///
     /// `live` counts the tokens prefilled so far, after every chunk. The
     /// count is taken when a chunk's work is issued, which is within one
@@ -618,243 +670,45 @@ impl CudaEngine {
     pub(crate) fn prefill_cancellable(
         &mut self,
         tokens: &[u32],
-        from: usize,
+        (from, chunks): (usize, usize),
+        base: usize,
         cancel: &CancelToken,
         live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
-    ) -> Result<bool> {
+    ) -> Result<Option<usize>> {
+        // The expert path is the prompt's, not the chunk's (`moe.rs`).
         let m = &mut self.model;
         m.grouped_prefill = tokens.len() > m.gemv_tokens && m.scratch.grouped.is_some();
         if self.model.hcs.is_some() {
-            return self
+            let done = self
                 .model
-                .prefill_streamed(tokens, from, cancel, live, after);
+                .prefill_streamed(tokens, from, base, cancel, live, after)?;
+            return Ok(done.then_some(tokens.len()));
         }
         let cap = self.model.scratch.cap;
-        for (ci, chunk) in tokens[from..].chunks(cap).enumerate() {
+        let mut at = from;
+        for chunk in tokens[from..].chunks(cap).take(chunks) {
             if cancel.is_cancelled() {
-                return Ok(false);
+                return Ok(None);
             }
-            let start = from + ci * cap;
+            let start = at;
             let m = &mut self.model;
             m.gpu
                 .stream
                 .memcpy_htod(chunk, &mut m.scratch.ids.slice_mut(0..chunk.len()))
                 .map_err(GpuError::driver("copying prompt tokens to the GPU"))?;
-            m.forward_layers(chunk.len(), Positions::Prefill(start))?;
+            m.forward_layers(chunk.len(), Positions::Prefill { start, base })?;
             after(m, start, chunk.len())?;
-            live.set_prefilled(start + chunk.len());
+            at = start + chunk.len();
+            live.set_prefilled(at);
         }
-        Ok(true)
-    }
-
-    /// Starts a generation: clears the sampler's per-request token counts
-    /// and prefills `prompt[from..]` (non-empty; positions `0..from` are in
-    /// the KV), leaving the last position's logits in `scratch.logits[0]`.
-    /// `Ok(false)`: `cancel` was set before the last chunk (no logits).
-    /// `live` counts the prefilled tokens.
-    fn prefill_to_sample(
-        &mut self,
-        prompt: &[u32],
-        from: usize,
-        cancel: &CancelToken,
-        live: &LiveProgress,
-    ) -> Result<bool> {
-        {
-            let m = &mut self.model;
-            m.gpu
-                .stream
-                .memset_zeros(&mut m.scratch.counts)
-                .map_err(GpuError::driver("clearing sampling counts"))?;
-        }
-        let n = prompt.len();
-        // Chunks are counted from `from` (a block boundary on a hit).
-        let cap = self.model.scratch.cap;
-        let last_chunk_start = from + (n - 1 - from) / cap * cap;
-        live.set_prefilled(from);
-        self.prefill_cancellable(prompt, from, cancel, live, |m, start, _| {
-            if start == last_chunk_start {
-                m.lm_head(n - 1 - start, 1)?;
-            }
-            Ok(())
-        })
-    }
-
-    /// Ends a request cancelled before its first token: waits for the
-    /// work already queued and drops its HCS counters, so the next
-    /// request's figures are its own.
-    fn end_cancelled(&mut self) -> Result<()> {
-        self.model.gpu.sync("cancelling a prefill")?;
-        if let Some(p) = self.prefix.as_mut() {
-            p.collect_timing()?;
-        }
-        if let Some(h) = self.model.hcs.as_mut() {
-            h.take_stats()?;
-        }
-        Ok(())
-    }
-
-    /// Samples from `scratch.logits[0]` into `scratch.ids[0]` and returns the
-    /// id; a non-finite logit is an error ([`sampled_token`]).
-    fn sample(&mut self, params: &krasis_kernels::SamplingParams, step: u64) -> Result<u32> {
-        let m = &mut self.model;
-        let v = self.sampleable;
-        let sc = &mut m.scratch;
-        let s = &m.gpu.stream;
-        m.kernels.sample::<f32>(
-            s,
-            &sc.logits.slice(0..v),
-            v,
-            params,
-            step,
-            &mut sc.counts.slice_mut(0..v),
-            &mut sc
-                .sample_ws
-                .slice_mut(0..krasis_kernels::sample_workspace_len(v)),
-            &mut sc.ids.slice_mut(0..1),
-        )?;
-        let mut out = [0u32; 1];
-        s.memcpy_dtoh(&sc.ids.slice(0..1), &mut out)
-            .map_err(GpuError::driver("reading the sampled token"))?;
-        sampled_token(out[0], step)
-    }
-
-    /// One decode step of the token in `scratch.ids[0]` at `pos`, leaving its
-    /// logits in `scratch.logits[0]`.
-    fn decode_step(&mut self, pos: usize) -> Result<()> {
-        let m = &mut self.model;
-        m.gpu
-            .stream
-            .memcpy_htod(&[pos as u32], &mut m.scratch.pos)
-            .map_err(GpuError::driver("writing the decode position"))?;
-        // With HCS the host places every layer's experts, so decode is not
-        // one capturable sequence.
-        if !self.cuda_graphs || self.eager_steps == 0 || m.hcs.is_some() {
-            m.forward_layers(1, Positions::Decode)?;
-            m.lm_head(0, 1)?;
-            self.eager_steps += 1;
-            return Ok(());
-        }
-        if self.graph.is_none() {
-            self.graph = Some(DecodeGraph(self.capture_decode()?));
-        }
-        if let Some(graph) = &self.graph {
-            graph
-                .0
-                .launch()
-                .map_err(GpuError::driver("replaying the decode graph"))?;
-        }
-        Ok(())
-    }
-
-    fn capture_decode(&mut self) -> Result<CudaGraph> {
-        let m = &mut self.model;
-        let stream = m.gpu.stream.clone();
-        stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-            .map_err(GpuError::driver("starting decode graph capture"))?;
-        let body = m
-            .forward_layers(1, Positions::Decode)
-            .and_then(|_| m.lm_head(0, 1));
-        let end = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        body?;
-        let graph = end
-            .map_err(GpuError::driver("instantiating the decode graph"))?
-            .ok_or_else(|| GpuError::Unsupported("decode graph capture recorded nothing".into()))?;
-        graph
-            .upload()
-            .map_err(GpuError::driver("uploading the decode graph"))?;
-        Ok(graph)
-    }
-
-    fn run_generate(
-        &mut self,
-        req: &GenerateRequest,
-        on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
-    ) -> Result<GenerateOutcome> {
-        self.check_tokens(&req.prompt)?;
-        let params = kernel_sampling(&req.sampling)?;
-        let t0 = Instant::now();
-        let n = req.prompt.len();
-        let mut stats = GenerateStats {
-            prompt_tokens: n,
-            ..GenerateStats::default()
-        };
-        if req.max_new_tokens == 0 {
-            return Ok(GenerateOutcome {
-                finish: FinishReason::Length,
-                stats,
-            });
-        }
-        let hit = if req.cancel.is_cancelled() {
-            None
-        } else {
-            self.reuse_prefix(&req.prompt, req.cache_prompt)?
-        };
-        let from = hit.as_ref().map_or(0, |h| h.tokens);
-        // No token once cancelled, even when that came during the last
-        // chunk, and nothing stored.
-        if !self.prefill_to_sample(&req.prompt, from, &req.cancel, &req.live)?
-            || req.cancel.is_cancelled()
-        {
-            self.end_cancelled()?;
-            stats.prefill_seconds = t0.elapsed().as_secs_f64();
-            return Ok(GenerateOutcome {
-                finish: FinishReason::Cancelled,
-                stats,
-            });
-        }
-        let mut token = self.sample(&params, 0)?;
-        stats.cached_tokens = from;
-        // After the first token (its sampling does not wait for the copies);
-        // decode writes only positions past the prompt.
-        self.store_prefix(&req.prompt, hit.as_ref())?;
-        stats.prefill_seconds = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        let mut pos = n;
-        let mut publisher = LivePublisher::new();
-        let finish = loop {
-            stats.generated_tokens += 1;
-            if on_token(token).is_break() {
-                break FinishReason::Cancelled;
-            }
-            if req.stop_token_ids.contains(&token) {
-                break FinishReason::Stop;
-            }
-            if stats.generated_tokens >= req.max_new_tokens || pos >= self.context {
-                break FinishReason::Length;
-            }
-            if req.cancel.is_cancelled() {
-                break FinishReason::Cancelled;
-            }
-            self.decode_step(pos)?;
-            token = self.sample(&params, stats.generated_tokens as u64)?;
-            pos += 1;
-            // Decode steps so far: one per token after the first.
-            if publisher.due() {
-                self.publish_live(&req.live, stats.generated_tokens);
-            }
-        };
-        stats.decode_seconds = t1.elapsed().as_secs_f64();
-        self.collect_hcs(stats.generated_tokens)?;
-        if let Some(p) = self.prefix.as_mut() {
-            // The last token's read synchronised past the copies.
-            p.collect_timing()?;
-        }
-        // The request's exact final figures (copy timings all read).
-        req.live
-            .publish_engine(self.engine_stats(self.last_hcs.as_ref()));
-        self.stats.requests_completed += 1;
-        self.stats.last_prompt_tokens = n as u64;
-        self.stats.last_generated_tokens = stats.generated_tokens as u64;
-        self.stats.last_prefill_tok_s = stats.prefill_tok_s();
-        self.stats.last_decode_tok_s = stats.decode_tok_s();
-        Ok(GenerateOutcome { finish, stats })
+        Ok(Some(at))
     }
 
     /// Greedy generation of `n` tokens that also returns the logits each
     /// token was chosen from (the first from prefill, the rest from
-    /// decode), for bit-exactness checks between expert placements.
+    /// decode), for bit-exactness checks between expert placements. The
+    /// engine must be idle.
     pub fn greedy_logits(&mut self, prompt: &[u32], n: usize) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
         self.greedy_logits_cached(prompt, n, false)
             .map(|(t, l, _)| (t, l))
@@ -863,7 +717,8 @@ impl CudaEngine {
     /// [`CudaEngine::greedy_logits`] through the prefill `generate` runs:
     /// with `use_cache`, served from the prefix cache where it can (and
     /// stored into it). Also returns the prompt tokens the cache served.
-    /// What the exactness tests compare with a cold prefill.
+    /// What the exactness tests compare with a cold prefill. One sequence
+    /// through the batching step (`batch.rs`), as `generate` runs it.
     pub fn greedy_logits_cached(
         &mut self,
         prompt: &[u32],
@@ -871,6 +726,7 @@ impl CudaEngine {
         use_cache: bool,
     ) -> Result<(Vec<u32>, Vec<Vec<f32>>, usize)> {
         self.check_tokens(prompt)?;
+        self.require_idle("greedy_logits")?;
         if n == 0 || prompt.len() + n > self.context {
             return Err(GpuError::Unsupported(format!(
                 "greedy_logits of {n} tokens after {} in a context of {}",
@@ -878,42 +734,22 @@ impl CudaEngine {
                 self.context
             )));
         }
-        let params = kernel_sampling(&SamplingParams::greedy())?;
-        let np = prompt.len();
-        let hit = self.reuse_prefix(prompt, use_cache)?;
-        let from = hit.as_ref().map_or(0, |h| h.tokens);
-        self.prefill_to_sample(
-            prompt,
-            from,
-            &CancelToken::default(),
-            &LiveProgress::default(),
-        )?;
-        self.store_prefix(prompt, hit.as_ref())?;
-        let v = self.model.geometry.vocab_size;
-        let (mut toks, mut rows) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let mut pos = np;
-        loop {
-            rows.push(
-                self.model
-                    .gpu
-                    .download(&self.model.scratch.logits, v, "logits")?,
-            );
-            toks.push(self.sample(&params, toks.len() as u64)?);
-            if toks.len() == n {
-                break;
-            }
-            self.decode_step(pos)?;
-            pos += 1;
-        }
-        self.collect_hcs(n)?;
-        if let Some(p) = self.prefix.as_mut() {
-            p.collect_timing()?;
-        }
-        Ok((toks, rows, from))
+        let req = GenerateRequest {
+            prompt: prompt.to_vec(),
+            max_new_tokens: n,
+            sampling: SamplingParams::greedy(),
+            stop_token_ids: Vec::new(),
+            cancel: CancelToken::default(),
+            live: LiveProgress::default(),
+            cache_prompt: use_cache,
+        };
+        let run = self.run_recorded(&req)?;
+        Ok((run.tokens, run.logits, run.outcome.stats.cached_tokens))
     }
 
     fn run_prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         self.check_tokens(tokens)?;
+        self.require_idle("prompt_logits")?;
         let v = self.model.geometry.vocab_size;
         let mut out = Vec::with_capacity(tokens.len());
         self.prefill(tokens, |m, _, len| {
@@ -949,7 +785,14 @@ impl Engine for CudaEngine {
         req: &GenerateRequest,
         on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutcome, EngineError> {
-        self.run_generate(req, on_token).map_err(EngineError::from)
+        if self.batch.active() > 0 {
+            return Err(EngineError::InvalidRequest(format!(
+                "generate runs one request on an idle engine; {} sequence(s) are running \
+                 (use the engine's batch)",
+                self.batch.active()
+            )));
+        }
+        krasis_model::batch::generate_one(self, req, on_token)
     }
 
     fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -959,6 +802,10 @@ impl Engine for CudaEngine {
     fn stats(&self) -> Option<EngineStats> {
         Some(self.engine_stats(self.last_hcs.as_ref()))
     }
+
+    fn batch(&mut self) -> Option<&mut dyn krasis_model::batch::Batch> {
+        Some(self)
+    }
 }
 
 /// The sampler's output as a token: its [`krasis_kernels::SAMPLE_NONFINITE`]
@@ -966,14 +813,16 @@ impl Engine for CudaEngine {
 /// e.g. FP16's ±65504) is [`GpuError::NonFiniteLogits`], which fails the
 /// request and retires the engine (`EngineError::Backend`, fatal), never a
 /// token. `step` is the generated token's index.
-fn sampled_token(id: u32, step: u64) -> Result<u32> {
+pub(crate) fn sampled_token(id: u32, step: u64) -> Result<u32> {
     if id == krasis_kernels::SAMPLE_NONFINITE {
         return Err(GpuError::NonFiniteLogits(format!("generated token {step}")));
     }
     Ok(id)
 }
 
-fn kernel_sampling(p: &SamplingParams) -> Result<krasis_kernels::SamplingParams, EngineError> {
+pub(crate) fn kernel_sampling(
+    p: &SamplingParams,
+) -> Result<krasis_kernels::SamplingParams, EngineError> {
     let k = krasis_kernels::SamplingParams {
         temperature: p.temperature.max(0.0),
         top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),

@@ -1,5 +1,6 @@
 //! The forward pass: one chunk of prompt tokens (prefill) or one decode
-//! token through every layer, entirely on the GPU.
+//! step (one token of each of up to `parallel` sequences, one row each)
+//! through every layer, entirely on the GPU.
 //!
 //! Per layer: RMSNorm → fused QKV GEMM (+ bias) → q/k RMSNorm + RoPE (or
 //! table RoPE) → KV append → attention (causal, or sliding window / sinks
@@ -9,11 +10,19 @@
 //! experts (`moe.rs`); a dense MLP is gate/up GEMM → SwiGLU → down GEMM
 //! into the residual.
 //!
-//! Decode (one token) replaces cuBLAS by the GEMV kernels (`cuda/gemv.cu`),
-//! which stream a projection's weights at HBM rate where cuBLAS at M = 1
-//! does not, and fold each RMSNorm into the projection it feeds (the kernel
+//! Decode replaces cuBLAS by the GEMV kernels (`cuda/gemv.cu`), which
+//! stream a projection's weights at HBM rate where cuBLAS at M = 1 does
+//! not, and fold each RMSNorm into the projection it feeds (the kernel
 //! still writes `scratch.normed`, which the routed experts read). The LM
-//! head of a single row takes the same path.
+//! head of decode rows takes the same path.
+//!
+//! A decode step of M rows (continuous batching, `batch.rs`) runs every
+//! row through the same launches with m = M: the GEMVs, the router, the
+//! experts and the sampler compute each row exactly as a one-row launch
+//! (row invariance, `kernels/tests/gpu/rows.rs`); RoPE, the KV append and
+//! attention read each row's position and its sequence's KV rows from
+//! `scratch.pos` / `scratch.kv_base`. So a sequence's logits do not depend
+//! on the other rows: batch invariance.
 //!
 //! Precision: weights BF16 (experts INT4 or MXFP4), GEMM inputs BF16, every
 //! accumulation and the residual stream f32, router logits f32. The
@@ -39,7 +48,7 @@ use crate::expert_ffn::ExpertFfn;
 use crate::experts::ExpertTable;
 use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
 use crate::weights::{Embedding, MlpWeights, ModelWeights};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr};
 use half::bf16;
 use krasis_kernels::{Act16, GemvOut, Kernels, QkvGeom};
 use krasis_model::Geometry;
@@ -108,11 +117,25 @@ pub enum Fault {
     IgnoreSelectionBias,
     /// MoE layers skip their shared expert.
     NoSharedExpert,
+    /// Batching only: a decode step of two or more rows gives rows 0 and
+    /// 1 each other's positions (RoPE and attention length of another
+    /// sequence). One sequence alone is unchanged, so only the batch
+    /// invariance tests see it (not in [`Fault::ALL`]).
+    SwapRowPositions,
+    /// Batching only: a decode step of two or more rows reads and writes
+    /// its last row's KV one row past its sequence's first row (a wrong KV
+    /// slice offset). Not in [`Fault::ALL`].
+    ShiftRowKv,
 }
 
 #[cfg(any(test, feature = "fault-injection"))]
 impl Fault {
-    /// Every planted bug (not `None`).
+    /// The planted bugs of the continuous-batching step, which change a
+    /// sequence's output only beside others (the batch invariance tests).
+    pub const BATCH: [Fault; 2] = [Fault::SwapRowPositions, Fault::ShiftRowKv];
+
+    /// Every planted bug a single sequence sees (not `None`, not
+    /// [`Fault::BATCH`]).
     pub const ALL: [Fault; 5] = [
         Fault::RopeSign,
         Fault::SwapGqa,
@@ -133,6 +156,7 @@ impl Fault {
                 Fault::DropExpert => g.num_moe_layers() > 0,
                 Fault::IgnoreSelectionBias => g.num_moe_layers() > 0 && g.router.selection_bias,
                 Fault::NoSharedExpert => g.num_moe_layers() > 0 && g.shared_intermediate.is_some(),
+                Fault::SwapRowPositions | Fault::ShiftRowKv => false,
             })
             .collect()
     }
@@ -157,10 +181,21 @@ fn drop_last_expert(cx: &Ctx<'_>, sc: &mut Scratch, t: usize) -> Result<()> {
 /// Where the positions of a forward pass come from.
 #[derive(Debug, Clone, Copy)]
 pub enum Positions {
-    /// Prefill chunk starting at this absolute position.
-    Prefill(usize),
-    /// One decode token at the position stored in `scratch.pos`.
+    /// A prefill chunk of one sequence: its first token at absolute
+    /// position `start`, the sequence's KV rows starting at row `base` of
+    /// the arena (`arena.rs`).
+    Prefill { start: usize, base: usize },
+    /// A decode step: row r at the position in `scratch.pos[r]`, its
+    /// sequence's KV rows from `scratch.kv_base[r]` on.
     Decode,
+}
+
+/// `(first row, rows)` of the GEMV launches covering `m` rows of `k`
+/// inputs: the kernel stages a launch's `x` in shared memory, so at most
+/// `GEMV_MAX_MK / k` rows (and `GEMV_MAX_TOKENS`) per launch.
+pub(crate) fn gemv_rows(m: usize, k: usize) -> Vec<(usize, usize)> {
+    let per = (krasis_kernels::GEMV_MAX_MK / k.max(1)).clamp(1, krasis_kernels::GEMV_MAX_TOKENS);
+    (0..m).step_by(per).map(|r| (r, per.min(m - r))).collect()
 }
 
 /// Device address of element `offset` of `s`.
@@ -245,32 +280,67 @@ impl Ctx<'_> {
         )
     }
 
-    /// One decode row: `y = w · rmsnorm(residual)` with the model's eps
-    /// through the fused GEMV, which also writes the normed row to `normed`
-    /// (in `A`, the format of `w`: bf16, or f16 for an FP16 block).
+    /// Decode rows `0..m`: `y = w · rmsnorm(residual)` with the model's
+    /// eps through the fused GEMV, which also writes the normed rows to
+    /// `normed` (in `A`, the format of `w`: bf16, or f16 for an FP16
+    /// block). In as few launches as the kernel's shared memory allows
+    /// ([`gemv_rows`]); rows are independent of how they are grouped.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn norm_gemv<A: Act16, O: GemvOut<A>>(
         &self,
-        residual: &impl DevicePtr<f32>,
+        residual: &CudaSlice<f32>,
         norm: &CudaSlice<bf16>,
         w: &impl DevicePtr<A>,
+        m: usize,
         n: usize,
-        normed: &mut impl DevicePtrMut<A>,
-        y: &mut impl DevicePtrMut<O>,
+        normed: &mut CudaViewMut<'_, A>,
+        y: &mut CudaViewMut<'_, O>,
     ) -> Result<()> {
         let (h, eps) = (self.g.hidden, self.g.rms_norm_eps);
-        Ok(self.kn.gemv_rmsnorm::<A, O>(
-            &self.gpu.stream,
-            residual,
-            norm,
-            eps,
-            w,
-            1,
-            n,
-            h,
-            false,
-            normed,
-            y,
-        )?)
+        for (r0, rows) in gemv_rows(m, h) {
+            self.kn.gemv_rmsnorm::<A, O>(
+                &self.gpu.stream,
+                &residual.slice(r0 * h..),
+                norm,
+                eps,
+                w,
+                rows,
+                n,
+                h,
+                false,
+                &mut normed.slice_mut(r0 * h..),
+                &mut y.slice_mut(r0 * n..),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Decode rows `0..m`: `y (+)= x · wᵀ` (`x` `[m, k]`, `w` `[n, k]`)
+    /// through the GEMV in as few launches as its shared memory allows.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemv<A: Act16, O: GemvOut<A>>(
+        &self,
+        x: &CudaView<'_, A>,
+        w: &impl DevicePtr<A>,
+        m: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+        y: &mut CudaViewMut<'_, O>,
+    ) -> Result<()> {
+        for (r0, rows) in gemv_rows(m, k) {
+            self.kn.gemv::<A, O>(
+                &self.gpu.stream,
+                &x.slice(r0 * k..),
+                w,
+                rows,
+                n,
+                k,
+                accumulate,
+                &mut y.slice_mut(r0 * n..),
+            )?;
+        }
+        Ok(())
     }
 
     pub(crate) fn p<T>(&self, s: &CudaSlice<T>, offset: usize) -> u64 {
@@ -334,9 +404,10 @@ impl Model {
                 sc.cap
             )));
         }
-        if matches!(at, Positions::Decode) && t != 1 {
+        if matches!(at, Positions::Decode) && t > sc.seqs {
             return Err(GpuError::Unsupported(format!(
-                "decode of {t} tokens at once"
+                "a decode step of {t} rows (the scratch holds {} sequences)",
+                sc.seqs
             )));
         }
         let g = cx.g;
@@ -409,6 +480,30 @@ impl Model {
         Ok(())
     }
 
+    /// Final RMSNorm and the LM head of a decode step's rows `0..rows`
+    /// into `scratch.logits[..rows]` (f32), through the GEMV: each row's
+    /// logits are those of a one-row launch (batch invariance; cuBLAS picks
+    /// its kernels by shape).
+    pub fn lm_head_rows(&mut self, rows: usize) -> Result<()> {
+        let (cx, sc, _) = self.split();
+        if rows == 0 || rows > sc.seqs {
+            return Err(GpuError::Unsupported(format!(
+                "decode LM head over {rows} rows (the scratch holds {} sequences)",
+                sc.seqs
+            )));
+        }
+        let g = cx.g;
+        cx.norm_gemv::<bf16, f32>(
+            &sc.residual,
+            &cx.w.final_norm,
+            cx.w.lm_head(),
+            rows,
+            g.vocab_size,
+            &mut sc.normed.slice_mut(..),
+            &mut sc.logits.slice_mut(..),
+        )
+    }
+
     /// Final RMSNorm of residual rows `first..first+rows` and the LM head
     /// into `scratch.logits[..rows]` (f32). `rows <= LOGIT_ROWS`.
     pub fn lm_head(&mut self, first: usize, rows: usize) -> Result<()> {
@@ -424,17 +519,22 @@ impl Model {
         let h = g.hidden;
         let src = sc.residual.slice(first * h..(first + rows) * h);
         if rows == 1 {
-            // One row (every decode step): the GEMV streams the head faster
-            // than cuBLAS (144.6 vs 150.5 us for 151,936 x 2048 on an H200)
-            // and takes the final norm with it.
-            return cx.norm_gemv::<bf16, f32>(
+            // One row (a prefill's last token): the GEMV streams the head
+            // faster than cuBLAS (144.6 vs 150.5 us for 151,936 x 2048 on
+            // an H200) and takes the final norm with it.
+            return Ok(cx.kn.gemv_rmsnorm::<bf16, f32>(
+                &cx.gpu.stream,
                 &src,
                 &cx.w.final_norm,
+                g.rms_norm_eps,
                 cx.w.lm_head(),
+                1,
                 g.vocab_size,
+                h,
+                false,
                 &mut sc.normed,
                 &mut sc.logits,
-            );
+            )?);
         }
         cx.kn.rmsnorm::<f32>(
             &cx.gpu.stream,

@@ -3,10 +3,13 @@
 //! glm4_moe with INT4 routed experts, gpt_oss with its native MXFP4
 //! experts), all resident
 //! in VRAM when they fit, otherwise cached by HCS (`hcs`) with streamed
-//! prefill.
+//! prefill; several requests decode together (continuous batching,
+//! `batch`).
 
 mod act;
+pub mod arena;
 mod attention;
+pub mod batch;
 pub mod blas;
 pub mod bounds;
 pub mod calibrate;
@@ -33,6 +36,7 @@ mod streamed;
 pub mod support;
 pub mod weights;
 
+pub use batch::StepTiming;
 pub use device::{Budget, DeviceInfo, Gpu, probe};
 pub use engine::{CudaEngine, LoadReport};
 pub use error::GpuError;

@@ -59,7 +59,7 @@ pub(crate) fn post_attention_norm(
 }
 
 /// `residual[..t] += down(swiglu(gate_up(x)))` where `x` is
-/// `scratch.normed[..t]`, or in decode (`decode`, `t == 1`) with
+/// `scratch.normed[..t]`, or in decode (`decode`, `t` rows) with
 /// `fold_norm`, `rmsnorm(residual)` with that weight (the GEMV also writes
 /// it to `scratch.normed`); in the MLP block's format.
 pub(crate) fn swiglu_mlp(
@@ -96,15 +96,15 @@ fn swiglu_mlp_as<A: Act16>(
             &sc.residual,
             norm,
             &gate_up,
+            t,
             2 * inter,
             &mut view_mut::<A>(&mut sc.normed),
             &mut view_mut::<A>(&mut ds.gate_up),
         )?,
-        (true, None) => kn.gemv::<A, A>(
-            s,
+        (true, None) => cx.gemv::<A, A>(
             &view::<A>(&sc.normed),
             &gate_up,
-            1,
+            t,
             2 * inter,
             h,
             false,
@@ -129,15 +129,14 @@ fn swiglu_mlp_as<A: Act16>(
         &mut view_mut::<A>(&mut ds.act),
     )?;
     if decode {
-        kn.gemv::<A, f32>(
-            s,
+        cx.gemv::<A, f32>(
             &view::<A>(&ds.act),
             &down,
-            1,
+            t,
             h,
             inter,
             true,
-            &mut sc.residual,
+            &mut sc.residual.slice_mut(..),
         )?;
     } else {
         cx.gemm_as(

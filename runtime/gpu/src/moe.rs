@@ -55,14 +55,14 @@ pub(crate) fn routed_experts(
     at: Positions,
 ) -> Result<()> {
     match (at, hcs) {
-        (Positions::Decode, Some(hcs)) => hcs.decode_experts(cx, sc, moe_index),
+        (Positions::Decode, Some(hcs)) => hcs.decode_experts(cx, sc, moe_index, t),
         (Positions::Decode, None) => experts_gemv(cx, sc, moe_index, t),
         // The path is the prompt's, not the chunk's: a chunk's rows must be
         // computed as they are in any other chunking (the prefix cache
         // resumes prefill at any block boundary), and the GEMV path (f32
         // gate/up, no dequantized weights) differs from the grouped one. A
         // prompt short enough for it is shorter than any cache block.
-        (Positions::Prefill(_), _) if t <= cx.gemv_tokens && !cx.grouped_prefill => {
+        (Positions::Prefill { .. }, _) if t <= cx.gemv_tokens && !cx.grouped_prefill => {
             experts_gemv(cx, sc, moe_index, t)
         }
         _ => experts_grouped(cx, sc, moe_index, t),
@@ -182,9 +182,10 @@ fn router_logits<A: Act16>(
             &sc.residual,
             &lw.post_attention_norm,
             &w,
+            t,
             g.num_experts,
             &mut view_mut::<A>(&mut sc.normed),
-            &mut sc.router,
+            &mut sc.router.slice_mut(..),
         )
     } else {
         cx.gemm_as(
@@ -414,7 +415,7 @@ pub(crate) fn log_token_routes(
         .get_mut(moe_index)
         .ok_or_else(|| GpuError::Unsupported(format!("route log has no MoE layer {moe_index}")))?;
     let first = match at {
-        Positions::Prefill(start) => start,
+        Positions::Prefill { start, .. } => start,
         Positions::Decode => rows.len(),
     };
     if rows.len() < first + t {

@@ -41,6 +41,15 @@ pub struct CudaEngineOptions {
     pub prefix_cache_host: krasis_common::options::PrefixCacheChoice,
     /// Prompt tokens per prefix cache block (a multiple of 64).
     pub prefix_block: usize,
+    /// Most sequences one decode step runs together (continuous batching,
+    /// `Batch::capacity`), at most [`MAX_PARALLEL`]. `None`: the default
+    /// ([`default_parallel`]).
+    pub parallel: Option<usize>,
+    /// Rows of every full-attention layer's KV arena, shared by the running
+    /// sequences (each reserves its prompt + `max_new_tokens` rows, within
+    /// the context; `arena.rs`). At least the context length. `None`: the
+    /// context length (one context's KV, as before batching).
+    pub kv_rows: Option<usize>,
 }
 
 impl Default for CudaEngineOptions {
@@ -60,6 +69,8 @@ impl Default for CudaEngineOptions {
             prefix_cache: krasis_common::options::PrefixCacheChoice::Off,
             prefix_cache_host: krasis_common::options::PrefixCacheChoice::Off,
             prefix_block: krasis_common::options::DEFAULT_PREFIX_BLOCK as usize,
+            parallel: None,
+            kv_rows: None,
         }
     }
 }
@@ -72,3 +83,134 @@ impl Default for CudaEngineOptions {
 /// routed to each. The GEMV reads every selected expert once per token, so
 /// it wins only while `tokens * top_k` is small against the expert count.
 pub const GEMV_MAX_TOKENS: usize = 8;
+
+/// Most sequences one decode step can run together: the decode kernels
+/// take at most this many rows (`GEMV_MAX_TOKENS`).
+pub const MAX_PARALLEL: usize = GEMV_MAX_TOKENS;
+
+/// KV rows per sequence the default parallelism plans for: an arena of
+/// `rows` rows runs `rows / DEFAULT_ROWS_PER_SEQUENCE` sequences at once by
+/// default (an agent's turn is a prompt of a few thousand tokens or less
+/// plus a few hundred new ones; longer requests simply wait for rows).
+pub const DEFAULT_ROWS_PER_SEQUENCE: usize = 512;
+
+/// The default of [`CudaEngineOptions::parallel`]: `rows /
+/// DEFAULT_ROWS_PER_SEQUENCE` sequences, at least 1, at most
+/// [`MAX_PARALLEL`] and at most the prefill chunk (a decode step's rows
+/// share the chunk's scratch); 1 for a model whose ring KV caches
+/// (sliding-window or sink attention) hold one sequence ([`single_sequence`]).
+pub fn default_parallel(g: &krasis_model::Geometry, rows: usize, chunk: usize) -> usize {
+    if single_sequence(g).is_some() {
+        return 1;
+    }
+    (rows / DEFAULT_ROWS_PER_SEQUENCE).clamp(1, MAX_PARALLEL.min(chunk.max(1)))
+}
+
+/// Why this model's sequences cannot share decode steps on the CUDA engine,
+/// if they cannot: its sliding-window and sink layers keep their KV in ring
+/// buffers of one sequence (`attention/ring.rs`), which have no rows for a
+/// second one.
+pub fn single_sequence(g: &krasis_model::Geometry) -> Option<String> {
+    let ring = g.layers.iter().any(|l| {
+        matches!(
+            l.attention,
+            krasis_model::arch::AttentionKind::Sliding { .. }
+        )
+    }) || g.attention.sinks;
+    ring.then(|| {
+        "the cuda backend runs one sequence at a time for models with sliding-window or sink \
+         attention layers (their ring KV caches hold one sequence)"
+            .to_string()
+    })
+}
+
+/// The parallelism and arena rows a load gets from `opts` for a model of
+/// geometry `g` with a `context`-position context and `chunk`-token prefill
+/// chunks, or why they are refused (fail closed: a value the engine cannot
+/// run is an error naming it, never lowered quietly).
+pub fn batching(
+    opts: &CudaEngineOptions,
+    g: &krasis_model::Geometry,
+    context: usize,
+    chunk: usize,
+) -> Result<(usize, usize), String> {
+    let rows = opts.kv_rows.unwrap_or(context);
+    if rows < context {
+        return Err(format!(
+            "kv rows {rows} are fewer than the context length {context}: every request that fits \
+             the context must fit an idle engine"
+        ));
+    }
+    let parallel = match opts.parallel {
+        None => default_parallel(g, rows, chunk),
+        Some(0) => return Err("parallel must be at least 1".into()),
+        Some(p) if p > MAX_PARALLEL => {
+            return Err(format!(
+                "parallel {p} exceeds {MAX_PARALLEL}, the most rows the decode kernels take"
+            ));
+        }
+        Some(p) if p > 1 && single_sequence(g).is_some() => {
+            return Err(format!(
+                "parallel {p}: {}; use parallel 1",
+                single_sequence(g).unwrap_or_default()
+            ));
+        }
+        Some(p) if p > chunk => {
+            return Err(format!(
+                "parallel {p} needs a prefill chunk of at least {p} tokens (a decode step's rows \
+                 share the chunk's scratch); the chunk is {chunk}"
+            ));
+        }
+        Some(p) => p,
+    };
+    Ok((parallel, rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use krasis_model::synth::preset_geometry;
+
+    #[test]
+    fn the_default_runs_a_sequence_per_512_rows_up_to_eight() {
+        let g = preset_geometry("a3b").unwrap();
+        let opts = CudaEngineOptions::default();
+        assert_eq!(batching(&opts, &g, 8016, 4008), Ok((8, 8016)));
+        assert_eq!(batching(&opts, &g, 2048, 2048), Ok((4, 2048)));
+        assert_eq!(batching(&opts, &g, 300, 300), Ok((1, 300)));
+        // Never more rows than the chunk's scratch holds.
+        assert_eq!(batching(&opts, &g, 8192, 4), Ok((4, 8192)));
+        // More arena rows, more sequences (still at most 8).
+        let more = CudaEngineOptions {
+            kv_rows: Some(3000),
+            ..opts.clone()
+        };
+        assert_eq!(batching(&more, &g, 1024, 1024), Ok((5, 3000)));
+    }
+
+    #[test]
+    fn values_the_engine_cannot_run_are_refused_by_name() {
+        let g = preset_geometry("a3b").unwrap();
+        let with = |parallel, kv_rows| CudaEngineOptions {
+            parallel,
+            kv_rows,
+            ..CudaEngineOptions::default()
+        };
+        let err = |o: CudaEngineOptions, chunk| batching(&o, &g, 4096, chunk).unwrap_err();
+        assert!(err(with(Some(0), None), 512).contains("at least 1"));
+        assert!(err(with(Some(9), None), 512).contains("exceeds 8"));
+        assert!(err(with(Some(4), None), 2).contains("prefill chunk"));
+        assert!(err(with(None, Some(4095)), 512).contains("fewer than the context"));
+        assert_eq!(batching(&with(Some(3), None), &g, 4096, 512), Ok((3, 4096)));
+        // gpt-oss's ring KV holds one sequence: parallel > 1 is refused
+        // naming why, and the default is 1.
+        let oss = preset_geometry("gpt-oss-20b").unwrap();
+        let e = batching(&with(Some(2), None), &oss, 4096, 512).unwrap_err();
+        assert!(e.contains("sliding-window or sink"), "{e}");
+        assert_eq!(batching(&with(None, None), &oss, 4096, 512), Ok((1, 4096)));
+        assert_eq!(
+            batching(&with(Some(1), None), &oss, 4096, 512),
+            Ok((1, 4096))
+        );
+    }
+}

@@ -14,7 +14,7 @@ use crate::device::BLAS_WORKSPACE_BYTES;
 use crate::experts::pointer_table_bytes;
 use crate::hcs::Hcs;
 use crate::options::{CudaEngineOptions, GEMV_MAX_TOKENS};
-use crate::scratch::{ScratchLens, chunk_for_free, kv_bytes};
+use crate::scratch::{ScratchLens, SeqLens, chunk_for_free, kv_bytes};
 use crate::weights::weight_bytes;
 use krasis_common::plan::{DeviceBudget, ExpertPlan, GpuPlan, Placement, PlanItem, Verdict};
 use krasis_common::size::format_size as b;
@@ -32,9 +32,11 @@ pub fn staging_group(layer_bytes: usize, moe_layers: usize) -> usize {
 }
 
 /// Device bytes of the HCS decode exchange buffers [`Hcs::new`] allocates
-/// next to the staging region (selected addresses, slot indices).
-pub fn hcs_exchange_bytes(top_k: usize) -> usize {
-    2 * top_k * 8 + top_k.max(1) * 4
+/// next to the staging region for decode steps of up to `rows` sequences
+/// (selected addresses, slot indices).
+pub fn hcs_exchange_bytes(top_k: usize, rows: usize) -> usize {
+    let pairs = rows.max(1) * top_k.max(1);
+    2 * pairs * 8 + pairs * 4
 }
 
 /// Bytes of the f32 hidden states streamed prefill keeps for a prompt of
@@ -117,9 +119,16 @@ pub fn plan_cuda(
     // Sliding layers' ring caches are sized for the largest chunk asked
     // for, which bounds the chunk the budget then allows (as at load).
     let want = opts.prefill_chunk.min(context);
+    let rows = opts.kv_rows.unwrap_or(context);
     items.push(PlanItem::exact(
-        &format!("KV cache (bf16, {context} positions)"),
-        kv_bytes(g, context, want) as u64,
+        &if rows == context {
+            format!("KV cache (bf16, {context} positions)")
+        } else {
+            format!(
+                "KV cache (bf16, an arena of {rows} positions for a {context}-position context)"
+            )
+        },
+        kv_bytes(g, rows, want) as u64,
     ));
     let used = |items: &[PlanItem]| items.iter().map(|i| i.bytes).sum::<u64>();
     let cap = match budget {
@@ -130,6 +139,19 @@ pub fn plan_cuda(
         &format!("activation scratch ({cap}-token chunk)"),
         ScratchLens::new(g, cap, GEMV_MAX_TOKENS).bytes() as u64,
     ));
+    // The engine refuses at load what `batching` refuses; the plan notes it
+    // and plans one sequence.
+    let parallel = match crate::options::batching(opts, g, context, cap) {
+        Ok((p, _)) => p,
+        Err(e) => {
+            notes.push(format!("the engine refuses these options: {e}"));
+            1
+        }
+    };
+    items.push(PlanItem::exact(
+        &format!("per-sequence decode state ({parallel} sequence(s) per step)"),
+        SeqLens::new(g, parallel).bytes() as u64,
+    ));
     let layer_bytes = g.num_experts * stride;
     let group = staging_group(layer_bytes, moe_layers);
     // The staging region alone is what `setup_experts` weighs (it is given
@@ -138,7 +160,7 @@ pub fn plan_cuda(
         let s = Hcs::staging_bytes(layer_bytes, group);
         items.push(PlanItem::exact(
             &format!("HCS staging / reclaimable tier ({group} layer(s) x 2)"),
-            (s + hcs_exchange_bytes(g.top_k)) as u64,
+            (s + hcs_exchange_bytes(g.top_k, parallel)) as u64,
         ));
         s as u64
     } else {
@@ -240,8 +262,13 @@ pub fn plan_cuda(
                         }
                         Decision::Hcs { want } => {
                             let resident = want.min(total_experts);
-                            let (prior, _) =
-                                Hcs::reclaimable_split(moe_layers, g.num_experts, g.top_k, group);
+                            let (prior, _) = Hcs::reclaimable_split(
+                                moe_layers,
+                                g.num_experts,
+                                g.top_k,
+                                group,
+                                parallel,
+                            );
                             let prior = prior.min(total_experts - resident);
                             experts.placement = Placement::Hcs;
                             experts.on_gpu_experts = (resident + prior) as u64;

@@ -5,8 +5,9 @@
 //!
 //! A block is `--prefix-block` prompt positions of every layer's K and V,
 //! laid out `[layer][K, V][kv_head][position][head_dim]` in 16-bit (the KV
-//! cache's format, copied as bits). The sequence's KV stays contiguous
-//! (`[kv_head][capacity][head_dim]` per layer); one `kv_blocks_copy`
+//! cache's format, copied as bits). A sequence's KV stays contiguous (its
+//! rows `[base, base + len)` of every layer's `[kv_head][rows][head_dim]`
+//! arena, `arena.rs`); one `kv_blocks_copy`
 //! launch per tier moves all of a hit's blocks into it (the host tier is
 //! mapped into the device, so the kernel reads it over PCIe: no DMA call
 //! per block and layer), and one per tier stores a prefill's new blocks.
@@ -281,22 +282,26 @@ impl TieredPrefix {
         }
     }
 
-    /// Queues one launch moving `pairs` (slot, block) of `tier`, its list
-    /// at `offset` pairs into the pair buffer.
+    /// Queues one launch moving `pairs` (slot, block) of `tier` for the
+    /// sequence whose KV rows start at `base`, its list at `offset` pairs
+    /// into the pair buffer.
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
         gpu: &Gpu,
         kernels: &krasis_kernels::Kernels,
         tier: Tier,
+        base: usize,
         pairs: &[(usize, usize)],
         offset: usize,
         dir: BlockCopy,
     ) -> Result<()> {
-        let blocks = self.geom.blocks_per_head();
+        let blocks = self.geom.blocks_after(base);
         let slots = self.index.capacity(tier);
         if let Some(&(s, b)) = pairs.iter().find(|&&(s, b)| s >= slots || b >= blocks) {
             return Err(GpuError::Unsupported(format!(
-                "prefix cache copy of slot {s} (of {slots}) and block {b} (of {blocks})"
+                "prefix cache copy of slot {s} (of {slots}) and block {b} (of the {blocks} after \
+                 KV row {base})"
             )));
         }
         let pool = self.pool_addr(gpu, tier).ok_or_else(|| {
@@ -316,6 +321,7 @@ impl TieredPrefix {
             &self.layer_k,
             &self.layer_v,
             self.geom,
+            base,
             pool,
             slots,
             &list,
@@ -325,13 +331,18 @@ impl TieredPrefix {
     }
 
     /// Queues the copies of the hit's blocks into positions `0..hit.tokens`
-    /// of the sequence's KV: one launch per tier holding any of them.
+    /// of the sequence whose KV rows start at `base`: one launch per tier
+    /// holding any of them.
     pub fn restore(
         &mut self,
         gpu: &Gpu,
         kernels: &krasis_kernels::Kernels,
+        base: usize,
         hit: &Hit,
     ) -> Result<()> {
+        // The timings of earlier copies are read first (several sequences'
+        // prefills interleave, each restoring and storing).
+        self.collect_timing()?;
         let mut offset = 0;
         for tier in Tier::ALL {
             let pairs: Vec<(usize, usize)> = hit.in_tier(tier).map(|(b, s)| (s, b)).collect();
@@ -339,7 +350,7 @@ impl TieredPrefix {
                 continue;
             }
             let a = timing_event(gpu)?;
-            self.launch(gpu, kernels, tier, &pairs, offset, BlockCopy::ToSequence)?;
+            self.launch(gpu, kernels, tier, base, &pairs, offset, BlockCopy::ToSequence)?;
             let b = timing_event(gpu)?;
             self.restore_ev[tier_index(tier)] = Some((a, b));
             offset += pairs.len();
@@ -348,16 +359,18 @@ impl TieredPrefix {
     }
 
     /// Queues the demotions a store needs and the copies of `prompt`'s new
-    /// whole blocks (prefilled to its end in the KV) into the pools, and
-    /// publishes them: every later read is ordered after these copies on
-    /// the same stream.
+    /// whole blocks (prefilled to its end in the KV rows of the sequence
+    /// starting at `base`) into the pools, and publishes them: every later
+    /// read is ordered after these copies on the same stream.
     pub fn store(
         &mut self,
         gpu: &Gpu,
         kernels: &krasis_kernels::Kernels,
+        base: usize,
         prompt: &[u32],
         hit: &Hit,
     ) -> Result<()> {
+        self.collect_timing()?;
         let a = timing_event(gpu)?;
         let slot_bytes = self.slot_bytes() as usize;
         let (vram, host) = (
@@ -405,7 +418,7 @@ impl TieredPrefix {
                 .map(|s| (s.place.slot, s.block))
                 .collect();
             if !pairs.is_empty() {
-                self.launch(gpu, kernels, tier, &pairs, offset, BlockCopy::ToPool)?;
+                self.launch(gpu, kernels, tier, base, &pairs, offset, BlockCopy::ToPool)?;
                 offset += pairs.len();
             }
         }

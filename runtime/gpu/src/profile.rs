@@ -59,11 +59,13 @@ impl CudaEngine {
             v.sort_by(|a, b| a.total_cmp(b));
             Ok(v[v.len() / 2])
         };
+        self.require_idle("decode_breakdown")?;
         {
+            // One row at `pos`, its KV from row 0.
             let m = self.model_mut();
-            m.gpu
-                .stream
-                .memcpy_htod(&[pos as u32], &mut m.scratch.pos)
+            let (s, sc) = (&m.gpu.stream, &mut m.scratch);
+            s.memcpy_htod(&[pos as u32], &mut sc.pos.slice_mut(0..1))
+                .and_then(|_| s.memcpy_htod(&[0u32], &mut sc.kv_base.slice_mut(0..1)))
                 .map_err(GpuError::driver("writing the decode position"))?;
         }
         let mut b = DecodeBreakdown {
@@ -107,7 +109,7 @@ impl CudaEngine {
                 v,
                 &params,
                 0,
-                &mut sc.counts,
+                &mut sc.counts.slice_mut(0..v),
                 &mut sc.sample_ws,
                 &mut sc.ids.slice_mut(0..1),
             )?;

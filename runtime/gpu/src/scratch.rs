@@ -1,6 +1,7 @@
 //! Activation buffers and the KV cache, allocated once at load for the
-//! largest prefill chunk, so neither prefill nor decode allocates and the
-//! decode graph's addresses never change.
+//! largest prefill chunk and the most sequences a decode step runs, so
+//! neither prefill nor decode allocates and the decode graphs' addresses
+//! never change.
 
 use crate::device::Gpu;
 use crate::error::Result;
@@ -18,10 +19,17 @@ pub const LOGIT_ROWS: usize = 256;
 pub struct Scratch {
     /// Most tokens one forward pass handles.
     pub cap: usize,
-    /// u32 `[cap]` input token ids (decode: `[0]` is also the sampled token).
+    /// Most rows (sequences) one decode step runs.
+    pub seqs: usize,
+    /// u32 `[cap]` input token ids (decode: row r's token; the sampler
+    /// writes row r's next one to `[r]`).
     pub ids: CudaSlice<u32>,
-    /// u32 `[1]` position of the decode token (read by the captured graph).
+    /// u32 `[seqs]`: each decode row's position (read by the captured
+    /// graphs: `StartPos::Device`).
     pub pos: CudaSlice<u32>,
+    /// u32 `[seqs]`: each decode row's first KV row, its sequence's place
+    /// in the arena (`KvBase::Device`, `arena.rs`).
+    pub kv_base: CudaSlice<u32>,
     /// f32 `[cap, H]` residual stream.
     pub residual: CudaSlice<f32>,
     /// 16-bit `[cap, H]` normalized hidden state (GEMM input), in the
@@ -35,7 +43,8 @@ pub struct Scratch {
     pub qkv_f32: Option<CudaSlice<f32>>,
     /// bf16 `[cap, q]`.
     pub attn: CudaSlice<bf16>,
-    /// f32 decode attention split workspace.
+    /// f32 decode attention split workspace, `[seqs]` rows of
+    /// `decode_workspace_len`.
     pub attn_ws: CudaSlice<f32>,
     /// f32 `[cap, E]` router logits.
     pub router: CudaSlice<f32>,
@@ -46,7 +55,8 @@ pub struct Scratch {
     pub act: CudaSlice<f32>,
     /// f32 `[LOGIT_ROWS, V]`.
     pub logits: CudaSlice<f32>,
-    /// Sampling state: u32 `[V]` token counts and the sampler workspace.
+    /// Sampling state: u32 `[seqs, V]` token counts, one row per sequence
+    /// slot (its presence/frequency penalties), and the sampler workspace.
     pub counts: CudaSlice<u32>,
     pub sample_ws: CudaSlice<u32>,
     pub grouped: Option<GroupedScratch>,
@@ -90,7 +100,9 @@ pub struct DenseScratch {
 }
 
 /// One K and one V buffer per layer, each `[n_kv][capacity][head_dim]` bf16;
-/// the capacity is per layer ([`kv_capacity`]).
+/// the capacity is per layer ([`kv_capacity`]): a full layer's rows are the
+/// arena the running sequences share (`arena.rs`), a sliding layer's a ring
+/// of one sequence.
 pub struct KvCache {
     /// Each layer's buffer shape.
     pub geoms: Vec<KvGeom>,
@@ -99,14 +111,15 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// The cache of a `context`-position model whose prefill chunks hold at
-    /// most `max_chunk` tokens.
-    pub fn new(gpu: &Gpu, g: &Geometry, context: usize, max_chunk: usize) -> Result<Self> {
+    /// The cache of a model whose full layers hold `rows` positions (the
+    /// arena; one context without batching) and whose prefill chunks hold
+    /// at most `max_chunk` tokens.
+    pub fn new(gpu: &Gpu, g: &Geometry, rows: usize, max_chunk: usize) -> Result<Self> {
         let mut k = Vec::with_capacity(g.num_layers);
         let mut v = Vec::with_capacity(g.num_layers);
         let mut geoms = Vec::with_capacity(g.num_layers);
         for l in 0..g.num_layers {
-            let geom = kv_geom(g, kv_capacity(g, l, context, max_chunk));
+            let geom = kv_geom(g, kv_capacity(g, l, rows, max_chunk));
             k.push(gpu.alloc_zeros(geom.len(), &format!("K cache of layer {l}"))?);
             v.push(gpu.alloc_zeros(geom.len(), &format!("V cache of layer {l}"))?);
             geoms.push(geom);
@@ -119,15 +132,15 @@ impl KvCache {
     }
 }
 
-/// Positions layer `l`'s KV buffers hold: a full layer the whole context; a
-/// sliding layer only the ring its window needs when prefill chunks hold
-/// up to `max_chunk` tokens (a chunk's keys are appended before its first
-/// query looks `window - 1` keys back), whatever the context. The ring is
-/// used even where it exceeds a short context, so the ring kernels' bound
-/// always holds.
-pub fn kv_capacity(g: &Geometry, l: usize, context: usize, max_chunk: usize) -> usize {
+/// Positions layer `l`'s KV buffers hold: a full layer the arena's `rows`
+/// (the context without batching); a sliding layer only the ring its window
+/// needs when prefill chunks hold up to `max_chunk` tokens (a chunk's keys
+/// are appended before its first query looks `window - 1` keys back),
+/// whatever the context. The ring is used even where it exceeds a short
+/// context, so the ring kernels' bound always holds.
+pub fn kv_capacity(g: &Geometry, l: usize, rows: usize, max_chunk: usize) -> usize {
     match g.layers[l].attention {
-        AttentionKind::Full => context,
+        AttentionKind::Full => rows,
         AttentionKind::Sliding { window } => ring_min_capacity(window, max_chunk),
     }
 }
@@ -142,10 +155,10 @@ pub fn kv_geom(g: &Geometry, capacity: usize) -> KvGeom {
 }
 
 /// Device bytes of the KV cache [`KvCache::new`] allocates: K and V, BF16,
-/// every layer at its [`kv_capacity`].
-pub fn kv_bytes(g: &Geometry, context: usize, max_chunk: usize) -> usize {
+/// every layer at its [`kv_capacity`] for an arena of `rows`.
+pub fn kv_bytes(g: &Geometry, rows: usize, max_chunk: usize) -> usize {
     (0..g.num_layers)
-        .map(|l| 2 * kv_geom(g, kv_capacity(g, l, context, max_chunk)).len() * 2)
+        .map(|l| 2 * kv_geom(g, kv_capacity(g, l, rows, max_chunk)).len() * 2)
         .sum()
 }
 
@@ -225,12 +238,10 @@ pub struct ScratchLens {
     /// f32 q/k/v before the bias (0 without q/k/v biases).
     pub qkv_f32: usize,
     pub attn: usize,
-    pub attn_ws: usize,
     pub router: usize,
     pub topk: usize,
     pub act: usize,
     pub logits: usize,
-    pub counts: usize,
     pub sample_ws: usize,
     pub grouped: Option<GroupedLens>,
     /// `(gate_up, act)` of the dense MLP and the shared expert.
@@ -288,12 +299,10 @@ impl ScratchLens {
                 0
             },
             attn: cap * q,
-            attn_ws: decode_workspace_len(g.num_heads, g.head_dim),
             router: cap * e.max(1),
             topk: cap * k.max(1),
             act: gemv_tokens.min(cap) * k.max(1) * i.max(1),
             logits: LOGIT_ROWS * g.vocab_size,
-            counts: g.vocab_size,
             sample_ws: krasis_kernels::sample_workspace_len(g.vocab_size),
             grouped,
             dense,
@@ -303,14 +312,8 @@ impl ScratchLens {
     /// Device bytes of all the buffers (every element is 4 bytes but the
     /// BF16 ones, which are 2).
     pub fn bytes(&self) -> usize {
-        let f32s = self.residual
-            + self.qkv_f32
-            + self.attn_ws
-            + self.router
-            + self.topk
-            + self.act
-            + self.logits;
-        let u32s = self.ids + 1 + self.topk + self.counts + self.sample_ws;
+        let f32s = self.residual + self.qkv_f32 + self.router + self.topk + self.act + self.logits;
+        let u32s = self.ids + self.topk + self.sample_ws;
         let bf16s = self.normed + self.qkv + self.attn;
         let mut b = 4 * (f32s + u32s) + 2 * bf16s;
         if let Some(gr) = &self.grouped {
@@ -325,9 +328,52 @@ impl ScratchLens {
     }
 }
 
+/// Element counts of the per-sequence decode state for `seqs` sequences
+/// (what [`Scratch::new`] allocates besides [`ScratchLens`], and the plan's
+/// item for it): each decode row's position and KV base, its attention
+/// split workspace and its sequence's sampling counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqLens {
+    pub seqs: usize,
+    /// u32 `[seqs]` each: positions and KV bases.
+    pub pos: usize,
+    pub kv_base: usize,
+    /// f32 `[seqs, decode_workspace_len]`.
+    pub attn_ws: usize,
+    /// u32 `[seqs, V]`.
+    pub counts: usize,
+}
+
+impl SeqLens {
+    pub fn new(g: &Geometry, seqs: usize) -> Self {
+        let seqs = seqs.max(1);
+        SeqLens {
+            seqs,
+            pos: seqs,
+            kv_base: seqs,
+            attn_ws: seqs * decode_workspace_len(g.num_heads, g.head_dim),
+            counts: seqs * g.vocab_size,
+        }
+    }
+
+    /// Device bytes (every element is 4 bytes).
+    pub fn bytes(&self) -> usize {
+        4 * (self.pos + self.kv_base + self.attn_ws + self.counts)
+    }
+}
+
 impl Scratch {
-    pub fn new(gpu: &Gpu, g: &Geometry, cap: usize, gemv_tokens: usize) -> Result<Self> {
+    /// The scratch of `cap`-token prefill chunks and decode steps of up to
+    /// `seqs` sequences (`seqs <= cap`).
+    pub fn new(
+        gpu: &Gpu,
+        g: &Geometry,
+        cap: usize,
+        gemv_tokens: usize,
+        seqs: usize,
+    ) -> Result<Self> {
         let n = ScratchLens::new(g, cap, gemv_tokens);
+        let sq = SeqLens::new(g, seqs);
         let grouped = match n.grouped {
             Some(gr) => {
                 let iota: Vec<u32> = (0..gr.experts as u32).collect();
@@ -364,8 +410,10 @@ impl Scratch {
         };
         Ok(Scratch {
             cap,
+            seqs: sq.seqs,
             ids: gpu.alloc_zeros(n.ids, "token ids")?,
-            pos: gpu.alloc_zeros(1, "decode position")?,
+            pos: gpu.alloc_zeros(sq.pos, "decode positions")?,
+            kv_base: gpu.alloc_zeros(sq.kv_base, "decode rows' KV bases")?,
             residual: gpu.alloc(n.residual, "residual stream")?,
             normed: gpu.alloc(n.normed, "normalized hidden state")?,
             qkv: gpu.alloc(n.qkv, "q/k/v projections")?,
@@ -374,13 +422,13 @@ impl Scratch {
                 len => Some(gpu.alloc(len, "q/k/v projections before their bias")?),
             },
             attn: gpu.alloc(n.attn, "attention output")?,
-            attn_ws: gpu.alloc(n.attn_ws, "decode attention workspace")?,
+            attn_ws: gpu.alloc(sq.attn_ws, "decode attention workspace")?,
             router: gpu.alloc(n.router, "router logits")?,
             topk_ids: gpu.alloc(n.topk, "selected experts")?,
             topk_w: gpu.alloc(n.topk, "expert weights")?,
             act: gpu.alloc(n.act, "expert activations")?,
             logits: gpu.alloc(n.logits, "logits")?,
-            counts: gpu.alloc_zeros(n.counts, "sampling token counts")?,
+            counts: gpu.alloc_zeros(sq.counts, "sampling token counts")?,
             sample_ws: gpu.alloc(n.sample_ws, "sampler workspace")?,
             grouped,
             dense,

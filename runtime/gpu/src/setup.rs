@@ -61,6 +61,7 @@ impl CudaEngine {
             e,
             g.top_k,
             group,
+            self.report.parallel,
             &[],
         )?;
         let staging = Hcs::staging_bytes(layer_bytes, group) as u64;

@@ -63,13 +63,15 @@ impl Model {
     }
 
     /// Streams `tokens[from..]` through the layer groups (positions
-    /// `0..from` are in the KV; chunks and spans counted from `from`);
-    /// `Ok(false)` when
-    /// `cancel` stopped it. `live` counts progress (see the module comment).
+    /// `0..from` are in the KV; chunks and spans counted from `from`) into
+    /// the sequence's KV rows from `base` on; `Ok(false)` when `cancel`
+    /// stopped it. `live` counts progress (see the module comment).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn prefill_streamed(
         &mut self,
         tokens: &[u32],
         from: usize,
+        base: usize,
         cancel: &CancelToken,
         live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
@@ -117,7 +119,7 @@ impl Model {
                 Err(e) => return Err(e),
             };
             let watch = (cancel, live);
-            if !self.prefill_span(tokens, &chunks, &mut bufs, watch, &mut after)? {
+            if !self.prefill_span(tokens, &chunks, base, &mut bufs, watch, &mut after)? {
                 return Ok(false);
             }
             start += len;
@@ -131,6 +133,7 @@ impl Model {
         &mut self,
         tokens: &[u32],
         chunks: &[(usize, usize)],
+        base: usize,
         bufs: &mut [CudaSlice<f32>],
         watch: (&CancelToken, &LiveProgress),
         after: &mut impl FnMut(&mut Model, usize, usize) -> Result<()>,
@@ -139,7 +142,7 @@ impl Model {
             return Err(GpuError::Hcs("streamed prefill without HCS".into()));
         };
         hcs.begin_prefill(&self.gpu, table)?;
-        let r = self.stream_groups(tokens, chunks, bufs, watch, after);
+        let r = self.stream_groups(tokens, chunks, base, bufs, watch, after);
         // The reclaimable tier comes back even when a chunk failed or the
         // request was cancelled, so the next request starts from the same
         // state.
@@ -157,6 +160,7 @@ impl Model {
         &mut self,
         tokens: &[u32],
         chunks: &[(usize, usize)],
+        base: usize,
         bufs: &mut [CudaSlice<f32>],
         (cancel, live): (&CancelToken, &LiveProgress),
         after: &mut impl FnMut(&mut Model, usize, usize) -> Result<()>,
@@ -165,7 +169,7 @@ impl Model {
             let ids = &tokens[start..start + len];
             upload_ids(&self.gpu, &mut self.scratch, ids)?;
             with_chunk(self, &mut bufs[c], |m| {
-                m.embed(len, Positions::Prefill(start))
+                m.embed(len, Positions::Prefill { start, base })
             })?;
         }
         let groups = self.group_layers();
@@ -185,7 +189,7 @@ impl Model {
                 }
                 with_chunk(self, &mut bufs[c], |m| {
                     for &l in group {
-                        m.layer(l, len, Positions::Prefill(start))?;
+                        m.layer(l, len, Positions::Prefill { start, base })?;
                     }
                     Ok(())
                 })?;

@@ -36,6 +36,8 @@ fn ref_fault(f: Fault) -> RefFault {
         Fault::DropExpert => RefFault::DropExpert,
         Fault::IgnoreSelectionBias => RefFault::IgnoreSelectionBias,
         Fault::NoSharedExpert => RefFault::NoSharedExpert,
+        // Batching's faults change nothing a sequence alone computes.
+        Fault::SwapRowPositions | Fault::ShiftRowKv => RefFault::None,
     }
 }
 

@@ -133,6 +133,7 @@ impl Kernels {
             geom.head_dim as u32,
             dim_u32(K, "capacity", kv.capacity)?,
         );
+        start.check(K, geom.n_tokens)?;
         let f = self.func(K)?;
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr(stream);
@@ -181,6 +182,7 @@ impl Kernels {
             geom,
             start_pos,
             kv,
+            0,
             k_cache,
             v_cache,
             out,
@@ -234,6 +236,7 @@ impl Kernels {
             geom,
             start_pos,
             kv,
+            0,
             k_cache,
             v_cache,
             out,
@@ -287,6 +290,14 @@ impl Kernels {
     ) -> Result<()> {
         let kn = by_act::<A>("attn_decode_split_ring", "attn_decode_split_ring_f16");
         check_decode(kn, qkv, geom, kv, k_cache, v_cache, workspace, out)?;
+        // One sequence per ring cache, one token per launch.
+        ensure(kn, geom.n_tokens == 1, || {
+            format!(
+                "ring decode takes one token, got n_tokens = {}",
+                geom.n_tokens
+            )
+        })?;
+        start.check(kn, 1)?;
         attn.check_sinks(kn, geom.n_q_heads)?;
         let window = attn.window_u32(kn)?;
         let span = match (attn.window, start) {

@@ -206,7 +206,8 @@ fn run_layer<A: Act16>(
         let q = up(s, &qkv);
         m.append(&qkv, geo, start);
         // Alternate host and device positions for the append.
-        let pos_buf = up(s, &[start as u32]);
+        // Device positions: one per token of the chunk.
+        let pos_buf = up(s, &(start as u32..(start + n) as u32).collect::<Vec<u32>>());
         let sp = if i % 2 == 0 {
             StartPos::Host(start as u32)
         } else {

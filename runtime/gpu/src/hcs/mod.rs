@@ -13,9 +13,11 @@
 //!   next experts (the prior) and the recency tail that receives misses.
 //!
 //! Decode, per MoE layer (`decode.rs`): the router runs on the GPU; the
-//! `top_k` ids come down through a pinned buffer and one event (not a device
-//! sync); [`Residency`] places each; misses are copied on the copy stream
-//! while the hits' gate/up GEMV runs; the misses' GEMV waits for the copy
+//! `top_k` ids of every row of the step come down through a pinned buffer
+//! and one event (not a device sync); [`Residency`] places each distinct
+//! expert once (a cold expert is copied once per step and serves every row
+//! that routed to it); misses are copied on the copy stream (one row: while
+//! the hits' gate/up GEMV runs); the misses' GEMV waits for the copy
 //! event, then the down GEMV combines all of them in the fixed order the
 //! all-resident path uses, so results are bit-identical to it.
 //!
@@ -94,6 +96,8 @@ pub struct Hcs {
     placements: Vec<Placement>,
     /// (slot, MoE layer, expert) copies of the current layer (reused).
     misses: Vec<(usize, usize, usize)>,
+    /// (row, expert) pairs of the largest decode step: `rows * top_k`.
+    pairs: usize,
     pub copies: CopyStats,
 }
 
@@ -115,15 +119,22 @@ impl Hcs {
     }
 
     /// How the reclaimable tier's `2 * group_layers * num_experts` slots
-    /// divide into (prior, recency tail) slots during decode.
+    /// divide into (prior, recency tail) slots during decode. The tail
+    /// holds at least every distinct expert one layer of a decode step of
+    /// `rows` sequences selects (`rows * top_k`, at most the layer's
+    /// experts; and at least two tokens' worth), so a step's misses never
+    /// evict each other (`Residency::route`); a layer's experts always fit
+    /// (half the reclaimable slots are at least one layer's).
     pub fn reclaimable_split(
         moe_layers: usize,
         num_experts: usize,
         top_k: usize,
         group_layers: usize,
+        rows: usize,
     ) -> (usize, usize) {
         let reclaimable = 2 * group_layers * num_experts;
-        let tail = (moe_layers * top_k).clamp(2 * top_k, (reclaimable / 2).max(2 * top_k));
+        let step = (rows.max(1) * top_k).min(num_experts).max(2 * top_k);
+        let tail = (moe_layers * top_k).clamp(step, (reclaimable / 2).max(step));
         let tail = tail.min(reclaimable);
         let prior = (reclaimable - tail).min(moe_layers * num_experts);
         (prior, tail)
@@ -140,6 +151,7 @@ impl Hcs {
         num_experts: usize,
         top_k: usize,
         group_layers: usize,
+        rows: usize,
         ranked: &[(usize, usize)],
     ) -> Result<Self> {
         let stride = host.cache().layout().expert_stride;
@@ -151,7 +163,7 @@ impl Hcs {
         let base = addr(&staging, &gpu.stream);
         let reclaimable = 2 * group_layers * num_experts;
         let (prior, tail) =
-            Self::reclaimable_split(moe_layers.len(), num_experts, top_k, group_layers);
+            Self::reclaimable_split(moe_layers.len(), num_experts, top_k, group_layers, rows);
         let shape = HcsShape {
             resident_slots: 0,
             prior_slots: prior,
@@ -167,7 +179,9 @@ impl Hcs {
             .ctx
             .new_stream()
             .map_err(GpuError::driver("creating the expert copy stream"))?;
-        let iota: Vec<u32> = (0..top_k as u32).collect();
+        // A decode step's (row, expert) pairs, `rows * top_k` of them.
+        let pairs = rows.max(1) * top_k;
+        let iota: Vec<u32> = (0..pairs as u32).collect();
         let n = moe_layers.len();
         let mut hcs = Hcs {
             res,
@@ -180,17 +194,18 @@ impl Hcs {
             slot_addr,
             _resident_mem: Vec::new(),
             staging,
-            ids_host: PinnedBuf::new(&gpu.ctx, top_k, "selected expert ids")?,
-            sel_host: PinnedBuf::new(&gpu.ctx, n * 2 * top_k, "selected expert addresses")?,
-            sel_dev: gpu.alloc_zeros(2 * top_k, "selected expert addresses")?,
+            ids_host: PinnedBuf::new(&gpu.ctx, pairs, "selected expert ids")?,
+            sel_host: PinnedBuf::new(&gpu.ctx, n * 2 * pairs, "selected expert addresses")?,
+            sel_dev: gpu.alloc_zeros(2 * pairs, "selected expert addresses")?,
             iota: gpu.upload(&iota, "expert slot indices")?,
             ev_ids: ev(gpu, false)?,
             ev_copy: ev(gpu, false)?,
             ev_staged: [ev(gpu, false)?, ev(gpu, false)?],
             ev_computed: [ev(gpu, false)?, ev(gpu, false)?],
             timing: (0..n).map(|_| None).collect(),
-            placements: Vec::with_capacity(top_k),
-            misses: Vec::with_capacity(top_k),
+            placements: Vec::with_capacity(pairs),
+            misses: Vec::with_capacity(pairs),
+            pairs,
             copies: CopyStats::default(),
             moe_layers,
         };
@@ -437,5 +452,38 @@ impl Hcs {
         gpu.sync("reloading after the copy measurement")?;
         self.copies = CopyStats::default();
         Ok((expert_gbps, big_gbps, big_len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The recency tail holds a whole decode step's distinct experts of one
+    /// layer (rows x top_k, at most the layer's experts), so
+    /// `Residency::route` never refuses a step; with room to spare it is
+    /// what it was for one row (a3b-24l at 6 GiB: 128 tail slots).
+    #[test]
+    fn the_tail_holds_a_whole_steps_experts() {
+        // a3b-24l, one layer per staging buffer: 256 reclaimable slots.
+        assert_eq!(Hcs::reclaimable_split(24, 128, 8, 1, 1), (128, 128));
+        assert_eq!(Hcs::reclaimable_split(24, 128, 8, 1, 8), (128, 128));
+        for rows in 1..=8 {
+            for (layers, experts, k, group) in
+                [(2, 8, 2, 1), (3, 16, 4, 2), (48, 128, 8, 1), (1, 8, 8, 1)]
+            {
+                let (prior, tail) = Hcs::reclaimable_split(layers, experts, k, group, rows);
+                let step = (rows * k).min(experts);
+                assert!(
+                    tail >= step,
+                    "{layers}x{experts} top-{k}, {rows} rows: tail {tail}"
+                );
+                assert!(prior + tail <= 2 * group * experts);
+            }
+        }
+        // A model with fewer layers than rows: the tail grows past one
+        // token per layer to a step's experts.
+        assert_eq!(Hcs::reclaimable_split(2, 16, 2, 1, 8), (16, 16));
+        assert_eq!(Hcs::reclaimable_split(2, 16, 2, 1, 1), (28, 4));
     }
 }

@@ -1,0 +1,609 @@
+//! Continuous batching in the CUDA engine (`batch.rs`) on the tiny
+//! synthetic model: a request's tokens and logits are bit-identical whether
+//! it ran alone or beside 1..7 others (greedy and seeded sampling with
+//! penalties; admitted together or while others decode, so prefill chunks
+//! interleave with decode steps), all resident (CUDA graphs per row count)
+//! and under HCS with streamed prefill (against the all-resident run); a
+//! request that does not fit the KV arena waits and runs once a sequence
+//! ends; cancelling one sequence mid-prefill or mid-decode (or ending it)
+//! leaves the others untouched and gives its rows back; a prefix-cache hit
+//! restored into a sequence's rows is bit-identical to a cold prefill; each
+//! planted batching fault breaks the invariance. On a machine without an
+//! NVIDIA driver every test prints `SKIPPED (no CUDA device): <name> (no
+//! NVIDIA driver)`.
+
+mod support;
+
+use krasis_common::options::PrefixCacheChoice;
+use krasis_gpu::forward::Fault;
+use krasis_gpu::{CudaEngine, CudaEngineOptions};
+use krasis_model::batch::{Admission, Batch, SeqEvent, SeqId};
+use krasis_model::{
+    CancelToken, Engine, FinishReason, GenerateOutcome, GenerateRequest, ModelConfig,
+    SamplingParams,
+};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use support::{
+    bits, cuda_options, generate_all, gpu_or_skip, greedy_request, load, no_resident_options,
+    synth, tokens,
+};
+
+const CONTEXT: usize = 1024;
+const CHUNK: usize = 32;
+const ROWS: usize = 4096;
+
+fn options(cache: &Path, parallel: usize) -> CudaEngineOptions {
+    CudaEngineOptions {
+        hcs: false,
+        parallel: Some(parallel),
+        kv_rows: Some(ROWS),
+        ..cuda_options(cache, CONTEXT, CHUNK)
+    }
+}
+
+fn hcs_options(cache: &Path, parallel: usize) -> CudaEngineOptions {
+    CudaEngineOptions {
+        parallel: Some(parallel),
+        kv_rows: Some(ROWS),
+        ..no_resident_options(cache, CONTEXT, CHUNK)
+    }
+}
+
+/// One request of a batch run and the step it is first offered at.
+#[derive(Clone)]
+struct Job {
+    req: GenerateRequest,
+    at: usize,
+}
+
+/// What one request produced.
+#[derive(Debug, Clone)]
+struct Run {
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    outcome: GenerateOutcome,
+}
+
+/// What a batch run saw besides the requests' results.
+#[derive(Debug, Default)]
+struct Trace {
+    /// Steps that prefilled a prompt while other sequences decoded.
+    interleaved: usize,
+    /// The most rows of one decode step.
+    widest: usize,
+    /// Admissions answered `Wait`.
+    waits: usize,
+}
+
+/// Where a batch run is, for [`run_batch`]'s `act`.
+struct View<'a> {
+    /// The sequence of each job admitted so far.
+    ids: &'a HashMap<usize, SeqId>,
+    /// Tokens each job produced so far.
+    tokens: Vec<usize>,
+}
+
+/// Offers each job from its step on (in order; a `Wait` is offered again
+/// next step), steps until every job ended, and returns each job's run.
+/// `act` runs before every step (cancels; an `end` fills the job's run).
+fn run_batch(
+    e: &mut CudaEngine,
+    jobs: &[Job],
+    mut act: impl FnMut(&View<'_>, &mut CudaEngine, &mut Vec<Option<Run>>),
+) -> (Vec<Run>, Trace) {
+    e.set_step_timing(true).unwrap();
+    let mut out: Vec<Option<Run>> = vec![None; jobs.len()];
+    let mut partial: HashMap<SeqId, (usize, Vec<u32>)> = HashMap::new();
+    let mut ids: HashMap<usize, SeqId> = HashMap::new();
+    let mut next = 0;
+    let mut trace = Trace::default();
+    let mut events = Vec::new();
+    for step in 0.. {
+        while next < jobs.len() && jobs[next].at <= step {
+            match e.admit_recording(jobs[next].req.clone()).expect("admit") {
+                Admission::Admitted(id) => {
+                    ids.insert(next, id);
+                    partial.insert(id, (next, Vec::new()));
+                    next += 1;
+                }
+                Admission::Wait => {
+                    trace.waits += 1;
+                    break;
+                }
+            }
+        }
+        let mut done = vec![0; jobs.len()];
+        for (j, t) in partial.values() {
+            done[*j] = t.len();
+        }
+        let view = View {
+            ids: &ids,
+            tokens: done,
+        };
+        act(&view, e, &mut out);
+        // Sequences ended by `act` are no longer running.
+        partial.retain(|_, (j, _)| out[*j].is_none());
+        if next == jobs.len() && e.active() == 0 {
+            break;
+        }
+        assert!(step < 100_000, "the batch does not finish");
+        events.clear();
+        e.step(&mut events).expect("step");
+        let t = e.last_step_timing().expect("step timing");
+        if t.prefill_tokens > 0 && t.decode_rows > 0 {
+            trace.interleaved += 1;
+        }
+        trace.widest = trace.widest.max(t.decode_rows);
+        for ev in events.drain(..) {
+            match ev {
+                SeqEvent::Token { seq, token } => {
+                    partial.get_mut(&seq).expect("known").1.push(token)
+                }
+                SeqEvent::Done { seq, result } => {
+                    let (j, tokens) = partial.remove(&seq).expect("known");
+                    let outcome = result.expect("the sequence failed");
+                    let logits = e.take_recorded(seq).expect("recorded logits");
+                    out[j] = Some(Run {
+                        tokens,
+                        logits,
+                        outcome,
+                    });
+                }
+            }
+        }
+    }
+    e.set_step_timing(false).unwrap();
+    assert_eq!(e.kv_rows_used().0, 0, "rows still reserved after the batch");
+    (out.into_iter().map(|r| r.expect("ended")).collect(), trace)
+}
+
+/// Eight requests of different lengths: greedy, and seeded sampling with
+/// top-p and presence/frequency penalties (each sequence its own counts).
+fn requests(vocab: usize) -> Vec<GenerateRequest> {
+    (0..8)
+        .map(|i| {
+            let prompt = tokens(5 + 29 * i, vocab, 100 + i as u64);
+            let mut r = greedy_request(&prompt, 12 + 3 * i);
+            if i % 2 == 1 {
+                r.sampling = SamplingParams {
+                    temperature: 0.9,
+                    top_p: 0.9,
+                    top_k: 40,
+                    seed: Some(7 + i as u64),
+                    presence_penalty: 0.5,
+                    frequency_penalty: 0.3,
+                    ..SamplingParams::default()
+                };
+            }
+            r
+        })
+        .collect()
+}
+
+/// Each request alone.
+fn alone(e: &mut CudaEngine, reqs: &[GenerateRequest]) -> Vec<Run> {
+    reqs.iter()
+        .map(|r| {
+            let (runs, _) = run_batch(
+                e,
+                &[Job {
+                    req: r.clone(),
+                    at: 0,
+                }],
+                |_, _, _| {},
+            );
+            runs.into_iter().next().unwrap()
+        })
+        .collect()
+}
+
+fn same(label: &str, got: &Run, want: &Run) -> bool {
+    let ok = got.tokens == want.tokens && bits(&got.logits) == bits(&want.logits);
+    if !ok {
+        eprintln!(
+            "{label}: tokens {:?} vs alone {:?}; logits bit-identical: {}",
+            got.tokens,
+            want.tokens,
+            bits(&got.logits) == bits(&want.logits)
+        );
+    }
+    ok
+}
+
+/// Request 0 beside 1..7 others, all admitted at once and admitted while
+/// the others decode; every request of every run equals its run alone.
+fn invariant(label: &str, e: &mut CudaEngine, reqs: &[GenerateRequest], alone: &[Run]) {
+    for others in 1..reqs.len() {
+        for staggered in [false, true] {
+            let jobs: Vec<Job> = reqs[..=others]
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Job {
+                    req: r.clone(),
+                    at: if staggered { 4 * i } else { 0 },
+                })
+                .collect();
+            let (runs, trace) = run_batch(e, &jobs, |_, _, _| {});
+            let tag = format!("{label}: {} requests, staggered {staggered}", others + 1);
+            for (i, r) in runs.iter().enumerate() {
+                assert!(
+                    same(&format!("{tag}, request {i}"), r, &alone[i]),
+                    "{tag}: request {i} differs from alone"
+                );
+                assert_eq!(
+                    r.outcome.finish, alone[i].outcome.finish,
+                    "{tag}: request {i}"
+                );
+            }
+            assert!(trace.widest >= 2, "{tag}: no decode step ran two rows");
+            if staggered {
+                assert!(
+                    trace.interleaved > 0,
+                    "{tag}: no prefill ran beside decoding sequences"
+                );
+            }
+            eprintln!("{tag}: ok ({trace:?})");
+        }
+    }
+}
+
+#[test]
+fn batch_invariance_all_resident() {
+    if !gpu_or_skip("batch_invariance_all_resident") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny");
+    let cache = tmp.path().join("cache");
+    let mut e = load(&model, &options(&cache, 8));
+    assert!(!e.hcs_active());
+    assert_eq!(e.capacity(), 8);
+    let reqs = requests(e.info().vocab_size);
+    let alone = alone(&mut e, &reqs);
+    // Alone through the batch is `generate`.
+    for (r, a) in reqs.iter().zip(&alone) {
+        let (toks, o) = generate_all(&mut e, r);
+        assert_eq!(toks, a.tokens, "generate differs from the batch alone");
+        assert_eq!(o.finish, a.outcome.finish);
+    }
+    invariant("all resident, graphs", &mut e, &reqs, &alone);
+    e.set_cuda_graphs(false);
+    invariant("all resident, eager", &mut e, &reqs[..4], &alone);
+}
+
+/// HCS with nothing resident and streamed prefill, against the
+/// all-resident runs alone: bit-identical alone and beside others.
+#[test]
+fn batch_invariance_under_hcs_streamed_prefill() {
+    if !gpu_or_skip("batch_invariance_under_hcs_streamed_prefill") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny");
+    let cache = tmp.path().join("cache");
+    let reqs = {
+        let mut resident = load(&model, &options(&cache, 8));
+        let reqs = requests(resident.info().vocab_size);
+        let runs = alone(&mut resident, &reqs);
+        (reqs, runs)
+    };
+    let (reqs, want) = reqs;
+    let mut e = load(&model, &hcs_options(&cache, 8));
+    assert!(e.hcs_active(), "HCS was not forced on");
+    let hcs_alone = alone(&mut e, &reqs);
+    for (i, (h, w)) in hcs_alone.iter().zip(&want).enumerate() {
+        assert!(
+            same(&format!("HCS alone {i}"), h, w),
+            "HCS alone, request {i}, differs from all resident"
+        );
+    }
+    invariant("HCS", &mut e, &reqs, &want);
+    let s = e.hcs_stats().expect("HCS stats");
+    eprintln!(
+        "HCS: {}/{} experts on the GPU, last traffic {s:?}",
+        s.resident_experts, s.total_experts
+    );
+}
+
+/// A request whose rows are taken waits, then runs once a sequence ended
+/// and gave its rows back; a full batch waits too.
+#[test]
+fn a_request_waits_for_rows_then_runs() {
+    if !gpu_or_skip("a_request_waits_for_rows_then_runs") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny");
+    let cache = tmp.path().join("cache");
+    // The arena is one context: 700 + 400 rows do not fit together.
+    let mut e = load(
+        &model,
+        &CudaEngineOptions {
+            kv_rows: None,
+            ..options(&cache, 2)
+        },
+    );
+    assert_eq!(e.kv_rows_used(), (0, CONTEXT));
+    let vocab = e.info().vocab_size;
+    let a = greedy_request(&tokens(600, vocab, 1), 101);
+    let b = greedy_request(&tokens(300, vocab, 2), 101);
+    let want = alone(&mut e, &[a.clone(), b.clone()]);
+    let (runs, trace) = run_batch(
+        &mut e,
+        &[Job { req: a, at: 0 }, Job { req: b, at: 1 }],
+        |_, _, _| {},
+    );
+    assert!(trace.waits > 0, "b never waited");
+    assert_eq!(trace.widest, 1, "a and b decoded together in a full arena");
+    for (i, (g, w)) in runs.iter().zip(&want).enumerate() {
+        assert!(same(&format!("waited {i}"), g, w));
+    }
+    // A full batch: the third request waits.
+    let small = greedy_request(&tokens(10, vocab, 3), 4);
+    let x = e.admit(small.clone()).unwrap();
+    let y = e.admit(small.clone()).unwrap();
+    assert!(matches!(
+        (x, y),
+        (Admission::Admitted(_), Admission::Admitted(_))
+    ));
+    assert_eq!(e.admit(small.clone()).unwrap(), Admission::Wait);
+    // A request that can never fit is an error at once, nothing held.
+    assert!(
+        e.admit(greedy_request(&tokens(CONTEXT + 1, vocab, 4), 4))
+            .is_err()
+    );
+    for id in [x, y] {
+        let Admission::Admitted(id) = id else {
+            unreachable!()
+        };
+        let o = e.end(id).expect("running");
+        assert_eq!(o.finish, FinishReason::Cancelled);
+    }
+    assert_eq!((e.active(), e.kv_rows_used().0), (0, 0));
+}
+
+/// Cancelling one sequence mid-prefill and another mid-decode, and ending a
+/// third from the caller's side, leaves the rest bit-identical to their
+/// runs alone and gives every row back.
+#[test]
+fn cancel_and_end_leave_the_others_untouched() {
+    if !gpu_or_skip("cancel_and_end_leave_the_others_untouched") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny");
+    let cache = tmp.path().join("cache");
+    for opts in [options(&cache, 6), hcs_options(&cache, 6)] {
+        let mut e = load(&model, &opts);
+        let label = if e.hcs_active() {
+            "HCS"
+        } else {
+            "all resident"
+        };
+        let vocab = e.info().vocab_size;
+        let reqs = requests(vocab);
+        let want = alone(&mut e, &reqs[..3]);
+        let flags: Vec<Arc<AtomicBool>> =
+            (0..2).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        // Job 3: a long prompt cancelled during its prefill (after its
+        // first chunk; with HCS, whose prefill of a prompt is one step,
+        // before it); job 4 cancelled after its third token; job 5 ended
+        // from the caller's side after its second.
+        let mut long = greedy_request(&tokens(CHUNK * 12, vocab, 9), 8);
+        long.cancel = CancelToken::new(flags[0].clone());
+        let progress = long.live.clone();
+        let mut dec = greedy_request(&tokens(40, vocab, 10), 30);
+        dec.cancel = CancelToken::new(flags[1].clone());
+        let ended = greedy_request(&tokens(50, vocab, 11), 30);
+        let mut jobs: Vec<Job> = reqs[..3]
+            .iter()
+            .map(|r| Job {
+                req: r.clone(),
+                at: 0,
+            })
+            .collect();
+        jobs.push(Job { req: long, at: 1 });
+        jobs.push(Job { req: dec, at: 1 });
+        jobs.push(Job { req: ended, at: 1 });
+        let hcs = e.hcs_active();
+        let mut ended_outcome = None;
+        let mut cancelled_at = None;
+        let (runs, _) = run_batch(&mut e, &jobs, |v, e, out| {
+            let prefilled = progress.prefilled();
+            if cancelled_at.is_none()
+                && v.ids.contains_key(&3)
+                && (hcs || (prefilled > 0 && (prefilled as usize) < CHUNK * 12))
+            {
+                flags[0].store(true, Ordering::Relaxed);
+                cancelled_at = Some(prefilled);
+            }
+            if v.tokens[4] >= 3 {
+                flags[1].store(true, Ordering::Relaxed);
+            }
+            if v.tokens[5] >= 2
+                && out[5].is_none()
+                && let Some(&id) = v.ids.get(&5)
+            {
+                let o = e.end(id).expect("job 5 running");
+                ended_outcome = Some(o.clone());
+                out[5] = Some(Run {
+                    tokens: Vec::new(),
+                    logits: e.take_recorded(id).unwrap_or_default(),
+                    outcome: o,
+                });
+            }
+        });
+        eprintln!("{label}: job 3 cancelled with {cancelled_at:?} prompt tokens prefilled");
+        assert!(
+            cancelled_at.is_some(),
+            "{label}: job 3 was not cancelled in its prefill"
+        );
+        for i in 0..3 {
+            assert!(
+                same(&format!("{label} {i}"), &runs[i], &want[i]),
+                "{label}: request {i} changed"
+            );
+        }
+        assert_eq!(runs[3].outcome.finish, FinishReason::Cancelled, "{label}");
+        assert_eq!(
+            runs[3].outcome.stats.generated_tokens, 0,
+            "{label}: tokens after a prefill cancel"
+        );
+        assert_eq!(runs[4].outcome.finish, FinishReason::Cancelled, "{label}");
+        assert!(
+            runs[4].outcome.stats.generated_tokens > 0,
+            "{label}: decode cancel before any token"
+        );
+        let o = ended_outcome.expect("job 5 ended from the caller's side");
+        assert_eq!(
+            (o.finish, o.stats.generated_tokens),
+            (FinishReason::Cancelled, 2)
+        );
+        assert_eq!(
+            (e.active(), e.kv_rows_used().0),
+            (0, 0),
+            "{label}: rows held after the batch"
+        );
+    }
+}
+
+/// A prompt served from the prefix cache into a sequence's rows (not row
+/// 0: another sequence holds those) is bit-identical to a cold prefill.
+#[test]
+fn a_prefix_hit_into_a_sequences_rows_is_exact() {
+    if !gpu_or_skip("a_prefix_hit_into_a_sequences_rows_is_exact") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny");
+    let cache = tmp.path().join("cache");
+    let g = ModelConfig::load(&model).unwrap().geometry();
+    let pool = 64 * krasis_gpu::prefix::block_bytes(&g, CHUNK);
+    for base in [options(&cache, 4), hcs_options(&cache, 4)] {
+        let mut e = load(
+            &model,
+            &CudaEngineOptions {
+                prefix_cache: PrefixCacheChoice::Bytes(pool),
+                ..base
+            },
+        );
+        let mut cold = load(&model, &options(&cache, 4));
+        let vocab = e.info().vocab_size;
+        let prompt = tokens(230, vocab, 21);
+        let mut req = greedy_request(&prompt, 10);
+        req.cache_prompt = true;
+        let want = alone(&mut cold, std::slice::from_ref(&req));
+        // Store the prompt's blocks.
+        alone(&mut e, std::slice::from_ref(&req));
+        // Another sequence first (it takes the arena's first rows), then
+        // the prompt again, from the cache.
+        let other = greedy_request(&tokens(90, vocab, 22), 20);
+        let (runs, _) = run_batch(
+            &mut e,
+            &[
+                Job { req: other, at: 0 },
+                Job {
+                    req: req.clone(),
+                    at: 2,
+                },
+            ],
+            |_, _, _| {},
+        );
+        assert_eq!(runs[1].outcome.stats.cached_tokens, 224);
+        assert!(same(
+            "prefix hit into a sequence's rows",
+            &runs[1],
+            &want[0]
+        ));
+    }
+}
+
+/// Each planted batching fault leaves a request alone unchanged and makes
+/// some request beside others differ from its run alone: the invariance
+/// test can fail.
+#[test]
+fn planted_batch_faults_break_invariance() {
+    if !gpu_or_skip("planted_batch_faults_break_invariance") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny");
+    let cache = tmp.path().join("cache");
+    let mut e = load(&model, &options(&cache, 4));
+    let reqs: Vec<GenerateRequest> = requests(e.info().vocab_size)[..4]
+        .iter()
+        .map(|r| GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            ..r.clone()
+        })
+        .collect();
+    let want = alone(&mut e, &reqs);
+    let jobs: Vec<Job> = reqs
+        .iter()
+        .map(|r| Job {
+            req: r.clone(),
+            at: 0,
+        })
+        .collect();
+    for fault in Fault::BATCH {
+        e.set_fault(fault).unwrap();
+        let faulty_alone = alone(&mut e, &reqs[..1]);
+        assert!(
+            same(&format!("{fault:?} alone"), &faulty_alone[0], &want[0]),
+            "{fault:?} changed a request alone"
+        );
+        let (runs, _) = run_batch(&mut e, &jobs, |_, _, _| {});
+        let differ = runs
+            .iter()
+            .zip(&want)
+            .filter(|(g, w)| bits(&g.logits) != bits(&w.logits))
+            .count();
+        eprintln!(
+            "{fault:?}: {differ} of {} requests differ from alone",
+            runs.len()
+        );
+        assert!(
+            differ > 0,
+            "{fault:?} did not break batch invariance: the test cannot fail"
+        );
+    }
+    e.set_fault(Fault::None).unwrap();
+    let (runs, _) = run_batch(&mut e, &jobs, |_, _, _| {});
+    for (i, (g, w)) in runs.iter().zip(&want).enumerate() {
+        assert!(same(&format!("after the faults {i}"), g, w));
+    }
+}
+
+/// A ring-KV model (gpt_oss's sliding and sink layers) runs one sequence at
+/// a time and refuses more by name.
+#[test]
+fn ring_models_run_one_sequence() {
+    if !gpu_or_skip("ring_models_run_one_sequence") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = krasis_model::testutil::tiny_gpt_oss_checkpoint();
+    let cache = tmp.path().join("cache");
+    let e = load(
+        &model,
+        &CudaEngineOptions {
+            hcs: false,
+            ..cuda_options(&cache, CONTEXT, CHUNK)
+        },
+    );
+    assert_eq!(e.capacity(), 1);
+    let err = CudaEngine::load(
+        &model,
+        &CudaEngineOptions {
+            hcs: false,
+            parallel: Some(2),
+            ..cuda_options(&cache, CONTEXT, CHUNK)
+        },
+    )
+    .err()
+    .expect("parallel 2 refused");
+    assert!(err.to_string().contains("sliding-window or sink"), "{err}");
+}
