@@ -49,7 +49,7 @@ pub(super) struct Seq {
     sampler: Sampler,
     stats: GenerateStats,
     state: State,
-    /// The prefill chunk (and prefix-cache block) fixed when its prefill began.
+    /// The prefill chunk fixed when its prefill began.
     chunk: usize,
     prefill_started: Option<Instant>,
     first_token: Option<Instant>,
@@ -184,7 +184,7 @@ impl ReferenceEngine {
         if seq.req.cancel.is_cancelled() {
             return Ok(Prefill::Cancelled);
         }
-        self.store_prefix(&seq.req.prompt, hit.as_ref(), seq.chunk, &seq.kv);
+        self.store_prefix(&seq.req.prompt, hit.as_ref(), &seq.kv);
         seq.stats.cached_tokens = hit.map_or(0, |h| h.tokens);
         Ok(Prefill::Done(logits))
     }

@@ -171,19 +171,11 @@ impl ReferenceEngine {
         Some(hit)
     }
 
-    /// After `prompt`'s prefill (in chunks of `chunk` tokens, into `kv`)
-    /// completed: stores its new whole blocks. Nothing when the block size
-    /// changed since its lookup (the hit's blocks are of the old size).
-    pub(super) fn store_prefix(
-        &mut self,
-        prompt: &[u32],
-        hit: Option<&Hit>,
-        chunk: usize,
-        kv: &KvCache,
-    ) {
-        if let (Some(p), Some(hit)) = (self.prefix.as_mut(), hit)
-            && p.index.block_tokens() == chunk
-        {
+    /// After `prompt`'s prefill (into `kv`) completed: stores its new whole
+    /// blocks (any prefill rows form a block: the prefill is chunk
+    /// invariant).
+    pub(super) fn store_prefix(&mut self, prompt: &[u32], hit: Option<&Hit>, kv: &KvCache) {
+        if let (Some(p), Some(hit)) = (self.prefix.as_mut(), hit) {
             p.store(prompt, hit, kv);
         }
     }
