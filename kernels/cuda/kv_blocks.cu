@@ -6,7 +6,10 @@
 // [head_dim] (kv_cache.cu), one buffer for K and one for V, whose addresses
 // come from two device arrays (layer_k, layer_v). One launch moves any
 // number of blocks in one direction: pair i = (slot, block) is pool slot
-// `slot` <-> positions block*B .. (block+1)*B of every layer.
+// `slot` <-> positions block*B .. (block+1)*B of one sequence's rows of
+// every layer, which start at row `base` of the KV arena (continuous
+// batching: every running sequence owns a range of rows; `seq_offset` =
+// base * head_dim elements).
 //
 // The pool is device memory (the VRAM tier) or page-locked host memory
 // mapped into the device (the host tier): then the copy crosses PCIe as
@@ -21,7 +24,7 @@
 // keeps a bad pair from writing outside the buffers).
 
 extern "C" __global__ void __launch_bounds__(256)
-    kv_blocks_copy(const u64* __restrict__ layer_k, const u64* __restrict__ layer_v, u64 head_stride, u64 pool,
+    kv_blocks_copy(const u64* __restrict__ layer_k, const u64* __restrict__ layer_v, u64 head_stride, u64 seq_offset, u64 pool,
                    u32 pool_slots, const u32* __restrict__ pairs, u32 n_pairs, u32 layers, u32 heads, u32 run,
                    u32 blocks_per_head, u32 to_pool) {
     u64 i = blockIdx.x;
@@ -35,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const u32 slot = pairs[2 * p], block = pairs[2 * p + 1];
     if (slot >= pool_slots || block >= blocks_per_head) asm volatile("trap;");
     const u64 slot_elems = (u64)layers * 2 * heads * run;
-    uint4* seq = (uint4*)((unsigned short*)(w ? layer_v[l] : layer_k[l]) + (u64)h * head_stride + (u64)block * run);
+    uint4* seq = (uint4*)((unsigned short*)(w ? layer_v[l] : layer_k[l]) + (u64)h * head_stride + seq_offset + (u64)block * run);
     uint4* blk = (uint4*)((unsigned short*)pool + (u64)slot * slot_elems + ((u64)(l * 2 + w) * heads + h) * run);
     const u32 vecs = run / 8;
     if (to_pool) {

@@ -1190,6 +1190,7 @@ fn kv_blocks_reference_layout_and_round_trip() {
         &mut k,
         &mut v,
         g,
+        0,
         &mut pool,
         &[(1, 2), (2, 0)],
         BlockCopy::ToPool,
@@ -1204,14 +1205,16 @@ fn kv_blocks_reference_layout_and_round_trip() {
     assert_eq!(at(1, 1, 1, 2, 1, 7), val(1, 1, 2, 5, 7));
     assert_eq!(at(1, 0, 0, 0, 0, 0), val(0, 0, 0, 4, 0));
     assert_eq!(at(2, 1, 0, 1, 1, 3), val(1, 0, 1, 1, 3));
-    // Restore slot 1 as block 1 of a cleared cache.
+    // Restore slot 1 as block 0 of the sequence whose rows start at row 2
+    // of a cleared cache: positions 2 and 3.
     let (mut k2, mut v2) = (vec![vec![0u16; n]; 2], vec![vec![0u16; n]; 2]);
     kv_blocks_copy(
         &mut k2,
         &mut v2,
         g,
+        2,
         &mut pool,
-        &[(1, 1)],
+        &[(1, 0)],
         BlockCopy::ToSequence,
     );
     for l in 0..g.layers {

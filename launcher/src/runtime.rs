@@ -315,8 +315,9 @@ pub mod tests {
                 .expect("common/fixtures/architectures.json parses");
         let mut c = Capabilities::new("0.1.0", reason, architectures);
         // As the runtime reports its engines (`runtime/src/cmd/capabilities.rs`):
-        // the reference engine batches 8 requests and takes a KV budget.
+        // both engines batch 8 requests and take a KV budget.
         c.set_batching(Backend::Reference, 8, true);
+        c.set_batching(Backend::Cuda, 8, true);
         c
     }
 

@@ -31,7 +31,12 @@ impl KvBlockGeom {
 
     /// Whole blocks a head's cache holds.
     pub fn blocks_per_head(&self) -> usize {
-        self.capacity / self.block_tokens.max(1)
+        self.blocks_after(0)
+    }
+
+    /// Whole blocks a sequence whose rows start at row `base` can hold.
+    pub fn blocks_after(&self, base: usize) -> usize {
+        self.capacity.saturating_sub(base) / self.block_tokens.max(1)
     }
 }
 
@@ -46,8 +51,8 @@ pub enum BlockCopy {
 
 impl Kernels {
     /// Moves `n_pairs` blocks: pair `i` (`pairs[2i]`, `pairs[2i + 1]`) =
-    /// (pool slot, block index), between positions `block * B ..` of every
-    /// layer's K and V (`layer_k[l]`, `layer_v[l]`: device addresses of
+    /// (pool slot, block index), between positions `block * B ..` of the
+    /// sequence whose rows start at row `base` of every layer's K and V (`layer_k[l]`, `layer_v[l]`: device addresses of
     /// 16-bit `[heads][capacity][head_dim]` buffers) and slot `slot` of the
     /// pool at address `pool` (`pool_slots` slots of
     /// [`KvBlockGeom::slot_elems`], device memory or page-locked host
@@ -61,6 +66,7 @@ impl Kernels {
         layer_k: &impl DevicePtr<u64>,
         layer_v: &impl DevicePtr<u64>,
         geom: KvBlockGeom,
+        base: usize,
         pool: u64,
         pool_slots: usize,
         pairs: &impl DevicePtr<u32>,
@@ -77,6 +83,9 @@ impl Kernels {
         ensure(K, pool.is_multiple_of(16), || {
             format!("pool address {pool:#x} is not 16-byte aligned")
         })?;
+        ensure(K, base < g.capacity && (base * g.head_dim).is_multiple_of(8), || {
+            format!("sequence base row {base} of {g:?}: inside the cache, at a 16-byte boundary")
+        })?;
         check_len(K, "layer_k", layer_k.len(), g.layers)?;
         check_len(K, "layer_v", layer_v.len(), g.layers)?;
         check_len(K, "pairs", pairs.len(), 2 * n_pairs)?;
@@ -85,13 +94,14 @@ impl Kernels {
             format!("{n_pairs} blocks of {g:?} exceed the grid")
         })?;
         let head_stride = (g.capacity * g.head_dim) as u64;
+        let seq_offset = (base * g.head_dim) as u64;
         let (slots, n, layers, heads, run, bph) = (
             dim_u32(K, "pool_slots", pool_slots)?,
             dim_u32(K, "n_pairs", n_pairs)?,
             dim_u32(K, "layers", g.layers)?,
             dim_u32(K, "heads", g.heads)?,
             dim_u32(K, "block_tokens * head_dim", g.run())?,
-            dim_u32(K, "blocks per head", g.blocks_per_head())?,
+            dim_u32(K, "blocks per head", g.blocks_after(base))?,
         );
         let to_pool = u32::from(dir == BlockCopy::ToPool);
         let f = self.func(K)?;
@@ -99,7 +109,11 @@ impl Kernels {
         let (vp, _g2) = layer_v.device_ptr(stream);
         let (pp, _g3) = pairs.device_ptr(stream);
         let mut b = builder(stream, f);
-        b.arg(&kp).arg(&vp).arg(&head_stride).arg(&pool).arg(&slots);
+        b.arg(&kp)
+            .arg(&vp)
+            .arg(&head_stride)
+            .arg(&seq_offset)
+            .arg(&pool).arg(&slots);
         b.arg(&pp)
             .arg(&n)
             .arg(&layers)

@@ -5,11 +5,12 @@ use crate::ops::kv_blocks::{BlockCopy, KvBlockGeom};
 
 /// [`crate::Kernels::kv_blocks_copy`] on host buffers: `k[l]`, `v[l]` are
 /// layer `l`'s `[heads][capacity][head_dim]` caches, `pool` the slots,
-/// `pairs` (slot, block) pairs.
+/// `pairs` (slot, block) pairs of the sequence whose rows start at `base`.
 pub fn kv_blocks_copy(
     k: &mut [Vec<u16>],
     v: &mut [Vec<u16>],
     geom: KvBlockGeom,
+    base: usize,
     pool: &mut [u16],
     pairs: &[(u32, u32)],
     dir: BlockCopy,
@@ -19,13 +20,13 @@ pub fn kv_blocks_copy(
     for &(slot, block) in pairs {
         let (slot, block) = (slot as usize, block as usize);
         assert!(
-            (block + 1) * g.block_tokens <= g.capacity,
+            base + (block + 1) * g.block_tokens <= g.capacity,
             "block {block} past the cache"
         );
         for l in 0..g.layers {
             for (w, cache) in [&mut k[l], &mut v[l]].into_iter().enumerate() {
                 for h in 0..g.heads {
-                    let s = h * g.capacity * g.head_dim + block * run;
+                    let s = (h * g.capacity + base) * g.head_dim + block * run;
                     let p = slot * g.slot_elems() + ((l * 2 + w) * g.heads + h) * run;
                     for e in 0..run {
                         match dir {

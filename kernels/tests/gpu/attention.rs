@@ -296,11 +296,11 @@ fn rows_are_chunk_invariant<A: Act16>(name: &str) {
                 let mut out = poison_bf16(&s, (b - a) * row);
                 if simt {
                     g.kernels
-                        .attention_prefill_simt(&s, &q, gg, a, c.kv, &k, &v, scale, &mut out)
+                        .attention_prefill_simt(&s, &q, gg, a, c.kv, 0, &k, &v, scale, &mut out)
                         .unwrap();
                 } else {
                     g.kernels
-                        .attention_prefill(&s, &q, gg, a, c.kv, &k, &v, scale, &mut out)
+                        .attention_prefill(&s, &q, gg, a, c.kv, 0, &k, &v, scale, &mut out)
                         .unwrap();
                 }
                 down(&s, &out)

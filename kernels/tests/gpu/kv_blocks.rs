@@ -15,7 +15,8 @@ fn kv_blocks_copy_matches_reference() {
         return;
     };
     let mut rng = rng("kv_blocks_copy_matches_reference");
-    for (geom, slots, pairs) in [
+    // (geometry, pool slots, pairs, the sequence's first KV row)
+    for (geom, slots, pairs, base) in [
         (
             KvBlockGeom {
                 layers: 3,
@@ -26,6 +27,20 @@ fn kv_blocks_copy_matches_reference() {
             },
             5usize,
             vec![(3u32, 0u32), (0, 7), (4, 2)],
+            0usize,
+        ),
+        // A batched sequence's rows start off any block boundary.
+        (
+            KvBlockGeom {
+                layers: 2,
+                heads: 2,
+                head_dim: 64,
+                block_tokens: 64,
+                capacity: 640,
+            },
+            3,
+            vec![(2, 7), (0, 1)],
+            72,
         ),
         (
             KvBlockGeom {
@@ -37,6 +52,7 @@ fn kv_blocks_copy_matches_reference() {
             },
             2,
             vec![(1, 3), (0, 0)],
+            0,
         ),
     ] {
         let n = geom.heads * geom.capacity * geom.head_dim;
@@ -50,7 +66,7 @@ fn kv_blocks_copy_matches_reference() {
         let pairs_d = up(&s, &flat);
         for mapped in [false, true] {
             for dir in [BlockCopy::ToPool, BlockCopy::ToSequence] {
-                let what = format!("{geom:?} mapped={mapped} {dir:?}");
+                let what = format!("{geom:?} base {base} mapped={mapped} {dir:?}");
                 let kd: Vec<_> = k.iter().map(|x| up(&s, x)).collect();
                 let vd: Vec<_> = v.iter().map(|x| up(&s, x)).collect();
                 let addr = |b: &cudarc::driver::CudaSlice<u16>| b.device_ptr(&s).0;
@@ -60,11 +76,22 @@ fn kv_blocks_copy_matches_reference() {
                 let mut host = HostPool::new(&pool0);
                 let pool = if mapped { host.dev } else { addr(&pool_dev) };
                 g.kernels
-                    .kv_blocks_copy(&s, &lk, &lv, geom, pool, slots, &pairs_d, pairs.len(), dir)
+                    .kv_blocks_copy(
+                        &s,
+                        &lk,
+                        &lv,
+                        geom,
+                        base,
+                        pool,
+                        slots,
+                        &pairs_d,
+                        pairs.len(),
+                        dir,
+                    )
                     .unwrap();
                 s.synchronize().unwrap();
                 let (mut kw, mut vw, mut pw) = (k.clone(), v.clone(), pool0.clone());
-                cpu::kv_blocks_copy(&mut kw, &mut vw, geom, &mut pw, &pairs, dir);
+                cpu::kv_blocks_copy(&mut kw, &mut vw, geom, base, &mut pw, &pairs, dir);
                 let got_pool = if mapped {
                     host.read()
                 } else {

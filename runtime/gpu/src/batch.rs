@@ -42,7 +42,7 @@ use crate::error::{GpuError, Result};
 use crate::forward::Positions;
 use crate::stats::LivePublisher;
 use cudarc::driver::{CudaEvent, CudaGraph, sys};
-use krasis_model::batch::{Admission, Batch, SeqEvent, SeqId, finish_after_token};
+use krasis_model::batch::{Admission, Batch, KvUsage, SeqEvent, SeqId, finish_after_token};
 use krasis_model::prefix_cache::Hit;
 use krasis_model::{EngineError, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats};
 use std::collections::HashMap;
@@ -429,8 +429,10 @@ impl CudaEngine {
             )
         };
         let n = prompt.len();
+        // Chunks are counted from the cached prefix (a block boundary).
+        let from = self.seq(id).stats.cached_tokens;
         let cap = self.model.scratch.cap;
-        let last_chunk_start = (n - 1) / cap * cap;
+        let last_chunk_start = from + (n - 1 - from) / cap * cap;
         let reached =
             self.prefill_cancellable(&prompt, (next, 1), base, &cancel, &live, |m, start, _| {
                 if start == last_chunk_start {
@@ -816,6 +818,16 @@ impl Batch for CudaEngine {
 
     fn active(&self) -> usize {
         self.batch.active()
+    }
+
+    /// The KV arena in tokens: one row is one position of every
+    /// full-attention layer.
+    fn kv_usage(&self) -> KvUsage {
+        let (used, total) = self.kv_rows_used();
+        KvUsage {
+            used_tokens: used,
+            total_tokens: total,
+        }
     }
 }
 

@@ -32,11 +32,14 @@ pub fn report() -> Capabilities {
 /// architectures are the registry's, never restated.
 pub fn of_this_build(runtime_version: &str, cuda: Result<(), String>) -> Capabilities {
     let mut c = Capabilities::new(runtime_version, cuda, registry::caps());
-    // The reference engine batches (`Engine::batch`) and takes a KV budget.
-    // The CUDA engine runs one request at a time in this build: no batch
-    // interface, and its KV is sized from the VRAM budget.
+    // Both engines batch (`Engine::batch`) and take a KV budget (the
+    // reference's KV tokens, the CUDA engine's KV arena rows). The CUDA
+    // engine refuses more than one sequence by name for a model whose ring
+    // KV holds one (`krasis_gpu::options::single_sequence`).
     let reference = krasis_model::reference::BATCH_CAPACITY as u32;
     c.set_batching(krasis_common::Backend::Reference, reference, true);
+    let cuda = krasis_gpu::options::MAX_PARALLEL as u32;
+    c.set_batching(krasis_common::Backend::Cuda, cuda, true);
     c
 }
 
@@ -110,8 +113,11 @@ mod tests {
             krasis_model::reference::ReferenceEngine::load(&dir, Default::default()).unwrap();
         assert_eq!(b.max_parallel as usize, e.batch().unwrap().capacity());
         assert!(b.kv_tokens);
-        // The CUDA engine of this build has no batch interface.
-        assert_eq!(c.backend("cuda").unwrap().max_parallel, 1);
+        // The CUDA engine's: the most rows its decode kernels take (its
+        // GPU tests run that many sequences together).
+        let cuda = c.backend("cuda").unwrap();
+        assert_eq!(cuda.max_parallel as usize, krasis_gpu::options::MAX_PARALLEL);
+        assert!(cuda.kv_tokens);
     }
 
     #[test]

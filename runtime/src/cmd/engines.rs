@@ -72,13 +72,19 @@ pub struct EngineArgs {
     /// any prefill rows form prefix cache blocks whatever the chunk.
     #[arg(long, value_name = "TOKENS")]
     pub prefill_chunk: Option<usize>,
-    /// KV memory all running requests share, in tokens (reference backend;
-    /// default: 8 contexts, so each of its 8 sequences can hold a whole
+    /// KV memory all running requests share, in tokens (reference: default
+    /// 8 contexts, so each of its 8 sequences can hold a whole context;
+    /// cuda: the KV arena's rows, at least the context, default one
     /// context). A request reserves its prompt + max_tokens when it starts;
     /// one that does not fit beside the running ones waits in the queue,
     /// one that never fits is refused.
     #[arg(long, value_name = "TOKENS")]
     pub kv_tokens: Option<u64>,
+    /// Most requests decoding together (`serve --parallel`; the cuda
+    /// engine sizes its per-sequence state and decode graphs for them).
+    /// Not a flag of this group: `serve` sets it.
+    #[arg(skip)]
+    pub parallel: Option<u32>,
 }
 
 /// The reference engine's prefix cache tiers under `auto`: host memory.
@@ -109,6 +115,10 @@ impl EngineArgs {
             hcs: self.hcs_enabled(),
             heatmap: krasis_common::options::HeatmapChoice::parse(&self.heatmap),
             safety_margin: self.safety_margin_mib << 20,
+            parallel: self.parallel.map(|n| n as usize),
+            kv_rows: self
+                .kv_tokens
+                .map(|t| usize::try_from(t).unwrap_or(usize::MAX)),
             ..krasis_gpu::CudaEngineOptions::default()
         }
     }
@@ -213,13 +223,8 @@ pub fn load_engine_reporting(
             Ok(Box::new(engine))
         }
         Backend::Cuda => {
-            // The capability report says the same (`kv_tokens: false`).
-            if args.kv_tokens.is_some() {
-                bail!(
-                    "--kv-tokens applies to the reference backend; the cuda engine sizes its KV \
-                     memory from the measured VRAM budget"
-                );
-            }
+            // `--kv-tokens` is the KV arena's rows (the engine refuses fewer
+            // than the context, by name).
             let engine =
                 krasis_gpu::CudaEngine::load_reporting(&args.model, &args.cuda_options(), progress)
                     .with_context(|| {
@@ -443,9 +448,10 @@ mod tests {
     }
 
     /// `--kv-tokens` becomes the reference engine's KV budget (its default
-    /// is 8 contexts); 0 is refused, and the cuda backend refuses it.
+    /// is 8 contexts; 0 is refused) and the cuda engine's KV arena rows;
+    /// serve's parallelism reaches the cuda engine's options.
     #[test]
-    fn kv_tokens_reach_the_reference_engine_and_cuda_refuses_them() {
+    fn kv_tokens_and_parallel_reach_the_engines() {
         let model = krasis_model::testutil::tiny_checkpoint("tiny");
         let engine = |extra: &[&str]| {
             let mut argv = vec!["x", "--model", model.to_str().unwrap()];
@@ -463,12 +469,13 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.to_string().contains("--kv-tokens 0"), "{e}");
-        let e = engine(&["--kv-tokens", "300"]).err().unwrap();
-        assert!(
-            e.to_string()
-                .contains("--kv-tokens applies to the reference"),
-            "{e}"
-        );
+        let mut cuda = Cli::try_parse_from(["x", "--model", "m", "--kv-tokens", "70000"])
+            .unwrap()
+            .engine;
+        assert_eq!(cuda.cuda_options().kv_rows, Some(70_000));
+        assert_eq!(cuda.cuda_options().parallel, None);
+        cuda.parallel = Some(4);
+        assert_eq!(cuda.cuda_options().parallel, Some(4));
     }
 
     #[test]

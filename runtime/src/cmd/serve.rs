@@ -435,7 +435,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     );
 
     let load_state = state.clone();
-    let engine_args = args.engine.clone();
+    let mut engine_args = args.engine.clone();
+    engine_args.parallel = args.parallel;
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         // Byte progress of the load's long steps, for the launcher's bar.
         let sink = |e: ProgressEvent| emit(progress, e);

@@ -168,7 +168,20 @@ fn batching_fields_follow_the_backend() {
     assert_eq!(o.kv_tokens, Some(65536));
     assert!(Field::KvTokens.set_text(&mut o, "0").is_err());
     caps.check_options(&o, "qwen3_moe").unwrap();
-    // To cuda (one request at a time in this build): both are dropped.
+    // To cuda, which batches as many and takes a KV budget: both kept.
+    let mut to_cuda = o.clone();
+    while to_cuda.backend != Backend::Cuda {
+        Field::Backend.cycle(&mut to_cuda, cx, true);
+    }
+    assert_eq!((to_cuda.parallel, to_cuda.kv_tokens), (Some(8), Some(65536)));
+    // To a backend that runs one request at a time without a KV budget:
+    // both are dropped.
+    let mut single = caps.clone();
+    single.set_batching(Backend::Cuda, 1, false);
+    let cx = crate::tui::fields::FieldCtx {
+        caps: &single,
+        ..cx
+    };
     while o.backend != Backend::Cuda {
         Field::Backend.cycle(&mut o, cx, true);
     }
