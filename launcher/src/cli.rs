@@ -222,8 +222,8 @@ pub struct OptionFlags {
     /// capacity).
     #[arg(long, value_name = "N")]
     pub parallel: Option<u32>,
-    /// KV memory all running requests share, in tokens (reference backend;
-    /// default: the engine's).
+    /// KV memory all running requests share, in tokens (cuda: the KV
+    /// arena's rows, at least the context; default: the engine's).
     #[arg(long, value_name = "TOKENS")]
     pub kv_tokens: Option<u64>,
     /// The prefix cache's host tier (page-locked RAM): auto, off, or a size.

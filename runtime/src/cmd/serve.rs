@@ -51,8 +51,9 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     pub queue_depth: u32,
     /// The most requests decoding together (continuous batching), 1 to 8
-    /// (default: the engine's capacity: 8 for the reference engine, 1 for
-    /// an engine that runs one request at a time). More than the engine
+    /// (default: the engine's capacity: 8 for the reference engine; cuda:
+    /// one per 512 KV arena rows, at most 8, 1 for gpt_oss). The cuda
+    /// engine sizes its per-sequence state for it; more than the engine
     /// can run is refused.
     #[arg(long, value_name = "N")]
     pub parallel: Option<u32>,
