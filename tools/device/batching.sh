@@ -53,7 +53,7 @@ if [ "$P" = tests ]; then
   if [ "${KERNELS:-1}" = 1 ]; then
     b=$(ls $D/gpu-* 2>/dev/null | head -1)
     if [ -z "$b" ]; then log "test gpu (kernels): binary missing"; else
-      timeout 200 "$b" --test-threads 1 rows:: attention:: elementwise:: rope:: rope_partial:: fp16:: \
+      timeout 200 "$b" --test-threads 1 rows:: attention:: elementwise:: rope:: rope_partial:: fp16:: kv_blocks:: \
         gemv:: int4:: > "$R/test-gpu.log" 2>&1
       log "test gpu (kernels, filtered) rc=$? $(grep -h '^test result' "$R/test-gpu.log" | tail -1)"
       grep -E "FAILED|panicked|SKIPPED" "$R/test-gpu.log" | head -20 >> "$SUM"
