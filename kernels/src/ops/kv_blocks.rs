@@ -83,9 +83,15 @@ impl Kernels {
         ensure(K, pool.is_multiple_of(16), || {
             format!("pool address {pool:#x} is not 16-byte aligned")
         })?;
-        ensure(K, base < g.capacity && (base * g.head_dim).is_multiple_of(8), || {
-            format!("sequence base row {base} of {g:?}: inside the cache, at a 16-byte boundary")
-        })?;
+        ensure(
+            K,
+            base < g.capacity && (base * g.head_dim).is_multiple_of(8),
+            || {
+                format!(
+                    "sequence base row {base} of {g:?}: inside the cache, at a 16-byte boundary"
+                )
+            },
+        )?;
         check_len(K, "layer_k", layer_k.len(), g.layers)?;
         check_len(K, "layer_v", layer_v.len(), g.layers)?;
         check_len(K, "pairs", pairs.len(), 2 * n_pairs)?;
@@ -113,7 +119,8 @@ impl Kernels {
             .arg(&vp)
             .arg(&head_stride)
             .arg(&seq_offset)
-            .arg(&pool).arg(&slots);
+            .arg(&pool)
+            .arg(&slots);
         b.arg(&pp)
             .arg(&n)
             .arg(&layers)

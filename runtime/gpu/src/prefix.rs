@@ -350,7 +350,15 @@ impl TieredPrefix {
                 continue;
             }
             let a = timing_event(gpu)?;
-            self.launch(gpu, kernels, tier, base, &pairs, offset, BlockCopy::ToSequence)?;
+            self.launch(
+                gpu,
+                kernels,
+                tier,
+                base,
+                &pairs,
+                offset,
+                BlockCopy::ToSequence,
+            )?;
             let b = timing_event(gpu)?;
             self.restore_ev[tier_index(tier)] = Some((a, b));
             offset += pairs.len();

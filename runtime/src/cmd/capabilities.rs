@@ -116,7 +116,10 @@ mod tests {
         // The CUDA engine's: the most rows its decode kernels take (its
         // GPU tests run that many sequences together).
         let cuda = c.backend("cuda").unwrap();
-        assert_eq!(cuda.max_parallel as usize, krasis_gpu::options::MAX_PARALLEL);
+        assert_eq!(
+            cuda.max_parallel as usize,
+            krasis_gpu::options::MAX_PARALLEL
+        );
         assert!(cuda.kv_tokens);
     }
 

@@ -173,7 +173,10 @@ fn batching_fields_follow_the_backend() {
     while to_cuda.backend != Backend::Cuda {
         Field::Backend.cycle(&mut to_cuda, cx, true);
     }
-    assert_eq!((to_cuda.parallel, to_cuda.kv_tokens), (Some(8), Some(65536)));
+    assert_eq!(
+        (to_cuda.parallel, to_cuda.kv_tokens),
+        (Some(8), Some(65536))
+    );
     // To a backend that runs one request at a time without a KV budget:
     // both are dropped.
     let mut single = caps.clone();
