@@ -19,10 +19,13 @@
 //! output types, beta), chosen once by the heuristic at the site's reference
 //! row count ([`DENSE_REF_ROWS`], [`expert_ref_rows`]) and reused for every
 //! `M`:
-//! - with no workspace (split-K and stream-K kernels need one for their
-//!   partial tiles, so none is offered) and a split-K count of 1, read back
-//!   from the algorithm: an output element is one thread block's K loop,
-//!   whose order depends on the algorithm and `K` only;
+//! - with no workspace for partial tiles (split-K and stream-K kernels
+//!   need one of at least a tile of f32 per split, so the heuristic is
+//!   offered none and a call at most [`SMALL_WORKSPACE`] bytes, far below
+//!   any tile: Hopper's kernels ask `cublasLtMatmulAlgoCheck` for 4 bytes
+//!   at some row counts, measured on the H200) and a split-K count of 1,
+//!   read back from the algorithm: an output element is one thread block's
+//!   K loop, whose order depends on the algorithm and `K` only;
 //! - checked valid (`cublasLtMatmulAlgoCheck`) for every `M` it runs at,
 //!   once per `M`; an `M` it does not serve is an error naming the GEMM,
 //!   never another algorithm;
@@ -114,6 +117,8 @@ pub struct Blas {
     /// cuBLAS (its workspace is set by `Gpu::open_limited`).
     pub legacy: CudaBlas,
     lt: ltsys::cublasLtHandle_t,
+    /// The cuBLASLt calls' workspace of [`SMALL_WORKSPACE`] bytes.
+    workspace: cudarc::driver::CudaSlice<u8>,
     stream: Arc<CudaStream>,
     plans: Mutex<HashMap<Key, Plan>>,
     per_shape: AtomicBool,
@@ -334,11 +339,25 @@ impl Plan {
                 continue;
             }
             self.algo = cand.algo;
-            if self.valid_at(handle, 1).is_ok() && self.valid_at(handle, key.ref_rows).is_ok() {
-                self.checked.extend([1, key.ref_rows]);
-                return Ok(cand.algo);
+            match (
+                self.valid_at(handle, 1),
+                self.valid_at(handle, key.ref_rows),
+            ) {
+                (Ok(()), Ok(())) => {
+                    self.checked.extend([1, key.ref_rows]);
+                    return Ok(cand.algo);
+                }
+                (one, reference) => {
+                    let say = |r: Result<()>| r.err().map_or("valid".into(), |e| e.to_string());
+                    why.push(format!(
+                        "algorithm {:?}: 1 row {}, {} rows {}",
+                        algo_config(&cand.algo, ALGO_ID),
+                        say(one),
+                        key.ref_rows,
+                        say(reference)
+                    ));
+                }
             }
-            why.push("not valid for 1 row".into());
         }
         Err(GpuError::Unsupported(format!(
             "{what}: no algorithm without a workspace or split-K among cuBLASLt's {count} \
@@ -377,9 +396,10 @@ impl Plan {
         .result()
         .map_err(lt_err(what.clone()))?;
         res.state.result().map_err(lt_err(what.clone()))?;
-        if res.workspaceSize != 0 {
+        if res.workspaceSize > SMALL_WORKSPACE {
             return Err(GpuError::Unsupported(format!(
-                "{what}: it needs {} bytes of workspace",
+                "{what}: it needs {} bytes of workspace (at most {SMALL_WORKSPACE}: no partial \
+                 tiles)",
                 res.workspaceSize
             )));
         }
@@ -387,9 +407,17 @@ impl Plan {
     }
 }
 
+/// Workspace bytes a fixed algorithm may use: room for the few bytes some
+/// Hopper kernels ask for (4 at 4096 rows, measured), none for a split-K
+/// or stream-K partial tile (a 64x64 f32 tile is 16 KiB).
+pub const SMALL_WORKSPACE: usize = 1024;
+
 /// Operand alignment every algorithm is chosen for and every call checked
 /// against (what TMA loads need on Hopper).
 const ALIGN: u64 = 16;
+
+const ALGO_ID: ltsys::cublasLtMatmulAlgoConfigAttributes_t =
+    ltsys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_ID;
 
 const ALGO_SPLITK: ltsys::cublasLtMatmulAlgoConfigAttributes_t =
     ltsys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM;
@@ -423,10 +451,14 @@ impl Blas {
             .context()
             .bind_to_thread()
             .map_err(GpuError::driver("binding the CUDA context"))?;
+        let workspace = stream
+            .alloc_zeros::<u8>(SMALL_WORKSPACE)
+            .map_err(GpuError::driver("allocating the cuBLASLt workspace"))?;
         let lt = lt::create_handle().map_err(lt_err("creating the cuBLASLt handle"))?;
         Ok(Blas {
             legacy,
             lt,
+            workspace,
             stream,
             plans: Mutex::new(HashMap::new()),
             per_shape: AtomicBool::new(false),
@@ -488,8 +520,11 @@ impl Blas {
         plan.set_rows(g.m, what)?;
         let alpha = 1.0f32;
         let beta = g.beta;
+        // The kernels' own scratch, ordered on this stream like the GEMMs.
+        let (ws, _ws_guard) = cudarc::driver::DevicePtr::device_ptr(&self.workspace, &self.stream);
         // SAFETY: live descriptors set for these shapes; the caller passes
-        // live device buffers of the stated shapes; no workspace.
+        // live device buffers of the stated shapes; the workspace holds
+        // SMALL_WORKSPACE bytes, at least what the check allowed.
         unsafe {
             lt::matmul(
                 self.lt,
@@ -505,8 +540,8 @@ impl Blas {
                 g.y as *mut c_void,
                 plan.c,
                 &plan.algo,
-                std::ptr::null_mut(),
-                0,
+                ws as *mut c_void,
+                SMALL_WORKSPACE,
                 self.stream.cu_stream() as ltsys::cudaStream_t,
             )
         }

@@ -481,12 +481,15 @@ fn a_prefix_hit_into_a_sequences_rows_is_exact() {
     let model = synth(tmp.path(), "tiny");
     let cache = tmp.path().join("cache");
     let g = ModelConfig::load(&model).unwrap().geometry();
-    let pool = 64 * krasis_gpu::prefix::block_bytes(&g, CHUNK);
+    // 64-token blocks: a 230-token prompt stores 3 whole blocks.
+    const BLOCK: usize = 64;
+    let pool = 64 * krasis_gpu::prefix::block_bytes(&g, BLOCK);
     for base in [options(&cache, 4), hcs_options(&cache, 4)] {
         let mut e = load(
             &model,
             &CudaEngineOptions {
                 prefix_cache: PrefixCacheChoice::Bytes(pool),
+                prefix_block: BLOCK,
                 ..base
             },
         );
@@ -512,7 +515,7 @@ fn a_prefix_hit_into_a_sequences_rows_is_exact() {
             ],
             |_, _, _| {},
         );
-        assert_eq!(runs[1].outcome.stats.cached_tokens, 224);
+        assert_eq!(runs[1].outcome.stats.cached_tokens, 3 * BLOCK);
         assert!(same(
             "prefix hit into a sequence's rows",
             &runs[1],
