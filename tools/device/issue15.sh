@@ -9,7 +9,8 @@
 #       the decode rows, the block copies and chunk-invariant prefill attention.
 #   bash tools/device/issue15.sh perf1 COMMIT
 #       prep (a3b-24l, INT4 cache, heatmap), `bench` prefill 512/8192 all resident (the fixed
-#       cuBLASLt algorithms), continuous batching all resident with 1/2/4/8 clients.
+#       cuBLASLt algorithms), continuous batching all resident with 1/2/4/8 clients, and the
+#       chaos run (16 clients x 20 requests with disconnects and cancellations) all resident.
 #   bash tools/device/issue15.sh perf2 COMMIT
 #       continuous batching at 6 GiB, then the agent loop at 6 GiB with the prefix cache off and
 #       auto (the host tier alone there).
@@ -34,12 +35,15 @@ case "$P" in
     cat /tmp/btr-tests/summary.txt >> "$S"
     ;;
   perf1)
-    BUDGET=110 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     cat /tmp/btr-prep/summary.txt >> "$S"
-    BUDGET=170 bash tools/device/prefix_cache.sh bench "$C" > /dev/null 2>&1
+    BUDGET=120 bash tools/device/prefix_cache.sh bench "$C" > /dev/null 2>&1
     cat /tmp/pcr-bench/summary.txt >> "$S"
-    LIMIT=none CLIENTS=1,2,4,8 BUDGET=290 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+    LIMIT=none CLIENTS=1,2,4,8 BUDGET=200 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
     cat /tmp/btr-parallel-none/summary.txt >> "$S"
+    export PYTHONPATH=/tmp/agent-load/pydeps
+    LIMIT=none timeout 170 bash benchmarks/agent_load_device.sh chaos "$C" > /dev/null 2>&1
+    cat "$OUT/summary.txt" >> "$S"
     ;;
   perf2)
     LIMIT=6GiB CLIENTS=1,2,4,8 BUDGET=220 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
