@@ -57,6 +57,21 @@ case "$P" in
     LIMIT=none CONFIG=auto,evict BUDGET=570 bash tools/device/prefix_cache.sh agent "$C" > /dev/null 2>&1
     cat /tmp/pcr-agent-none-auto_evict/summary.txt >> "$S"
     ;;
+  verify)
+    # After the whole-chunk reuse rule: its GPU tests, then the agent loop at 6 GiB and all
+    # resident with auto tiers (prep first when the machine is fresh).
+    for t in prefix_cache batching; do
+      timeout 120 dist/gpu/$t-* --test-threads 1 --nocapture > "$OUT/$t.log" 2>&1
+      echo "test $t rc=$? $(grep '^test result' "$OUT/$t.log")" >> "$S"
+      grep -E "panicked" -A3 "$OUT/$t.log" | head -12 >> "$S"
+    done
+    [ -f /tmp/agent-load/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    export PYTHONPATH=/tmp/agent-load/pydeps
+    for l in 6GiB none; do
+      LIMIT=$l CONFIG=auto BUDGET=120 bash tools/device/prefix_cache.sh agent "$C" > /dev/null 2>&1
+      cat /tmp/pcr-agent-$l-auto/summary.txt >> "$S"
+    done
+    ;;
   *) echo "unknown phase $P" >> "$S"; exit 2 ;;
 esac
 cat "$S"

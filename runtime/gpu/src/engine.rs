@@ -498,12 +498,29 @@ impl CudaEngine {
                 }
                 e => e,
             })?;
+        let mut pool = pool;
+        // Exactness: a hit resumes prefill where a cold prefill starts a
+        // chunk, and a stored block comes from a complete chunk, so every
+        // row a hit serves was computed as a cold prefill computes it,
+        // whatever the GEMMs do with other row counts (`options.rs`).
+        let chunk = self.model.scratch.cap;
+        let granule = if opts.sub_chunk_reuse {
+            block
+        } else {
+            block / gcd(block, chunk) * chunk
+        };
+        pool.index.set_reuse_granule(granule);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let blocks = |b: u64| b / crate::prefix::block_bytes(g, block).max(1);
         eprintln!(
-            "prefix cache: blocks of {block} tokens; VRAM {:.2} GiB ({} blocks, {:?}{}), taken \
+            "prefix cache: blocks of {block} tokens, reused in multiples of {granule} ({}); VRAM {:.2} GiB ({} blocks, {:?}{}), taken \
              before the expert placement (HCS gets the rest); host tier {:.2} GiB page-locked \
              ({} blocks, {:?}; {:.1} GiB of host memory available)",
+            if opts.sub_chunk_reuse {
+                "any block boundary"
+            } else {
+                "whole prefill chunks: exact by construction"
+            },
             gib(vram),
             blocks(vram),
             opts.prefix_cache,
@@ -861,4 +878,8 @@ mod tests {
         let e = EngineError::from(e);
         assert!(e.is_fatal(), "{e}");
     }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }

@@ -201,6 +201,9 @@ struct Counters {
 
 pub struct PrefixCache {
     block_tokens: usize,
+    /// Tokens a hit and a store come in (a multiple of the block; the
+    /// block by default): see [`Self::set_reuse_granule`].
+    granule: usize,
     block_bytes: u64,
     tiers: [TierState; 2],
     /// Held entries by index (freed indices are reused; ids never are).
@@ -252,6 +255,7 @@ impl PrefixCache {
         );
         PrefixCache {
             block_tokens,
+            granule: block_tokens,
             block_bytes,
             tiers: [
                 TierState::new(primary.0, primary.1),
@@ -272,6 +276,24 @@ impl PrefixCache {
 
     pub fn block_tokens(&self) -> usize {
         self.block_tokens
+    }
+
+    /// Makes every hit cover, and every store reach, a multiple of
+    /// `tokens` (a multiple of the block) from the prompt's start: an
+    /// engine whose prefill is exact only over whole chunks of one grid
+    /// sets its prefill chunk, so a resumed prefill runs the chunks a cold
+    /// one runs and every stored block comes from a complete chunk.
+    pub fn set_reuse_granule(&mut self, tokens: usize) {
+        assert!(
+            tokens > 0 && tokens.is_multiple_of(self.block_tokens),
+            "a reuse granule of {tokens} tokens is not a multiple of the {}-token block",
+            self.block_tokens
+        );
+        self.granule = tokens;
+    }
+
+    pub fn reuse_granule(&self) -> usize {
+        self.granule
     }
 
     /// Slots of `tier`'s pool.
@@ -325,7 +347,7 @@ impl PrefixCache {
         self.reclaim_pending();
         self.tick += 1;
         let b = self.block_tokens;
-        let usable = prompt.len().saturating_sub(1) / b;
+        let usable = prompt.len().saturating_sub(1) / self.granule * self.granule / b;
         let mut hit = Hit::default();
         let mut parent = 0u64;
         for block in prompt.chunks_exact(b).take(usable) {
@@ -338,6 +360,10 @@ impl PrefixCache {
             hit.blocks.push(e.place);
             hit.chain.push((i, e.uid));
         }
+        // A chain that ends inside a granule is used up to its start.
+        let whole = hit.blocks.len() * b / self.granule * self.granule / b;
+        hit.blocks.truncate(whole);
+        hit.chain.truncate(whole);
         hit.tokens = hit.blocks.len() * b;
         self.counters.lookups += 1;
         if hit.blocks.is_empty() {
@@ -385,7 +411,12 @@ impl PrefixCache {
         // The chain the new blocks hang from must stay where it is.
         let mut keep: HashSet<usize> = hit.chain.iter().map(|c| c.0).collect();
         let mut blocks = Vec::new();
-        for (i, block) in prompt.chunks_exact(b).enumerate().skip(hit.chain.len()) {
+        let complete = prompt.len() / self.granule * self.granule;
+        for (i, block) in prompt[..complete]
+            .chunks_exact(b)
+            .enumerate()
+            .skip(hit.chain.len())
+        {
             if blocks.is_empty()
                 && let Some(e) = self.find(parent_uid, block)
             {

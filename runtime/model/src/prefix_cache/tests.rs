@@ -300,3 +300,43 @@ fn a_failed_demotion_drops_the_block() {
     assert_eq!((s.evictions, s.demotions), (1, 0));
     assert_eq!(s.tiers[1].blocks_held, 0);
 }
+
+/// With a reuse granule of 2 blocks (an engine exact only over whole
+/// prefill chunks): a store reaches only whole granules, a hit covers a
+/// whole number of them, and a chain ending inside a granule is used up to
+/// its start.
+#[test]
+fn a_reuse_granule_bounds_hits_and_stores_to_whole_granules() {
+    let mut c = one_tier(16, 100);
+    c.set_reuse_granule(2 * B);
+    assert_eq!(c.reuse_granule(), 8);
+    // 14 tokens: one whole granule (blocks 0, 1); block 2 lies in an
+    // incomplete granule and is not stored.
+    let (hit, stored) = serve(&mut c, &toks(0..14));
+    assert_eq!(hit.tokens, 0);
+    assert_eq!(
+        stored.iter().map(|s| s.block).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    // 20 tokens sharing the first 14: the hit is the granule (8 tokens);
+    // the store adds blocks 2 and 3 (the second granule, now complete).
+    let (hit, stored) = serve(&mut c, &toks(0..20));
+    assert_eq!(hit.tokens, 8);
+    assert_eq!(
+        stored.iter().map(|s| s.block).collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+    // 15 tokens: blocks 0..3 are held, but a hit of 3 blocks would end
+    // inside the second granule, and a hit must leave a token: 8 tokens.
+    let (hit, _) = serve(&mut c, &toks(0..15));
+    assert_eq!(hit.tokens, 8);
+    // 17 tokens: both granules.
+    let (hit, _) = serve(&mut c, &toks(0..17));
+    assert_eq!(hit.tokens, 16);
+}
+
+#[test]
+#[should_panic(expected = "not a multiple")]
+fn a_reuse_granule_must_be_whole_blocks() {
+    one_tier(4, 100).set_reuse_granule(B + 1);
+}
