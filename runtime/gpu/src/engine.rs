@@ -859,6 +859,11 @@ pub(crate) fn kernel_sampling(
     Ok(k)
 }
 
+/// Greatest common divisor (the prefix cache's reuse granule).
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -878,8 +883,4 @@ mod tests {
         let e = EngineError::from(e);
         assert!(e.is_fatal(), "{e}");
     }
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
