@@ -241,6 +241,10 @@ pub fn plan_args(opts: &LaunchOptions, device: Option<(u64, u64)>) -> Vec<String
         a.push("--kv-tokens".into());
         a.push(t.to_string());
     }
+    if let Some(n) = opts.parallel {
+        a.push("--parallel".into());
+        a.push(n.to_string());
+    }
     if opts.backend == Backend::Cuda {
         a.extend([
             "--safety-margin-mib".into(),

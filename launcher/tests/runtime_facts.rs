@@ -115,6 +115,7 @@ fn plan_json_has_the_documented_shape_and_takes_the_launchers_arguments() {
         context_length: Some(256),
         vram_limit_bytes: Some(4 << 30),
         cache_dir: Some(t.path().join("cache")),
+        parallel: Some(2),
         ..LaunchOptions::default()
     };
     let args = krasis::runtime::plan_args(&opts, Some((8 << 30, 16 << 30)));
@@ -156,6 +157,15 @@ fn plan_json_has_the_documented_shape_and_takes_the_launchers_arguments() {
     assert_eq!(g["transient"]["estimate"], true);
     assert_eq!(g["safety_margin_bytes"], 600u64 << 20);
     assert!(g["experts"]["placement"].is_string());
+    // The plan is for the parallelism the launcher asks for.
+    assert!(
+        g["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["name"] == "per-sequence decode state (2 sequence(s) per step)"),
+        "{g}"
+    );
     let p: Plan = serde_json::from_str(&out).unwrap();
     assert_eq!(p.context_length, 256);
     // The reference backend plans host memory only.

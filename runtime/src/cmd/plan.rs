@@ -28,6 +28,11 @@ pub struct Args {
     /// Print one JSON object (`krasis_common::plan::Plan`).
     #[arg(long)]
     pub json: bool,
+    /// Most requests decoding together, as `serve --parallel` gets it (cuda:
+    /// the per-sequence decode state is planned for them; default the
+    /// engine's; a value the engine would refuse is noted in the plan).
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<u32>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -135,6 +140,7 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
             };
             let mut opts = e.cuda_options();
             opts.context_length = Some(context);
+            opts.parallel = a.parallel.map(|n| n as usize);
             // As `serve` loads it: the prefix cache is on unless turned off.
             opts.prefix_cache = e.prefix_cache.unwrap_or_default();
             opts.prefix_cache_host = e.prefix_cache_host.unwrap_or_default();
