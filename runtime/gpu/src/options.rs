@@ -112,23 +112,7 @@ pub fn default_parallel(g: &krasis_model::Geometry, rows: usize, chunk: usize) -
     if single_sequence(g).is_some() {
         return 1;
     }
-    let most = MAX_PARALLEL.min(chunk.max(1)).min(norm_gemv_rows(g));
-    (rows / DEFAULT_ROWS_PER_SEQUENCE).clamp(1, most)
-}
-
-/// Bytes of staged x the RMSNorm-fused decode GEMVs are known to launch
-/// with: on the H200 `gemv_rmsnorm_*_m8` fails to launch
-/// (CUDA_ERROR_INVALID_VALUE) once its rows need the opt-in above 48 KB of
-/// shared memory (7 or 8 rows of a 4096-wide hidden state), while the
-/// plain GEMVs launch there (kernel test `rows::gemv_rows_are_batch_invariant`).
-pub const NORM_GEMV_SMEM_BYTES: usize = 48 * 1024;
-
-/// The most decode rows the RMSNorm-fused GEMVs take for this model's
-/// hidden size (their x is `rows * hidden` 16-bit values in shared memory,
-/// at most [`NORM_GEMV_SMEM_BYTES`]): 8 for a3b (2048), 6 for GLM-4.5-Air
-/// and Qwen3-235B (4096), 3 for DeepSeek-V3 (7168).
-pub fn norm_gemv_rows(g: &krasis_model::Geometry) -> usize {
-    (NORM_GEMV_SMEM_BYTES / (2 * g.hidden.max(1))).clamp(1, MAX_PARALLEL)
+    (rows / DEFAULT_ROWS_PER_SEQUENCE).clamp(1, MAX_PARALLEL.min(chunk.max(1)))
 }
 
 /// Why this model's sequences cannot share decode steps on the CUDA engine,
@@ -178,16 +162,6 @@ pub fn batching(
             return Err(format!(
                 "parallel {p}: {}; use parallel 1",
                 single_sequence(g).unwrap_or_default()
-            ));
-        }
-        Some(p) if p > norm_gemv_rows(g) => {
-            return Err(format!(
-                "parallel {p} exceeds {}, the most decode rows the RMSNorm-fused GEMVs launch \
-                 with for a hidden size of {} (their staged rows must fit 48 KB of shared \
-                 memory); use parallel {} or fewer",
-                norm_gemv_rows(g),
-                g.hidden,
-                norm_gemv_rows(g)
             ));
         }
         Some(p) if p > chunk => {
@@ -247,26 +221,5 @@ mod tests {
             batching(&with(Some(1), None), &oss, 4096, 512),
             Ok((1, 4096))
         );
-    }
-
-    /// A hidden size of 4096 (GLM-4.5-Air) stages at most 6 rows in the
-    /// fused GEMVs' 48 KB: the default stops there and 7 is refused.
-    #[test]
-    fn wide_hidden_states_cap_the_rows_of_a_decode_step() {
-        let glm = preset_geometry("glm-4.5-air").unwrap();
-        assert_eq!(glm.hidden, 4096);
-        assert_eq!(norm_gemv_rows(&glm), 6);
-        let opts = CudaEngineOptions::default();
-        assert_eq!(batching(&opts, &glm, 8192, 4096), Ok((6, 8192)));
-        let seven = CudaEngineOptions {
-            parallel: Some(7),
-            ..opts
-        };
-        let e = batching(&seven, &glm, 8192, 4096).unwrap_err();
-        assert!(
-            e.contains("RMSNorm-fused") && e.contains("parallel 6"),
-            "{e}"
-        );
-        assert_eq!(norm_gemv_rows(&preset_geometry("a3b").unwrap()), 8);
     }
 }
