@@ -488,7 +488,7 @@ impl CudaEngine {
             host_bytes: host,
             block_tokens: block,
         };
-        let pool = crate::prefix::TieredPrefix::new(&self.model.gpu, g, &self.model.kv, sizes)
+        let mut pool = crate::prefix::TieredPrefix::new(&self.model.gpu, g, &self.model.kv, sizes)
             .map_err(|e| match e {
                 GpuError::OverLimit { .. } | GpuError::OutOfMemory { .. } => {
                     GpuError::Unsupported(format!(
@@ -498,7 +498,6 @@ impl CudaEngine {
                 }
                 e => e,
             })?;
-        let mut pool = pool;
         // Exactness: a hit resumes prefill where a cold prefill starts a
         // chunk, and a stored block comes from a complete chunk, so every
         // row a hit serves was computed as a cold prefill computes it,
