@@ -37,8 +37,9 @@
 //! share per expert for the grouped experts); it depends on the geometry
 //! only, never on options, so two engines of one model compute the same
 //! rows. `runtime/gpu/tests/row_invariance.rs` checks row `r` of an
-//! `M`-row GEMM against the 1-row GEMM for `M = 1..300` on the engine's
-//! shapes, and [`Selection::PerShape`] (the old per-shape choice, a planted
+//! `M`-row GEMM against the 1-row GEMM of that row for `M = 1..300` and
+//! sampled rows up to a full 8192-row chunk on the engine's shapes (it
+//! passes on the H200), and [`Selection::PerShape`] (the old per-shape choice, a planted
 //! fault for tests) shows what that test catches.
 
 use crate::error::{GpuError, Result};

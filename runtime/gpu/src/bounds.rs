@@ -27,7 +27,31 @@ pub struct Bound {
 /// `expert_bytes` each) per MoE layer, the KV cache up to `ctx` (a sliding
 /// layer's window of it), and the LM head.
 pub fn decode_bytes_per_token(g: &Geometry, expert_bytes: usize, ctx: usize) -> f64 {
+    decode_bytes_per_step(g, expert_bytes, ctx, 1, g.top_k as f64)
+}
+
+/// Distinct experts `rows` rows are expected to read in one MoE layer when
+/// each row routes to `top_k` of `num_experts` independently and uniformly:
+/// `E * (1 - (1 - k/E)^rows)` (8, 15.5, 29.1 and 51.8 for a3b's 128 / 8 at
+/// 1, 2, 4 and 8 rows).
+pub fn expected_distinct_experts(g: &Geometry, rows: usize) -> f64 {
+    let (e, k) = (g.num_experts.max(1) as f64, g.top_k as f64);
+    e * (1.0 - (1.0 - k / e).powi(rows as i32))
+}
+
+/// Bytes one decode step of `rows` rows (sequences, each at context `ctx`)
+/// must read with all experts resident: the non-expert weights and the LM
+/// head once for all rows, `experts_per_layer` distinct experts per MoE
+/// layer (the union of the rows' routes), and every row's own KV.
+pub fn decode_bytes_per_step(
+    g: &Geometry,
+    expert_bytes: usize,
+    ctx: usize,
+    rows: usize,
+    experts_per_layer: f64,
+) -> f64 {
     let (h, q, kv) = (g.hidden as f64, g.q_dim() as f64, g.kv_dim() as f64);
+    let rows = rows.max(1) as f64;
     let shared = g.shared_intermediate.unwrap_or(0);
     let mut b = 0.0;
     for l in &g.layers {
@@ -36,11 +60,11 @@ pub fn decode_bytes_per_token(g: &Geometry, expert_bytes: usize, ctx: usize) -> 
             AttentionKind::Sliding { window } => ctx.min(window),
         };
         b += 2.0 * ((q + 2.0 * kv) * h + h * q); // qkv + o_proj, bf16
-        b += 2.0 * 2.0 * keys as f64 * kv; // K and V, bf16
+        b += rows * 2.0 * 2.0 * keys as f64 * kv; // K and V, bf16
         b += match l.mlp {
             MlpKind::Moe => {
                 2.0 * g.num_experts as f64 * h
-                    + (g.top_k * expert_bytes) as f64
+                    + experts_per_layer * expert_bytes as f64
                     + 2.0 * 3.0 * h * shared as f64
             }
             MlpKind::Dense => 2.0 * 3.0 * h * g.intermediate as f64,
@@ -122,6 +146,25 @@ mod tests {
         assert!((1.9e9..2.1e9).contains(&b), "{b}");
         let kv = decode_bytes_per_token(&a3b_24l(), expert, 1000) - b;
         assert_eq!(kv, 24.0 * 4.0 * 1000.0 * 512.0);
+    }
+
+    /// M rows share the dense weights and read the union of their experts.
+    #[test]
+    fn a_step_of_rows_shares_the_dense_bytes() {
+        let g = a3b_24l();
+        let expert = krasis_cache::ExpertLayout::int4(2048, 768)
+            .unwrap()
+            .used_bytes;
+        let one = decode_bytes_per_token(&g, expert, 0);
+        assert!((expected_distinct_experts(&g, 1) - 8.0).abs() < 1e-9);
+        let e4 = expected_distinct_experts(&g, 4);
+        assert!((29.0..29.2).contains(&e4), "{e4}");
+        let four = decode_bytes_per_step(&g, expert, 0, 4, e4);
+        let extra = 24.0 * (e4 - 8.0) * expert as f64;
+        assert!((four - one - extra).abs() < 1.0, "{four} {one} {extra}");
+        // KV is per row.
+        let kv4 = decode_bytes_per_step(&g, expert, 1000, 4, e4) - four;
+        assert_eq!(kv4, 4.0 * 24.0 * 4.0 * 1000.0 * 512.0);
     }
 
     /// A sliding layer reads (and attends over) only its window.

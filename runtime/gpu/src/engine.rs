@@ -498,15 +498,15 @@ impl CudaEngine {
                 }
                 e => e,
             })?;
-        // Exactness: a hit resumes prefill where a cold prefill starts a
-        // chunk, and a stored block comes from a complete chunk, so every
-        // row a hit serves was computed as a cold prefill computes it,
-        // whatever the GEMMs do with other row counts (`options.rs`).
+        // Exactness: the prefill's rows do not depend on the chunk they
+        // fall in (row-invariant GEMMs, chunk-invariant attention), so a
+        // hit may resume at any block; `whole_chunk_reuse` resumes only
+        // where a cold prefill starts a chunk (`options.rs`).
         let chunk = self.model.scratch.cap;
-        let granule = if opts.sub_chunk_reuse {
-            block
-        } else {
+        let granule = if opts.whole_chunk_reuse {
             block / gcd(block, chunk) * chunk
+        } else {
+            block
         };
         pool.index.set_reuse_granule(granule);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
@@ -515,10 +515,10 @@ impl CudaEngine {
             "prefix cache: blocks of {block} tokens, reused in multiples of {granule} ({}); VRAM {:.2} GiB ({} blocks, {:?}{}), taken \
              before the expert placement (HCS gets the rest); host tier {:.2} GiB page-locked \
              ({} blocks, {:?}; {:.1} GiB of host memory available)",
-            if opts.sub_chunk_reuse {
-                "any block boundary"
+            if opts.whole_chunk_reuse {
+                "whole prefill chunks"
             } else {
-                "whole prefill chunks: exact by construction"
+                "any block boundary"
             },
             gib(vram),
             blocks(vram),

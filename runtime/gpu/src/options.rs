@@ -41,14 +41,16 @@ pub struct CudaEngineOptions {
     pub prefix_cache_host: krasis_common::options::PrefixCacheChoice,
     /// Prompt tokens per prefix cache block (a multiple of 64).
     pub prefix_block: usize,
-    /// Reuse cached prefixes at any block boundary (`true`) instead of at
-    /// multiples of the prefill chunk (`false`, the default). Exact only
-    /// where every prefill GEMM's rows are invariant to the row count,
-    /// which `runtime/gpu/tests/row_invariance.rs` shows false on the H200
-    /// for a3b and GLM-4.5-Air shapes (cuBLASLt's fixed algorithms): there
-    /// it is an approximation, so no CLI option turns it on; the GPU tests
-    /// use it on the tiny models, whose shapes are invariant.
-    pub sub_chunk_reuse: bool,
+    /// Reuse cached prefixes only at multiples of the prefill chunk
+    /// (`true`) instead of at any block boundary (`false`, the default).
+    /// Any boundary is exact because every prefill GEMM's rows are
+    /// invariant to the row count and the first row (`blas.rs`: one fixed
+    /// split-K-free algorithm per site), shown on the H200 for the a3b and
+    /// GLM-4.5-Air shapes up to a full 8192-row chunk at odd starts
+    /// (`runtime/gpu/tests/row_invariance.rs`). Whole chunks are exact by
+    /// construction whatever the GEMMs do (a resumed prefill runs exactly
+    /// a cold prefill's chunks); no CLI option, the GPU tests use it.
+    pub whole_chunk_reuse: bool,
     /// Most sequences one decode step runs together (continuous batching,
     /// `Batch::capacity`), at most [`MAX_PARALLEL`]. `None`: the default
     /// ([`default_parallel`]).
@@ -77,7 +79,7 @@ impl Default for CudaEngineOptions {
             prefix_cache: krasis_common::options::PrefixCacheChoice::Off,
             prefix_cache_host: krasis_common::options::PrefixCacheChoice::Off,
             prefix_block: krasis_common::options::DEFAULT_PREFIX_BLOCK as usize,
-            sub_chunk_reuse: false,
+            whole_chunk_reuse: false,
             parallel: None,
             kv_rows: None,
         }

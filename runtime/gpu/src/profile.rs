@@ -10,9 +10,15 @@ use crate::weights::MlpWeights;
 use cudarc::driver::sys::CUevent_flags;
 use serde::Serialize;
 
-/// Median device milliseconds of each part of a decode step.
+/// Median device milliseconds of each part of a decode step of `rows`
+/// rows (sequences).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DecodeBreakdown {
+    /// Rows of the step (1: one sequence).
+    pub rows: usize,
+    /// Distinct experts the rows routed to in the timed MoE layer (the
+    /// union a step reads; `top_k` for one row).
+    pub distinct_experts: usize,
     /// Embedding + every layer (eager launches).
     pub layers_ms: f64,
     /// Attention block of one layer (QKV GEMM, norm+RoPE, append, attention, o_proj).
@@ -23,14 +29,22 @@ pub struct DecodeBreakdown {
     pub experts_layer_ms: f64,
     /// Final norm + LM head GEMM.
     pub lm_head_ms: f64,
-    /// Sampler.
+    /// Sampler (one launch per row).
     pub sample_ms: f64,
 }
 
 impl CudaEngine {
-    /// Times the parts of a decode step at position `pos` (`reps` each,
-    /// median). Overwrites KV entries at `pos`; call between requests.
-    pub fn decode_breakdown(&mut self, pos: usize, reps: usize) -> Result<DecodeBreakdown> {
+    /// Times the parts of a decode step of `rows` rows at position `pos`
+    /// (`reps` each, median): the rows feed distinct tokens, so they route
+    /// like sequences with different text do, and share KV rows (what
+    /// attention reads is the same work). Overwrites KV entries at `pos`;
+    /// call between requests.
+    pub fn decode_breakdown(
+        &mut self,
+        pos: usize,
+        rows: usize,
+        reps: usize,
+    ) -> Result<DecodeBreakdown> {
         let ctx = self.gpu().ctx.clone();
         let ev = || {
             ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
@@ -60,24 +74,37 @@ impl CudaEngine {
             Ok(v[v.len() / 2])
         };
         self.require_idle("decode_breakdown")?;
+        let m = rows.max(1);
         {
-            // One row at `pos`, its KV from row 0.
-            let m = self.model_mut();
-            let (s, sc) = (&m.gpu.stream, &mut m.scratch);
-            s.memcpy_htod(&[pos as u32], &mut sc.pos.slice_mut(0..1))
-                .and_then(|_| s.memcpy_htod(&[0u32], &mut sc.kv_base.slice_mut(0..1)))
-                .map_err(GpuError::driver("writing the decode position"))?;
+            // `m` rows at `pos`, their KV from row 0, distinct tokens.
+            let model = self.model_mut();
+            if m > model.scratch.seqs {
+                return Err(GpuError::Unsupported(format!(
+                    "a decode breakdown of {m} rows (the engine runs at most {} together)",
+                    model.scratch.seqs
+                )));
+            }
+            let v = model.geometry.vocab_size as u64;
+            let ids: Vec<u32> = (0..m as u64)
+                .map(|r| ((1000 + 7919 * r) % v) as u32)
+                .collect();
+            let (s, sc) = (&model.gpu.stream, &mut model.scratch);
+            s.memcpy_htod(&vec![pos as u32; m], &mut sc.pos.slice_mut(0..m))
+                .and_then(|_| s.memcpy_htod(&vec![0u32; m], &mut sc.kv_base.slice_mut(0..m)))
+                .and_then(|_| s.memcpy_htod(&ids, &mut sc.ids.slice_mut(0..m)))
+                .map_err(GpuError::driver("writing the decode rows"))?;
         }
         let mut b = DecodeBreakdown {
+            rows: m,
             layers_ms: time(self, &mut |e| {
-                e.model_mut().forward_layers(1, Positions::Decode)
+                e.model_mut().forward_layers(m, Positions::Decode)
             })?,
-            lm_head_ms: time(self, &mut |e| e.model_mut().lm_head(0, 1))?,
+            lm_head_ms: time(self, &mut |e| e.model_mut().lm_head(0, m))?,
             ..DecodeBreakdown::default()
         };
         b.attention_layer_ms = time(self, &mut |e| {
             let (cx, sc, kv) = e.model_mut().split();
-            attention(&cx, sc, kv, 0, 1, Positions::Decode)
+            attention(&cx, sc, kv, 0, m, Positions::Decode)
         })?;
         let moe = self
             .model_mut()
@@ -88,31 +115,42 @@ impl CudaEngine {
         if let Some(l) = moe {
             b.router_layer_ms = time(self, &mut |e| {
                 let (cx, sc, _) = e.model_mut().split();
-                crate::moe::router(&cx, sc, l, 1, Positions::Decode, false)
+                crate::moe::router(&cx, sc, l, m, Positions::Decode, false)
             })?;
+            let model = self.model_mut();
+            let k = model.geometry.top_k;
+            let ids = model
+                .gpu
+                .download(&model.scratch.topk_ids, m * k, "top-k ids")?;
+            let mut distinct = ids;
+            distinct.sort_unstable();
+            distinct.dedup();
+            b.distinct_experts = distinct.len();
             b.experts_layer_ms = time(self, &mut |e| {
                 let (cx, sc, _) = e.model_mut().split();
                 let MlpWeights::Moe { moe_index, .. } = cx.w.layers[l].mlp else {
                     return Ok(());
                 };
-                crate::moe::routed_experts(&cx, sc, None, moe_index, 1, Positions::Decode)
+                crate::moe::routed_experts(&cx, sc, None, moe_index, m, Positions::Decode)
             })?;
         }
         let params = krasis_kernels::SamplingParams::default();
         b.sample_ms = time(self, &mut |e| {
-            let m = e.model_mut();
-            let v = m.geometry.vocab_size;
-            let sc = &mut m.scratch;
-            m.kernels.sample::<f32>(
-                &m.gpu.stream,
-                &sc.logits.slice(0..v),
-                v,
-                &params,
-                0,
-                &mut sc.counts.slice_mut(0..v),
-                &mut sc.sample_ws,
-                &mut sc.ids.slice_mut(0..1),
-            )?;
+            let model = e.model_mut();
+            let v = model.geometry.vocab_size;
+            let sc = &mut model.scratch;
+            for r in 0..m {
+                model.kernels.sample::<f32>(
+                    &model.gpu.stream,
+                    &sc.logits.slice(r * v..(r + 1) * v),
+                    v,
+                    &params,
+                    0,
+                    &mut sc.counts.slice_mut(0..v),
+                    &mut sc.sample_ws,
+                    &mut sc.ids.slice_mut(r..r + 1),
+                )?;
+            }
             Ok(())
         })?;
         Ok(b)

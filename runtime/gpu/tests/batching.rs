@@ -490,7 +490,6 @@ fn a_prefix_hit_into_a_sequences_rows_is_exact() {
             &CudaEngineOptions {
                 prefix_cache: PrefixCacheChoice::Bytes(pool),
                 prefix_block: BLOCK,
-                sub_chunk_reuse: true,
                 ..base
             },
         );

@@ -47,8 +47,6 @@ fn with_tiers(model: &Path, opts: CudaEngineOptions, vram: u64, host: u64) -> Cu
         prefix_cache: PrefixCacheChoice::Bytes(vram * bb),
         prefix_cache_host: PrefixCacheChoice::Bytes(host * bb),
         prefix_block: B,
-        // The tiny model's GEMM rows are invariant (row_invariance.rs).
-        sub_chunk_reuse: true,
         ..opts
     }
 }
@@ -397,7 +395,6 @@ fn the_tiers_follow_the_options() {
         prefix_cache: PrefixCacheChoice::Auto,
         prefix_cache_host: PrefixCacheChoice::Auto,
         prefix_block: B,
-        sub_chunk_reuse: true,
         ..base
     };
     let e = load(&model, &auto(all_resident(&cache)));
@@ -424,15 +421,15 @@ fn the_tiers_follow_the_options() {
     assert!(err.to_string().contains("multiple of 64"), "{err}");
 }
 
-/// By default (`sub_chunk_reuse` off: the engine's GEMM rows are not
-/// proven invariant on every GPU) a hit covers whole prefill chunks and a
-/// store only blocks of complete chunks: with 64-token blocks and 128-token
+/// With `whole_chunk_reuse` a hit covers whole prefill chunks and a store
+/// only blocks of complete chunks: with 64-token blocks and 128-token
 /// chunks, a 200-token prompt stores 128 tokens (not 192), a 400-token
 /// prompt sharing them gets 128 cached tokens, then 384 once it stored its
-/// own complete chunks; every output bit-identical to a cold prefill.
+/// own complete chunks. By default (any block boundary) the same prompts
+/// get 192 and 384. Every output bit-identical to a cold prefill.
 #[test]
-fn by_default_hits_are_whole_prefill_chunks() {
-    if !gpu_or_skip("by_default_hits_are_whole_prefill_chunks") {
+fn whole_chunk_reuse_when_asked_any_block_by_default() {
+    if !gpu_or_skip("whole_chunk_reuse_when_asked_any_block_by_default") {
         return;
     }
     const CH: usize = 128;
@@ -440,15 +437,14 @@ fn by_default_hits_are_whole_prefill_chunks() {
     let model = synth(tmp.path(), "tiny");
     let cache = tmp.path().join("cache");
     let bb = block_bytes(&model);
-    let cached = load(
-        &model,
-        &CudaEngineOptions {
-            prefix_cache: PrefixCacheChoice::Bytes(32 * bb),
-            prefix_block: B,
-            hcs: false,
-            ..cuda_options(&cache, CONTEXT, CH)
-        },
-    );
+    let with = |whole: bool| CudaEngineOptions {
+        prefix_cache: PrefixCacheChoice::Bytes(32 * bb),
+        prefix_block: B,
+        hcs: false,
+        whole_chunk_reuse: whole,
+        ..cuda_options(&cache, CONTEXT, CH)
+    };
+    let cached = load(&model, &with(true));
     assert_eq!(cached.load_report().prefill_chunk, CH);
     let cold = load(
         &model,
@@ -464,4 +460,9 @@ fn by_default_hits_are_whole_prefill_chunks() {
     assert_eq!(pair.report("whole chunks").blocks_held, 2);
     pair.served("400 tokens sharing 200", &long[..400], CH);
     pair.served("450 tokens sharing 400", &long[..450], 3 * CH);
+    pair.cached = load(&model, &with(false));
+    pair.served("200 tokens, cold (any block)", &long[..200], 0);
+    assert_eq!(pair.report("any block").blocks_held, 3);
+    pair.served("400 tokens sharing 200 (any block)", &long[..400], 3 * B);
+    pair.served("450 tokens sharing 400 (any block)", &long[..450], 6 * B);
 }

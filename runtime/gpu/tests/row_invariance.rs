@@ -4,7 +4,8 @@
 //! `moe::routed_experts`):
 //! - every GEMM shape the engine runs (Qwen3-30B-A3B BF16, GLM-4.5-Air's
 //!   FP16 MLP block): row `r` of an `M`-row GEMM is bit-identical to the
-//!   1-row GEMM of that row, for `M = 1..=300`;
+//!   1-row GEMM of that row, for `M = 1..=300` and sampled rows of
+//!   `M` up to a full default chunk (8192) at odd starts;
 //! - qwen3_moe and glm4_moe tiny models, all resident and under HCS with
 //!   streamed prefill: a prompt prefilled in one chunk and in chunks of 37,
 //!   64 and 100 tokens (starts that are not multiples of the 64-row tiles)
@@ -144,48 +145,99 @@ fn random16(n: usize, t: InType, seed: u64) -> Vec<u16> {
         .collect()
 }
 
+/// Row counts past [`MAX_ROWS`] checked on sampled rows (with the first
+/// row at these offsets): the reference rows of the sites and a full
+/// default prefill chunk, a chunk's share at odd starts.
+const BIG: [(usize, usize); 5] = [(0, 512), (37, 1000), (0, 4096), (5, 4097), (0, 8192)];
+
+/// Rows of X and Y the test's buffers hold.
+const ROWS: usize = 8192 + 64;
+
 /// For each site: the bytes of every row of every `M`-row GEMM
-/// (`M = 1..=MAX_ROWS`) against the 1-row GEMMs; returns the (site, M)
-/// pairs where some row differs.
+/// (`M = 1..=MAX_ROWS`, first row 0) and of sampled rows of the [`BIG`]
+/// GEMMs against the 1-row GEMM of that row (X and Y at the same row, so
+/// beta 1 adds into the same Y values); returns the (site, M, first
+/// differing row) triples.
 fn rows_that_differ(gpu: &Gpu, sites: &[Site]) -> Vec<(String, usize, usize)> {
     let mut bad = Vec::new();
     for (label, n, k, input, out, beta, ref_rows) in sites {
         let (n, k) = (*n, *k);
-        let x = gpu
-            .upload(&random16(MAX_ROWS * k, *input, 11), "x")
-            .expect("x");
+        let x = gpu.upload(&random16(ROWS * k, *input, 11), "x").expect("x");
         let w = gpu.upload(&random16(n * k, *input, 13), "w").expect("w");
         let eb = elem_bytes(*out);
-        // Y starts from the same values for every call (beta 1 adds into them).
-        let init: Vec<u8> = (0..MAX_ROWS * n * eb)
-            .map(|i| (i % 61) as u8 & 0x3f)
-            .collect();
+        let row = n * eb;
+        // Y starts from the same values for every call (beta 1 adds into
+        // them): row r's initial bytes depend on r only.
+        let init: Vec<u8> = (0..ROWS * row).map(|i| (i % 61) as u8 & 0x3f).collect();
         let mut y = gpu.upload(&init, "y").expect("y");
-        let addr = |s: &cudarc::driver::CudaSlice<u8>| krasis_gpu::device::addr(s, &gpu.stream);
         let xa = krasis_gpu::device::addr(&x, &gpu.stream);
         let wa = krasis_gpu::device::addr(&w, &gpu.stream);
-        let run = |y: &mut cudarc::driver::CudaSlice<u8>, first: usize, m: usize| {
-            gpu.stream.memcpy_htod(&init, y).expect("reset y");
+        let ya = krasis_gpu::device::addr(&y, &gpu.stream);
+        // Runs rows [first, first + m) and returns the bytes of `check`
+        // (absolute row indices).
+        let mut run = |first: usize, m: usize, check: &[usize]| -> Vec<Vec<u8>> {
+            let span = first * row..(first + m) * row;
+            gpu.stream
+                .memcpy_htod(&init[span.clone()], &mut y.slice_mut(span))
+                .expect("reset y");
             let g = Gemm {
                 m,
                 n,
                 k,
                 x: xa + (first * k * 2) as u64,
                 w: wa,
-                y: addr(y),
+                y: ya + (first * row) as u64,
                 input: *input,
                 out: *out,
                 beta: *beta,
                 ref_rows: *ref_rows,
             };
             gemm(&gpu.blas, &g, label).expect("gemm");
-            gpu.download(y, m * n * eb, "y").expect("download")
+            check
+                .iter()
+                .map(|&r| {
+                    let mut h = vec![0u8; row];
+                    gpu.stream
+                        .memcpy_dtoh(&y.slice(r * row..(r + 1) * row), &mut h)
+                        .expect("download");
+                    h
+                })
+                .collect()
         };
-        let one: Vec<Vec<u8>> = (0..MAX_ROWS).map(|r| run(&mut y, r, 1)).collect();
+        let ones: Vec<Vec<u8>> = (0..MAX_ROWS).map(|r| run(r, 1, &[r]).remove(0)).collect();
         for m in 1..=MAX_ROWS {
-            let got = run(&mut y, 0, m);
-            if let Some(r) = (0..m).find(|&r| got[r * n * eb..(r + 1) * n * eb] != one[r][..]) {
+            let rows: Vec<usize> = (0..m).collect();
+            let got = run(0, m, &rows);
+            if let Some(r) = (0..m).find(|&r| got[r] != ones[r]) {
                 bad.push((label.clone(), m, r));
+            }
+        }
+        for (first, m) in BIG {
+            let mut rows: Vec<usize> = [
+                0,
+                1,
+                2,
+                63,
+                64,
+                127,
+                128,
+                255,
+                256,
+                511,
+                m / 2,
+                m - 2,
+                m - 1,
+            ]
+            .iter()
+            .chain((0..m).step_by(97).collect::<Vec<_>>().iter())
+            .filter(|&&r| r < m)
+            .map(|&r| first + r)
+            .collect();
+            rows.sort_unstable();
+            rows.dedup();
+            let got = run(first, m, &rows);
+            if let Some(i) = (0..rows.len()).find(|&i| got[i] != run(rows[i], 1, &[rows[i]])[0]) {
+                bad.push((label.clone(), m, rows[i] - first));
             }
         }
     }

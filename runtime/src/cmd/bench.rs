@@ -5,6 +5,7 @@
 //! across fresh processes).
 
 mod baseline;
+mod batched;
 mod check;
 mod hcs_check;
 mod speed;
@@ -100,6 +101,12 @@ pub struct Args {
     /// `6GiB,10GiB`) is bit-identical to the all-resident engine.
     #[arg(long, value_delimiter = ',', value_name = "SIZES")]
     pub hcs_exactness: Vec<String>,
+    /// Also measure the aggregate decode speed of this many sequences
+    /// decoding together (comma-separated row counts, e.g. `1,2,4,8`),
+    /// each with a `--decode-prompt-tokens` prompt and the first of
+    /// `--decode-tokens` new tokens, with a breakdown of one step.
+    #[arg(long, value_delimiter = ',', value_name = "ROWS")]
+    pub decode_rows: Vec<usize>,
     /// Internal: generate once and print the tokens (used by --check).
     #[arg(long, hide = true)]
     pub determinism_child: bool,
@@ -122,8 +129,13 @@ pub(crate) fn engine_options(
     a: &Args,
     context: usize,
 ) -> anyhow::Result<krasis_gpu::CudaEngineOptions> {
+    // Batched decode rows (--decode-rows) each hold their own KV rows.
+    let rows = a.decode_rows.iter().copied().max().unwrap_or(1).max(1);
+    let per_seq = a.decode_prompt_tokens + a.decode_tokens.first().copied().unwrap_or(0) + 1;
     Ok(krasis_gpu::CudaEngineOptions {
         context_length: Some(context),
+        parallel: (rows > 1).then_some(rows),
+        kv_rows: (rows > 1).then_some(context.max(rows * per_seq)),
         prefill_chunk: a.prefill_chunk,
         cache_root: a.cache_dir.clone(),
         vram_limit: a.vram_limit,

@@ -94,6 +94,9 @@ struct Report {
     prefill: Vec<PrefillResult>,
     decode: Vec<DecodeResult>,
     decode_breakdown_ms: krasis_gpu::profile::DecodeBreakdown,
+    /// `--decode-rows`: sequences decoding together.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    batched: Vec<super::batched::BatchedResult>,
     min_free_vram_bytes: Option<u64>,
     vram_limit_bytes: Option<u64>,
     safety_margin_bytes: u64,
@@ -353,7 +356,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         krasis_gpu::profile::DecodeBreakdown::default()
     } else {
         engine
-            .decode_breakdown(a.decode_prompt_tokens, 20)
+            .decode_breakdown(a.decode_prompt_tokens, 1, 20)
             .context("timing the parts of a decode step")?
     };
     if !hcs_active {
@@ -367,6 +370,22 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             breakdown.sample_ms
         );
     }
+    let batched = if a.decode_rows.is_empty() {
+        Vec::new()
+    } else {
+        let d = a.decode_tokens.first().copied().unwrap_or(64);
+        let rows = a.decode_rows.iter().copied().max().unwrap_or(1);
+        let (text, _) = super::text_tokens(&a.model, &a.text, rows * a.decode_prompt_tokens)?;
+        super::batched::measure(
+            &mut engine,
+            &text,
+            &a.decode_rows,
+            a.decode_prompt_tokens,
+            d,
+            a.repeats,
+            expert_bytes,
+        )?
+    };
     let min_free = monitor.min_free();
     drop(monitor);
 
@@ -392,6 +411,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         prefill,
         decode,
         decode_breakdown_ms: breakdown,
+        batched,
         min_free_vram_bytes: min_free,
         vram_limit_bytes: budget.limit,
         safety_margin_bytes: opts.safety_margin,
@@ -608,6 +628,7 @@ mod tests {
                 decode(false, vec![550.0, 548.0, 552.0, 551.0]),
             ],
             decode_breakdown_ms: Default::default(),
+            batched: Vec::new(),
             min_free_vram_bytes: None,
             vram_limit_bytes: None,
             safety_margin_bytes: 0,
