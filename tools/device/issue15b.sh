@@ -8,6 +8,10 @@
 #       decoding together, the step's device time and its parts.
 #   TESTS="prefix_cache batching ..." bash tools/device/issue15b.sh tests COMMIT
 #       engine test binaries, each with --nocapture.
+#   bash tools/device/issue15b.sh verify COMMIT
+#       batching and prefix_cache tests, then `agent_load.py parallel` all resident (1/2/4/8).
+#   bash tools/device/issue15b.sh perf COMMIT
+#       `agent_load.py parallel` at 6 GiB, then the agent loop at 6 GiB and all resident.
 # Results: $OUT/issue15b-PHASE.txt (the summary) and the logs beside it.
 set -u
 P=${1:?phase}; C=${2:-unknown}
@@ -36,6 +40,25 @@ case "$P" in
     ;;
   tests)
     for t in ${TESTS:-prefix_cache batching}; do test_bin "$t" 200; done
+    ;;
+  verify)
+    # Packed prefill + any-block reuse: the engine tests, then the server's parallel clients all
+    # resident (1/2/4/8) and the per-step decode figures.
+    for t in batching prefix_cache; do test_bin "$t" 170; done
+    [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    LIMIT=none CLIENTS=1,2,4,8 BUDGET=200 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+    cat /tmp/btr-parallel-none/summary.txt >> "$S"
+    ;;
+  perf)
+    # At 6 GiB: parallel clients; the agent loop at 6 GiB and all resident (auto tiers).
+    [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    LIMIT=6GiB CLIENTS=1,2,4,8 BUDGET=220 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+    cat /tmp/btr-parallel-6GiB/summary.txt >> "$S"
+    export PYTHONPATH=/tmp/agent-load/pydeps
+    for l in 6GiB none; do
+      LIMIT=$l CONFIG=auto BUDGET=140 bash tools/device/prefix_cache.sh agent "$C" > /dev/null 2>&1
+      cat /tmp/pcr-agent-$l-auto/summary.txt >> "$S"
+    done
     ;;
   *) echo "unknown phase $P" >> "$S"; exit 2 ;;
 esac

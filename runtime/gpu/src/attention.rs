@@ -83,90 +83,119 @@ pub(crate) fn attention(
     let lw = &cx.w.layers[l];
     let decode = matches!(at, Positions::Decode);
     let kvg = kv.geoms[l];
-    let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
-    let geom = cx.qkv_geom(t);
     let (theta, eps) = (g.rope.theta as f32, g.rms_norm_eps);
+    let nq = q + 2 * g.kv_dim();
     let no_rope =
         || GpuError::Unsupported("attention without q/k norms but no RoPE table loaded".into());
+    // The q/k/v projection covers every row; RoPE, the KV append and
+    // attention run per sequence: one segment for a prefill chunk or a
+    // decode step, one per sequence of a packed prefill.
+    let segments: Vec<(usize, usize, Positions)> = match at {
+        Positions::Packed => sc
+            .packed
+            .iter()
+            .map(|p| {
+                let at = Positions::Prefill {
+                    start: p.start,
+                    base: p.base,
+                };
+                (p.row, p.len, at)
+            })
+            .collect(),
+        _ => vec![(0, t, at)],
+    };
     match &lw.qkv {
         Weight16::Bf16(w) => {
             project_bf16(cx, sc, l, t, decode, w)?;
-            let sp = start_pos(at, &sc.pos)?;
-            let base = kv_base(at, &sc.kv_base);
-            match (&lw.qk_norm, &cx.w.rope) {
-                // Partial rotary (glm4_moe): its own kernel, with or without norm.
-                (n, Some(r)) if r.rotary_dim < g.head_dim => {
-                    let norm = n.as_ref().map(|n| krasis_kernels::QkNormArgs {
-                        q: &n.q,
-                        k: &n.k,
-                        eps,
-                    });
-                    kn.rope_partial(
-                        s,
-                        &mut sc.qkv,
-                        geom,
-                        sp,
-                        norm,
-                        &r.inv_freq,
-                        r.scale,
-                        r.rotary_dim,
-                    )?
+            for &(r0, len, at) in &segments {
+                let geom = cx.qkv_geom(len);
+                let sp = start_pos(at, &sc.pos)?;
+                let base = kv_base(at, &sc.kv_base);
+                let mut qkv = sc.qkv.slice_mut(r0 * nq..(r0 + len) * nq);
+                match (&lw.qk_norm, &cx.w.rope) {
+                    // Partial rotary (glm4_moe): its own kernel, with or without norm.
+                    (n, Some(r)) if r.rotary_dim < g.head_dim => {
+                        let norm = n.as_ref().map(|n| krasis_kernels::QkNormArgs {
+                            q: &n.q,
+                            k: &n.k,
+                            eps,
+                        });
+                        kn.rope_partial(
+                            s,
+                            &mut qkv,
+                            geom,
+                            sp,
+                            norm,
+                            &r.inv_freq,
+                            r.scale,
+                            r.rotary_dim,
+                        )?
+                    }
+                    (Some(n), _) => {
+                        kn.qk_norm_rope(s, &mut qkv, geom, sp, &n.q, &n.k, theta, eps)?
+                    }
+                    (None, Some(r)) => {
+                        kn.rope_table(s, &mut qkv, geom, sp, &r.inv_freq, r.scale)?
+                    }
+                    (None, None) => return Err(no_rope()),
                 }
-                (Some(n), _) => {
-                    kn.qk_norm_rope(s, &mut sc.qkv, geom, sp, &n.q, &n.k, theta, eps)?
-                }
-                (None, Some(r)) => kn.rope_table(s, &mut sc.qkv, geom, sp, &r.inv_freq, r.scale)?,
-                (None, None) => return Err(no_rope()),
+                // The BF16 buffers as they are.
+                attend(
+                    cx,
+                    l,
+                    at,
+                    (sp, base),
+                    geom,
+                    &qkv,
+                    kvg,
+                    &mut kv.k[l],
+                    &mut kv.v[l],
+                    &mut sc.attn_ws,
+                    &mut sc.attn.slice_mut(r0 * q..(r0 + len) * q),
+                )?;
             }
-            // The BF16 buffers as they are.
-            attend(
-                cx,
-                l,
-                at,
-                (sp, base),
-                geom,
-                &sc.qkv,
-                kvg,
-                kc,
-                vc,
-                &mut sc.attn_ws,
-                &mut sc.attn,
-            )?;
         }
         Weight16::F16(w) => {
             project_f16(cx, sc, l, t, decode, w)?;
-            let sp = start_pos(at, &sc.pos)?;
-            let base = kv_base(at, &sc.kv_base);
-            let mut qkv = as_f16(&mut sc.qkv);
-            match (&lw.qk_norm, &cx.w.rope) {
-                // support.rs refuses both before anything is uploaded.
-                (_, Some(r)) if r.rotary_dim < g.head_dim => {
-                    return Err(GpuError::Unsupported(
-                        "partial rotary with FP16 attention (its kernel is BF16 only)".into(),
-                    ));
+            for &(r0, len, at) in &segments {
+                let geom = cx.qkv_geom(len);
+                let sp = start_pos(at, &sc.pos)?;
+                let base = kv_base(at, &sc.kv_base);
+                let mut all = as_f16(&mut sc.qkv);
+                let mut qkv = all.slice_mut(r0 * nq..(r0 + len) * nq);
+                match (&lw.qk_norm, &cx.w.rope) {
+                    // support.rs refuses both before anything is uploaded.
+                    (_, Some(r)) if r.rotary_dim < g.head_dim => {
+                        return Err(GpuError::Unsupported(
+                            "partial rotary with FP16 attention (its kernel is BF16 only)".into(),
+                        ));
+                    }
+                    (None, Some(r)) => {
+                        kn.rope_table(s, &mut qkv, geom, sp, &r.inv_freq, r.scale)?
+                    }
+                    (Some(_), _) => {
+                        return Err(GpuError::Unsupported(
+                            "q/k RMSNorm with FP16 attention (the fused kernel is BF16 only)"
+                                .into(),
+                        ));
+                    }
+                    (None, None) => return Err(no_rope()),
                 }
-                (None, Some(r)) => kn.rope_table(s, &mut qkv, geom, sp, &r.inv_freq, r.scale)?,
-                (Some(_), _) => {
-                    return Err(GpuError::Unsupported(
-                        "q/k RMSNorm with FP16 attention (the fused kernel is BF16 only)".into(),
-                    ));
-                }
-                (None, None) => return Err(no_rope()),
+                let (mut kc, mut vc) = (as_f16(&mut kv.k[l]), as_f16(&mut kv.v[l]));
+                attend(
+                    cx,
+                    l,
+                    at,
+                    (sp, base),
+                    geom,
+                    &qkv,
+                    kvg,
+                    &mut kc,
+                    &mut vc,
+                    &mut sc.attn_ws,
+                    &mut sc.attn.slice_mut(r0 * q..(r0 + len) * q),
+                )?;
             }
-            let (mut kc, mut vc) = (as_f16(kc), as_f16(vc));
-            attend(
-                cx,
-                l,
-                at,
-                (sp, base),
-                geom,
-                &qkv,
-                kvg,
-                &mut kc,
-                &mut vc,
-                &mut sc.attn_ws,
-                &mut sc.attn,
-            )?;
         }
     }
     if decode {
@@ -205,7 +234,13 @@ fn start_pos(at: Positions, pos: &CudaSlice<u32>) -> Result<StartPos<'_>> {
                 .map_err(|_| GpuError::Unsupported(format!("position {start} exceeds u32")))?,
         ),
         Positions::Decode => StartPos::Device(pos),
+        Positions::Packed => return Err(packed_whole()),
     })
+}
+
+/// A packed pass reaches the per-sequence kernels one segment at a time.
+fn packed_whole() -> GpuError {
+    GpuError::Unsupported("a packed prefill's positions are per segment".into())
 }
 
 /// Where a launch's sequences' KV rows start: the prefill's sequence, or
@@ -213,7 +248,8 @@ fn start_pos(at: Positions, pos: &CudaSlice<u32>) -> Result<StartPos<'_>> {
 fn kv_base(at: Positions, base: &CudaSlice<u32>) -> KvBase<'_> {
     match at {
         Positions::Prefill { base, .. } => KvBase::Host(base),
-        Positions::Decode => KvBase::Device(base),
+        // Never reached: start_pos refuses a whole packed pass first.
+        Positions::Decode | Positions::Packed => KvBase::Device(base),
     }
 }
 
@@ -350,7 +386,7 @@ fn attend<A: Act16>(
     kc: &mut (impl DevicePtrMut<A> + DevicePtr<A>),
     vc: &mut (impl DevicePtrMut<A> + DevicePtr<A>),
     attn_ws: &mut CudaSlice<f32>,
-    attn: &mut CudaSlice<bf16>,
+    attn: &mut impl DevicePtrMut<bf16>,
 ) -> Result<()> {
     let g = cx.g;
     let (s, kn) = (&cx.gpu.stream, cx.kn);
@@ -369,12 +405,14 @@ fn attend<A: Act16>(
             Positions::Decode => {
                 kn.attention_decode(s, qkv, geom, sp, kvg, base, kc, vc, scale, attn_ws, attn)?
             }
+            Positions::Packed => return Err(packed_whole()),
         }
     } else {
         // A ring cache holds one sequence, at row 0, one decode row.
         let one = match at {
             Positions::Prefill { base, .. } => base == 0,
             Positions::Decode => geom.n_tokens == 1,
+            Positions::Packed => false,
         };
         if !one {
             return Err(GpuError::Unsupported(format!(
@@ -394,6 +432,7 @@ fn attend<A: Act16>(
             Positions::Decode => {
                 kn.attention_decode_ring(s, qkv, geom, sp, kvg, kc, vc, scale, ring, attn_ws, attn)?
             }
+            Positions::Packed => return Err(packed_whole()),
         }
     }
     Ok(())

@@ -10,7 +10,12 @@
 //! **A step** first ends the cancelled sequences (wherever they are; their
 //! rows are free at once), then runs at most one prefill chunk of the
 //! oldest sequence still prefilling (all resident; with HCS its whole
-//! prompt, see below), its first token sampled when its last chunk ends,
+//! prompt, see below), its first token sampled when its last chunk ends;
+//! all resident, the other sequences still prefilling join that chunk
+//! (**packed prefill**, `Positions::Packed`: the oldest's next tokens, then
+//! the next sequence's, ... up to one chunk of rows in one forward pass,
+//! RoPE / KV append / attention per sequence, everything else over all
+//! rows at once; prompts of at most `gemv_tokens` tokens prefill alone),
 //! then one decode step of every sequence that was decoding when the step
 //! began (one token per sequence per step; a sequence's last `Token` and
 //! its `Done` come in the same step): M rows (the order they were
@@ -329,7 +334,14 @@ impl CudaEngine {
             .collect();
         if let Some(i) = prefill_turn(&prefilling) {
             let id = self.batch.seqs[i].id;
-            timing.prefill_tokens = self.prefill_step(id, events)?;
+            // The oldest prefilling sequence leads; others join its pass
+            // when it and they can share one (`packable`).
+            let packed = self.packable();
+            timing.prefill_tokens = if packed.first() == Some(&id) {
+                self.prefill_packed_step(&packed, events)?
+            } else {
+                self.prefill_step(id, events)?
+            };
         }
         self.record_step_event(1)?;
         if !rows.is_empty() {
@@ -390,32 +402,8 @@ impl CudaEngine {
     /// `Some((tokens prefilled, the first token once the prompt is done))`,
     /// `None` when cancelled.
     fn prefill_work(&mut self, id: SeqId) -> Result<Option<(usize, Option<u32>)>> {
-        let (base, slot) = {
-            let s = self.seq(id);
-            (s.base, s.slot)
-        };
-        if matches!(self.seq(id).phase, Phase::Queued) {
-            // The sampler's penalty counts start empty; the prefix cache
-            // is looked up (and its blocks restored into this sequence's
-            // rows) once, before the first chunk.
-            let v = self.model.geometry.vocab_size;
-            let m = &mut self.model;
-            m.gpu
-                .stream
-                .memset_zeros(&mut m.scratch.counts.slice_mut(slot * v..(slot + 1) * v))
-                .map_err(GpuError::driver("clearing sampling counts"))?;
-            let (prompt, use_cache) = {
-                let s = self.seq(id);
-                (s.req.prompt.clone(), s.req.cache_prompt)
-            };
-            let hit = self.reuse_prefix(&prompt, use_cache, base)?;
-            let from = hit.as_ref().map_or(0, |h| h.tokens);
-            let s = self.seq_mut(id);
-            s.stats.cached_tokens = from;
-            s.req.live.set_prefilled(from);
-            s.prefill_start = Some(Instant::now());
-            s.phase = Phase::Prefill { next: from, hit };
-        }
+        let base = self.seq(id).base;
+        self.begin_prefill(id)?;
         let (prompt, next, cancel, live) = {
             let s = self.seq(id);
             let Phase::Prefill { next, .. } = s.phase else {
@@ -464,6 +452,169 @@ impl CudaEngine {
         // copies); decode writes only positions past the prompt.
         self.store_prefix(&prompt, hit.as_ref(), base)?;
         Ok(Some((tokens, Some(token))))
+    }
+
+    /// A queued sequence's start of prefill (nothing for one already
+    /// prefilling): the sampler's penalty counts start empty, and the
+    /// prefix cache is looked up (its blocks restored into the sequence's
+    /// rows) once, before the first chunk.
+    fn begin_prefill(&mut self, id: SeqId) -> Result<()> {
+        if !matches!(self.seq(id).phase, Phase::Queued) {
+            return Ok(());
+        }
+        let (base, slot) = {
+            let s = self.seq(id);
+            (s.base, s.slot)
+        };
+        let v = self.model.geometry.vocab_size;
+        let m = &mut self.model;
+        m.gpu
+            .stream
+            .memset_zeros(&mut m.scratch.counts.slice_mut(slot * v..(slot + 1) * v))
+            .map_err(GpuError::driver("clearing sampling counts"))?;
+        let (prompt, use_cache) = {
+            let s = self.seq(id);
+            (s.req.prompt.clone(), s.req.cache_prompt)
+        };
+        let hit = self.reuse_prefix(&prompt, use_cache, base)?;
+        let from = hit.as_ref().map_or(0, |h| h.tokens);
+        let s = self.seq_mut(id);
+        s.stats.cached_tokens = from;
+        s.req.live.set_prefilled(from);
+        s.prefill_start = Some(Instant::now());
+        s.phase = Phase::Prefill { next: from, hit };
+        Ok(())
+    }
+
+    /// The sequences whose prefill can share one packed pass, oldest
+    /// first: all resident (a streamed prefill runs one prompt per PCIe
+    /// pass through the layer groups), the grouped expert path (a prompt
+    /// of at most `gemv_tokens` runs the GEMV path, whose rows differ from
+    /// the grouped path's, so it prefills alone), not cancelled. Empty
+    /// unless at least two qualify.
+    fn packable(&self) -> Vec<SeqId> {
+        let m = &self.model;
+        if m.hcs.is_some() || m.scratch.grouped.is_none() {
+            return Vec::new();
+        }
+        let ids: Vec<SeqId> = self
+            .batch
+            .seqs
+            .iter()
+            .filter(|s| matches!(s.phase, Phase::Queued | Phase::Prefill { .. }))
+            .filter(|s| s.req.prompt.len() > m.gemv_tokens && !s.req.cancel.is_cancelled())
+            .map(|s| s.id)
+            .collect();
+        if ids.len() < 2 { Vec::new() } else { ids }
+    }
+
+    /// One packed prefill pass: the next tokens of `ids` (oldest first),
+    /// up to one chunk in all, as one forward pass (`Positions::Packed`);
+    /// each sequence whose prompt it completes gets its first token and
+    /// stores its prefix. Returns the tokens prefilled. Every row is what
+    /// that sequence's own chunk computes (row-invariant GEMMs, per-row
+    /// norms and routing, per-sequence RoPE and attention), so a sequence
+    /// gets the same logits packed or alone (`tests/batching.rs`).
+    fn prefill_packed_step(&mut self, ids: &[SeqId], events: &mut Vec<SeqEvent>) -> Result<usize> {
+        match self.packed_work(ids, events) {
+            Ok(rows) => Ok(rows),
+            Err(e) => {
+                let e = EngineError::from(e);
+                if e.is_fatal() {
+                    return Err(GpuError::Engine(e));
+                }
+                // The engine is fine; the pass's sequences that have not
+                // started decoding end with the error.
+                self.model.gpu.sync("ending a failed packed prefill")?;
+                for &id in ids {
+                    let prefilling = self.batch.seqs.iter().any(|s| {
+                        s.id == id && matches!(s.phase, Phase::Queued | Phase::Prefill { .. })
+                    });
+                    if prefilling {
+                        self.finish(id, Err(e.clone()), events)?;
+                    }
+                }
+                Ok(0)
+            }
+        }
+    }
+
+    fn packed_work(&mut self, ids: &[SeqId], events: &mut Vec<SeqEvent>) -> Result<usize> {
+        let cap = self.model.scratch.cap;
+        let mut segs = Vec::new();
+        let mut members = Vec::new();
+        let mut tokens = Vec::with_capacity(cap);
+        for &id in ids {
+            if tokens.len() == cap {
+                break;
+            }
+            self.begin_prefill(id)?;
+            let s = self.seq(id);
+            let Phase::Prefill { next, .. } = s.phase else {
+                unreachable!("prefilling")
+            };
+            let n = s.req.prompt.len();
+            let take = (n - next).min(cap - tokens.len());
+            if take == 0 {
+                return Err(GpuError::Unsupported(format!(
+                    "sequence {id:?} has no prompt token left to prefill ({next} of {n})"
+                )));
+            }
+            segs.push(crate::forward::PackedSegment {
+                row: tokens.len(),
+                len: take,
+                start: next,
+                base: s.base,
+            });
+            members.push((id, next, take, n));
+            tokens.extend_from_slice(&s.req.prompt[next..next + take]);
+        }
+        let rows = tokens.len();
+        #[cfg(any(test, feature = "fault-injection"))]
+        if segs.len() >= 2 && self.model.fault == crate::forward::Fault::PackedBase {
+            segs[1].base = segs[0].base;
+        }
+        let m = &mut self.model;
+        m.gpu
+            .stream
+            .memcpy_htod(&tokens, &mut m.scratch.ids.slice_mut(0..rows))
+            .map_err(GpuError::driver("copying prompt tokens to the GPU"))?;
+        m.scratch.packed = segs.clone();
+        // Every member's prompt is longer than `gemv_tokens` (`packable`).
+        m.grouped_prefill = true;
+        m.forward_layers(rows, crate::forward::Positions::Packed)?;
+        for (&(id, next, take, n), seg) in members.iter().zip(&segs) {
+            let at = next + take;
+            let (cancel, live) = {
+                let s = self.seq(id);
+                (s.req.cancel.clone(), s.req.live.clone())
+            };
+            live.set_prefilled(at);
+            if at < n {
+                if let Phase::Prefill { next, .. } = &mut self.seq_mut(id).phase {
+                    *next = at;
+                }
+                continue;
+            }
+            // No token once cancelled, and nothing stored.
+            if cancel.is_cancelled() {
+                self.finish(id, Ok(FinishReason::Cancelled), events)?;
+                continue;
+            }
+            self.model.lm_head(seg.row + seg.len - 1, 1)?;
+            let token = self.sample_row(id, 0, 0)?;
+            let (prompt, base) = {
+                let s = self.seq(id);
+                (s.req.prompt.clone(), s.base)
+            };
+            let hit = match std::mem::replace(&mut self.seq_mut(id).phase, Phase::Queued) {
+                Phase::Prefill { hit, .. } => hit,
+                _ => None,
+            };
+            self.store_prefix(&prompt, hit.as_ref(), base)?;
+            self.first_token(id, token, events)?;
+        }
+        Ok(rows)
     }
 
     /// The first token of `id` (its prefill done): reported, then the

@@ -359,7 +359,8 @@ impl CudaEngine {
             | Fault::IgnoreSelectionBias
             | Fault::NoSharedExpert
             | Fault::SwapRowPositions
-            | Fault::ShiftRowKv => {}
+            | Fault::ShiftRowKv
+            | Fault::PackedBase => {}
             Fault::RopeSign => {
                 for lw in &mut m.weights.layers {
                     let n = lw.qk_norm.as_mut().ok_or_else(|| {

@@ -126,13 +126,21 @@ pub enum Fault {
     /// its last row's KV one row past its sequence's first row (a wrong KV
     /// slice offset). Not in [`Fault::ALL`].
     ShiftRowKv,
+    /// Batching only: a packed prefill pass of two or more sequences gives
+    /// its second segment the first segment's KV rows (a wrong segment
+    /// base). Not in [`Fault::ALL`].
+    PackedBase,
 }
 
 #[cfg(any(test, feature = "fault-injection"))]
 impl Fault {
     /// The planted bugs of the continuous-batching step, which change a
     /// sequence's output only beside others (the batch invariance tests).
-    pub const BATCH: [Fault; 2] = [Fault::SwapRowPositions, Fault::ShiftRowKv];
+    pub const BATCH: [Fault; 3] = [
+        Fault::SwapRowPositions,
+        Fault::ShiftRowKv,
+        Fault::PackedBase,
+    ];
 
     /// Every planted bug a single sequence sees (not `None`, not
     /// [`Fault::BATCH`]).
@@ -156,7 +164,7 @@ impl Fault {
                 Fault::DropExpert => g.num_moe_layers() > 0,
                 Fault::IgnoreSelectionBias => g.num_moe_layers() > 0 && g.router.selection_bias,
                 Fault::NoSharedExpert => g.num_moe_layers() > 0 && g.shared_intermediate.is_some(),
-                Fault::SwapRowPositions | Fault::ShiftRowKv => false,
+                Fault::SwapRowPositions | Fault::ShiftRowKv | Fault::PackedBase => false,
             })
             .collect()
     }
@@ -188,6 +196,26 @@ pub enum Positions {
     /// A decode step: row r at the position in `scratch.pos[r]`, its
     /// sequence's KV rows from `scratch.kv_base[r]` on.
     Decode,
+    /// Prefill chunks of several sequences in one pass (`scratch.packed`:
+    /// each segment's rows, first position and KV base). The GEMMs, norms,
+    /// router and grouped experts run over all rows at once (their rows
+    /// do not depend on the row count: `blas.rs`); RoPE, the KV append and
+    /// attention run per segment, each exactly as that sequence's own
+    /// prefill chunk. All resident only (`batch.rs`).
+    Packed,
+}
+
+/// One sequence's rows of a [`Positions::Packed`] pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedSegment {
+    /// First row of the pass.
+    pub row: usize,
+    /// Rows (tokens).
+    pub len: usize,
+    /// Absolute position of the first token in its sequence.
+    pub start: usize,
+    /// The sequence's first KV row in the arena.
+    pub base: usize,
 }
 
 /// `(first row, rows)` of the GEMV launches covering `m` rows of `k`

@@ -417,6 +417,11 @@ pub(crate) fn log_token_routes(
     let first = match at {
         Positions::Prefill { start, .. } => start,
         Positions::Decode => rows.len(),
+        Positions::Packed => {
+            return Err(GpuError::Unsupported(
+                "route logging of a packed prefill (it logs one sequence)".into(),
+            ));
+        }
     };
     if rows.len() < first + t {
         rows.resize(first + t, crate::check::Route::default());

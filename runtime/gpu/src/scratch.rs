@@ -61,6 +61,8 @@ pub struct Scratch {
     pub sample_ws: CudaSlice<u32>,
     pub grouped: Option<GroupedScratch>,
     pub dense: Option<DenseScratch>,
+    /// The segments of the current `Positions::Packed` pass (host side).
+    pub packed: Vec<crate::forward::PackedSegment>,
 }
 
 /// Buffers of the grouped (dequantize + cuBLAS) routed-expert path.
@@ -432,6 +434,7 @@ impl Scratch {
             sample_ws: gpu.alloc(n.sample_ws, "sampler workspace")?,
             grouped,
             dense,
+            packed: Vec::new(),
         })
     }
 }

@@ -37,7 +37,7 @@ fn ref_fault(f: Fault) -> RefFault {
         Fault::IgnoreSelectionBias => RefFault::IgnoreSelectionBias,
         Fault::NoSharedExpert => RefFault::NoSharedExpert,
         // Batching's faults change nothing a sequence alone computes.
-        Fault::SwapRowPositions | Fault::ShiftRowKv => RefFault::None,
+        Fault::SwapRowPositions | Fault::ShiftRowKv | Fault::PackedBase => RefFault::None,
     }
 }
 
