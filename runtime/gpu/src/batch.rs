@@ -417,10 +417,10 @@ impl CudaEngine {
             )
         };
         let n = prompt.len();
-        // Chunks are counted from the cached prefix (a block boundary).
-        let from = self.seq(id).stats.cached_tokens;
+        // Chunks are counted from where this step resumes (after the
+        // cached prefix, or after a packed pass that ended mid-prompt).
         let cap = self.model.scratch.cap;
-        let last_chunk_start = from + (n - 1 - from) / cap * cap;
+        let last_chunk_start = next + (n - 1 - next) / cap * cap;
         let reached =
             self.prefill_cancellable(&prompt, (next, 1), base, &cancel, &live, |m, start, _| {
                 if start == last_chunk_start {
