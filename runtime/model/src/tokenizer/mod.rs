@@ -10,6 +10,7 @@ mod glm4;
 mod harmony;
 mod incremental;
 mod sampleable;
+mod segments;
 mod vocab;
 
 use std::path::{Path, PathBuf};
@@ -61,6 +62,8 @@ pub struct Tokenizer {
     vocab_size: usize,
     /// What bounds the input one token stands for (`None`: no bound known).
     span: Option<TokenSpan>,
+    /// Long prompts by added-token segments, cached (`segments.rs`).
+    segments: Arc<segments::Segmenter>,
 }
 
 /// How much input text one token can stand for, for tokenizers that keep
@@ -180,12 +183,14 @@ impl Tokenizer {
             });
         }
         let span = TokenSpan::of(&inner);
+        let segments = Arc::new(segments::Segmenter::of(&inner));
         Ok(Self {
             inner: Arc::new(inner),
             origin,
             eos: Vec::new(),
             vocab_size,
             span,
+            segments,
         })
     }
 
@@ -214,8 +219,19 @@ impl Tokenizer {
     }
 
     /// Encode text. Added/special tokens written in the text (as rendered
-    /// chat templates contain) become their ids; no BOS is added.
+    /// chat templates contain) become their ids; no BOS is added. A long
+    /// text is encoded by added-token segments, in parallel and through a
+    /// cache of the segments of earlier prompts (the same ids:
+    /// `segments.rs`).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        if text.len() >= segments::MIN_SEGMENTED_BYTES && self.segments.enabled() {
+            return self.segments.encode(text, |part| self.encode_whole(part));
+        }
+        self.encode_whole(text)
+    }
+
+    /// One `tokenizers` encode of the whole text.
+    fn encode_whole(&self, text: &str) -> Result<Vec<u32>, ModelError> {
         let enc = self
             .inner
             .encode(text, false)
