@@ -12,6 +12,8 @@
 #       batching and prefix_cache tests, then `agent_load.py parallel` all resident (1/2/4/8).
 #   bash tools/device/issue15b.sh perf COMMIT
 #       `agent_load.py parallel` at 6 GiB, then the agent loop at 6 GiB and all resident.
+#   bash tools/device/issue15b.sh final COMMIT
+#       `agent_load.py parallel` all resident, then the agent loop all resident and at 6 GiB.
 # Results: $OUT/issue15b-PHASE.txt (the summary) and the logs beside it.
 set -u
 P=${1:?phase}; C=${2:-unknown}
@@ -56,6 +58,17 @@ case "$P" in
     cat /tmp/btr-parallel-6GiB/summary.txt >> "$S"
     export PYTHONPATH=/tmp/agent-load/pydeps
     for l in 6GiB none; do
+      LIMIT=$l CONFIG=auto BUDGET=140 bash tools/device/prefix_cache.sh agent "$C" > /dev/null 2>&1
+      cat /tmp/pcr-agent-$l-auto/summary.txt >> "$S"
+    done
+    ;;
+  final)
+    # The final runtime: parallel clients all resident, the agent loop all resident and at 6 GiB.
+    [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    LIMIT=none CLIENTS=1,2,4,8 BUDGET=150 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+    cat /tmp/btr-parallel-none/summary.txt >> "$S"
+    export PYTHONPATH=/tmp/agent-load/pydeps
+    for l in none 6GiB; do
       LIMIT=$l CONFIG=auto BUDGET=140 bash tools/device/prefix_cache.sh agent "$C" > /dev/null 2>&1
       cat /tmp/pcr-agent-$l-auto/summary.txt >> "$S"
     done
