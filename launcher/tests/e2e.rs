@@ -92,7 +92,7 @@ fn profile_to_ready_to_chat_to_clean_shutdown() {
 
     sigterm(child.id());
     let st = wait_exit(&mut child, Duration::from_secs(30));
-    let rest: Vec<String> = rx.try_iter().collect();
+    let rest = rest_of_output(&rx, |l| l);
     assert!(st.success(), "launcher exit {st:?}; output {rest:?}");
     assert!(
         rest.iter().any(|l| l.contains("runtime exited normally")),
@@ -168,6 +168,22 @@ impl Output {
 }
 
 /// The launcher's one runtime child, found through /proc.
+/// The output lines still to come once the launcher exited: its reader
+/// thread may still be forwarding the last ones (seen under load), so this
+/// waits for the channel to close (at most 10 s) instead of taking what
+/// already arrived.
+fn rest_of_output<T>(rx: &std::sync::mpsc::Receiver<T>, line: impl Fn(T) -> String) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut out = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(l) => out.push(line(l)),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
 fn only_runtime_child(launcher: u32, timeout: Duration) -> u32 {
     let deadline = std::time::Instant::now() + timeout;
     loop {
@@ -323,7 +339,7 @@ fn killed_runtime_is_restarted_and_the_key_stays_out_of_argv() {
 
     sigterm(launcher);
     let st = wait_exit(&mut child, Duration::from_secs(30));
-    let rest: Vec<String> = out.rx.try_iter().map(|(_, l)| l).collect();
+    let rest = rest_of_output(&out.rx, |(_, l)| l);
     assert!(st.success(), "launcher exit {st:?}; output {rest:?}");
     for pid in [first, second] {
         assert!(
