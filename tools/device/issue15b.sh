@@ -12,6 +12,8 @@
 #       batching and prefix_cache tests, then `agent_load.py parallel` all resident (1/2/4/8).
 #   bash tools/device/issue15b.sh perf COMMIT
 #       `agent_load.py parallel` at 6 GiB, then the agent loop at 6 GiB and all resident.
+#   bash tools/device/issue15b.sh glm COMMIT
+#       glm-4.5-air-12l all resident through serve: parallel clients and the agent loop.
 #   bash tools/device/issue15b.sh final COMMIT
 #       `agent_load.py parallel` all resident, then the agent loop all resident and at 6 GiB.
 # Results: $OUT/issue15b-PHASE.txt (the summary) and the logs beside it.
@@ -72,6 +74,43 @@ case "$P" in
       LIMIT=$l CONFIG=auto BUDGET=140 bash tools/device/prefix_cache.sh agent "$C" > /dev/null 2>&1
       cat /tmp/pcr-agent-$l-auto/summary.txt >> "$S"
     done
+    ;;
+  glm)
+    # The second family through serve: glm-4.5-air-12l (11 MoE layers x 128 experts of
+    # 4096x1408, FP16 MLP block; routed experts only in the INT4 cache, ~12 GiB) all resident,
+    # parallel clients 1/2/4/8 and the agent loop (auto prefix cache).
+    M=/tmp/glm12; K=/tmp/glmkc; py=/opt/torch/.venv/bin/python3; mkdir -p $A
+    if [ ! -f $M/config.json ]; then
+      timeout 120 "$kr" synth --preset glm-4.5-air-12l --seed 1 --experts-in-cache-only --out $M \
+        --vocab .cache/vocab/qwen.tiktoken > "$OUT/glm-synth.log" 2>&1
+      echo "synth rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      timeout 200 "$kr" build-cache --model $M --cache-dir $K > "$OUT/glm-cache.log" 2>&1
+      echo "build-cache rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    fi
+    "$py" -c "import openai" 2> /dev/null || "$py" -m pip install -q --no-index \
+      --find-links .cache/wheels --target $A/pydeps openai > "$OUT/pip.log" 2>&1
+    export PYTHONPATH=$A/pydeps
+    url=http://127.0.0.1:18098
+    "$kr" serve --model $M --cache-dir $K --backend cuda --parallel 8 --context-length 32768 \
+      --port 18098 > "$OUT/glm-events.jsonl" 2> "$OUT/glm-serve.log" &
+    spid=$!
+    for _ in $(seq 1 900); do curl -sf $url/health > /dev/null 2>&1 && break; sleep 0.2; done
+    echo "serving: $(curl -s $url/health) (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "^prefix cache|^memory:|^experts:" "$OUT/glm-serve.log" >> "$S"
+    timeout 200 "$py" benchmarks/agent_load.py parallel --url $url --commit "$C" --runtime-bin "$kr" \
+      --clients 1,2,4,8 --requests 2 --prompt-tokens 1000 --max-tokens 128 \
+      --json "$OUT/glm-parallel.json" --markdown "$OUT/glm-parallel.md" > "$OUT/glm-parallel.log" 2>&1
+    echo "parallel rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    sed -n '/^PASS\|^FAIL/p' "$OUT/glm-parallel.log" >> "$S"
+    grep -E "^\| [0-9]+ \|" "$OUT/glm-parallel.md" | head -8 >> "$S"
+    timeout 170 "$py" benchmarks/agent_load.py agent --url $url --commit "$C" --runtime-bin "$kr" \
+      --context-tokens 24000 --turns 4 --append-tokens 256 --reply-tokens 64 --repeats 3 \
+      --json "$OUT/glm-agent.json" --markdown "$OUT/glm-agent.md" > "$OUT/glm-agent.log" 2>&1
+    echo "agent rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    sed -n '/^PASS\|^FAIL/p' "$OUT/glm-agent.log" >> "$S"
+    grep -E "^\| [0-9]+ \|" "$OUT/glm-agent.md" | head -8 >> "$S"
+    curl -s $url/v1/stats > "$OUT/glm-stats.json"
+    kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
     ;;
   *) echo "unknown phase $P" >> "$S"; exit 2 ;;
 esac
