@@ -14,6 +14,8 @@
 #       `agent_load.py parallel` at 6 GiB, then the agent loop at 6 GiB and all resident.
 #   bash tools/device/issue15b.sh glm COMMIT
 #       glm-4.5-air-12l all resident through serve: parallel clients and the agent loop.
+#   bash tools/device/issue15b.sh ncu COMMIT
+#       per-kernel device time of one decode step at 1 and 4 rows (ncu, profile-from-start off).
 #   bash tools/device/issue15b.sh final COMMIT
 #       `agent_load.py parallel` all resident, then the agent loop all resident and at 6 GiB.
 # Results: $OUT/issue15b-PHASE.txt (the summary) and the logs beside it.
@@ -111,6 +113,21 @@ case "$P" in
     grep -E "^\| [0-9]+ \|" "$OUT/glm-agent.md" | head -8 >> "$S"
     curl -s $url/v1/stats > "$OUT/glm-stats.json"
     kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+    ;;
+  ncu)
+    # Where one decode step's device time goes, kernel by kernel, at 1 and 4 rows: Nsight
+    # Compute times each kernel of the step `decode_breakdown` brackets with cuProfilerStart /
+    # cuProfilerStop (clocks and caches left alone).
+    [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    echo "ncu: $ncu (t=$((SECONDS-T0))s)" >> "$S"
+    timeout 400 "$ncu" --clock-control none --cache-control none --profile-from-start off \
+      --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" \
+      "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --commit "$C" \
+      --prompt-tokens 64 --decode-tokens 16 --decode-prompt-tokens 1000 --decode-rows 1,4 \
+      > "$OUT/ncu-bench.log" 2>&1
+    echo "ncu rc=$? (t=$((SECONDS-T0))s) $(wc -l < "$OUT/ncu.csv") lines" >> "$S"
+    tail -3 "$OUT/ncu-bench.log" >> "$S"
     ;;
   *) echo "unknown phase $P" >> "$S"; exit 2 ;;
 esac

@@ -134,6 +134,18 @@ impl CudaEngine {
                 crate::moe::routed_experts(&cx, sc, None, moe_index, m, Positions::Decode)
             })?;
         }
+        // One more eager step of the `m` rows (layers and LM head) between
+        // cuProfilerStart and cuProfilerStop: a profiler started with its
+        // collection off (`ncu --profile-from-start off`) sees exactly one
+        // step's kernels, each timed on its own. Without a profiler both
+        // calls do nothing; their status is not an error of the bench.
+        // SAFETY: plain driver calls on the current context, no arguments.
+        let _ = unsafe { cudarc::driver::sys::cuProfilerStart() };
+        self.model_mut().forward_layers(m, Positions::Decode)?;
+        self.model_mut().lm_head(0, m)?;
+        self.gpu().sync("the profiled decode step")?;
+        // SAFETY: as above.
+        let _ = unsafe { cudarc::driver::sys::cuProfilerStop() };
         let params = krasis_kernels::SamplingParams::default();
         b.sample_ms = time(self, &mut |e| {
             let model = e.model_mut();
