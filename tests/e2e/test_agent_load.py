@@ -268,3 +268,23 @@ def test_chaos_catches_a_gauge_that_does_not_return(agent_load, tmp_path, leak):
     checks = {c["check"]: c["pass"] for c in json.loads(js.read_text())["scenarios"]["chaos"]["checks"]}
     failed = [name for name, ok in checks.items() if not ok]
     assert (code, failed) == ((1, ["kv.used_blocks back to baseline"]) if leak else (0, [])), checks
+
+
+def test_agent_target_leaves_out_runs_with_no_visible_text(agent_load):
+    """A run whose turn streamed no visible text has no client TTFT: the
+    target is computed over the other runs and says how many it left out;
+    with no complete run there is no value and no pass."""
+    def report(runs):
+        ag = {"turns": 3, "evict_requests": 0,
+              "runs": [{"turns": [{"turn": i + 1, "ttft_s": t} for i, t in enumerate(r)]}
+                       for r in runs]}
+        return {"scenarios": {"agent": ag}}
+
+    [t] = agent_load.targets(report([[None, 0.1, 0.1], [1.0, 0.12, 0.09], [1.0, 0.08, 0.11]]))
+    assert t["runs_left_out"] == 1
+    assert t["value"] == pytest.approx(0.115)
+    assert not t["pass"] and "1 of 3 runs left out" in t["detail"]
+    [t] = agent_load.targets(report([[1.0, 0.05, 0.09], [1.0, 0.08, 0.07]]))
+    assert t["pass"] and t["runs_left_out"] == 0 and "left out" not in t["detail"]
+    [t] = agent_load.targets(report([[None, 0.1, 0.1]]))
+    assert t["value"] is None and not t["pass"]
