@@ -131,7 +131,7 @@ pub(crate) fn engine_options(
 ) -> anyhow::Result<krasis_gpu::CudaEngineOptions> {
     // Batched decode rows (--decode-rows) each hold their own KV rows.
     let rows = a.decode_rows.iter().copied().max().unwrap_or(1).max(1);
-    let per_seq = a.decode_prompt_tokens + a.decode_tokens.first().copied().unwrap_or(0) + 1;
+    let per_seq = a.decode_prompt_tokens + batched::decode_tokens(a) + 1;
     Ok(krasis_gpu::CudaEngineOptions {
         context_length: Some(context),
         parallel: (rows > 1).then_some(rows),

@@ -17,7 +17,6 @@ use anyhow::Context;
 use krasis_gpu::CudaEngine;
 use krasis_gpu::bounds;
 use krasis_model::batch::{Admission, Batch, SeqEvent};
-use krasis_model::{GenerateRequest, SamplingParams};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -44,16 +43,10 @@ pub struct BatchedResult {
     pub breakdown: krasis_gpu::profile::DecodeBreakdown,
 }
 
-fn request(prompt: &[u32], new: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt: prompt.to_vec(),
-        max_new_tokens: new,
-        sampling: SamplingParams::greedy(),
-        stop_token_ids: Vec::new(),
-        cancel: Default::default(),
-        live: Default::default(),
-        cache_prompt: false,
-    }
+/// Tokens each sequence decodes in the timed part: the first of
+/// `--decode-tokens` (the engine's KV arena is sized from the same value).
+pub(super) fn decode_tokens(a: &super::Args) -> usize {
+    a.decode_tokens.first().copied().unwrap_or(64)
 }
 
 /// One run: M sequences of `prompt` tokens (slice r of `text` for row r)
@@ -71,7 +64,7 @@ fn run_once(
         let p = &text[r * prompt..(r + 1) * prompt];
         // +1: the first token comes from prefill and is not timed.
         match e
-            .admit(request(p, d + 1))
+            .admit(super::speed::greedy_request(p, d + 1))
             .context("admitting a bench sequence")?
         {
             Admission::Admitted(s) => ids.push(s),

@@ -110,12 +110,10 @@ struct Report {
     bf16_flop_per_s_assumed: f64,
 }
 
-pub(super) fn greedy(
-    engine: &mut CudaEngine,
-    prompt: &[u32],
-    new: usize,
-) -> anyhow::Result<GenerateStats> {
-    let req = GenerateRequest {
+/// A greedy request of `new` tokens after `prompt`, without the prefix
+/// cache (every bench run prefills cold).
+pub(super) fn greedy_request(prompt: &[u32], new: usize) -> GenerateRequest {
+    GenerateRequest {
         prompt: prompt.to_vec(),
         max_new_tokens: new,
         sampling: SamplingParams::greedy(),
@@ -123,7 +121,15 @@ pub(super) fn greedy(
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: false,
-    };
+    }
+}
+
+pub(super) fn greedy(
+    engine: &mut CudaEngine,
+    prompt: &[u32],
+    new: usize,
+) -> anyhow::Result<GenerateStats> {
+    let req = greedy_request(prompt, new);
     let out = engine
         .generate(&req, &mut |_| ControlFlow::Continue(()))
         .context("generating")?;
@@ -373,7 +379,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let batched = if a.decode_rows.is_empty() {
         Vec::new()
     } else {
-        let d = a.decode_tokens.first().copied().unwrap_or(64);
+        let d = super::batched::decode_tokens(a);
         let rows = a.decode_rows.iter().copied().max().unwrap_or(1);
         let (text, _) = super::text_tokens(&a.model, &a.text, rows * a.decode_prompt_tokens)?;
         super::batched::measure(
