@@ -89,25 +89,17 @@ pub(crate) fn attention(
         || GpuError::Unsupported("attention without q/k norms but no RoPE table loaded".into());
     // The q/k/v projection covers every row; RoPE, the KV append and
     // attention run per sequence: one segment for a prefill chunk or a
-    // decode step, one per sequence of a packed prefill.
-    let segments: Vec<(usize, usize, Positions)> = match at {
-        Positions::Packed => sc
-            .packed
-            .iter()
-            .map(|p| {
-                let at = Positions::Prefill {
-                    start: p.start,
-                    base: p.base,
-                };
-                (p.row, p.len, at)
-            })
-            .collect(),
-        _ => vec![(0, t, at)],
+    // decode step, one per sequence of a packed prefill (no allocation:
+    // this runs for every layer of every decode token).
+    let n_segments = match at {
+        Positions::Packed => sc.packed.len(),
+        _ => 1,
     };
     match &lw.qkv {
         Weight16::Bf16(w) => {
             project_bf16(cx, sc, l, t, decode, w)?;
-            for &(r0, len, at) in &segments {
+            for i in 0..n_segments {
+                let (r0, len, at) = segment(sc, at, t, i);
                 let geom = cx.qkv_geom(len);
                 let sp = start_pos(at, &sc.pos)?;
                 let base = kv_base(at, &sc.kv_base);
@@ -157,7 +149,8 @@ pub(crate) fn attention(
         }
         Weight16::F16(w) => {
             project_f16(cx, sc, l, t, decode, w)?;
-            for &(r0, len, at) in &segments {
+            for i in 0..n_segments {
+                let (r0, len, at) = segment(sc, at, t, i);
                 let geom = cx.qkv_geom(len);
                 let sp = start_pos(at, &sc.pos)?;
                 let base = kv_base(at, &sc.kv_base);
@@ -223,6 +216,22 @@ pub(crate) fn attention(
         kn.add_bias_rows::<f32>(s, &mut sc.residual, b, t, h)?;
     }
     Ok(())
+}
+
+/// Segment `i` of a pass of `t` rows at `at`: (first row, rows, positions);
+/// the whole pass unless it is packed.
+fn segment(sc: &Scratch, at: Positions, t: usize, i: usize) -> (usize, usize, Positions) {
+    match at {
+        Positions::Packed => {
+            let p = sc.packed[i];
+            let at = Positions::Prefill {
+                start: p.start,
+                base: p.base,
+            };
+            (p.row, p.len, at)
+        }
+        _ => (0, t, at),
+    }
 }
 
 /// Where a launch's positions come from: the prefill chunk's start, or
