@@ -22,7 +22,7 @@
 //! rendered chats with the real Qwen vocabulary and on edge cases.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Prompts shorter than this are encoded whole (one encode is cheap).
 pub(super) const MIN_SEGMENTED_BYTES: usize = 16 * 1024;
@@ -40,10 +40,12 @@ pub(super) struct Segmenter {
     cache: Mutex<Cache>,
 }
 
+/// Parts by text; `order` holds the same keys oldest first (shared, so a
+/// part's text is stored once).
 #[derive(Debug, Default)]
 struct Cache {
-    parts: HashMap<String, Vec<u32>>,
-    order: VecDeque<String>,
+    parts: HashMap<Arc<str>, Vec<u32>>,
+    order: VecDeque<Arc<str>>,
     bytes: usize,
 }
 
@@ -173,9 +175,10 @@ impl Cache {
             self.bytes -= old.len();
             self.parts.remove(&old);
         }
+        let key: Arc<str> = part.into();
         self.bytes += part.len();
-        self.order.push_back(part.to_string());
-        self.parts.insert(part.to_string(), ids.to_vec());
+        self.order.push_back(key.clone());
+        self.parts.insert(key, ids.to_vec());
     }
 }
 
