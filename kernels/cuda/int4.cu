@@ -174,10 +174,145 @@ __device__ __forceinline__ float quad_sum(float v) {
 // at u32 offset c32*20 (16 used + 4 pad: the 4 tq of a warp hit distinct banks).
 #define XS_STRIDE 20
 
+// One warp's share of one pair's w13 tiles: gate/up x NCL scale groups x
+// rows g / g+8, with their scales.
+template <int NCL>
+struct W13Regs {
+    uint4 q[2][NCL][2];
+    f16_t sh[2][NCL][2];
+};
+
+// The geometry every w13 helper needs (GEN: see the header).
+struct W13Geo {
+    u32 warp, g, tq, ng, ns, nsg, nch, I, i0;
+    u64 rb, oq, os;
+};
+
+template <bool GEN>
+__device__ __forceinline__ W13Geo w13_geo(u32 H, u32 I, u64 oq, u64 os, u32 gl) {
+    W13Geo e;
+    e.warp = threadIdx.x >> 5;
+    const u32 lane = threadIdx.x & 31;
+    e.g = lane >> 2;
+    e.tq = lane & 3;
+    e.ng = GEN ? (H + 127) / 128 : H / 128;
+    e.ns = GEN ? 4u >> gl : 1u;
+    e.nsg = GEN ? H >> (5 + gl) : e.ng;
+    e.nch = H / 32;
+    e.I = I;
+    e.i0 = blockIdx.x * 16;
+    e.rb = H / 2;
+    e.oq = oq;
+    e.os = os;
+    return e;
+}
+
+// Issue every weight and scale load of this warp for the expert at `base`
+// (zeros for none), in the order they are consumed (group, then gate/up).
+template <int NCL, bool GEN>
+__device__ __forceinline__ void w13_load(W13Regs<NCL>& r, const unsigned char* base, const W13Geo& e) {
+    const unsigned char* wq = base + e.oq;
+    const f16_t* wsc = (const f16_t*)(base + e.os);
+#pragma unroll
+    for (int gg = 0; gg < NCL; ++gg)
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 G = e.warp * NCL + gg;
+                const u64 row = (u64)tile * e.I + e.i0 + e.g + 8 * h;
+                const bool in = base != nullptr && G < e.ng;
+                if (in && (!GEN || G * 4 + e.tq < e.nch)) {
+                    r.q[tile][gg][h] = ld_stream16(wq + row * e.rb + G * 64 + e.tq * 16);
+                    if (!GEN) r.sh[tile][gg][h] = wsc[row * e.ng + G];
+                } else {
+                    r.q[tile][gg][h] = make_uint4(0, 0, 0, 0);
+                    if (!GEN) r.sh[tile][gg][h] = 0;
+                }
+                if (GEN) {  // the scale of the group this lane's C columns hold
+                    const u32 sg = G * e.ns + e.tq;
+                    r.sh[tile][gg][h] = (in && e.tq < e.ns && sg < e.nsg) ? wsc[row * e.nsg + sg] : (f16_t)0;
+                }
+            }
+}
+
+// This warp's split-K partials of one pair (x staged in xs) into part[w][:]:
+// gate rows 0..15, up rows 16..31.
+template <int NCL, bool GEN, class A>
+__device__ __forceinline__ void w13_mma(const W13Regs<NCL>& r, const u32* xs, const W13Geo& e, float (*part)[32]) {
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int gg = 0; gg < NCL; ++gg) {
+        const u32 G = e.warp * NCL + gg;
+        if (G < e.ng) {  // warp-uniform
+            const uint4* xp = (const uint4*)&xs[(G * 4 + e.tq) * XS_STRIDE];
+            uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+            if (GEN) mask_b(xv, G * 4 + e.tq < e.nch && ((e.tq * e.ns) >> 2) == ((e.g >> 1) & (e.ns - 1)));
+#pragma unroll
+            for (int tile = 0; tile < 2; ++tile) {
+                float c[4];
+                tile16<A>(r.q[tile][gg][0], r.q[tile][gg][1], xv, c);
+                acc[tile][0] += h2f(r.sh[tile][gg][0]) * c[0];
+                acc[tile][1] += h2f(r.sh[tile][gg][1]) * c[2];
+            }
+        }
+    }
+    if (GEN) {  // lanes tq < ns hold one group each, the others 0
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) acc[tile][h] = quad_sum(acc[tile][h]);
+    }
+    if (e.tq == 0) {
+        part[e.warp][e.g] = acc[0][0];
+        part[e.warp][e.g + 8] = acc[0][1];
+        part[e.warp][16 + e.g] = acc[1][0];
+        part[e.warp][24 + e.g] = acc[1][1];
+    }
+}
+
+// Row r (< 16) of one pair: the warps' partials summed in warp order, then
+// silu(gate) * up.
+__device__ __forceinline__ float w13_out(float (*part)[32], u32 nw, u32 r) {
+    float gs = 0.0f, us = 0.0f;
+    for (u32 w = 0; w < nw; ++w) {
+        gs += part[w][r];
+        us += part[w][16 + r];
+    }
+    return silu(gs) * us;
+}
+
+// Stage token t's x permuted into shared memory: loaded into xpre before
+// the weights (an L2 hit that would otherwise queue behind them), stored
+// after.
+template <int XPRE>
+__device__ __forceinline__ void w13_x_load(uint4* xpre, const unsigned short* x, u32 t, u32 H) {
+    const uint4* xrow = (const uint4*)(x + (u64)t * H);
+#pragma unroll
+    for (int r = 0; r < XPRE; ++r) {
+        const u32 c = threadIdx.x + r * blockDim.x;
+        if (c < H / 8) xpre[r] = xrow[c];
+    }
+}
+template <int XPRE>
+__device__ __forceinline__ void w13_x_store(const uint4* xpre, u32* xs, u32 H) {
+#pragma unroll
+    for (int r = 0; r < XPRE; ++r) {
+        const u32 c = threadIdx.x + r * blockDim.x;
+        if (c < H / 8) *(uint4*)&xs[(c >> 2) * XS_STRIDE + (c & 3) * 4] = perm8(xpre[r]);
+    }
+}
+
+__device__ __forceinline__ bool w13_active(u32 p, u32 k, u32 slot_mask) {
+    const u32 j = p % k;
+    return j < 32 && ((slot_mask >> j) & 1u) != 0;
+}
+
 // GEN = false: the g = 128 fast path (H a multiple of 128, one scale per
 // tile; the code the a3b decode was measured with). GEN = true: any group
 // gl = log2(g / 32) and a partial last tile, as described in the header.
 // A: the format of x (and of the dequantized weights in the mma).
+// One pair per block (grid y = pair): the one-token decode.
 template <int NCL, int MAXH, int MAXW, bool GEN, class A = ActBf16>
 __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                            const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq,
@@ -193,98 +328,74 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
 #endif
     const u32 p = blockIdx.y;
     if (p >= n_pairs) return;
-    const u32 j = p % k, t = p / k;
-    if (j >= 32 || ((slot_mask >> j) & 1u) == 0) return;  // block-uniform
-    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 g = lane >> 2, tq = lane & 3;
-    const u32 nw = blockDim.x >> 5, ng = GEN ? (H + 127) / 128 : H / 128;
-    // GEN: ns scale groups per tile, nsg per row, H / 32 valid 32-chunks.
-    const u32 ns = GEN ? 4u >> gl : 1u, nsg = GEN ? H >> (5 + gl) : ng, nch = H / 32;
-    const u32 i0 = blockIdx.x * 16;
+    if (!w13_active(p, k, slot_mask)) return;  // block-uniform
+    const u32 t = p / k;
+    const W13Geo e = w13_geo<GEN>(H, I, oq, os, gl);
     const unsigned char* base = expert_base(table, n_table, ids[p]);
     if (base == nullptr) {
-        if (threadIdx.x < 16) act[(u64)p * I + i0 + threadIdx.x] = NAN_F;
+        if (threadIdx.x < 16) act[(u64)p * I + e.i0 + threadIdx.x] = NAN_F;
         return;
     }
-    const unsigned char* wq = base + oq;
-    const f16_t* wsc = (const f16_t*)(base + os);
-    const u64 rb = H / 2;
-    // x first (an L2 hit that would otherwise queue behind the weights).
-    const uint4* xrow = (const uint4*)(x + (u64)t * H);
     uint4 xpre[XPRE];
+    w13_x_load<XPRE>(xpre, x, t, H);
+    W13Regs<NCL> r;
+    w13_load<NCL, GEN>(r, base, e);
+    w13_x_store<XPRE>(xpre, xs, H);
+    __syncthreads();
+    w13_mma<NCL, GEN, A>(r, xs, e, part);
+    __syncthreads();
+    if (threadIdx.x < 16) act[(u64)p * I + e.i0 + threadIdx.x] = w13_out(part, blockDim.x >> 5, threadIdx.x);
+}
+
+// Several pairs per block (a batched decode step, M > 1 tokens): block y
+// takes pairs [y * ppb, y * ppb + ppb), ppb <= W13_MAX_PPB dividing top_k,
+// so all of them are one token's and share its staged x. A warp issues the
+// next pair's loads before it multiplies the current pair (two register
+// sets). With one pair per block, 4 rows of a3b were 1,536 blocks in four
+// latency-bound waves (w13 2.6x the one-row time at 4 rows); this is one.
+// Each pair's arithmetic is w13_swiglu's exactly (the same helpers, the
+// same warp owning each split-K part, the same reduction order), so a
+// token's act does not depend on the block shape (rows.rs checks it).
+#define W13_MAX_PPB 8
+template <int NCL, bool GEN, class A = ActBf16>
+__device__ __forceinline__ void w13_swiglu_multi(const unsigned short* __restrict__ x, const u64* __restrict__ table,
+                                                 u32 n_table, const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H,
+                                                 u32 I, u64 oq, u64 os, u32 slot_mask, u32 gl, u32 ppb,
+                                                 float* __restrict__ act) {
+    __shared__ __align__(16) u32 xs[4096 / 32 * XS_STRIDE];
+    __shared__ float part[W13_MAX_PPB][8][32];
+    __shared__ u64 sbase[W13_MAX_PPB];
+    constexpr int XPRE = (NCL + 1) / 2;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    const u32 p0 = blockIdx.y * ppb;
+    if (p0 >= n_pairs) return;
+    const u32 np = min(ppb, n_pairs - p0), t = p0 / k;
+    const W13Geo e = w13_geo<GEN>(H, I, oq, os, gl);
+    auto base_of = [&](u32 qi) -> const unsigned char* {
+        return w13_active(p0 + qi, k, slot_mask) ? expert_base(table, n_table, ids[p0 + qi]) : nullptr;
+    };
+    uint4 xpre[XPRE];
+    w13_x_load<XPRE>(xpre, x, t, H);
+    W13Regs<NCL> ra, rb;
+    w13_load<NCL, GEN>(ra, base_of(0), e);
+    if (threadIdx.x < np) sbase[threadIdx.x] = (u64)base_of(threadIdx.x);
+    w13_x_store<XPRE>(xpre, xs, H);
+    __syncthreads();
 #pragma unroll
-    for (int r = 0; r < XPRE; ++r) {
-        const u32 c = threadIdx.x + r * blockDim.x;
-        if (c < H / 8) xpre[r] = xrow[c];
-    }
-    // Then every weight and scale load of this warp, in the order they are
-    // consumed below (group, then gate/up tile).
-    uint4 q[2][NCL][2];
-    f16_t sh[2][NCL][2];
-#pragma unroll
-    for (int gg = 0; gg < NCL; ++gg)
-#pragma unroll
-        for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32 G = warp * NCL + gg;
-                const u64 row = (u64)tile * I + i0 + g + 8 * h;
-                if (G < ng && (!GEN || G * 4 + tq < nch)) {
-                    q[tile][gg][h] = ld_stream16(wq + row * rb + G * 64 + tq * 16);
-                    if (!GEN) sh[tile][gg][h] = wsc[row * ng + G];
-                } else {
-                    q[tile][gg][h] = make_uint4(0, 0, 0, 0);
-                    if (!GEN) sh[tile][gg][h] = 0;
-                }
-                if (GEN) {  // the scale of the group this lane's C columns hold
-                    const u32 sg = G * ns + tq;
-                    sh[tile][gg][h] = (G < ng && tq < ns && sg < nsg) ? wsc[row * nsg + sg] : (f16_t)0;
-                }
-            }
-    // Stage x permuted into shared memory (H/8 <= XPRE * blockDim chunks).
-#pragma unroll
-    for (int r = 0; r < XPRE; ++r) {
-        const u32 c = threadIdx.x + r * blockDim.x;
-        if (c < H / 8) *(uint4*)&xs[(c >> 2) * XS_STRIDE + (c & 3) * 4] = perm8(xpre[r]);
+    for (int qi = 0; qi < W13_MAX_PPB; ++qi) {
+        if ((u32)qi >= np) break;  // block-uniform
+        W13Regs<NCL>& cur = (qi & 1) ? rb : ra;
+        W13Regs<NCL>& nxt = (qi & 1) ? ra : rb;
+        if ((u32)qi + 1 < np) w13_load<NCL, GEN>(nxt, (const unsigned char*)sbase[qi + 1], e);
+        if (sbase[qi] != 0) w13_mma<NCL, GEN, A>(cur, xs, e, part[qi]);
     }
     __syncthreads();
-    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-#pragma unroll
-    for (int gg = 0; gg < NCL; ++gg) {
-        const u32 G = warp * NCL + gg;
-        if (G < ng) {  // warp-uniform
-            const uint4* xp = (const uint4*)&xs[(G * 4 + tq) * XS_STRIDE];
-            uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
-            if (GEN) mask_b(xv, G * 4 + tq < nch && ((tq * ns) >> 2) == ((g >> 1) & (ns - 1)));
-#pragma unroll
-            for (int tile = 0; tile < 2; ++tile) {
-                float c[4];
-                tile16<A>(q[tile][gg][0], q[tile][gg][1], xv, c);
-                acc[tile][0] += h2f(sh[tile][gg][0]) * c[0];
-                acc[tile][1] += h2f(sh[tile][gg][1]) * c[2];
-            }
-        }
-    }
-    if (GEN) {  // lanes tq < ns hold one group each, the others 0
-#pragma unroll
-        for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) acc[tile][h] = quad_sum(acc[tile][h]);
-    }
-    if (tq == 0) {
-        part[warp][g] = acc[0][0];
-        part[warp][g + 8] = acc[0][1];
-        part[warp][16 + g] = acc[1][0];
-        part[warp][24 + g] = acc[1][1];
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        float gs = 0.0f, us = 0.0f;
-        for (u32 w = 0; w < nw; ++w) {
-            gs += part[w][threadIdx.x];
-            us += part[w][16 + threadIdx.x];
-        }
-        act[(u64)p * I + i0 + threadIdx.x] = silu(gs) * us;
+    if (threadIdx.x < 16 * np) {
+        const u32 qi = threadIdx.x >> 4, r = threadIdx.x & 15, p = p0 + qi;
+        if (w13_active(p, k, slot_mask))
+            act[(u64)p * I + e.i0 + r] = sbase[qi] != 0 ? w13_out(part[qi], blockDim.x >> 5, r) : NAN_F;
     }
 }
 
@@ -366,121 +477,248 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     w13_swiglu<4, 8192, 16, true, ActF16>(W13_PASS, gl, act);
 }
 
+// Several pairs per block (w13_swiglu_multi): <name>_mp, H <= 2048 in
+// <= 8 warps (two register sets fit 128 registers at NCL <= 2).
+#define W13_MP_ARGS W13_ARGS, u32 gl, u32 ppb, float *__restrict__ act
+#define W13_MP_PASS W13_PASS, gl, ppb, act
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_1_mp(W13_MP_ARGS) {
+    w13_swiglu_multi<1, false>(W13_MP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_2_mp(W13_MP_ARGS) {
+    w13_swiglu_multi<2, false>(W13_MP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_g1_mp(W13_MP_ARGS) {
+    w13_swiglu_multi<1, true>(W13_MP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_g2_mp(W13_MP_ARGS) {
+    w13_swiglu_multi<2, true>(W13_MP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_1_f16_mp(W13_MP_ARGS) {
+    w13_swiglu_multi<1, false, ActF16>(W13_MP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_2_f16_mp(W13_MP_ARGS) {
+    w13_swiglu_multi<2, false, ActF16>(W13_MP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_g1_f16_mp(W13_MP_ARGS) {
+    w13_swiglu_multi<1, true, ActF16>(W13_MP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_g2_f16_mp(W13_MP_ARGS) {
+    w13_swiglu_multi<2, true, ActF16>(W13_MP_PASS);
+}
+
 // Shared act layout (dynamic): for (j, group G, lane tq) a block of
 // AS_STRIDE u32 at ((j*ng + G)*4 + tq)*AS_STRIDE: 16 hi pairs, 16 lo pairs,
 // 4 pad (the 8 (tq, hi/lo) reads of a warp hit distinct banks).
 #define AS_STRIDE 36
 #define W2_MAX_ITEMS 64
 
-template <int GPW, bool GEN>
-__device__ __forceinline__ void w2_combine(const float* __restrict__ act, const u64* __restrict__ table, u32 n_table,
-                                           const u32* __restrict__ ids, const float* __restrict__ w, u32 n_tokens,
-                                           u32 k, u32 H, u32 I, u64 oq, u64 os, u32 gl, float* __restrict__ res) {
-    extern __shared__ __align__(16) u32 as_[];
-    __shared__ float part[W2_MAX_ITEMS][16];
-    const u32 t = blockIdx.y;
-    if (t >= n_tokens) return;
-    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 g = lane >> 2, tq = lane & 3;
-    const u32 nw = blockDim.x >> 5, ng = GEN ? (I + 127) / 128 : I / 128;
-    const u32 ns = GEN ? 4u >> gl : 1u, nsg = GEN ? I >> (5 + gl) : ng, nch = I / 32;
-    const u32 nkp = (ng + GPW - 1) / GPW, items = k * nkp;
-    const u32 n0 = blockIdx.x * 16;
-    const u64 rb = I / 2;
-
+// One warp's share of one w2 work item (expert j, K-part kp): GPW scale
+// groups x rows g / g+8, with their scales; valid = the expert was found.
+template <int GPW>
+struct W2Regs {
     uint4 q[GPW][2];
     f16_t sh[GPW][2];
-    bool valid = false;
-    // Issue the weight and scale loads of work item `it` (expert j, K-part kp).
-    auto load = [&](u32 it) {
-        const u32 j = it / nkp, kp = it % nkp;
-        const unsigned char* base = expert_base(table, n_table, ids[(u64)t * k + j]);
-        valid = base != nullptr;
-        const unsigned char* wq = base + oq;
-        const f16_t* wsc = (const f16_t*)(base + os);
+    bool valid;
+};
+
+struct W2Geo {
+    u32 g, tq, ng, ns, nsg, nch, nkp, n0;
+    u64 rb, oq, os;
+};
+
+template <int GPW, bool GEN>
+__device__ __forceinline__ W2Geo w2_geo(u32 I, u64 oq, u64 os, u32 gl) {
+    W2Geo e;
+    const u32 lane = threadIdx.x & 31;
+    e.g = lane >> 2;
+    e.tq = lane & 3;
+    e.ng = GEN ? (I + 127) / 128 : I / 128;
+    e.ns = GEN ? 4u >> gl : 1u;
+    e.nsg = GEN ? I >> (5 + gl) : e.ng;
+    e.nch = I / 32;
+    e.nkp = (e.ng + GPW - 1) / GPW;
+    e.n0 = blockIdx.x * 16;
+    e.rb = I / 2;
+    e.oq = oq;
+    e.os = os;
+    return e;
+}
+
+// Issue the weight and scale loads of K-part kp of the expert at `base`.
+template <int GPW, bool GEN>
+__device__ __forceinline__ void w2_load(W2Regs<GPW>& r, const unsigned char* base, u32 kp, const W2Geo& e) {
+    r.valid = base != nullptr;
+    const unsigned char* wq = base + e.oq;
+    const f16_t* wsc = (const f16_t*)(base + e.os);
 #pragma unroll
-        for (int gg = 0; gg < GPW; ++gg)
+    for (int gg = 0; gg < GPW; ++gg)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32 G = kp * GPW + gg;
-                const u64 row = n0 + g + 8 * h;
-                if (valid && G < ng && (!GEN || G * 4 + tq < nch)) {
-                    q[gg][h] = ld_stream16(wq + row * rb + G * 64 + tq * 16);
-                    if (!GEN) sh[gg][h] = wsc[row * ng + G];
-                } else {
-                    q[gg][h] = make_uint4(0, 0, 0, 0);
-                    if (!GEN) sh[gg][h] = 0;
-                }
-                if (GEN) {
-                    const u32 sg = G * ns + tq;
-                    sh[gg][h] = (valid && G < ng && tq < ns && sg < nsg) ? wsc[row * nsg + sg] : (f16_t)0;
-                }
+        for (int h = 0; h < 2; ++h) {
+            const u32 G = kp * GPW + gg;
+            const u64 row = e.n0 + e.g + 8 * h;
+            if (r.valid && G < e.ng && (!GEN || G * 4 + e.tq < e.nch)) {
+                r.q[gg][h] = ld_stream16(wq + row * e.rb + G * 64 + e.tq * 16);
+                if (!GEN) r.sh[gg][h] = wsc[row * e.ng + G];
+            } else {
+                r.q[gg][h] = make_uint4(0, 0, 0, 0);
+                if (!GEN) r.sh[gg][h] = 0;
             }
+            if (GEN) {
+                const u32 sg = G * e.ns + e.tq;
+                r.sh[gg][h] = (r.valid && G < e.ng && e.tq < e.ns && sg < e.nsg) ? wsc[row * e.nsg + sg] : (f16_t)0;
+            }
+        }
+}
+
+// One work item's partial of the 16 rows into prow[0..16) (as_: the token's
+// staged act).
+template <int GPW, bool GEN>
+__device__ __forceinline__ void w2_item(const W2Regs<GPW>& r, const u32* as_, u32 j, u32 kp, const W2Geo& e,
+                                        float* prow) {
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+    for (int gg = 0; gg < GPW; ++gg) {
+        const u32 G = kp * GPW + gg;
+        if (G < e.ng) {
+            const uint4* xp = (const uint4*)(as_ + ((j * e.ng + G) * 4 + e.tq) * AS_STRIDE + (e.g & 1) * 16);
+            uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+            if (GEN) mask_b(xv, G * 4 + e.tq < e.nch && ((e.tq * e.ns) >> 2) == ((e.g >> 1) & (e.ns - 1)));
+            float c[4];
+            tile16(r.q[gg][0], r.q[gg][1], xv, c);
+            acc0 += h2f(r.sh[gg][0]) * (c[0] + c[1]);
+            acc1 += h2f(r.sh[gg][1]) * (c[2] + c[3]);
+        }
+    }
+    if (GEN) {
+        acc0 = quad_sum(acc0);
+        acc1 = quad_sum(acc1);
+    }
+    if (!r.valid) acc0 = acc1 = NAN_F;
+    if (e.tq == 0) {
+        prow[e.g] = acc0;
+        prow[e.g + 8] = acc1;
+    }
+}
+
+// Stage the act rows of tokens [t0, t0 + nt) (top_k rows each) as permuted
+// bf16 hi/lo pairs, token tl at as_ + tl * tok_u32; B chunks per thread
+// are loaded before any is stored (B = 4 for several tokens; 1 keeps the
+// one-token kernel's registers).
+template <int B>
+__device__ __forceinline__ void w2_stage(const float* __restrict__ act, u32* as_, u32 t0, u32 nt, u32 k, u32 I,
+                                         u32 ng, u32 tok_u32) {
+    const u32 cpr = I / 8;  // 8-chunks per row
+    const u32 total = nt * k * cpr;
+    for (u32 c0 = threadIdx.x; c0 < total; c0 += B * blockDim.x) {
+        float4 u[B], v[B];
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            const u32 c = c0 + b * blockDim.x;
+            if (c < total) {
+                const u32 row = c / cpr, c8 = c % cpr;  // row = tl * k + j
+                const float4* a4 = (const float4*)(act + ((u64)t0 * k + row) * I + (u64)c8 * 8);
+                u[b] = a4[0];
+                v[b] = a4[1];
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            const u32 c = c0 + b * blockDim.x;
+            if (c < total) {
+                const u32 row = c / cpr, c8 = c % cpr, tl = row / k, j = row % k;
+                const float lo_[4] = {u[b].x, u[b].y, u[b].z, u[b].w}, hi_[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
+                u32 hv[4], lv[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    hv[q] = pack_bf2(lo_[q], hi_[q]);
+                    lv[q] = pack_bf2(lo_[q] - bf_lo(hv[q]), hi_[q] - bf_hi(hv[q]));
+                }
+                u32* dst = as_ + tl * tok_u32 + ((j * ng + c8 / 16) * 4 + (c8 % 16) / 4) * AS_STRIDE + (c8 % 4) * 4;
+                *(uint4*)dst = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+                *(uint4*)(dst + 16) = make_uint4(lv[0], lv[1], lv[2], lv[3]);
+            }
+        }
+    }
+}
+
+// Row n of token t: the items' partials (part[j * nkp + kp][r]) summed over
+// kp, weighted, summed over j in order, added once to the residual.
+__device__ __forceinline__ void w2_out(float (*part)[16], const float* __restrict__ w, u32 t, u32 k, u32 nkp, u32 r,
+                                       u32 n, u32 H, float* __restrict__ res) {
+    float sum = 0.0f;
+    for (u32 j = 0; j < k; ++j) {
+        float e = 0.0f;
+        for (u32 kp = 0; kp < nkp; ++kp) e += part[j * nkp + kp][r];
+        sum += w[(u64)t * k + j] * e;
+    }
+    res[(u64)t * H + n] += sum;
+}
+
+// Grid (H/16, ceil(tokens / tpb)): block y takes tokens [y * tpb, + tpb),
+// warps take work items (token, expert j, K-part) round robin. tpb = 1 is
+// the one-token decode; with tpb > 1 (a batched step, MULTI) a warp
+// issues its next item's loads before it multiplies the current one (two
+// register sets), and the partials live in dynamic shared memory after
+// the staged act. One token per block made 4 rows 512 blocks of 24 warps
+// in four latency-bound waves (w2 3.1x the one-row time); the arithmetic
+// of every item and every output row is the same either way.
+template <int GPW, bool GEN, bool MULTI>
+__device__ __forceinline__ void w2_combine(const float* __restrict__ act, const u64* __restrict__ table, u32 n_table,
+                                           const u32* __restrict__ ids, const float* __restrict__ w, u32 n_tokens,
+                                           u32 k, u32 H, u32 I, u64 oq, u64 os, u32 gl, u32 tpb,
+                                           float* __restrict__ res) {
+    extern __shared__ __align__(16) u32 as_[];
+    __shared__ float part_s[MULTI ? 1 : W2_MAX_ITEMS][16];
+    const u32 t0 = blockIdx.y * tpb;
+    if (t0 >= n_tokens) return;
+    const u32 nt = MULTI ? min(tpb, n_tokens - t0) : 1u;
+    const u32 warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const W2Geo e = w2_geo<GPW, GEN>(I, oq, os, gl);
+    const u32 items = k * e.nkp, total = nt * items;
+    const u32 tok_u32 = k * e.ng * 4 * AS_STRIDE;
+    float(*part)[16] = MULTI ? (float(*)[16])(as_ + nt * tok_u32) : part_s;
+    auto base_of = [&](u32 it) {
+        const u32 tl = it / items, j = (it % items) / e.nkp;
+        return expert_base(table, n_table, ids[(u64)(t0 + tl) * k + j]);
     };
+
+    W2Regs<GPW> ra, rb;
     u32 it = warp;
-    if (it < items) load(it);
+    if (it < total) w2_load<GPW, GEN>(ra, base_of(it), it % e.nkp, e);
 #if __CUDA_ARCH__ >= 900
     // Launched as a programmatic dependent on sm_90: everything above (ids,
     // table, weights) was ready before the previous kernel started; act and
     // res are touched only after that kernel has completed.
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-    // Stage this token's top_k act rows as permuted bf16 hi/lo pairs.
-    const u32 cpr = I / 8;  // 8-chunks per row
-    for (u32 c = threadIdx.x; c < k * cpr; c += blockDim.x) {
-        const u32 j = c / cpr, c8 = c % cpr;
-        const float4* a4 = (const float4*)(act + ((u64)t * k + j) * I + (u64)c8 * 8);
-        const float4 u = a4[0], v = a4[1];
-        const float lo_[4] = {u.x, u.y, u.z, u.w}, hi_[4] = {v.x, v.y, v.z, v.w};
-        u32 hv[4], lv[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            hv[e] = pack_bf2(lo_[e], hi_[e]);
-            lv[e] = pack_bf2(lo_[e] - bf_lo(hv[e]), hi_[e] - bf_hi(hv[e]));
+    w2_stage<MULTI ? 4 : 1>(act, as_, t0, nt, k, I, e.ng, tok_u32);
+    __syncthreads();
+    auto run = [&](const W2Regs<GPW>& r, u32 i) {
+        const u32 tl = i / items, ii = i % items;
+        w2_item<GPW, GEN>(r, as_ + tl * tok_u32, ii / e.nkp, ii % e.nkp, e, part[i]);
+    };
+    if (MULTI) {
+        while (it < total) {  // warp-uniform; two items per pass, static registers
+            const u32 i2 = it + nw;
+            if (i2 < total) w2_load<GPW, GEN>(rb, base_of(i2), i2 % e.nkp, e);
+            run(ra, it);
+            if (i2 >= total) break;
+            const u32 i3 = i2 + nw;
+            if (i3 < total) w2_load<GPW, GEN>(ra, base_of(i3), i3 % e.nkp, e);
+            run(rb, i2);
+            it = i3;
         }
-        u32* dst = as_ + ((j * ng + c8 / 16) * 4 + (c8 % 16) / 4) * AS_STRIDE + (c8 % 4) * 4;
-        *(uint4*)dst = make_uint4(hv[0], hv[1], hv[2], hv[3]);
-        *(uint4*)(dst + 16) = make_uint4(lv[0], lv[1], lv[2], lv[3]);
+    } else {
+        while (it < total) {  // warp-uniform
+            run(ra, it);
+            it += nw;
+            if (it < total) w2_load<GPW, GEN>(ra, base_of(it), it % e.nkp, e);
+        }
     }
     __syncthreads();
-    while (it < items) {  // warp-uniform
-        const u32 j = it / nkp, kp = it % nkp;
-        float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll
-        for (int gg = 0; gg < GPW; ++gg) {
-            const u32 G = kp * GPW + gg;
-            if (G < ng) {
-                const uint4* xp = (const uint4*)(as_ + ((j * ng + G) * 4 + tq) * AS_STRIDE + (g & 1) * 16);
-                uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
-                if (GEN) mask_b(xv, G * 4 + tq < nch && ((tq * ns) >> 2) == ((g >> 1) & (ns - 1)));
-                float c[4];
-                tile16(q[gg][0], q[gg][1], xv, c);
-                acc0 += h2f(sh[gg][0]) * (c[0] + c[1]);
-                acc1 += h2f(sh[gg][1]) * (c[2] + c[3]);
-            }
-        }
-        if (GEN) {
-            acc0 = quad_sum(acc0);
-            acc1 = quad_sum(acc1);
-        }
-        if (!valid) acc0 = acc1 = NAN_F;
-        if (tq == 0) {
-            part[it][g] = acc0;
-            part[it][g + 8] = acc1;
-        }
-        it += nw;
-        if (it < items) load(it);
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        const u32 n = n0 + threadIdx.x;
-        float sum = 0.0f;
-        for (u32 j = 0; j < k; ++j) {
-            float e = 0.0f;
-            for (u32 kp = 0; kp < nkp; ++kp) e += part[j * nkp + kp][threadIdx.x];
-            sum += w[(u64)t * k + j] * e;
-        }
-        res[(u64)t * H + n] += sum;
+    if (threadIdx.x < 16 * nt) {
+        const u32 tl = threadIdx.x >> 4, r = threadIdx.x & 15;
+        w2_out(part + tl * items, w, t0 + tl, k, e.nkp, r, e.n0 + r, H, res);
     }
 }
 
@@ -492,21 +730,38 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
         const float *__restrict__ w, u32 n_tokens, u32 k, u32 H, u32 I, u64 oq, u64 os
 #define W2_PASS act, table, n_table, ids, w, n_tokens, k, H, I, oq, os
 extern "C" __global__ void __launch_bounds__(768) int4_w2_combine_1(W2_ARGS, float* __restrict__ res) {
-    w2_combine<2, false>(W2_PASS, 0, res);
+    w2_combine<2, false, false>(W2_PASS, 0, 1, res);
 }
-extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_2(W2_ARGS, float* __restrict__ res) {
-    w2_combine<4, false>(W2_PASS, 0, res);
+extern "C" __global__ void __launch_bounds__(512, 2) int4_w2_combine_2(W2_ARGS, float* __restrict__ res) {
+    w2_combine<4, false, false>(W2_PASS, 0, 1, res);
 }
 // Any group (gl = log2(g / 32)) and a partial last tile: tiles = ceil(I / 128)
 // <= 8, 16, 32 with 2, 4, 8 tiles per item (still <= 64 items for top_k 16).
 extern "C" __global__ void __launch_bounds__(768) int4_w2_combine_g1(W2_ARGS, u32 gl, float* __restrict__ res) {
-    w2_combine<2, true>(W2_PASS, gl, res);
+    w2_combine<2, true, false>(W2_PASS, gl, 1, res);
 }
 extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_g2(W2_ARGS, u32 gl, float* __restrict__ res) {
-    w2_combine<4, true>(W2_PASS, gl, res);
+    w2_combine<4, true, false>(W2_PASS, gl, 1, res);
 }
 extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_g3(W2_ARGS, u32 gl, float* __restrict__ res) {
-    w2_combine<8, true>(W2_PASS, gl, res);
+    w2_combine<8, true, false>(W2_PASS, gl, 1, res);
+}
+// Several tokens per block (tpb, MULTI): <name>_mt, I <= 2048 (the 8-tile
+// items of wider I spill with two register sets). The
+// dynamic shared memory holds tpb tokens' act and their partials.
+#define W2_MT_ARGS W2_ARGS, u32 gl, u32 tpb, float *__restrict__ res
+#define W2_MT_PASS W2_PASS, gl, tpb, res
+extern "C" __global__ void __launch_bounds__(768) int4_w2_combine_1_mt(W2_MT_ARGS) {
+    w2_combine<2, false, true>(W2_MT_PASS);
+}
+extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_2_mt(W2_MT_ARGS) {
+    w2_combine<4, false, true>(W2_MT_PASS);
+}
+extern "C" __global__ void __launch_bounds__(768) int4_w2_combine_g1_mt(W2_MT_ARGS) {
+    w2_combine<2, true, true>(W2_MT_PASS);
+}
+extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_g2_mt(W2_MT_ARGS) {
+    w2_combine<4, true, true>(W2_MT_PASS);
 }
 
 // O: the output format (the MLP block's).

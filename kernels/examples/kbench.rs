@@ -90,6 +90,7 @@ struct Args {
     mxfp4_only: bool,
     /// Only the BF16 decode GEMVs (and cuBLAS at the same shapes).
     gemv_only: bool,
+    rows_only: bool,
     /// Only prefill attention (a3b d128 and qcn d256).
     prefill_only: bool,
     /// A `.cu` file with an earlier INT4 module, timed beside the current one.
@@ -101,6 +102,7 @@ fn main() -> anyhow::Result<()> {
         int4_only: false,
         mxfp4_only: false,
         gemv_only: false,
+        rows_only: false,
         prefill_only: false,
         baseline: None,
     };
@@ -110,11 +112,12 @@ fn main() -> anyhow::Result<()> {
             "--int4" => args.int4_only = true,
             "--mxfp4" => args.mxfp4_only = true,
             "--gemv" => args.gemv_only = true,
+            "--rows" => args.rows_only = true,
             "--prefill" => args.prefill_only = true,
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--int4, --mxfp4, --gemv, --prefill, --baseline-int4 FILE)"
+                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --baseline-int4 FILE)"
                 )
             }
         }
@@ -159,6 +162,14 @@ fn main() -> anyhow::Result<()> {
     if args.mxfp4_only {
         bench_mxfp4(&k, &s, &mut rng, &mut rows)?;
         println!("\n==== kbench (mxfp4) ====");
+        for r in rows {
+            println!("{r}");
+        }
+        return Ok(());
+    }
+    if args.rows_only {
+        bench_rows(&k, &s, &mut rng, &mut rows)?;
+        println!("\n==== kbench (rows) ====");
         for r in rows {
             println!("{r}");
         }
@@ -1193,6 +1204,199 @@ fn bench_attn_gptoss(
                 "gpt-oss attn decode plain causal (no sinks) ctx={ctxlen} host-pos {:>7.1} us",
                 tp * 1e3
             ));
+        }
+    }
+    Ok(())
+}
+
+/// The kernels of a batched decode step at M = 1, 2, 4, 8 rows (one row per
+/// sequence), graph-timed: the BF16 GEMVs at the a3b shapes (QKV and the
+/// router with the RMSNorm fused, o_proj accumulating), then both INT4
+/// expert GEMVs back to back with every token routed independently (top-k
+/// of 128 drawn per token, as real rows route), for each block shape
+/// (pairs per w13 block, tokens per w2 block; "auto" = the wrappers' own).
+fn bench_rows(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    rows: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let eps = 1e-6f32;
+    let kmax = 4096usize;
+    let x = s.clone_htod(&rand_bf16(rng, 8 * kmax))?;
+    let resid: Vec<f32> = (0..8 * kmax)
+        .map(|_| rng.random_range(-2.0f32..2.0))
+        .collect();
+    let res = s.clone_htod(&resid)?;
+    let gw = s.clone_htod(&rand_bf16(rng, kmax))?;
+    let mut normed = s.alloc_zeros::<bf16>(8 * kmax)?;
+    rows.push("bf16 GEMV at M rows, graph-timed, us (x one row)".to_string());
+    for (label, n, kk, norm, acc) in [
+        ("qkv +norm", 5120usize, 2048usize, true, false),
+        ("o_proj +=", 2048, 4096, false, true),
+        ("router +norm", 128, 2048, true, false),
+    ] {
+        let wr = Rotated::new(s, rng, n, kk)?;
+        let mut line = format!("{label:<13} {n:>5}x{kk}:");
+        let mut one = 0.0;
+        for m in [1usize, 2, 4, 8] {
+            let mut yf = s.alloc_zeros::<f32>(m * n)?;
+            let mut yb = s.alloc_zeros::<bf16>(m * n)?;
+            let t = time_graph_ms(s, 64, |it| {
+                let w = wr.get(it);
+                match (norm, acc) {
+                    (true, _) if n == 128 => k.gemv_rmsnorm::<bf16, f32>(
+                        s,
+                        &res,
+                        &gw,
+                        eps,
+                        &w,
+                        m,
+                        n,
+                        kk,
+                        false,
+                        &mut normed,
+                        &mut yf,
+                    )?,
+                    (true, _) => k.gemv_rmsnorm::<bf16, bf16>(
+                        s,
+                        &res,
+                        &gw,
+                        eps,
+                        &w,
+                        m,
+                        n,
+                        kk,
+                        false,
+                        &mut normed,
+                        &mut yb,
+                    )?,
+                    (false, _) => k.gemv::<bf16, f32>(s, &x, &w, m, n, kk, acc, &mut yf)?,
+                }
+                Ok(())
+            })?;
+            if m == 1 {
+                one = t;
+            }
+            line.push_str(&format!("  m{m} {:>6.2} ({:.2}x)", t * 1e3, t / one));
+        }
+        rows.push(line);
+    }
+    rows.push(
+        "INT4 w13+w2 at M rows (independent routes), graph-timed, us; blocking (w13 pairs, w2 tokens) per block"
+            .to_string(),
+    );
+    for (label, h, i, e, topk) in [
+        ("a3b", 2048usize, 768usize, 128usize, 8usize),
+        ("glm-air", 4096, 1408, 128, 8),
+    ] {
+        let layout = Int4Layout::new(h, i, 128).context("INT4 layout")?;
+        let stride = layout.used_bytes().div_ceil(4096) * 4096;
+        let mut host = vec![0u8; e * stride];
+        rng.fill(&mut host[..]);
+        for x in 0..e {
+            let b = &mut host[x * stride..];
+            for (off, n) in [(layout.w13_s, 2 * i * h / 128), (layout.w2_s, h * i / 128)] {
+                for j in 0..n {
+                    b[off + 2 * j..off + 2 * j + 2]
+                        .copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                }
+            }
+        }
+        let buf: CudaSlice<u8> = s.clone_htod(&host)?;
+        drop(host);
+        let base = buf.device_ptr(s).0;
+        let table: Vec<u64> = (0..e).map(|x| base + (x * stride) as u64).collect();
+        let table = s.clone_htod(&table)?;
+        let n_sets = 64;
+        let mut ids = Vec::new();
+        for _ in 0..n_sets * 8 {
+            let mut all: Vec<u32> = (0..e as u32).collect();
+            for j in 0..topk {
+                let r = rng.random_range(j..e);
+                all.swap(j, r);
+            }
+            ids.extend_from_slice(&all[..topk]);
+        }
+        let ids = s.clone_htod(&ids)?;
+        let w = s.clone_htod(&vec![0.125f32; 8 * topk])?;
+        let xb = s.clone_htod(&rand_bf16(rng, 8 * h))?;
+        let mut act = s.alloc_zeros::<f32>(8 * topk * i)?;
+        let mut resd = s.alloc_zeros::<f32>(8 * h)?;
+        for m in [1usize, 2, 4, 8] {
+            let mut line = format!("{label} H{h} I{i} m{m}:");
+            let sl =
+                |it: usize| ids.slice((it % n_sets) * 8 * topk..((it % n_sets) * 8 + m) * topk);
+            let auto = (
+                krasis_kernels::w13_pairs_per_block(&layout, m, topk),
+                krasis_kernels::w2_tokens_per_block(&layout, m, topk),
+            );
+            let mut shapes = vec![(1usize, 1usize)];
+            for p in [2usize, 4, 8] {
+                if p <= m && h <= 2048 {
+                    shapes.push((p, 1));
+                }
+            }
+            for t in [2usize, 4, 8] {
+                if t <= m {
+                    shapes.push((1, t));
+                }
+            }
+            for (p, t) in shapes {
+                let timed = time_graph_ms(s, 64, |it| {
+                    k.int4_w13_swiglu_blocked(
+                        s,
+                        &xb,
+                        &table,
+                        &sl(it),
+                        m,
+                        topk,
+                        &layout,
+                        u32::MAX,
+                        p,
+                        &mut act,
+                    )?;
+                    Ok(k.int4_w2_combine_blocked(
+                        s,
+                        &act,
+                        &table,
+                        &sl(it),
+                        &w,
+                        m,
+                        topk,
+                        &layout,
+                        t,
+                        &mut resd,
+                    )?)
+                });
+                match timed {
+                    Ok(ms) => line.push_str(&format!("  ({p},{t}) {:>6.2}", ms * 1e3)),
+                    Err(e) => line.push_str(&format!("  ({p},{t}) refused: {e}")),
+                }
+            }
+            // Each kernel alone at the wrappers' choice.
+            let t13 = time_graph_ms(s, 64, |it| {
+                Ok(k.int4_w13_swiglu(
+                    s,
+                    &xb,
+                    &table,
+                    &sl(it),
+                    m,
+                    topk,
+                    &layout,
+                    u32::MAX,
+                    &mut act,
+                )?)
+            })?;
+            let t2 = time_graph_ms(s, 64, |it| {
+                Ok(k.int4_w2_combine(s, &act, &table, &sl(it), &w, m, topk, &layout, &mut resd)?)
+            })?;
+            line.push_str(&format!(
+                "  | auto {auto:?}: w13 {:.2} w2 {:.2}",
+                t13 * 1e3,
+                t2 * 1e3
+            ));
+            rows.push(line);
         }
     }
     Ok(())

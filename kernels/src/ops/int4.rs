@@ -29,6 +29,7 @@ use crate::{Kernels, Result};
 
 mod layout;
 
+use layout::W2_MAX_DYN_SMEM;
 pub use layout::{
     INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPS, Int4Layout,
 };
@@ -71,9 +72,48 @@ impl Kernels {
         slot_mask: u32,
         act: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        let ppb = w13_pairs_per_block(layout, n_tokens, top_k);
+        self.int4_w13_swiglu_blocked(
+            stream, x, table, ids, n_tokens, top_k, layout, slot_mask, ppb, act,
+        )
+    }
+
+    /// [`Kernels::int4_w13_swiglu`] with `ppb` pairs per block instead of
+    /// the default choice (`kbench` and the kernel tests compare them;
+    /// every choice gives the same bits). `ppb > 1` must divide `top_k`,
+    /// be at most [`INT4_W13_MAX_PPB`] and needs `H <= 2048`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn int4_w13_swiglu_blocked<A: Act16>(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<A>,
+        table: &impl DevicePtr<u64>,
+        ids: &impl DevicePtr<u32>,
+        n_tokens: usize,
+        top_k: usize,
+        layout: &Int4Layout,
+        slot_mask: u32,
+        ppb: usize,
+        act: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
         layout.check_w13("int4_w13_swiglu_1", top_k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
-        let (k, warps, general) = w13_entry(h, layout.group, A::F16);
+        let (single, warps, general) = w13_entry(h, layout.group, A::F16);
+        let multi = w13_multi_entry(h, layout.group, A::F16);
+        let k = if ppb > 1 {
+            multi.unwrap_or(single)
+        } else {
+            single
+        };
+        ensure(
+            k,
+            ppb == 1 || (multi.is_some() && ppb <= INT4_W13_MAX_PPB && top_k % ppb == 0),
+            || {
+                format!(
+                    "{ppb} pairs per block: needs H <= 2048 (H = {h}), at most {INT4_W13_MAX_PPB} and a divisor of top_k = {top_k}"
+                )
+            },
+        )?;
         let warps = warps as u32;
         let n_pairs = n_tokens * top_k;
         check_len(k, "x", x.len(), n_tokens * h)?;
@@ -86,6 +126,7 @@ impl Kernels {
             h as u32,
             i as u32,
         );
+        let blocks_y = dim_u32(k, "blocks", n_pairs.div_ceil(ppb.max(1)))?;
         let (oq, os) = (layout.w13_q as u64, layout.w13_s as u64);
         let (xp, _g1) = x.device_ptr(stream);
         let (tp, _g2) = table.device_ptr(stream);
@@ -96,12 +137,17 @@ impl Kernels {
         b.arg(&xp).arg(&tp).arg(&n_table).arg(&ip).arg(&np).arg(&kk);
         b.arg(&hh).arg(&ii).arg(&oq).arg(&os).arg(&slot_mask);
         let gl = layout.gl();
-        if general {
+        let ppb32 = ppb as u32;
+        if general || ppb > 1 {
             b.arg(&gl);
         }
+        if ppb > 1 {
+            b.arg(&ppb32);
+        }
         b.arg(&ap);
-        // 16 gate + 16 up rows per block, K split over the warps; y = pair.
-        submit(k, b, cfg((ii / 16, np, 1), 32 * warps, 0))
+        // 16 gate + 16 up rows per block, K split over the warps; y = a
+        // group of ppb pairs.
+        submit(k, b, cfg((ii / 16, blocks_y, 1), 32 * warps, 0))
     }
 
     /// Decode down GEMV fused with the weighted combine:
@@ -141,10 +187,54 @@ impl Kernels {
         layout: &Int4Layout,
         residual: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        let smem = layout.check_w2("int4_w2_combine_1", top_k)?;
+        let tpb = w2_tokens_per_block(layout, n_tokens, top_k);
+        self.int4_w2_combine_blocked(
+            stream, act, table, ids, weights, n_tokens, top_k, layout, tpb, residual,
+        )
+    }
+
+    /// [`Kernels::int4_w2_combine`] with `tpb` tokens per block instead of
+    /// the default choice (every choice gives the same bits). `tpb > 1`
+    /// needs `I <= 2048` and `tpb` tokens' act and partials in one block's
+    /// shared memory.
+    #[allow(clippy::too_many_arguments)]
+    pub fn int4_w2_combine_blocked(
+        &self,
+        stream: &CudaStream,
+        act: &impl DevicePtr<f32>,
+        table: &impl DevicePtr<u64>,
+        ids: &impl DevicePtr<u32>,
+        weights: &impl DevicePtr<f32>,
+        n_tokens: usize,
+        top_k: usize,
+        layout: &Int4Layout,
+        tpb: usize,
+        residual: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let per_token = layout.check_w2("int4_w2_combine_1", top_k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
-        let (k, gpw, max_warps, general) = w2_entry(i, layout.group);
+        let (single, gpw, max_warps, general) = w2_entry(i, layout.group);
         let items = top_k * i.div_ceil(128).div_ceil(gpw);
+        let multi = w2_multi_entry(i, layout.group);
+        let k = if tpb > 1 {
+            multi.unwrap_or(single)
+        } else {
+            single
+        };
+        let smem = if tpb > 1 {
+            tpb * (per_token + items * 16 * 4)
+        } else {
+            per_token
+        };
+        ensure(
+            k,
+            tpb >= 1 && (tpb == 1 || (multi.is_some() && smem <= W2_MAX_DYN_SMEM)),
+            || {
+                format!(
+                    "{tpb} tokens per block: needs I <= 2048 (I = {i}) and {smem} bytes of shared memory within {W2_MAX_DYN_SMEM}"
+                )
+            },
+        )?;
         let warps = items.min(max_warps) as u32;
         let n_pairs = n_tokens * top_k;
         check_len(k, "act", act.len(), n_pairs * i)?;
@@ -158,7 +248,9 @@ impl Kernels {
             h as u32,
             i as u32,
         );
+        let blocks_y = dim_u32(k, "blocks", n_tokens.div_ceil(tpb))?;
         let (oq, os, gl) = (layout.w2_q as u64, layout.w2_s as u64, layout.gl());
+        let tpb32 = tpb as u32;
         let f = self.func(k)?;
         if smem > 44 * 1024 {
             use cudarc::driver::sys::CUfunction_attribute_enum as A;
@@ -175,8 +267,9 @@ impl Kernels {
         let (ip, _g3) = ids.device_ptr(stream);
         let (wp, _g4) = weights.device_ptr(stream);
         let (rp, _g5) = residual.device_ptr_mut(stream);
-        // 16 output rows x all top_k experts per block; y = token.
-        let config = cfg((hh / 16, t, 1), 32 * warps, smem as u32);
+        // 16 output rows x all top_k experts of tpb tokens per block.
+        let config = cfg((hh / 16, blocks_y, 1), 32 * warps, smem as u32);
+        let takes_gl = general || tpb > 1;
         if self.compute_capability().0 >= 9 {
             let mut args: Vec<*mut c_void> = vec![
                 &ap as *const u64 as *mut c_void,
@@ -191,8 +284,11 @@ impl Kernels {
                 &oq as *const u64 as *mut c_void,
                 &os as *const u64 as *mut c_void,
             ];
-            if general {
+            if takes_gl {
                 args.push(&gl as *const u32 as *mut c_void);
+            }
+            if tpb > 1 {
+                args.push(&tpb32 as *const u32 as *mut c_void);
             }
             args.push(&rp as *const u64 as *mut c_void);
             // SAFETY: the arguments match the kernel's parameter list in
@@ -209,8 +305,11 @@ impl Kernels {
             .arg(&t)
             .arg(&kk);
         b.arg(&hh).arg(&ii).arg(&oq).arg(&os);
-        if general {
+        if takes_gl {
             b.arg(&gl);
+        }
+        if tpb > 1 {
+            b.arg(&tpb32);
         }
         b.arg(&rp);
         submit(k, b, config)
@@ -356,9 +455,131 @@ fn w2_entry(i: usize, g: usize) -> (&'static str, usize, usize, bool) {
     (name, GPW[v], MAX_WARPS[v], !fast)
 }
 
+/// Most pairs one w13 block takes (`W13_MAX_PPB` in `int4.cu`).
+pub const INT4_W13_MAX_PPB: usize = 8;
+
+/// The several-pairs-per-block w13 entry point, where there is one (H up
+/// to 2048: two register sets per warp fit at <= 2 tiles per warp).
+fn w13_multi_entry(h: usize, g: usize, f16: bool) -> Option<&'static str> {
+    const MP: [[[&str; 2]; 2]; 2] = [
+        [
+            ["int4_w13_swiglu_1_mp", "int4_w13_swiglu_2_mp"],
+            ["int4_w13_swiglu_g1_mp", "int4_w13_swiglu_g2_mp"],
+        ],
+        [
+            ["int4_w13_swiglu_1_f16_mp", "int4_w13_swiglu_2_f16_mp"],
+            ["int4_w13_swiglu_g1_f16_mp", "int4_w13_swiglu_g2_f16_mp"],
+        ],
+    ];
+    let ncl = h.div_ceil(128).div_ceil(8);
+    (ncl <= 2).then(|| MP[usize::from(f16)][usize::from(g != 128)][ncl - 1])
+}
+
+/// The several-tokens-per-block w2 entry point, where there is one (I up
+/// to 2048).
+fn w2_multi_entry(i: usize, g: usize) -> Option<&'static str> {
+    let v = match i.div_ceil(128) {
+        0..=8 => 0,
+        9..=16 => 1,
+        _ => return None,
+    };
+    let fast = g == 128 && i <= FAST_MAX_INTER;
+    Some(match (fast, v) {
+        (true, 0) => "int4_w2_combine_1_mt",
+        (true, _) => "int4_w2_combine_2_mt",
+        (false, 0) => "int4_w2_combine_g1_mt",
+        (false, _) => "int4_w2_combine_g2_mt",
+    })
+}
+
+/// Pairs per w13 block for `n_tokens` rows: one for a single token (the
+/// one-row decode's grid), else the most that keep a block to one token
+/// (a power of two dividing `top_k`), up to min(rows, 4).
+pub fn w13_pairs_per_block(layout: &Int4Layout, n_tokens: usize, top_k: usize) -> usize {
+    if n_tokens < 2 || w13_multi_entry(layout.hidden, layout.group, false).is_none() {
+        return 1;
+    }
+    let mut p = 1;
+    while p * 2 <= n_tokens.min(4) && top_k % (p * 2) == 0 {
+        p *= 2;
+    }
+    p
+}
+
+/// Tokens per w2 block for `n_tokens` rows: up to min(rows, 4), as many
+/// as one block's shared memory holds.
+pub fn w2_tokens_per_block(layout: &Int4Layout, n_tokens: usize, top_k: usize) -> usize {
+    let i = layout.intermediate;
+    if n_tokens < 2 || w2_multi_entry(i, layout.group).is_none() {
+        return 1;
+    }
+    let Ok(per_token) = layout.check_w2("int4_w2_combine", top_k) else {
+        return 1;
+    };
+    let (_, gpw, _, _) = w2_entry(i, layout.group);
+    let items = top_k * i.div_ceil(128).div_ceil(gpw);
+    let mut t = n_tokens.min(4);
+    while t > 1 && t * (per_token + items * 64) > W2_MAX_DYN_SMEM {
+        t -= 1;
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batched_block_shapes_stay_within_their_entry_points() {
+        let a3b = Int4Layout::new(2048, 768, 128).unwrap();
+        let glm = Int4Layout::new(4096, 1408, 128).unwrap();
+        let oss = Int4Layout::new(2880, 2880, 32).unwrap();
+        // One row: the one-token grid, always.
+        for l in [&a3b, &glm, &oss] {
+            assert_eq!(w13_pairs_per_block(l, 1, 8), 1);
+            assert_eq!(w2_tokens_per_block(l, 1, 8), 1);
+        }
+        // Pairs per block divide top_k (a block is one token's), <= 4.
+        assert_eq!(w13_pairs_per_block(&a3b, 2, 8), 2);
+        assert_eq!(w13_pairs_per_block(&a3b, 4, 8), 4);
+        assert_eq!(w13_pairs_per_block(&a3b, 8, 8), 4);
+        assert_eq!(w13_pairs_per_block(&a3b, 4, 10), 2);
+        assert_eq!(w13_pairs_per_block(&a3b, 4, 5), 1);
+        // H > 2048 has no several-pairs entry point.
+        assert_eq!(w13_pairs_per_block(&glm, 4, 8), 1);
+        // Tokens per w2 block: up to 4 within shared memory; none past I 2048.
+        assert_eq!(w2_tokens_per_block(&a3b, 8, 8), 4);
+        assert_eq!(w2_tokens_per_block(&a3b, 3, 8), 3);
+        assert_eq!(w2_tokens_per_block(&glm, 8, 8), 4);
+        assert_eq!(w2_tokens_per_block(&oss, 8, 4), 1);
+        let wide = Int4Layout::new(2048, 2048, 128).unwrap();
+        let t = w2_tokens_per_block(&wide, 8, 16);
+        assert!((1..=4).contains(&t));
+        assert!(t * (wide.check_w2("t", 16).unwrap() + 16 * 16 * 64) <= W2_MAX_DYN_SMEM);
+        // Every several-per-block entry point is compiled.
+        for h in [128usize, 1024, 2048] {
+            for g in INT4_GROUPS {
+                for f16 in [false, true] {
+                    let name = w13_multi_entry(h, g, f16).unwrap();
+                    assert!(
+                        crate::sources::MODULES
+                            .iter()
+                            .any(|m| m.kernels.contains(&name)),
+                        "{name} not in sources"
+                    );
+                }
+                let name = w2_multi_entry(h, g).unwrap();
+                assert!(
+                    crate::sources::MODULES
+                        .iter()
+                        .any(|m| m.kernels.contains(&name)),
+                    "{name} not in sources"
+                );
+            }
+        }
+        assert_eq!(w13_multi_entry(2176, 128, false), None);
+        assert_eq!(w2_multi_entry(2176, 32), None);
+    }
 
     #[test]
     fn entry_points_keep_the_fast_path_and_cover_every_family() {

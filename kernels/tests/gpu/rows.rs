@@ -172,31 +172,69 @@ fn int4_rows_are_invariant<A: Act16>(
         let weights: Vec<f32> = (0..mt * k).map(|_| rng.random_range(0.0..1.0)).collect();
         let x = randn_act::<A>(rng, mt * h, 1.0);
         let res0 = randn(rng, mt * h, 1.0);
-        let run = |t: usize, first: usize| -> (Vec<f32>, Vec<f32>) {
+        // `blocking`: (pairs per w13 block, tokens per w2 block), None =
+        // the wrappers' own choice.
+        let run = |t: usize, first: usize, blocking: Option<(usize, usize)>| {
             let dx = up(s, &x[first * h..(first + t) * h]);
             let dids = up(s, &ids[first * k..(first + t) * k]);
             let dw = up(s, &weights[first * k..(first + t) * k]);
             let mut act: CudaSlice<f32> = poison_f32(s, t * k * i);
-            kr.int4_w13_swiglu(s, &dx, &ex.table, &dids, t, k, &layout, u32::MAX, &mut act)
-                .unwrap();
             let mut res = up(s, &res0[first * h..(first + t) * h]);
-            kr.int4_w2_combine(s, &act, &ex.table, &dids, &dw, t, k, &layout, &mut res)
-                .unwrap();
+            match blocking {
+                None => {
+                    kr.int4_w13_swiglu(s, &dx, &ex.table, &dids, t, k, &layout, u32::MAX, &mut act)
+                        .unwrap();
+                    kr.int4_w2_combine(s, &act, &ex.table, &dids, &dw, t, k, &layout, &mut res)
+                        .unwrap();
+                }
+                Some((ppb, tpb)) => {
+                    kr.int4_w13_swiglu_blocked(
+                        s,
+                        &dx,
+                        &ex.table,
+                        &dids,
+                        t,
+                        k,
+                        &layout,
+                        u32::MAX,
+                        ppb,
+                        &mut act,
+                    )
+                    .unwrap();
+                    kr.int4_w2_combine_blocked(
+                        s, &act, &ex.table, &dids, &dw, t, k, &layout, tpb, &mut res,
+                    )
+                    .unwrap();
+                }
+            }
             (down(s, &act), down(s, &res))
         };
-        let alone: Vec<_> = (0..mt).map(|r| run(1, r)).collect();
+        let alone: Vec<_> = (0..mt).map(|r| run(1, r, Some((1, 1)))).collect();
+        // Every block shape the kernels take: pairs per w13 block (powers
+        // of two dividing top_k; one for H > 2048) and tokens per w2 block.
+        let mut shapes = vec![None, Some((1, 1))];
+        let ppbs: Vec<usize> = if h <= 2048 {
+            [2, 4, 8].into_iter().filter(|p| k % p == 0).collect()
+        } else {
+            vec![]
+        };
+        for (n, tpb) in (2..=4).enumerate() {
+            shapes.push(Some((ppbs.get(n).copied().unwrap_or(1), tpb)));
+        }
         for m in 1..=mt {
-            let tag = format!("{fmt} H={h} I={i} g={gs} m={m}");
-            let (act, res) = run(m, 0);
-            for r in 0..m {
-                assert!(
-                    bits32(&act[r * k * i..(r + 1) * k * i]) == bits32(&alone[r].0),
-                    "int4_w13_swiglu {tag}: token {r} differs from its one-token launch"
-                );
-                assert!(
-                    bits32(&res[r * h..(r + 1) * h]) == bits32(&alone[r].1),
-                    "int4_w2_combine {tag}: token {r} differs from its one-token launch"
-                );
+            for &shape in &shapes {
+                let tag = format!("{fmt} H={h} I={i} g={gs} m={m} blocking {shape:?}");
+                let (act, res) = run(m, 0, shape);
+                for r in 0..m {
+                    assert!(
+                        bits32(&act[r * k * i..(r + 1) * k * i]) == bits32(&alone[r].0),
+                        "int4_w13_swiglu {tag}: token {r} differs from its one-token launch"
+                    );
+                    assert!(
+                        bits32(&res[r * h..(r + 1) * h]) == bits32(&alone[r].1),
+                        "int4_w2_combine {tag}: token {r} differs from its one-token launch"
+                    );
+                }
             }
         }
     }

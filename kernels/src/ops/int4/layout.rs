@@ -15,7 +15,7 @@ pub const INT4_DECODE_MAX_INTER: usize = 4096;
 pub const INT4_DECODE_MAX_TOPK: usize = 16;
 /// Shared memory one w2 block may use: sm_90's 227 KiB opt-in less the
 /// 4 KiB of static partials.
-const W2_MAX_DYN_SMEM: usize = 227 * 1024 - 4096;
+pub(super) const W2_MAX_DYN_SMEM: usize = 227 * 1024 - 4096;
 
 /// Byte offsets of the four arrays inside one expert block, plus the
 /// matrix dims and the scale group. Mirrors the INT4 expert layout of

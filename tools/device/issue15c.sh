@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Device orchestration for issue 15, session 6 (batched decode kernels), one phase per call over
+# the xz-packed stripped binaries in dist/pack/bins.tar.xz (carry dist/pack, .cache/vocab,
+# .cache/wheels):
+#   bash tools/device/issue15c.sh kern COMMIT
+#       the kernel tests of the decode kernels (rows, int4, gemv: bit-exact row invariance over
+#       every block shape), `kbench --rows` (BF16 GEMVs and INT4 expert GEMVs at 1/2/4/8 rows,
+#       independent routes, each block shape) and `kbench --gemv` / `--int4` (the one-row
+#       figures), then prep (a3b-24l) and `bench --decode-rows 1,2,4,8` all resident.
+#   bash tools/device/issue15c.sh engine COMMIT
+#       engine tests (gpu_engine witness checks, batching, glm4_moe), then `agent_load.py
+#       parallel` all resident (1/2/4/8) through serve.
+#   Other phases: issue15b.sh's (perf, glm, final, ncu) run unchanged on these binaries.
+# Results: $OUT/issue15c-PHASE.txt (the summary) and the logs beside it.
+set -u
+P=${1:?phase}; C=${2:-unknown}
+S=$OUT/issue15c-$P.txt
+T0=$SECONDS
+if [ ! -x dist/gpu/krasis-runtime ]; then
+  mkdir -p /tmp/bins dist/gpu && tar xJf dist/pack/bins.tar.xz -C /tmp/bins && cp /tmp/bins/*/* dist/gpu/
+fi
+kr=$(realpath dist/gpu/krasis-runtime); A=/tmp/agent-load
+test_bin() { # name timeout [filter...]
+  local b n=$1 t=$2; shift 2; b=$(ls dist/gpu/$n-* 2>/dev/null | head -1)
+  [ -z "$b" ] && { echo "test $n: binary missing" >> "$S"; return; }
+  timeout "$t" "$b" --test-threads 1 "$@" > "$OUT/test-$n.log" 2>&1
+  echo "test $n $* rc=$? $(grep '^test result' "$OUT/test-$n.log") (t=$((SECONDS-T0))s)" >> "$S"
+  grep -E "panicked|FAILED|differ" -A2 "$OUT/test-$n.log" | head -20 >> "$S"
+}
+case "$P" in
+  kern)
+    test_bin gpu 240 rows:: int4:: gemv:: fp16 moe::
+    for m in rows gemv int4; do
+      timeout 120 dist/gpu/kbench --$m > "$OUT/kbench-$m.txt" 2>&1
+      echo "kbench --$m rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      sed -n '/^====/,$p' "$OUT/kbench-$m.txt" >> "$S"
+    done
+    [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    timeout 240 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --commit "$C" \
+      --prompt-tokens 512 --decode-tokens 64 --decode-prompt-tokens 1000 --decode-rows 1,2,4,8 \
+      --json "$OUT/bench-rows.json" > "$OUT/bench-rows.log" 2>&1
+    echo "bench rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "decode|prefill|rows" "$OUT/bench-rows.log" | tail -14 >> "$S"
+    ;;
+  engine)
+    test_bin gpu_engine 150
+    test_bin batching 170
+    test_bin glm4_moe 150
+    [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    LIMIT=none CLIENTS=1,2,4,8 BUDGET=200 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+    cat /tmp/btr-parallel-none/summary.txt >> "$S"
+    cp /tmp/btr-parallel-none/*.json "$OUT/" 2>/dev/null
+    ;;
+  *) echo "unknown phase $P" >> "$S"; exit 2 ;;
+esac
+cat "$S"
