@@ -115,22 +115,6 @@ __device__ __forceinline__ void dq8(u32 w, u32* o) {
     }
 }
 
-// c += A(16x16) * B(16x8) in format A (bf16 or f16), f32 accumulate.
-template <class A = ActBf16>
-__device__ __forceinline__ void mma16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    if constexpr (A::F16) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-}
-
 // One 16-row x 128-K tile: qa/qb = this lane's 16 bytes of rows g / g+8,
 // xv = the matching 32 permuted B values (4 x (x[j], x[j+4]) per 8-chunk)
 // in format A. Returns C (c[0..1]: row g, cols 2tq..; c[2..3]: row g+8).
@@ -312,7 +296,11 @@ __device__ __forceinline__ bool w13_active(u32 p, u32 k, u32 slot_mask) {
 // tile; the code the a3b decode was measured with). GEN = true: any group
 // gl = log2(g / 32) and a partial last tile, as described in the header.
 // A: the format of x (and of the dequantized weights in the mma).
-// One pair per block (grid y = pair): the one-token decode.
+// One pair per block (grid y = pair), at every row count: several pairs
+// of one token per block (two register sets per warp, the next pair's
+// loads in flight) measured no faster at 2-8 rows (kbench --rows: a3b 4
+// rows 47.4 us one pair per block, 48.6 four): w13 at M rows reads the
+// union of the rows' experts, and that byte count, not the grid, sets it.
 template <int NCL, int MAXH, int MAXW, bool GEN, class A = ActBf16>
 __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                            const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq,
@@ -345,58 +333,6 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
     w13_mma<NCL, GEN, A>(r, xs, e, part);
     __syncthreads();
     if (threadIdx.x < 16) act[(u64)p * I + e.i0 + threadIdx.x] = w13_out(part, blockDim.x >> 5, threadIdx.x);
-}
-
-// Several pairs per block (a batched decode step, M > 1 tokens): block y
-// takes pairs [y * ppb, y * ppb + ppb), ppb <= W13_MAX_PPB dividing top_k,
-// so all of them are one token's and share its staged x. A warp issues the
-// next pair's loads before it multiplies the current pair (two register
-// sets). With one pair per block, 4 rows of a3b were 1,536 blocks in four
-// latency-bound waves (w13 2.6x the one-row time at 4 rows); this is one.
-// Each pair's arithmetic is w13_swiglu's exactly (the same helpers, the
-// same warp owning each split-K part, the same reduction order), so a
-// token's act does not depend on the block shape (rows.rs checks it).
-#define W13_MAX_PPB 8
-template <int NCL, bool GEN, class A = ActBf16>
-__device__ __forceinline__ void w13_swiglu_multi(const unsigned short* __restrict__ x, const u64* __restrict__ table,
-                                                 u32 n_table, const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H,
-                                                 u32 I, u64 oq, u64 os, u32 slot_mask, u32 gl, u32 ppb,
-                                                 float* __restrict__ act) {
-    __shared__ __align__(16) u32 xs[4096 / 32 * XS_STRIDE];
-    __shared__ float part[W13_MAX_PPB][8][32];
-    __shared__ u64 sbase[W13_MAX_PPB];
-    constexpr int XPRE = (NCL + 1) / 2;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-    const u32 p0 = blockIdx.y * ppb;
-    if (p0 >= n_pairs) return;
-    const u32 np = min(ppb, n_pairs - p0), t = p0 / k;
-    const W13Geo e = w13_geo<GEN>(H, I, oq, os, gl);
-    auto base_of = [&](u32 qi) -> const unsigned char* {
-        return w13_active(p0 + qi, k, slot_mask) ? expert_base(table, n_table, ids[p0 + qi]) : nullptr;
-    };
-    uint4 xpre[XPRE];
-    w13_x_load<XPRE>(xpre, x, t, H);
-    W13Regs<NCL> ra, rb;
-    w13_load<NCL, GEN>(ra, base_of(0), e);
-    if (threadIdx.x < np) sbase[threadIdx.x] = (u64)base_of(threadIdx.x);
-    w13_x_store<XPRE>(xpre, xs, H);
-    __syncthreads();
-#pragma unroll
-    for (int qi = 0; qi < W13_MAX_PPB; ++qi) {
-        if ((u32)qi >= np) break;  // block-uniform
-        W13Regs<NCL>& cur = (qi & 1) ? rb : ra;
-        W13Regs<NCL>& nxt = (qi & 1) ? ra : rb;
-        if ((u32)qi + 1 < np) w13_load<NCL, GEN>(nxt, (const unsigned char*)sbase[qi + 1], e);
-        if (sbase[qi] != 0) w13_mma<NCL, GEN, A>(cur, xs, e, part[qi]);
-    }
-    __syncthreads();
-    if (threadIdx.x < 16 * np) {
-        const u32 qi = threadIdx.x >> 4, r = threadIdx.x & 15, p = p0 + qi;
-        if (w13_active(p, k, slot_mask))
-            act[(u64)p * I + e.i0 + r] = sbase[qi] != 0 ? w13_out(part[qi], blockDim.x >> 5, r) : NAN_F;
-    }
 }
 
 // The g = 128 fast path, one entry point per tiles-per-warp count
@@ -475,35 +411,6 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 extern "C" __global__ void __launch_bounds__(512, 1)
     int4_w13_swiglu_w16_4_f16(W13_ARGS, u32 gl, float* __restrict__ act) {
     w13_swiglu<4, 8192, 16, true, ActF16>(W13_PASS, gl, act);
-}
-
-// Several pairs per block (w13_swiglu_multi): <name>_mp, H <= 2048 in
-// <= 8 warps (two register sets fit 128 registers at NCL <= 2).
-#define W13_MP_ARGS W13_ARGS, u32 gl, u32 ppb, float *__restrict__ act
-#define W13_MP_PASS W13_PASS, gl, ppb, act
-extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_1_mp(W13_MP_ARGS) {
-    w13_swiglu_multi<1, false>(W13_MP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_2_mp(W13_MP_ARGS) {
-    w13_swiglu_multi<2, false>(W13_MP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_g1_mp(W13_MP_ARGS) {
-    w13_swiglu_multi<1, true>(W13_MP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_g2_mp(W13_MP_ARGS) {
-    w13_swiglu_multi<2, true>(W13_MP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_1_f16_mp(W13_MP_ARGS) {
-    w13_swiglu_multi<1, false, ActF16>(W13_MP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_2_f16_mp(W13_MP_ARGS) {
-    w13_swiglu_multi<2, false, ActF16>(W13_MP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_g1_f16_mp(W13_MP_ARGS) {
-    w13_swiglu_multi<1, true, ActF16>(W13_MP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_g2_f16_mp(W13_MP_ARGS) {
-    w13_swiglu_multi<2, true, ActF16>(W13_MP_PASS);
 }
 
 // Shared act layout (dynamic): for (j, group G, lane tq) a block of
@@ -746,22 +653,19 @@ extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_g2(W2_ARGS, u3
 extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_g3(W2_ARGS, u32 gl, float* __restrict__ res) {
     w2_combine<8, true, false>(W2_PASS, gl, 1, res);
 }
-// Several tokens per block (tpb, MULTI): <name>_mt, I <= 2048 (the 8-tile
-// items of wider I spill with two register sets). The
+// Several tokens per block (tpb, MULTI): <name>_mt, I <= 1024 (2-tile
+// items). Measured (kbench --rows, H200): a3b at 4 rows 47.4 -> 38.4 us
+// for w13 + w2; GLM-4.5-Air's I = 1408 (4-tile items) lost (129 -> 138 us:
+// two register sets leave one block per SM), so it keeps one token per
+// block. The
 // dynamic shared memory holds tpb tokens' act and their partials.
 #define W2_MT_ARGS W2_ARGS, u32 gl, u32 tpb, float *__restrict__ res
 #define W2_MT_PASS W2_PASS, gl, tpb, res
 extern "C" __global__ void __launch_bounds__(768) int4_w2_combine_1_mt(W2_MT_ARGS) {
     w2_combine<2, false, true>(W2_MT_PASS);
 }
-extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_2_mt(W2_MT_ARGS) {
-    w2_combine<4, false, true>(W2_MT_PASS);
-}
 extern "C" __global__ void __launch_bounds__(768) int4_w2_combine_g1_mt(W2_MT_ARGS) {
     w2_combine<2, true, true>(W2_MT_PASS);
-}
-extern "C" __global__ void __launch_bounds__(512) int4_w2_combine_g2_mt(W2_MT_ARGS) {
-    w2_combine<4, true, true>(W2_MT_PASS);
 }
 
 // O: the output format (the MLP block's).

@@ -20,7 +20,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 use krasis_kernels::{
-    CacheDir, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
+    CacheDir, GemvForm, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
     decode_workspace_len, sample_workspace_len,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -1230,60 +1230,66 @@ fn bench_rows(
     let res = s.clone_htod(&resid)?;
     let gw = s.clone_htod(&rand_bf16(rng, kmax))?;
     let mut normed = s.alloc_zeros::<bf16>(8 * kmax)?;
-    rows.push("bf16 GEMV at M rows, graph-timed, us (x one row)".to_string());
+    rows.push("bf16 GEMV at M rows, graph-timed, us (x one row of the FMA form)".to_string());
     for (label, n, kk, norm, acc) in [
         ("qkv +norm", 5120usize, 2048usize, true, false),
         ("o_proj +=", 2048, 4096, false, true),
         ("router +norm", 128, 2048, true, false),
+        ("lm_head +norm", 151_936, 2048, true, false),
     ] {
         let wr = Rotated::new(s, rng, n, kk)?;
-        let mut line = format!("{label:<13} {n:>5}x{kk}:");
         let mut one = 0.0;
-        for m in [1usize, 2, 4, 8] {
-            let mut yf = s.alloc_zeros::<f32>(m * n)?;
-            let mut yb = s.alloc_zeros::<bf16>(m * n)?;
-            let t = time_graph_ms(s, 64, |it| {
-                let w = wr.get(it);
-                match (norm, acc) {
-                    (true, _) if n == 128 => k.gemv_rmsnorm::<bf16, f32>(
-                        s,
-                        &res,
-                        &gw,
-                        eps,
-                        &w,
-                        m,
-                        n,
-                        kk,
-                        false,
-                        &mut normed,
-                        &mut yf,
-                    )?,
-                    (true, _) => k.gemv_rmsnorm::<bf16, bf16>(
-                        s,
-                        &res,
-                        &gw,
-                        eps,
-                        &w,
-                        m,
-                        n,
-                        kk,
-                        false,
-                        &mut normed,
-                        &mut yb,
-                    )?,
-                    (false, _) => k.gemv::<bf16, f32>(s, &x, &w, m, n, kk, acc, &mut yf)?,
+        for form in [GemvForm::Fma, GemvForm::TensorCore] {
+            let mut line = format!("{label:<14} {n:>6}x{kk} {form:?}:");
+            for m in [1usize, 2, 4, 8] {
+                let mut yf = s.alloc_zeros::<f32>(m * n)?;
+                let mut yb = s.alloc_zeros::<bf16>(m * n)?;
+                let reps = if n > 100_000 { 8 } else { 64 };
+                let t = time_graph_ms(s, reps, |it| {
+                    let w = wr.get(it);
+                    match norm {
+                        true if n != 5120 => k.gemv_rmsnorm_as::<bf16, f32>(
+                            form,
+                            s,
+                            &res,
+                            &gw,
+                            eps,
+                            &w,
+                            m,
+                            n,
+                            kk,
+                            false,
+                            &mut normed,
+                            &mut yf,
+                        )?,
+                        true => k.gemv_rmsnorm_as::<bf16, bf16>(
+                            form,
+                            s,
+                            &res,
+                            &gw,
+                            eps,
+                            &w,
+                            m,
+                            n,
+                            kk,
+                            false,
+                            &mut normed,
+                            &mut yb,
+                        )?,
+                        false => k.gemv_as::<bf16, f32>(form, s, &x, &w, m, n, kk, acc, &mut yf)?,
+                    }
+                    Ok(())
+                })?;
+                if m == 1 && form == GemvForm::Fma {
+                    one = t;
                 }
-                Ok(())
-            })?;
-            if m == 1 {
-                one = t;
+                line.push_str(&format!("  m{m} {:>7.2} ({:.2}x)", t * 1e3, t / one));
             }
-            line.push_str(&format!("  m{m} {:>6.2} ({:.2}x)", t * 1e3, t / one));
+            rows.push(line);
         }
-        rows.push(line);
     }
     rows.push(
-        "INT4 w13+w2 at M rows (independent routes), graph-timed, us; blocking (w13 pairs, w2 tokens) per block"
+        "INT4 w13+w2 at M rows (independent routes), graph-timed, us; (tokens per w2 block)"
             .to_string(),
     );
     for (label, h, i, e, topk) in [
@@ -1327,24 +1333,13 @@ fn bench_rows(
             let mut line = format!("{label} H{h} I{i} m{m}:");
             let sl =
                 |it: usize| ids.slice((it % n_sets) * 8 * topk..((it % n_sets) * 8 + m) * topk);
-            let auto = (
-                krasis_kernels::w13_pairs_per_block(&layout, m, topk),
-                krasis_kernels::w2_tokens_per_block(&layout, m, topk),
-            );
-            let mut shapes = vec![(1usize, 1usize)];
-            for p in [2usize, 4, 8] {
-                if p <= m && h <= 2048 {
-                    shapes.push((p, 1));
+            let auto = krasis_kernels::w2_tokens_per_block(&layout, m, topk);
+            for t in [1usize, 2, 4] {
+                if t > m {
+                    continue;
                 }
-            }
-            for t in [2usize, 4, 8] {
-                if t <= m {
-                    shapes.push((1, t));
-                }
-            }
-            for (p, t) in shapes {
                 let timed = time_graph_ms(s, 64, |it| {
-                    k.int4_w13_swiglu_blocked(
+                    k.int4_w13_swiglu(
                         s,
                         &xb,
                         &table,
@@ -1353,7 +1348,6 @@ fn bench_rows(
                         topk,
                         &layout,
                         u32::MAX,
-                        p,
                         &mut act,
                     )?;
                     Ok(k.int4_w2_combine_blocked(
@@ -1370,8 +1364,8 @@ fn bench_rows(
                     )?)
                 });
                 match timed {
-                    Ok(ms) => line.push_str(&format!("  ({p},{t}) {:>6.2}", ms * 1e3)),
-                    Err(e) => line.push_str(&format!("  ({p},{t}) refused: {e}")),
+                    Ok(ms) => line.push_str(&format!("  ({t}) {:>6.2}", ms * 1e3)),
+                    Err(e) => line.push_str(&format!("  ({t}) refused: {e}")),
                 }
             }
             // Each kernel alone at the wrappers' choice.
@@ -1392,7 +1386,7 @@ fn bench_rows(
                 Ok(k.int4_w2_combine(s, &act, &table, &sl(it), &w, m, topk, &layout, &mut resd)?)
             })?;
             line.push_str(&format!(
-                "  | auto {auto:?}: w13 {:.2} w2 {:.2}",
+                "  | auto ({auto}): w13 {:.2} w2 {:.2}",
                 t13 * 1e3,
                 t2 * 1e3
             ));

@@ -8,7 +8,7 @@
 #       independent routes, each block shape) and `kbench --gemv` / `--int4` (the one-row
 #       figures), then prep (a3b-24l) and `bench --decode-rows 1,2,4,8` all resident.
 #   bash tools/device/issue15c.sh engine COMMIT
-#       engine tests (gpu_engine witness checks, batching, glm4_moe), then `agent_load.py
+#       engine tests (gpu_engine witness checks, batching), then `agent_load.py
 #       parallel` all resident (1/2/4/8) through serve.
 #   Other phases: issue15b.sh's (perf, glm, final, ncu) run unchanged on these binaries.
 # Results: $OUT/issue15c-PHASE.txt (the summary) and the logs beside it.
@@ -29,8 +29,10 @@ test_bin() { # name timeout [filter...]
 }
 case "$P" in
   kern)
-    test_bin gpu 240 rows:: int4:: gemv:: fp16 moe::
-    for m in rows gemv int4; do
+    test_bin gpu 150 rows::
+    cp "$OUT/test-gpu.log" "$OUT/test-gpu-rows.log"
+    test_bin gpu 160 gemv:: int4:: fp16
+    for m in rows gemv; do
       timeout 120 dist/gpu/kbench --$m > "$OUT/kbench-$m.txt" 2>&1
       echo "kbench --$m rc=$? (t=$((SECONDS-T0))s)" >> "$S"
       sed -n '/^====/,$p' "$OUT/kbench-$m.txt" >> "$S"
@@ -43,9 +45,8 @@ case "$P" in
     grep -E "decode|prefill|rows" "$OUT/bench-rows.log" | tail -14 >> "$S"
     ;;
   engine)
-    test_bin gpu_engine 150
+    test_bin gpu_engine 120
     test_bin batching 170
-    test_bin glm4_moe 150
     [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     LIMIT=none CLIENTS=1,2,4,8 BUDGET=200 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
     cat /tmp/btr-parallel-none/summary.txt >> "$S"

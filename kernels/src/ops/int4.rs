@@ -72,48 +72,9 @@ impl Kernels {
         slot_mask: u32,
         act: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        let ppb = w13_pairs_per_block(layout, n_tokens, top_k);
-        self.int4_w13_swiglu_blocked(
-            stream, x, table, ids, n_tokens, top_k, layout, slot_mask, ppb, act,
-        )
-    }
-
-    /// [`Kernels::int4_w13_swiglu`] with `ppb` pairs per block instead of
-    /// the default choice (`kbench` and the kernel tests compare them;
-    /// every choice gives the same bits). `ppb > 1` must divide `top_k`,
-    /// be at most [`INT4_W13_MAX_PPB`] and needs `H <= 2048`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn int4_w13_swiglu_blocked<A: Act16>(
-        &self,
-        stream: &CudaStream,
-        x: &impl DevicePtr<A>,
-        table: &impl DevicePtr<u64>,
-        ids: &impl DevicePtr<u32>,
-        n_tokens: usize,
-        top_k: usize,
-        layout: &Int4Layout,
-        slot_mask: u32,
-        ppb: usize,
-        act: &mut impl DevicePtrMut<f32>,
-    ) -> Result<()> {
         layout.check_w13("int4_w13_swiglu_1", top_k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
-        let (single, warps, general) = w13_entry(h, layout.group, A::F16);
-        let multi = w13_multi_entry(h, layout.group, A::F16);
-        let k = if ppb > 1 {
-            multi.unwrap_or(single)
-        } else {
-            single
-        };
-        ensure(
-            k,
-            ppb == 1 || (multi.is_some() && ppb <= INT4_W13_MAX_PPB && top_k % ppb == 0),
-            || {
-                format!(
-                    "{ppb} pairs per block: needs H <= 2048 (H = {h}), at most {INT4_W13_MAX_PPB} and a divisor of top_k = {top_k}"
-                )
-            },
-        )?;
+        let (k, warps, general) = w13_entry(h, layout.group, A::F16);
         let warps = warps as u32;
         let n_pairs = n_tokens * top_k;
         check_len(k, "x", x.len(), n_tokens * h)?;
@@ -126,7 +87,6 @@ impl Kernels {
             h as u32,
             i as u32,
         );
-        let blocks_y = dim_u32(k, "blocks", n_pairs.div_ceil(ppb.max(1)))?;
         let (oq, os) = (layout.w13_q as u64, layout.w13_s as u64);
         let (xp, _g1) = x.device_ptr(stream);
         let (tp, _g2) = table.device_ptr(stream);
@@ -137,17 +97,12 @@ impl Kernels {
         b.arg(&xp).arg(&tp).arg(&n_table).arg(&ip).arg(&np).arg(&kk);
         b.arg(&hh).arg(&ii).arg(&oq).arg(&os).arg(&slot_mask);
         let gl = layout.gl();
-        let ppb32 = ppb as u32;
-        if general || ppb > 1 {
+        if general {
             b.arg(&gl);
         }
-        if ppb > 1 {
-            b.arg(&ppb32);
-        }
         b.arg(&ap);
-        // 16 gate + 16 up rows per block, K split over the warps; y = a
-        // group of ppb pairs.
-        submit(k, b, cfg((ii / 16, blocks_y, 1), 32 * warps, 0))
+        // 16 gate + 16 up rows per block, K split over the warps; y = pair.
+        submit(k, b, cfg((ii / 16, np, 1), 32 * warps, 0))
     }
 
     /// Decode down GEMV fused with the weighted combine:
@@ -195,7 +150,7 @@ impl Kernels {
 
     /// [`Kernels::int4_w2_combine`] with `tpb` tokens per block instead of
     /// the default choice (every choice gives the same bits). `tpb > 1`
-    /// needs `I <= 2048` and `tpb` tokens' act and partials in one block's
+    /// needs `I <= 1024` and `tpb` tokens' act and partials in one block's
     /// shared memory.
     #[allow(clippy::too_many_arguments)]
     pub fn int4_w2_combine_blocked(
@@ -231,7 +186,7 @@ impl Kernels {
             tpb >= 1 && (tpb == 1 || (multi.is_some() && smem <= W2_MAX_DYN_SMEM)),
             || {
                 format!(
-                    "{tpb} tokens per block: needs I <= 2048 (I = {i}) and {smem} bytes of shared memory within {W2_MAX_DYN_SMEM}"
+                    "{tpb} tokens per block: needs I <= 1024 (I = {i}) and {smem} bytes of shared memory within {W2_MAX_DYN_SMEM}"
                 )
             },
         )?;
@@ -455,55 +410,15 @@ fn w2_entry(i: usize, g: usize) -> (&'static str, usize, usize, bool) {
     (name, GPW[v], MAX_WARPS[v], !fast)
 }
 
-/// Most pairs one w13 block takes (`W13_MAX_PPB` in `int4.cu`).
-pub const INT4_W13_MAX_PPB: usize = 8;
-
-/// The several-pairs-per-block w13 entry point, where there is one (H up
-/// to 2048: two register sets per warp fit at <= 2 tiles per warp).
-fn w13_multi_entry(h: usize, g: usize, f16: bool) -> Option<&'static str> {
-    const MP: [[[&str; 2]; 2]; 2] = [
-        [
-            ["int4_w13_swiglu_1_mp", "int4_w13_swiglu_2_mp"],
-            ["int4_w13_swiglu_g1_mp", "int4_w13_swiglu_g2_mp"],
-        ],
-        [
-            ["int4_w13_swiglu_1_f16_mp", "int4_w13_swiglu_2_f16_mp"],
-            ["int4_w13_swiglu_g1_f16_mp", "int4_w13_swiglu_g2_f16_mp"],
-        ],
-    ];
-    let ncl = h.div_ceil(128).div_ceil(8);
-    (ncl <= 2).then(|| MP[usize::from(f16)][usize::from(g != 128)][ncl - 1])
-}
-
-/// The several-tokens-per-block w2 entry point, where there is one (I up
-/// to 2048).
+/// The several-tokens-per-block w2 entry point, where there is one: I up
+/// to 1024 (2-tile work items; wider items with two register sets leave
+/// one block per SM and measured slower, see `int4.cu`).
 fn w2_multi_entry(i: usize, g: usize) -> Option<&'static str> {
-    let v = match i.div_ceil(128) {
-        0..=8 => 0,
-        9..=16 => 1,
-        _ => return None,
-    };
-    let fast = g == 128 && i <= FAST_MAX_INTER;
-    Some(match (fast, v) {
-        (true, 0) => "int4_w2_combine_1_mt",
-        (true, _) => "int4_w2_combine_2_mt",
-        (false, 0) => "int4_w2_combine_g1_mt",
-        (false, _) => "int4_w2_combine_g2_mt",
+    (i.div_ceil(128) <= 8).then_some(if g == 128 {
+        "int4_w2_combine_1_mt"
+    } else {
+        "int4_w2_combine_g1_mt"
     })
-}
-
-/// Pairs per w13 block for `n_tokens` rows: one for a single token (the
-/// one-row decode's grid), else the most that keep a block to one token
-/// (a power of two dividing `top_k`), up to min(rows, 4).
-pub fn w13_pairs_per_block(layout: &Int4Layout, n_tokens: usize, top_k: usize) -> usize {
-    if n_tokens < 2 || w13_multi_entry(layout.hidden, layout.group, false).is_none() {
-        return 1;
-    }
-    let mut p = 1;
-    while p * 2 <= n_tokens.min(4) && top_k % (p * 2) == 0 {
-        p *= 2;
-    }
-    p
 }
 
 /// Tokens per w2 block for `n_tokens` rows: up to min(rows, 4), as many
@@ -536,39 +451,23 @@ mod tests {
         let oss = Int4Layout::new(2880, 2880, 32).unwrap();
         // One row: the one-token grid, always.
         for l in [&a3b, &glm, &oss] {
-            assert_eq!(w13_pairs_per_block(l, 1, 8), 1);
             assert_eq!(w2_tokens_per_block(l, 1, 8), 1);
         }
-        // Pairs per block divide top_k (a block is one token's), <= 4.
-        assert_eq!(w13_pairs_per_block(&a3b, 2, 8), 2);
-        assert_eq!(w13_pairs_per_block(&a3b, 4, 8), 4);
-        assert_eq!(w13_pairs_per_block(&a3b, 8, 8), 4);
-        assert_eq!(w13_pairs_per_block(&a3b, 4, 10), 2);
-        assert_eq!(w13_pairs_per_block(&a3b, 4, 5), 1);
-        // H > 2048 has no several-pairs entry point.
-        assert_eq!(w13_pairs_per_block(&glm, 4, 8), 1);
-        // Tokens per w2 block: up to 4 within shared memory; none past I 2048.
+        // Up to 4 tokens per block within shared memory, only for I <= 1024.
         assert_eq!(w2_tokens_per_block(&a3b, 8, 8), 4);
         assert_eq!(w2_tokens_per_block(&a3b, 3, 8), 3);
-        assert_eq!(w2_tokens_per_block(&glm, 8, 8), 4);
+        assert_eq!(w2_tokens_per_block(&glm, 8, 8), 1);
         assert_eq!(w2_tokens_per_block(&oss, 8, 4), 1);
-        let wide = Int4Layout::new(2048, 2048, 128).unwrap();
+        let wide = Int4Layout::new(2048, 1024, 32).unwrap();
         let t = w2_tokens_per_block(&wide, 8, 16);
-        assert!((1..=4).contains(&t));
-        assert!(t * (wide.check_w2("t", 16).unwrap() + 16 * 16 * 64) <= W2_MAX_DYN_SMEM);
-        // Every several-per-block entry point is compiled.
-        for h in [128usize, 1024, 2048] {
+        assert!((2..=4).contains(&t));
+        let (_, gpw, _, _) = w2_entry(1024, 32);
+        let items = 16 * 8usize.div_ceil(gpw);
+        assert!(t * (wide.check_w2("t", 16).unwrap() + items * 64) <= W2_MAX_DYN_SMEM);
+        // Every several-tokens entry point is compiled.
+        for i in [128usize, 768, 1024] {
             for g in INT4_GROUPS {
-                for f16 in [false, true] {
-                    let name = w13_multi_entry(h, g, f16).unwrap();
-                    assert!(
-                        crate::sources::MODULES
-                            .iter()
-                            .any(|m| m.kernels.contains(&name)),
-                        "{name} not in sources"
-                    );
-                }
-                let name = w2_multi_entry(h, g).unwrap();
+                let name = w2_multi_entry(i, g).unwrap();
                 assert!(
                     crate::sources::MODULES
                         .iter()
@@ -577,8 +476,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(w13_multi_entry(2176, 128, false), None);
-        assert_eq!(w2_multi_entry(2176, 32), None);
+        assert_eq!(w2_multi_entry(1152, 128), None);
     }
 
     #[test]

@@ -159,6 +159,7 @@ fn int4_rows_are_invariant<A: Act16>(
     for (h, i, gs, n_exp, k) in [
         (2048usize, 768usize, 128usize, 12usize, 8usize),
         (2880, 1408, 32, 6, 4),
+        (1024, 512, 32, 6, 4),
     ] {
         let layout = Int4Layout::new(h, i, gs).unwrap();
         let ex = crate::int4::experts(g, s, rng, &layout, n_exp);
@@ -172,58 +173,37 @@ fn int4_rows_are_invariant<A: Act16>(
         let weights: Vec<f32> = (0..mt * k).map(|_| rng.random_range(0.0..1.0)).collect();
         let x = randn_act::<A>(rng, mt * h, 1.0);
         let res0 = randn(rng, mt * h, 1.0);
-        // `blocking`: (pairs per w13 block, tokens per w2 block), None =
-        // the wrappers' own choice.
-        let run = |t: usize, first: usize, blocking: Option<(usize, usize)>| {
+        // `tpb`: tokens per w2 block, None = the wrapper's own choice.
+        let run = |t: usize, first: usize, tpb: Option<usize>| {
             let dx = up(s, &x[first * h..(first + t) * h]);
             let dids = up(s, &ids[first * k..(first + t) * k]);
             let dw = up(s, &weights[first * k..(first + t) * k]);
             let mut act: CudaSlice<f32> = poison_f32(s, t * k * i);
             let mut res = up(s, &res0[first * h..(first + t) * h]);
-            match blocking {
-                None => {
-                    kr.int4_w13_swiglu(s, &dx, &ex.table, &dids, t, k, &layout, u32::MAX, &mut act)
-                        .unwrap();
-                    kr.int4_w2_combine(s, &act, &ex.table, &dids, &dw, t, k, &layout, &mut res)
-                        .unwrap();
-                }
-                Some((ppb, tpb)) => {
-                    kr.int4_w13_swiglu_blocked(
-                        s,
-                        &dx,
-                        &ex.table,
-                        &dids,
-                        t,
-                        k,
-                        &layout,
-                        u32::MAX,
-                        ppb,
-                        &mut act,
-                    )
-                    .unwrap();
-                    kr.int4_w2_combine_blocked(
+            kr.int4_w13_swiglu(s, &dx, &ex.table, &dids, t, k, &layout, u32::MAX, &mut act)
+                .unwrap();
+            match tpb {
+                None => kr
+                    .int4_w2_combine(s, &act, &ex.table, &dids, &dw, t, k, &layout, &mut res)
+                    .unwrap(),
+                Some(tpb) => kr
+                    .int4_w2_combine_blocked(
                         s, &act, &ex.table, &dids, &dw, t, k, &layout, tpb, &mut res,
                     )
-                    .unwrap();
-                }
+                    .unwrap(),
             }
             (down(s, &act), down(s, &res))
         };
-        let alone: Vec<_> = (0..mt).map(|r| run(1, r, Some((1, 1)))).collect();
-        // Every block shape the kernels take: pairs per w13 block (powers
-        // of two dividing top_k; one for H > 2048) and tokens per w2 block.
-        let mut shapes = vec![None, Some((1, 1))];
-        let ppbs: Vec<usize> = if h <= 2048 {
-            [2, 4, 8].into_iter().filter(|p| k % p == 0).collect()
-        } else {
-            vec![]
-        };
-        for (n, tpb) in (2..=4).enumerate() {
-            shapes.push(Some((ppbs.get(n).copied().unwrap_or(1), tpb)));
+        let alone: Vec<_> = (0..mt).map(|r| run(1, r, Some(1))).collect();
+        // Every w2 block shape: one token per block and, where the
+        // several-tokens entry point serves I, 2..4 (others are refused).
+        let mut shapes = vec![None, Some(1)];
+        if i <= 1024 {
+            shapes.extend([Some(2), Some(3), Some(4)]);
         }
         for m in 1..=mt {
             for &shape in &shapes {
-                let tag = format!("{fmt} H={h} I={i} g={gs} m={m} blocking {shape:?}");
+                let tag = format!("{fmt} H={h} I={i} g={gs} m={m} w2 tokens per block {shape:?}");
                 let (act, res) = run(m, 0, shape);
                 for r in 0..m {
                     assert!(
