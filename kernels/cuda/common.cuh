@@ -124,7 +124,7 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     return r;
 }
 
-// Shared by the tensor-core decode GEMVs (int4.cu, gemv.cu).
+// The tensor-core step of the INT4 decode GEMVs (int4.cu).
 // c += A(16x16) * B(16x8) in format A (bf16 or f16), f32 accumulate.
 template <class A = ActBf16>
 __device__ __forceinline__ void mma16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {

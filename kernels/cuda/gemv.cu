@@ -121,81 +121,6 @@ __device__ __forceinline__ void block_sum_rows(float* v, float* scratch) {
     for (int t = 0; t < MB; ++t) v[t] = warp_sum((lane < nw) ? scratch[t * 32 + lane] : 0.0f);
 }
 
-// Stage x (m rows of K) in shared memory, row t at xs + t * XS vectors
-// (XS >= K / 8; > pads rows apart for the tensor-core form's reads): the
-// plain variant copies x, the NORM variant builds it from the residual.
-template <int MB, bool NORM, class A>
-__device__ __forceinline__ void gemv_stage_x(const unsigned short* x, const float* res, const bf16_t* __restrict__ g,
-                                             float eps, u32 m, u32 K, u32 XS, unsigned short* normed,
-                                             float* scratch) {
-    extern __shared__ __align__(16) uint4 xs[];
-    const u32 V = K >> 3;
-    // The prologue's global reads are issued together, all rows at once:
-    // done row by row (as it once was) each row cost a dependent L2 round
-    // trip and a block reduction in series, ~3 us per extra row of a
-    // batched decode step at 4 rows. Each row's arithmetic is unchanged.
-    if constexpr (NORM) {
-        // rmsnorm_row's sum, verbatim per row (same thread count, same
-        // order of each row's terms, the same reduction tree).
-        float ss[MB];
-#pragma unroll
-        for (int t = 0; t < MB; ++t) ss[t] = 0.0f;
-        // Threads past 256 (the tensor-core form's 512) add nothing: each
-        // sum keeps rmsnorm_row's 256 terms per thread, and their warps'
-        // zeros leave block_sum's tree values unchanged.
-#pragma unroll 4
-        for (u32 i = threadIdx.x; i < K && threadIdx.x < 256; i += 256) {
-#pragma unroll
-            for (int t = 0; t < MB; ++t) {
-                if (MB == 1 || (u32)t < m) {
-                    float v = res[(u64)t * K + i];
-                    ss[t] += v * v;
-                }
-            }
-        }
-        block_sum_rows<MB>(ss, scratch);
-        float inv[MB];
-#pragma unroll
-        for (int t = 0; t < MB; ++t) inv[t] = rsqrtf(ss[t] / (float)K + eps);
-        const uint4* g4 = (const uint4*)g;
-        for (u32 c8 = threadIdx.x; c8 < V; c8 += blockDim.x) {
-            const uint4 gv = g4[c8];
-#pragma unroll
-            for (int t = 0; t < MB; ++t) {
-                if (MB == 1 || (u32)t < m) {
-                    const float4* r4 = (const float4*)(res + (u64)t * K);
-                    const float4 a = r4[2 * c8], b = r4[2 * c8 + 1];
-                    uint4 o;
-                    o.x = A::pack2(a.x * inv[t] * bf_lo(gv.x), a.y * inv[t] * bf_hi(gv.x));
-                    o.y = A::pack2(a.z * inv[t] * bf_lo(gv.y), a.w * inv[t] * bf_hi(gv.y));
-                    o.z = A::pack2(b.x * inv[t] * bf_lo(gv.z), b.y * inv[t] * bf_hi(gv.z));
-                    o.w = A::pack2(b.z * inv[t] * bf_lo(gv.w), b.w * inv[t] * bf_hi(gv.w));
-                    xs[t * XS + c8] = o;
-                    if (blockIdx.x == 0) ((uint4*)normed)[(u64)t * V + c8] = o;
-                }
-            }
-        }
-    } else {
-        // Up to 4 vectors per thread in flight before any is stored (the
-        // weight group's 64 registers are live here).
-        const uint4* x4 = (const uint4*)x;
-        const u32 total = m * V;
-        for (u32 i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
-            uint4 v[4];
-#pragma unroll
-            for (int b = 0; b < 4; ++b) {
-                const u32 i = i0 + b * blockDim.x;
-                if (i < total) v[b] = x4[i];
-            }
-#pragma unroll
-            for (int b = 0; b < 4; ++b) {
-                const u32 i = i0 + b * blockDim.x;
-                if (i < total) xs[(i / V) * XS + i % V] = v[b];
-            }
-        }
-    }
-}
-
 // mode: 0 = 16-bit y (format A), 1 = f32 y, 2 = f32 y += result.
 // MB: compile-time bound on m (1, 2, 4, 8). NR x U: rows x vectors per lane
 // of one weight group (NR * U = 16). NORM: x from residual + norm weight.
@@ -240,7 +165,67 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
 
     // Everything below may read what the previous kernel wrote.
     gemv_pdl_wait();
-    gemv_stage_x<MB, NORM, A>(x, res, g, eps, m, K, V, normed, scratch);
+    // The prologue's global reads are issued together, all rows at once:
+    // done row by row (as it once was) each row cost a dependent L2 round
+    // trip and a block reduction in series, ~3 us per extra row of a
+    // batched decode step at 4 rows. Each row's arithmetic is unchanged.
+    if constexpr (NORM) {
+        // rmsnorm_row's sum, verbatim per row (same thread count, same
+        // order of each row's terms, the same reduction tree).
+        float ss[MB];
+#pragma unroll
+        for (int t = 0; t < MB; ++t) ss[t] = 0.0f;
+#pragma unroll 4
+        for (u32 i = threadIdx.x; i < K; i += blockDim.x) {
+#pragma unroll
+            for (int t = 0; t < MB; ++t) {
+                if (MB == 1 || (u32)t < m) {
+                    float v = res[(u64)t * K + i];
+                    ss[t] += v * v;
+                }
+            }
+        }
+        block_sum_rows<MB>(ss, scratch);
+        float inv[MB];
+#pragma unroll
+        for (int t = 0; t < MB; ++t) inv[t] = rsqrtf(ss[t] / (float)K + eps);
+        const uint4* g4 = (const uint4*)g;
+        for (u32 c8 = threadIdx.x; c8 < V; c8 += blockDim.x) {
+            const uint4 gv = g4[c8];
+#pragma unroll
+            for (int t = 0; t < MB; ++t) {
+                if (MB == 1 || (u32)t < m) {
+                    const float4* r4 = (const float4*)(res + (u64)t * K);
+                    const float4 a = r4[2 * c8], b = r4[2 * c8 + 1];
+                    uint4 o;
+                    o.x = A::pack2(a.x * inv[t] * bf_lo(gv.x), a.y * inv[t] * bf_hi(gv.x));
+                    o.y = A::pack2(a.z * inv[t] * bf_lo(gv.y), a.w * inv[t] * bf_hi(gv.y));
+                    o.z = A::pack2(b.x * inv[t] * bf_lo(gv.z), b.y * inv[t] * bf_hi(gv.z));
+                    o.w = A::pack2(b.z * inv[t] * bf_lo(gv.w), b.w * inv[t] * bf_hi(gv.w));
+                    gemv_xs[t * V + c8] = o;
+                    if (blockIdx.x == 0) ((uint4*)normed)[(u64)t * V + c8] = o;
+                }
+            }
+        }
+    } else {
+        // Up to 4 vectors per thread in flight before any is stored (the
+        // weight group's 64 registers are live here).
+        const uint4* x4 = (const uint4*)x;
+        const u32 total = m * V;
+        for (u32 i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
+            uint4 v[4];
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const u32 i = i0 + b * blockDim.x;
+                if (i < total) v[b] = x4[i];
+            }
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const u32 i = i0 + b * blockDim.x;
+                if (i < total) gemv_xs[i] = v[b];
+            }
+        }
+    }
     __syncthreads();
 
     float acc[MB][NR][P];
@@ -297,136 +282,6 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
         grp = ngrp;
         c = nc;
     }
-}
-
-// ---- Tensor-core form: gemv_tc_<fmt>, gemv_rmsnorm_tc_<fmt> ----
-// The FMA form above spends ~58 instructions per 16-byte weight vector at
-// M = 4 (x conversions and M FMAs per weight) and grows with M (qkv 6.9 us
-// at M = 1, 12.9 at 4, 21.3 at 8; cuBLAS stays at 7.6). Here one
-// mma.sync.m16n8k16 multiplies 8 weight rows x 16 K by every row of x at
-// once, so the instruction count per weight byte no longer depends on M.
-// A = x (16 rows, only rows 0..7 can be tokens: M <= 8; rows 8..15 zero),
-// B = W^T (16 K x 8 output rows), C[token][row] in f32.
-// Lane (g = lane/4, tq = lane%4) loads 16 bytes of weight row g of the
-// tile at K = 32c + 8tq (chunk c) and the same 16 bytes of x row g; the
-// dot product is invariant under a permutation of K, so fragment k
-// {2tq, 2tq+1, 2tq+8, 2tq+9} takes memory offsets 8tq + 0..3 in the first
-// mma and 8tq + 4..7 in the second (A and B use the same map). C lane
-// (g, tq) holds token g's outputs for rows 2tq and 2tq+1 of the tile.
-// Work split: 8-row tiles; one block of 16 warps per SM (grid min(tiles,
-// SMs)), block b owns tiles [T*b/G, T*(b+1)/G) (bytes per SM within one
-// tile); every warp owns chunks [C*w/16, C*(w+1)/16) of K (up to 8
-// chunks, 8 loads of 16 bytes per lane, in flight at once; larger K in
-// passes), and the next tile's loads are issued before this tile's
-// partials are written. Partials [warp][token][row] are summed in warp
-// order by 64 threads (two buffers, one barrier per tile).
-// Row invariance: token t's output is A row t of each mma, computed from
-// x row t and W only, in a fixed order (chunks in order per warp, warps in
-// order), whatever the other rows hold and whatever M is; M = 1 runs the
-// same code (kernels/tests/gpu/rows.rs).
-// x is staged with rows XS = K/8 + 1 vectors apart, so the 8 tokens' reads
-// of one chunk fall in different banks.
-#define TC_WARPS 16
-#define TC_U 8
-template <bool NORM, class A = ActBf16>
-__device__ __forceinline__ void gemv_tc_body(const unsigned short* x, const float* res, const bf16_t* __restrict__ g,
-                                             float eps, const unsigned short* __restrict__ w, u32 m, u32 n, u32 K,
-                                             u32 mode, unsigned short* normed, void* y) {
-    extern __shared__ __align__(16) uint4 gemv_xs[];  // [m][XS] vectors of 8 16-bit values
-    __shared__ float scratch[8 * 32];
-    __shared__ float red[2][TC_WARPS][64];
-    gemv_pdl_trigger();
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 gq = lane >> 2, tq = lane & 3;
-    const u32 V = K >> 3, XS = V + 1;
-    const u32 T = (n + 7) >> 3;
-    const u32 t0 = (u32)(((u64)T * blockIdx.x) / gridDim.x);
-    const u32 t1 = (u32)(((u64)T * (blockIdx.x + 1)) / gridDim.x);
-    const u32 C = (K + 31) >> 5;
-    const u32 c0 = C * warp / TC_WARPS, c1 = C * (warp + 1) / TC_WARPS;
-
-    uint4 wv[TC_U];
-    // Chunks [cs, cs + TC_U) of this warp's range for tile `tile`; rows past
-    // n and K past the end are zero.
-    auto load = [&](u32 tile, u32 cs) {
-        const u32 row = tile * 8 + gq;
-#pragma unroll
-        for (int u = 0; u < TC_U; ++u) {
-            const u32 c = cs + u, v = c * 4 + tq;
-            if (row < n && c < c1 && v < V)
-                wv[u] = ld_stream16(w + (u64)row * K + (u64)v * 8);
-            else
-                wv[u] = make_uint4(0, 0, 0, 0);
-        }
-    };
-    u32 tile = t0, cs = c0;
-    if (tile < t1) load(tile, cs);
-
-    // Everything below may read what the previous kernel wrote.
-    gemv_pdl_wait();
-    gemv_stage_x<8, NORM, A>(x, res, g, eps, m, K, XS, normed, scratch);
-    __syncthreads();
-
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    u32 buf = 0;
-    while (tile < t1) {  // block-uniform
-#pragma unroll
-        for (int u = 0; u < TC_U; ++u) {
-            const u32 c = cs + u, v = c * 4 + tq;
-            if (c < c1) {  // warp-uniform
-                const uint4 xv = (gq < m && v < V) ? gemv_xs[gq * XS + v] : make_uint4(0, 0, 0, 0);
-                mma16<A>(acc, xv.x, 0u, xv.y, 0u, wv[u].x, wv[u].y);
-                mma16<A>(acc, xv.z, 0u, xv.w, 0u, wv[u].z, wv[u].w);
-            }
-        }
-        const bool last = cs + TC_U >= c1;
-        const u32 ntile = last ? tile + 1 : tile, ncs = last ? c0 : cs + TC_U;
-        if (ntile < t1) load(ntile, ncs);
-        if (last) {
-            red[buf][warp][gq * 8 + 2 * tq] = acc[0];
-            red[buf][warp][gq * 8 + 2 * tq + 1] = acc[1];
-            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-            __syncthreads();
-            if (threadIdx.x < 64) {
-                const u32 t = threadIdx.x >> 3, r = threadIdx.x & 7, row = tile * 8 + r;
-                if (t < m && row < n) {
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int ww = 0; ww < TC_WARPS; ++ww) sum += red[buf][ww][t * 8 + r];
-                    const u64 o = (u64)t * n + row;
-                    if (mode == 0) {
-                        ((unsigned short*)y)[o] = A::store(sum);
-                    } else {
-                        float* yf = (float*)y;
-                        yf[o] = mode == 2 ? yf[o] + sum : sum;
-                    }
-                }
-            }
-            buf ^= 1;
-        }
-        tile = ntile;
-        cs = ncs;
-    }
-}
-
-#define GEMV_TC_BOUNDS __launch_bounds__(TC_WARPS * 32, 1)
-extern "C" __global__ void GEMV_TC_BOUNDS gemv_tc_bf16(const bf16_t* x, const bf16_t* __restrict__ w, u32 m, u32 n,
-                                                       u32 k, u32 mode, void* y) {
-    gemv_tc_body<false>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void GEMV_TC_BOUNDS gemv_tc_f16(const f16_t* x, const f16_t* __restrict__ w, u32 m, u32 n,
-                                                      u32 k, u32 mode, void* y) {
-    gemv_tc_body<false, ActF16>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void GEMV_TC_BOUNDS gemv_rmsnorm_tc_bf16(const float* res, const bf16_t* __restrict__ g,
-                                                               float eps, const bf16_t* __restrict__ w, u32 m, u32 n,
-                                                               u32 k, u32 mode, bf16_t* normed, void* y) {
-    gemv_tc_body<true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
-}
-extern "C" __global__ void GEMV_TC_BOUNDS gemv_rmsnorm_tc_f16(const float* res, const bf16_t* __restrict__ g,
-                                                              float eps, const f16_t* __restrict__ w, u32 m, u32 n,
-                                                              u32 k, u32 mode, f16_t* normed, void* y) {
-    gemv_tc_body<true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
 }
 
 // Entry points: gemv_bf16_r<NR>_m<MB> and gemv_rmsnorm_bf16_r<NR>_m<MB>;

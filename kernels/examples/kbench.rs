@@ -20,7 +20,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 use krasis_kernels::{
-    CacheDir, GemvForm, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
+    CacheDir, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
     decode_workspace_len, sample_workspace_len,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -1230,7 +1230,7 @@ fn bench_rows(
     let res = s.clone_htod(&resid)?;
     let gw = s.clone_htod(&rand_bf16(rng, kmax))?;
     let mut normed = s.alloc_zeros::<bf16>(8 * kmax)?;
-    rows.push("bf16 GEMV at M rows, graph-timed, us (x one row of the FMA form)".to_string());
+    rows.push("bf16 GEMV at M rows, graph-timed, us (x one row)".to_string());
     for (label, n, kk, norm, acc) in [
         ("qkv +norm", 5120usize, 2048usize, true, false),
         ("o_proj +=", 2048, 4096, false, true),
@@ -1239,54 +1239,50 @@ fn bench_rows(
     ] {
         let wr = Rotated::new(s, rng, n, kk)?;
         let mut one = 0.0;
-        for form in [GemvForm::Fma, GemvForm::TensorCore] {
-            let mut line = format!("{label:<14} {n:>6}x{kk} {form:?}:");
-            for m in [1usize, 2, 4, 8] {
-                let mut yf = s.alloc_zeros::<f32>(m * n)?;
-                let mut yb = s.alloc_zeros::<bf16>(m * n)?;
-                let reps = if n > 100_000 { 8 } else { 64 };
-                let t = time_graph_ms(s, reps, |it| {
-                    let w = wr.get(it);
-                    match norm {
-                        true if n != 5120 => k.gemv_rmsnorm_as::<bf16, f32>(
-                            form,
-                            s,
-                            &res,
-                            &gw,
-                            eps,
-                            &w,
-                            m,
-                            n,
-                            kk,
-                            false,
-                            &mut normed,
-                            &mut yf,
-                        )?,
-                        true => k.gemv_rmsnorm_as::<bf16, bf16>(
-                            form,
-                            s,
-                            &res,
-                            &gw,
-                            eps,
-                            &w,
-                            m,
-                            n,
-                            kk,
-                            false,
-                            &mut normed,
-                            &mut yb,
-                        )?,
-                        false => k.gemv_as::<bf16, f32>(form, s, &x, &w, m, n, kk, acc, &mut yf)?,
-                    }
-                    Ok(())
-                })?;
-                if m == 1 && form == GemvForm::Fma {
-                    one = t;
+        let mut line = format!("{label:<14} {n:>6}x{kk}:");
+        for m in [1usize, 2, 4, 8] {
+            let mut yf = s.alloc_zeros::<f32>(m * n)?;
+            let mut yb = s.alloc_zeros::<bf16>(m * n)?;
+            let reps = if n > 100_000 { 8 } else { 64 };
+            let t = time_graph_ms(s, reps, |it| {
+                let w = wr.get(it);
+                match norm {
+                    true if n != 5120 => k.gemv_rmsnorm::<bf16, f32>(
+                        s,
+                        &res,
+                        &gw,
+                        eps,
+                        &w,
+                        m,
+                        n,
+                        kk,
+                        false,
+                        &mut normed,
+                        &mut yf,
+                    )?,
+                    true => k.gemv_rmsnorm::<bf16, bf16>(
+                        s,
+                        &res,
+                        &gw,
+                        eps,
+                        &w,
+                        m,
+                        n,
+                        kk,
+                        false,
+                        &mut normed,
+                        &mut yb,
+                    )?,
+                    false => k.gemv::<bf16, f32>(s, &x, &w, m, n, kk, acc, &mut yf)?,
                 }
-                line.push_str(&format!("  m{m} {:>7.2} ({:.2}x)", t * 1e3, t / one));
+                Ok(())
+            })?;
+            if m == 1 {
+                one = t;
             }
-            rows.push(line);
+            line.push_str(&format!("  m{m} {:>7.2} ({:.2}x)", t * 1e3, t / one));
         }
+        rows.push(line);
     }
     rows.push(
         "INT4 w13+w2 at M rows (independent routes), graph-timed, us; (tokens per w2 block)"

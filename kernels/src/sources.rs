@@ -173,10 +173,6 @@ pub const MODULES: &[Module] = &[
         name: "gemv",
         source: include_str!("../cuda/gemv.cu"),
         kernels: &[
-            "gemv_tc_bf16",
-            "gemv_tc_f16",
-            "gemv_rmsnorm_tc_bf16",
-            "gemv_rmsnorm_tc_f16",
             "gemv_bf16_r2_m1",
             "gemv_bf16_r2_m2",
             "gemv_bf16_r2_m4",

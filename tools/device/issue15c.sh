@@ -8,8 +8,8 @@
 #       independent routes, each block shape) and `kbench --gemv` / `--int4` (the one-row
 #       figures), then prep (a3b-24l) and `bench --decode-rows 1,2,4,8` all resident.
 #   bash tools/device/issue15c.sh engine COMMIT
-#       engine tests (gpu_engine witness checks, batching), then `agent_load.py
-#       parallel` all resident (1/2/4/8) through serve.
+#       engine tests (gpu_engine witness checks, batching), `bench --decode-rows 1,2,4,8`, then
+#       `agent_load.py parallel` all resident (1/2/4/8) through serve.
 #   Other phases: issue15b.sh's (perf, glm, final, ncu) run unchanged on these binaries.
 # Results: $OUT/issue15c-PHASE.txt (the summary) and the logs beside it.
 set -u
@@ -45,12 +45,17 @@ case "$P" in
     grep -E "decode|prefill|rows" "$OUT/bench-rows.log" | tail -14 >> "$S"
     ;;
   engine)
-    test_bin gpu_engine 120
-    test_bin batching 170
+    test_bin gpu_engine 100
+    test_bin batching 150
     [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
-    LIMIT=none CLIENTS=1,2,4,8 BUDGET=200 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+    timeout 120 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --commit "$C" \
+      --prompt-tokens 512 --decode-tokens 64 --decode-prompt-tokens 1000 --decode-rows 1,2,4,8 \
+      --json "$OUT/bench-rows.json" > "$OUT/bench-rows.log" 2>&1
+    echo "bench rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "^decode [0-9] rows" "$OUT/bench-rows.log" >> "$S"
+    LIMIT=none CLIENTS=1,2,4,8 BUDGET=$((560-(SECONDS-T0))) bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
     cat /tmp/btr-parallel-none/summary.txt >> "$S"
-    cp /tmp/btr-parallel-none/*.json "$OUT/" 2>/dev/null
+    cp /tmp/btr-parallel-none/*.json /tmp/btr-parallel-none/*.md "$OUT/" 2>/dev/null
     ;;
   *) echo "unknown phase $P" >> "$S"; exit 2 ;;
 esac
