@@ -10,6 +10,8 @@
 #   bash tools/device/issue15c.sh engine COMMIT
 #       engine tests (gpu_engine witness checks, batching), `bench --decode-rows 1,2,4,8`, then
 #       `agent_load.py parallel` all resident (1/2/4/8) through serve.
+#   bash tools/device/issue15c.sh more COMMIT
+#       `agent_load.py parallel` at 6 GiB, then issue15b.sh's glm phase (glm-4.5-air-12l).
 #   Other phases: issue15b.sh's (perf, glm, final, ncu) run unchanged on these binaries.
 # Results: $OUT/issue15c-PHASE.txt (the summary) and the logs beside it.
 set -u
@@ -56,6 +58,15 @@ case "$P" in
     LIMIT=none CLIENTS=1,2,4,8 BUDGET=$((560-(SECONDS-T0))) bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
     cat /tmp/btr-parallel-none/summary.txt >> "$S"
     cp /tmp/btr-parallel-none/*.json /tmp/btr-parallel-none/*.md "$OUT/" 2>/dev/null
+    ;;
+  more)
+    # At 6 GiB: parallel clients (1/2/4/8); then glm-4.5-air-12l all resident through serve
+    # (issue15b.sh's glm phase: parallel clients and the agent loop).
+    [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    LIMIT=6GiB CLIENTS=1,2,4,8 BUDGET=200 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+    cat /tmp/btr-parallel-6GiB/summary.txt >> "$S"
+    bash tools/device/issue15b.sh glm "$C" > /dev/null 2>&1
+    cat "$OUT/issue15b-glm.txt" >> "$S"
     ;;
   *) echo "unknown phase $P" >> "$S"; exit 2 ;;
 esac
