@@ -2,11 +2,14 @@
 //! a3b (Qwen3-30B-A3B) shapes, plus prefill attention at the qcn heads (16 q,
 //! 2 kv, head_dim 256) and gpt-oss decode attention (sinks; full vs 128-token
 //! sliding layer at 32K). Times are CUDA-event medians after warm-up.
-//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--prefill] [--baseline-int4 OLD.cu]`
+//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--baseline-int4 OLD.cu]`
 //! (prints a table; exits with an error without a GPU). `--gemv` times only
-//! the BF16 decode GEMVs next to cuBLAS; `--int4` times only the INT4 decode
-//! GEMVs; `--mxfp4` times only the MXFP4 decode GEMVs (gpt-oss-20b shape);
-//! `--prefill` times only prefill attention (d128 and d256);
+//! the BF16 decode GEMVs next to cuBLAS; `--rows` times the kernels of a
+//! batched decode step at 1/2/4/8 rows (BF16 GEMVs; INT4 w13 + w2 with
+//! independent routes per row, for each w2 tokens-per-block choice);
+//! `--int4` times only the INT4 decode GEMVs; `--mxfp4` times only the
+//! MXFP4 decode GEMVs (gpt-oss-20b shape); `--prefill` times only prefill
+//! attention (d128 and d256);
 //! `--baseline-int4` also times the entry points of an older `int4.cu` with
 //! the pre-slot-mask signatures (w13: 128 threads, grid (I/16, pairs); w2:
 //! 32*top_k threads, grid (H/16, tokens)), for before/after numbers.
