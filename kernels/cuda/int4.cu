@@ -38,7 +38,8 @@
 // expert cache fills missing experts on demand).
 // int4_w2_combine_<NCLI>: decode down GEMV fused with the router-weighted
 // combine. Grid (H/16, tokens); one block covers 16 output rows of one token
-// for all top_k experts: warp items (j, K-part of 2*NCLI groups). act is f32,
+// for all top_k experts: warp items (j, K-part of 2*NCLI groups); the _mt
+// entry points take up to 4 tokens per block (w2_combine, MULTI). act is f32,
 // so the block first stages it in shared memory as bf16 hi + lo (hi =
 // bf16(a), lo = bf16(a - hi); 16 significant bits) in the permuted layout;
 // even B columns carry hi, odd carry lo, so C col 0 + col 1 = W2 row . act.
