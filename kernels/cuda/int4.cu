@@ -175,140 +175,6 @@ __device__ __forceinline__ float quad_sum(float v) {
 // at u32 offset c32*20 (16 used + 4 pad: the 4 tq of a warp hit distinct banks).
 #define XS_STRIDE 20
 
-// One warp's share of one pair's w13 tiles: gate/up x NCL scale groups x
-// rows g / g+8, with their scales.
-template <int NCL>
-struct W13Regs {
-    uint4 q[2][NCL][2];
-    f16_t sh[2][NCL][2];
-};
-
-// The geometry every w13 helper needs (GEN: see the header).
-struct W13Geo {
-    u32 warp, g, tq, ng, ns, nsg, nch, I, i0;
-    u64 rb, oq, os;
-};
-
-template <bool GEN>
-__device__ __forceinline__ W13Geo w13_geo(u32 H, u32 I, u64 oq, u64 os, u32 gl) {
-    W13Geo e;
-    e.warp = threadIdx.x >> 5;
-    const u32 lane = threadIdx.x & 31;
-    e.g = lane >> 2;
-    e.tq = lane & 3;
-    e.ng = GEN ? (H + 127) / 128 : H / 128;
-    e.ns = GEN ? 4u >> gl : 1u;
-    e.nsg = GEN ? H >> (5 + gl) : e.ng;
-    e.nch = H / 32;
-    e.I = I;
-    e.i0 = blockIdx.x * 16;
-    e.rb = H / 2;
-    e.oq = oq;
-    e.os = os;
-    return e;
-}
-
-// Issue every weight and scale load of this warp for the expert at `base`
-// (zeros for none), in the order they are consumed (group, then gate/up).
-template <int NCL, bool GEN>
-__device__ __forceinline__ void w13_load(W13Regs<NCL>& r, const unsigned char* base, const W13Geo& e) {
-    const unsigned char* wq = base + e.oq;
-    const f16_t* wsc = (const f16_t*)(base + e.os);
-#pragma unroll
-    for (int gg = 0; gg < NCL; ++gg)
-#pragma unroll
-        for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32 G = e.warp * NCL + gg;
-                const u64 row = (u64)tile * e.I + e.i0 + e.g + 8 * h;
-                const bool in = base != nullptr && G < e.ng;
-                if (in && (!GEN || G * 4 + e.tq < e.nch)) {
-                    r.q[tile][gg][h] = ld_stream16(wq + row * e.rb + G * 64 + e.tq * 16);
-                    if (!GEN) r.sh[tile][gg][h] = wsc[row * e.ng + G];
-                } else {
-                    r.q[tile][gg][h] = make_uint4(0, 0, 0, 0);
-                    if (!GEN) r.sh[tile][gg][h] = 0;
-                }
-                if (GEN) {  // the scale of the group this lane's C columns hold
-                    const u32 sg = G * e.ns + e.tq;
-                    r.sh[tile][gg][h] = (in && e.tq < e.ns && sg < e.nsg) ? wsc[row * e.nsg + sg] : (f16_t)0;
-                }
-            }
-}
-
-// This warp's split-K partials of one pair (x staged in xs) into part[w][:]:
-// gate rows 0..15, up rows 16..31.
-template <int NCL, bool GEN, class A>
-__device__ __forceinline__ void w13_mma(const W13Regs<NCL>& r, const u32* xs, const W13Geo& e, float (*part)[32]) {
-    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-#pragma unroll
-    for (int gg = 0; gg < NCL; ++gg) {
-        const u32 G = e.warp * NCL + gg;
-        if (G < e.ng) {  // warp-uniform
-            const uint4* xp = (const uint4*)&xs[(G * 4 + e.tq) * XS_STRIDE];
-            uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
-            if (GEN) mask_b(xv, G * 4 + e.tq < e.nch && ((e.tq * e.ns) >> 2) == ((e.g >> 1) & (e.ns - 1)));
-#pragma unroll
-            for (int tile = 0; tile < 2; ++tile) {
-                float c[4];
-                tile16<A>(r.q[tile][gg][0], r.q[tile][gg][1], xv, c);
-                acc[tile][0] += h2f(r.sh[tile][gg][0]) * c[0];
-                acc[tile][1] += h2f(r.sh[tile][gg][1]) * c[2];
-            }
-        }
-    }
-    if (GEN) {  // lanes tq < ns hold one group each, the others 0
-#pragma unroll
-        for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) acc[tile][h] = quad_sum(acc[tile][h]);
-    }
-    if (e.tq == 0) {
-        part[e.warp][e.g] = acc[0][0];
-        part[e.warp][e.g + 8] = acc[0][1];
-        part[e.warp][16 + e.g] = acc[1][0];
-        part[e.warp][24 + e.g] = acc[1][1];
-    }
-}
-
-// Row r (< 16) of one pair: the warps' partials summed in warp order, then
-// silu(gate) * up.
-__device__ __forceinline__ float w13_out(float (*part)[32], u32 nw, u32 r) {
-    float gs = 0.0f, us = 0.0f;
-    for (u32 w = 0; w < nw; ++w) {
-        gs += part[w][r];
-        us += part[w][16 + r];
-    }
-    return silu(gs) * us;
-}
-
-// Stage token t's x permuted into shared memory: loaded into xpre before
-// the weights (an L2 hit that would otherwise queue behind them), stored
-// after.
-template <int XPRE>
-__device__ __forceinline__ void w13_x_load(uint4* xpre, const unsigned short* x, u32 t, u32 H) {
-    const uint4* xrow = (const uint4*)(x + (u64)t * H);
-#pragma unroll
-    for (int r = 0; r < XPRE; ++r) {
-        const u32 c = threadIdx.x + r * blockDim.x;
-        if (c < H / 8) xpre[r] = xrow[c];
-    }
-}
-template <int XPRE>
-__device__ __forceinline__ void w13_x_store(const uint4* xpre, u32* xs, u32 H) {
-#pragma unroll
-    for (int r = 0; r < XPRE; ++r) {
-        const u32 c = threadIdx.x + r * blockDim.x;
-        if (c < H / 8) *(uint4*)&xs[(c >> 2) * XS_STRIDE + (c & 3) * 4] = perm8(xpre[r]);
-    }
-}
-
-__device__ __forceinline__ bool w13_active(u32 p, u32 k, u32 slot_mask) {
-    const u32 j = p % k;
-    return j < 32 && ((slot_mask >> j) & 1u) != 0;
-}
-
 // GEN = false: the g = 128 fast path (H a multiple of 128, one scale per
 // tile; the code the a3b decode was measured with). GEN = true: any group
 // gl = log2(g / 32) and a partial last tile, as described in the header.
@@ -333,23 +199,99 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
 #endif
     const u32 p = blockIdx.y;
     if (p >= n_pairs) return;
-    if (!w13_active(p, k, slot_mask)) return;  // block-uniform
-    const u32 t = p / k;
-    const W13Geo e = w13_geo<GEN>(H, I, oq, os, gl);
+    const u32 j = p % k, t = p / k;
+    if (j >= 32 || ((slot_mask >> j) & 1u) == 0) return;  // block-uniform
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 g = lane >> 2, tq = lane & 3;
+    const u32 nw = blockDim.x >> 5, ng = GEN ? (H + 127) / 128 : H / 128;
+    // GEN: ns scale groups per tile, nsg per row, H / 32 valid 32-chunks.
+    const u32 ns = GEN ? 4u >> gl : 1u, nsg = GEN ? H >> (5 + gl) : ng, nch = H / 32;
+    const u32 i0 = blockIdx.x * 16;
     const unsigned char* base = expert_base(table, n_table, ids[p]);
     if (base == nullptr) {
-        if (threadIdx.x < 16) act[(u64)p * I + e.i0 + threadIdx.x] = NAN_F;
+        if (threadIdx.x < 16) act[(u64)p * I + i0 + threadIdx.x] = NAN_F;
         return;
     }
+    const unsigned char* wq = base + oq;
+    const f16_t* wsc = (const f16_t*)(base + os);
+    const u64 rb = H / 2;
+    // x first (an L2 hit that would otherwise queue behind the weights).
+    const uint4* xrow = (const uint4*)(x + (u64)t * H);
     uint4 xpre[XPRE];
-    w13_x_load<XPRE>(xpre, x, t, H);
-    W13Regs<NCL> r;
-    w13_load<NCL, GEN>(r, base, e);
-    w13_x_store<XPRE>(xpre, xs, H);
+#pragma unroll
+    for (int r = 0; r < XPRE; ++r) {
+        const u32 c = threadIdx.x + r * blockDim.x;
+        if (c < H / 8) xpre[r] = xrow[c];
+    }
+    // Then every weight and scale load of this warp, in the order they are
+    // consumed below (group, then gate/up tile).
+    uint4 q[2][NCL][2];
+    f16_t sh[2][NCL][2];
+#pragma unroll
+    for (int gg = 0; gg < NCL; ++gg)
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 G = warp * NCL + gg;
+                const u64 row = (u64)tile * I + i0 + g + 8 * h;
+                if (G < ng && (!GEN || G * 4 + tq < nch)) {
+                    q[tile][gg][h] = ld_stream16(wq + row * rb + G * 64 + tq * 16);
+                    if (!GEN) sh[tile][gg][h] = wsc[row * ng + G];
+                } else {
+                    q[tile][gg][h] = make_uint4(0, 0, 0, 0);
+                    if (!GEN) sh[tile][gg][h] = 0;
+                }
+                if (GEN) {  // the scale of the group this lane's C columns hold
+                    const u32 sg = G * ns + tq;
+                    sh[tile][gg][h] = (G < ng && tq < ns && sg < nsg) ? wsc[row * nsg + sg] : (f16_t)0;
+                }
+            }
+    // Stage x permuted into shared memory (H/8 <= XPRE * blockDim chunks).
+#pragma unroll
+    for (int r = 0; r < XPRE; ++r) {
+        const u32 c = threadIdx.x + r * blockDim.x;
+        if (c < H / 8) *(uint4*)&xs[(c >> 2) * XS_STRIDE + (c & 3) * 4] = perm8(xpre[r]);
+    }
     __syncthreads();
-    w13_mma<NCL, GEN, A>(r, xs, e, part);
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int gg = 0; gg < NCL; ++gg) {
+        const u32 G = warp * NCL + gg;
+        if (G < ng) {  // warp-uniform
+            const uint4* xp = (const uint4*)&xs[(G * 4 + tq) * XS_STRIDE];
+            uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+            if (GEN) mask_b(xv, G * 4 + tq < nch && ((tq * ns) >> 2) == ((g >> 1) & (ns - 1)));
+#pragma unroll
+            for (int tile = 0; tile < 2; ++tile) {
+                float c[4];
+                tile16<A>(q[tile][gg][0], q[tile][gg][1], xv, c);
+                acc[tile][0] += h2f(sh[tile][gg][0]) * c[0];
+                acc[tile][1] += h2f(sh[tile][gg][1]) * c[2];
+            }
+        }
+    }
+    if (GEN) {  // lanes tq < ns hold one group each, the others 0
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) acc[tile][h] = quad_sum(acc[tile][h]);
+    }
+    if (tq == 0) {
+        part[warp][g] = acc[0][0];
+        part[warp][g + 8] = acc[0][1];
+        part[warp][16 + g] = acc[1][0];
+        part[warp][24 + g] = acc[1][1];
+    }
     __syncthreads();
-    if (threadIdx.x < 16) act[(u64)p * I + e.i0 + threadIdx.x] = w13_out(part, blockDim.x >> 5, threadIdx.x);
+    if (threadIdx.x < 16) {
+        float gs = 0.0f, us = 0.0f;
+        for (u32 w = 0; w < nw; ++w) {
+            gs += part[w][threadIdx.x];
+            us += part[w][16 + threadIdx.x];
+        }
+        act[(u64)p * I + i0 + threadIdx.x] = silu(gs) * us;
+    }
 }
 
 // The g = 128 fast path, one entry point per tiles-per-warp count

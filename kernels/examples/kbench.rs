@@ -19,7 +19,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys::CUevent_flags,
+    CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig, PushKernelArg,
+    sys::CUevent_flags,
 };
 use half::bf16;
 use krasis_kernels::{
@@ -583,34 +584,9 @@ fn bench_int4(
 ) -> anyhow::Result<Experts> {
     let (h, i, g, e, topk) = shape;
     let layout = Int4Layout::new(h, i, g).context("INT4 layout")?;
-    let stride = layout.used_bytes().div_ceil(4096) * 4096;
-    let mut host = vec![0u8; e * stride];
-    rng.fill(&mut host[..]);
-    // Sane scales (f16 0.01) so outputs stay finite.
-    for x in 0..e {
-        let b = &mut host[x * stride..];
-        for (off, n) in [(layout.w13_s, 2 * i * h / g), (layout.w2_s, h * i / g)] {
-            for j in 0..n {
-                b[off + 2 * j..off + 2 * j + 2]
-                    .copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-            }
-        }
-    }
-    let buf: CudaSlice<u8> = s.clone_htod(&host)?;
-    let base = buf.device_ptr(s).0;
-    let table: Vec<u64> = (0..e).map(|x| base + (x * stride) as u64).collect();
-    let table = s.clone_htod(&table)?;
+    let (buf, table) = random_int4_experts(s, rng, &layout, e)?;
     let n_sets = 64;
-    let mut ids = Vec::new();
-    for _ in 0..n_sets {
-        let mut all: Vec<u32> = (0..e as u32).collect();
-        for j in 0..topk {
-            let r = rng.random_range(j..e);
-            all.swap(j, r);
-        }
-        ids.extend_from_slice(&all[..topk]);
-    }
-    let ids = s.clone_htod(&ids)?;
+    let ids = s.clone_htod(&random_routes(rng, n_sets, e, topk))?;
     let w = s.clone_htod(&vec![0.125f32; topk])?;
     let x = s.clone_htod(&rand_bf16(rng, h))?;
     let mut act = s.alloc_zeros::<f32>(topk * i)?;
@@ -822,15 +798,7 @@ fn bench_gemv(
         )
     }
     .result()?;
-    let eps = 1e-6f32;
-    let kmax = 4096usize;
-    let x = s.clone_htod(&rand_bf16(rng, 8 * kmax))?;
-    let resid: Vec<f32> = (0..8 * kmax)
-        .map(|_| rng.random_range(-2.0f32..2.0))
-        .collect();
-    let res = s.clone_htod(&resid)?;
-    let gw = s.clone_htod(&rand_bf16(rng, kmax))?;
-    let mut normed = s.alloc_zeros::<bf16>(8 * kmax)?;
+    let mut gi = GemvInputs::new(s, rng)?;
     let gbs = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
     rows.push(
         "bf16 GEMV, graph-timed (back to back: on sm_90 each GEMV overlaps the previous one's tail \
@@ -852,48 +820,33 @@ fn bench_gemv(
         let mut yf = s.alloc_zeros::<f32>(m * n)?;
         let mut yb = s.alloc_zeros::<bf16>(m * n)?;
         let t_gemv = time_graph_ms(s, reps, |it| {
-            if out_f32 {
-                k.gemv::<bf16, f32>(s, &x, &wr.get(it), m, n, kk, acc, &mut yf)?;
-            } else {
-                k.gemv::<bf16, bf16>(s, &x, &wr.get(it), m, n, kk, false, &mut yb)?;
-            }
-            Ok(())
+            gi.launch(
+                k,
+                s,
+                &wr.get(it),
+                (m, n, kk),
+                false,
+                out_f32,
+                acc,
+                &mut yf,
+                &mut yb,
+            )
         })?;
         let t_norm = time_graph_ms(s, reps, |it| {
-            let w = wr.get(it);
-            if out_f32 {
-                k.gemv_rmsnorm::<bf16, f32>(
-                    s,
-                    &res,
-                    &gw,
-                    eps,
-                    &w,
-                    m,
-                    n,
-                    kk,
-                    acc,
-                    &mut normed,
-                    &mut yf,
-                )?;
-            } else {
-                k.gemv_rmsnorm::<bf16, bf16>(
-                    s,
-                    &res,
-                    &gw,
-                    eps,
-                    &w,
-                    m,
-                    n,
-                    kk,
-                    false,
-                    &mut normed,
-                    &mut yb,
-                )?;
-            }
-            Ok(())
+            gi.launch(
+                k,
+                s,
+                &wr.get(it),
+                (m, n, kk),
+                true,
+                out_f32,
+                acc,
+                &mut yf,
+                &mut yb,
+            )
         })?;
-        let xp = x.device_ptr(s).0;
-        let np = normed.device_ptr(s).0;
+        let xp = gi.x.device_ptr(s).0;
+        let np = gi.normed.device_ptr(s).0;
         let yp = if out_f32 {
             yf.device_ptr(s).0
         } else {
@@ -905,7 +858,7 @@ fn bench_gemv(
             cublas_gemm(&blas, m, n, kk, xp, wp, yp, out_f32, beta)
         })?;
         let t_blas_norm = time_graph_ms(s, reps, |it| {
-            k.rmsnorm::<f32>(s, &res, &gw, m, kk, eps, &mut normed)?;
+            k.rmsnorm::<f32>(s, &gi.res, &gi.gw, m, kk, gi.eps, &mut gi.normed)?;
             let wp = wr.get(it).device_ptr(s).0;
             cublas_gemm(&blas, m, n, kk, np, wp, yp, out_f32, beta)
         })?;
@@ -930,8 +883,16 @@ fn bench_gemv(
         .try_into()
         .map_err(|_| anyhow::anyhow!("qkv, o_proj and router weights"))?;
     let bytes = 2 * (wq.len + wo.len + wr.len);
+    let GemvInputs {
+        eps,
+        x,
+        res,
+        gw,
+        mut normed,
+    } = gi;
     let mut qkv = s.alloc_zeros::<bf16>(5120)?;
-    let mut resid = s.clone_htod(&resid[..2048])?;
+    let mut resid = s.alloc_zeros::<f32>(2048)?;
+    s.memcpy_dtod(&res.slice(..2048), &mut resid)?;
     let mut logits = s.alloc_zeros::<f32>(128)?;
     let reps = 32;
     let t_chain = time_graph_ms(s, reps, |it| {
@@ -1224,15 +1185,7 @@ fn bench_rows(
     rng: &mut StdRng,
     rows: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let eps = 1e-6f32;
-    let kmax = 4096usize;
-    let x = s.clone_htod(&rand_bf16(rng, 8 * kmax))?;
-    let resid: Vec<f32> = (0..8 * kmax)
-        .map(|_| rng.random_range(-2.0f32..2.0))
-        .collect();
-    let res = s.clone_htod(&resid)?;
-    let gw = s.clone_htod(&rand_bf16(rng, kmax))?;
-    let mut normed = s.alloc_zeros::<bf16>(8 * kmax)?;
+    let mut gi = GemvInputs::new(s, rng)?;
     rows.push("bf16 GEMV at M rows, graph-timed, us (x one row)".to_string());
     for (label, n, kk, norm, acc) in [
         ("qkv +norm", 5120usize, 2048usize, true, false),
@@ -1243,42 +1196,24 @@ fn bench_rows(
         let wr = Rotated::new(s, rng, n, kk)?;
         let mut one = 0.0;
         let mut line = format!("{label:<14} {n:>6}x{kk}:");
+        // The engine's outputs: qkv bf16, the others f32.
+        let out_f32 = n != 5120;
         for m in [1usize, 2, 4, 8] {
             let mut yf = s.alloc_zeros::<f32>(m * n)?;
             let mut yb = s.alloc_zeros::<bf16>(m * n)?;
             let reps = if n > 100_000 { 8 } else { 64 };
             let t = time_graph_ms(s, reps, |it| {
-                let w = wr.get(it);
-                match norm {
-                    true if n != 5120 => k.gemv_rmsnorm::<bf16, f32>(
-                        s,
-                        &res,
-                        &gw,
-                        eps,
-                        &w,
-                        m,
-                        n,
-                        kk,
-                        false,
-                        &mut normed,
-                        &mut yf,
-                    )?,
-                    true => k.gemv_rmsnorm::<bf16, bf16>(
-                        s,
-                        &res,
-                        &gw,
-                        eps,
-                        &w,
-                        m,
-                        n,
-                        kk,
-                        false,
-                        &mut normed,
-                        &mut yb,
-                    )?,
-                    false => k.gemv::<bf16, f32>(s, &x, &w, m, n, kk, acc, &mut yf)?,
-                }
-                Ok(())
+                gi.launch(
+                    k,
+                    s,
+                    &wr.get(it),
+                    (m, n, kk),
+                    norm,
+                    out_f32,
+                    acc,
+                    &mut yf,
+                    &mut yb,
+                )
             })?;
             if m == 1 {
                 one = t;
@@ -1296,34 +1231,9 @@ fn bench_rows(
         ("glm-air", 4096, 1408, 128, 8),
     ] {
         let layout = Int4Layout::new(h, i, 128).context("INT4 layout")?;
-        let stride = layout.used_bytes().div_ceil(4096) * 4096;
-        let mut host = vec![0u8; e * stride];
-        rng.fill(&mut host[..]);
-        for x in 0..e {
-            let b = &mut host[x * stride..];
-            for (off, n) in [(layout.w13_s, 2 * i * h / 128), (layout.w2_s, h * i / 128)] {
-                for j in 0..n {
-                    b[off + 2 * j..off + 2 * j + 2]
-                        .copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-                }
-            }
-        }
-        let buf: CudaSlice<u8> = s.clone_htod(&host)?;
-        drop(host);
-        let base = buf.device_ptr(s).0;
-        let table: Vec<u64> = (0..e).map(|x| base + (x * stride) as u64).collect();
-        let table = s.clone_htod(&table)?;
+        let (_buf, table) = random_int4_experts(s, rng, &layout, e)?;
         let n_sets = 64;
-        let mut ids = Vec::new();
-        for _ in 0..n_sets * 8 {
-            let mut all: Vec<u32> = (0..e as u32).collect();
-            for j in 0..topk {
-                let r = rng.random_range(j..e);
-                all.swap(j, r);
-            }
-            ids.extend_from_slice(&all[..topk]);
-        }
-        let ids = s.clone_htod(&ids)?;
+        let ids = s.clone_htod(&random_routes(rng, n_sets * 8, e, topk))?;
         let w = s.clone_htod(&vec![0.125f32; 8 * topk])?;
         let xb = s.clone_htod(&rand_bf16(rng, 8 * h))?;
         let mut act = s.alloc_zeros::<f32>(8 * topk * i)?;
@@ -1393,4 +1303,122 @@ fn bench_rows(
         }
     }
     Ok(())
+}
+
+/// `e` INT4 experts of `layout` with random nibbles and sane scales (f16
+/// 0.01, so outputs stay finite), 4 KiB apart, and their pointer table.
+fn random_int4_experts(
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    layout: &Int4Layout,
+    e: usize,
+) -> anyhow::Result<(CudaSlice<u8>, CudaSlice<u64>)> {
+    let (h, i, g) = (layout.hidden, layout.intermediate, layout.group);
+    let stride = layout.used_bytes().div_ceil(4096) * 4096;
+    let mut host = vec![0u8; e * stride];
+    rng.fill(&mut host[..]);
+    for x in 0..e {
+        let b = &mut host[x * stride..];
+        for (off, n) in [(layout.w13_s, 2 * i * h / g), (layout.w2_s, h * i / g)] {
+            for j in 0..n {
+                b[off + 2 * j..off + 2 * j + 2]
+                    .copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            }
+        }
+    }
+    let buf: CudaSlice<u8> = s.clone_htod(&host)?;
+    let base = buf.device_ptr(s).0;
+    let table: Vec<u64> = (0..e).map(|x| base + (x * stride) as u64).collect();
+    let table = s.clone_htod(&table)?;
+    Ok((buf, table))
+}
+
+/// `n` independent routes: `topk` distinct experts of `e` each.
+fn random_routes(rng: &mut StdRng, n: usize, e: usize, topk: usize) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let mut all: Vec<u32> = (0..e as u32).collect();
+        for j in 0..topk {
+            let r = rng.random_range(j..e);
+            all.swap(j, r);
+        }
+        ids.extend_from_slice(&all[..topk]);
+    }
+    ids
+}
+
+/// The inputs of the BF16 decode GEMVs (up to 8 rows of K <= 4096): x,
+/// a residual and norm weight for the RMSNorm-fused form, its `normed`.
+struct GemvInputs {
+    eps: f32,
+    x: CudaSlice<bf16>,
+    res: CudaSlice<f32>,
+    gw: CudaSlice<bf16>,
+    normed: CudaSlice<bf16>,
+}
+
+impl GemvInputs {
+    fn new(s: &Arc<CudaStream>, rng: &mut StdRng) -> anyhow::Result<Self> {
+        let kmax = 4096usize;
+        let x = s.clone_htod(&rand_bf16(rng, 8 * kmax))?;
+        let resid: Vec<f32> = (0..8 * kmax)
+            .map(|_| rng.random_range(-2.0f32..2.0))
+            .collect();
+        Ok(GemvInputs {
+            eps: 1e-6,
+            x,
+            res: s.clone_htod(&resid)?,
+            gw: s.clone_htod(&rand_bf16(rng, kmax))?,
+            normed: s.alloc_zeros::<bf16>(8 * kmax)?,
+        })
+    }
+
+    /// One GEMV as the engine launches it: the RMSNorm fused in or not, y
+    /// in f32 (`acc`: added to it) or bf16 (`yb`; never accumulated).
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &mut self,
+        k: &Kernels,
+        s: &Arc<CudaStream>,
+        w: &CudaView<bf16>,
+        (m, n, kk): (usize, usize, usize),
+        norm: bool,
+        out_f32: bool,
+        acc: bool,
+        yf: &mut CudaSlice<f32>,
+        yb: &mut CudaSlice<bf16>,
+    ) -> anyhow::Result<()> {
+        let (res, gw, eps) = (&self.res, &self.gw, self.eps);
+        match (norm, out_f32) {
+            (false, true) => k.gemv::<bf16, f32>(s, &self.x, w, m, n, kk, acc, yf)?,
+            (false, false) => k.gemv::<bf16, bf16>(s, &self.x, w, m, n, kk, false, yb)?,
+            (true, true) => k.gemv_rmsnorm::<bf16, f32>(
+                s,
+                res,
+                gw,
+                eps,
+                w,
+                m,
+                n,
+                kk,
+                acc,
+                &mut self.normed,
+                yf,
+            )?,
+            (true, false) => k.gemv_rmsnorm::<bf16, bf16>(
+                s,
+                res,
+                gw,
+                eps,
+                w,
+                m,
+                n,
+                kk,
+                false,
+                &mut self.normed,
+                yb,
+            )?,
+        }
+        Ok(())
+    }
 }

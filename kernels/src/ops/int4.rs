@@ -168,19 +168,15 @@ impl Kernels {
     ) -> Result<()> {
         let per_token = layout.check_w2("int4_w2_combine_1", top_k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
-        let (single, gpw, max_warps, general) = w2_entry(i, layout.group);
-        let items = top_k * i.div_ceil(128).div_ceil(gpw);
+        let (single, _, max_warps, general) = w2_entry(i, layout.group);
+        let items = w2_items(i, layout.group, top_k);
         let multi = w2_multi_entry(i, layout.group);
         let k = if tpb > 1 {
             multi.unwrap_or(single)
         } else {
             single
         };
-        let smem = if tpb > 1 {
-            tpb * (per_token + items * 16 * 4)
-        } else {
-            per_token
-        };
+        let smem = w2_block_smem(per_token, items, tpb);
         ensure(
             k,
             tpb >= 1 && (tpb == 1 || (multi.is_some() && smem <= W2_MAX_DYN_SMEM)),
@@ -431,13 +427,29 @@ pub fn w2_tokens_per_block(layout: &Int4Layout, n_tokens: usize, top_k: usize) -
     let Ok(per_token) = layout.check_w2("int4_w2_combine", top_k) else {
         return 1;
     };
-    let (_, gpw, _, _) = w2_entry(i, layout.group);
-    let items = top_k * i.div_ceil(128).div_ceil(gpw);
+    let items = w2_items(i, layout.group, top_k);
     let mut t = n_tokens.min(4);
-    while t > 1 && t * (per_token + items * 64) > W2_MAX_DYN_SMEM {
+    while t > 1 && w2_block_smem(per_token, items, t) > W2_MAX_DYN_SMEM {
         t -= 1;
     }
     t
+}
+
+/// Work items (expert, K-part) of one token in a w2 block.
+fn w2_items(i: usize, g: usize, top_k: usize) -> usize {
+    let (_, gpw, _, _) = w2_entry(i, g);
+    top_k * i.div_ceil(128).div_ceil(gpw)
+}
+
+/// Dynamic shared memory of a w2 block of `tpb` tokens: each token's
+/// staged act (`per_token`) and, with several tokens, their partials
+/// (16 f32 rows per work item; one token keeps them in static memory).
+fn w2_block_smem(per_token: usize, items: usize, tpb: usize) -> usize {
+    if tpb > 1 {
+        tpb * (per_token + items * 16 * 4)
+    } else {
+        per_token
+    }
 }
 
 #[cfg(test)]
