@@ -2,14 +2,17 @@
 //! a3b (Qwen3-30B-A3B) shapes, plus prefill attention at the qcn heads (16 q,
 //! 2 kv, head_dim 256) and gpt-oss decode attention (sinks; full vs 128-token
 //! sliding layer at 32K). Times are CUDA-event medians after warm-up.
-//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--baseline-int4 OLD.cu]`
+//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--grouped] [--baseline-int4 OLD.cu]`
 //! (prints a table; exits with an error without a GPU). `--gemv` times only
 //! the BF16 decode GEMVs next to cuBLAS; `--rows` times the kernels of a
 //! batched decode step at 1/2/4/8 rows (BF16 GEMVs; INT4 w13 + w2 with
 //! independent routes per row, for each w2 tokens-per-block choice);
 //! `--int4` times only the INT4 decode GEMVs; `--mxfp4` times only the
 //! MXFP4 decode GEMVs (gpt-oss-20b shape); `--prefill` times only prefill
-//! attention (d128 and d256);
+//! attention (d128 and d256); `--grouped` times a prefill chunk's routed
+//! experts (gate/up + SwiGLU + down of every (token, expert) pair, rows
+//! grouped by expert) with the grouped INT4 GEMMs next to the dequantize +
+//! per-expert cuBLAS path they replace, at 512 to 8,192 tokens;
 //! `--baseline-int4` also times the entry points of an older `int4.cu` with
 //! the pre-slot-mask signatures (w13: 128 threads, grid (I/16, pairs); w2:
 //! 32*top_k threads, grid (H/16, tokens)), for before/after numbers.
@@ -97,6 +100,7 @@ struct Args {
     rows_only: bool,
     /// Only prefill attention (a3b d128 and qcn d256).
     prefill_only: bool,
+    grouped_only: bool,
     /// A `.cu` file with an earlier INT4 module, timed beside the current one.
     baseline: Option<String>,
 }
@@ -108,6 +112,7 @@ fn main() -> anyhow::Result<()> {
         gemv_only: false,
         rows_only: false,
         prefill_only: false,
+        grouped_only: false,
         baseline: None,
     };
     let mut it = std::env::args().skip(1);
@@ -118,10 +123,11 @@ fn main() -> anyhow::Result<()> {
             "--gemv" => args.gemv_only = true,
             "--rows" => args.rows_only = true,
             "--prefill" => args.prefill_only = true,
+            "--grouped" => args.grouped_only = true,
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --baseline-int4 FILE)"
+                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --grouped, --baseline-int4 FILE)"
                 )
             }
         }
@@ -166,6 +172,14 @@ fn main() -> anyhow::Result<()> {
     if args.mxfp4_only {
         bench_mxfp4(&k, &s, &mut rng, &mut rows)?;
         println!("\n==== kbench (mxfp4) ====");
+        for r in rows {
+            println!("{r}");
+        }
+        return Ok(());
+    }
+    if args.grouped_only {
+        bench_grouped(&k, &s, &mut rng, &mut rows)?;
+        println!("\n==== kbench (grouped prefill experts) ====");
         for r in rows {
             println!("{r}");
         }
@@ -1421,4 +1435,101 @@ impl GemvInputs {
         }
         Ok(())
     }
+}
+
+/// A prefill chunk's routed experts, rows already grouped by expert (random
+/// top-k routes of `t` tokens): the grouped INT4 GEMMs (w13 + SwiGLU, w2)
+/// against the path they replace (dequantize the experts to bf16 in
+/// batches of the runtime's 256 MiB budget, one cuBLAS GEMM per expert and
+/// projection, the SwiGLU kernel between), for a3b (H 2048, I 768, top-8
+/// of 128) and GLM-4.5-Air (H 4096, I 1408, top-8 of 128). CUDA-event
+/// medians; TFLOP/s counts 2 * pairs * 3 * H * I.
+fn bench_grouped(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    rows: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let blas = CudaBlas::new(s.clone())?;
+    for (label, h, i, e, topk) in [
+        ("a3b", 2048usize, 768usize, 128usize, 8usize),
+        ("glm", 4096, 1408, 128, 8),
+    ] {
+        let layout = Int4Layout::new(h, i, 128).context("INT4 layout")?;
+        let (_buf, table) = random_int4_experts(s, rng, &layout, e)?;
+        let batch = ((256usize << 20) / (3 * h * i * 2)).clamp(1, e);
+        let mut w13 = s.alloc_zeros::<bf16>(batch * 2 * i * h)?;
+        let mut w2 = s.alloc_zeros::<bf16>(batch * h * i)?;
+        let iota = s.clone_htod(&(0..e as u32).collect::<Vec<_>>())?;
+        for t in [512usize, 1024, 2048, 8192] {
+            let pairs = t * topk;
+            let ids = random_routes(rng, t, e, topk);
+            let (_, offsets, _, _) = krasis_kernels::reference::moe_group(&ids, e);
+            let tiles = krasis_kernels::int4_grouped_tiles(&offsets);
+            let d_off = s.clone_htod(&offsets)?;
+            let xg = s.clone_htod(&rand_bf16(rng, pairs * h))?;
+            let mut hact = s.alloc_zeros::<bf16>(pairs * i)?;
+            let h13 = s.alloc_zeros::<bf16>(pairs * 2 * i)?;
+            let mut y = s.alloc_zeros::<f32>(pairs * h)?;
+            let fused = time_ms(s, 3, |_| {
+                k.int4_grouped_w13_swiglu(
+                    s, &xg, pairs, &d_off, e, tiles, &table, &layout, &mut hact,
+                )?;
+                Ok(k.int4_grouped_w2(s, &hact, pairs, &d_off, e, tiles, &table, &layout, &mut y)?)
+            })?;
+            let old = time_ms(s, 1, |_| {
+                for b0 in (0..e).step_by(batch) {
+                    let b1 = (b0 + batch).min(e);
+                    k.int4_dequant(
+                        s,
+                        &table,
+                        &iota.slice(b0..b1),
+                        b1 - b0,
+                        &layout,
+                        &mut w13,
+                        &mut w2,
+                    )?;
+                    let p = |v: &CudaSlice<bf16>, off: usize| v.device_ptr(s).0 + 2 * off as u64;
+                    for x in b0..b1 {
+                        let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
+                        if b > a {
+                            let (xp, wp, yp) = (
+                                p(&xg, a * h),
+                                p(&w13, (x - b0) * 2 * i * h),
+                                p(&h13, a * 2 * i),
+                            );
+                            cublas_gemm(&blas, b - a, 2 * i, h, xp, wp, yp, false, 0.0)?;
+                        }
+                    }
+                    let (r0, r1) = (offsets[b0] as usize, offsets[b1] as usize);
+                    k.swiglu(
+                        s,
+                        &h13.slice(r0 * 2 * i..),
+                        r1 - r0,
+                        i,
+                        &mut hact.slice_mut(r0 * i..),
+                    )?;
+                    for x in b0..b1 {
+                        let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
+                        if b > a {
+                            let yp = y.device_ptr(s).0 + 4 * (a * h) as u64;
+                            let (xp, wp) = (p(&hact, a * i), p(&w2, (x - b0) * h * i));
+                            cublas_gemm(&blas, b - a, h, i, xp, wp, yp, true, 0.0)?;
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+            let flops = 2.0 * pairs as f64 * 3.0 * (h * i) as f64;
+            rows.push(format!(
+                "{label} experts T={t:<5} pairs {pairs:<6} grouped INT4 {:>9.1} us {:>6.1} TFLOP/s | dequant+cuBLAS {:>9.1} us {:>6.1} TFLOP/s | {:.2}x",
+                fused * 1e3,
+                flops / fused / 1e9,
+                old * 1e3,
+                flops / old / 1e9,
+                old / fused
+            ));
+        }
+    }
+    Ok(())
 }

@@ -41,8 +41,8 @@ pub use launch::{Act16, Elem};
 pub use ops::attention::{DECODE_MAX_SPLITS, decode_workspace_len};
 pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvOut};
 pub use ops::int4::{
-    INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPS, Int4Layout,
-    w2_tokens_per_block,
+    INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPED_ROWS,
+    INT4_GROUPS, Int4Layout, int4_grouped_supports, int4_grouped_tiles, w2_tokens_per_block,
 };
 pub use ops::kv_blocks::{BlockCopy, KvBlockGeom};
 pub use ops::moe::{ROUTER_MAX_EXPERTS, ROUTER_MAX_TOPK};

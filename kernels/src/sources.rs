@@ -121,7 +121,13 @@ pub const MODULES: &[Module] = &[
     },
     Module {
         name: "int4",
-        source: include_str!("../cuda/int4.cu"),
+        // The grouped prefill GEMMs use int4.cu's helpers, so they compile
+        // in the same unit, after it.
+        source: concat!(
+            include_str!("../cuda/int4.cu"),
+            "\n#line 1 \"int4_gemm.cu\"\n",
+            include_str!("../cuda/int4_gemm.cu")
+        ),
         kernels: &[
             "int4_w13_swiglu_1",
             "int4_w13_swiglu_2",
@@ -152,6 +158,10 @@ pub const MODULES: &[Module] = &[
             "int4_dequant_f16",
             "int4_w2_combine_1_mt",
             "int4_w2_combine_g1_mt",
+            "int4_grouped_w13_swiglu_bf16",
+            "int4_grouped_w13_swiglu_f16",
+            "int4_grouped_w2_bf16",
+            "int4_grouped_w2_f16",
         ],
     },
     Module {

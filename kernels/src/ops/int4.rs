@@ -27,7 +27,10 @@ use crate::launch::{
 };
 use crate::{Kernels, Result};
 
+mod grouped;
 mod layout;
+
+pub use grouped::{INT4_GROUPED_ROWS, int4_grouped_supports, int4_grouped_tiles};
 
 use layout::W2_MAX_DYN_SMEM;
 pub use layout::{

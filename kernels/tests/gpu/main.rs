@@ -9,6 +9,7 @@ mod fp16;
 mod fp16_mlp;
 mod gemv;
 mod int4;
+mod int4_grouped;
 mod kv_blocks;
 mod moe;
 mod mxfp4;

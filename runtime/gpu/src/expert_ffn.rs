@@ -129,6 +129,73 @@ impl ExpertFfn {
         }
     }
 
+    /// Both grouped GEMMs of a chunk's rows in one launch each, reading the
+    /// expert blocks in place (`cuda/int4_gemm.cu`): `gs.xg` (grouped by
+    /// `gs.offsets`, `tiles` token tiles) -> SwiGLU rows `gs.hact` -> down
+    /// rows `gs.y`. Returns false, launching nothing, for a format those
+    /// kernels do not implement (MXFP4, INT4 groups below 128), which then
+    /// runs [`Self::dequant`] and per-expert GEMMs. The choice is the
+    /// format's, never the chunk's, so every chunk of every prompt computes
+    /// a row the same way.
+    pub(crate) fn grouped_gemms(
+        &self,
+        cx: &Ctx<'_>,
+        table: &impl DevicePtr<u64>,
+        gs: &mut GroupedScratch,
+        rows: usize,
+        tiles: usize,
+    ) -> Result<bool> {
+        let ExpertFfn::Int4Swiglu(l) = self else {
+            return Ok(false);
+        };
+        if !krasis_kernels::int4_grouped_supports(l) {
+            return Ok(false);
+        }
+        let (s, kn, e) = (&cx.gpu.stream, cx.kn, cx.g.num_experts);
+        match cx.g.mlp.activations {
+            ActFormat::Bf16 => {
+                kn.int4_grouped_w13_swiglu(
+                    s,
+                    &gs.xg,
+                    rows,
+                    &gs.offsets,
+                    e,
+                    tiles,
+                    table,
+                    l,
+                    &mut gs.hact,
+                )?;
+                kn.int4_grouped_w2(
+                    s,
+                    &gs.hact,
+                    rows,
+                    &gs.offsets,
+                    e,
+                    tiles,
+                    table,
+                    l,
+                    &mut gs.y,
+                )?;
+            }
+            ActFormat::F16 => {
+                let mut hact = view_mut::<f16>(&mut gs.hact);
+                kn.int4_grouped_w13_swiglu(
+                    s,
+                    &view::<f16>(&gs.xg),
+                    rows,
+                    &gs.offsets,
+                    e,
+                    tiles,
+                    table,
+                    l,
+                    &mut hact,
+                )?;
+                kn.int4_grouped_w2(s, &hact, rows, &gs.offsets, e, tiles, table, l, &mut gs.y)?;
+            }
+        }
+        Ok(true)
+    }
+
     /// Dequantizes experts `b0..b1` of the layer (`table[b0..b1]`) to the
     /// MLP block's format, `gs.w13` `[n, 2I, H]` and `gs.w2` `[n, H, I]`,
     /// for the grouped prefill GEMMs, and their biases to `gs.bias` (f32

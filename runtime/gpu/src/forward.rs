@@ -36,10 +36,11 @@
 //! The MLP block's are in `MlpSpec::activations`: BF16, or FP16 (glm4_moe:
 //! its MLP outputs are large against the residual), where the
 //! post-attention RMSNorm's output (the router's and every MLP's input),
-//! the router, dense and shared-expert weights, the dequantized routed
-//! experts, the gate/up outputs and the SwiGLU product are FP16 (`mlp.rs`,
-//! `moe.rs`, `expert_ffn.rs`); decode's INT4 GEMVs keep the experts'
-//! gate/up and SwiGLU product in f32 either way.
+//! the router, dense and shared-expert weights, the grouped experts' input
+//! rows and SwiGLU product (and, on the dequantizing path, the dequantized
+//! experts and gate/up outputs) are FP16 (`mlp.rs`, `moe.rs`,
+//! `expert_ffn.rs`); decode's INT4 GEMVs keep the experts' gate/up and
+//! SwiGLU product in f32 either way.
 
 use crate::blas::{Gemm, InType, OutType, gemm};
 use crate::device::Gpu;

@@ -11,13 +11,15 @@
 //!   is what the decode CUDA graph captures.
 //! - Grouped path (prefill of longer prompts, every chunk of them whatever
 //!   its length, so each row is computed as in any other chunking):
-//!   (token, expert) pairs are grouped by expert on
-//!   the GPU, the layer's experts are dequantized to the MLP block's format
-//!   (BF16, or FP16: `MlpSpec::activations`, as the router's input and the
-//!   gathered rows are), and each expert with tokens runs two cuBLAS GEMMs
-//!   over its rows (an expert's biases are added to its own rows, before
-//!   the combine). The per-expert row counts are read back once per layer
-//!   (one small sync) to size the GEMMs.
+//!   (token, expert) pairs are grouped by expert on the GPU and the rows
+//!   gathered in the MLP block's format (BF16, or FP16:
+//!   `MlpSpec::activations`). INT4 experts with group 128 then run two
+//!   grouped GEMMs, all experts in one launch each, reading the expert
+//!   blocks in place (`cuda/int4_gemm.cu`). Other formats dequantize the
+//!   layer's experts to 16-bit a batch at a time and run two cuBLAS GEMMs
+//!   per expert with rows (an expert's biases are added to its own rows,
+//!   before the combine). The per-expert row offsets are read back once
+//!   per layer (one small sync) to size the launches.
 
 use crate::act::{in_type, out16, view_mut};
 use crate::blas::OutType;
@@ -211,7 +213,7 @@ fn experts_gemv(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> R
 fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {
     let (table, ffn) = table_parts(cx, moe_index)?;
     let (s, kn, g) = (&cx.gpu.stream, cx.kn, cx.g);
-    let (e, k, h, i) = (g.num_experts, g.top_k, g.hidden, g.expert_intermediate);
+    let (e, k, h) = (g.num_experts, g.top_k, g.hidden);
     let pairs = t * k;
     let gs = sc
         .grouped
@@ -229,10 +231,6 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
     )?;
     // The gather copies 16-bit patterns: the MLP block's format either way.
     kn.gather_rows(s, &sc.normed, t, h, &gs.row_pair, k, pairs, &mut gs.xg)?;
-    let (input, gate_up_out) = match g.mlp.activations {
-        ActFormat::Bf16 => (in_type::<bf16>(), out16::<bf16>()),
-        ActFormat::F16 => (in_type::<f16>(), out16::<f16>()),
-    };
     let mut offsets = vec![0u32; e + 1];
     s.memcpy_dtoh(&gs.offsets, &mut offsets)
         .map_err(GpuError::driver("reading expert row offsets"))?;
@@ -243,6 +241,37 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
             offsets[e]
         )));
     }
+    let tiles = krasis_kernels::int4_grouped_tiles(&offsets);
+    if !ffn.grouped_gemms(cx, &table, gs, pairs, tiles)? {
+        dequant_gemms(cx, &table, ffn, gs, &offsets)?;
+    }
+    kn.moe_combine::<f32>(
+        s,
+        &mut sc.residual,
+        &gs.y,
+        &gs.pair_row,
+        &sc.topk_w,
+        t,
+        k,
+        h,
+    )?;
+    Ok(())
+}
+
+/// The grouped path of an expert format without grouped kernels: experts
+/// dequantized to 16-bit a batch at a time, then per-expert cuBLAS GEMMs.
+fn dequant_gemms(
+    cx: &Ctx<'_>,
+    table: &cudarc::driver::CudaView<'_, u64>,
+    ffn: &ExpertFfn,
+    gs: &mut crate::scratch::GroupedScratch,
+    offsets: &[u32],
+) -> Result<()> {
+    let (e, h, i) = (cx.g.num_experts, cx.g.hidden, cx.g.expert_intermediate);
+    let (input, gate_up_out) = match cx.g.mlp.activations {
+        ActFormat::Bf16 => (in_type::<bf16>(), out16::<bf16>()),
+        ActFormat::F16 => (in_type::<f16>(), out16::<f16>()),
+    };
     // Experts are dequantized `batch` at a time so the 16-bit workspace stays
     // bounded (a whole 512-expert layer would be 3.2 GB); each batch's
     // GEMMs finish on the stream before the next batch overwrites it.
@@ -252,7 +281,7 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
         if offsets[b1] == offsets[b0] {
             continue;
         }
-        ffn.dequant(cx, &table, (b0, b1), gs)?;
+        ffn.dequant(cx, table, (b0, b1), gs)?;
         for x in b0..b1 {
             let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
             if b <= a {
@@ -271,7 +300,7 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
                 "expert gate/up",
             )?;
         }
-        ffn.activate(cx, gs, &offsets, (b0, b1))?;
+        ffn.activate(cx, gs, offsets, (b0, b1))?;
         for x in b0..b1 {
             let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
             if b <= a {
@@ -290,18 +319,8 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
                 "expert down",
             )?;
         }
-        ffn.down_bias(cx, gs, &offsets, (b0, b1))?;
+        ffn.down_bias(cx, gs, offsets, (b0, b1))?;
     }
-    kn.moe_combine::<f32>(
-        s,
-        &mut sc.residual,
-        &gs.y,
-        &gs.pair_row,
-        &sc.topk_w,
-        t,
-        k,
-        h,
-    )?;
     Ok(())
 }
 

@@ -89,10 +89,11 @@ impl Default for CudaEngineOptions {
 /// The prefill of a prompt of at most this many tokens runs its routed
 /// experts through the expert GEMV kernels (no host sync, no
 /// dequantization); a longer prompt's chunks (all of them, also a short
-/// last one, so a row is computed the same in every chunking) dequantize
-/// the experts to BF16 and multiply them with cuBLASLt over the tokens
-/// routed to each. The GEMV reads every selected expert once per token, so
-/// it wins only while `tokens * top_k` is small against the expert count.
+/// last one, so a row is computed the same in every chunking) group their
+/// rows by expert and run the grouped expert path (`moe.rs`: the grouped
+/// INT4 GEMMs, or dequantization + cuBLASLt for other formats). The GEMV
+/// reads every selected expert once per token, so it wins only while
+/// `tokens * top_k` is small against the expert count.
 pub const GEMV_MAX_TOKENS: usize = 8;
 
 /// Most sequences one decode step can run together: the decode kernels

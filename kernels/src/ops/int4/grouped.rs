@@ -1,0 +1,199 @@
+//! Grouped INT4 expert GEMMs for prefill (`cuda/int4_gemm.cu`): all experts
+//! of a MoE layer in one launch per projection, reading the expert cache's
+//! INT4 blocks (group 128) through the pointer table, dequantizing in
+//! registers and multiplying on tensor cores.
+//!
+//! Rows are grouped by expert beforehand (`moe_group` + `gather_rows`):
+//! expert `e`'s rows are `offsets[e]..offsets[e + 1]`. The kernels cover
+//! them in tiles of [`INT4_GROUPED_ROWS`] rows of one expert; the host
+//! passes the tile count ([`int4_grouped_tiles`] of the offsets it reads
+//! back) and each block finds its expert on the device.
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+
+use super::Int4Layout;
+use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
+use crate::{Kernels, Result};
+
+/// Rows of one expert a block of the grouped kernels covers.
+pub const INT4_GROUPED_ROWS: usize = 64;
+/// Threads per block (8 warps).
+const THREADS: u32 = 256;
+
+/// The token tiles of a grouping whose per-expert row offsets are
+/// `offsets` (`[E + 1]`, non-decreasing): `sum_e ceil(rows_e / 64)`.
+pub fn int4_grouped_tiles(offsets: &[u32]) -> usize {
+    offsets
+        .windows(2)
+        .map(|w| (w[1].saturating_sub(w[0]) as usize).div_ceil(INT4_GROUPED_ROWS))
+        .sum()
+}
+
+/// Whether the grouped kernels implement this layout: group 128 (one
+/// scale per 128-wide K step). Other groups run the dequantize + GEMM path.
+pub fn int4_grouped_supports(layout: &Int4Layout) -> bool {
+    layout.group == 128
+        && layout.hidden.is_multiple_of(128)
+        && layout.intermediate.is_multiple_of(128)
+}
+
+impl Kernels {
+    /// Grouped gate/up GEMM with SwiGLU: for every expert `e` and grouped row
+    /// `r` in `offsets[e]..offsets[e + 1]`,
+    /// `hact[r, i] = A(silu(W13_e[i] · x[r]) * (W13_e[I + i] · x[r]))`, the
+    /// dot products in f32 (exact `q - 8` times `x` on tensor cores, each
+    /// 128-wide scale group summed, scaled and added in K order) and rounded
+    /// once to `A`. A row's result depends only on its own `x` and expert.
+    ///
+    /// - `x`: `A` `[rows, H]` (grouped, normalized rows); `hact`: `A` `[rows, I]`.
+    /// - `offsets`: u32 `[n_experts + 1]`, `offsets[n_experts] == rows`;
+    ///   `tiles` = [`int4_grouped_tiles`] of those offsets.
+    /// - `table`: u64 `[n_table]`, expert `e` at `table[e]`; a missing or
+    ///   misaligned entry makes its rows NaN.
+    #[allow(clippy::too_many_arguments)]
+    pub fn int4_grouped_w13_swiglu<A: Act16>(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<A>,
+        rows: usize,
+        offsets: &impl DevicePtr<u32>,
+        n_experts: usize,
+        tiles: usize,
+        table: &impl DevicePtr<u64>,
+        layout: &Int4Layout,
+        hact: &mut impl DevicePtrMut<A>,
+    ) -> Result<()> {
+        let k = by_act::<A>(
+            "int4_grouped_w13_swiglu_bf16",
+            "int4_grouped_w13_swiglu_f16",
+        );
+        let (h, i) = (layout.hidden, layout.intermediate);
+        check_len(k, "hact", hact.len(), rows * i)?;
+        let (hp, _g) = hact.device_ptr_mut(stream);
+        self.grouped(
+            k,
+            stream,
+            (x, rows, h),
+            (offsets, n_experts, tiles),
+            table,
+            layout,
+            (i / 64, i, hp, layout.w13_q, layout.w13_s),
+        )
+    }
+
+    /// Grouped down GEMM: for every expert `e` and grouped row `r` of it,
+    /// `y[r, n] = W2_e[n] · x[r]` in f32, as [`Kernels::int4_grouped_w13_swiglu`]
+    /// computes its dot products.
+    ///
+    /// - `x`: `A` `[rows, I]` (the SwiGLU rows); `y`: f32 `[rows, H]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn int4_grouped_w2<A: Act16>(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<A>,
+        rows: usize,
+        offsets: &impl DevicePtr<u32>,
+        n_experts: usize,
+        tiles: usize,
+        table: &impl DevicePtr<u64>,
+        layout: &Int4Layout,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let k = by_act::<A>("int4_grouped_w2_bf16", "int4_grouped_w2_f16");
+        let (h, i) = (layout.hidden, layout.intermediate);
+        check_len(k, "y", y.len(), rows * h)?;
+        let (yp, _g) = y.device_ptr_mut(stream);
+        self.grouped(
+            k,
+            stream,
+            (x, rows, i),
+            (offsets, n_experts, tiles),
+            table,
+            layout,
+            (h / 128, h, yp, layout.w2_q, layout.w2_s),
+        )
+    }
+
+    /// Launches grouped kernel `k` over `x` `[rows, kdim]`: `out` = (blocks
+    /// along the output features, output width, output address, the
+    /// projection's weight and scale offsets in an expert block).
+    #[allow(clippy::too_many_arguments)]
+    fn grouped<A: Act16>(
+        &self,
+        k: &'static str,
+        stream: &CudaStream,
+        (x, rows, kdim): (&impl DevicePtr<A>, usize, usize),
+        (offsets, n_experts, tiles): (&impl DevicePtr<u32>, usize, usize),
+        table: &impl DevicePtr<u64>,
+        layout: &Int4Layout,
+        (blocks_x, n_out, out, oq, os): (usize, usize, u64, usize, usize),
+    ) -> Result<()> {
+        layout.validate(k)?;
+        ensure(k, int4_grouped_supports(layout), || {
+            format!(
+                "group {} with hidden {} and intermediate {}: the grouped kernels need group 128",
+                layout.group, layout.hidden, layout.intermediate
+            )
+        })?;
+        check_len(k, "x", x.len(), rows * kdim)?;
+        check_len(k, "offsets", offsets.len(), n_experts + 1)?;
+        ensure(k, n_experts > 0, || "no experts".to_string())?;
+        // Every row lies in some tile, each tile holds at most 64 rows and
+        // at most one tile per expert is partial.
+        ensure(
+            k,
+            tiles >= rows.div_ceil(INT4_GROUPED_ROWS)
+                && tiles <= rows / INT4_GROUPED_ROWS + n_experts,
+            || format!("{tiles} tiles cannot cover {rows} rows of {n_experts} experts"),
+        )?;
+        if tiles == 0 {
+            return Ok(());
+        }
+        let n_table = dim_u32(k, "n_table", table.len())?;
+        let grid_y = dim_u32(k, "tiles", tiles)?;
+        ensure(k, grid_y <= 65535, || {
+            format!("{tiles} token tiles exceed 65535 per launch")
+        })?;
+        let (ne, kk, ii, nn) = (
+            dim_u32(k, "n_experts", n_experts)?,
+            dim_u32(k, "K", kdim)?,
+            dim_u32(k, "I", layout.intermediate)?,
+            dim_u32(k, "N", n_out)?,
+        );
+        let (oq, os) = (oq as u64, os as u64);
+        let (xp, _g1) = x.device_ptr(stream);
+        let (op, _g2) = offsets.device_ptr(stream);
+        let (tp, _g3) = table.device_ptr(stream);
+        let f = self.func(k)?;
+        let mut b = builder(stream, f);
+        b.arg(&xp).arg(&op).arg(&ne).arg(&tp).arg(&n_table);
+        b.arg(&kk).arg(&ii).arg(&nn).arg(&oq).arg(&os).arg(&out);
+        let bx = dim_u32(k, "feature blocks", blocks_x)?;
+        submit(k, b, cfg((bx, grid_y, 1), THREADS, 0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_count_each_experts_rows_in_64s() {
+        assert_eq!(int4_grouped_tiles(&[0, 0, 0]), 0);
+        assert_eq!(int4_grouped_tiles(&[0, 1, 65, 65, 193]), 1 + 1 + 2);
+        assert_eq!(int4_grouped_tiles(&[0, 64, 128]), 2);
+    }
+
+    #[test]
+    fn only_group_128_is_grouped() {
+        assert!(int4_grouped_supports(
+            &Int4Layout::new(2048, 768, 128).unwrap()
+        ));
+        assert!(!int4_grouped_supports(
+            &Int4Layout::new(2880, 1440, 32).unwrap()
+        ));
+        assert!(!int4_grouped_supports(
+            &Int4Layout::new(2048, 768, 64).unwrap()
+        ));
+    }
+}
