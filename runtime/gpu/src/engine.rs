@@ -170,10 +170,12 @@ impl CudaEngine {
         let (_, rows) =
             crate::options::batching(opts, &g, context, want).map_err(GpuError::Unsupported)?;
         let kv = KvCache::new(&gpu, &g, rows, want)?;
-        let cap = crate::scratch::chunk_for_budget(&gpu, &g, want)?;
+        // Without MoE layers there is no grouped scratch, whichever path.
+        let path = ffn.map_or(crate::scratch::GroupedPath::InPlace, |f| f.grouped_path());
+        let cap = crate::scratch::chunk_for_budget(&gpu, &g, want, path)?;
         let (parallel, _) =
             crate::options::batching(opts, &g, context, cap).map_err(GpuError::Unsupported)?;
-        let scratch = Scratch::new(&gpu, &g, cap, GEMV_MAX_TOKENS, parallel)?;
+        let scratch = Scratch::new(&gpu, &g, cap, GEMV_MAX_TOKENS, parallel, path)?;
         gpu.sync("loading weights")?;
         let report = LoadReport {
             model_dir: model_dir.to_path_buf(),

@@ -24,7 +24,7 @@
 use crate::act::{view, view_mut};
 use crate::error::{GpuError, Result};
 use crate::forward::Ctx;
-use crate::scratch::GroupedScratch;
+use crate::scratch::{DequantScratch, GroupedPath, GroupedScratch};
 use cudarc::driver::{CudaSlice, DevicePtr};
 use half::{bf16, f16};
 use krasis_kernels::Int4Layout;
@@ -129,14 +129,25 @@ impl ExpertFfn {
         }
     }
 
+    /// How the grouped prefill path computes these experts: in place where
+    /// the grouped INT4 kernels implement the format (group 128), else
+    /// dequantized. The choice is the format's, never the chunk's, so every
+    /// chunk of every prompt computes a row the same way.
+    pub fn grouped_path(&self) -> GroupedPath {
+        match self {
+            ExpertFfn::Int4Swiglu(l) if krasis_kernels::int4_grouped_supports(l) => {
+                GroupedPath::InPlace
+            }
+            _ => GroupedPath::Dequantize,
+        }
+    }
+
     /// Both grouped GEMMs of a chunk's rows in one launch each, reading the
     /// expert blocks in place (`cuda/int4_gemm.cu`): `gs.xg` (grouped by
     /// `gs.offsets`, `tiles` token tiles) -> SwiGLU rows `gs.hact` -> down
-    /// rows `gs.y`. Returns false, launching nothing, for a format those
-    /// kernels do not implement (MXFP4, INT4 groups below 128), which then
-    /// runs [`Self::dequant`] and per-expert GEMMs. The choice is the
-    /// format's, never the chunk's, so every chunk of every prompt computes
-    /// a row the same way.
+    /// rows `gs.y`. Returns false, launching nothing, on the
+    /// [`GroupedPath::Dequantize`] path, which then runs [`Self::dequant`]
+    /// and per-expert GEMMs.
     pub(crate) fn grouped_gemms(
         &self,
         cx: &Ctx<'_>,
@@ -145,12 +156,9 @@ impl ExpertFfn {
         rows: usize,
         tiles: usize,
     ) -> Result<bool> {
-        let ExpertFfn::Int4Swiglu(l) = self else {
+        let (ExpertFfn::Int4Swiglu(l), GroupedPath::InPlace) = (self, self.grouped_path()) else {
             return Ok(false);
         };
-        if !krasis_kernels::int4_grouped_supports(l) {
-            return Ok(false);
-        }
         let (s, kn, e) = (&cx.gpu.stream, cx.kn, cx.g.num_experts);
         match cx.g.mlp.activations {
             ActFormat::Bf16 => {
@@ -208,6 +216,7 @@ impl ExpertFfn {
         gs: &mut GroupedScratch,
     ) -> Result<()> {
         let s = &cx.gpu.stream;
+        let gs = dequant_scratch(gs)?;
         let (ids, n) = (gs.iota.slice(b0..b1), b1 - b0);
         match (self, cx.g.mlp.activations) {
             (ExpertFfn::Int4Swiglu(l), ActFormat::Bf16) => {
@@ -259,35 +268,37 @@ impl ExpertFfn {
     ) -> Result<()> {
         let (s, i) = (&cx.gpu.stream, cx.g.expert_intermediate);
         let (r0, r1) = (offsets[b0] as usize, offsets[b1] as usize);
+        let GroupedScratch { hact, dequant, .. } = gs;
+        let dq = dequant.as_ref().ok_or_else(missing_dequant_scratch)?;
         match (self, cx.g.mlp.activations) {
             (ExpertFfn::Int4Swiglu(_), ActFormat::Bf16) => Ok(cx.kn.swiglu(
                 s,
-                &gs.h13.slice(r0 * 2 * i..),
+                &dq.h13.slice(r0 * 2 * i..),
                 r1 - r0,
                 i,
-                &mut gs.hact.slice_mut(r0 * i..),
+                &mut hact.slice_mut(r0 * i..),
             )?),
             (ExpertFfn::Int4Swiglu(_), ActFormat::F16) => Ok(cx.kn.swiglu(
                 s,
-                &view::<f16>(&gs.h13).slice(r0 * 2 * i..),
+                &view::<f16>(&dq.h13).slice(r0 * 2 * i..),
                 r1 - r0,
                 i,
-                &mut view_mut::<f16>(&mut gs.hact).slice_mut(r0 * i..),
+                &mut view_mut::<f16>(hact).slice_mut(r0 * i..),
             )?),
             (ExpertFfn::Mxfp4 { .. }, ActFormat::F16) => Err(mxfp4_f16()),
             (ExpertFfn::Mxfp4 { layout, activation }, _) if !layout.has_bias => {
                 Ok(cx.kn.bias_act_rows::<bf16>(
                     s,
-                    &gs.h13.slice(r0 * 2 * i..),
+                    &dq.h13.slice(r0 * 2 * i..),
                     None,
                     r1 - r0,
                     i,
                     *activation,
-                    &mut gs.hact.slice_mut(r0 * i..),
+                    &mut hact.slice_mut(r0 * i..),
                 )?)
             }
             (ExpertFfn::Mxfp4 { activation, .. }, _) => {
-                let (b13, _) = gs.bias.as_ref().ok_or_else(missing_bias_scratch)?;
+                let (b13, _) = dq.bias.as_ref().ok_or_else(missing_bias_scratch)?;
                 for x in b0..b1 {
                     let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
                     if b <= a {
@@ -296,12 +307,12 @@ impl ExpertFfn {
                     let bias = b13.slice((x - b0) * 2 * i..(x - b0 + 1) * 2 * i);
                     cx.kn.bias_act_rows::<bf16>(
                         s,
-                        &gs.h13.slice(a * 2 * i..b * 2 * i),
+                        &dq.h13.slice(a * 2 * i..b * 2 * i),
                         Some(&bias as &dyn DevicePtr<f32>),
                         b - a,
                         i,
                         *activation,
-                        &mut gs.hact.slice_mut(a * i..b * i),
+                        &mut hact.slice_mut(a * i..b * i),
                     )?;
                 }
                 Ok(())
@@ -323,7 +334,9 @@ impl ExpertFfn {
             return Ok(());
         }
         let (s, h) = (&cx.gpu.stream, cx.g.hidden);
-        let (_, b2) = gs.bias.as_ref().ok_or_else(missing_bias_scratch)?;
+        let GroupedScratch { y, dequant, .. } = gs;
+        let dq = dequant.as_ref().ok_or_else(missing_dequant_scratch)?;
+        let (_, b2) = dq.bias.as_ref().ok_or_else(missing_bias_scratch)?;
         for x in b0..b1 {
             let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
             if b <= a {
@@ -331,7 +344,7 @@ impl ExpertFfn {
             }
             let bias = b2.slice((x - b0) * h..(x - b0 + 1) * h);
             cx.kn
-                .add_bias_rows::<f32>(s, &mut gs.y.slice_mut(a * h..b * h), &bias, b - a, h)?;
+                .add_bias_rows::<f32>(s, &mut y.slice_mut(a * h..b * h), &bias, b - a, h)?;
         }
         Ok(())
     }
@@ -421,6 +434,19 @@ impl ExpertFfn {
 fn mxfp4_f16() -> GpuError {
     GpuError::Unsupported(
         "MXFP4 experts with an FP16 MLP block (their kernels are BF16 only)".into(),
+    )
+}
+
+/// The dequantizing path's buffers, which exist exactly when the format's
+/// grouped path is [`GroupedPath::Dequantize`] (the engine sizes the scratch
+/// from [`ExpertFfn::grouped_path`]).
+fn dequant_scratch(gs: &mut GroupedScratch) -> Result<&mut DequantScratch> {
+    gs.dequant.as_mut().ok_or_else(missing_dequant_scratch)
+}
+
+fn missing_dequant_scratch() -> GpuError {
+    GpuError::Unsupported(
+        "internal: the grouped scratch has no dequantization buffers for an expert format that needs them".into(),
     )
 }
 

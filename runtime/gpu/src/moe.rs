@@ -275,13 +275,18 @@ fn dequant_gemms(
     // Experts are dequantized `batch` at a time so the 16-bit workspace stays
     // bounded (a whole 512-expert layer would be 3.2 GB); each batch's
     // GEMMs finish on the stream before the next batch overwrites it.
-    let batch = gs.dequant_experts;
+    let batch = gs
+        .dequant
+        .as_ref()
+        .map(|d| d.dequant_experts)
+        .ok_or_else(|| GpuError::Unsupported("internal: no dequantization scratch".into()))?;
     for b0 in (0..e).step_by(batch) {
         let b1 = (b0 + batch).min(e);
         if offsets[b1] == offsets[b0] {
             continue;
         }
         ffn.dequant(cx, table, (b0, b1), gs)?;
+        let dq = gs.dequant.as_ref().expect("checked above");
         for x in b0..b1 {
             let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
             if b <= a {
@@ -293,14 +298,15 @@ fn dequant_gemms(
                 (b - a, 2 * i, h),
                 (
                     cx.p(&gs.xg, a * h),
-                    cx.p(&gs.w13, (x - b0) * 2 * i * h),
-                    cx.p(&gs.h13, a * 2 * i),
+                    cx.p(&dq.w13, (x - b0) * 2 * i * h),
+                    cx.p(&dq.h13, a * 2 * i),
                 ),
                 gate_up_out,
                 "expert gate/up",
             )?;
         }
         ffn.activate(cx, gs, offsets, (b0, b1))?;
+        let dq = gs.dequant.as_ref().expect("checked above");
         for x in b0..b1 {
             let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
             if b <= a {
@@ -312,7 +318,7 @@ fn dequant_gemms(
                 (b - a, h, i),
                 (
                     cx.p(&gs.hact, a * i),
-                    cx.p(&gs.w2, (x - b0) * h * i),
+                    cx.p(&dq.w2, (x - b0) * h * i),
                     cx.p(&gs.y, a * h),
                 ),
                 OutType::F32,

@@ -131,13 +131,14 @@ pub fn plan_cuda(
         kv_bytes(g, rows, want) as u64,
     ));
     let used = |items: &[PlanItem]| items.iter().map(|i| i.bytes).sum::<u64>();
+    let path = crate::scratch::GroupedPath::int4(g);
     let cap = match budget {
-        Some(bud) => chunk_for_free(bud.saturating_sub(used(&items)), g, want),
+        Some(bud) => chunk_for_free(bud.saturating_sub(used(&items)), g, want, path),
         None => want,
     };
     items.push(PlanItem::exact(
         &format!("activation scratch ({cap}-token chunk)"),
-        ScratchLens::new(g, cap, GEMV_MAX_TOKENS).bytes() as u64,
+        ScratchLens::new(g, cap, GEMV_MAX_TOKENS, path).bytes() as u64,
     ));
     // The engine refuses at load what `batching` refuses; the plan notes it
     // and plans one sequence.

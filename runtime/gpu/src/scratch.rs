@@ -65,24 +65,64 @@ pub struct Scratch {
     pub packed: Vec<crate::forward::PackedSegment>,
 }
 
-/// Buffers of the grouped (dequantize + cuBLAS) routed-expert path.
+/// How prefill computes a chunk's routed experts once their rows are
+/// grouped by expert; the expert format decides
+/// (`ExpertFfn::grouped_path`), and with it the grouped scratch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupedPath {
+    /// The grouped INT4 GEMMs read the expert blocks where they are: no
+    /// dequantized copies, no gate/up rows.
+    InPlace,
+    /// A batch of experts dequantized to 16-bit at a time, per-expert
+    /// GEMMs, the gate/up rows kept for the activation ([`DequantScratch`]).
+    Dequantize,
+}
+
+impl GroupedPath {
+    /// The path of INT4 experts of `g`'s dims in the cache's layout (the
+    /// group it picks for them), for the pre-flight plan, which assumes
+    /// INT4 experts.
+    pub fn int4(g: &Geometry) -> Self {
+        let group =
+            krasis_cache::ExpertLayout::int4(g.hidden, g.expert_intermediate).and_then(|l| match l
+                .format
+            {
+                krasis_cache::ExpertFormat::Int4 { group } => Some(group),
+                krasis_cache::ExpertFormat::Mxfp4 => None,
+            });
+        match group
+            .and_then(|gr| krasis_kernels::Int4Layout::new(g.hidden, g.expert_intermediate, gr))
+        {
+            Some(l) if krasis_kernels::int4_grouped_supports(&l) => GroupedPath::InPlace,
+            _ => GroupedPath::Dequantize,
+        }
+    }
+}
+
+/// Buffers of the grouped routed-expert path.
 pub struct GroupedScratch {
     pub counts: CudaSlice<u32>,
     pub offsets: CudaSlice<u32>,
     pub row_pair: CudaSlice<u32>,
     pub pair_row: CudaSlice<u32>,
-    /// u32 `[E]` = 0..E (dequantize every expert of a layer).
-    pub iota: CudaSlice<u32>,
     /// `[cap*top_k, H]` token rows gathered in expert order. This and the
     /// other 16-bit buffers of the grouped path hold the MLP block's format
     /// (BF16, or FP16: `MlpSpec::activations`).
     pub xg: CudaSlice<bf16>,
-    /// `[cap*top_k, 2I]`.
-    pub h13: CudaSlice<bf16>,
-    /// `[cap*top_k, I]`.
+    /// `[cap*top_k, I]`: the activation (SwiGLU) rows.
     pub hact: CudaSlice<bf16>,
     /// f32 `[cap*top_k, H]` expert outputs in grouped-row order.
     pub y: CudaSlice<f32>,
+    /// The dequantizing path's buffers ([`GroupedPath::Dequantize`]).
+    pub dequant: Option<DequantScratch>,
+}
+
+/// The buffers only the dequantizing grouped path needs.
+pub struct DequantScratch {
+    /// u32 `[E]` = 0..E (dequantize every expert of a layer).
+    pub iota: CudaSlice<u32>,
+    /// `[cap*top_k, 2I]` gate/up rows.
+    pub h13: CudaSlice<bf16>,
     /// Experts dequantized at a time ([`dequant_batch`]).
     pub dequant_experts: usize,
     /// `[batch, 2I, H]` and `[batch, H, I]` dequantized experts.
@@ -174,7 +214,7 @@ pub fn dequant_batch(experts: usize, hidden: usize, inter: usize) -> usize {
 }
 
 /// Device bytes of a scratch for `cap` tokens (the parts that grow with it).
-pub fn bytes_for(g: &Geometry, cap: usize, gemv_tokens: usize) -> usize {
+pub fn bytes_for(g: &Geometry, cap: usize, gemv_tokens: usize, path: GroupedPath) -> usize {
     let (h, q, kv, e, k) = (
         g.hidden,
         g.q_dim(),
@@ -188,7 +228,10 @@ pub fn bytes_for(g: &Geometry, cap: usize, gemv_tokens: usize) -> usize {
         per_token += 4 * (q + 2 * kv);
     }
     if g.has_mlp(MlpKind::Moe) && cap > gemv_tokens {
-        per_token += k * (2 * h + 2 * 2 * i + 2 * i + 4 * h + 8);
+        per_token += k * (2 * h + 2 * i + 4 * h + 8);
+        if path == GroupedPath::Dequantize {
+            per_token += k * 2 * 2 * i;
+        }
     }
     if let Some(w) = swiglu_width(g) {
         per_token += 6 * w;
@@ -211,17 +254,17 @@ pub(crate) fn swiglu_width(g: &Geometry) -> Option<usize> {
 /// cards, where every byte of scratch is a byte HCS cannot hold experts in:
 /// with HCS, experts cross PCIe once per prompt whatever the chunk, so a
 /// smaller chunk costs GEMM efficiency only, while coverage buys decode.
-pub fn chunk_for_budget(gpu: &Gpu, g: &Geometry, want: usize) -> Result<usize> {
-    Ok(chunk_for_free(gpu.free_in_budget()?, g, want))
+pub fn chunk_for_budget(gpu: &Gpu, g: &Geometry, want: usize, path: GroupedPath) -> Result<usize> {
+    Ok(chunk_for_free(gpu.free_in_budget()?, g, want, path))
 }
 
 /// [`chunk_for_budget`] for `free` bytes in the budget (the plan calls it
 /// with the free memory it predicts at that point of the load).
-pub fn chunk_for_free(free: u64, g: &Geometry, want: usize) -> usize {
+pub fn chunk_for_free(free: u64, g: &Geometry, want: usize, path: GroupedPath) -> usize {
     let free = free as usize;
     let floor = want.min(256);
     let mut cap = want;
-    while cap > floor && bytes_for(g, cap, crate::options::GEMV_MAX_TOKENS) > free / 4 {
+    while cap > floor && bytes_for(g, cap, crate::options::GEMV_MAX_TOKENS, path) > free / 4 {
         cap = (cap / 2).max(floor);
     }
     cap
@@ -268,17 +311,20 @@ pub struct GroupedLens {
 }
 
 impl ScratchLens {
-    pub fn new(g: &Geometry, cap: usize, gemv_tokens: usize) -> Self {
+    pub fn new(g: &Geometry, cap: usize, gemv_tokens: usize, path: GroupedPath) -> Self {
         let (h, q, kv, e, k) = (g.hidden, g.q_dim(), g.kv_dim(), g.num_experts, g.top_k);
         let i = g.expert_intermediate;
         let grouped = (g.has_mlp(MlpKind::Moe) && cap > gemv_tokens).then(|| {
             let pairs = cap * k;
-            let dq = dequant_batch(e, h, i);
+            let dq = match path {
+                GroupedPath::InPlace => 0,
+                GroupedPath::Dequantize => dequant_batch(e, h, i),
+            };
             GroupedLens {
                 experts: e,
                 pairs,
                 xg: pairs * h,
-                h13: pairs * 2 * i,
+                h13: if dq > 0 { pairs * 2 * i } else { 0 },
                 hact: pairs * i,
                 y: pairs * h,
                 dequant_experts: dq,
@@ -319,7 +365,12 @@ impl ScratchLens {
         let bf16s = self.normed + self.qkv + self.attn;
         let mut b = 4 * (f32s + u32s) + 2 * bf16s;
         if let Some(gr) = &self.grouped {
-            let u32s = gr.experts + (gr.experts + 1) + 2 * gr.pairs + gr.experts;
+            let iota = if gr.dequant_experts > 0 {
+                gr.experts
+            } else {
+                0
+            };
+            let u32s = gr.experts + (gr.experts + 1) + 2 * gr.pairs + iota;
             b += 4 * (u32s + gr.y + gr.b13 + gr.b2)
                 + 2 * (gr.xg + gr.h13 + gr.hact + gr.w13 + gr.w2);
         }
@@ -373,34 +424,24 @@ impl Scratch {
         cap: usize,
         gemv_tokens: usize,
         seqs: usize,
+        path: GroupedPath,
     ) -> Result<Self> {
-        let n = ScratchLens::new(g, cap, gemv_tokens);
+        let n = ScratchLens::new(g, cap, gemv_tokens, path);
         let sq = SeqLens::new(g, seqs);
         let grouped = match n.grouped {
-            Some(gr) => {
-                let iota: Vec<u32> = (0..gr.experts as u32).collect();
-                Some(GroupedScratch {
-                    counts: gpu.alloc(gr.experts, "expert counts")?,
-                    offsets: gpu.alloc(gr.experts + 1, "expert offsets")?,
-                    row_pair: gpu.alloc(gr.pairs, "grouped row -> pair")?,
-                    pair_row: gpu.alloc(gr.pairs, "pair -> grouped row")?,
-                    iota: gpu.upload(&iota, "expert ids")?,
-                    xg: gpu.alloc(gr.xg, "grouped expert inputs")?,
-                    h13: gpu.alloc(gr.h13, "grouped gate/up outputs")?,
-                    hact: gpu.alloc(gr.hact, "grouped SwiGLU outputs")?,
-                    y: gpu.alloc(gr.y, "grouped expert outputs")?,
-                    dequant_experts: gr.dequant_experts,
-                    w13: gpu.alloc(gr.w13, "dequantized gate/up experts (one batch)")?,
-                    w2: gpu.alloc(gr.w2, "dequantized down experts (one batch)")?,
-                    bias: match gr.b13 {
-                        0 => None,
-                        _ => Some((
-                            gpu.alloc(gr.b13, "gate/up biases (one batch)")?,
-                            gpu.alloc(gr.b2, "down biases (one batch)")?,
-                        )),
-                    },
-                })
-            }
+            Some(gr) => Some(GroupedScratch {
+                counts: gpu.alloc(gr.experts, "expert counts")?,
+                offsets: gpu.alloc(gr.experts + 1, "expert offsets")?,
+                row_pair: gpu.alloc(gr.pairs, "grouped row -> pair")?,
+                pair_row: gpu.alloc(gr.pairs, "pair -> grouped row")?,
+                xg: gpu.alloc(gr.xg, "grouped expert inputs")?,
+                hact: gpu.alloc(gr.hact, "grouped SwiGLU outputs")?,
+                y: gpu.alloc(gr.y, "grouped expert outputs")?,
+                dequant: match gr.dequant_experts {
+                    0 => None,
+                    _ => Some(DequantScratch::new(gpu, &gr)?),
+                },
+            }),
             None => None,
         };
         let dense = match n.dense {
@@ -435,6 +476,26 @@ impl Scratch {
             grouped,
             dense,
             packed: Vec::new(),
+        })
+    }
+}
+
+impl DequantScratch {
+    fn new(gpu: &Gpu, gr: &GroupedLens) -> Result<Self> {
+        let iota: Vec<u32> = (0..gr.experts as u32).collect();
+        Ok(DequantScratch {
+            iota: gpu.upload(&iota, "expert ids")?,
+            h13: gpu.alloc(gr.h13, "grouped gate/up outputs")?,
+            dequant_experts: gr.dequant_experts,
+            w13: gpu.alloc(gr.w13, "dequantized gate/up experts (one batch)")?,
+            w2: gpu.alloc(gr.w2, "dequantized down experts (one batch)")?,
+            bias: match gr.b13 {
+                0 => None,
+                _ => Some((
+                    gpu.alloc(gr.b13, "gate/up biases (one batch)")?,
+                    gpu.alloc(gr.b2, "down biases (one batch)")?,
+                )),
+            },
         })
     }
 }
@@ -480,20 +541,26 @@ mod tests {
 
     /// What `bytes_for` says a chunk costs per token is what the buffers
     /// `Scratch::new` allocates add per token, with and without q/k/v
-    /// biases, and the biased experts' batch buffers are counted.
+    /// biases, on either grouped path, and the biased experts' batch
+    /// buffers are counted.
     #[test]
     fn per_token_scratch_matches_the_buffers() {
-        for preset in ["a3b", "gpt-oss-20b", "tiny-gpt-oss"] {
+        for (preset, path) in [
+            ("a3b", GroupedPath::InPlace),
+            ("a3b", GroupedPath::Dequantize),
+            ("gpt-oss-20b", GroupedPath::Dequantize),
+            ("tiny-gpt-oss", GroupedPath::Dequantize),
+        ] {
             let g = preset_geometry(preset).unwrap();
             let gemv = crate::options::GEMV_MAX_TOKENS;
             let (a, b) = (64, 256);
-            let lens = |cap| ScratchLens::new(&g, cap, gemv).bytes();
+            let lens = |cap| ScratchLens::new(&g, cap, gemv, path).bytes();
             assert_eq!(
-                bytes_for(&g, b, gemv) - bytes_for(&g, a, gemv),
+                bytes_for(&g, b, gemv, path) - bytes_for(&g, a, gemv, path),
                 lens(b) - lens(a),
-                "{preset}"
+                "{preset} {path:?}"
             );
-            let n = ScratchLens::new(&g, a, gemv);
+            let n = ScratchLens::new(&g, a, gemv, path);
             let (q, kv) = (g.q_dim(), g.kv_dim());
             assert_eq!(
                 n.qkv_f32,
@@ -505,6 +572,12 @@ mod tests {
             );
             let gr = n.grouped.unwrap();
             let (h, i) = (g.hidden, g.expert_intermediate);
+            // In place: no dequantized experts, no gate/up rows.
+            assert_eq!(
+                path == GroupedPath::InPlace,
+                (gr.dequant_experts, gr.w13, gr.w2, gr.h13) == (0, 0, 0, 0),
+                "{preset} {path:?}"
+            );
             if g.experts.bias {
                 assert_eq!(
                     (gr.b13, gr.b2),
@@ -514,5 +587,25 @@ mod tests {
                 assert_eq!((gr.b13, gr.b2), (0, 0));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::GroupedPath;
+    use krasis_model::synth::preset_geometry;
+
+    /// The plan's INT4 assumption: group-128 dims read in place, the
+    /// group-32 dims of gpt-oss (2880) dequantized.
+    #[test]
+    fn the_int4_group_decides_the_plans_path() {
+        assert_eq!(
+            GroupedPath::int4(&preset_geometry("a3b").unwrap()),
+            GroupedPath::InPlace
+        );
+        assert_eq!(
+            GroupedPath::int4(&preset_geometry("gpt-oss-20b").unwrap()),
+            GroupedPath::Dequantize
+        );
     }
 }

@@ -241,8 +241,13 @@ mod tests {
         let cap = gpu.prefill_chunk as usize;
         assert_eq!(
             item("activation scratch"),
-            krasis_gpu::scratch::ScratchLens::new(&g, cap, krasis_gpu::options::GEMV_MAX_TOKENS)
-                .bytes() as u64
+            krasis_gpu::scratch::ScratchLens::new(
+                &g,
+                cap,
+                krasis_gpu::options::GEMV_MAX_TOKENS,
+                krasis_gpu::scratch::GroupedPath::int4(&g)
+            )
+            .bytes() as u64
         );
         assert_eq!(gpu.verdict, Verdict::Fits);
         // A tiny model fits whole in 8 GiB.
