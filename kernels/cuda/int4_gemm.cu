@@ -39,19 +39,23 @@
 // The dot product does not care about the order of K, so B (x) is
 // presented in the same permuted order: lane (g, tq) of column tile c
 // reads the 16 bytes of token c*8+g at K = 32tq + 8i (i = 0..3) from shared
-// memory and perm8s them; the weights' 16 bytes come from shared memory too.
+// memory and perm8s them. The weights go straight from global memory to
+// registers (each lane's bytes are its own), the next step's loads in
+// flight while the current step multiplies.
 //
-// Staging. Each K step's 64 x 128 tile of x (16 KB) and the block's 128
-// weight rows of it (8 KB) are copied with cp.async into one of 3 shared
-// buffers, two steps ahead of the one being multiplied (one barrier per
-// step); rows past the expert's last are zero-filled. The 16 chunks of 16
-// bytes of an x row sit at chunk c ^ (((c >> 3) & 1) << 1) ^ (row & 1):
-// the 8 lanes of a read phase (2 tokens x 4 tq at one i) then hit 8
-// distinct bank groups. The weights are stored in lane order, so a warp's
-// reads are consecutive. 128 registers (2 blocks of 8 warps per SM, 144 KB
-// of shared memory): the first version kept the next step's weights in
-// registers (182 registers, one block per SM) and reached 158 TFLOP/s at an
-// 8K-token a3b chunk against cuBLAS's 199 on dequantized experts.
+// x staging. Each step's 64 x 128 tile of x (16 KB) is copied with cp.async
+// into one of two shared buffers while the other is read; rows past the
+// expert's last are zero-filled. The 16 chunks of 16 bytes of a row sit at
+// chunk c ^ (((c >> 3) & 1) << 1) ^ (row & 1): the 8 lanes of a read phase
+// (2 tokens x 4 tq at one i) then hit 8 distinct bank groups.
+//
+// Measured and not kept (H200, kbench --grouped, a3b): staging the weights
+// through shared memory with x (3 cp.async stages, one barrier per step,
+// 128 registers so two blocks share an SM) was slower at every length: 8K
+// tokens 137 against this form's 158 TFLOP/s, 512-token prompts end to end
+// 29.4K against 33.2K tok/s. This form keeps one block of 182 registers per
+// SM; at 8K tokens it is below cuBLAS on dequantized experts (199 TFLOP/s),
+// the open item (issue 17).
 //
 // Numerics. Each mma multiplies exact (q - 8) by x (products exact in f32)
 // and sums one scale group in f32 on the tensor core; the step's sum is
@@ -64,10 +68,7 @@
 
 #define GG_BT 64
 #define GG_THREADS 256
-#define GG_STAGES 3
 #define GG_XS_BYTES (GG_BT * 256)  // one step of x: 64 rows x 128 K x 2 bytes
-#define GG_WS_BYTES (128 * 64)     // one step of weights: 128 rows x 128 K / 2
-#define GG_STAGE_BYTES (GG_XS_BYTES + GG_WS_BYTES)
 
 // Physical 16-byte chunk of logical chunk c (0..15) of staged row `row`.
 __device__ __forceinline__ u32 gg_chunk(u32 row, u32 c) {
@@ -106,21 +107,14 @@ __device__ __forceinline__ void gg_find_tile(const u32* __restrict__ offsets, u3
 
 __device__ __forceinline__ u32 word_of(uint4 q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
 
-// First weight row of tile a (0/1) of feature slice f (0..3) of block bx.
-template <bool W13>
-__device__ __forceinline__ u32 gg_row(u32 bx, u32 f, u32 a, u32 I) {
-    return W13 ? a * I + bx * 64 + f * 16 : bx * 128 + f * 32 + a * 16;
-}
-
 // W13: gate/up + SwiGLU into `out` (format A, [rows, N = I]); else down into
 // `out` (f32, [rows, N = H]). K: the reduction width (H or I), I: the
-// intermediate width (where the up rows start). Dynamic shared memory:
-// GG_STAGES * GG_STAGE_BYTES.
+// intermediate width (where the up rows start).
 template <class A, bool W13>
 __device__ __forceinline__ void grouped_int4(const unsigned short* __restrict__ x, const u32* __restrict__ offsets,
                                              u32 n_experts, const u64* __restrict__ table, u32 n_table, u32 K, u32 I,
                                              u32 N, u64 oq, u64 os, void* __restrict__ out) {
-    extern __shared__ __align__(16) unsigned char gg_smem[];
+    __shared__ __align__(16) unsigned char xs[2 * GG_XS_BYTES];
     __shared__ u32 info[3];
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     if (threadIdx.x == 0) info[0] = ~0u;
@@ -131,6 +125,15 @@ __device__ __forceinline__ void grouped_int4(const unsigned short* __restrict__ 
     if (e == ~0u) return;  // block-uniform; only when the grid is larger than the tiles
     const u32 r0 = info[1], r1 = info[2];
     const u32 fw = warp & 3, th = warp >> 2;
+    u32 rowt[2];
+    if (W13) {
+        const u32 i = blockIdx.x * 64 + fw * 16;
+        rowt[0] = i;
+        rowt[1] = I + i;
+    } else {
+        rowt[0] = blockIdx.x * 128 + fw * 32;
+        rowt[1] = rowt[0] + 16;
+    }
     const unsigned char* base = expert_base(table, n_table, e);
     float tot[2][4][4];
 #pragma unroll
@@ -142,18 +145,20 @@ __device__ __forceinline__ void grouped_int4(const unsigned short* __restrict__ 
     if (base != nullptr) {  // block-uniform
         const u32 ng = K / 128;
         const u64 rb = K / 2;
-        const f16_t* sp[2][2];  // this lane's rows: tile a, half h -> row + g + 8h
+        // This lane's rows: tile a, half h -> row rowt[a] + g + 8h.
+        const unsigned char* wp[2][2];
+        const f16_t* sp[2][2];
 #pragma unroll
         for (int a = 0; a < 2; ++a)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                sp[a][h] = (const f16_t*)(base + os) + (u64)(gg_row<W13>(blockIdx.x, fw, a, I) + g + 8 * h) * ng;
-        // Stage step G into buffer `buf`: x (1,024 chunks of 16 bytes, 4 per
-        // thread) and the block's weights (512 chunks, 2 per thread; chunk
-        // c = ((f * 2 + a) * 2 + h) * 32 + lane is that lane's 16 bytes of
-        // row g + 8h of tile a of slice f, so a warp reads 512 consecutive bytes).
+            for (int h = 0; h < 2; ++h) {
+                const u64 row = rowt[a] + g + 8 * h;
+                wp[a][h] = base + oq + row * rb + tq * 16;
+                sp[a][h] = (const f16_t*)(base + os) + row * ng;
+            }
+        // Stage step G of x into buffer `buf`: 1,024 chunks of 16 bytes, 4 per thread.
         auto stage = [&](u32 G, u32 buf) {
-            unsigned char* dst = gg_smem + buf * GG_STAGE_BYTES;
+            unsigned char* dst = xs + buf * GG_XS_BYTES;
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const u32 c = threadIdx.x + r * GG_THREADS;
@@ -162,37 +167,39 @@ __device__ __forceinline__ void grouped_int4(const unsigned short* __restrict__ 
                 const unsigned short* src = in ? x + (u64)(r0 + row) * K + G * 128 + lc * 8 : x;
                 cp_async16_zfill(dst + gg_chunk(row, lc) * 16, src, in ? 16u : 0u);
             }
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const u32 c = threadIdx.x + r * GG_THREADS;
-                const u32 f = c >> 7, a = (c >> 6) & 1, h = (c >> 5) & 1, l = c & 31;
-                const u64 row = gg_row<W13>(blockIdx.x, f, a, I) + (l >> 2) + 8 * h;
-                cp_async16(dst + GG_XS_BYTES + c * 16, base + oq + row * rb + G * 64 + (l & 3) * 16);
-            }
         };
+        uint4 qn[2][2];
+        float sn[2][2];
+        auto load_w = [&](u32 G) {
 #pragma unroll
-        for (int st = 0; st < GG_STAGES - 1; ++st) {
-            if ((u32)st < ng) stage(st, st);
-            cp_async_commit();
-        }
+            for (int a = 0; a < 2; ++a)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    qn[a][h] = ld_stream16(wp[a][h] + G * 64);
+                    sn[a][h] = h2f(sp[a][h][G]);
+                }
+        };
+        stage(0, 0);
+        cp_async_commit();
+        load_w(0);
         for (u32 G = 0; G < ng; ++G) {
+            uint4 q[2][2];
             float s[2][2];
 #pragma unroll
             for (int a = 0; a < 2; ++a)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) s[a][h] = h2f(sp[a][h][G]);
-            cp_async_wait<GG_STAGES - 2>();
-            // Step G is in; every warp is past step G - 1, so its buffer refills.
-            __syncthreads();
-            if (G + GG_STAGES - 1 < ng) stage(G + GG_STAGES - 1, (G + GG_STAGES - 1) % GG_STAGES);
+                for (int h = 0; h < 2; ++h) {
+                    q[a][h] = qn[a][h];
+                    s[a][h] = sn[a][h];
+                }
+            if (G + 1 < ng) {
+                stage(G + 1, (G + 1) & 1);
+                load_w(G + 1);
+            }
             cp_async_commit();
-            const unsigned char* xb = gg_smem + (G % GG_STAGES) * GG_STAGE_BYTES;
-            const uint4* wb = (const uint4*)(xb + GG_XS_BYTES) + fw * 128 + lane;
-            uint4 q[2][2];
-#pragma unroll
-            for (int a = 0; a < 2; ++a)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) q[a][h] = wb[(a * 2 + h) * 32];
+            cp_async_wait<1>();
+            __syncthreads();
+            const unsigned char* xb = xs + (G & 1) * GG_XS_BYTES;
             float part[2][4][4];
 #pragma unroll
             for (int a = 0; a < 2; ++a)
@@ -228,8 +235,8 @@ __device__ __forceinline__ void grouped_int4(const unsigned short* __restrict__ 
                     tot[a][nt][2] += s[a][1] * part[a][nt][2];
                     tot[a][nt][3] += s[a][1] * part[a][nt][3];
                 }
+            __syncthreads();  // every warp is done with buffer G & 1 before step G + 2 refills it
         }
-        cp_async_wait<0>();
     }
     // C layout: c[0], c[1] = row g, tokens 2tq, 2tq+1; c[2], c[3] = row g + 8.
 #pragma unroll
@@ -241,11 +248,10 @@ __device__ __forceinline__ void grouped_int4(const unsigned short* __restrict__ 
             const u32 dr = g + 8 * (c >> 1);
             if (W13) {
                 const float v = silu(tot[0][nt][c]) * tot[1][nt][c];
-                ((unsigned short*)out)[(u64)r * N + gg_row<true>(blockIdx.x, fw, 0, I) + dr] = A::store(v);
+                ((unsigned short*)out)[(u64)r * N + rowt[0] + dr] = A::store(v);
             } else {
 #pragma unroll
-                for (int a = 0; a < 2; ++a)
-                    ((float*)out)[(u64)r * N + gg_row<false>(blockIdx.x, fw, a, I) + dr] = tot[a][nt][c];
+                for (int a = 0; a < 2; ++a) ((float*)out)[(u64)r * N + rowt[a] + dr] = tot[a][nt][c];
             }
         }
 }
@@ -254,17 +260,17 @@ __device__ __forceinline__ void grouped_int4(const unsigned short* __restrict__ 
     const unsigned short *__restrict__ x, const u32 *__restrict__ offsets, u32 n_experts,                          \
         const u64 *__restrict__ table, u32 n_table, u32 K, u32 I, u32 N, u64 oq, u64 os
 #define GG_PASS x, offsets, n_experts, table, n_table, K, I, N, oq, os
-extern "C" __global__ void __launch_bounds__(GG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(GG_THREADS, 1)
     int4_grouped_w13_swiglu_bf16(GG_ARGS, bf16_t* __restrict__ out) {
     grouped_int4<ActBf16, true>(GG_PASS, out);
 }
-extern "C" __global__ void __launch_bounds__(GG_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(GG_THREADS, 1)
     int4_grouped_w13_swiglu_f16(GG_ARGS, f16_t* __restrict__ out) {
     grouped_int4<ActF16, true>(GG_PASS, out);
 }
-extern "C" __global__ void __launch_bounds__(GG_THREADS, 2) int4_grouped_w2_bf16(GG_ARGS, float* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__(GG_THREADS, 1) int4_grouped_w2_bf16(GG_ARGS, float* __restrict__ out) {
     grouped_int4<ActBf16, false>(GG_PASS, out);
 }
-extern "C" __global__ void __launch_bounds__(GG_THREADS, 2) int4_grouped_w2_f16(GG_ARGS, float* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__(GG_THREADS, 1) int4_grouped_w2_f16(GG_ARGS, float* __restrict__ out) {
     grouped_int4<ActF16, false>(GG_PASS, out);
 }

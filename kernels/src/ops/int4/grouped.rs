@@ -12,17 +12,13 @@
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::Int4Layout;
-use crate::launch::{Act16, allow_smem, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
+use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
 use crate::{Kernels, Result};
 
 /// Rows of one expert a block of the grouped kernels covers.
 pub const INT4_GROUPED_ROWS: usize = 64;
 /// Threads per block (8 warps).
 const THREADS: u32 = 256;
-/// Dynamic shared memory per block: 3 pipeline stages of one 128-wide K
-/// step, each 64 rows of x (16 KB) and 128 weight rows (8 KB); two blocks
-/// fit an SM.
-const SMEM: u32 = 3 * (16 * 1024 + 8 * 1024);
 
 /// The token tiles of a grouping whose per-expert row offsets are
 /// `offsets` (`[E + 1]`, non-decreasing): `sum_e ceil(rows_e / 64)`.
@@ -169,12 +165,11 @@ impl Kernels {
         let (op, _g2) = offsets.device_ptr(stream);
         let (tp, _g3) = table.device_ptr(stream);
         let f = self.func(k)?;
-        allow_smem(k, f, SMEM)?;
         let mut b = builder(stream, f);
         b.arg(&xp).arg(&op).arg(&ne).arg(&tp).arg(&n_table);
         b.arg(&kk).arg(&ii).arg(&nn).arg(&oq).arg(&os).arg(&out);
         let bx = dim_u32(k, "feature blocks", blocks_x)?;
-        submit(k, b, cfg((bx, grid_y, 1), THREADS, SMEM))
+        submit(k, b, cfg((bx, grid_y, 1), THREADS, 0))
     }
 }
 
