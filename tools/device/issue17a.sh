@@ -9,12 +9,13 @@
 #       (a3b-24l) and `bench` prefill at 512/1024/2048/8192/32768 tokens all resident and at
 #       512/8192 under a 6 GiB limit.
 #   bash tools/device/issue17a.sh engine COMMIT
-#       engine tests (gpu_engine witness checks, batching invariance, prefix_cache exactness,
-#       glm4_moe), the HCS exactness check at 6 GiB, then `agent_load.py parallel` all resident
-#       (1/2/4/8 clients) through serve.
-#   bash tools/device/issue17a.sh more COMMIT
-#       `agent_load.py parallel` at 6 GiB, then issue15b.sh's glm phase (glm-4.5-air-12l:
-#       parallel clients and the agent loop).
+#       the grouped kernel tests again (in the engine's build), the engine tests (gpu_engine
+#       witness checks, batching invariance, prefix_cache exactness, glm4_moe) and the HCS
+#       exactness check at 6 GiB.
+#   bash tools/device/issue17a.sh serve COMMIT
+#       `agent_load.py parallel` (1/2/4/8 clients) through serve, all resident then at 6 GiB.
+#   bash tools/device/issue17a.sh glm COMMIT
+#       issue15b.sh's glm phase (glm-4.5-air-12l: parallel clients and the agent loop).
 # Results: $OUT/issue17a-PHASE.txt (the summary) and the logs beside it.
 set -u
 P=${1:?phase}; C=${2:-unknown}
@@ -52,6 +53,7 @@ case "$P" in
     bench 6gib --vram-limit 6GiB --prompt-tokens 512,8192
     ;;
   engine)
+    test_bin gpu 120 int4_grouped
     test_bin gpu_engine 100
     test_bin batching 150
     test_bin prefix_cache 150
@@ -61,14 +63,16 @@ case "$P" in
       > "$OUT/hcs-exact.log" 2>&1
     echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     tail -6 "$OUT/hcs-exact.log" >> "$S"
-    LIMIT=none CLIENTS=1,2,4,8 BUDGET=$((560-(SECONDS-T0))) bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
-    cat /tmp/btr-parallel-none/summary.txt >> "$S"
-    cp /tmp/btr-parallel-none/*.json /tmp/btr-parallel-none/*.md "$OUT/" 2>/dev/null
     ;;
-  more)
+  serve)
     prep
-    LIMIT=6GiB CLIENTS=1,2,4,8 BUDGET=200 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
-    cat /tmp/btr-parallel-6GiB/summary.txt >> "$S"
+    for L in none 6GiB; do
+      LIMIT=$L CLIENTS=1,2,4,8 BUDGET=$((280-(SECONDS-T0)/2)) bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+      cat /tmp/btr-parallel-$L/summary.txt >> "$S"
+      mkdir -p "$OUT/parallel-$L"; cp /tmp/btr-parallel-$L/*.json /tmp/btr-parallel-$L/*.md "$OUT/parallel-$L/" 2>/dev/null
+    done
+    ;;
+  glm)
     bash tools/device/issue15b.sh glm "$C" > /dev/null 2>&1
     cat "$OUT/issue15b-glm.txt" >> "$S"
     ;;
