@@ -26,36 +26,37 @@
 // expert), so the host passes only the tile count. x = a slice of the output
 // features: gate/up 64 i (64 gate + 64 up rows), down 128 rows.
 //
-// Block. 8 warps: 4 feature slices x 2 token halves. A warp owns two 16-row
-// weight tiles (gate/up: gate rows i..i+16 and up rows I+i..I+i+16, so its
-// epilogue has g and u of the same (row, i) in the same lane; down: 32
-// consecutive rows) and 32 tokens (4 mma column tiles of 8). K runs in
+// Block. 8 warps, each one 16-row weight tile x all 64 tokens (8 mma
+// column tiles of 8), so each weight nibble is converted once per block.
+// Gate/up: the tile's rows 0-7 are gate rows i..i+8 and rows 8-15 the up
+// rows I+i..I+i+8, so a lane's C holds g (row g) and u (row g+8) of the
+// same (i, token) and the SwiGLU epilogue needs no exchange; 8 warps cover
+// 64 i. Down: 16 consecutive rows per warp, 128 per block. K runs in
 // 128-wide steps, one scale group each (so g = 128 only; other groups use
 // the dequantize + GEMM path, expert_ffn.rs).
 //
 // Operands. A (weights): as in the decode kernels, lane (g, tq) loads 16
-// bytes (K = 32tq..32tq+31 of the step) of rows g and g+8 of a tile; each
-// 32-bit word is 4 A registers by dq8, and mma16 pairs nibbles (j, j+4).
-// The dot product does not care about the order of K, so B (x) is
-// presented in the same permuted order: lane (g, tq) of column tile c
-// reads the 16 bytes of token c*8+g at K = 32tq + 8i (i = 0..3) from shared
-// memory and perm8s them. The weights go straight from global memory to
-// registers (each lane's bytes are its own), the next step's loads in
-// flight while the current step multiplies.
+// bytes (K = 32tq..32tq+31 of the step) of its rows g and g+8; each 32-bit
+// word is 4 A registers by dq8, and mma16 pairs nibbles (j, j+4). The dot
+// product does not care about the order of K, so B (x) is presented in the
+// same permuted order: lane (g, tq) of column tile c needs perm8 of the 16
+// bytes of token c*8+g at K = 32tq + 8i (i = 0..3). The weights go from
+// global memory to registers, the next step's in flight during this one's.
 //
-// x staging. Each step's 64 x 128 tile of x (16 KB) is copied with cp.async
-// into one of two shared buffers while the other is read; rows past the
-// expert's last are zero-filled. The 16 chunks of 16 bytes of a row sit at
-// chunk c ^ (((c >> 3) & 1) << 1) ^ (row & 1): the 8 lanes of a read phase
-// (2 tokens x 4 tq at one i) then hit 8 distinct bank groups.
+// x staging. Each step's 64 x 128 tile of x (16 KB) is loaded into
+// registers a step ahead, permuted once (perm8) and stored in fragment
+// order, [column tile][i][lane] x 16 bytes, into one of two shared buffers:
+// a warp's B load is 512 consecutive bytes, and the store of 32 threads
+// too (no bank conflicts either way). One barrier per step.
 //
-// Measured and not kept (H200, kbench --grouped, a3b): staging the weights
-// through shared memory with x (3 cp.async stages, one barrier per step,
-// 128 registers so two blocks share an SM) was slower at every length: 8K
-// tokens 137 against this form's 158 TFLOP/s, 512-token prompts end to end
-// 29.4K against 33.2K tok/s. This form keeps one block of 182 registers per
-// SM; at 8K tokens it is below cuBLAS on dequantized experts (199 TFLOP/s),
-// the open item (issue 17).
+// Measured and not kept (H200, kbench --grouped, a3b 2048 x 768): (1) two
+// weight tiles x 32 tokens per warp (4 feature slices x 2 token halves;
+// both halves converted the same nibbles), x by cp.async and permuted at
+// every read: 8K tokens 158 TFLOP/s, one block of 182 registers per SM,
+// and Nsight Compute found it latency- and ALU-bound (no eligible warp in
+// 57% of cycles, the integer pipe the busiest); (2) that form with the
+// weights staged through shared memory too (3 cp.async stages, 128
+// registers, two blocks per SM): slower at every length (8K 137 TFLOP/s).
 //
 // Numerics. Each mma multiplies exact (q - 8) by x (products exact in f32)
 // and sums one scale group in f32 on the tensor core; the step's sum is
@@ -68,12 +69,7 @@
 
 #define GG_BT 64
 #define GG_THREADS 256
-#define GG_XS_BYTES (GG_BT * 256)  // one step of x: 64 rows x 128 K x 2 bytes
-
-// Physical 16-byte chunk of logical chunk c (0..15) of staged row `row`.
-__device__ __forceinline__ u32 gg_chunk(u32 row, u32 c) {
-    return row * 16 + (c ^ (((c >> 3) & 1u) << 1) ^ (row & 1u));
-}
+#define GG_XS_U4 (GG_BT / 8 * 4 * 32)  // uint4s of one step of x: 8 column tiles x 4 i x 32 lanes (16 KB)
 
 // Warp 0: expert, first row and end row of token tile `tile` into info[0..3]
 // (info[0] stays ~0 when the tile is past the last expert's).
@@ -114,7 +110,7 @@ template <class A, bool W13>
 __device__ __forceinline__ void grouped_int4(const unsigned short* __restrict__ x, const u32* __restrict__ offsets,
                                              u32 n_experts, const u64* __restrict__ table, u32 n_table, u32 K, u32 I,
                                              u32 N, u64 oq, u64 os, void* __restrict__ out) {
-    __shared__ __align__(16) unsigned char xs[2 * GG_XS_BYTES];
+    __shared__ __align__(16) uint4 xs[2 * GG_XS_U4];
     __shared__ u32 info[3];
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     if (threadIdx.x == 0) info[0] = ~0u;
@@ -124,134 +120,113 @@ __device__ __forceinline__ void grouped_int4(const unsigned short* __restrict__ 
     const u32 e = info[0];
     if (e == ~0u) return;  // block-uniform; only when the grid is larger than the tiles
     const u32 r0 = info[1], r1 = info[2];
-    const u32 fw = warp & 3, th = warp >> 2;
-    u32 rowt[2];
+    // This lane's weight rows (h = 0: row g of the tile, h = 1: row g + 8)
+    // and, for gate/up, its i.
+    const u32 i0 = blockIdx.x * 64 + warp * 8 + g;
+    u32 row[2];
     if (W13) {
-        const u32 i = blockIdx.x * 64 + fw * 16;
-        rowt[0] = i;
-        rowt[1] = I + i;
+        row[0] = i0;
+        row[1] = I + i0;
     } else {
-        rowt[0] = blockIdx.x * 128 + fw * 32;
-        rowt[1] = rowt[0] + 16;
+        row[0] = blockIdx.x * 128 + warp * 16 + g;
+        row[1] = row[0] + 8;
     }
     const unsigned char* base = expert_base(table, n_table, e);
-    float tot[2][4][4];
+    float tot[8][4];
 #pragma unroll
-    for (int a = 0; a < 2; ++a)
+    for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) tot[a][nt][c] = base ? 0.0f : NAN_F;
+        for (int c = 0; c < 4; ++c) tot[nt][c] = base ? 0.0f : NAN_F;
     if (base != nullptr) {  // block-uniform
         const u32 ng = K / 128;
-        const u64 rb = K / 2;
-        // This lane's rows: tile a, half h -> row rowt[a] + g + 8h.
-        const unsigned char* wp[2][2];
-        const f16_t* sp[2][2];
+        const unsigned char* wp[2];
+        const f16_t* sp[2];
 #pragma unroll
-        for (int a = 0; a < 2; ++a)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u64 row = rowt[a] + g + 8 * h;
-                wp[a][h] = base + oq + row * rb + tq * 16;
-                sp[a][h] = (const f16_t*)(base + os) + row * ng;
-            }
-        // Stage step G of x into buffer `buf`: 1,024 chunks of 16 bytes, 4 per thread.
-        auto stage = [&](u32 G, u32 buf) {
-            unsigned char* dst = xs + buf * GG_XS_BYTES;
+        for (int h = 0; h < 2; ++h) {
+            wp[h] = base + oq + (u64)row[h] * (K / 2) + tq * 16;
+            sp[h] = (const f16_t*)(base + os) + (u64)row[h] * ng;
+        }
+        // Step G of x: chunk c = t + 256r is lane c & 31 (token (c & 31) >> 2
+        // of column tile c >> 7, K quarter tq = c & 3), word i = (c >> 5) & 3.
+        uint4 xr[4];
+        auto load_x = [&](u32 G) {
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const u32 c = threadIdx.x + r * GG_THREADS;
-                const u32 row = c >> 4, lc = c & 15;
-                const bool in = r0 + row < r1;
-                const unsigned short* src = in ? x + (u64)(r0 + row) * K + G * 128 + lc * 8 : x;
-                cp_async16_zfill(dst + gg_chunk(row, lc) * 16, src, in ? 16u : 0u);
+                const u32 tok = (c >> 7) * 8 + ((c & 31) >> 2);
+                xr[r] = r0 + tok < r1 ? *(const uint4*)(x + (u64)(r0 + tok) * K + G * 128 + (c & 3) * 32 +
+                                                          ((c >> 5) & 3) * 8)
+                                      : make_uint4(0, 0, 0, 0);
             }
         };
-        uint4 qn[2][2];
-        float sn[2][2];
+        auto store_x = [&](u32 buf) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) xs[buf * GG_XS_U4 + threadIdx.x + r * GG_THREADS] = perm8(xr[r]);
+        };
+        uint4 qn[2];
+        float sn[2];
         auto load_w = [&](u32 G) {
 #pragma unroll
-            for (int a = 0; a < 2; ++a)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    qn[a][h] = ld_stream16(wp[a][h] + G * 64);
-                    sn[a][h] = h2f(sp[a][h][G]);
-                }
+            for (int h = 0; h < 2; ++h) {
+                qn[h] = ld_stream16(wp[h] + G * 64);
+                sn[h] = h2f(sp[h][G]);
+            }
         };
-        stage(0, 0);
-        cp_async_commit();
+        load_x(0);
         load_w(0);
+        store_x(0);
+        __syncthreads();
         for (u32 G = 0; G < ng; ++G) {
-            uint4 q[2][2];
-            float s[2][2];
-#pragma unroll
-            for (int a = 0; a < 2; ++a)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    q[a][h] = qn[a][h];
-                    s[a][h] = sn[a][h];
-                }
+            const uint4 q0 = qn[0], q1 = qn[1];
+            const float s0 = sn[0], s1 = sn[1];
             if (G + 1 < ng) {
-                stage(G + 1, (G + 1) & 1);
+                load_x(G + 1);
                 load_w(G + 1);
             }
-            cp_async_commit();
-            cp_async_wait<1>();
-            __syncthreads();
-            const unsigned char* xb = xs + (G & 1) * GG_XS_BYTES;
-            float part[2][4][4];
+            const uint4* xb = xs + (G & 1) * GG_XS_U4 + lane;
+            float part[8][4];
 #pragma unroll
-            for (int a = 0; a < 2; ++a)
+            for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-                for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) part[a][nt][c] = 0.0f;
+                for (int c = 0; c < 4; ++c) part[nt][c] = 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                u32 pa[2][4], pb[2][4];
+                u32 pa[4], pb[4];
+                dq8<A>(word_of(q0, i), pa);
+                dq8<A>(word_of(q1, i), pb);
 #pragma unroll
-                for (int a = 0; a < 2; ++a) {
-                    dq8<A>(word_of(q[a][0], i), pa[a]);
-                    dq8<A>(word_of(q[a][1], i), pb[a]);
-                }
-#pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
-                    const u32 row = th * 32 + nt * 8 + g;
-                    const uint4 b = perm8(*(const uint4*)(xb + gg_chunk(row, tq * 4 + i) * 16));
-#pragma unroll
-                    for (int a = 0; a < 2; ++a) {
-                        mma16<A>(part[a][nt], pa[a][0], pb[a][0], pa[a][1], pb[a][1], b.x, b.y);
-                        mma16<A>(part[a][nt], pa[a][2], pb[a][2], pa[a][3], pb[a][3], b.z, b.w);
-                    }
+                for (int nt = 0; nt < 8; ++nt) {
+                    const uint4 b = xb[(nt * 4 + i) * 32];
+                    mma16<A>(part[nt], pa[0], pb[0], pa[1], pb[1], b.x, b.y);
+                    mma16<A>(part[nt], pa[2], pb[2], pa[3], pb[3], b.z, b.w);
                 }
             }
 #pragma unroll
-            for (int a = 0; a < 2; ++a)
-#pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
-                    tot[a][nt][0] += s[a][0] * part[a][nt][0];
-                    tot[a][nt][1] += s[a][0] * part[a][nt][1];
-                    tot[a][nt][2] += s[a][1] * part[a][nt][2];
-                    tot[a][nt][3] += s[a][1] * part[a][nt][3];
-                }
-            __syncthreads();  // every warp is done with buffer G & 1 before step G + 2 refills it
+            for (int nt = 0; nt < 8; ++nt) {
+                tot[nt][0] += s0 * part[nt][0];
+                tot[nt][1] += s0 * part[nt][1];
+                tot[nt][2] += s1 * part[nt][2];
+                tot[nt][3] += s1 * part[nt][3];
+            }
+            // Buffer (G + 1) & 1 was last read in step G - 1, before the
+            // previous barrier; this barrier publishes it and retires G & 1.
+            if (G + 1 < ng) store_x((G + 1) & 1);
+            __syncthreads();
         }
     }
     // C layout: c[0], c[1] = row g, tokens 2tq, 2tq+1; c[2], c[3] = row g + 8.
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const u32 r = r0 + th * 32 + nt * 8 + 2 * tq + (c & 1);
+        for (int c = 0; c < 2; ++c) {
+            const u32 r = r0 + nt * 8 + 2 * tq + c;
             if (r >= r1) continue;
-            const u32 dr = g + 8 * (c >> 1);
             if (W13) {
-                const float v = silu(tot[0][nt][c]) * tot[1][nt][c];
-                ((unsigned short*)out)[(u64)r * N + rowt[0] + dr] = A::store(v);
+                const float v = silu(tot[nt][c]) * tot[nt][2 + c];
+                ((unsigned short*)out)[(u64)r * N + i0] = A::store(v);
             } else {
-#pragma unroll
-                for (int a = 0; a < 2; ++a) ((float*)out)[(u64)r * N + rowt[a] + dr] = tot[a][nt][c];
+                ((float*)out)[(u64)r * N + row[0]] = tot[nt][c];
+                ((float*)out)[(u64)r * N + row[1]] = tot[nt][2 + c];
             }
         }
 }
