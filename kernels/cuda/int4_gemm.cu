@@ -47,7 +47,10 @@
 // registers a step ahead, permuted once (perm8) and stored in fragment
 // order, [column tile][i][lane] x 16 bytes, into one of two shared buffers:
 // a warp's B load is 512 consecutive bytes, and the store of 32 threads
-// too (no bank conflicts either way). One barrier per step.
+// too (no bank conflicts either way). One barrier per step. 184 registers,
+// one block per SM (capping at 128 for two blocks spills). Against form (1)
+// below: a3b 8K tokens 170 TFLOP/s (cuBLAS on dequantized experts: 199),
+// 512-token prompts end to end 36,958 against 33,189 tok/s.
 //
 // Measured and not kept (H200, kbench --grouped, a3b 2048 x 768): (1) two
 // weight tiles x 32 tokens per warp (4 feature slices x 2 token halves;
