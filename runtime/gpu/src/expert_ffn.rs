@@ -24,7 +24,7 @@
 use crate::act::{view, view_mut};
 use crate::error::{GpuError, Result};
 use crate::forward::Ctx;
-use crate::scratch::{DequantScratch, GroupedPath, GroupedScratch};
+use crate::scratch::{GroupedPath, GroupedScratch, no_dequant_scratch};
 use cudarc::driver::{CudaSlice, DevicePtr};
 use half::{bf16, f16};
 use krasis_kernels::Int4Layout;
@@ -144,8 +144,8 @@ impl ExpertFfn {
 
     /// Both grouped GEMMs of a chunk's rows in one launch each, reading the
     /// expert blocks in place (`cuda/int4_gemm.cu`): `gs.xg` (grouped by
-    /// `gs.offsets`, `tiles` token tiles) -> SwiGLU rows `gs.hact` -> down
-    /// rows `gs.y`. Returns false, launching nothing, on the
+    /// `gs.offsets`, whose host copy is `offsets`) -> SwiGLU rows `gs.hact`
+    /// -> down rows `gs.y`. Returns false, launching nothing, on the
     /// [`GroupedPath::Dequantize`] path, which then runs [`Self::dequant`]
     /// and per-expert GEMMs.
     pub(crate) fn grouped_gemms(
@@ -153,54 +153,32 @@ impl ExpertFfn {
         cx: &Ctx<'_>,
         table: &impl DevicePtr<u64>,
         gs: &mut GroupedScratch,
-        rows: usize,
-        tiles: usize,
+        offsets: &[u32],
     ) -> Result<bool> {
         let (ExpertFfn::Int4Swiglu(l), GroupedPath::InPlace) = (self, self.grouped_path()) else {
             return Ok(false);
         };
-        let (s, kn, e) = (&cx.gpu.stream, cx.kn, cx.g.num_experts);
+        let rows = offsets.last().map_or(0, |&r| r as usize);
+        let tiles = krasis_kernels::int4_grouped_tiles(offsets);
+        let GroupedScratch {
+            xg,
+            hact,
+            y,
+            offsets: d_off,
+            ..
+        } = gs;
         match cx.g.mlp.activations {
-            ActFormat::Bf16 => {
-                kn.int4_grouped_w13_swiglu(
-                    s,
-                    &gs.xg,
-                    rows,
-                    &gs.offsets,
-                    e,
-                    tiles,
-                    table,
-                    l,
-                    &mut gs.hact,
-                )?;
-                kn.int4_grouped_w2(
-                    s,
-                    &gs.hact,
-                    rows,
-                    &gs.offsets,
-                    e,
-                    tiles,
-                    table,
-                    l,
-                    &mut gs.y,
-                )?;
-            }
-            ActFormat::F16 => {
-                let mut hact = view_mut::<f16>(&mut gs.hact);
-                kn.int4_grouped_w13_swiglu(
-                    s,
-                    &view::<f16>(&gs.xg),
-                    rows,
-                    &gs.offsets,
-                    e,
-                    tiles,
-                    table,
-                    l,
-                    &mut hact,
-                )?;
-                kn.int4_grouped_w2(s, &hact, rows, &gs.offsets, e, tiles, table, l, &mut gs.y)?;
-            }
-        }
+            ActFormat::Bf16 => grouped_int4(cx, l, table, (d_off, rows, tiles), xg, hact, y),
+            ActFormat::F16 => grouped_int4(
+                cx,
+                l,
+                table,
+                (d_off, rows, tiles),
+                &view::<f16>(xg),
+                &mut view_mut::<f16>(hact),
+                y,
+            ),
+        }?;
         Ok(true)
     }
 
@@ -216,7 +194,7 @@ impl ExpertFfn {
         gs: &mut GroupedScratch,
     ) -> Result<()> {
         let s = &cx.gpu.stream;
-        let gs = dequant_scratch(gs)?;
+        let gs = gs.dequant.as_mut().ok_or_else(no_dequant_scratch)?;
         let (ids, n) = (gs.iota.slice(b0..b1), b1 - b0);
         match (self, cx.g.mlp.activations) {
             (ExpertFfn::Int4Swiglu(l), ActFormat::Bf16) => {
@@ -269,7 +247,7 @@ impl ExpertFfn {
         let (s, i) = (&cx.gpu.stream, cx.g.expert_intermediate);
         let (r0, r1) = (offsets[b0] as usize, offsets[b1] as usize);
         let GroupedScratch { hact, dequant, .. } = gs;
-        let dq = dequant.as_ref().ok_or_else(missing_dequant_scratch)?;
+        let dq = dequant.as_ref().ok_or_else(no_dequant_scratch)?;
         match (self, cx.g.mlp.activations) {
             (ExpertFfn::Int4Swiglu(_), ActFormat::Bf16) => Ok(cx.kn.swiglu(
                 s,
@@ -335,7 +313,7 @@ impl ExpertFfn {
         }
         let (s, h) = (&cx.gpu.stream, cx.g.hidden);
         let GroupedScratch { y, dequant, .. } = gs;
-        let dq = dequant.as_ref().ok_or_else(missing_dequant_scratch)?;
+        let dq = dequant.as_ref().ok_or_else(no_dequant_scratch)?;
         let (_, b2) = dq.bias.as_ref().ok_or_else(missing_bias_scratch)?;
         for x in b0..b1 {
             let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
@@ -437,17 +415,21 @@ fn mxfp4_f16() -> GpuError {
     )
 }
 
-/// The dequantizing path's buffers, which exist exactly when the format's
-/// grouped path is [`GroupedPath::Dequantize`] (the engine sizes the scratch
-/// from [`ExpertFfn::grouped_path`]).
-fn dequant_scratch(gs: &mut GroupedScratch) -> Result<&mut DequantScratch> {
-    gs.dequant.as_mut().ok_or_else(missing_dequant_scratch)
-}
-
-fn missing_dequant_scratch() -> GpuError {
-    GpuError::Unsupported(
-        "internal: the grouped scratch has no dequantization buffers for an expert format that needs them".into(),
-    )
+/// The grouped INT4 gate/up + SwiGLU and down GEMMs over `x` (the grouped
+/// rows, in the MLP block's format `A`), through `hact` into `y`.
+fn grouped_int4<A: krasis_kernels::Act16>(
+    cx: &Ctx<'_>,
+    l: &Int4Layout,
+    table: &impl DevicePtr<u64>,
+    (offsets, rows, tiles): (&CudaSlice<u32>, usize, usize),
+    x: &impl DevicePtr<A>,
+    hact: &mut (impl DevicePtr<A> + cudarc::driver::DevicePtrMut<A>),
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (s, kn, e) = (&cx.gpu.stream, cx.kn, cx.g.num_experts);
+    kn.int4_grouped_w13_swiglu(s, x, rows, offsets, e, tiles, table, l, hact)?;
+    kn.int4_grouped_w2(s, hact, rows, offsets, e, tiles, table, l, y)?;
+    Ok(())
 }
 
 fn missing_bias_scratch() -> GpuError {

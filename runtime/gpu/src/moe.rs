@@ -241,8 +241,7 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
             offsets[e]
         )));
     }
-    let tiles = krasis_kernels::int4_grouped_tiles(&offsets);
-    if !ffn.grouped_gemms(cx, &table, gs, pairs, tiles)? {
+    if !ffn.grouped_gemms(cx, &table, gs, &offsets)? {
         dequant_gemms(cx, &table, ffn, gs, &offsets)?;
     }
     kn.moe_combine::<f32>(
@@ -275,18 +274,14 @@ fn dequant_gemms(
     // Experts are dequantized `batch` at a time so the 16-bit workspace stays
     // bounded (a whole 512-expert layer would be 3.2 GB); each batch's
     // GEMMs finish on the stream before the next batch overwrites it.
-    let batch = gs
-        .dequant
-        .as_ref()
-        .map(|d| d.dequant_experts)
-        .ok_or_else(|| GpuError::Unsupported("internal: no dequantization scratch".into()))?;
+    let batch = gs.dequantizing()?.dequant_experts;
     for b0 in (0..e).step_by(batch) {
         let b1 = (b0 + batch).min(e);
         if offsets[b1] == offsets[b0] {
             continue;
         }
         ffn.dequant(cx, table, (b0, b1), gs)?;
-        let dq = gs.dequant.as_ref().expect("checked above");
+        let dq = gs.dequantizing()?;
         for x in b0..b1 {
             let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
             if b <= a {
@@ -306,7 +301,7 @@ fn dequant_gemms(
             )?;
         }
         ffn.activate(cx, gs, offsets, (b0, b1))?;
-        let dq = gs.dequant.as_ref().expect("checked above");
+        let dq = gs.dequantizing()?;
         for x in b0..b1 {
             let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
             if b <= a {

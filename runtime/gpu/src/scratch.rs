@@ -83,19 +83,9 @@ impl GroupedPath {
     /// group it picks for them), for the pre-flight plan, which assumes
     /// INT4 experts.
     pub fn int4(g: &Geometry) -> Self {
-        let group =
-            krasis_cache::ExpertLayout::int4(g.hidden, g.expert_intermediate).and_then(|l| match l
-                .format
-            {
-                krasis_cache::ExpertFormat::Int4 { group } => Some(group),
-                krasis_cache::ExpertFormat::Mxfp4 => None,
-            });
-        match group
-            .and_then(|gr| krasis_kernels::Int4Layout::new(g.hidden, g.expert_intermediate, gr))
-        {
-            Some(l) if krasis_kernels::int4_grouped_supports(&l) => GroupedPath::InPlace,
-            _ => GroupedPath::Dequantize,
-        }
+        krasis_cache::ExpertLayout::int4(g.hidden, g.expert_intermediate)
+            .and_then(|l| crate::expert_ffn::ExpertFfn::for_cache(&l, g).ok())
+            .map_or(GroupedPath::Dequantize, |f| f.grouped_path())
     }
 }
 
@@ -115,6 +105,23 @@ pub struct GroupedScratch {
     pub y: CudaSlice<f32>,
     /// The dequantizing path's buffers ([`GroupedPath::Dequantize`]).
     pub dequant: Option<DequantScratch>,
+}
+
+impl GroupedScratch {
+    /// The dequantizing path's buffers, which exist exactly when the expert
+    /// format's path is [`GroupedPath::Dequantize`] (the engine sizes the
+    /// scratch from `ExpertFfn::grouped_path`).
+    pub(crate) fn dequantizing(&self) -> Result<&DequantScratch> {
+        self.dequant.as_ref().ok_or_else(no_dequant_scratch)
+    }
+}
+
+/// The internal error of a dequantizing step on the in-place path's scratch.
+pub(crate) fn no_dequant_scratch() -> crate::error::GpuError {
+    crate::error::GpuError::Unsupported(
+        "internal: the grouped scratch has no dequantization buffers for an expert format that needs them"
+            .into(),
+    )
 }
 
 /// The buffers only the dequantizing grouped path needs.
