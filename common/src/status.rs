@@ -254,21 +254,22 @@ pub struct HcsStats {
     pub resident_bytes: u64,
     /// Slots of the resident tier (survives prefill).
     pub resident_tier_slots: u64,
-    /// Slots of the reclaimable tier (prior + recency tail; lent to prefill).
+    /// Slots of the reclaimable tier (the heatmap's next experts; lent to
+    /// prefill as staging).
     pub reclaimable_slots: u64,
-    pub tail_slots: u64,
     /// MoE layers per prefill staging buffer.
     pub group_layers: u64,
     pub safety_margin_bytes: u64,
     /// Measured transient VRAM of a prompt of the configured context length.
     pub transient_bytes: u64,
+    /// Fraction of decode (row, expert) pairs whose expert was in VRAM.
     pub hit_rate: f64,
+    /// (row, expert) pairs per decode step whose expert the kernels read
+    /// in place from page-locked host memory (over PCIe; rows sharing a
+    /// cold expert each read it). One row: cold experts per token.
     pub cold_experts_per_token: f64,
+    /// Their bytes per decode step.
     pub cold_bytes_per_token: f64,
-    /// Copy-stream time of decode misses per token (CUDA events), ms.
-    pub copy_ms_per_token: f64,
-    pub promotions: u64,
-    pub evictions: u64,
     /// Expert bytes streamed by the last prefill.
     pub prefill_stream_bytes: u64,
     pub reload_bytes: u64,

@@ -12,6 +12,11 @@
 //!
 //! Which is faster to prepare and to copy from is measured on the target by
 //! [`measure_host_modes`] (`krasis-runtime build-cache --measure-host-modes`).
+//!
+//! Either way the memory is also mapped into the device's address space
+//! (`DEVICEMAP`): HCS decode kernels read a cold expert's blocks in place
+//! over PCIe ([`PinnedExperts::device_addr`]), with no copy and no host
+//! round trip.
 
 use crate::cache::ExpertCache;
 use crate::error::CacheError;
@@ -71,6 +76,8 @@ pub struct PinnedExperts {
     locked: usize,
     /// What to release on drop: the registered or allocated base pointer.
     base: *mut std::ffi::c_void,
+    /// The device-side address of `data` (the same bytes, mapped).
+    dev_data: u64,
     prepare_time: Duration,
 }
 
@@ -128,7 +135,9 @@ impl PinnedExperts {
                 let file = cache.file_bytes();
                 fault_in(file, progress.as_ref());
                 let base = file.as_ptr() as *mut std::ffi::c_void;
-                let flags = sys::CU_MEMHOSTREGISTER_READ_ONLY | sys::CU_MEMHOSTREGISTER_PORTABLE;
+                let flags = sys::CU_MEMHOSTREGISTER_READ_ONLY
+                    | sys::CU_MEMHOSTREGISTER_PORTABLE
+                    | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
                 // SAFETY: `file` is a live mapping (kept alive by `cache`),
                 // page-aligned, and unregistered in Drop before the Arc goes.
                 unsafe { sys::cuMemHostRegister_v2(base, file.len(), flags) }
@@ -144,9 +153,9 @@ impl PinnedExperts {
             HostBacking::CopyToPinned => {
                 let src = cache.data();
                 // SAFETY: fresh allocation of src.len() bytes, fully written below.
-                let base =
-                    unsafe { result::malloc_host(src.len().max(1), sys::CU_MEMHOSTALLOC_PORTABLE) }
-                        .map_err(cuda("cuMemHostAlloc"))?;
+                let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+                let base = unsafe { result::malloc_host(src.len().max(1), flags) }
+                    .map_err(cuda("cuMemHostAlloc"))?;
                 // SAFETY: base points to src.len() writable bytes we own.
                 let dst = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, src.len()) };
                 dst.par_chunks_mut(PIN_CHUNK)
@@ -163,6 +172,29 @@ impl PinnedExperts {
         if let Some(p) = progress {
             p.finish();
         }
+        let mut dev_base = 0u64;
+        // SAFETY: `base` was registered or allocated with DEVICEMAP above,
+        // in this context.
+        let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev_base, base, 0) }.result();
+        if let Err(e) = mapped {
+            // Release what was locked before reporting (no value owns it yet).
+            // SAFETY: base came from the register/alloc call above.
+            let _ = unsafe {
+                match mode {
+                    HostBacking::RegisterMmap => sys::cuMemHostUnregister(base).result(),
+                    HostBacking::CopyToPinned => result::free_host(base),
+                }
+            };
+            return Err(CacheError::Cuda {
+                call: "cuMemHostGetDevicePointer",
+                error: format!(
+                    "{e}; HCS decode reads cold experts in place from mapped host memory, which \
+                     this GPU or driver does not offer for {} memory",
+                    mode.name()
+                ),
+            });
+        }
+        let dev_data = dev_base + (data as usize - base as usize) as u64;
         Ok(PinnedExperts {
             len: cache.data().len(),
             cache,
@@ -171,6 +203,7 @@ impl PinnedExperts {
             data,
             locked,
             base,
+            dev_data,
             prepare_time: start.elapsed(),
         })
     }
@@ -204,6 +237,12 @@ impl PinnedExperts {
         let s = self.cache.layout().expert_stride;
         let start = off as usize + expert * s;
         Some(&self.data()[start..start + s])
+    }
+    /// The device-side address of one expert's page-locked bytes (mapped
+    /// host memory: kernels read it over PCIe), `None` if out of range.
+    pub fn device_addr(&self, layer: usize, expert: usize) -> Option<u64> {
+        let bytes = self.expert(layer, expert)?;
+        Some(self.dev_data + (bytes.as_ptr() as usize - self.data as usize) as u64)
     }
 }
 

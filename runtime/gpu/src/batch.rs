@@ -115,8 +115,6 @@ pub(crate) struct Sequences {
     free_slots: Vec<usize>,
     /// Logits of recording sequences that ended, until taken.
     recorded: HashMap<SeqId, Vec<Vec<f32>>>,
-    /// Decode steps since the HCS traffic was last collected.
-    hcs_steps: usize,
     /// The live progress of sequences just released, until their final
     /// figures are published.
     ended: HashMap<SeqId, krasis_model::LiveProgress>,
@@ -133,7 +131,6 @@ impl Sequences {
             seqs: Vec::new(),
             free_slots: (0..capacity).rev().collect(),
             recorded: HashMap::new(),
-            hcs_steps: 0,
             ended: HashMap::new(),
             timing: None,
             last_step: None,
@@ -736,6 +733,13 @@ impl CudaEngine {
                 .map_err(GpuError::driver("writing the decode rows"))?;
         }
         let graph = self.decode_forward(m)?;
+        {
+            // The step's routes come back with the sampled tokens below.
+            let md = &mut self.model;
+            if let Some(h) = md.hcs.as_mut() {
+                h.read_routes(&md.gpu, &md.scratch)?;
+            }
+        }
         for (r, &id) in rows.iter().enumerate() {
             let (slot, params, step) = {
                 let s = self.seq(id);
@@ -751,8 +755,9 @@ impl CudaEngine {
                 .memcpy_dtoh(&md.scratch.ids.slice(0..m), &mut out)
                 .map_err(GpuError::driver("reading the sampled tokens"))?;
         }
-        if self.model.hcs.is_some() {
-            self.batch.hcs_steps += 1;
+        if let Some(h) = self.model.hcs.as_mut() {
+            // The synchronous read above has passed the routes' copy.
+            h.tally_routes(m)?;
         }
         let context = self.context;
         for (r, (&id, &raw)) in rows.iter().zip(&out).enumerate() {
@@ -771,7 +776,7 @@ impl CudaEngine {
                 self.finish(id, Ok(f), events)?;
             } else if self.seq_mut(id).publisher.due() {
                 let s = self.seq(id);
-                self.publish_live(&s.req.live, s.stats.generated_tokens - 1);
+                self.publish_live(&s.req.live);
             }
         }
         Ok(graph)
@@ -779,11 +784,11 @@ impl CudaEngine {
 
     /// The forward pass and LM head of a decode step of `m` rows (ids,
     /// positions and KV bases written): the captured graph of `m` rows, or
-    /// the launches (graphs off, HCS, or the first step of `m` rows).
+    /// the launches (graphs off, or the first step of `m` rows). Under HCS
+    /// the step is the same sequence (cold experts are read in place
+    /// through the pointer table), so it is captured too.
     fn decode_forward(&mut self, m: usize) -> Result<bool> {
-        // With HCS the host places every layer's experts, so decode is not
-        // one capturable sequence.
-        let eager = !self.cuda_graphs || self.model.hcs.is_some() || !self.warmed[m - 1];
+        let eager = !self.cuda_graphs || !self.warmed[m - 1];
         if eager {
             self.model.forward_layers(m, Positions::Decode)?;
             self.model.lm_head_rows(m)?;
@@ -883,19 +888,17 @@ impl CudaEngine {
         if o.stats.generated_tokens > 0 {
             // The traffic of the decode steps since the last sequence ended
             // (one request alone: its own).
-            self.collect_hcs(self.batch.hcs_steps + 1)?;
-            self.batch.hcs_steps = 0;
+            self.collect_hcs();
         } else if idle && let Some(h) = self.model.hcs.as_mut() {
             // A request cancelled before its first token: its counters are
             // dropped, so the next request's figures are its own.
-            self.model.gpu.sync("ending a cancelled prefill")?;
-            h.take_stats()?;
+            h.take_stats();
         }
         if let Some(p) = self.prefix.as_mut() {
             p.collect_timing()?;
         }
         if o.stats.generated_tokens > 0 {
-            // The request's final figures (copy timings all read).
+            // The request's final figures.
             live.publish_engine(self.engine_stats(self.last_hcs.as_ref()));
             let st = &mut self.stats;
             st.requests_completed += 1;

@@ -381,7 +381,6 @@ impl Ctx<'_> {
 pub(crate) struct Mut<'a> {
     pub sc: &'a mut Scratch,
     pub kv: &'a mut KvCache,
-    pub hcs: Option<&'a mut crate::hcs::Hcs>,
     pub routes: Option<&'a mut Vec<Vec<u64>>>,
     pub token_routes: Option<&'a mut crate::moe::RouteLog>,
 }
@@ -402,7 +401,6 @@ impl Model {
             Mut {
                 sc: &mut self.scratch,
                 kv: &mut self.kv,
-                hcs: self.hcs.as_mut(),
                 routes: self.routes.as_mut(),
                 token_routes: self.token_routes.as_mut(),
             },
@@ -458,7 +456,6 @@ impl Model {
         let Mut {
             sc,
             kv,
-            hcs,
             routes,
             token_routes,
         } = m;
@@ -486,12 +483,12 @@ impl Model {
                     drop_last_expert(&cx, sc, t)?;
                 }
                 if let Some(r) = routes {
-                    crate::moe::record_routes(&cx, sc, t, &mut r[*moe_index])?;
+                    crate::moe::record_routes(&cx, sc, (*moe_index, t, at), &mut r[*moe_index])?;
                 }
                 if let Some(log) = token_routes {
                     crate::moe::log_token_routes(&cx, sc, l, *moe_index, t, at, log)?;
                 }
-                crate::moe::routed_experts(&cx, sc, hcs, *moe_index, t, at)?;
+                crate::moe::routed_experts(&cx, sc, *moe_index, t, at)?;
                 // transformers adds the shared expert to the routed output
                 // unscaled; here both accumulate into the f32 residual,
                 // routed first. It reads `scratch.normed`, which the

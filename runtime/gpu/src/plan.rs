@@ -31,14 +31,6 @@ pub fn staging_group(layer_bytes: usize, moe_layers: usize) -> usize {
         .clamp(1, moe_layers.max(1))
 }
 
-/// Device bytes of the HCS decode exchange buffers [`Hcs::new`] allocates
-/// next to the staging region for decode steps of up to `rows` sequences
-/// (selected addresses, slot indices).
-pub fn hcs_exchange_bytes(top_k: usize, rows: usize) -> usize {
-    let pairs = rows.max(1) * top_k.max(1);
-    2 * pairs * 8 + pairs * 4
-}
-
 /// Bytes of the f32 hidden states streamed prefill keeps for a prompt of
 /// `tokens` (the per-request transient under HCS).
 pub fn hidden_state_bytes(tokens: usize, hidden: usize) -> u64 {
@@ -155,13 +147,13 @@ pub fn plan_cuda(
     ));
     let layer_bytes = g.num_experts * stride;
     let group = staging_group(layer_bytes, moe_layers);
-    // The staging region alone is what `setup_experts` weighs (it is given
-    // back when every expert fits); the exchange buffers stay either way.
+    // The staging region is what `setup_experts` weighs (it is given back
+    // when every expert fits).
     let staging = if hcs {
         let s = Hcs::staging_bytes(layer_bytes, group);
         items.push(PlanItem::exact(
             &format!("HCS staging / reclaimable tier ({group} layer(s) x 2)"),
-            (s + hcs_exchange_bytes(g.top_k, parallel)) as u64,
+            s as u64,
         ));
         s as u64
     } else {
@@ -263,13 +255,7 @@ pub fn plan_cuda(
                         }
                         Decision::Hcs { want } => {
                             let resident = want.min(total_experts);
-                            let (prior, _) = Hcs::reclaimable_split(
-                                moe_layers,
-                                g.num_experts,
-                                g.top_k,
-                                group,
-                                parallel,
-                            );
+                            let prior = Hcs::prior_slots(moe_layers, g.num_experts, group);
                             let prior = prior.min(total_experts - resident);
                             experts.placement = Placement::Hcs;
                             experts.on_gpu_experts = (resident + prior) as u64;

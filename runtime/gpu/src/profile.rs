@@ -119,9 +119,17 @@ impl CudaEngine {
             })?;
             let model = self.model_mut();
             let k = model.geometry.top_k;
-            let ids = model
+            let moe_index = match &model.weights.layers[l].mlp {
+                MlpWeights::Moe { moe_index, .. } => *moe_index,
+                MlpWeights::Dense(_) => 0,
+            };
+            let mut ids = vec![0u32; m * k];
+            let sel = crate::moe::selected(&model.scratch, Positions::Decode, moe_index, k);
+            model
                 .gpu
-                .download(&model.scratch.topk_ids, m * k, "top-k ids")?;
+                .stream
+                .memcpy_dtoh(&sel.slice(0..m * k), &mut ids)
+                .map_err(crate::error::GpuError::driver("reading top-k ids"))?;
             let mut distinct = ids;
             distinct.sort_unstable();
             distinct.dedup();
@@ -131,7 +139,7 @@ impl CudaEngine {
                 let MlpWeights::Moe { moe_index, .. } = cx.w.layers[l].mlp else {
                     return Ok(());
                 };
-                crate::moe::routed_experts(&cx, sc, None, moe_index, m, Positions::Decode)
+                crate::moe::routed_experts(&cx, sc, moe_index, m, Positions::Decode)
             })?;
         }
         // One more eager step of the `m` rows (layers and LM head) between

@@ -54,6 +54,11 @@ impl CudaEngine {
         )?);
         let host_prepare = host.prepare_time().as_secs_f64();
         let group = crate::plan::staging_group(layer_bytes, moe_layers.len());
+        let table = self
+            .model
+            .experts
+            .as_mut()
+            .ok_or_else(|| GpuError::Hcs("HCS without an expert table".into()))?;
         let hcs = Hcs::new(
             &self.model.gpu,
             host,
@@ -63,6 +68,7 @@ impl CudaEngine {
             group,
             self.report.parallel,
             &[],
+            table,
         )?;
         let staging = Hcs::staging_bytes(layer_bytes, group) as u64;
         self.model.hcs = Some(hcs);
@@ -103,8 +109,10 @@ impl CudaEngine {
             crate::plan::Decision::Hcs { want } => {
                 let (ranked, source) = prior(model_dir, &cache, &g, &opts.heatmap, total)?;
                 let hcs = self.model.hcs.as_mut().expect("set above");
+                let table = self.model.experts.as_mut().expect("checked above");
                 let resident = hcs.grow_resident(
                     &self.model.gpu,
+                    table,
                     &ranked,
                     want.min(total),
                     RESIDENT_CHUNK_BYTES,
@@ -144,7 +152,14 @@ impl CudaEngine {
     /// backing, when HCS is active.
     pub fn measure_copy_rates(&mut self) -> Result<Option<(f64, f64, usize)>> {
         match self.model.hcs.as_mut() {
-            Some(h) => h.measure_copy_rates(&self.model.gpu, 64).map(Some),
+            Some(h) => {
+                let table = self
+                    .model
+                    .experts
+                    .as_mut()
+                    .ok_or_else(|| GpuError::Hcs("HCS without an expert table".into()))?;
+                h.measure_copy_rates(&self.model.gpu, table, 64).map(Some)
+            }
             None => Ok(None),
         }
     }
@@ -171,8 +186,7 @@ impl CudaEngine {
         s.transient_bytes = r.calibration.transient_at_context;
         if let Some(sh) = r.shape {
             s.resident_tier_slots = sh.resident_slots as u64;
-            s.reclaimable_slots = (sh.prior_slots + sh.tail_slots) as u64;
-            s.tail_slots = sh.tail_slots as u64;
+            s.reclaimable_slots = sh.prior_slots as u64;
             s.group_layers = sh.group_layers as u64;
         } else {
             s.resident_tier_slots = r.total_experts as u64;
@@ -254,14 +268,13 @@ fn describe(r: &HcsReport) -> String {
             gib(r.expert_bytes_on_gpu)
         )),
         Some(sh) => s.push_str(&format!(
-            "experts: {}/{} on the GPU ({:.1}%, {:.2} GiB): {} resident + {} reclaimable prior + {} recency tail slots; prefill streams {} layer(s) per group; prior from {}",
+            "experts: {}/{} on the GPU ({:.1}%, {:.2} GiB): {} resident + {} reclaimable prior slots, the rest read in place from host memory; prefill streams {} layer(s) per group; prior from {}",
             r.experts_on_gpu,
             r.total_experts,
             100.0 * r.experts_on_gpu as f64 / r.total_experts.max(1) as f64,
             gib(r.expert_bytes_on_gpu),
             sh.resident_slots,
             sh.prior_slots,
-            sh.tail_slots,
             sh.group_layers,
             r.heatmap
         )),

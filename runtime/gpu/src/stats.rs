@@ -12,7 +12,6 @@
 //! time, and none of it touches what the GPU computes.
 
 use crate::engine::CudaEngine;
-use crate::error::Result;
 use crate::hcs::{CopyStats, Counters};
 use krasis_common::status::{EngineStats, HcsStats, VramStats};
 use krasis_model::LiveProgress;
@@ -46,17 +45,14 @@ impl LivePublisher {
     }
 }
 
-/// Per-token HCS traffic of `decode_steps` decode steps (the first
-/// generated token comes from prefill and moves no expert).
-fn traffic(c: &Counters, copies: &CopyStats, decode_steps: usize) -> HcsStats {
-    let steps = decode_steps.max(1) as f64;
+/// HCS traffic per decode step over the steps tallied so far (the first
+/// generated token comes from prefill and reads no expert in place).
+fn traffic(c: &Counters, copies: &CopyStats) -> HcsStats {
+    let steps = c.steps.max(1) as f64;
     HcsStats {
         hit_rate: c.hit_rate(),
-        cold_experts_per_token: copies.decode_copies as f64 / steps,
+        cold_experts_per_token: copies.decode_cold_reads as f64 / steps,
         cold_bytes_per_token: copies.decode_bytes as f64 / steps,
-        copy_ms_per_token: copies.decode_copy_ms / steps,
-        promotions: c.promotions,
-        evictions: c.evictions,
         prefill_stream_bytes: copies.prefill_bytes,
         reload_bytes: copies.reload_bytes,
         ..Default::default()
@@ -64,28 +60,26 @@ fn traffic(c: &Counters, copies: &CopyStats, decode_steps: usize) -> HcsStats {
 }
 
 impl CudaEngine {
-    /// Turns the HCS counters of the request just finished into per-token
-    /// figures for the stats endpoint and bench, and resets them (this
-    /// waits for the last copy timings: the request is over).
-    pub(crate) fn collect_hcs(&mut self, generated: usize) -> Result<()> {
-        let Some(h) = self.model.hcs.as_mut() else {
-            return Ok(());
-        };
-        let (c, copies) = h.take_stats()?;
-        self.last_hcs = Some(traffic(&c, &copies, generated.saturating_sub(1)));
-        Ok(())
+    /// Turns the HCS counters since the last collection (the request just
+    /// finished, and the steps it shared with others) into per-step figures
+    /// for the stats endpoint and bench, and resets them.
+    pub(crate) fn collect_hcs(&mut self) {
+        if let Some(h) = self.model.hcs.as_mut() {
+            let (c, copies) = h.take_stats();
+            self.last_hcs = Some(traffic(&c, &copies));
+        }
     }
 
     /// Publishes the figures of the running request after `decode_steps`
     /// steps to `live` (see the module comment for what it costs).
-    pub(crate) fn publish_live(&self, live: &LiveProgress, decode_steps: usize) {
+    pub(crate) fn publish_live(&self, live: &LiveProgress) {
         let now = self
             .model
             .hcs
             .as_ref()
             .map(|h| {
                 let (c, copies) = h.peek_stats();
-                traffic(c, copies, decode_steps)
+                traffic(c, copies)
             })
             .or_else(|| self.last_hcs.clone());
         live.publish_engine(self.engine_stats(now.as_ref()));
@@ -116,9 +110,9 @@ impl CudaEngine {
     }
 
     /// Page-locked host memory the engine holds: the mapped input
-    /// embedding, the prefix cache's host tier and, under HCS, the expert backing and decode exchange
-    /// buffers (with every expert resident the backing is released after
-    /// loading, so it does not count).
+    /// embedding, the prefix cache's host tier and, under HCS, the expert
+    /// backing and the decode routes buffer (with every expert resident the
+    /// backing is released after loading, so it does not count).
     pub fn pinned_host_bytes(&self) -> u64 {
         self.model.weights.host_bytes as u64
             + self.model.hcs.as_ref().map_or(0, |h| h.pinned_bytes())
@@ -141,30 +135,24 @@ mod tests {
 
     #[test]
     fn traffic_is_per_decode_step() {
-        let c = Counters {
+        let mut c = Counters {
             lookups: 10,
             hits: 8,
-            promotions: 2,
-            evictions: 1,
+            steps: 2,
         };
         let copies = CopyStats {
-            decode_copies: 4,
+            decode_cold_reads: 4,
             decode_bytes: 400,
-            decode_copy_ms: 2.0,
             ..Default::default()
         };
-        let t = traffic(&c, &copies, 2);
+        let t = traffic(&c, &copies);
         assert_eq!(t.hit_rate, 0.8);
         assert_eq!(
-            (
-                t.cold_experts_per_token,
-                t.cold_bytes_per_token,
-                t.copy_ms_per_token
-            ),
-            (2.0, 200.0, 1.0)
+            (t.cold_experts_per_token, t.cold_bytes_per_token),
+            (2.0, 200.0)
         );
-        assert_eq!((t.promotions, t.evictions), (2, 1));
         // No decode step yet: no division by zero.
-        assert_eq!(traffic(&c, &copies, 0).cold_bytes_per_token, 400.0);
+        c.steps = 0;
+        assert_eq!(traffic(&c, &copies).cold_bytes_per_token, 400.0);
     }
 }

@@ -146,9 +146,9 @@ impl Model {
         // The reclaimable tier comes back even when a chunk failed or the
         // request was cancelled, so the next request starts from the same
         // state.
-        let restored = match self.hcs.as_mut() {
-            Some(h) => h.restore(&self.gpu),
-            None => Ok(()),
+        let restored = match (self.hcs.as_mut(), self.experts.as_mut()) {
+            (Some(h), Some(table)) => h.restore(&self.gpu, table),
+            _ => Ok(()),
         };
         r.and_then(|done| restored.map(|_| done))
     }

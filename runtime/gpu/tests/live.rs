@@ -61,7 +61,7 @@ fn live_figures(label: &str, e: &mut CudaEngine) {
     let idle = e.stats().expect("stats");
     let h = idle.hcs.as_ref().expect("HCS figures");
     assert!(
-        h.cold_bytes_per_token == 0.0 && h.copy_ms_per_token == 0.0,
+        h.cold_bytes_per_token == 0.0 && h.cold_experts_per_token == 0.0,
         "{label}: traffic before any request: {h:?}"
     );
     let prompt = tokens(CONTEXT - 600, vocab, 21);

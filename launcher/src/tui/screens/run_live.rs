@@ -357,11 +357,13 @@ fn hcs_text(st: Option<&EngineStats>, compact: bool) -> String {
         // The wide form has said so on the bar's row already.
         return if compact { hcs_off(st) } else { String::new() };
     };
+    // Cold experts are read in place over PCIe: their count and bytes per
+    // decode step are the traffic.
     let traffic = format!(
-        "hit {:.1}%  cold {}/tok  copy {}/tok",
+        "hit {:.1}%  cold {:.1} experts ({})/step",
         h.hit_rate * 100.0,
+        h.cold_experts_per_token.max(0.0),
         fmt_bytes(h.cold_bytes_per_token.max(0.0) as u64),
-        fmt_ms(h.copy_ms_per_token)
     );
     if compact {
         let cov = h.resident_experts as f64 / h.total_experts.max(1) as f64;

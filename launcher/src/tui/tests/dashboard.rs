@@ -54,8 +54,8 @@ pub(super) fn decoding(generated: u64, decode_tok_s: f64) -> EngineStats {
             resident_experts: 2000,
             total_experts: 6144,
             hit_rate: 0.625,
+            cold_experts_per_token: 5.0,
             cold_bytes_per_token: 12.0 * 1048576.0,
-            copy_ms_per_token: 1.24,
             ..Default::default()
         }),
         vram: Some(VramStats {
@@ -93,7 +93,7 @@ fn decoding_request_shows_state_rates_memory_and_hcs() {
         "18.0 GiB / 22.0 GiB limit",
         "margin 600.0 MiB  free 4.0 GiB  min free 3.0 GiB",
         "32.6% of experts resident (2000/6144)",
-        "hit 62.5%  cold 12.0 MiB/tok  copy 1.24 ms/tok",
+        "hit 62.5%  cold 5.0 experts (12.0 MiB)/step",
         "pinned host RAM 17.4 GiB",
     ] {
         assert!(s.contains(want), "missing {want:?}\n{s}");

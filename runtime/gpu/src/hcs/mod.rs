@@ -10,29 +10,39 @@
 //! - *Staging / reclaimable tier*: one allocation of two staging buffers of
 //!   `group_layers` whole MoE layers each. During prefill it double-buffers
 //!   layer groups; during decode the same bytes are slots for the heatmap's
-//!   next experts (the prior) and the recency tail that receives misses.
+//!   next experts (the prior).
 //!
-//! Decode, per MoE layer (`decode.rs`): the router runs on the GPU; the
-//! `top_k` ids of every row of the step come down through a pinned buffer
-//! and one event (not a device sync); [`Residency`] places each distinct
-//! expert once (a cold expert is copied once per step and serves every row
-//! that routed to it); misses are copied on the copy stream (one row: while
-//! the hits' gate/up GEMV runs); the misses' GEMV waits for the copy
-//! event, then the down GEMV combines all of them in the fixed order the
-//! all-resident path uses, so results are bit-identical to it.
+//! Decode: the expert pointer table ([`ExpertTable`]) names every expert,
+//! its slot when it has one, else its page-locked host bytes mapped into
+//! the device's address space ([`Hcs::write_decode_table`]). The decode
+//! step is then exactly the all-resident one, same kernels, same launch
+//! shapes, one CUDA graph per row count: a cold expert's GEMV blocks read
+//! its INT4/MXFP4 blocks over PCIe in place, while the hits' blocks of the
+//! same launch read VRAM. Results are bit-identical to all resident by
+//! construction (the same bytes through the same code), and the host never
+//! waits for a router (issue 16: the per-layer round trip and the serialized
+//! copy-then-compute cost ~0.6 + ~0.3 ms of a 3.3 ms token at 6 GiB).
+//! Measured on the H200 (`kbench --host-experts`): a kernel reads mapped
+//! host memory at 45-51 GB/s (memcpy: 50-55), and an a3b GEMV with one of
+//! its 8 experts in host memory takes 68 us against 71 us for copying that
+//! expert first. Rows that share a cold expert each read it (per-pair
+//! blocks); the residency never changes during decode. After each step the
+//! step's routes (every MoE layer's, kept apart in the scratch) come back
+//! with the sampled tokens and [`Residency::tally`] counts hits and cold
+//! reads for the stats.
 //!
 //! Prefill (`prefill.rs`): layer-group streaming, group outside the chunk
 //! loop, with the next group's copy overlapping this group's compute.
 
-mod decode;
 mod pinned;
 mod prefill;
 pub mod residency;
 
-pub use residency::{Counters, Placement, Residency};
+pub use residency::{Counters, Residency};
 
 use crate::device::{Gpu, addr};
 use crate::error::{GpuError, Result};
+use crate::experts::ExpertTable;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys};
 use krasis_cache::PinnedExperts;
 use pinned::PinnedBuf;
@@ -48,20 +58,18 @@ const ALLOC_SLACK: u64 = 2 << 20;
 pub struct HcsShape {
     pub resident_slots: usize,
     pub prior_slots: usize,
-    pub tail_slots: usize,
     /// MoE layers per staging buffer (prefill layer-group size).
     pub group_layers: usize,
 }
 
-/// Per-request copy statistics (the residency counters are in
+/// Per-request traffic (the residency counters are in
 /// [`Residency::counters`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct CopyStats {
-    /// Experts copied during decode (misses).
-    pub decode_copies: u64,
+    /// Decode (row, expert) pairs whose expert was read from host memory.
+    pub decode_cold_reads: u64,
+    /// Their bytes over PCIe (an expert's whole block each).
     pub decode_bytes: u64,
-    /// Copy-stream time of decode misses, from CUDA events.
-    pub decode_copy_ms: f64,
     /// Expert bytes streamed during prefill (non-resident experts of every group).
     pub prefill_bytes: u64,
     /// Bytes reloaded into the reclaimable tier after prefill.
@@ -82,20 +90,12 @@ pub struct Hcs {
     slot_addr: Vec<u64>,
     _resident_mem: Vec<CudaSlice<u8>>,
     staging: CudaSlice<u8>,
-    ids_host: PinnedBuf<u32>,
-    /// Per MoE layer, `2 * top_k` addresses: hits only, then all.
-    sel_host: PinnedBuf<u64>,
-    sel_dev: CudaSlice<u64>,
-    iota: CudaSlice<u32>,
-    ev_ids: CudaEvent,
+    /// A decode step's routes, every MoE layer's `pairs` ids, read back
+    /// with the step's sampled tokens.
+    routes_host: PinnedBuf<u32>,
     ev_copy: CudaEvent,
     ev_staged: [CudaEvent; 2],
     ev_computed: [CudaEvent; 2],
-    /// Per MoE layer: copy start/end events of the last token with misses.
-    timing: Vec<Option<(CudaEvent, CudaEvent)>>,
-    placements: Vec<Placement>,
-    /// (slot, MoE layer, expert) copies of the current layer (reused).
-    misses: Vec<(usize, usize, usize)>,
     /// (row, expert) pairs of the largest decode step: `rows * top_k`.
     pairs: usize,
     pub copies: CopyStats,
@@ -118,31 +118,17 @@ impl Hcs {
         2 * group_layers * layer_bytes
     }
 
-    /// How the reclaimable tier's `2 * group_layers * num_experts` slots
-    /// divide into (prior, recency tail) slots during decode. The tail
-    /// holds at least every distinct expert one layer of a decode step of
-    /// `rows` sequences selects (`rows * top_k`, at most the layer's
-    /// experts; and at least two tokens' worth), so a step's misses never
-    /// evict each other (`Residency::route`); a layer's experts always fit
-    /// (half the reclaimable slots are at least one layer's).
-    pub fn reclaimable_split(
-        moe_layers: usize,
-        num_experts: usize,
-        top_k: usize,
-        group_layers: usize,
-        rows: usize,
-    ) -> (usize, usize) {
-        let reclaimable = 2 * group_layers * num_experts;
-        let step = (rows.max(1) * top_k).min(num_experts).max(2 * top_k);
-        let tail = (moe_layers * top_k).clamp(step, (reclaimable / 2).max(step));
-        let tail = tail.min(reclaimable);
-        let prior = (reclaimable - tail).min(moe_layers * num_experts);
-        (prior, tail)
+    /// Prior slots of the reclaimable tier: all `2 * group_layers *
+    /// num_experts` of them, at most every expert.
+    pub fn prior_slots(moe_layers: usize, num_experts: usize, group_layers: usize) -> usize {
+        (2 * group_layers * num_experts).min(moe_layers * num_experts)
     }
 
-    /// Allocates the staging region and the decode exchange buffers. The
-    /// resident tier is added later by [`Hcs::grow_resident`] (after
-    /// calibration has measured what it may use).
+    /// Allocates the staging region and the routes read-back buffer for
+    /// decode steps of up to `rows` sequences, loads the prior and writes
+    /// the decode table. The resident tier is added later by
+    /// [`Hcs::grow_resident`] (after calibration has measured what it may
+    /// use).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
@@ -153,6 +139,7 @@ impl Hcs {
         group_layers: usize,
         rows: usize,
         ranked: &[(usize, usize)],
+        table: &mut ExpertTable,
     ) -> Result<Self> {
         let stride = host.cache().layout().expert_stride;
         let layer_bytes = num_experts * stride;
@@ -161,27 +148,21 @@ impl Hcs {
             "expert staging / reclaimable HCS tier",
         )?;
         let base = addr(&staging, &gpu.stream);
-        let reclaimable = 2 * group_layers * num_experts;
-        let (prior, tail) =
-            Self::reclaimable_split(moe_layers.len(), num_experts, top_k, group_layers, rows);
+        let prior = Self::prior_slots(moe_layers.len(), num_experts, group_layers);
         let shape = HcsShape {
             resident_slots: 0,
             prior_slots: prior,
-            tail_slots: tail,
             group_layers,
         };
-        let res = Residency::new(moe_layers.len(), num_experts, ranked, 0, prior, tail)
+        let res = Residency::new(moe_layers.len(), num_experts, ranked, 0, prior)
             .map_err(GpuError::Hcs)?;
-        let slot_addr = (0..reclaimable)
-            .map(|i| base + (i * stride) as u64)
-            .collect();
+        let slot_addr = (0..prior).map(|i| base + (i * stride) as u64).collect();
         let copy = gpu
             .ctx
             .new_stream()
             .map_err(GpuError::driver("creating the expert copy stream"))?;
         // A decode step's (row, expert) pairs, `rows * top_k` of them.
         let pairs = rows.max(1) * top_k;
-        let iota: Vec<u32> = (0..pairs as u32).collect();
         let n = moe_layers.len();
         let mut hcs = Hcs {
             res,
@@ -194,24 +175,17 @@ impl Hcs {
             slot_addr,
             _resident_mem: Vec::new(),
             staging,
-            ids_host: PinnedBuf::new(&gpu.ctx, pairs, "selected expert ids")?,
-            sel_host: PinnedBuf::new(&gpu.ctx, n * 2 * pairs, "selected expert addresses")?,
-            sel_dev: gpu.alloc_zeros(2 * pairs, "selected expert addresses")?,
-            iota: gpu.upload(&iota, "expert slot indices")?,
-            ev_ids: ev(gpu, false)?,
+            routes_host: PinnedBuf::new(&gpu.ctx, n * pairs, "decode step routes")?,
             ev_copy: ev(gpu, false)?,
             ev_staged: [ev(gpu, false)?, ev(gpu, false)?],
             ev_computed: [ev(gpu, false)?, ev(gpu, false)?],
-            timing: (0..n).map(|_| None).collect(),
-            placements: Vec::with_capacity(pairs),
-            misses: Vec::with_capacity(pairs),
             pairs,
             copies: CopyStats::default(),
             moe_layers,
         };
         // The prior starts on the GPU like after any prefill.
         hcs.res.lend_reclaimable();
-        hcs.restore(gpu)?;
+        hcs.restore(gpu, table)?;
         gpu.sync("loading the reclaimable HCS tier")?;
         hcs.copies = CopyStats::default();
         Ok(hcs)
@@ -224,6 +198,7 @@ impl Hcs {
     pub fn grow_resident(
         &mut self,
         gpu: &Gpu,
+        table: &mut ExpertTable,
         ranked: &[(usize, usize)],
         want: usize,
         chunk_bytes: usize,
@@ -261,15 +236,12 @@ impl Hcs {
             self.shape
                 .prior_slots
                 .min((self.moe_layers.len() * self.num_experts).saturating_sub(resident)),
-            self.shape.tail_slots,
         )
         .map_err(GpuError::Hcs)?;
         // Unused prior slots (every expert already resident) just stay empty.
         let prior = res.prior_slots();
         self.slot_addr = addrs;
         self.slot_addr.extend_from_slice(&reclaimable[..prior]);
-        self.slot_addr
-            .extend_from_slice(&reclaimable[reclaimable.len() - self.shape.tail_slots..]);
         // Load the resident tier, then the prior, like after a prefill.
         let mut loads = Vec::new();
         for slot in 0..resident {
@@ -283,7 +255,7 @@ impl Hcs {
         self.shape.resident_slots = resident;
         self.shape.prior_slots = prior;
         self._resident_mem = mem;
-        self.restore(gpu)?;
+        self.restore(gpu, table)?;
         gpu.sync("loading the resident HCS tier")?;
         self.copies = CopyStats::default();
         Ok(resident)
@@ -299,18 +271,82 @@ impl Hcs {
     }
 
     /// Page-locked host memory this cache holds: the expert backing and the
-    /// per-layer exchange buffers of decode.
+    /// routes read-back buffer of decode.
     pub fn pinned_bytes(&self) -> u64 {
-        self.host.pinned_bytes() + (self.ids_host.bytes() + self.sel_host.bytes()) as u64
+        self.host.pinned_bytes() + self.routes_host.bytes() as u64
     }
 
-    /// This request's counters so far, without collecting the copy timings
-    /// still pending (no driver call, nothing reset): for live figures
-    /// while decode runs. `copies.decode_copy_ms` then covers the copies
-    /// whose events were already read (each layer's latest copy is read at
-    /// that layer's next miss or when the request ends).
+    /// This request's counters so far (no driver call, nothing reset): for
+    /// live figures while decode runs.
     pub fn peek_stats(&self) -> (&Counters, &CopyStats) {
         (&self.res.counters, &self.copies)
+    }
+
+    /// Every MoE layer's decode table: each expert's slot, or its mapped
+    /// host bytes when it has none.
+    fn decode_ptrs(&self) -> Result<Vec<u64>> {
+        let mut ptrs = Vec::with_capacity(self.moe_layers.len() * self.num_experts);
+        for m in 0..self.moe_layers.len() {
+            for e in 0..self.num_experts {
+                ptrs.push(match self.res.slot_of(m, e) {
+                    Some(slot) => self.slot_addr[slot],
+                    None => self.host_addr(m, e)?,
+                });
+            }
+        }
+        Ok(ptrs)
+    }
+
+    /// Points the expert table at the decode placement (ordered on the
+    /// compute stream: kernels queued after this read it).
+    pub fn write_decode_table(&self, gpu: &Gpu, table: &mut ExpertTable) -> Result<()> {
+        if self.res.is_lent() {
+            return Err(GpuError::Hcs(
+                "the decode table was asked for while prefill holds the reclaimable tier".into(),
+            ));
+        }
+        table.write_all(gpu, &self.decode_ptrs()?)
+    }
+
+    /// Queues the read-back of a decode step's routes (the scratch's
+    /// `decode_ids`: every MoE layer's `seqs * top_k` ids) on the compute
+    /// stream; [`Hcs::tally_routes`] counts them once the stream has
+    /// passed this point (the caller's read of the sampled tokens).
+    pub fn read_routes(&mut self, gpu: &Gpu, sc: &crate::scratch::Scratch) -> Result<()> {
+        let n = self.moe_layers.len() * self.pairs;
+        let ids = &sc.decode_ids;
+        if sc.seqs * self.top_k != self.pairs || ids.len() != n {
+            return Err(GpuError::Hcs(format!(
+                "decode routes of {} ids for {} sequences; HCS counts {} MoE layers of {} pairs",
+                ids.len(),
+                sc.seqs,
+                self.moe_layers.len(),
+                self.pairs
+            )));
+        }
+        // SAFETY: routes_host holds n pinned u32 and is not read on the host
+        // before the stream has passed this copy (tally_routes' contract).
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                self.routes_host.as_mut_slice(),
+                addr(ids, &gpu.stream),
+                gpu.stream.cu_stream(),
+            )
+        }
+        .map_err(GpuError::driver("reading a decode step's routes"))
+    }
+
+    /// Counts the routes of a step of `rows` rows read by
+    /// [`Hcs::read_routes`]; the compute stream must have passed that copy.
+    pub fn tally_routes(&mut self, rows: usize) -> Result<()> {
+        let used = rows * self.top_k;
+        let cold = self
+            .res
+            .tally(self.routes_host.as_slice(), self.pairs, used)
+            .map_err(GpuError::Hcs)?;
+        self.copies.decode_cold_reads += cold;
+        self.copies.decode_bytes += cold * self.stride as u64;
+        Ok(())
     }
 
     /// Copies `(slot, moe layer, expert)` from the host backing on the copy
@@ -335,6 +371,16 @@ impl Hcs {
         Ok(bytes)
     }
 
+    /// The device-side address of an expert's mapped host bytes.
+    fn host_addr(&self, moe_index: usize, expert: usize) -> Result<u64> {
+        let layer = self.moe_layers[moe_index];
+        self.host.device_addr(layer, expert).ok_or_else(|| {
+            GpuError::Hcs(format!(
+                "expert {expert} of layer {layer} is outside the host backing"
+            ))
+        })
+    }
+
     fn host_expert(&self, moe_index: usize, expert: usize) -> Result<&'static [u8]> {
         let layer = self.moe_layers[moe_index];
         let src = self.host.expert(layer, expert).ok_or_else(|| {
@@ -350,8 +396,8 @@ impl Hcs {
 
     /// Reloads the reclaimable prior after prefill, on the copy stream after
     /// everything already on the compute stream; the compute stream waits
-    /// for the reload before any later work reads those slots.
-    pub fn restore(&mut self, gpu: &Gpu) -> Result<()> {
+    /// for the reload, then the table gets the decode placement back.
+    pub fn restore(&mut self, gpu: &Gpu, table: &mut ExpertTable) -> Result<()> {
         self.copy_after_compute(gpu)?;
         let loads = self.res.restore_reclaimable();
         let bytes = self.copy_experts(&loads)?;
@@ -361,7 +407,8 @@ impl Hcs {
             .map_err(GpuError::driver("recording the reload"))?;
         gpu.stream
             .wait(&self.ev_copy)
-            .map_err(GpuError::driver("waiting for the reload"))
+            .map_err(GpuError::driver("waiting for the reload"))?;
+        self.write_decode_table(gpu, table)
     }
 
     /// Orders everything queued on the copy stream from now on after all
@@ -376,26 +423,12 @@ impl Hcs {
             .map_err(GpuError::driver("ordering copies after compute"))
     }
 
-    /// Collects finished copy timings and resets the per-request counters;
-    /// returns the previous ones.
-    pub fn take_stats(&mut self) -> Result<(Counters, CopyStats)> {
-        self.collect_timing()?;
-        Ok((
+    /// Resets the per-request counters; returns the previous ones.
+    pub fn take_stats(&mut self) -> (Counters, CopyStats) {
+        (
             std::mem::take(&mut self.res.counters),
             std::mem::take(&mut self.copies),
-        ))
-    }
-
-    fn collect_timing(&mut self) -> Result<()> {
-        for t in self.timing.iter_mut() {
-            if let Some((a, b)) = t.take() {
-                self.copies.decode_copy_ms += a
-                    .elapsed_ms(&b)
-                    .map_err(GpuError::driver("reading expert copy timing"))?
-                    as f64;
-            }
-        }
-        Ok(())
+        )
     }
 }
 
@@ -404,7 +437,12 @@ impl Hcs {
     /// staging region: `experts` one-expert copies back to back, and one
     /// copy of the whole staging region. Returns (expert GB/s, big GB/s,
     /// big copy bytes). The reclaimable tier is reloaded afterwards.
-    pub fn measure_copy_rates(&mut self, gpu: &Gpu, experts: usize) -> Result<(f64, f64, usize)> {
+    pub fn measure_copy_rates(
+        &mut self,
+        gpu: &Gpu,
+        table: &mut ExpertTable,
+        experts: usize,
+    ) -> Result<(f64, f64, usize)> {
         gpu.sync("measuring copy rates")?;
         self.res.lend_reclaimable();
         let base = addr(&self.staging, &gpu.stream);
@@ -448,7 +486,7 @@ impl Hcs {
         // SAFETY: the first big_len bytes of the pinned backing.
         let big_src: &[u8] = unsafe { std::slice::from_raw_parts(data.as_ptr(), big_len) };
         let big_gbps = rate(&[(base, big_src)])?;
-        self.restore(gpu)?;
+        self.restore(gpu, table)?;
         gpu.sync("reloading after the copy measurement")?;
         self.copies = CopyStats::default();
         Ok((expert_gbps, big_gbps, big_len))
@@ -459,31 +497,12 @@ impl Hcs {
 mod tests {
     use super::*;
 
-    /// The recency tail holds a whole decode step's distinct experts of one
-    /// layer (rows x top_k, at most the layer's experts), so
-    /// `Residency::route` never refuses a step; with room to spare it is
-    /// what it was for one row (a3b-24l at 6 GiB: 128 tail slots).
+    /// The whole reclaimable tier is prior (a3b-24l: 256 slots, one layer
+    /// per staging buffer), and never more than every expert.
     #[test]
-    fn the_tail_holds_a_whole_steps_experts() {
-        // a3b-24l, one layer per staging buffer: 256 reclaimable slots.
-        assert_eq!(Hcs::reclaimable_split(24, 128, 8, 1, 1), (128, 128));
-        assert_eq!(Hcs::reclaimable_split(24, 128, 8, 1, 8), (128, 128));
-        for rows in 1..=8 {
-            for (layers, experts, k, group) in
-                [(2, 8, 2, 1), (3, 16, 4, 2), (48, 128, 8, 1), (1, 8, 8, 1)]
-            {
-                let (prior, tail) = Hcs::reclaimable_split(layers, experts, k, group, rows);
-                let step = (rows * k).min(experts);
-                assert!(
-                    tail >= step,
-                    "{layers}x{experts} top-{k}, {rows} rows: tail {tail}"
-                );
-                assert!(prior + tail <= 2 * group * experts);
-            }
-        }
-        // A model with fewer layers than rows: the tail grows past one
-        // token per layer to a step's experts.
-        assert_eq!(Hcs::reclaimable_split(2, 16, 2, 1, 8), (16, 16));
-        assert_eq!(Hcs::reclaimable_split(2, 16, 2, 1, 1), (28, 4));
+    fn the_reclaimable_tier_is_all_prior() {
+        assert_eq!(Hcs::prior_slots(24, 128, 1), 256);
+        assert_eq!(Hcs::prior_slots(1, 8, 1), 8);
+        assert_eq!(Hcs::prior_slots(3, 16, 2), 48);
     }
 }

@@ -43,13 +43,11 @@ fn run_once(
     };
     let desc = match e.hcs_stats() {
         Some(h) => format!(
-            "{}/{} experts on the GPU, hit rate {:.3}, {:.1} cold experts/token, {} promotions, {} evictions, prefill streamed {:.2} GB",
+            "{}/{} experts on the GPU, hit rate {:.3}, {:.1} cold experts read in place per step, prefill streamed {:.2} GB",
             h.resident_experts,
             h.total_experts,
             h.hit_rate,
             h.cold_experts_per_token,
-            h.promotions,
-            h.evictions,
             h.prefill_stream_bytes as f64 / 1e9
         ),
         None => "all experts resident".into(),

@@ -2,7 +2,7 @@
 //! a3b (Qwen3-30B-A3B) shapes, plus prefill attention at the qcn heads (16 q,
 //! 2 kv, head_dim 256) and gpt-oss decode attention (sinks; full vs 128-token
 //! sliding layer at 32K). Times are CUDA-event medians after warm-up.
-//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--grouped] [--baseline-int4 OLD.cu]`
+//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--grouped] [--host-experts] [--baseline-int4 OLD.cu]`
 //! (prints a table; exits with an error without a GPU). `--gemv` times only
 //! the BF16 decode GEMVs next to cuBLAS; `--rows` times the kernels of a
 //! batched decode step at 1/2/4/8 rows (BF16 GEMVs; INT4 w13 + w2 with
@@ -13,6 +13,8 @@
 //! experts (gate/up + SwiGLU + down of every (token, expert) pair, rows
 //! grouped by expert) with the grouped INT4 GEMMs next to the dequantize +
 //! per-expert cuBLAS path they replace, at 512 to 8,192 tokens;
+//! `--host-experts` times decode experts read straight from mapped host
+//! memory against copying them first (`host.rs`);
 //! `--baseline-int4` also times the entry points of an older `int4.cu` with
 //! the pre-slot-mask signatures (w13: 128 threads, grid (I/16, pairs); w2:
 //! 32*top_k threads, grid (H/16, tokens)), for before/after numbers.
@@ -31,6 +33,8 @@ use krasis_kernels::{
     decode_workspace_len, sample_workspace_len,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
+
+mod host;
 
 fn time_ms(
     s: &Arc<CudaStream>,
@@ -101,6 +105,7 @@ struct Args {
     /// Only prefill attention (a3b d128 and qcn d256).
     prefill_only: bool,
     grouped_only: bool,
+    host_only: bool,
     /// A `.cu` file with an earlier INT4 module, timed beside the current one.
     baseline: Option<String>,
 }
@@ -113,6 +118,7 @@ fn main() -> anyhow::Result<()> {
         rows_only: false,
         prefill_only: false,
         grouped_only: false,
+        host_only: false,
         baseline: None,
     };
     let mut it = std::env::args().skip(1);
@@ -124,10 +130,11 @@ fn main() -> anyhow::Result<()> {
             "--rows" => args.rows_only = true,
             "--prefill" => args.prefill_only = true,
             "--grouped" => args.grouped_only = true,
+            "--host-experts" => args.host_only = true,
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --grouped, --baseline-int4 FILE)"
+                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --grouped, --host-experts, --baseline-int4 FILE)"
                 )
             }
         }
@@ -180,6 +187,14 @@ fn main() -> anyhow::Result<()> {
     if args.grouped_only {
         bench_grouped(&k, &s, &mut rng, &mut rows)?;
         println!("\n==== kbench (grouped prefill experts) ====");
+        for r in rows {
+            println!("{r}");
+        }
+        return Ok(());
+    }
+    if args.host_only {
+        host::bench_host_experts(&k, &s, &mut rng, &mut rows)?;
+        println!("\n==== kbench (host experts) ====");
         for r in rows {
             println!("{r}");
         }

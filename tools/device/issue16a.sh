@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Device orchestration for HCS decode reading cold experts in place from mapped host memory (issue
+# 16's first lever: no host round trip, the decode step one CUDA graph under HCS too), one phase
+# per call over the xz-packed stripped binaries in dist/pack/bins.tar.xz (carry dist/pack,
+# .cache/vocab, .cache/wheels):
+#   bash tools/device/issue16a.sh engine COMMIT
+#       `kbench --host-experts` (mapped-host read rates; GEMV reading j experts in place vs copying
+#       them first), then prep (a3b-24l, cache, heatmap), the HCS exactness check at 6 GiB (prompt
+#       logits, greedy tokens and decode logits bit-identical to all resident), `bench` at 6 GiB
+#       (decode graphs on and off, prefill 512 and 8192), and the engine tests whose HCS paths
+#       changed (batching: invariance under HCS; live: HCS figures; prefix_cache; gpu_engine).
+#   bash tools/device/issue16a.sh more COMMIT
+#       the rest of the engine tests (cancel, glm4_moe, gpt_oss, row_invariance, fault_injection)
+#       and `bench --decode-rows 1,2,4,8` at 6 GiB.
+#   bash tools/device/issue16a.sh serve COMMIT
+#       `agent_load.py parallel` (1/2/4/8 clients) through serve at 6 GiB, and the agent loop.
+# Results: $OUT/issue16a-PHASE.txt (the summary) and the logs beside it.
+set -u
+P=${1:?phase}; C=${2:-unknown}
+S=$OUT/issue16a-$P.txt
+T0=$SECONDS
+if [ ! -x dist/gpu/krasis-runtime ]; then
+  rm -rf dist/gpu /tmp/bins
+  mkdir -p /tmp/bins dist/gpu && tar xJf dist/pack/bins.tar.xz -C /tmp/bins && cp /tmp/bins/*/* dist/gpu/
+fi
+kr=$(realpath dist/gpu/krasis-runtime); A=/tmp/agent-load
+test_bin() { # name timeout [filter...]
+  local b n=$1 t=$2; shift 2; b=$(ls dist/gpu/$n-* 2>/dev/null | head -1)
+  [ -z "$b" ] && { echo "test $n: binary missing" >> "$S"; return; }
+  timeout "$t" "$b" --test-threads 1 --nocapture "$@" > "$OUT/test-$n.log" 2>&1
+  echo "test $n $* rc=$? $(grep '^test result' "$OUT/test-$n.log") (t=$((SECONDS-T0))s)" >> "$S"
+  grep -E "panicked|FAILED|differ|SKIPPED" -A2 "$OUT/test-$n.log" | head -30 >> "$S"
+}
+prep() { [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1; }
+bench() { # tag args...
+  local t=$1; shift
+  timeout 240 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --commit "$C" \
+    --json "$OUT/bench-$t.json" "$@" > "$OUT/bench-$t.log" 2>&1
+  echo "bench $t rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+  grep -iE "prefill|decode|bound|HCS|experts" "$OUT/bench-$t.log" | tail -24 >> "$S"
+}
+case "$P" in
+  engine)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+    timeout 90 dist/gpu/kbench --host-experts > "$OUT/kbench-host.txt" 2>&1
+    echo "kbench --host-experts rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    sed -n '/^====/,$p' "$OUT/kbench-host.txt" >> "$S"
+    prep
+    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
+      > "$OUT/hcs-exact.log" 2>&1
+    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    tail -6 "$OUT/hcs-exact.log" >> "$S"
+    bench 6gib --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128
+    test_bin batching 150
+    test_bin live 100
+    test_bin prefix_cache 120
+    test_bin gpu_engine 100
+    ;;
+  more)
+    test_bin cancel 80
+    test_bin glm4_moe 120
+    test_bin gpt_oss 120
+    test_bin row_invariance 80
+    test_bin fault_injection 100
+    prep
+    bench rows-6gib --vram-limit 6GiB --prompt-tokens 512 --decode-tokens 16 --decode-rows 1,2,4,8
+    ;;
+  serve)
+    prep
+    LIMIT=6GiB CLIENTS=1,2,4,8 BUDGET=$((300-(SECONDS-T0))) bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+    cat /tmp/btr-parallel-6GiB/summary.txt >> "$S"
+    mkdir -p "$OUT/parallel-6GiB"; cp /tmp/btr-parallel-6GiB/*.json /tmp/btr-parallel-6GiB/*.md "$OUT/parallel-6GiB/" 2>/dev/null
+    ;;
+  *) echo "unknown phase $P" >> "$S"; exit 2 ;;
+esac
+cat "$S"
