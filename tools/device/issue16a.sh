@@ -7,11 +7,11 @@
 #       `kbench --host-experts` (mapped-host read rates; GEMV reading j experts in place vs copying
 #       them first), then prep (a3b-24l, cache, heatmap), the HCS exactness check at 6 GiB (prompt
 #       logits, greedy tokens and decode logits bit-identical to all resident), `bench` at 6 GiB
-#       (decode graphs on and off, prefill 512 and 8192), and the engine tests whose HCS paths
-#       changed (batching: invariance under HCS; live: HCS figures; prefix_cache; gpu_engine).
+#       with the all-resident baseline (decode graphs on and off, prefill 512 and 8192; the
+#       bound max(compute, cold bytes / H2D)), and batching (invariance under HCS).
 #   bash tools/device/issue16a.sh more COMMIT
-#       the rest of the engine tests (cancel, glm4_moe, gpt_oss, row_invariance, fault_injection)
-#       and `bench --decode-rows 1,2,4,8` at 6 GiB.
+#       the other engine tests (live: HCS figures; prefix_cache, gpu_engine, cancel, glm4_moe,
+#       gpt_oss, row_invariance, fault_injection) and `bench --decode-rows 1,2,4,8` at 6 GiB.
 #   bash tools/device/issue16a.sh serve COMMIT
 #       `agent_load.py parallel` (1/2/4/8 clients) through serve at 6 GiB, and the agent loop.
 # Results: $OUT/issue16a-PHASE.txt (the summary) and the logs beside it.
@@ -50,13 +50,13 @@ case "$P" in
       > "$OUT/hcs-exact.log" 2>&1
     echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     tail -6 "$OUT/hcs-exact.log" >> "$S"
-    bench 6gib --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128
+    bench 6gib --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128
     test_bin batching 150
+    ;;
+  more)
     test_bin live 100
     test_bin prefix_cache 120
     test_bin gpu_engine 100
-    ;;
-  more)
     test_bin cancel 80
     test_bin glm4_moe 120
     test_bin gpt_oss 120
