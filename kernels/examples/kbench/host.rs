@@ -13,11 +13,18 @@
 //!   from a pool of 256 host experts (random routes per launch, so the host
 //!   reads rarely repeat inside L2);
 //! - the same j experts copied to VRAM first, then the GEMVs (the copy and
-//!   the compute serialized on one stream, the shape of a HCS miss today).
+//!   the compute serialized on one stream, the shape of a HCS miss before);
+//! - a short prefill chunk's grouped INT4 GEMMs (a3b, 8 to 1,024 tokens, random
+//!   routes) with every expert in VRAM, every expert read in place from host
+//!   memory, and the layer's experts copied first (what layer-group
+//!   streaming moves per layer): whether a short prompt under HCS could
+//!   skip streaming.
 
 use super::{random_routes, time_graph_ms, time_ms};
 use anyhow::Context;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, result, sys};
+use cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg, result, sys,
+};
 use krasis_kernels::{Int4Layout, Kernels};
 use rand::{Rng, rngs::StdRng};
 use std::sync::Arc;
@@ -256,6 +263,71 @@ pub fn bench_host_experts(
             }
             rows.push(line);
         }
+    }
+    bench_grouped_host(k, s, rng, rows)
+}
+
+fn bench_grouped_host(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    rows: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let (h, i, e, topk) = (2048usize, 768usize, 128usize, 8usize);
+    let layout = Int4Layout::new(h, i, 128).context("INT4 layout")?;
+    let stride = layout.used_bytes().div_ceil(4096) * 4096;
+    let mut bytes = vec![0u8; e * stride];
+    fill_experts(rng, &layout, stride, &mut bytes);
+    let dev: CudaSlice<u8> = s.clone_htod(&bytes)?;
+    let mut host = Mapped::new(e * stride)?;
+    host.bytes().copy_from_slice(&bytes);
+    drop(bytes);
+    let db = dev.device_ptr(s).0;
+    let t_dev = s.clone_htod(&(0..e).map(|x| db + (x * stride) as u64).collect::<Vec<_>>())?;
+    let t_host = s.clone_htod(
+        &(0..e)
+            .map(|x| host.dev + (x * stride) as u64)
+            .collect::<Vec<_>>(),
+    )?;
+    let mut landing: CudaSlice<u8> = s.alloc_zeros(e * stride)?;
+    rows.push(
+        "a3b grouped INT4 w13+w2 of one layer, us: experts in VRAM | read in place from host | \
+         the layer's 128 experts copied first, then VRAM"
+            .into(),
+    );
+    for t in [8usize, 64, 256, 1024] {
+        let pairs = t * topk;
+        let ids = random_routes(rng, t, e, topk);
+        let (_, offsets, _, _) = krasis_kernels::reference::moe_group(&ids, e);
+        let used = offsets.windows(2).filter(|w| w[1] > w[0]).count();
+        let tiles = krasis_kernels::int4_grouped_tiles(&offsets);
+        let d_off = s.clone_htod(&offsets)?;
+        let xg = s.clone_htod(&super::rand_bf16(rng, pairs * h))?;
+        let mut hact = s.alloc_zeros::<half::bf16>(pairs * i)?;
+        let mut y = s.alloc_zeros::<f32>(pairs * h)?;
+        let mut run = |table: &CudaSlice<u64>| -> anyhow::Result<()> {
+            k.int4_grouped_w13_swiglu(s, &xg, pairs, &d_off, e, tiles, table, &layout, &mut hact)?;
+            k.int4_grouped_w2(s, &hact, pairs, &d_off, e, tiles, table, &layout, &mut y)?;
+            Ok(())
+        };
+        let vram = time_ms(s, 3, |_| run(&t_dev))?;
+        let in_place = time_ms(s, 3, |_| run(&t_host))?;
+        let (lb, _g) = landing.device_ptr_mut(s);
+        let copied = time_ms(s, 3, |_| {
+            // SAFETY: both ranges are e * stride bytes.
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(lb, host.host as *const _, e * stride, s.cu_stream())
+            }
+            .result()?;
+            run(&t_dev)
+        })?;
+        rows.push(format!(
+            "T={t:<5} ({used:>3} experts used) {:>8.1} | {:>8.1} ({:>4.1} GB/s of used experts) | {:>8.1}",
+            vram * 1e3,
+            in_place * 1e3,
+            (used * layout.used_bytes()) as f64 / in_place / 1e6,
+            copied * 1e3
+        ));
     }
     Ok(())
 }
