@@ -60,6 +60,11 @@ pub const MODULES: &[Module] = &[
         kernels: &["kv_append_bf16", "kv_append_ring_bf16"],
     },
     Module {
+        name: "expert_tail",
+        source: include_str!("../cuda/expert_tail.cu"),
+        kernels: &["tail_lookup", "tail_fetch"],
+    },
+    Module {
         name: "kv_blocks",
         source: include_str!("../cuda/kv_blocks.cu"),
         kernels: &["kv_blocks_copy"],

@@ -1239,3 +1239,107 @@ fn kv_blocks_reference_layout_and_round_trip() {
         }
     }
 }
+
+/// The expert tail's reference policy on hand-computed steps: resident and
+/// tail hits fetch nothing, first misses fill empty slots in index order, a
+/// repeated expert is promoted once, the least recently used slot is the
+/// victim (ties: lowest index) and its owner goes back to its host bytes,
+/// and a slot used by the current launch is never evicted: the extra misses
+/// are read in place.
+#[test]
+fn expert_tail_reference_policy() {
+    use krasis_kernels::{TAIL_NONE as NONE, reference::TailState};
+    const E: usize = 8;
+    const N: u32 = NONE;
+    let host: Vec<u64> = (0..2 * E as u64).map(|k| 0x1000_0000 + k * 0x100).collect();
+    let slot: Vec<u64> = (0..3).map(|i| 0xD000_0000 + i * 0x100).collect();
+    // Resident: layer 0 expert 2 (key 2), layer 1 expert 5 (key 13).
+    let resident = [(2usize, 0xA000_0000u64), (13, 0xA000_0100)];
+    let mut table = host.clone();
+    for &(k, a) in &resident {
+        table[k] = a;
+    }
+    let mut st = TailState::new(E, table, host.clone(), slot.clone());
+    let (h, s) = (|k: usize| host[k], |i: usize| slot[i]);
+    // The whole state, from the slots' owners: every other key points at
+    // its resident copy or its host bytes and is in no slot.
+    let check = |st: &TailState,
+                 step: &str,
+                 owner: [u32; 3],
+                 stamp: [u32; 3],
+                 clock: u32,
+                 ctr: [u64; 4]| {
+        assert_eq!(st.owner, owner, "{step}: owner");
+        assert_eq!(st.stamp, stamp, "{step}: stamp");
+        assert_eq!(st.clock, clock, "{step}: clock");
+        assert_eq!(st.counters, ctr, "{step}: counters");
+        for (k, &host_k) in host.iter().enumerate() {
+            let in_slot = owner.iter().position(|&o| o == k as u32);
+            let want_table = match (in_slot, resident.iter().find(|r| r.0 == k)) {
+                (Some(i), _) => slot[i],
+                (None, Some(&(_, a))) => a,
+                (None, None) => host_k,
+            };
+            assert_eq!(st.table[k], want_table, "{step}: table[{k}]");
+            let want_tail = in_slot.map_or(NONE, |i| i as u32);
+            assert_eq!(st.tail_of[k], want_tail, "{step}: tail_of[{k}]");
+        }
+        assert_eq!(st.host, host, "{step}: host addresses never change");
+        assert_eq!(st.slot, slot, "{step}: slot addresses never change");
+    };
+    check(&st, "new", [N; 3], [0; 3], 0, [0; 4]);
+
+    // 1: a resident hit fetches nothing; misses 3 (twice) and 4 take the
+    // empty slots 0 and 1 in pair order, expert 3 promoted once.
+    let f = st.lookup(0, &[2, 3, 4, 3]);
+    assert_eq!(f, vec![(h(3), s(0)), (h(4), s(1))], "1: fetch");
+    check(&st, "1", [3, 4, N], [1, 1, 0], 1, [4, 1, 2, 0]);
+    // 2: resident hits only: no fetch, no slot stamped, the clock still ticks.
+    assert!(st.lookup(0, &[2, 2]).is_empty(), "2: fetch");
+    check(&st, "2", [3, 4, N], [1, 1, 0], 2, [6, 3, 2, 0]);
+    // 3: layer 1: expert 5 is resident; expert 0 (key 8) takes the last
+    // empty slot (stamp 0 is the least recent).
+    let f = st.lookup(1, &[5, 0]);
+    assert_eq!(f, vec![(h(8), s(2))], "3: fetch");
+    check(&st, "3", [3, 4, 8], [1, 1, 3], 3, [8, 4, 3, 0]);
+    // 4: tail hits on slot 0 stamp it and fetch nothing.
+    assert!(st.lookup(0, &[3, 3]).is_empty(), "4: fetch");
+    check(&st, "4", [3, 4, 8], [4, 1, 3], 4, [10, 6, 3, 0]);
+    // 5: the tail is full; stamps (4, 1, 3): key 9 evicts slot 1 (key 4,
+    // least recently used: not slot 0, the most recent and the first
+    // filled), then key 14 evicts slot 2 (key 8, of layer 1). Keys 4 and 8
+    // point back at their host bytes.
+    let f = st.lookup(1, &[1, 6]);
+    assert_eq!(f, vec![(h(9), s(1)), (h(14), s(2))], "5: fetch");
+    check(&st, "5", [3, 9, 14], [4, 5, 5], 5, [12, 6, 5, 0]);
+    assert_eq!((st.table[4], st.table[8]), (h(4), h(8)), "5: evicted");
+    // 6: expert 3 hits slot 0 (stamped now), 2 is resident; the misses 0
+    // (twice), 1, 4 (twice), 5 in pair order: 0 and 1 take slots 1 and 2
+    // (tied stamps 5: lowest index first), after which every slot is used
+    // by this launch, so 4 and 5 stay in place (3 pairs) and slot 0 keeps 3.
+    let f = st.lookup(0, &[3, 0, 1, 0, 2, 4, 5, 4]);
+    assert_eq!(f, vec![(h(0), s(1)), (h(1), s(2))], "6: fetch");
+    check(&st, "6", [3, 0, 1], [6, 6, 6], 6, [20, 8, 7, 3]);
+    assert_eq!((st.table[4], st.table[5]), (h(4), h(5)), "6: in place");
+    assert_eq!(st.table[3], s(0), "6: the slot hit this launch is kept");
+    // 7: an expert read in place last launch misses again and now takes
+    // slot 0 (all stamps 6, lowest index), evicting key 3.
+    let f = st.lookup(0, &[5]);
+    assert_eq!(f, vec![(h(5), s(0))], "7: fetch");
+    check(&st, "7", [5, 0, 1], [7, 6, 6], 7, [21, 8, 8, 3]);
+    // 8: no tail at all: every miss is read in place.
+    let mut none = TailState::new(E, host.clone(), host.clone(), vec![]);
+    assert!(none.lookup(1, &[0, 0, 7]).is_empty(), "8: fetch");
+    assert_eq!((none.clock, none.counters), (1, [3, 0, 0, 3]), "8");
+    assert_eq!(none.table, host, "8: table");
+}
+
+/// An expert id past the layer's experts is refused (the kernel traps).
+#[test]
+#[should_panic(expected = "expert id 8 out of range")]
+fn expert_tail_reference_refuses_an_out_of_range_id() {
+    let host: Vec<u64> = (0..16u64).map(|k| 0x1000_0000 + k * 0x100).collect();
+    let mut st =
+        krasis_kernels::reference::TailState::new(8, host.clone(), host, vec![0xD000_0000]);
+    st.lookup(0, &[1, 8]);
+}

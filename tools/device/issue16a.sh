@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Device orchestration for HCS decode reading cold experts in place from mapped host memory (issue
-# 16's first lever: no host round trip, the decode step one CUDA graph under HCS too), one phase
+# 16's first lever: no host round trip, the decode step one CUDA graph under HCS too; since
+# session 9 the misses are promoted into an LRU tail by the GPU itself), one phase
 # per call over the xz-packed stripped binaries in dist/pack/bins.tar.xz (carry dist/pack,
 # .cache/vocab, .cache/wheels):
-#   bash tools/device/issue16a.sh engine COMMIT
+#   bash tools/device/issue16a.sh kbench COMMIT
 #       `kbench --host-experts` (mapped-host read rates; GEMV reading j experts in place vs copying
-#       them first), then prep (a3b-24l, cache, heatmap), the HCS exactness check at 6 GiB (prompt
+#       them first; a prefill chunk's grouped GEMMs reading in place).
+#   bash tools/device/issue16a.sh engine COMMIT
+#       the expert_tail kernel against its CPU reference, then prep (a3b-24l, cache, heatmap), the HCS exactness check at 6 GiB (prompt
 #       logits, greedy tokens and decode logits bit-identical to all resident), `bench` at 6 GiB
 #       with the all-resident baseline (decode graphs on and off, prefill 512 and 8192; the
 #       bound max(compute, cold bytes / H2D)), and batching (invariance under HCS).
@@ -40,11 +43,14 @@ bench() { # tag args...
   grep -iE "prefill|decode|bound|HCS|experts" "$OUT/bench-$t.log" | tail -24 >> "$S"
 }
 case "$P" in
-  engine)
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+  kbench)
     timeout 90 dist/gpu/kbench --host-experts > "$OUT/kbench-host.txt" 2>&1
     echo "kbench --host-experts rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     sed -n '/^====/,$p' "$OUT/kbench-host.txt" >> "$S"
+    ;;
+  engine)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+    test_bin gpu 120 expert_tail
     prep
     timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
       > "$OUT/hcs-exact.log" 2>&1

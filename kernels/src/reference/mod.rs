@@ -6,6 +6,7 @@
 
 mod attention;
 mod basic;
+mod expert_tail;
 mod gemv;
 mod int4;
 mod kv_blocks;
@@ -19,6 +20,7 @@ pub use basic::{
     add_rmsnorm, bias_cast, bias_cast_as, embed, kv_append, qk_norm_rope, rmsnorm, rmsnorm_as,
     rope_table, swiglu, swiglu_as, to_bf16, to_f32,
 };
+pub use expert_tail::TailState;
 pub use gemv::{gemv, gemv_rmsnorm, gemv_rmsnorm_as};
 pub use int4::{dequant_rows, expert_forward, quantize_rows, write_expert};
 pub use kv_blocks::kv_blocks_copy;

@@ -5,6 +5,7 @@
 mod attention;
 mod common;
 mod elementwise;
+mod expert_tail;
 mod fp16;
 mod fp16_mlp;
 mod gemv;

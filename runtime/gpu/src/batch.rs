@@ -734,10 +734,10 @@ impl CudaEngine {
         }
         let graph = self.decode_forward(m)?;
         {
-            // The step's routes come back with the sampled tokens below.
+            // The tail's counters come back with the sampled tokens below.
             let md = &mut self.model;
             if let Some(h) = md.hcs.as_mut() {
-                h.read_routes(&md.gpu, &md.scratch)?;
+                h.read_counters(&md.gpu)?;
             }
         }
         for (r, &id) in rows.iter().enumerate() {
@@ -756,8 +756,8 @@ impl CudaEngine {
                 .map_err(GpuError::driver("reading the sampled tokens"))?;
         }
         if let Some(h) = self.model.hcs.as_mut() {
-            // The synchronous read above has passed the routes' copy.
-            h.tally_routes(m)?;
+            // The synchronous read above has passed the counters' copy.
+            h.tally_step();
         }
         let context = self.context;
         for (r, (&id, &raw)) in rows.iter().zip(&out).enumerate() {
@@ -785,8 +785,8 @@ impl CudaEngine {
     /// The forward pass and LM head of a decode step of `m` rows (ids,
     /// positions and KV bases written): the captured graph of `m` rows, or
     /// the launches (graphs off, or the first step of `m` rows). Under HCS
-    /// the step is the same sequence (cold experts are read in place
-    /// through the pointer table), so it is captured too.
+    /// the step is the same sequence plus the device-side tail lookups
+    /// (`hcs/tail.rs`), so it is captured too.
     fn decode_forward(&mut self, m: usize) -> Result<bool> {
         let eager = !self.cuda_graphs || !self.warmed[m - 1];
         if eager {

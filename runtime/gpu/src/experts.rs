@@ -121,6 +121,14 @@ impl ExpertTable {
             ))
     }
 
+    /// Device address of the whole table (`[num_moe_layers * num_experts]`
+    /// u64): the HCS decode tail rewrites entries on the device
+    /// (`hcs/tail.rs`), so under HCS [`ExpertTable::host_ptrs`] is the
+    /// placement last written from the host, not the live one.
+    pub fn base(&self, gpu: &Gpu) -> u64 {
+        crate::device::addr(&self.ptrs, &gpu.stream)
+    }
+
     /// The `num_experts` device addresses of MoE layer `moe_index`.
     pub fn layer(&self, moe_index: usize) -> CudaView<'_, u64> {
         let n = self.num_experts;

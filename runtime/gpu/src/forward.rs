@@ -241,6 +241,8 @@ pub(crate) struct Ctx<'a> {
     pub w: &'a ModelWeights,
     pub experts: Option<&'a ExpertTable>,
     pub ffn: Option<&'a ExpertFfn>,
+    /// The HCS decode tail over `experts` (decode only; `hcs/tail.rs`).
+    pub tail: Option<krasis_kernels::ExpertTail>,
     pub gemv_tokens: usize,
     pub grouped_prefill: bool,
 }
@@ -387,6 +389,10 @@ pub(crate) struct Mut<'a> {
 
 impl Model {
     pub(crate) fn split_all(&mut self) -> (Ctx<'_>, Mut<'_>) {
+        let tail = match (&self.hcs, &self.experts) {
+            (Some(h), Some(t)) => h.tail_args(&self.gpu, t),
+            _ => None,
+        };
         (
             Ctx {
                 gpu: &self.gpu,
@@ -395,6 +401,7 @@ impl Model {
                 w: &self.weights,
                 experts: self.experts.as_ref(),
                 ffn: self.ffn.as_ref(),
+                tail,
                 gemv_tokens: self.gemv_tokens,
                 grouped_prefill: self.grouped_prefill,
             },

@@ -36,7 +36,7 @@ use krasis_model::arch::{ActFormat, RouterKind};
 /// The elements of the selected experts of MoE layer `moe_index`: a
 /// prefill chunk's are in `scratch.topk_ids`; a decode step's in the
 /// layer's own part of `scratch.decode_ids` (`[moe_layers, seqs * top_k]`),
-/// so a step's routes stay readable after it (HCS counts them).
+/// so a step's routes stay readable after it (tests and tools read them).
 fn selected_range(sc: &Scratch, at: Positions, moe_index: usize, k: usize) -> (bool, usize) {
     match at {
         Positions::Decode => (true, moe_index * sc.seqs * k),
@@ -274,6 +274,12 @@ fn experts_gemv(
         true => decode_ids.slice(off..off + *seqs * k),
         false => topk_ids.slice(..),
     };
+    if let (true, Some(tail)) = (decode, &cx.tail) {
+        // HCS: the layer's misses promoted into the tail and copied there
+        // before the GEMVs read the table (`hcs/tail.rs`).
+        cx.kn
+            .expert_tail(&cx.gpu.stream, tail, moe_index, &ids, t * k)?;
+    }
     ffn.gate_up_act(cx, normed, &table, &ids, t, u32::MAX, act)?;
     ffn.down_combine(cx, act, &table, &ids, topk_w, t, residual)
 }

@@ -152,8 +152,12 @@ pub fn plan_cuda(
     let staging = if hcs {
         let s = Hcs::staging_bytes(layer_bytes, group);
         items.push(PlanItem::exact(
-            &format!("HCS staging / reclaimable tier ({group} layer(s) x 2)"),
-            s as u64,
+            &format!("HCS staging / reclaimable tier ({group} layer(s) x 2) and decode tail state"),
+            (s + Hcs::tail_state_bytes(
+                moe_layers * g.num_experts,
+                g.num_experts * 2 * group,
+                g.top_k * parallel.max(1),
+            )) as u64,
         ));
         s as u64
     } else {
@@ -255,7 +259,16 @@ pub fn plan_cuda(
                         }
                         Decision::Hcs { want } => {
                             let resident = want.min(total_experts);
-                            let prior = Hcs::prior_slots(moe_layers, g.num_experts, group);
+                            // The tail's slots hold experts too, but which
+                            // ones changes every step: counted like the old
+                            // host-managed tail, as staging only.
+                            let (prior, _) = Hcs::reclaimable_split(
+                                moe_layers,
+                                g.num_experts,
+                                g.top_k,
+                                group,
+                                parallel,
+                            );
                             let prior = prior.min(total_experts - resident);
                             experts.placement = Placement::Hcs;
                             experts.on_gpu_experts = (resident + prior) as u64;

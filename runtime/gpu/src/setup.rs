@@ -268,13 +268,14 @@ fn describe(r: &HcsReport) -> String {
             gib(r.expert_bytes_on_gpu)
         )),
         Some(sh) => s.push_str(&format!(
-            "experts: {}/{} on the GPU ({:.1}%, {:.2} GiB): {} resident + {} reclaimable prior slots, the rest read in place from host memory; prefill streams {} layer(s) per group; prior from {}",
+            "experts: {}/{} on the GPU ({:.1}%, {:.2} GiB): {} resident + {} reclaimable prior slots, and a decode tail of {} slots that the GPU fills with recently missed experts from host memory; prefill streams {} layer(s) per group; prior from {}",
             r.experts_on_gpu,
             r.total_experts,
             100.0 * r.experts_on_gpu as f64 / r.total_experts.max(1) as f64,
             gib(r.expert_bytes_on_gpu),
             sh.resident_slots,
             sh.prior_slots,
+            sh.tail_slots,
             sh.group_layers,
             r.heatmap
         )),

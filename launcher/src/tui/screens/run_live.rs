@@ -357,8 +357,8 @@ fn hcs_text(st: Option<&EngineStats>, compact: bool) -> String {
         // The wide form has said so on the bar's row already.
         return if compact { hcs_off(st) } else { String::new() };
     };
-    // Cold experts are read in place over PCIe: their count and bytes per
-    // decode step are the traffic.
+    // Cold experts cross PCIe (copied into the tail, or read in place):
+    // their count and bytes per decode step are the traffic.
     let traffic = format!(
         "hit {:.1}%  cold {:.1} experts ({})/step",
         h.hit_rate * 100.0,

@@ -10,26 +10,22 @@
 //! - *Staging / reclaimable tier*: one allocation of two staging buffers of
 //!   `group_layers` whole MoE layers each. During prefill it double-buffers
 //!   layer groups; during decode the same bytes are slots for the heatmap's
-//!   next experts (the prior).
+//!   next experts (the prior) and, in its last slots, the recency tail.
 //!
 //! Decode: the expert pointer table ([`ExpertTable`]) names every expert,
 //! its slot when it has one, else its page-locked host bytes mapped into
-//! the device's address space ([`Hcs::write_decode_table`]). The decode
-//! step is then exactly the all-resident one, same kernels, same launch
-//! shapes, one CUDA graph per row count: a cold expert's GEMV blocks read
-//! its INT4/MXFP4 blocks over PCIe in place, while the hits' blocks of the
-//! same launch read VRAM. Results are bit-identical to all resident by
-//! construction (the same bytes through the same code), and the host never
-//! waits for a router (issue 16: the per-layer round trip and the serialized
-//! copy-then-compute cost ~0.6 + ~0.3 ms of a 3.3 ms token at 6 GiB).
-//! Measured on the H200 (`kbench --host-experts`): a kernel reads mapped
-//! host memory at 45-51 GB/s (memcpy: 50-55), and an a3b GEMV with one of
-//! its 8 experts in host memory takes 68 us against 71 us for copying that
-//! expert first. Rows that share a cold expert each read it (per-pair
-//! blocks); the residency never changes during decode. After each step the
-//! step's routes (every MoE layer's, kept apart in the scratch) come back
-//! with the sampled tokens and [`Residency::tally`] counts hits and cold
-//! reads for the stats.
+//! the device's address space ([`Hcs::write_decode_table`]). After each
+//! router the device looks the layer's experts up and copies its misses
+//! into the LRU tail itself (`tail.rs`, `cuda/expert_tail.cu`), so the
+//! decode step is the all-resident one plus two small launches per MoE
+//! layer, one CUDA graph per row count, and the host never waits for a
+//! router (issue 16: the per-layer round trip cost ~0.6 ms of a 3.3 ms
+//! token at 6 GiB). Results are bit-identical to all resident by
+//! construction: every pointer names the expert's own bytes when the GEMVs
+//! read it. Reading every miss in place instead, with no tail (session 8),
+//! lost: the hit rate on a3b-24l at 6 GiB fell from 0.88 to 0.60 and decode
+//! from 305 to 170 tok/s, because consecutive tokens reuse experts. After
+//! each step the tail's counters come back with the sampled tokens.
 //!
 //! Prefill (`prefill.rs`): layer-group streaming, group outside the chunk
 //! loop, with the next group's copy overlapping this group's compute.
@@ -37,6 +33,7 @@
 mod pinned;
 mod prefill;
 pub mod residency;
+mod tail;
 
 pub use residency::{Counters, Residency};
 
@@ -45,8 +42,9 @@ use crate::error::{GpuError, Result};
 use crate::experts::ExpertTable;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys};
 use krasis_cache::PinnedExperts;
-use pinned::PinnedBuf;
+use krasis_kernels::ExpertTail;
 use std::sync::Arc;
+use tail::Tail;
 
 /// Allowance for the driver rounding a device allocation up to its
 /// granularity (2 MiB), kept free besides the floor when sizing the last
@@ -58,6 +56,8 @@ const ALLOC_SLACK: u64 = 2 << 20;
 pub struct HcsShape {
     pub resident_slots: usize,
     pub prior_slots: usize,
+    /// The decode recency tail (the reclaimable tier's last slots).
+    pub tail_slots: usize,
     /// MoE layers per staging buffer (prefill layer-group size).
     pub group_layers: usize,
 }
@@ -66,10 +66,13 @@ pub struct HcsShape {
 /// [`Residency::counters`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct CopyStats {
-    /// Decode (row, expert) pairs whose expert was read from host memory.
+    /// Experts brought over PCIe in decode: copied into the tail, or read
+    /// in place by a (row, expert) pair when the tail had no slot for it.
     pub decode_cold_reads: u64,
     /// Their bytes over PCIe (an expert's whole block each).
     pub decode_bytes: u64,
+    /// The cold reads that were copies into the tail.
+    pub decode_promotions: u64,
     /// Expert bytes streamed during prefill (non-resident experts of every group).
     pub prefill_bytes: u64,
     /// Bytes reloaded into the reclaimable tier after prefill.
@@ -82,7 +85,6 @@ pub struct Hcs {
     pub shape: HcsShape,
     stride: usize,
     num_experts: usize,
-    top_k: usize,
     /// Decoder layer of each MoE layer.
     moe_layers: Vec<usize>,
     host: Arc<PinnedExperts>,
@@ -90,14 +92,10 @@ pub struct Hcs {
     slot_addr: Vec<u64>,
     _resident_mem: Vec<CudaSlice<u8>>,
     staging: CudaSlice<u8>,
-    /// A decode step's routes, every MoE layer's `pairs` ids, read back
-    /// with the step's sampled tokens.
-    routes_host: PinnedBuf<u32>,
+    tail: Tail,
     ev_copy: CudaEvent,
     ev_staged: [CudaEvent; 2],
     ev_computed: [CudaEvent; 2],
-    /// (row, expert) pairs of the largest decode step: `rows * top_k`.
-    pairs: usize,
     pub copies: CopyStats,
 }
 
@@ -118,15 +116,35 @@ impl Hcs {
         2 * group_layers * layer_bytes
     }
 
-    /// Prior slots of the reclaimable tier: all `2 * group_layers *
-    /// num_experts` of them, at most every expert.
-    pub fn prior_slots(moe_layers: usize, num_experts: usize, group_layers: usize) -> usize {
-        (2 * group_layers * num_experts).min(moe_layers * num_experts)
+    /// Device bytes of the decode tail's state for `keys` experts, at most
+    /// `slots` tail slots and steps of `pairs` pairs (`tail.rs`).
+    pub fn tail_state_bytes(keys: usize, slots: usize, pairs: usize) -> usize {
+        Tail::device_bytes(keys, slots, pairs)
     }
 
-    /// Allocates the staging region and the routes read-back buffer for
-    /// decode steps of up to `rows` sequences, loads the prior and writes
-    /// the decode table. The resident tier is added later by
+    /// (prior, tail) slots of the reclaimable tier (`2 * group_layers *
+    /// num_experts`): a tail of one slot per (MoE layer, top-k) choice,
+    /// at least one step's pairs and at most half the tier (the split the
+    /// host-managed tail was measured with: hit rate 0.88 on a3b-24l at
+    /// 6 GiB), the rest prior, at most every expert.
+    pub fn reclaimable_split(
+        moe_layers: usize,
+        num_experts: usize,
+        top_k: usize,
+        group_layers: usize,
+        rows: usize,
+    ) -> (usize, usize) {
+        let reclaimable = 2 * group_layers * num_experts;
+        let step = (rows.max(1) * top_k).min(num_experts).max(2 * top_k);
+        let tail = (moe_layers * top_k)
+            .clamp(step, (reclaimable / 2).max(step))
+            .min(reclaimable);
+        let prior = (reclaimable - tail).min(moe_layers * num_experts);
+        (prior, tail)
+    }
+
+    /// Allocates the staging region and the decode tail for steps of up to
+    /// `rows` sequences, loads the prior and writes the decode table. The resident tier is added later by
     /// [`Hcs::grow_resident`] (after calibration has measured what it may
     /// use).
     #[allow(clippy::too_many_arguments)]
@@ -148,10 +166,12 @@ impl Hcs {
             "expert staging / reclaimable HCS tier",
         )?;
         let base = addr(&staging, &gpu.stream);
-        let prior = Self::prior_slots(moe_layers.len(), num_experts, group_layers);
+        let (prior, tail_slots) =
+            Self::reclaimable_split(moe_layers.len(), num_experts, top_k, group_layers, rows);
         let shape = HcsShape {
             resident_slots: 0,
             prior_slots: prior,
+            tail_slots,
             group_layers,
         };
         let res = Residency::new(moe_layers.len(), num_experts, ranked, 0, prior)
@@ -161,25 +181,43 @@ impl Hcs {
             .ctx
             .new_stream()
             .map_err(GpuError::driver("creating the expert copy stream"))?;
-        // A decode step's (row, expert) pairs, `rows * top_k` of them.
-        let pairs = rows.max(1) * top_k;
-        let n = moe_layers.len();
+        // The tail: the staging region's last slots.
+        let reclaimable = 2 * group_layers * num_experts;
+        let tail_addrs: Vec<u64> = (reclaimable - tail_slots..reclaimable)
+            .map(|i| base + (i * stride) as u64)
+            .collect();
+        let mut host_addrs = Vec::with_capacity(moe_layers.len() * num_experts);
+        for &layer in &moe_layers {
+            for e in 0..num_experts {
+                host_addrs.push(host.device_addr(layer, e).ok_or_else(|| {
+                    GpuError::Hcs(format!(
+                        "expert {e} of layer {layer} is outside the host backing"
+                    ))
+                })?);
+            }
+        }
+        let tail = Tail::new(
+            gpu,
+            num_experts,
+            &host_addrs,
+            &tail_addrs,
+            rows.max(1) * top_k,
+            stride,
+        )?;
         let mut hcs = Hcs {
             res,
             shape,
             stride,
             num_experts,
-            top_k,
             host,
             copy,
             slot_addr,
             _resident_mem: Vec::new(),
             staging,
-            routes_host: PinnedBuf::new(&gpu.ctx, n * pairs, "decode step routes")?,
+            tail,
             ev_copy: ev(gpu, false)?,
             ev_staged: [ev(gpu, false)?, ev(gpu, false)?],
             ev_computed: [ev(gpu, false)?, ev(gpu, false)?],
-            pairs,
             copies: CopyStats::default(),
             moe_layers,
         };
@@ -271,9 +309,9 @@ impl Hcs {
     }
 
     /// Page-locked host memory this cache holds: the expert backing and the
-    /// routes read-back buffer of decode.
+    /// tail's counter read-back buffer.
     pub fn pinned_bytes(&self) -> u64 {
-        self.host.pinned_bytes() + self.routes_host.bytes() as u64
+        self.host.pinned_bytes() + self.tail.pinned_bytes() as u64
     }
 
     /// This request's counters so far (no driver call, nothing reset): for
@@ -297,56 +335,44 @@ impl Hcs {
         Ok(ptrs)
     }
 
-    /// Points the expert table at the decode placement (ordered on the
-    /// compute stream: kernels queued after this read it).
-    pub fn write_decode_table(&self, gpu: &Gpu, table: &mut ExpertTable) -> Result<()> {
+    /// Points the expert table at the decode placement and empties the
+    /// tail (ordered on the compute stream: kernels queued after this see
+    /// both).
+    pub fn write_decode_table(&mut self, gpu: &Gpu, table: &mut ExpertTable) -> Result<()> {
         if self.res.is_lent() {
             return Err(GpuError::Hcs(
                 "the decode table was asked for while prefill holds the reclaimable tier".into(),
             ));
         }
-        table.write_all(gpu, &self.decode_ptrs()?)
+        table.write_all(gpu, &self.decode_ptrs()?)?;
+        self.tail.reset(gpu)
     }
 
-    /// Queues the read-back of a decode step's routes (the scratch's
-    /// `decode_ids`: every MoE layer's `seqs * top_k` ids) on the compute
-    /// stream; [`Hcs::tally_routes`] counts them once the stream has
-    /// passed this point (the caller's read of the sampled tokens).
-    pub fn read_routes(&mut self, gpu: &Gpu, sc: &crate::scratch::Scratch) -> Result<()> {
-        let n = self.moe_layers.len() * self.pairs;
-        let ids = &sc.decode_ids;
-        if sc.seqs * self.top_k != self.pairs || ids.len() != n {
-            return Err(GpuError::Hcs(format!(
-                "decode routes of {} ids for {} sequences; HCS counts {} MoE layers of {} pairs",
-                ids.len(),
-                sc.seqs,
-                self.moe_layers.len(),
-                self.pairs
-            )));
-        }
-        // SAFETY: routes_host holds n pinned u32 and is not read on the host
-        // before the stream has passed this copy (tally_routes' contract).
-        unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(
-                self.routes_host.as_mut_slice(),
-                addr(ids, &gpu.stream),
-                gpu.stream.cu_stream(),
-            )
-        }
-        .map_err(GpuError::driver("reading a decode step's routes"))
+    /// The tail kernels' arguments over `table` for a decode step, or
+    /// `None` while prefill holds the reclaimable tier.
+    pub fn tail_args(&self, gpu: &Gpu, table: &ExpertTable) -> Option<ExpertTail> {
+        (!self.res.is_lent()).then(|| self.tail.args(gpu, table.base(gpu)))
     }
 
-    /// Counts the routes of a step of `rows` rows read by
-    /// [`Hcs::read_routes`]; the compute stream must have passed that copy.
-    pub fn tally_routes(&mut self, rows: usize) -> Result<()> {
-        let used = rows * self.top_k;
-        let cold = self
-            .res
-            .tally(self.routes_host.as_slice(), self.pairs, used)
-            .map_err(GpuError::Hcs)?;
+    /// Queues the read-back of the tail's counters after a decode step on
+    /// the compute stream; [`Hcs::tally_step`] counts them once the stream
+    /// has passed this point (the caller's read of the sampled tokens).
+    pub fn read_counters(&mut self, gpu: &Gpu) -> Result<()> {
+        self.tail.read_counters(gpu)
+    }
+
+    /// Adds the step read by [`Hcs::read_counters`] to the request's
+    /// counters; the compute stream must have passed that copy.
+    pub fn tally_step(&mut self) {
+        let d = self.tail.take_delta();
+        let c = &mut self.res.counters;
+        c.lookups += d.lookups;
+        c.hits += d.hits;
+        c.steps += 1;
+        let cold = d.promoted + d.in_place;
         self.copies.decode_cold_reads += cold;
         self.copies.decode_bytes += cold * self.stride as u64;
-        Ok(())
+        self.copies.decode_promotions += d.promoted;
     }
 
     /// Copies `(slot, moe layer, expert)` from the host backing on the copy
@@ -497,12 +523,14 @@ impl Hcs {
 mod tests {
     use super::*;
 
-    /// The whole reclaimable tier is prior (a3b-24l: 256 slots, one layer
-    /// per staging buffer), and never more than every expert.
+    /// a3b-24l: 256 reclaimable slots, half tail; a tail always holds one
+    /// step's pairs; the prior never exceeds every expert.
     #[test]
-    fn the_reclaimable_tier_is_all_prior() {
-        assert_eq!(Hcs::prior_slots(24, 128, 1), 256);
-        assert_eq!(Hcs::prior_slots(1, 8, 1), 8);
-        assert_eq!(Hcs::prior_slots(3, 16, 2), 48);
+    fn the_reclaimable_tier_splits_into_prior_and_tail() {
+        assert_eq!(Hcs::reclaimable_split(24, 128, 8, 1, 1), (128, 128));
+        assert_eq!(Hcs::reclaimable_split(2, 128, 8, 1, 1), (240, 16));
+        assert_eq!(Hcs::reclaimable_split(24, 128, 8, 1, 8), (128, 128));
+        assert_eq!(Hcs::reclaimable_split(2, 64, 8, 1, 8), (64, 64));
+        assert_eq!(Hcs::reclaimable_split(1, 8, 2, 1, 1), (8, 4));
     }
 }

@@ -1,5 +1,5 @@
-//! Small page-locked host buffers for the per-layer exchanges of HCS decode
-//! (selected expert ids down, expert addresses up). Page-locked so the
+//! Small page-locked host buffers for HCS decode's read-backs (the tail's
+//! counters after each step). Page-locked so the
 //! copies are truly asynchronous and ordered on their stream; plain raw
 //! buffers because cudarc's pinned slices synchronise an event on every
 //! host access, which would add a wait per layer.

@@ -7,20 +7,15 @@
 //! *reclaimable* tier, whose memory prefill borrows as staging and which is
 //! reloaded afterwards.
 //!
-//! Decode changes nothing here: an expert that is not in a slot is read in
-//! place from page-locked host memory by the kernels (`hcs/mod.rs`), so a
-//! miss costs its bytes over PCIe and no slot, copy or victim. The decode
-//! placement is fixed for the life of the engine. (Until session 8 a miss was
-//! copied into an LRU recency tail; white paper F08 and F10 had already
-//! shown why promotion had to stay small and dumb. Reading in place made the
-//! tail's slots more useful as prior slots.) [`Residency::tally`] counts
-//! hits from a step's routes after the step.
+//! The decode recency tail (the reclaimable tier's last slots) is not
+//! kept here: the device owns its placement during decode (`tail.rs`), and
+//! these counters are filled from its counters after each step.
 
 /// "No slot" / "no owner".
 const NONE: u32 = u32::MAX;
 
 /// Counters of one request (or since the last reset), over the (row,
-/// expert) pairs of its decode steps.
+/// expert) pairs of its decode steps (filled from the device tail's).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Counters {
     pub lookups: u64,
@@ -154,44 +149,6 @@ impl Residency {
         }
     }
 
-    /// Counts one decode step's routes: `ids` holds, for each MoE layer in
-    /// order, `pairs` expert ids (`rows * top_k` of them used, row-major).
-    /// Returns the cold pairs (experts read from host memory).
-    pub fn tally(&mut self, ids: &[u32], pairs: usize, used: usize) -> Result<u64, String> {
-        if self.lent {
-            return Err(
-                "decode routes counted while the reclaimable tier is lent to prefill".into(),
-            );
-        }
-        if used > pairs || ids.len() != self.layers * pairs {
-            return Err(format!(
-                "{} route ids for {} MoE layers of {pairs} pairs ({used} used)",
-                ids.len(),
-                self.layers
-            ));
-        }
-        let mut cold = 0;
-        for (layer, row) in ids.chunks(pairs).enumerate() {
-            for &e in &row[..used] {
-                let e = e as usize;
-                if e >= self.experts {
-                    return Err(format!(
-                        "expert id {e} out of range in MoE layer {layer} (it has {})",
-                        self.experts
-                    ));
-                }
-                self.counters.lookups += 1;
-                if self.slot_of[layer * self.experts + e] == NONE {
-                    cold += 1;
-                } else {
-                    self.counters.hits += 1;
-                }
-            }
-        }
-        self.counters.steps += 1;
-        Ok(cold)
-    }
-
     /// Prefill borrows the reclaimable tier: its experts leave the table.
     pub fn lend_reclaimable(&mut self) {
         for s in self.resident..self.owner.len() {
@@ -252,27 +209,6 @@ mod tests {
         assert_eq!(r.slot_of(0, 3), None);
         assert_eq!(r.held(), 6);
         assert!(Residency::new(1, 4, &[(1, 0)], 1, 0).is_err());
-    }
-
-    #[test]
-    fn a_steps_routes_are_counted_per_pair_and_change_nothing() {
-        // Layer 0 holds experts 0 and 1, layer 1 holds expert 0.
-        let mut r = Residency::new(2, 16, &ranked(2, 16)[..3], 3, 0).unwrap();
-        // Two layers of 3 pairs each, 2 used (one row of top-2 plus room).
-        let ids = [0, 5, 99, 0, 1, 99];
-        assert_eq!(r.tally(&ids, 3, 2), Ok(2));
-        assert_eq!(
-            (r.counters.lookups, r.counters.hits, r.counters.steps),
-            (4, 2, 1)
-        );
-        // Two rows selecting the same cold expert are two cold pairs: each
-        // reads the expert over PCIe.
-        assert_eq!(r.tally(&[5, 5, 0, 7], 2, 2), Ok(3));
-        assert_eq!(r.held(), 3, "decode places nothing");
-        assert!(r.tally(&[16, 0, 0, 0], 2, 2).is_err(), "out-of-range id");
-        assert!(r.tally(&[0, 0], 2, 2).is_err(), "one layer's ids missing");
-        r.lend_reclaimable();
-        assert!(r.tally(&[0, 0, 0, 0], 2, 2).is_err(), "lent to prefill");
     }
 
     #[test]

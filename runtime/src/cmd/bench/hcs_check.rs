@@ -43,7 +43,7 @@ fn run_once(
     };
     let desc = match e.hcs_stats() {
         Some(h) => format!(
-            "{}/{} experts on the GPU, hit rate {:.3}, {:.1} cold experts read in place per step, prefill streamed {:.2} GB",
+            "{}/{} experts on the GPU, hit rate {:.3}, {:.1} cold experts over PCIe per step, prefill streamed {:.2} GB",
             h.resident_experts,
             h.total_experts,
             h.hit_rate,

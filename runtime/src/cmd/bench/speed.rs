@@ -331,7 +331,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 let t = (cold / h2d).max(resident.map_or(0.0, |r| 1.0 / r));
                 let max_tok_s = 1.0 / t.max(1e-12);
                 eprintln!(
-                    "  HCS: hit rate {:.3}, {:.1} cold experts ({:.1} MB)/token read in place; bound {max_tok_s:.1} tok/s ({:.0}%)",
+                    "  HCS: hit rate {:.3}, {:.1} cold experts ({:.1} MB)/token over PCIe; bound {max_tok_s:.1} tok/s ({:.0}%)",
                     h.hit_rate,
                     h.cold_experts_per_token,
                     cold / 1e6,
@@ -353,7 +353,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     engine.set_cuda_graphs(true);
     // Under HCS the parts run through the decode table as the step does
-    // (the timed MoE layer's cold experts read in place).
+    // (the timed MoE layer's lookup, and its cold experts copied into the
+    // tail).
     let breakdown = engine
         .decode_breakdown(a.decode_prompt_tokens, 1, 20)
         .context("timing the parts of a decode step")?;

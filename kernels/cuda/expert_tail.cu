@@ -1,0 +1,170 @@
+// HCS decode: the recency tail of the GPU expert cache, kept and filled on
+// the device.
+//
+// Why here: a decode step under a VRAM limit routes to experts that have no
+// slot. Resolving that on the host cost a round trip per MoE layer (the
+// router's ids down, copies issued, ~25 us each on the H200) and kept the
+// step out of a CUDA graph. Reading every cold expert in place from mapped
+// host memory removed the round trip but cached nothing, and consecutive
+// tokens reuse experts: on a3b-24l at 6 GiB the hit rate fell from 0.88 to
+// 0.60 and decode from 305 to 170 tok/s (session 8). So the lookup and a
+// plain LRU promotion (white paper F08/F10: promotion small and dumb) run
+// after each router, and streaming multiprocessors copy the promoted
+// experts from mapped page-locked host memory (45-51 GB/s measured).
+//
+// State, device memory owned by the runtime (`hcs/tail.rs`); a key is
+// moe_layer * E + expert:
+//   table[L*E]    the expert pointer table the GEMVs read: a slot's address
+//                 (resident, prior or tail) or the expert's mapped host bytes
+//   host[L*E]     each expert's mapped host address
+//   tail_of[L*E]  the tail slot holding the key, or NONE
+//   owner[T]      the key a tail slot holds, or NONE
+//   stamp[T]      clock of the slot's last use (0: never used)
+//   slot[T]       the tail slots' device addresses
+//   clock[1]      +1 per lookup launch
+//   fetch[2*P], n_fetch[1]: this launch's copies, (host, slot) address pairs
+//   counters[4]   cumulative: pairs looked up, pairs that hit a slot, experts
+//                 promoted (copied), pairs read in place
+//
+// tail_lookup (one block of 256 threads; one MoE layer's P = rows * top_k
+// pairs, P <= 256):
+//   1. clock += 1. A pair hits when table[key] != host[key]; a tail hit
+//      stamps its slot with the clock.
+//   2. The layer's distinct missing experts, in pair order, each take the
+//      least recently stamped tail slot (ties: lowest index) whose stamp is
+//      not this launch's clock, so never a slot an expert of this launch
+//      uses. The slot's previous owner points back at its host bytes, the
+//      new key at the slot, and (host, slot) joins the fetch list.
+//   3. A missing expert with no such slot (every slot used by this launch,
+//      or no tail) keeps its host address: the GEMVs read it in place.
+//   Exactness does not depend on any of these choices: once tail_fetch has
+//   run (stream order) every pointer names bytes equal to the expert's
+//   cache block, so decode is bit-identical to all resident.
+// tail_fetch (any grid of 256-thread blocks): copies the fetch list as
+//   16-byte vectors, each expert's vectors spread over the whole grid.
+// The CPU reference is `reference/expert_tail.rs`.
+
+#define TAIL_NONE 0xffffffffu
+#define TAIL_MAX_PAIRS 256
+
+extern "C" __global__ void __launch_bounds__(256)
+    tail_lookup(u64* __restrict__ table, const u64* __restrict__ host, u32* __restrict__ tail_of,
+                u32* __restrict__ owner, u32* __restrict__ stamp, const u64* __restrict__ slot,
+                u32* __restrict__ clock, u64* __restrict__ fetch, u32* __restrict__ n_fetch,
+                u64* __restrict__ counters, const u32* __restrict__ ids, u32 n_pairs, u32 layer,
+                u32 experts, u32 tail) {
+    __shared__ u32 s_key[TAIL_MAX_PAIRS];
+    __shared__ unsigned char s_hit[TAIL_MAX_PAIRS];
+    __shared__ u32 s_miss[TAIL_MAX_PAIRS];
+    __shared__ u32 s_pairs[TAIL_MAX_PAIRS];
+    __shared__ u32 s_warp_stamp[8], s_warp_idx[8];
+    __shared__ u32 s_now, s_n_miss;
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) {
+        s_now = clock[0] + 1;
+        clock[0] = s_now;
+    }
+    __syncthreads();
+    const u32 now = s_now;
+    if (tid < n_pairs) {
+        const u32 e = ids[tid];
+        if (e >= experts) asm volatile("trap;");
+        const u32 key = layer * experts + e;
+        const bool hit = table[key] != host[key];
+        s_key[tid] = key;
+        s_hit[tid] = hit;
+        if (hit) {
+            const u32 t = tail_of[key];
+            if (t != TAIL_NONE) stamp[t] = now;
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        u32 n = 0, hits = 0;
+        for (u32 p = 0; p < n_pairs; ++p) {
+            if (s_hit[p]) {
+                ++hits;
+                continue;
+            }
+            u32 j = 0;
+            while (j < n && s_miss[j] != s_key[p]) ++j;
+            if (j == n) {
+                s_miss[n] = s_key[p];
+                s_pairs[n] = 0;
+                ++n;
+            }
+            ++s_pairs[j];
+        }
+        s_n_miss = n;
+        counters[0] += n_pairs;
+        counters[1] += hits;
+    }
+    __syncthreads();
+    u32 fetched = 0, in_place = 0;  // thread 0's tallies
+    for (u32 m = 0; m < s_n_miss; ++m) {
+        // Least recently used slot not used by this launch: (stamp, index).
+        u32 best_s = TAIL_NONE, best_i = TAIL_NONE;
+        for (u32 t = tid; t < tail; t += blockDim.x) {
+            const u32 s = stamp[t];
+            if (s != now && s < best_s) {
+                best_s = s;
+                best_i = t;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const u32 os = __shfl_down_sync(0xffffffffu, best_s, o);
+            const u32 oi = __shfl_down_sync(0xffffffffu, best_i, o);
+            if (os < best_s || (os == best_s && oi < best_i)) {
+                best_s = os;
+                best_i = oi;
+            }
+        }
+        if (lane == 0) {
+            s_warp_stamp[warp] = best_s;
+            s_warp_idx[warp] = best_i;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            for (u32 w = 1; w < blockDim.x / 32; ++w) {
+                if (s_warp_stamp[w] < best_s || (s_warp_stamp[w] == best_s && s_warp_idx[w] < best_i)) {
+                    best_s = s_warp_stamp[w];
+                    best_i = s_warp_idx[w];
+                }
+            }
+            const u32 key = s_miss[m];
+            if (best_i == TAIL_NONE) {
+                in_place += s_pairs[m];
+            } else {
+                const u32 old = owner[best_i];
+                if (old != TAIL_NONE) {
+                    table[old] = host[old];
+                    tail_of[old] = TAIL_NONE;
+                }
+                owner[best_i] = key;
+                stamp[best_i] = now;
+                tail_of[key] = best_i;
+                table[key] = slot[best_i];
+                fetch[2 * fetched] = host[key];
+                fetch[2 * fetched + 1] = slot[best_i];
+                ++fetched;
+            }
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        n_fetch[0] = fetched;
+        counters[2] += fetched;
+        counters[3] += in_place;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    tail_fetch(const u64* __restrict__ fetch, const u32* __restrict__ n_fetch, u64 vecs_per_expert) {
+    const u32 n = n_fetch[0];
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u32 m = 0; m < n; ++m) {
+        const uint4* src = (const uint4*)fetch[2 * m];
+        uint4* dst = (uint4*)fetch[2 * m + 1];
+        for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < vecs_per_expert; v += stride) dst[v] = src[v];
+    }
+}

@@ -1,0 +1,185 @@
+//! The recency tail of HCS decode, kept on the device.
+//!
+//! The last slots of the reclaimable tier hold recently missed experts.
+//! After each decode router, `tail_lookup` (`cuda/expert_tail.cu`, which
+//! describes the policy) looks the layer's selected experts up in the
+//! pointer table, promotes the misses into the least recently used tail
+//! slots, and `tail_fetch` copies them there from the mapped page-locked
+//! backing, all on the compute stream: no host round trip, and the decode
+//! step stays one CUDA graph. A miss the tail cannot take in that launch
+//! (every slot used by it) is read in place by the GEMVs. The device owns
+//! the tail's placement during decode; the host reads only the cumulative
+//! counters after each step ([`Tail::read_counters`]). Prefill borrows the
+//! tail's memory with the rest of the reclaimable tier, so [`Tail::reset`]
+//! empties it whenever the decode table is rewritten.
+
+use super::pinned::PinnedBuf;
+use crate::device::{Gpu, addr};
+use crate::error::{GpuError, Result};
+use cudarc::driver::CudaSlice;
+use krasis_kernels::{ExpertTail, TAIL_MAX_PAIRS, TAIL_NONE};
+
+/// Counters of the tail since the last [`Tail::take_delta`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TailDelta {
+    /// (row, expert) pairs looked up.
+    pub lookups: u64,
+    /// Pairs whose expert was in a slot.
+    pub hits: u64,
+    /// Experts copied into the tail.
+    pub promoted: u64,
+    /// Pairs whose expert was read in place from host memory.
+    pub in_place: u64,
+}
+
+pub struct Tail {
+    host: CudaSlice<u64>,
+    tail_of: CudaSlice<u32>,
+    owner: CudaSlice<u32>,
+    stamp: CudaSlice<u32>,
+    slot: CudaSlice<u64>,
+    clock: CudaSlice<u32>,
+    fetch: CudaSlice<u64>,
+    n_fetch: CudaSlice<u32>,
+    counters: CudaSlice<u64>,
+    counters_host: PinnedBuf<u64>,
+    /// The counters at the last [`Tail::take_delta`].
+    seen: [u64; 4],
+    slots: usize,
+    layers: usize,
+    experts: usize,
+    max_pairs: usize,
+    expert_bytes: usize,
+}
+
+impl Tail {
+    /// `host[k]`: the mapped host address of key `k` (MoE layer * experts
+    /// + expert); `slots`: the tail slots' device addresses; `max_pairs`:
+    /// the (row, expert) pairs of the largest decode step.
+    pub fn new(
+        gpu: &Gpu,
+        experts: usize,
+        host: &[u64],
+        slots: &[u64],
+        max_pairs: usize,
+        expert_bytes: usize,
+    ) -> Result<Self> {
+        if experts == 0
+            || !host.len().is_multiple_of(experts)
+            || !(1..=TAIL_MAX_PAIRS).contains(&max_pairs)
+            || !expert_bytes.is_multiple_of(16)
+        {
+            return Err(GpuError::Hcs(format!(
+                "a decode tail over {} experts in layers of {experts}, steps of {max_pairs} pairs \
+                 (1..={TAIL_MAX_PAIRS}) and expert blocks of {expert_bytes} bytes (a multiple of 16)",
+                host.len()
+            )));
+        }
+        let n = slots.len().max(1);
+        let mut slot_addrs = slots.to_vec();
+        slot_addrs.resize(n, 0);
+        let mut t = Tail {
+            host: gpu.upload(host, "decode tail: host addresses")?,
+            tail_of: gpu.alloc::<u32>(host.len(), "decode tail: slot of each expert")?,
+            owner: gpu.alloc::<u32>(n, "decode tail: slot owners")?,
+            stamp: gpu.alloc::<u32>(n, "decode tail: slot stamps")?,
+            slot: gpu.upload(&slot_addrs, "decode tail: slot addresses")?,
+            clock: gpu.alloc_zeros::<u32>(1, "decode tail: clock")?,
+            fetch: gpu.alloc_zeros::<u64>(2 * max_pairs, "decode tail: fetch list")?,
+            n_fetch: gpu.alloc_zeros::<u32>(1, "decode tail: fetch count")?,
+            counters: gpu.alloc_zeros::<u64>(4, "decode tail: counters")?,
+            counters_host: PinnedBuf::new(&gpu.ctx, 4, "decode tail counters")?,
+            seen: [0; 4],
+            slots: slots.len(),
+            layers: host.len() / experts,
+            experts,
+            max_pairs,
+            expert_bytes,
+        };
+        t.reset(gpu)?;
+        Ok(t)
+    }
+
+    /// Device bytes [`Tail::new`] allocates for `keys` experts, `slots`
+    /// tail slots and steps of `max_pairs` pairs.
+    pub fn device_bytes(keys: usize, slots: usize, max_pairs: usize) -> usize {
+        let n = slots.max(1);
+        keys * (8 + 4) + n * (4 + 4 + 8) + 4 + 2 * max_pairs * 8 + 4 + 4 * 8
+    }
+
+    /// Page-locked bytes of the counters' read-back buffer.
+    pub fn pinned_bytes(&self) -> usize {
+        self.counters_host.bytes()
+    }
+
+    /// Empties the tail (ordered on the compute stream): after the decode
+    /// table was rewritten without it.
+    pub fn reset(&mut self, gpu: &Gpu) -> Result<()> {
+        let s = &gpu.stream;
+        s.memset_zeros(&mut self.stamp)
+            .and_then(|_| s.memset_zeros(&mut self.clock))
+            .map_err(GpuError::driver("emptying the decode tail"))?;
+        let none = vec![TAIL_NONE; self.tail_of.len()];
+        s.memcpy_htod(&none, &mut self.tail_of)
+            .and_then(|_| s.memcpy_htod(&none[..self.owner.len()], &mut self.owner))
+            .map_err(GpuError::driver("emptying the decode tail"))
+    }
+
+    /// The kernel arguments over the pointer table at `table` (device
+    /// address of its `layers * experts` entries).
+    pub fn args(&self, gpu: &Gpu, table: u64) -> ExpertTail {
+        let s = &gpu.stream;
+        ExpertTail {
+            table,
+            host: addr(&self.host, s),
+            tail_of: addr(&self.tail_of, s),
+            owner: addr(&self.owner, s),
+            stamp: addr(&self.stamp, s),
+            slot: addr(&self.slot, s),
+            clock: addr(&self.clock, s),
+            fetch: addr(&self.fetch, s),
+            n_fetch: addr(&self.n_fetch, s),
+            counters: addr(&self.counters, s),
+            layers: self.layers,
+            experts: self.experts,
+            tail: self.slots,
+            max_pairs: self.max_pairs,
+            expert_bytes: self.expert_bytes,
+        }
+    }
+
+    /// Queues the read-back of the counters on the compute stream;
+    /// [`Tail::take_delta`] reads them once the stream has passed it.
+    pub fn read_counters(&mut self, gpu: &Gpu) -> Result<()> {
+        // SAFETY: counters_host holds 4 pinned u64 and is not read on the
+        // host before the stream has passed this copy (take_delta's
+        // contract).
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                self.counters_host.as_mut_slice(),
+                addr(&self.counters, &gpu.stream),
+                gpu.stream.cu_stream(),
+            )
+        }
+        .map_err(GpuError::driver("reading the decode tail counters"))
+    }
+
+    /// What the counters read by [`Tail::read_counters`] add since the last
+    /// call; the compute stream must have passed that copy.
+    pub fn take_delta(&mut self) -> TailDelta {
+        let now: [u64; 4] = self
+            .counters_host
+            .as_slice()
+            .try_into()
+            .unwrap_or(self.seen);
+        let d = |i: usize| now[i].saturating_sub(self.seen[i]);
+        let delta = TailDelta {
+            lookups: d(0),
+            hits: d(1),
+            promoted: d(2),
+            in_place: d(3),
+        };
+        self.seen = now;
+        delta
+    }
+}
