@@ -53,9 +53,9 @@ pub struct Tail {
 }
 
 impl Tail {
-    /// `host[k]`: the mapped host address of key `k` (MoE layer * experts
-    /// + expert); `slots`: the tail slots' device addresses; `max_pairs`:
-    /// the (row, expert) pairs of the largest decode step.
+    /// `host[k]`: the mapped host address of key `k` (`moe_layer *
+    /// experts + expert`); `slots`: the tail slots' device addresses;
+    /// `max_pairs`: the (row, expert) pairs of the largest decode step.
     pub fn new(
         gpu: &Gpu,
         experts: usize,
