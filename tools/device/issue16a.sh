@@ -60,6 +60,17 @@ case "$P" in
     test_bin batching 150
     ;;
   more)
+    prep
+    # The reclaimable tier's (prior, tail) split, by variant binaries when present: 128/128 (the
+    # default), 64/192 and 0/256.
+    for v in tail192 tail256; do
+      [ -x dist/gpu/krasis-runtime-$v ] || continue
+      timeout 120 dist/gpu/krasis-runtime-$v bench --model $A/a3b-24l --cache-dir $A/krasis-cache --commit "$C-$v" \
+        --json "$OUT/bench-6gib-$v.json" --vram-limit 6GiB --prompt-tokens 512 --decode-tokens 16,128 \
+        > "$OUT/bench-6gib-$v.log" 2>&1
+      echo "bench 6gib $v rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^experts:|^decode|HCS: hit" "$OUT/bench-6gib-$v.log" >> "$S"
+    done
     test_bin live 100
     test_bin prefix_cache 120
     test_bin gpu_engine 100
