@@ -52,10 +52,26 @@ pub struct ExpertTail {
 }
 
 impl Kernels {
-    /// Looks up MoE layer `layer`'s `n_pairs` selected experts (`ids`),
-    /// promotes its misses into the tail and copies them there; afterwards
-    /// the layer's table entries name bytes equal to each expert's block.
+    /// [`Kernels::tail_lookup`] then [`Kernels::tail_fetch`]: afterwards
+    /// MoE layer `layer`'s table entries name bytes equal to each selected
+    /// expert's block.
     pub fn expert_tail(
+        &self,
+        stream: &CudaStream,
+        t: &ExpertTail,
+        layer: usize,
+        ids: &impl DevicePtr<u32>,
+        n_pairs: usize,
+    ) -> Result<()> {
+        self.tail_lookup(stream, t, layer, ids, n_pairs)?;
+        self.tail_fetch(stream, t)
+    }
+
+    /// Looks up MoE layer `layer`'s `n_pairs` selected experts (`ids`) and
+    /// promotes its misses into the tail, writing the fetch list (the
+    /// table already names the slots: [`Kernels::tail_fetch`] must run
+    /// before anything reads them).
+    pub fn tail_lookup(
         &self,
         stream: &CudaStream,
         t: &ExpertTail,
@@ -109,7 +125,11 @@ impl Kernels {
             .arg(&t.n_fetch)
             .arg(&t.counters);
         b.arg(&ip).arg(&n).arg(&l).arg(&e).arg(&tail);
-        submit(K, b, cfg((1, 1, 1), 256, 0))?;
+        submit(K, b, cfg((1, 1, 1), 256, 0))
+    }
+
+    /// Copies the last lookup's fetch list (host bytes into tail slots).
+    pub fn tail_fetch(&self, stream: &CudaStream, t: &ExpertTail) -> Result<()> {
         const F: &str = "tail_fetch";
         let vecs = (t.expert_bytes / 16) as u64;
         let f = self.func(F)?;

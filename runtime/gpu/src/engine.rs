@@ -362,7 +362,8 @@ impl CudaEngine {
             | Fault::NoSharedExpert
             | Fault::SwapRowPositions
             | Fault::ShiftRowKv
-            | Fault::PackedBase => {}
+            | Fault::PackedBase
+            | Fault::StaleTail => {}
             Fault::RopeSign => {
                 for lw in &mut m.weights.layers {
                     let n = lw.qk_norm.as_mut().ok_or_else(|| {

@@ -131,6 +131,11 @@ pub enum Fault {
     /// its second segment the first segment's KV rows (a wrong segment
     /// base). Not in [`Fault::ALL`].
     PackedBase,
+    /// HCS only: decode promotes misses into the recency tail but never
+    /// copies them, so a promoted expert's GEMVs read whatever its slot
+    /// held before. Not in [`Fault::ALL`] (all-resident engines have no
+    /// tail); the HCS batching test sees it.
+    StaleTail,
 }
 
 #[cfg(any(test, feature = "fault-injection"))]
@@ -165,7 +170,10 @@ impl Fault {
                 Fault::DropExpert => g.num_moe_layers() > 0,
                 Fault::IgnoreSelectionBias => g.num_moe_layers() > 0 && g.router.selection_bias,
                 Fault::NoSharedExpert => g.num_moe_layers() > 0 && g.shared_intermediate.is_some(),
-                Fault::SwapRowPositions | Fault::ShiftRowKv | Fault::PackedBase => false,
+                Fault::SwapRowPositions
+                | Fault::ShiftRowKv
+                | Fault::PackedBase
+                | Fault::StaleTail => false,
             })
             .collect()
     }
@@ -243,6 +251,9 @@ pub(crate) struct Ctx<'a> {
     pub ffn: Option<&'a ExpertFfn>,
     /// The HCS decode tail over `experts` (decode only; `hcs/tail.rs`).
     pub tail: Option<krasis_kernels::ExpertTail>,
+    /// `Fault::StaleTail` (tests only; always false otherwise): the tail's
+    /// promotions are not copied.
+    pub stale_tail: bool,
     pub gemv_tokens: usize,
     pub grouped_prefill: bool,
 }
@@ -402,6 +413,10 @@ impl Model {
                 experts: self.experts.as_ref(),
                 ffn: self.ffn.as_ref(),
                 tail,
+                #[cfg(any(test, feature = "fault-injection"))]
+                stale_tail: self.fault == Fault::StaleTail,
+                #[cfg(not(any(test, feature = "fault-injection")))]
+                stale_tail: false,
                 gemv_tokens: self.gemv_tokens,
                 grouped_prefill: self.grouped_prefill,
             },

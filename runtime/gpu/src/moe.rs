@@ -278,7 +278,10 @@ fn experts_gemv(
         // HCS: the layer's misses promoted into the tail and copied there
         // before the GEMVs read the table (`hcs/tail.rs`).
         cx.kn
-            .expert_tail(&cx.gpu.stream, tail, moe_index, &ids, t * k)?;
+            .tail_lookup(&cx.gpu.stream, tail, moe_index, &ids, t * k)?;
+        if !cx.stale_tail {
+            cx.kn.tail_fetch(&cx.gpu.stream, tail)?;
+        }
     }
     ffn.gate_up_act(cx, normed, &table, &ids, t, u32::MAX, act)?;
     ffn.down_combine(cx, act, &table, &ids, topk_w, t, residual)

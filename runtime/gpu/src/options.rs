@@ -51,6 +51,11 @@ pub struct CudaEngineOptions {
     /// construction whatever the GEMMs do (a resumed prefill runs exactly
     /// a cold prefill's chunks); no CLI option, the GPU tests use it.
     pub whole_chunk_reuse: bool,
+    /// Caps the HCS reclaimable prior at this many slots (`None`: the whole
+    /// prior); the rest stays empty, so more decode lookups miss into the
+    /// recency tail. No CLI option: the GPU tests use it to exercise the
+    /// tail on models whose experts would all fit in the prior.
+    pub hcs_prior_cap: Option<usize>,
     /// Most sequences one decode step runs together (continuous batching,
     /// `Batch::capacity`), at most [`MAX_PARALLEL`]. `None`: the default
     /// ([`default_parallel`]).
@@ -80,6 +85,7 @@ impl Default for CudaEngineOptions {
             prefix_cache_host: krasis_common::options::PrefixCacheChoice::Off,
             prefix_block: krasis_common::options::DEFAULT_PREFIX_BLOCK as usize,
             whole_chunk_reuse: false,
+            hcs_prior_cap: None,
             parallel: None,
             kv_rows: None,
         }

@@ -70,6 +70,10 @@ impl CudaEngine {
             &[],
             table,
         )?;
+        let mut hcs = hcs;
+        if let Some(cap) = opts.hcs_prior_cap {
+            hcs.cap_prior(cap);
+        }
         let staging = Hcs::staging_bytes(layer_bytes, group) as u64;
         self.model.hcs = Some(hcs);
         let cal = self.calibrate(model_dir, opts.safety_margin)?;

@@ -44,10 +44,14 @@ fn options(cache: &Path, parallel: usize) -> CudaEngineOptions {
     }
 }
 
+/// HCS with nothing resident and no prior: every decode lookup goes
+/// through the recency tail (the tiny model's 24 experts would otherwise
+/// all fit in the prior).
 fn hcs_options(cache: &Path, parallel: usize) -> CudaEngineOptions {
     CudaEngineOptions {
         parallel: Some(parallel),
         kv_rows: Some(ROWS),
+        hcs_prior_cap: Some(0),
         ..no_resident_options(cache, CONTEXT, CHUNK)
     }
 }
@@ -274,8 +278,10 @@ fn batch_invariance_all_resident() {
     invariant("all resident, eager", &mut e, &reqs[..4], &alone);
 }
 
-/// HCS with nothing resident and streamed prefill, against the
-/// all-resident runs alone: bit-identical alone and beside others.
+/// HCS with nothing resident, no prior and streamed prefill, against the
+/// all-resident runs alone: bit-identical alone and beside others, with
+/// decode misses promoted into the GPU-managed tail; the same run with the
+/// tail's copies skipped (`Fault::StaleTail`) differs.
 #[test]
 fn batch_invariance_under_hcs_streamed_prefill() {
     if !gpu_or_skip("batch_invariance_under_hcs_streamed_prefill") {
@@ -306,6 +312,32 @@ fn batch_invariance_under_hcs_streamed_prefill() {
         "HCS: {}/{} experts on the GPU, last traffic {s:?}",
         s.resident_experts, s.total_experts
     );
+    assert!(
+        s.cold_experts_per_token > 0.0 && s.hit_rate > 0.0 && s.hit_rate < 1.0,
+        "the decode tail was not exercised (every lookup hit or none did): {s:?}"
+    );
+    e.set_fault(Fault::StaleTail).unwrap();
+    let stale = alone(&mut e, &reqs);
+    let differ = stale
+        .iter()
+        .zip(&want)
+        .filter(|(g, w)| bits(&g.logits) != bits(&w.logits))
+        .count();
+    eprintln!(
+        "StaleTail: {differ} of {} requests differ from all resident",
+        reqs.len()
+    );
+    assert!(
+        differ > 0,
+        "skipping the tail's copies changed nothing: the test cannot fail"
+    );
+    e.set_fault(Fault::None).unwrap();
+    for (i, (h, w)) in alone(&mut e, &reqs).iter().zip(&want).enumerate() {
+        assert!(
+            same(&format!("HCS after the fault {i}"), h, w),
+            "HCS request {i} after the fault differs from all resident"
+        );
+    }
 }
 
 /// A request whose rows are taken waits, then runs once a sequence ended

@@ -299,6 +299,12 @@ impl Hcs {
         Ok(resident)
     }
 
+    /// Keeps at most `cap` prior slots from the next [`Hcs::grow_resident`]
+    /// on (`CudaEngineOptions::hcs_prior_cap`).
+    pub fn cap_prior(&mut self, cap: usize) {
+        self.shape.prior_slots = self.shape.prior_slots.min(cap);
+    }
+
     /// Whether every expert is on the GPU for decode.
     pub fn coverage(&self) -> f64 {
         self.res.held() as f64 / self.res.total_experts().max(1) as f64
