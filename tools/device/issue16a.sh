@@ -60,6 +60,7 @@ case "$P" in
     test_bin batching 150
     ;;
   more)
+    test_bin batching 150
     prep
     # The reclaimable tier's (prior, tail) split, by variant binaries when present: 128/128 (the
     # default), 64/192 and 0/256.
