@@ -83,6 +83,15 @@ case "$P" in
     prep
     bench rows-6gib --vram-limit 6GiB --prompt-tokens 512 --decode-tokens 16 --decode-rows 1,2,4,8
     ;;
+  verify)
+    # The engines that build HCS, calibrate and then find every expert fits (graphs captured
+    # during calibration must not survive into the all-resident path).
+    test_bin cancel 60
+    test_bin gpu_engine 60
+    test_bin live 60
+    test_bin glm4_moe 90
+    test_bin gpt_oss 90
+    ;;
   serve)
     prep
     LIMIT=6GiB CLIENTS=1,2,4,8 BUDGET=$((300-(SECONDS-T0))) bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1

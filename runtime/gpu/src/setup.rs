@@ -137,6 +137,10 @@ impl CudaEngine {
                 self.report.expert_bytes = report.expert_bytes_on_gpu as usize;
             }
         }
+        // Calibration's decode steps captured graphs over the HCS tail and
+        // the table as they were then; the all-resident path replaces both
+        // (a replayed graph would read freed memory).
+        self.drop_graphs();
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         let lr = &self.report;
         eprintln!(
