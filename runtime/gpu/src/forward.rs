@@ -505,7 +505,7 @@ impl Model {
                     drop_last_expert(&cx, sc, t)?;
                 }
                 if let Some(r) = routes {
-                    crate::moe::record_routes(&cx, sc, (*moe_index, t, at), &mut r[*moe_index])?;
+                    crate::moe::record_routes(&cx, sc, t, &mut r[*moe_index])?;
                 }
                 if let Some(log) = token_routes {
                     crate::moe::log_token_routes(&cx, sc, l, *moe_index, t, at, log)?;

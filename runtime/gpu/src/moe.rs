@@ -1,5 +1,5 @@
-//! Routed experts of one MoE layer, after the router has written the
-//! selected experts ([`selected`]) and `scratch.topk_w`. Both paths add
+//! Routed experts of one MoE layer, after the router has written
+//! `scratch.topk_ids` / `scratch.topk_w`. Both paths add
 //! `sum_j w_j * expert_j(x)` into the f32 residual in a fixed order (no
 //! float atomics), so results are reproducible run to run.
 //!
@@ -33,48 +33,6 @@ use krasis_kernels::Act16;
 use krasis_kernels::ops::moe::RouterMode;
 use krasis_model::arch::{ActFormat, RouterKind};
 
-/// The elements of the selected experts of MoE layer `moe_index`: a
-/// prefill chunk's are in `scratch.topk_ids`; a decode step's in the
-/// layer's own part of `scratch.decode_ids` (`[moe_layers, seqs * top_k]`),
-/// so a step's routes stay readable after it (tests and tools read them).
-fn selected_range(sc: &Scratch, at: Positions, moe_index: usize, k: usize) -> (bool, usize) {
-    match at {
-        Positions::Decode => (true, moe_index * sc.seqs * k),
-        Positions::Prefill { .. } | Positions::Packed => (false, 0),
-    }
-}
-
-/// The selected experts of MoE layer `moe_index` ([`selected_range`]).
-pub(crate) fn selected<'a>(
-    sc: &'a Scratch,
-    at: Positions,
-    moe_index: usize,
-    k: usize,
-) -> cudarc::driver::CudaView<'a, u32> {
-    match selected_range(sc, at, moe_index, k) {
-        (true, off) => sc.decode_ids.slice(off..off + sc.seqs * k),
-        (false, _) => sc.topk_ids.slice(..),
-    }
-}
-
-/// The `t` tokens' selected experts of MoE layer `moe_index`, on the host
-/// (a sync).
-fn download_selected(
-    cx: &Ctx<'_>,
-    sc: &Scratch,
-    at: Positions,
-    moe_index: usize,
-    t: usize,
-) -> Result<Vec<u32>> {
-    let k = cx.g.top_k;
-    let mut ids = vec![0u32; t * k];
-    cx.gpu
-        .stream
-        .memcpy_dtoh(&selected(sc, at, moe_index, k).slice(0..t * k), &mut ids)
-        .map_err(GpuError::driver("copying selected experts from the GPU"))?;
-    Ok(ids)
-}
-
 fn table_parts<'a>(
     cx: &'a Ctx<'_>,
     moe_index: usize,
@@ -86,7 +44,7 @@ fn table_parts<'a>(
 }
 
 /// The routed experts of MoE layer `moe_index` for `t` tokens whose routes
-/// are in [`selected`] / `topk_w`, added into the residual. Expert
+/// are in `scratch.topk_ids`/`topk_w`, added into the residual. Expert
 /// residency is the layer's pointer table: every expert's VRAM block when
 /// all are resident; under HCS a decode step's table names each expert's
 /// slot or its mapped host bytes, and streamed prefill's names the staging
@@ -99,14 +57,14 @@ pub(crate) fn routed_experts(
     at: Positions,
 ) -> Result<()> {
     match at {
-        Positions::Decode => experts_gemv(cx, sc, moe_index, t, at),
+        Positions::Decode => experts_gemv(cx, sc, moe_index, t, true),
         // The path is the prompt's, not the chunk's: a chunk's rows must be
         // computed as they are in any other chunking (the prefix cache
         // resumes prefill at any block boundary), and the GEMV path (f32
         // gate/up, no dequantized weights) differs from the grouped one. A
         // prompt short enough for it is shorter than any cache block.
         Positions::Prefill { .. } if t <= cx.gemv_tokens && !cx.grouped_prefill => {
-            experts_gemv(cx, sc, moe_index, t, at)
+            experts_gemv(cx, sc, moe_index, t, false)
         }
         _ => experts_grouped(cx, sc, moe_index, t),
     }
@@ -133,7 +91,6 @@ pub(crate) fn router(
         router,
         router_bias,
         selection_bias,
-        moe_index,
         ..
     } = &lw.mlp
     else {
@@ -143,11 +100,6 @@ pub(crate) fn router(
         ActFormat::Bf16 => router_logits::<bf16>(cx, sc, l, t, at, router)?,
         ActFormat::F16 => router_logits::<f16>(cx, sc, l, t, at, router)?,
     }
-    let (decode, off) = selected_range(sc, at, *moe_index, g.top_k);
-    let ids = &mut match decode {
-        true => sc.decode_ids.slice_mut(off..off + sc.seqs * g.top_k),
-        false => sc.topk_ids.slice_mut(..),
-    };
     match (g.router.kind, router_bias) {
         // qwen3_moe: the softmax-first kernel, no bias.
         (RouterKind::SoftmaxTopK { renormalize }, None) => cx.kn.router_topk::<f32>(
@@ -157,7 +109,7 @@ pub(crate) fn router(
             g.num_experts,
             g.top_k,
             renormalize,
-            ids,
+            &mut sc.topk_ids,
             &mut sc.topk_w,
         )?,
         // glm4_moe: the kernel takes the selection bias in the bias slot
@@ -185,7 +137,7 @@ pub(crate) fn router(
                 normalize: renormalize,
                 scale,
             },
-            ids,
+            &mut sc.topk_ids,
             &mut sc.topk_w,
         )?,
         (kind, bias) => cx.kn.router_topk_with::<f32>(
@@ -207,7 +159,7 @@ pub(crate) fn router(
                     ));
                 }
             },
-            ids,
+            &mut sc.topk_ids,
             &mut sc.topk_w,
         )?,
     }
@@ -250,41 +202,29 @@ fn router_logits<A: Act16>(
     }
 }
 
+/// `decode`: a decode step, whose misses the HCS tail (when there is one)
+/// brings to the GPU first.
 fn experts_gemv(
     cx: &Ctx<'_>,
     sc: &mut Scratch,
     moe_index: usize,
     t: usize,
-    at: Positions,
+    decode: bool,
 ) -> Result<()> {
     let (table, ffn) = table_parts(cx, moe_index)?;
-    let k = cx.g.top_k;
-    let (decode, off) = selected_range(sc, at, moe_index, k);
-    let Scratch {
-        normed,
-        act,
-        topk_w,
-        residual,
-        decode_ids,
-        topk_ids,
-        seqs,
-        ..
-    } = sc;
-    let ids = match decode {
-        true => decode_ids.slice(off..off + *seqs * k),
-        false => topk_ids.slice(..),
-    };
+    let ids = &sc.topk_ids;
     if let (true, Some(tail)) = (decode, &cx.tail) {
         // HCS: the layer's misses promoted into the tail and copied there
         // before the GEMVs read the table (`hcs/tail.rs`).
+        let n = t * cx.g.top_k;
         cx.kn
-            .tail_lookup(&cx.gpu.stream, tail, moe_index, &ids, t * k)?;
+            .tail_lookup(&cx.gpu.stream, tail, moe_index, &ids.slice(..n), n)?;
         if !cx.stale_tail {
             cx.kn.tail_fetch(&cx.gpu.stream, tail)?;
         }
     }
-    ffn.gate_up_act(cx, normed, &table, &ids, t, u32::MAX, act)?;
-    ffn.down_combine(cx, act, &table, &ids, topk_w, t, residual)
+    ffn.gate_up_act(cx, &sc.normed, &table, ids, t, u32::MAX, &mut sc.act)?;
+    ffn.down_combine(cx, &sc.act, &table, ids, &sc.topk_w, t, &mut sc.residual)
 }
 
 fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {
@@ -433,16 +373,16 @@ fn expert_gemm(
     )
 }
 
-/// Adds the experts `t` tokens selected in MoE layer `moe_index` to
-/// `counts`. Heatmap recording only: it reads the ids back, a sync per
-/// layer.
+/// Adds the experts `t` tokens selected (`scratch.topk_ids`) to `counts`.
+/// Heatmap recording only: it reads the ids back, a sync per layer.
 pub(crate) fn record_routes(
     cx: &Ctx<'_>,
     sc: &Scratch,
-    (moe_index, t, at): (usize, usize, Positions),
+    t: usize,
     counts: &mut [u64],
 ) -> Result<()> {
-    let ids = download_selected(cx, sc, at, moe_index, t)?;
+    let k = cx.g.top_k;
+    let ids = cx.gpu.download(&sc.topk_ids, t * k, "selected experts")?;
     let n = counts.len();
     for id in ids {
         let c = counts
@@ -486,7 +426,7 @@ pub(crate) fn log_token_routes(
     log: &mut RouteLog,
 ) -> Result<()> {
     let (k, ne) = (cx.g.top_k, cx.g.num_experts);
-    let ids = download_selected(cx, sc, at, moe_index, t)?;
+    let ids = cx.gpu.download(&sc.topk_ids, t * k, "selected experts")?;
     let mut logits = cx.gpu.download(&sc.router, t * ne, "router logits")?;
     if let crate::weights::MlpWeights::Moe {
         router_bias: Some(b),

@@ -151,13 +151,11 @@ pub fn plan_cuda(
     // when every expert fits).
     let staging = if hcs {
         let s = Hcs::staging_bytes(layer_bytes, group);
+        let (_, tail) = Hcs::reclaimable_split(moe_layers, g.num_experts, g.top_k, group, parallel);
         items.push(PlanItem::exact(
             &format!("HCS staging / reclaimable tier ({group} layer(s) x 2) and decode tail state"),
-            (s + Hcs::tail_state_bytes(
-                moe_layers * g.num_experts,
-                g.num_experts * 2 * group,
-                g.top_k * parallel.max(1),
-            )) as u64,
+            (s + Hcs::tail_state_bytes(moe_layers * g.num_experts, tail, g.top_k * parallel.max(1)))
+                as u64,
         ));
         s as u64
     } else {

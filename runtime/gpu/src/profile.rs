@@ -119,17 +119,9 @@ impl CudaEngine {
             })?;
             let model = self.model_mut();
             let k = model.geometry.top_k;
-            let moe_index = match &model.weights.layers[l].mlp {
-                MlpWeights::Moe { moe_index, .. } => *moe_index,
-                MlpWeights::Dense(_) => 0,
-            };
-            let mut ids = vec![0u32; m * k];
-            let sel = crate::moe::selected(&model.scratch, Positions::Decode, moe_index, k);
-            model
+            let ids = model
                 .gpu
-                .stream
-                .memcpy_dtoh(&sel.slice(0..m * k), &mut ids)
-                .map_err(crate::error::GpuError::driver("reading top-k ids"))?;
+                .download(&model.scratch.topk_ids, m * k, "top-k ids")?;
             let mut distinct = ids;
             distinct.sort_unstable();
             distinct.dedup();

@@ -48,12 +48,9 @@ pub struct Scratch {
     pub attn_ws: CudaSlice<f32>,
     /// f32 `[cap, E]` router logits.
     pub router: CudaSlice<f32>,
-    /// u32 / f32 `[cap, top_k]` selected experts and their weights (a
-    /// decode step's ids go to `decode_ids` instead).
+    /// u32 / f32 `[cap, top_k]` selected experts and their weights.
     pub topk_ids: CudaSlice<u32>,
     pub topk_w: CudaSlice<f32>,
-    /// u32 `[moe_layers, seqs * top_k]` ([`SeqLens::routes`]).
-    pub decode_ids: CudaSlice<u32>,
     /// f32 `[gemv_tokens * top_k, I]` SwiGLU output of the INT4 GEMV path.
     pub act: CudaSlice<f32>,
     /// f32 `[LOGIT_ROWS, V]`.
@@ -394,7 +391,7 @@ impl ScratchLens {
 /// Element counts of the per-sequence decode state for `seqs` sequences
 /// (what [`Scratch::new`] allocates besides [`ScratchLens`], and the plan's
 /// item for it): each decode row's position and KV base, its attention
-/// split workspace, its sequence's sampling counts and its routes.
+/// split workspace and its sequence's sampling counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqLens {
     pub seqs: usize,
@@ -405,10 +402,6 @@ pub struct SeqLens {
     pub attn_ws: usize,
     /// u32 `[seqs, V]`.
     pub counts: usize,
-    /// u32 `[moe_layers, seqs * top_k]`: a decode step's selected experts,
-    /// every MoE layer's kept apart so the step's routes can be read back
-    /// once after it (HCS counts its hits from them).
-    pub routes: usize,
 }
 
 impl SeqLens {
@@ -420,13 +413,12 @@ impl SeqLens {
             kv_base: seqs,
             attn_ws: seqs * decode_workspace_len(g.num_heads, g.head_dim),
             counts: seqs * g.vocab_size,
-            routes: g.moe_layers().count() * seqs * g.top_k,
         }
     }
 
     /// Device bytes (every element is 4 bytes).
     pub fn bytes(&self) -> usize {
-        4 * (self.pos + self.kv_base + self.attn_ws + self.counts + self.routes.max(1))
+        4 * (self.pos + self.kv_base + self.attn_ws + self.counts)
     }
 }
 
@@ -484,7 +476,6 @@ impl Scratch {
             router: gpu.alloc(n.router, "router logits")?,
             topk_ids: gpu.alloc(n.topk, "selected experts")?,
             topk_w: gpu.alloc(n.topk, "expert weights")?,
-            decode_ids: gpu.alloc_zeros(sq.routes.max(1), "decode step routes")?,
             act: gpu.alloc(n.act, "expert activations")?,
             logits: gpu.alloc(n.logits, "logits")?,
             counts: gpu.alloc_zeros(sq.counts, "sampling token counts")?,

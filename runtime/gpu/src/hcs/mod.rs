@@ -93,6 +93,9 @@ pub struct Hcs {
     _resident_mem: Vec<CudaSlice<u8>>,
     staging: CudaSlice<u8>,
     tail: Tail,
+    /// Each expert's mapped host address, `[moe layer * num_experts + e]`
+    /// (the decode table's entry for an expert with no slot).
+    host_addrs: Vec<u64>,
     ev_copy: CudaEvent,
     ev_staged: [CudaEvent; 2],
     ev_computed: [CudaEvent; 2],
@@ -186,6 +189,7 @@ impl Hcs {
         let tail_addrs: Vec<u64> = (reclaimable - tail_slots..reclaimable)
             .map(|i| base + (i * stride) as u64)
             .collect();
+        // Every expert's mapped host bytes, `[moe layer * num_experts + e]`.
         let mut host_addrs = Vec::with_capacity(moe_layers.len() * num_experts);
         for &layer in &moe_layers {
             for e in 0..num_experts {
@@ -215,6 +219,7 @@ impl Hcs {
             _resident_mem: Vec::new(),
             staging,
             tail,
+            host_addrs,
             ev_copy: ev(gpu, false)?,
             ev_staged: [ev(gpu, false)?, ev(gpu, false)?],
             ev_computed: [ev(gpu, false)?, ev(gpu, false)?],
@@ -328,17 +333,14 @@ impl Hcs {
 
     /// Every MoE layer's decode table: each expert's slot, or its mapped
     /// host bytes when it has none.
-    fn decode_ptrs(&self) -> Result<Vec<u64>> {
-        let mut ptrs = Vec::with_capacity(self.moe_layers.len() * self.num_experts);
-        for m in 0..self.moe_layers.len() {
-            for e in 0..self.num_experts {
-                ptrs.push(match self.res.slot_of(m, e) {
-                    Some(slot) => self.slot_addr[slot],
-                    None => self.host_addr(m, e)?,
-                });
-            }
-        }
-        Ok(ptrs)
+    fn decode_ptrs(&self) -> Vec<u64> {
+        let e = self.num_experts;
+        (0..self.moe_layers.len() * e)
+            .map(|k| match self.res.slot_of(k / e, k % e) {
+                Some(slot) => self.slot_addr[slot],
+                None => self.host_addrs[k],
+            })
+            .collect()
     }
 
     /// Points the expert table at the decode placement and empties the
@@ -350,7 +352,7 @@ impl Hcs {
                 "the decode table was asked for while prefill holds the reclaimable tier".into(),
             ));
         }
-        table.write_all(gpu, &self.decode_ptrs()?)?;
+        table.write_all(gpu, &self.decode_ptrs())?;
         self.tail.reset(gpu)
     }
 
@@ -401,16 +403,6 @@ impl Hcs {
             bytes += src.len() as u64;
         }
         Ok(bytes)
-    }
-
-    /// The device-side address of an expert's mapped host bytes.
-    fn host_addr(&self, moe_index: usize, expert: usize) -> Result<u64> {
-        let layer = self.moe_layers[moe_index];
-        self.host.device_addr(layer, expert).ok_or_else(|| {
-            GpuError::Hcs(format!(
-                "expert {expert} of layer {layer} is outside the host backing"
-            ))
-        })
     }
 
     fn host_expert(&self, moe_index: usize, expert: usize) -> Result<&'static [u8]> {
