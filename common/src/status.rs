@@ -264,12 +264,20 @@ pub struct HcsStats {
     pub transient_bytes: u64,
     /// Fraction of decode (row, expert) pairs whose expert was in VRAM.
     pub hit_rate: f64,
-    /// (row, expert) pairs per decode step whose expert the kernels read
-    /// in place from page-locked host memory (over PCIe; rows sharing a
-    /// cold expert each read it). One row: cold experts per token.
+    /// Experts per decode step that a step needed over PCIe: copied into
+    /// the recency tail, read in place from page-locked host memory (by
+    /// each row that routed to it), or prefetched and then used. One row:
+    /// cold experts per token.
     pub cold_experts_per_token: f64,
     /// Their bytes per decode step.
     pub cold_bytes_per_token: f64,
+    /// Experts per decode step that prefetch brought over PCIe (the next
+    /// layer's router applied early), of which a demand lookup then used
+    /// `prefetch_used_per_token` and `prefetch_wasted_per_token` were
+    /// evicted unused (bytes over PCIe for nothing). 0 with prefetch off.
+    pub prefetched_experts_per_token: f64,
+    pub prefetch_used_per_token: f64,
+    pub prefetch_wasted_per_token: f64,
     /// Expert bytes streamed by the last prefill.
     pub prefill_stream_bytes: u64,
     pub reload_bytes: u64,

@@ -20,26 +20,49 @@
 //   tail_of[L*E]  the tail slot holding the key, or NONE
 //   owner[T]      the key a tail slot holds, or NONE
 //   stamp[T]      clock of the slot's last use (0: never used)
+//   pending[T]    1: filled by a prefetch and not yet used by a demand lookup
 //   slot[T]       the tail slots' device addresses
 //   clock[1]      +1 per lookup launch
 //   fetch[2*P], n_fetch[1]: this launch's copies, (host, slot) address pairs
-//   counters[4]   cumulative: pairs looked up, pairs that hit a slot, experts
-//                 promoted (copied), pairs read in place
+//                 (a prefetch launch has its own list)
+//   counters[8]   cumulative: pairs looked up, pairs that hit a slot, experts
+//                 promoted (copied), pairs read in place (demand launches);
+//                 pairs predicted, experts prefetched, prefetched experts a
+//                 demand lookup then used, prefetched experts evicted unused
 //
 // tail_lookup (one block of 256 threads; one MoE layer's P = rows * top_k
-// pairs, P <= 256):
+// pairs, P <= 256), in one of two modes.
+// Demand (after the layer's router; its GEMVs run next):
 //   1. clock += 1. A pair hits when table[key] != host[key]; a tail hit
-//      stamps its slot with the clock.
-//   2. The layer's distinct missing experts, in pair order, each take the
-//      least recently stamped tail slot (ties: lowest index) whose stamp is
-//      not this launch's clock, so never a slot an expert of this launch
-//      uses. The slot's previous owner points back at its host bytes, the
-//      new key at the slot, and (host, slot) joins the fetch list.
+//      stamps its slot with the clock (and a pending slot counts as a useful
+//      prefetch).
+//   2. The layer's distinct missing experts, rank-major (every row's first
+//      choice, then every row's second, ...), each take the least recently
+//      stamped tail slot (ties: lowest index) whose stamp is not this
+//      launch's clock, so never a slot an expert of this launch uses. The
+//      slot's previous owner points back at its host bytes, the new key at
+//      the slot, and (host, slot) joins the fetch list.
 //   3. A missing expert with no such slot (every slot used by this launch,
 //      or no tail) keeps its host address: the GEMVs read it in place.
+// Prefetch (the next MoE layer's predicted experts, on a side stream while
+// this layer's GEMVs and the next layer's attention run on the compute
+// stream; the next demand lookup waits for it, `hcs/tail.rs`):
+//   the same, except that hits only stamp, at most `max_promote` misses are
+//   promoted (the best-ranked first), a miss with no slot is left alone, the
+//   slots the previous launch stamped are excluded too (that launch is the
+//   demand lookup whose GEMVs may be reading them concurrently), and the
+//   promoted slots are stamped 1 when the launch ends: a guess enters the
+//   LRU order at its old end, so a wrong one is the next victim instead of
+//   pushing out experts that are still in use (inserted as most recent, the
+//   first version's wrong guesses cut the tail's reuse: a3b-24l at 6 GiB
+//   needed 28.7 cold experts per token against 19.0 without prefetch). A
+//   demand hit then stamps it like any other slot.
 //   Exactness does not depend on any of these choices: once tail_fetch has
 //   run (stream order) every pointer names bytes equal to the expert's
-//   cache block, so decode is bit-identical to all resident.
+//   cache block, so decode is bit-identical to all resident. A prefetch
+//   rewrites only table entries of keys no concurrent GEMV reads (the
+//   layer it predicts, and evicted keys, whose slots the running launch did
+//   not stamp).
 // tail_fetch (any grid of 256-thread blocks): copies the fetch list as
 //   16-byte vectors, each expert's vectors spread over the whole grid.
 // The CPU reference is `reference/expert_tail.rs`.
@@ -49,23 +72,28 @@
 
 extern "C" __global__ void __launch_bounds__(256)
     tail_lookup(u64* __restrict__ table, const u64* __restrict__ host, u32* __restrict__ tail_of,
-                u32* __restrict__ owner, u32* __restrict__ stamp, const u64* __restrict__ slot,
-                u32* __restrict__ clock, u64* __restrict__ fetch, u32* __restrict__ n_fetch,
-                u64* __restrict__ counters, const u32* __restrict__ ids, u32 n_pairs, u32 layer,
-                u32 experts, u32 tail) {
+                u32* __restrict__ owner, u32* __restrict__ stamp, u32* __restrict__ pending,
+                const u64* __restrict__ slot, u32* __restrict__ clock, u64* __restrict__ fetch,
+                u32* __restrict__ n_fetch, u64* __restrict__ counters, const u32* __restrict__ ids,
+                u32 n_pairs, u32 layer, u32 experts, u32 tail, u32 top_k, u32 prefetch,
+                u32 max_promote) {
     __shared__ u32 s_key[TAIL_MAX_PAIRS];
     __shared__ unsigned char s_hit[TAIL_MAX_PAIRS];
     __shared__ u32 s_miss[TAIL_MAX_PAIRS];
     __shared__ u32 s_pairs[TAIL_MAX_PAIRS];
+    __shared__ u32 s_promoted[TAIL_MAX_PAIRS];  // prefetch: the slots it filled
     __shared__ u32 s_warp_stamp[8], s_warp_idx[8];
-    __shared__ u32 s_now, s_n_miss;
+    __shared__ u32 s_now, s_n_miss, s_useful;
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (tid == 0) {
         s_now = clock[0] + 1;
         clock[0] = s_now;
+        s_useful = 0;
     }
     __syncthreads();
     const u32 now = s_now;
+    // A prefetch also spares the previous launch's slots (0: never used).
+    const u32 spared = prefetch && now > 1 ? now - 1 : now;
     if (tid < n_pairs) {
         const u32 e = ids[tid];
         if (e >= experts) asm volatile("trap;");
@@ -75,13 +103,19 @@ extern "C" __global__ void __launch_bounds__(256)
         s_hit[tid] = hit;
         if (hit) {
             const u32 t = tail_of[key];
-            if (t != TAIL_NONE) stamp[t] = now;
+            if (t != TAIL_NONE) {
+                stamp[t] = now;
+                // Several rows may hit one slot: count it once.
+                if (!prefetch && atomicExch(&pending[t], 0u) != 0u) atomicAdd(&s_useful, 1u);
+            }
         }
     }
     __syncthreads();
     if (tid == 0) {
+        const u32 rows = n_pairs / top_k;
         u32 n = 0, hits = 0;
-        for (u32 p = 0; p < n_pairs; ++p) {
+        for (u32 q = 0; q < n_pairs; ++q) {
+            const u32 p = (q % rows) * top_k + q / rows;  // rank-major
             if (s_hit[p]) {
                 ++hits;
                 continue;
@@ -95,18 +129,24 @@ extern "C" __global__ void __launch_bounds__(256)
             }
             ++s_pairs[j];
         }
-        s_n_miss = n;
-        counters[0] += n_pairs;
-        counters[1] += hits;
+        s_n_miss = prefetch ? min(n, max_promote) : n;
+        if (prefetch) {
+            counters[4] += n_pairs;
+        } else {
+            counters[0] += n_pairs;
+            counters[1] += hits;
+            counters[6] += s_useful;
+        }
     }
     __syncthreads();
-    u32 fetched = 0, in_place = 0;  // thread 0's tallies
+    u32 fetched = 0, in_place = 0, wasted = 0;  // thread 0's tallies
     for (u32 m = 0; m < s_n_miss; ++m) {
-        // Least recently used slot not used by this launch: (stamp, index).
+        // Least recently used slot not used by this launch (nor, for a
+        // prefetch, by the previous one): (stamp, index).
         u32 best_s = TAIL_NONE, best_i = TAIL_NONE;
         for (u32 t = tid; t < tail; t += blockDim.x) {
             const u32 s = stamp[t];
-            if (s != now && s < best_s) {
+            if (s != now && s != spared && s < best_s) {
                 best_s = s;
                 best_i = t;
             }
@@ -133,28 +173,35 @@ extern "C" __global__ void __launch_bounds__(256)
             }
             const u32 key = s_miss[m];
             if (best_i == TAIL_NONE) {
-                in_place += s_pairs[m];
+                if (!prefetch) in_place += s_pairs[m];
             } else {
                 const u32 old = owner[best_i];
                 if (old != TAIL_NONE) {
                     table[old] = host[old];
                     tail_of[old] = TAIL_NONE;
                 }
+                wasted += pending[best_i];
+                pending[best_i] = prefetch ? 1u : 0u;
                 owner[best_i] = key;
                 stamp[best_i] = now;
                 tail_of[key] = best_i;
                 table[key] = slot[best_i];
                 fetch[2 * fetched] = host[key];
                 fetch[2 * fetched + 1] = slot[best_i];
+                s_promoted[fetched] = best_i;
                 ++fetched;
             }
         }
         __syncthreads();
     }
     if (tid == 0) {
+        // Stamped `now` until here so the launch never evicts its own.
+        if (prefetch)
+            for (u32 m = 0; m < fetched; ++m) stamp[s_promoted[m]] = 1;
         n_fetch[0] = fetched;
-        counters[2] += fetched;
+        counters[prefetch ? 5 : 2] += fetched;
         counters[3] += in_place;
+        counters[7] += wasted;
     }
 }
 

@@ -1259,7 +1259,7 @@ fn expert_tail_reference_policy() {
     for &(k, a) in &resident {
         table[k] = a;
     }
-    let mut st = TailState::new(E, table, host.clone(), slot.clone());
+    let mut st = TailState::new(E, 1, table, host.clone(), slot.clone());
     let (h, s) = (|k: usize| host[k], |i: usize| slot[i]);
     // The whole state, from the slots' owners: every other key points at
     // its resident copy or its host bytes and is in no slot.
@@ -1272,7 +1272,8 @@ fn expert_tail_reference_policy() {
         assert_eq!(st.owner, owner, "{step}: owner");
         assert_eq!(st.stamp, stamp, "{step}: stamp");
         assert_eq!(st.clock, clock, "{step}: clock");
-        assert_eq!(st.counters, ctr, "{step}: counters");
+        assert_eq!(st.counters[..4], ctr, "{step}: counters");
+        assert_eq!(st.counters[4..], [0; 4], "{step}: prefetch counters");
         for (k, &host_k) in host.iter().enumerate() {
             let in_slot = owner.iter().position(|&o| o == k as u32);
             let want_table = match (in_slot, resident.iter().find(|r| r.0 == k)) {
@@ -1328,10 +1329,110 @@ fn expert_tail_reference_policy() {
     assert_eq!(f, vec![(h(5), s(0))], "7: fetch");
     check(&st, "7", [5, 0, 1], [7, 6, 6], 7, [21, 8, 8, 3]);
     // 8: no tail at all: every miss is read in place.
-    let mut none = TailState::new(E, host.clone(), host.clone(), vec![]);
+    let mut none = TailState::new(E, 1, host.clone(), host.clone(), vec![]);
     assert!(none.lookup(1, &[0, 0, 7]).is_empty(), "8: fetch");
-    assert_eq!((none.clock, none.counters), (1, [3, 0, 0, 3]), "8");
+    assert_eq!(
+        (none.clock, none.counters),
+        (1, [3, 0, 0, 3, 0, 0, 0, 0]),
+        "8"
+    );
     assert_eq!(none.table, host, "8: table");
+}
+
+/// The tail's prefetch launches and the rank-major order, by hand: misses
+/// are promoted every row's first choice first; a prefetch promotes at most
+/// its cap, never into a slot the previous (demand) launch or itself
+/// stamped, leaves a miss with no slot alone, and enters its guesses at the
+/// old end of the LRU order (stamp 1), so an unused guess is the next
+/// victim; a demand hit on a prefetched slot counts it used, an eviction
+/// before that counts it wasted.
+#[test]
+fn expert_tail_reference_prefetch() {
+    use krasis_kernels::{TAIL_NONE as N, TailMode, reference::TailState};
+    const E: usize = 8;
+    let host: Vec<u64> = (0..2 * E as u64).map(|k| 0x1000_0000 + k * 0x100).collect();
+    let slot: Vec<u64> = (0..3).map(|i| 0xD000_0000 + i * 0x100).collect();
+    let (h, s) = (|k: usize| host[k], |i: usize| slot[i]);
+    let mut st = TailState::new(E, 2, host.clone(), host.clone(), slot.clone());
+    let pf = |max| TailMode::Prefetch { max };
+    let check =
+        |st: &TailState, step: &str, owner: [u32; 3], stamp: [u32; 3], pending: [u32; 3]| {
+            assert_eq!(st.owner, owner, "{step}: owner");
+            assert_eq!(st.stamp, stamp, "{step}: stamp");
+            assert_eq!(st.pending, pending, "{step}: pending");
+            for (k, &host_k) in host.iter().enumerate() {
+                let want = owner
+                    .iter()
+                    .position(|&o| o == k as u32)
+                    .map_or(host_k, |i| slot[i]);
+                assert_eq!(st.table[k], want, "{step}: table[{k}]");
+            }
+        };
+    // a: two rows [3, 4] and [5, 6]: rank-major misses 3, 5, 4, 6; the
+    // tail holds three, 6 is read in place.
+    let f = st.lookup(0, &[3, 4, 5, 6]);
+    assert_eq!(
+        f,
+        vec![(h(3), s(0)), (h(5), s(1)), (h(4), s(2))],
+        "a: fetch"
+    );
+    check(&st, "a", [3, 5, 4], [1, 1, 1], [0; 3]);
+    assert_eq!(st.counters, [4, 0, 3, 1, 0, 0, 0, 0], "a: counters");
+    // b: every slot was stamped by the previous launch: a prefetch takes
+    // none (a demand lookup would).
+    let mut demand = st.clone();
+    assert_eq!(
+        demand.lookup(1, &[0, 1]).len(),
+        2,
+        "b: a demand lookup evicts"
+    );
+    assert!(st.launch(1, &[0, 1], pf(8)).is_empty(), "b: fetch");
+    check(&st, "b", [3, 5, 4], [1, 1, 1], [0; 3]);
+    assert_eq!(st.counters, [4, 0, 3, 1, 2, 0, 0, 0], "b: counters");
+    // c: 3 hits slot 0; 7 evicts slot 1 (5), the lowest of the unstamped.
+    let f = st.lookup(0, &[3, 7]);
+    assert_eq!(f, vec![(h(7), s(1))], "c: fetch");
+    check(&st, "c", [3, 7, 4], [3, 3, 1], [0; 3]);
+    assert_eq!(st.counters, [6, 1, 4, 1, 2, 0, 0, 0], "c: counters");
+    // d: rows [0, 1] and [2, 0] of layer 1: rank-major keys 8, 10, 9; a
+    // cap of one promotes only key 8, into the only slot c did not stamp,
+    // which then sits at the old end of the order.
+    let f = st.launch(1, &[0, 1, 2, 0], pf(1));
+    assert_eq!(f, vec![(h(8), s(2))], "d: fetch");
+    check(&st, "d", [3, 7, 8], [3, 3, 1], [0, 0, 1]);
+    assert_eq!(st.counters, [6, 1, 4, 1, 6, 1, 0, 0], "d: counters");
+    // e: layer 1 routes to 0 (prefetched: used, stamped now) and 5 (evicts
+    // slot 0, the least recent of the others).
+    let f = st.lookup(1, &[0, 5]);
+    assert_eq!(f, vec![(h(13), s(0))], "e: fetch");
+    check(&st, "e", [13, 7, 8], [5, 3, 5], [0; 3]);
+    assert_eq!(st.counters, [8, 2, 5, 1, 6, 1, 1, 0], "e: counters");
+    // f: a prefetch of layer 0 [1, 2]: slot 1 is the only one e did not
+    // stamp; 2 finds no slot and is left alone (not counted in place).
+    let f = st.launch(0, &[1, 2], pf(2));
+    assert_eq!(f, vec![(h(1), s(1))], "f: fetch");
+    check(&st, "f", [13, 1, 8], [5, 1, 5], [0, 1, 0]);
+    assert_eq!(st.counters, [8, 2, 5, 1, 8, 2, 1, 0], "f: counters");
+    // g: misses 6 and 4: the unused guess (key 1) goes first, wasted, then
+    // slot 0 (stamps 5, lowest index).
+    let f = st.lookup(0, &[6, 4]);
+    assert_eq!(f, vec![(h(6), s(1)), (h(4), s(0))], "g: fetch");
+    check(&st, "g", [4, 6, 8], [7, 7, 5], [0; 3]);
+    assert_eq!(st.counters, [10, 2, 7, 1, 8, 2, 1, 1], "g: counters");
+    assert_eq!(st.tail_of[1], N, "g: key 1 left the tail");
+    // h: the used guess (key 8) is an ordinary entry now: a hit.
+    let f = st.lookup(1, &[0, 7]);
+    assert_eq!(f, vec![(h(15), s(0))], "h: fetch");
+    check(&st, "h", [15, 6, 8], [8, 7, 8], [0; 3]);
+    assert_eq!(st.counters, [12, 3, 8, 1, 8, 2, 1, 1], "h: counters");
+    // i: after a demand launch stamps slot 2, a prefetch of rows [1, 2] and
+    // [3, 5] (rank-major 1, 3, 2, 5) fills the two other slots and never
+    // evicts its own guesses: 2 and 5 find no slot.
+    assert!(st.lookup(1, &[0, 0]).is_empty(), "i: demand fetch");
+    let f = st.launch(0, &[1, 2, 3, 5], pf(4));
+    assert_eq!(f, vec![(h(1), s(1)), (h(3), s(0))], "i: fetch");
+    check(&st, "i", [3, 1, 8], [1, 1, 9], [1, 1, 0]);
+    assert_eq!(st.counters, [14, 5, 8, 1, 12, 4, 1, 1], "i: counters");
 }
 
 /// An expert id past the layer's experts is refused (the kernel traps).
@@ -1340,6 +1441,6 @@ fn expert_tail_reference_policy() {
 fn expert_tail_reference_refuses_an_out_of_range_id() {
     let host: Vec<u64> = (0..16u64).map(|k| 0x1000_0000 + k * 0x100).collect();
     let mut st =
-        krasis_kernels::reference::TailState::new(8, host.clone(), host, vec![0xD000_0000]);
+        krasis_kernels::reference::TailState::new(8, 1, host.clone(), host, vec![0xD000_0000]);
     st.lookup(0, &[1, 8]);
 }

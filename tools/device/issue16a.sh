@@ -15,6 +15,10 @@
 #   bash tools/device/issue16a.sh more COMMIT
 #       the other engine tests (live: HCS figures; prefix_cache, gpu_engine, cancel, glm4_moe,
 #       gpt_oss, row_invariance, fault_injection) and `bench --decode-rows 1,2,4,8` at 6 GiB.
+#   bash tools/device/issue16a.sh prefetch COMMIT
+#       decode prefetch (session 10): the expert_tail kernel (demand and prefetch launches) against
+#       its CPU reference, HCS exactness at 6 GiB with the default prefetch, `bench` at 6 GiB with
+#       prefetch 8 (default), 0, 1, 2 and 4 per layer, then batching and live.
 #   bash tools/device/issue16a.sh serve COMMIT
 #       `agent_load.py parallel` (1/2/4/8 clients) through serve at 6 GiB, and the agent loop.
 # Results: $OUT/issue16a-PHASE.txt (the summary) and the logs beside it.
@@ -40,7 +44,7 @@ bench() { # tag args...
   timeout 240 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --commit "$C" \
     --json "$OUT/bench-$t.json" "$@" > "$OUT/bench-$t.log" 2>&1
   echo "bench $t rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-  grep -iE "prefill|decode|bound|HCS|experts" "$OUT/bench-$t.log" | tail -24 >> "$S"
+  grep -iE "prefill|decode|bound|HCS|experts|prefetch" "$OUT/bench-$t.log" | tail -48 >> "$S"
 }
 case "$P" in
   kbench)
@@ -58,6 +62,20 @@ case "$P" in
     tail -6 "$OUT/hcs-exact.log" >> "$S"
     bench 6gib --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128
     test_bin batching 150
+    ;;
+  prefetch)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+    test_bin gpu 120 expert_tail
+    prep
+    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
+      > "$OUT/hcs-exact.log" 2>&1
+    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    tail -6 "$OUT/hcs-exact.log" >> "$S"
+    bench 6gib-prefetch --vram-limit 6GiB --baseline --prompt-tokens 512 --decode-tokens 16,128 --hcs-prefetch 0,1,2,4
+    # Session 9's configuration (an 8K prompt: a larger prefill chunk, fewer experts on the GPU).
+    bench 6gib-8k-prefetch --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0,2
+    test_bin batching 150
+    [ -x "$(ls dist/gpu/live-* 2>/dev/null | head -1)" ] && test_bin live 100
     ;;
   more)
     test_bin batching 150
@@ -93,10 +111,14 @@ case "$P" in
     test_bin gpt_oss 90
     ;;
   serve)
+    # LIMITS (default 6GiB): comma-separated, `none` for all resident, one serve after another.
     prep
-    LIMIT=6GiB CLIENTS=1,2,4,8 BUDGET=$((300-(SECONDS-T0))) bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
-    cat /tmp/btr-parallel-6GiB/summary.txt >> "$S"
-    mkdir -p "$OUT/parallel-6GiB"; cp /tmp/btr-parallel-6GiB/*.json /tmp/btr-parallel-6GiB/*.md "$OUT/parallel-6GiB/" 2>/dev/null
+    LIMIT=${LIMITS:-6GiB} CLIENTS=1,2,4,8 BUDGET=$((${SERVE_BUDGET:-300}-(SECONDS-T0))) \
+      bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+    for d in /tmp/btr-parallel-*; do
+      cat "$d/summary.txt" >> "$S"
+      mkdir -p "$OUT/${d##*/}"; cp -r "$d"/* "$OUT/${d##*/}/" 2>/dev/null
+    done
     ;;
   *) echo "unknown phase $P" >> "$S"; exit 2 ;;
 esac

@@ -13,6 +13,18 @@ use crate::{Kernels, Result};
 pub const TAIL_MAX_PAIRS: usize = 256;
 /// "No slot" / "no owner" in `tail_of` and `owner`.
 pub const TAIL_NONE: u32 = u32::MAX;
+/// Cumulative counters of the tail state (`cuda/expert_tail.cu`).
+pub const TAIL_COUNTERS: usize = 8;
+
+/// What a [`Kernels::tail_lookup`] launch is for (`cuda/expert_tail.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailMode {
+    /// The layer's routed experts, which its GEMVs read next.
+    Demand,
+    /// Predicted experts of a layer that has not routed yet: at most `max`
+    /// promoted, sparing the slots of the previous (demand) launch.
+    Prefetch { max: usize },
+}
 /// Blocks of the fetch launch: enough 256-thread blocks to keep PCIe reads
 /// in flight on any part this engine supports (kbench: 132 to 1,056 blocks
 /// read mapped host memory at the same 46-51 GB/s on the H200).
@@ -33,6 +45,8 @@ pub struct ExpertTail {
     pub owner: u64,
     /// u32 `[tail]`.
     pub stamp: u64,
+    /// u32 `[tail]`.
+    pub pending: u64,
     /// u64 `[tail]`: slot addresses.
     pub slot: u64,
     /// u32 `[1]`.
@@ -41,36 +55,25 @@ pub struct ExpertTail {
     pub fetch: u64,
     /// u32 `[1]`.
     pub n_fetch: u64,
-    /// u64 `[4]`: lookups, hits, promoted, read in place.
+    /// u64 `[TAIL_COUNTERS]`: lookups, hits, promoted, read in place;
+    /// predicted, prefetched, prefetches used, prefetches wasted.
     pub counters: u64,
     pub layers: usize,
     pub experts: usize,
     pub tail: usize,
+    /// Experts per row: a launch's ids are `[rows, top_k]`.
+    pub top_k: usize,
     pub max_pairs: usize,
     /// Bytes of one expert block (a multiple of 16).
     pub expert_bytes: usize,
 }
 
 impl Kernels {
-    /// [`Kernels::tail_lookup`] then [`Kernels::tail_fetch`]: afterwards
-    /// MoE layer `layer`'s table entries name bytes equal to each selected
-    /// expert's block.
-    pub fn expert_tail(
-        &self,
-        stream: &CudaStream,
-        t: &ExpertTail,
-        layer: usize,
-        ids: &impl DevicePtr<u32>,
-        n_pairs: usize,
-    ) -> Result<()> {
-        self.tail_lookup(stream, t, layer, ids, n_pairs)?;
-        self.tail_fetch(stream, t)
-    }
-
-    /// Looks up MoE layer `layer`'s `n_pairs` selected experts (`ids`) and
-    /// promotes its misses into the tail, writing the fetch list (the
-    /// table already names the slots: [`Kernels::tail_fetch`] must run
-    /// before anything reads them).
+    /// Looks up MoE layer `layer`'s `n_pairs` selected (or, in
+    /// [`TailMode::Prefetch`], predicted) experts (`ids`, `[rows, top_k]`)
+    /// and promotes its misses into the tail, writing `t`'s fetch list (the
+    /// table already names the slots: [`Kernels::tail_fetch`] over the same
+    /// `t` must run before anything reads them).
     pub fn tail_lookup(
         &self,
         stream: &CudaStream,
@@ -78,8 +81,12 @@ impl Kernels {
         layer: usize,
         ids: &impl DevicePtr<u32>,
         n_pairs: usize,
+        mode: TailMode,
     ) -> Result<()> {
         const K: &str = "tail_lookup";
+        ensure(K, t.top_k > 0 && n_pairs.is_multiple_of(t.top_k), || {
+            format!("{n_pairs} pairs: whole rows of top_k = {}", t.top_k)
+        })?;
         ensure(K, layer < t.layers, || {
             format!("MoE layer {layer} of {} layers", t.layers)
         })?;
@@ -111,6 +118,11 @@ impl Kernels {
             dim_u32(K, "tail", t.tail)?,
         );
         dim_u32(K, "layers * experts", t.layers * t.experts)?;
+        let (prefetch, max) = match mode {
+            TailMode::Demand => (0u32, u32::MAX),
+            TailMode::Prefetch { max } => (1, max.try_into().unwrap_or(u32::MAX)),
+        };
+        let k = dim_u32(K, "top_k", t.top_k)?;
         let (ip, _g) = ids.device_ptr(stream);
         let f = self.func(K)?;
         let mut b = builder(stream, f);
@@ -119,12 +131,14 @@ impl Kernels {
             .arg(&t.tail_of)
             .arg(&t.owner)
             .arg(&t.stamp)
+            .arg(&t.pending)
             .arg(&t.slot)
             .arg(&t.clock)
             .arg(&t.fetch)
             .arg(&t.n_fetch)
             .arg(&t.counters);
         b.arg(&ip).arg(&n).arg(&l).arg(&e).arg(&tail);
+        b.arg(&k).arg(&prefetch).arg(&max);
         submit(K, b, cfg((1, 1, 1), 256, 0))
     }
 

@@ -1,50 +1,76 @@
 //! CPU reference of `cuda/expert_tail.cu`: the same state and the same
-//! lookup/promotion policy, one step at a time. The fetch copies are
-//! returned as (host address, slot address) pairs for the caller to apply.
+//! lookup/promotion policy (demand and prefetch launches), one launch at a
+//! time. The fetch copies are returned as (host address, slot address)
+//! pairs for the caller to apply.
 
-use crate::ops::expert_tail::TAIL_NONE;
+use crate::ops::expert_tail::{TAIL_COUNTERS, TAIL_NONE, TailMode};
 
 /// The tail's state (field meanings in `cuda/expert_tail.cu`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TailState {
     pub experts: usize,
+    pub top_k: usize,
     pub table: Vec<u64>,
     pub host: Vec<u64>,
     pub tail_of: Vec<u32>,
     pub owner: Vec<u32>,
     pub stamp: Vec<u32>,
+    pub pending: Vec<u32>,
     pub slot: Vec<u64>,
     pub clock: u32,
-    /// Lookups, hits, promoted, read in place.
-    pub counters: [u64; 4],
+    /// Lookups, hits, promoted, read in place; predicted, prefetched,
+    /// prefetches used, prefetches wasted.
+    pub counters: [u64; TAIL_COUNTERS],
 }
 
 impl TailState {
     /// An empty tail over `table` (slots and host addresses as the caller
-    /// placed them), `host` and the tail slots' addresses.
-    pub fn new(experts: usize, table: Vec<u64>, host: Vec<u64>, slot: Vec<u64>) -> Self {
+    /// placed them), `host` and the tail slots' addresses, for launches of
+    /// `[rows, top_k]` ids.
+    pub fn new(
+        experts: usize,
+        top_k: usize,
+        table: Vec<u64>,
+        host: Vec<u64>,
+        slot: Vec<u64>,
+    ) -> Self {
         assert_eq!(table.len(), host.len());
         let n = slot.len();
         TailState {
             experts,
+            top_k,
             tail_of: vec![TAIL_NONE; table.len()],
             table,
             host,
             owner: vec![TAIL_NONE; n],
             stamp: vec![0; n],
+            pending: vec![0; n],
             slot,
             clock: 0,
-            counters: [0; 4],
+            counters: [0; TAIL_COUNTERS],
         }
     }
 
-    /// One lookup launch of MoE layer `layer` over the pairs' expert ids;
-    /// returns the fetch list.
+    /// One demand lookup launch of MoE layer `layer`; returns the fetch
+    /// list.
     pub fn lookup(&mut self, layer: usize, ids: &[u32]) -> Vec<(u64, u64)> {
+        self.launch(layer, ids, TailMode::Demand)
+    }
+
+    /// One lookup launch of MoE layer `layer` over the pairs' expert ids
+    /// (`[rows, top_k]`) in `mode`; returns the fetch list.
+    pub fn launch(&mut self, layer: usize, ids: &[u32], mode: TailMode) -> Vec<(u64, u64)> {
+        assert!(ids.len().is_multiple_of(self.top_k), "whole rows");
+        let (prefetch, max) = match mode {
+            TailMode::Demand => (false, usize::MAX),
+            TailMode::Prefetch { max } => (true, max),
+        };
         // u32 like the kernel's (it wraps after ~4e9 lookups, ~7 days of
         // decode without a prefill: LRU order is then wrong, never results).
         self.clock = self.clock.wrapping_add(1);
         let now = self.clock;
+        // A prefetch spares the previous launch's slots too.
+        let spared = if prefetch && now > 1 { now - 1 } else { now };
         let keys: Vec<usize> = ids
             .iter()
             .map(|&e| {
@@ -56,31 +82,48 @@ impl TailState {
             .iter()
             .map(|&k| self.table[k] != self.host[k])
             .collect();
+        let mut useful = 0;
         for (&k, &h) in keys.iter().zip(&hit) {
-            if h && self.tail_of[k] != TAIL_NONE {
-                self.stamp[self.tail_of[k] as usize] = now;
+            let t = self.tail_of[k];
+            if h && t != TAIL_NONE {
+                self.stamp[t as usize] = now;
+                if !prefetch && self.pending[t as usize] != 0 {
+                    self.pending[t as usize] = 0;
+                    useful += 1;
+                }
             }
         }
-        // Distinct misses in pair order, with their pair counts.
+        // Distinct misses rank-major, with their pair counts.
+        let rows = keys.len() / self.top_k;
         let mut misses: Vec<(usize, u64)> = Vec::new();
-        for (&k, &h) in keys.iter().zip(&hit) {
-            if h {
+        for q in 0..keys.len() {
+            let p = (q % rows) * self.top_k + q / rows;
+            if hit[p] {
                 continue;
             }
-            match misses.iter_mut().find(|(m, _)| *m == k) {
+            match misses.iter_mut().find(|(m, _)| *m == keys[p]) {
                 Some((_, n)) => *n += 1,
-                None => misses.push((k, 1)),
+                None => misses.push((keys[p], 1)),
             }
         }
-        self.counters[0] += keys.len() as u64;
-        self.counters[1] += hit.iter().filter(|&&h| h).count() as u64;
+        if prefetch {
+            self.counters[4] += keys.len() as u64;
+            misses.truncate(max);
+        } else {
+            self.counters[0] += keys.len() as u64;
+            self.counters[1] += hit.iter().filter(|&&h| h).count() as u64;
+            self.counters[6] += useful;
+        }
         let mut fetch = Vec::new();
+        let mut promoted = Vec::new();
         for (key, pairs) in misses {
             let victim = (0..self.slot.len())
-                .filter(|&t| self.stamp[t] != now)
+                .filter(|&t| self.stamp[t] != now && self.stamp[t] != spared)
                 .min_by_key(|&t| (self.stamp[t], t));
             let Some(v) = victim else {
-                self.counters[3] += pairs;
+                if !prefetch {
+                    self.counters[3] += pairs;
+                }
                 continue;
             };
             let old = self.owner[v];
@@ -88,13 +131,23 @@ impl TailState {
                 self.table[old as usize] = self.host[old as usize];
                 self.tail_of[old as usize] = TAIL_NONE;
             }
+            self.counters[7] += self.pending[v] as u64;
+            self.pending[v] = prefetch as u32;
             self.owner[v] = key as u32;
             self.stamp[v] = now;
             self.tail_of[key] = v as u32;
             self.table[key] = self.slot[v];
             fetch.push((self.host[key], self.slot[v]));
+            promoted.push(v);
         }
-        self.counters[2] += fetch.len() as u64;
+        if prefetch {
+            // A guess enters the LRU order at its old end (stamped `now`
+            // until here so the launch never evicts its own).
+            for v in promoted {
+                self.stamp[v] = 1;
+            }
+        }
+        self.counters[if prefetch { 5 } else { 2 }] += fetch.len() as u64;
         fetch
     }
 }

@@ -1,12 +1,12 @@
-//! `expert_tail` (lookup, LRU promotion and fetch) against its CPU
-//! reference over random decode steps: the device state equals the
-//! reference's exactly after every launch, and every expert's table entry
-//! names bytes equal to the expert's block (in a tail slot, a resident
-//! buffer or mapped page-locked host memory), which is what decode
-//! exactness depends on.
+//! `expert_tail` (lookup, LRU promotion and fetch; demand and prefetch
+//! launches) against its CPU reference over random decode steps: the
+//! device state equals the reference's exactly after every launch, and
+//! every expert's table entry names bytes equal to the expert's block (in a
+//! tail slot, a resident buffer or mapped page-locked host memory), which
+//! is what decode exactness depends on.
 
 use cudarc::driver::{CudaSlice, DevicePtr, sys};
-use krasis_kernels::{ExpertTail, TAIL_NONE, reference::TailState};
+use krasis_kernels::{ExpertTail, TAIL_COUNTERS, TAIL_NONE, TailMode, reference::TailState};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
@@ -62,11 +62,14 @@ fn expert_tail_matches_reference() {
     let tail_of_d = up(&s, &[TAIL_NONE; L * E]);
     let owner_d = up(&s, &[TAIL_NONE; T]);
     let stamp_d = up(&s, &[0u32; T]);
+    let pending_d = up(&s, &[0u32; T]);
     let slot_d = up(&s, &slot_addr);
     let clock_d = up(&s, &[0u32]);
     let fetch_d = up(&s, &[0u64; 2 * MAX_PAIRS]);
     let n_fetch_d = up(&s, &[0u32]);
-    let counters_d = up(&s, &[0u64; 4]);
+    let pf_fetch_d = up(&s, &[0u64; 2 * MAX_PAIRS]);
+    let pf_n_fetch_d = up(&s, &[0u32]);
+    let counters_d = up(&s, &[0u64; TAIL_COUNTERS]);
     let a64 = |b: &CudaSlice<u64>| b.device_ptr(&s).0;
     let a32 = |b: &CudaSlice<u32>| b.device_ptr(&s).0;
     let tail = ExpertTail {
@@ -75,6 +78,7 @@ fn expert_tail_matches_reference() {
         tail_of: a32(&tail_of_d),
         owner: a32(&owner_d),
         stamp: a32(&stamp_d),
+        pending: a32(&pending_d),
         slot: a64(&slot_d),
         clock: a32(&clock_d),
         fetch: a64(&fetch_d),
@@ -83,31 +87,53 @@ fn expert_tail_matches_reference() {
         layers: L,
         experts: E,
         tail: T,
+        top_k: TOP_K,
         max_pairs: MAX_PAIRS,
         expert_bytes: BYTES,
     };
-    let mut want = TailState::new(E, table, host.clone(), slot_addr.clone());
+    // Prefetch launches write their own fetch list (as the runtime's do).
+    let pf_tail = ExpertTail {
+        fetch: a64(&pf_fetch_d),
+        n_fetch: a32(&pf_n_fetch_d),
+        ..tail
+    };
+    let mut want = TailState::new(E, TOP_K, table, host.clone(), slot_addr.clone());
     // What the slot buffer must hold: the fetch lists applied in order.
     let mut want_slots = vec![0xFFu8; T * BYTES];
 
     // Refused without a launch: no pairs, more pairs than the fetch list
-    // holds (with an ids buffer long enough), a layer past the last.
-    let ids_big = up(&s, &[0u32; MAX_PAIRS + 1]);
+    // holds (with an ids buffer long enough), a part of a row, a layer past
+    // the last.
+    let ids_big = up(&s, &[0u32; MAX_PAIRS + TOP_K]);
     let k = &g.kernels;
-    let e = k.expert_tail(&s, &tail, 0, &ids_big, 0).unwrap_err();
+    let demand = TailMode::Demand;
+    let e = k
+        .tail_lookup(&s, &tail, 0, &ids_big, 0, demand)
+        .unwrap_err();
     assert!(e.to_string().contains("0 pairs"), "{e}");
     let e = k
-        .expert_tail(&s, &tail, 0, &ids_big, MAX_PAIRS + 1)
+        .tail_lookup(&s, &tail, 0, &ids_big, MAX_PAIRS + TOP_K, demand)
         .unwrap_err();
     assert!(
-        e.to_string().contains(&format!("{} pairs", MAX_PAIRS + 1)),
+        e.to_string()
+            .contains(&format!("{} pairs", MAX_PAIRS + TOP_K)),
         "{e}"
     );
-    let e = k.expert_tail(&s, &tail, L, &ids_big, 1).unwrap_err();
+    let e = k
+        .tail_lookup(&s, &tail, 0, &ids_big, TOP_K + 1, demand)
+        .unwrap_err();
+    assert!(e.to_string().contains("whole rows"), "{e}");
+    let e = k
+        .tail_lookup(&s, &tail, L, &ids_big, TOP_K, demand)
+        .unwrap_err();
     assert!(e.to_string().contains("MoE layer"), "{e}");
     sync(&s);
     assert_eq!(down(&s, &clock_d), [0], "a refused call launched");
-    assert_eq!(down(&s, &counters_d), [0; 4], "a refused call launched");
+    assert_eq!(
+        down(&s, &counters_d),
+        [0; TAIL_COUNTERS],
+        "a refused call launched"
+    );
     assert!(down(&s, &slots) == want_slots, "a refused call fetched");
 
     // Per layer, its three resident experts and three others: the first of
@@ -128,118 +154,144 @@ fn expert_tail_matches_reference() {
         .collect();
     let (mut tail_hits, mut resident_hits, mut evictions) = (0usize, 0usize, 0usize);
     let mut launches = 0usize;
+    // Rows of TOP_K distinct experts drawn from `pool` (or, `wide`, all 16
+    // experts once).
+    let draw = |rng: &mut rand::rngs::StdRng, pool: &[u32], rows: usize, wide: bool| {
+        if wide {
+            let mut all = pool.to_vec();
+            all.shuffle(rng);
+            return all;
+        }
+        (0..rows)
+            .flat_map(|_| {
+                let mut r = pool.to_vec();
+                r.shuffle(rng);
+                r.truncate(TOP_K);
+                r
+            })
+            .collect::<Vec<u32>>()
+    };
     for step in 0..60 {
         // Steps 0-2 of every ten are hot (each layer routes to its residents
         // and one favourite: 3 tail keys in all, so the next hot step hits),
         // 3-4 warm (residents and three favourites: repeats, evictions),
         // 5-8 uniform and 9 wide (all 16 experts: more distinct misses than
         // the tail holds, so some are read in place).
-        let mode = step % 10;
-        let rows = if mode == 9 {
+        let kind = step % 10;
+        let rows = if kind == 9 {
             4
         } else {
             rng.random_range(1..=4)
         };
         let n = rows * TOP_K;
-        for (layer, fav) in favourites.iter().enumerate() {
-            let pool: Vec<u32> = match mode {
-                0..=2 => fav[..4].to_vec(),
-                3..=4 => fav.clone(),
+        let pool = |l: usize| -> Vec<u32> {
+            match kind {
+                0..=2 => favourites[l][..4].to_vec(),
+                3..=4 => favourites[l].clone(),
                 _ => (0..E as u32).collect(),
-            };
-            let ids: Vec<u32> = if mode == 9 {
-                let mut all = pool;
-                all.shuffle(&mut rng);
-                all
-            } else {
-                (0..rows)
-                    .flat_map(|_| {
-                        let mut r = pool.clone();
-                        r.shuffle(&mut rng);
-                        r.truncate(TOP_K);
-                        r
-                    })
-                    .collect()
-            };
-            assert_eq!(ids.len(), n);
-            let what = format!("step {step} layer {layer} ids {ids:?}");
-            let keys: Vec<usize> = ids.iter().map(|&e| layer * E + e as usize).collect();
-            tail_hits += keys
-                .iter()
-                .filter(|&&k| want.tail_of[k] != TAIL_NONE)
-                .count();
-            resident_hits += keys.iter().filter(|k| resident_keys.contains(k)).count();
-            let owner_before = want.owner.clone();
-
-            let ids_d = up(&s, &ids);
-            g.kernels
-                .expert_tail(&s, &tail, layer, &ids_d, n)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            sync(&s);
-            launches += 1;
-            let fetch = want.lookup(layer, &ids);
-            for &(h, sl) in &fetch {
-                let i = ((sl - slot_base) as usize) / BYTES;
-                evictions += (owner_before[i] != TAIL_NONE) as usize;
-                let k = ((h - mapped.dev) as usize) / BYTES;
-                want_slots[i * BYTES..(i + 1) * BYTES].copy_from_slice(&experts[k]);
             }
-
-            assert_eq!(down(&s, &table_d), want.table, "{what}: table");
-            assert_eq!(down(&s, &tail_of_d), want.tail_of, "{what}: tail_of");
-            assert_eq!(down(&s, &owner_d), want.owner, "{what}: owner");
-            assert_eq!(down(&s, &stamp_d), want.stamp, "{what}: stamp");
-            assert_eq!(down(&s, &clock_d), [want.clock], "{what}: clock");
-            assert_eq!(want.clock as usize, launches, "{what}: reference clock");
-            assert_eq!(down(&s, &counters_d), want.counters, "{what}: counters");
-            assert_eq!(
-                down(&s, &n_fetch_d),
-                [fetch.len() as u32],
-                "{what}: n_fetch"
-            );
-            let got_fetch = down(&s, &fetch_d);
-            let want_fetch: Vec<u64> = fetch.iter().flat_map(|&(h, sl)| [h, sl]).collect();
-            assert_eq!(
-                got_fetch[..want_fetch.len()],
-                want_fetch[..],
-                "{what}: fetch"
-            );
-            assert_eq!(down(&s, &host_d), host, "{what}: host addresses");
-            assert_eq!(down(&s, &slot_d), slot_addr, "{what}: slot addresses");
-
-            // Every table entry names the expert's bytes: this launch's
-            // pairs first (what the GEMVs read next), then all the others.
-            let got_slots = down(&s, &slots);
-            assert!(got_slots == want_slots, "{what}: slot buffer");
-            assert!(
-                down(&s, &resident) == resident_bytes,
-                "{what}: resident buffer"
-            );
-            let bytes_at = |a: u64| -> &[u8] {
-                let within = |base: u64, len: usize| {
-                    (a >= base && a < base + len as u64).then(|| {
-                        let off = (a - base) as usize;
-                        assert_eq!(off % BYTES, 0, "{what}: {a:#x} is not a block start");
-                        off
-                    })
+        };
+        for layer in 0..L {
+            // The layer's demand lookup, then (on odd steps, as the runtime
+            // does between layers) a prefetch of the next layer's guess:
+            // the next layer's own pool, or any experts, capped at 1-4.
+            let mut run = vec![(layer, draw(&mut rng, &pool(layer), rows, kind == 9), demand)];
+            if step % 2 == 1 && layer + 1 < L {
+                let guess = match rng.random_range(0..2) {
+                    0 => pool(layer + 1),
+                    _ => (0..E as u32).collect(),
                 };
-                if let Some(o) = within(slot_base, T * BYTES) {
-                    &got_slots[o..o + BYTES]
-                } else if let Some(o) = within(res_base, resident_bytes.len()) {
-                    &resident_bytes[o..o + BYTES]
-                } else if let Some(o) = within(mapped.dev, L * E * BYTES) {
-                    &mapped.bytes()[o..o + BYTES]
-                } else {
-                    panic!("{what}: table entry {a:#x} points outside every buffer")
+                let max = rng.random_range(1..=4);
+                run.push((
+                    layer + 1,
+                    draw(&mut rng, &guess, rows, false),
+                    TailMode::Prefetch { max },
+                ));
+            }
+            for (layer, ids, mode) in run {
+                assert_eq!(ids.len(), n);
+                let what = format!("step {step} layer {layer} {mode:?} ids {ids:?}");
+                let keys: Vec<usize> = ids.iter().map(|&e| layer * E + e as usize).collect();
+                if mode == demand {
+                    tail_hits += keys
+                        .iter()
+                        .filter(|&&k| want.tail_of[k] != TAIL_NONE)
+                        .count();
+                    resident_hits += keys.iter().filter(|k| resident_keys.contains(k)).count();
                 }
-            };
-            let got_table = down(&s, &table_d);
-            for &k in keys.iter().chain(&(0..L * E).collect::<Vec<_>>()) {
-                assert!(
-                    bytes_at(got_table[k]) == experts[k],
-                    "{what}: key {k} at {:#x} does not hold the expert's bytes",
-                    got_table[k]
+                let owner_before = want.owner.clone();
+                let (t, fetch_d, n_fetch_d) = match mode {
+                    TailMode::Demand => (&tail, &fetch_d, &n_fetch_d),
+                    TailMode::Prefetch { .. } => (&pf_tail, &pf_fetch_d, &pf_n_fetch_d),
+                };
+
+                let ids_d = up(&s, &ids);
+                k.tail_lookup(&s, t, layer, &ids_d, n, mode)
+                    .and_then(|_| k.tail_fetch(&s, t))
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                sync(&s);
+                launches += 1;
+                let fetch = want.launch(layer, &ids, mode);
+                for &(h, sl) in &fetch {
+                    let i = ((sl - slot_base) as usize) / BYTES;
+                    evictions += (owner_before[i] != TAIL_NONE) as usize;
+                    let k = ((h - mapped.dev) as usize) / BYTES;
+                    want_slots[i * BYTES..(i + 1) * BYTES].copy_from_slice(&experts[k]);
+                }
+
+                assert_eq!(down(&s, &table_d), want.table, "{what}: table");
+                assert_eq!(down(&s, &tail_of_d), want.tail_of, "{what}: tail_of");
+                assert_eq!(down(&s, &owner_d), want.owner, "{what}: owner");
+                assert_eq!(down(&s, &stamp_d), want.stamp, "{what}: stamp");
+                assert_eq!(down(&s, &pending_d), want.pending, "{what}: pending");
+                assert_eq!(down(&s, &clock_d), [want.clock], "{what}: clock");
+                assert_eq!(want.clock as usize, launches, "{what}: reference clock");
+                assert_eq!(down(&s, &counters_d), want.counters, "{what}: counters");
+                assert_eq!(down(&s, n_fetch_d), [fetch.len() as u32], "{what}: n_fetch");
+                let got_fetch = down(&s, fetch_d);
+                let want_fetch: Vec<u64> = fetch.iter().flat_map(|&(h, sl)| [h, sl]).collect();
+                assert_eq!(
+                    got_fetch[..want_fetch.len()],
+                    want_fetch[..],
+                    "{what}: fetch"
                 );
+                assert_eq!(down(&s, &host_d), host, "{what}: host addresses");
+                assert_eq!(down(&s, &slot_d), slot_addr, "{what}: slot addresses");
+
+                // Every table entry names the expert's bytes: this launch's
+                // pairs first (what the GEMVs read next), then all the others.
+                let got_slots = down(&s, &slots);
+                assert!(got_slots == want_slots, "{what}: slot buffer");
+                assert!(
+                    down(&s, &resident) == resident_bytes,
+                    "{what}: resident buffer"
+                );
+                let bytes_at = |a: u64| -> &[u8] {
+                    let within = |base: u64, len: usize| {
+                        (a >= base && a < base + len as u64).then(|| {
+                            let off = (a - base) as usize;
+                            assert_eq!(off % BYTES, 0, "{what}: {a:#x} is not a block start");
+                            off
+                        })
+                    };
+                    if let Some(o) = within(slot_base, T * BYTES) {
+                        &got_slots[o..o + BYTES]
+                    } else if let Some(o) = within(res_base, resident_bytes.len()) {
+                        &resident_bytes[o..o + BYTES]
+                    } else if let Some(o) = within(mapped.dev, L * E * BYTES) {
+                        &mapped.bytes()[o..o + BYTES]
+                    } else {
+                        panic!("{what}: table entry {a:#x} points outside every buffer")
+                    }
+                };
+                let got_table = down(&s, &table_d);
+                for &k in keys.iter().chain(&(0..L * E).collect::<Vec<_>>()) {
+                    assert!(
+                        bytes_at(got_table[k]) == experts[k],
+                        "{what}: key {k} at {:#x} does not hold the expert's bytes",
+                        got_table[k]
+                    );
+                }
             }
         }
     }
@@ -254,6 +306,9 @@ fn expert_tail_matches_reference() {
     assert!(evictions > 0, "no eviction: {c:?}");
     assert!(c[3] > 0, "nothing read in place: {c:?}");
     assert_eq!(c[1] as usize, tail_hits + resident_hits, "hits");
+    assert!(c[5] > 0, "nothing prefetched: {c:?}");
+    assert!(c[6] > 0, "no prefetch used: {c:?}");
+    assert!(c[7] > 0, "no prefetch wasted: {c:?}");
 }
 
 /// Page-locked host memory mapped into the device, holding `data`; freed

@@ -363,7 +363,8 @@ impl CudaEngine {
             | Fault::SwapRowPositions
             | Fault::ShiftRowKv
             | Fault::PackedBase
-            | Fault::StaleTail => {}
+            | Fault::StaleTail
+            | Fault::StalePrefetch => {}
             Fault::RopeSign => {
                 for lw in &mut m.weights.layers {
                     let n = lw.qk_norm.as_mut().ok_or_else(|| {
@@ -608,6 +609,23 @@ impl CudaEngine {
         if !on {
             self.drop_graphs();
         }
+    }
+
+    /// Most experts HCS decode prefetches per MoE layer (0: off;
+    /// `hcs/tail.rs`); results are identical either way. Nothing to set
+    /// without HCS (every expert resident): `false`.
+    pub fn set_hcs_prefetch(&mut self, max: usize) -> bool {
+        let Some(h) = self.model.hcs.as_mut() else {
+            return false;
+        };
+        h.set_prefetch(max);
+        self.drop_graphs();
+        true
+    }
+
+    /// The HCS decode prefetch per MoE layer, `None` without HCS.
+    pub fn hcs_prefetch(&self) -> Option<usize> {
+        self.model.hcs.as_ref().map(|h| h.prefetch())
     }
 
     /// Forgets the captured decode steps (their launches changed).

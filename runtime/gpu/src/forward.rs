@@ -136,6 +136,10 @@ pub enum Fault {
     /// held before. Not in [`Fault::ALL`] (all-resident engines have no
     /// tail); the HCS batching test sees it.
     StaleTail,
+    /// HCS only: decode prefetch promotes its guesses into the tail but
+    /// never copies them, so a right guess's GEMVs read whatever its slot
+    /// held before. Not in [`Fault::ALL`]; the HCS batching test sees it.
+    StalePrefetch,
 }
 
 #[cfg(any(test, feature = "fault-injection"))]
@@ -173,7 +177,8 @@ impl Fault {
                 Fault::SwapRowPositions
                 | Fault::ShiftRowKv
                 | Fault::PackedBase
-                | Fault::StaleTail => false,
+                | Fault::StaleTail
+                | Fault::StalePrefetch => false,
             })
             .collect()
     }
@@ -250,10 +255,13 @@ pub(crate) struct Ctx<'a> {
     pub experts: Option<&'a ExpertTable>,
     pub ffn: Option<&'a ExpertFfn>,
     /// The HCS decode tail over `experts` (decode only; `hcs/tail.rs`).
-    pub tail: Option<krasis_kernels::ExpertTail>,
+    pub tail: Option<crate::hcs::TailLaunch<'a>>,
     /// `Fault::StaleTail` (tests only; always false otherwise): the tail's
     /// promotions are not copied.
     pub stale_tail: bool,
+    /// `Fault::StalePrefetch` (tests only; always false otherwise): the
+    /// prefetch's promotions are not copied.
+    pub stale_prefetch: bool,
     pub gemv_tokens: usize,
     pub grouped_prefill: bool,
 }
@@ -417,6 +425,10 @@ impl Model {
                 stale_tail: self.fault == Fault::StaleTail,
                 #[cfg(not(any(test, feature = "fault-injection")))]
                 stale_tail: false,
+                #[cfg(any(test, feature = "fault-injection"))]
+                stale_prefetch: matches!(self.fault, Fault::StaleTail | Fault::StalePrefetch),
+                #[cfg(not(any(test, feature = "fault-injection")))]
+                stale_prefetch: false,
                 gemv_tokens: self.gemv_tokens,
                 grouped_prefill: self.grouped_prefill,
             },

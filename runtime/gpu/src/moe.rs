@@ -26,10 +26,13 @@ use crate::blas::OutType;
 use crate::error::{GpuError, Result};
 use crate::expert_ffn::ExpertFfn;
 use crate::forward::{Ctx, Positions};
+use crate::hcs::TailLaunch;
 use crate::scratch::Scratch;
 use crate::weights::Weight16;
+use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use krasis_kernels::Act16;
+use krasis_kernels::TailMode;
 use krasis_kernels::ops::moe::RouterMode;
 use krasis_model::arch::{ActFormat, RouterKind};
 
@@ -85,6 +88,44 @@ pub(crate) fn router(
     at: Positions,
     ignore_selection_bias: bool,
 ) -> Result<()> {
+    let Scratch {
+        residual,
+        normed,
+        router,
+        topk_ids,
+        topk_w,
+        ..
+    } = sc;
+    let out = RouterOut {
+        normed,
+        logits: router,
+        ids: topk_ids,
+        w: topk_w,
+    };
+    route(cx, l, t, at, ignore_selection_bias, residual, out)
+}
+
+/// Where a router launch writes: the normed input (decode, whose RMSNorm
+/// is folded into the router GEMV; prefill reads it from here), f32
+/// logits, the selected experts and their weights.
+struct RouterOut<'a> {
+    normed: &'a mut CudaSlice<bf16>,
+    logits: &'a mut CudaSlice<f32>,
+    ids: &'a mut CudaSlice<u32>,
+    w: &'a mut CudaSlice<f32>,
+}
+
+/// [`router`] over `residual` into `out`: the step's own scratch, or
+/// decode prefetch's prediction buffers (`scratch::Prediction`).
+fn route(
+    cx: &Ctx<'_>,
+    l: usize,
+    t: usize,
+    at: Positions,
+    ignore_selection_bias: bool,
+    residual: &CudaSlice<f32>,
+    out: RouterOut<'_>,
+) -> Result<()> {
     let g = cx.g;
     let lw = &cx.w.layers[l];
     let crate::weights::MlpWeights::Moe {
@@ -96,21 +137,28 @@ pub(crate) fn router(
     else {
         return Err(GpuError::Unsupported(format!("layer {l} has no router")));
     };
+    let RouterOut {
+        normed,
+        logits,
+        ids,
+        w,
+    } = out;
     match g.mlp.activations {
-        ActFormat::Bf16 => router_logits::<bf16>(cx, sc, l, t, at, router)?,
-        ActFormat::F16 => router_logits::<f16>(cx, sc, l, t, at, router)?,
+        ActFormat::Bf16 => router_logits::<bf16>(cx, l, t, at, router, residual, normed, logits)?,
+        ActFormat::F16 => router_logits::<f16>(cx, l, t, at, router, residual, normed, logits)?,
     }
+    let logits = &*logits;
     match (g.router.kind, router_bias) {
         // qwen3_moe: the softmax-first kernel, no bias.
         (RouterKind::SoftmaxTopK { renormalize }, None) => cx.kn.router_topk::<f32>(
             &cx.gpu.stream,
-            &sc.router,
+            logits,
             t,
             g.num_experts,
             g.top_k,
             renormalize,
-            &mut sc.topk_ids,
-            &mut sc.topk_w,
+            ids,
+            w,
         )?,
         // glm4_moe: the kernel takes the selection bias in the bias slot
         // (added to the sigmoid scores for the choice only; see
@@ -126,7 +174,7 @@ pub(crate) fn router(
             None,
         ) => cx.kn.router_topk_with::<f32>(
             &cx.gpu.stream,
-            &sc.router,
+            logits,
             selection_bias.as_ref().filter(|_| !ignore_selection_bias),
             t,
             g.num_experts,
@@ -137,12 +185,12 @@ pub(crate) fn router(
                 normalize: renormalize,
                 scale,
             },
-            &mut sc.topk_ids,
-            &mut sc.topk_w,
+            ids,
+            w,
         )?,
         (kind, bias) => cx.kn.router_topk_with::<f32>(
             &cx.gpu.stream,
-            &sc.router,
+            logits,
             bias.as_ref(),
             t,
             g.num_experts,
@@ -159,42 +207,46 @@ pub(crate) fn router(
                     ));
                 }
             },
-            &mut sc.topk_ids,
-            &mut sc.topk_w,
+            ids,
+            w,
         )?,
     }
     Ok(())
 }
 
-/// The router's f32 logits of layer `l` into `scratch.router`, the block's
-/// normed input and weight in `A`.
+/// The router's f32 logits of layer `l` into `logits`, the block's
+/// normed input (`normed`; decode writes it from `residual`) and weight in
+/// `A`.
+#[allow(clippy::too_many_arguments)]
 fn router_logits<A: Act16>(
     cx: &Ctx<'_>,
-    sc: &mut Scratch,
     l: usize,
     t: usize,
     at: Positions,
     router: &Weight16,
+    residual: &CudaSlice<f32>,
+    normed: &mut CudaSlice<bf16>,
+    logits: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let (g, lw) = (cx.g, &cx.w.layers[l]);
     let w = router.get::<A>("the router weight")?;
     if matches!(at, Positions::Decode) {
         cx.norm_gemv::<A, f32>(
-            &sc.residual,
+            residual,
             &lw.post_attention_norm,
             &w,
             t,
             g.num_experts,
-            &mut view_mut::<A>(&mut sc.normed),
-            &mut sc.router.slice_mut(..),
+            &mut view_mut::<A>(normed),
+            &mut logits.slice_mut(..),
         )
     } else {
         cx.gemm_as(
             in_type::<A>(),
             (t, g.num_experts, g.hidden),
-            cx.p(&sc.normed, 0),
+            cx.p(normed, 0),
             router.ptr(cx.gpu, 0),
-            cx.p(&sc.router, 0),
+            cx.p(logits, 0),
             OutType::F32,
             0.0,
             "router",
@@ -212,19 +264,76 @@ fn experts_gemv(
     decode: bool,
 ) -> Result<()> {
     let (table, ffn) = table_parts(cx, moe_index)?;
-    let ids = &sc.topk_ids;
     if let (true, Some(tail)) = (decode, &cx.tail) {
-        // HCS: the layer's misses promoted into the tail and copied there
-        // before the GEMVs read the table (`hcs/tail.rs`).
-        let n = t * cx.g.top_k;
-        cx.kn
-            .tail_lookup(&cx.gpu.stream, tail, moe_index, &ids.slice(..n), n)?;
-        if !cx.stale_tail {
-            cx.kn.tail_fetch(&cx.gpu.stream, tail)?;
-        }
+        tail_step(cx, sc, tail, moe_index, t)?;
     }
+    let ids = &sc.topk_ids;
     ffn.gate_up_act(cx, &sc.normed, &table, ids, t, u32::MAX, &mut sc.act)?;
     ffn.down_combine(cx, &sc.act, &table, ids, &sc.topk_w, t, &mut sc.residual)
+}
+
+/// HCS decode, before MoE layer `moe_index`'s GEMVs read the table: the
+/// layer's misses promoted into the tail and copied there; with prefetch,
+/// first the wait for this layer's prefetch, and after the copies the next
+/// MoE layer's predicted experts promoted on the side stream
+/// (`hcs/tail.rs`).
+fn tail_step(
+    cx: &Ctx<'_>,
+    sc: &mut Scratch,
+    tail: &TailLaunch<'_>,
+    moe_index: usize,
+    t: usize,
+) -> Result<()> {
+    let (s, k) = (&cx.gpu.stream, cx.g.top_k);
+    let n = t * k;
+    let driver = GpuError::driver;
+    if let (Some(p), true) = (&tail.prefetch, moe_index > 0) {
+        // The previous MoE layer prefetched for this one.
+        s.wait(p.done)
+            .map_err(driver("waiting for the expert prefetch"))?;
+    }
+    let ids = sc.topk_ids.slice(..n);
+    cx.kn
+        .tail_lookup(s, &tail.demand, moe_index, &ids, n, TailMode::Demand)?;
+    if !cx.stale_tail {
+        cx.kn.tail_fetch(s, &tail.demand)?;
+    }
+    let Some(p) = &tail.prefetch else {
+        return Ok(());
+    };
+    let Some(&next) = p.moe_layers.get(moe_index + 1) else {
+        return Ok(());
+    };
+    // The prediction: the next layer's router over this layer's residual
+    // (before its experts and the next attention add to it), into buffers
+    // of its own (the side stream reads its ids while the compute stream
+    // routes the next layer).
+    let Scratch {
+        residual, predict, ..
+    } = sc;
+    let out = RouterOut {
+        normed: &mut predict.normed,
+        logits: &mut predict.logits,
+        ids: &mut predict.ids,
+        w: &mut predict.w,
+    };
+    route(cx, next, t, Positions::Decode, false, residual, out)?;
+    p.fork
+        .record(s)
+        .map_err(driver("forking the expert prefetch"))?;
+    p.stream
+        .wait(p.fork)
+        .map_err(driver("forking the expert prefetch"))?;
+    let guess = predict.ids.slice(..n);
+    let mode = TailMode::Prefetch { max: p.max };
+    cx.kn
+        .tail_lookup(p.stream, &p.args, moe_index + 1, &guess, n, mode)?;
+    if !cx.stale_prefetch {
+        cx.kn.tail_fetch(p.stream, &p.args)?;
+    }
+    p.done
+        .record(p.stream)
+        .map_err(driver("joining the expert prefetch"))
 }
 
 fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {

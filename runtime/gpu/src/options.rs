@@ -56,6 +56,14 @@ pub struct CudaEngineOptions {
     /// recency tail. No CLI option: the GPU tests use it to exercise the
     /// tail on models whose experts would all fit in the prior.
     pub hcs_prior_cap: Option<usize>,
+    /// Most experts HCS decode prefetches into the recency tail per MoE
+    /// layer, predicted by the next layer's router (`hcs/tail.rs`; results
+    /// are identical either way); 0, the default: off. Measured on the
+    /// H200 it loses at every setting (a3b-24l at 6 GiB, decode 16/128:
+    /// 431.9/341.2 tok/s off, 384.9/315.8 at 8 per layer, 390.6/330.9 at 1;
+    /// `benchmarks/results/2026-12-03-issue16-prefetch.md`). No CLI option:
+    /// `bench --hcs-prefetch` measures it, the GPU tests exercise it.
+    pub hcs_prefetch: usize,
     /// Most sequences one decode step runs together (continuous batching,
     /// `Batch::capacity`), at most [`MAX_PARALLEL`]. `None`: the default
     /// ([`default_parallel`]).
@@ -86,6 +94,7 @@ impl Default for CudaEngineOptions {
             prefix_block: krasis_common::options::DEFAULT_PREFIX_BLOCK as usize,
             whole_chunk_reuse: false,
             hcs_prior_cap: None,
+            hcs_prefetch: 0,
             parallel: None,
             kv_rows: None,
         }

@@ -59,6 +59,8 @@ pub struct Scratch {
     /// slot (its presence/frequency penalties), and the sampler workspace.
     pub counts: CudaSlice<u32>,
     pub sample_ws: CudaSlice<u32>,
+    /// HCS decode prefetch's predicted routes.
+    pub predict: Prediction,
     pub grouped: Option<GroupedScratch>,
     pub dense: Option<DenseScratch>,
     /// The segments of the current `Positions::Packed` pass (host side).
@@ -391,7 +393,8 @@ impl ScratchLens {
 /// Element counts of the per-sequence decode state for `seqs` sequences
 /// (what [`Scratch::new`] allocates besides [`ScratchLens`], and the plan's
 /// item for it): each decode row's position and KV base, its attention
-/// split workspace and its sequence's sampling counts.
+/// split workspace, its sequence's sampling counts, and its row of the
+/// next layer's predicted routes ([`Prediction`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqLens {
     pub seqs: usize,
@@ -402,6 +405,11 @@ pub struct SeqLens {
     pub attn_ws: usize,
     /// u32 `[seqs, V]`.
     pub counts: usize,
+    /// [`Prediction`]: 16-bit `[seqs, H]`, f32 `[seqs, E]`, u32 and f32
+    /// `[seqs, top_k]`.
+    pub predict_normed: usize,
+    pub predict_logits: usize,
+    pub predict_topk: usize,
 }
 
 impl SeqLens {
@@ -413,13 +421,33 @@ impl SeqLens {
             kv_base: seqs,
             attn_ws: seqs * decode_workspace_len(g.num_heads, g.head_dim),
             counts: seqs * g.vocab_size,
+            predict_normed: seqs * g.hidden,
+            predict_logits: seqs * g.num_experts.max(1),
+            predict_topk: seqs * g.top_k.max(1),
         }
     }
 
-    /// Device bytes (every element is 4 bytes).
+    /// Device bytes (every element is 4 bytes but the normed rows, 2).
     pub fn bytes(&self) -> usize {
-        4 * (self.pos + self.kv_base + self.attn_ws + self.counts)
+        4 * (self.pos
+            + self.kv_base
+            + self.attn_ws
+            + self.counts
+            + self.predict_logits
+            + 2 * self.predict_topk)
+            + 2 * self.predict_normed
     }
+}
+
+/// HCS decode prefetch's guess at the next MoE layer's routes, one row per
+/// decode row: the next router's normed input, logits, experts and weights
+/// (`moe.rs`). Apart from the step's own router outputs because the
+/// prefetch stream reads `ids` while the compute stream routes on.
+pub struct Prediction {
+    pub normed: CudaSlice<bf16>,
+    pub logits: CudaSlice<f32>,
+    pub ids: CudaSlice<u32>,
+    pub w: CudaSlice<f32>,
 }
 
 impl Scratch {
@@ -480,6 +508,12 @@ impl Scratch {
             logits: gpu.alloc(n.logits, "logits")?,
             counts: gpu.alloc_zeros(sq.counts, "sampling token counts")?,
             sample_ws: gpu.alloc(n.sample_ws, "sampler workspace")?,
+            predict: Prediction {
+                normed: gpu.alloc(sq.predict_normed, "predicted routes: normed rows")?,
+                logits: gpu.alloc(sq.predict_logits, "predicted routes: logits")?,
+                ids: gpu.alloc(sq.predict_topk, "predicted routes: experts")?,
+                w: gpu.alloc(sq.predict_topk, "predicted routes: weights")?,
+            },
             grouped,
             dense,
             packed: Vec::new(),

@@ -74,6 +74,7 @@ impl CudaEngine {
         if let Some(cap) = opts.hcs_prior_cap {
             hcs.cap_prior(cap);
         }
+        hcs.set_prefetch(opts.hcs_prefetch);
         let staging = Hcs::staging_bytes(layer_bytes, group) as u64;
         self.model.hcs = Some(hcs);
         let cal = self.calibrate(model_dir, opts.safety_margin)?;

@@ -53,6 +53,9 @@ fn traffic(c: &Counters, copies: &CopyStats) -> HcsStats {
         hit_rate: c.hit_rate(),
         cold_experts_per_token: copies.decode_cold_reads as f64 / steps,
         cold_bytes_per_token: copies.decode_bytes as f64 / steps,
+        prefetched_experts_per_token: copies.prefetched as f64 / steps,
+        prefetch_used_per_token: copies.prefetch_used as f64 / steps,
+        prefetch_wasted_per_token: copies.prefetch_wasted as f64 / steps,
         prefill_stream_bytes: copies.prefill_bytes,
         reload_bytes: copies.reload_bytes,
         ..Default::default()
@@ -143,6 +146,9 @@ mod tests {
         let copies = CopyStats {
             decode_cold_reads: 4,
             decode_bytes: 400,
+            prefetched: 6,
+            prefetch_used: 4,
+            prefetch_wasted: 2,
             ..Default::default()
         };
         let t = traffic(&c, &copies);
@@ -150,6 +156,14 @@ mod tests {
         assert_eq!(
             (t.cold_experts_per_token, t.cold_bytes_per_token),
             (2.0, 200.0)
+        );
+        assert_eq!(
+            (
+                t.prefetched_experts_per_token,
+                t.prefetch_used_per_token,
+                t.prefetch_wasted_per_token
+            ),
+            (3.0, 2.0, 1.0)
         );
         // No decode step yet: no division by zero.
         c.steps = 0;

@@ -46,12 +46,14 @@ fn options(cache: &Path, parallel: usize) -> CudaEngineOptions {
 
 /// HCS with nothing resident and no prior: every decode lookup goes
 /// through the recency tail (the tiny model's 24 experts would otherwise
-/// all fit in the prior).
+/// all fit in the prior), with decode prefetch on (off by default), so the
+/// side stream's promotions and copies run beside every step.
 fn hcs_options(cache: &Path, parallel: usize) -> CudaEngineOptions {
     CudaEngineOptions {
         parallel: Some(parallel),
         kv_rows: Some(ROWS),
         hcs_prior_cap: Some(0),
+        hcs_prefetch: 4,
         ..no_resident_options(cache, CONTEXT, CHUNK)
     }
 }
@@ -280,8 +282,10 @@ fn batch_invariance_all_resident() {
 
 /// HCS with nothing resident, no prior and streamed prefill, against the
 /// all-resident runs alone: bit-identical alone and beside others, with
-/// decode misses promoted into the GPU-managed tail; the same run with the
-/// tail's copies skipped (`Fault::StaleTail`) differs.
+/// decode misses promoted into the GPU-managed tail and guesses prefetched
+/// into it; the same run with the tail's copies skipped
+/// (`Fault::StaleTail`), or only the prefetch's (`Fault::StalePrefetch`),
+/// differs.
 #[test]
 fn batch_invariance_under_hcs_streamed_prefill() {
     if !gpu_or_skip("batch_invariance_under_hcs_streamed_prefill") {
@@ -316,21 +320,27 @@ fn batch_invariance_under_hcs_streamed_prefill() {
         s.cold_experts_per_token > 0.0 && s.hit_rate > 0.0 && s.hit_rate < 1.0,
         "the decode tail was not exercised (every lookup hit or none did): {s:?}"
     );
-    e.set_fault(Fault::StaleTail).unwrap();
-    let stale = alone(&mut e, &reqs);
-    let differ = stale
-        .iter()
-        .zip(&want)
-        .filter(|(g, w)| bits(&g.logits) != bits(&w.logits))
-        .count();
-    eprintln!(
-        "StaleTail: {differ} of {} requests differ from all resident",
-        reqs.len()
-    );
     assert!(
-        differ > 0,
-        "skipping the tail's copies changed nothing: the test cannot fail"
+        s.prefetched_experts_per_token > 0.0,
+        "decode prefetch was not exercised: {s:?}"
     );
+    for fault in [Fault::StaleTail, Fault::StalePrefetch] {
+        e.set_fault(fault).unwrap();
+        let stale = alone(&mut e, &reqs);
+        let differ = stale
+            .iter()
+            .zip(&want)
+            .filter(|(g, w)| bits(&g.logits) != bits(&w.logits))
+            .count();
+        eprintln!(
+            "{fault:?}: {differ} of {} requests differ from all resident",
+            reqs.len()
+        );
+        assert!(
+            differ > 0,
+            "{fault:?} (copies skipped) changed nothing: the test cannot fail"
+        );
+    }
     e.set_fault(Fault::None).unwrap();
     for (i, (h, w)) in alone(&mut e, &reqs).iter().zip(&want).enumerate() {
         assert!(

@@ -38,9 +38,11 @@ fn ref_fault(f: Fault) -> RefFault {
         Fault::NoSharedExpert => RefFault::NoSharedExpert,
         // Batching's faults change nothing a sequence alone computes, and
         // these tests' engines have every expert resident (no tail).
-        Fault::SwapRowPositions | Fault::ShiftRowKv | Fault::PackedBase | Fault::StaleTail => {
-            RefFault::None
-        }
+        Fault::SwapRowPositions
+        | Fault::ShiftRowKv
+        | Fault::PackedBase
+        | Fault::StaleTail
+        | Fault::StalePrefetch => RefFault::None,
     }
 }
 

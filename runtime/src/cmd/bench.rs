@@ -107,6 +107,13 @@ pub struct Args {
     /// `--decode-tokens` new tokens, with a breakdown of one step.
     #[arg(long, value_delimiter = ',', value_name = "ROWS")]
     pub decode_rows: Vec<usize>,
+    /// Under HCS, besides the engine's default decode prefetch (measured
+    /// with graphs on and off): decode with graphs on and each of these
+    /// prefetch settings (most experts prefetched per MoE layer,
+    /// comma-separated; 0: off). Not measured when every expert is
+    /// resident (the run says so).
+    #[arg(long, value_delimiter = ',', value_name = "N", default_value = "2,8")]
+    pub hcs_prefetch: Vec<usize>,
     /// Internal: generate once and print the tokens (used by --check).
     #[arg(long, hide = true)]
     pub determinism_child: bool,

@@ -42,9 +42,9 @@ use crate::error::{GpuError, Result};
 use crate::experts::ExpertTable;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys};
 use krasis_cache::PinnedExperts;
-use krasis_kernels::ExpertTail;
 use std::sync::Arc;
 use tail::Tail;
+pub use tail::{Prefetch, TailLaunch};
 
 /// Allowance for the driver rounding a device allocation up to its
 /// granularity (2 MiB), kept free besides the floor when sizing the last
@@ -71,8 +71,14 @@ pub struct CopyStats {
     pub decode_cold_reads: u64,
     /// Their bytes over PCIe (an expert's whole block each).
     pub decode_bytes: u64,
-    /// The cold reads that were copies into the tail.
+    /// The cold reads that were demand copies into the tail.
     pub decode_promotions: u64,
+    /// Experts decode prefetched into the tail (`tail.rs`), those a demand
+    /// lookup then used (counted in `decode_cold_reads` too), and those
+    /// evicted unused.
+    pub prefetched: u64,
+    pub prefetch_used: u64,
+    pub prefetch_wasted: u64,
     /// Expert bytes streamed during prefill (non-resident experts of every group).
     pub prefill_bytes: u64,
     /// Bytes reloaded into the reclaimable tier after prefill.
@@ -205,7 +211,7 @@ impl Hcs {
             num_experts,
             &host_addrs,
             &tail_addrs,
-            rows.max(1) * top_k,
+            (rows.max(1), top_k),
             stride,
         )?;
         let mut hcs = Hcs {
@@ -358,8 +364,18 @@ impl Hcs {
 
     /// The tail kernels' arguments over `table` for a decode step, or
     /// `None` while prefill holds the reclaimable tier.
-    pub fn tail_args(&self, gpu: &Gpu, table: &ExpertTable) -> Option<ExpertTail> {
-        (!self.res.is_lent()).then(|| self.tail.args(gpu, table.base(gpu)))
+    pub fn tail_args<'a>(&'a self, gpu: &Gpu, table: &ExpertTable) -> Option<TailLaunch<'a>> {
+        (!self.res.is_lent()).then(|| self.tail.launch(gpu, table.base(gpu), &self.moe_layers))
+    }
+
+    /// Most experts decode prefetches per MoE layer into the tail (0: no
+    /// prefetch; `tail.rs`).
+    pub fn set_prefetch(&mut self, max: usize) {
+        self.tail.prefetch_max = max;
+    }
+
+    pub fn prefetch(&self) -> usize {
+        self.tail.prefetch_max
     }
 
     /// Queues the read-back of the tail's counters after a decode step on
@@ -377,10 +393,16 @@ impl Hcs {
         c.lookups += d.lookups;
         c.hits += d.hits;
         c.steps += 1;
-        let cold = d.promoted + d.in_place;
-        self.copies.decode_cold_reads += cold;
-        self.copies.decode_bytes += cold * self.stride as u64;
-        self.copies.decode_promotions += d.promoted;
+        // A used prefetch would have been a miss; a wasted one crossed PCIe
+        // for nothing and is counted apart.
+        let cold = d.promoted + d.in_place + d.prefetch_used;
+        let c = &mut self.copies;
+        c.decode_cold_reads += cold;
+        c.decode_bytes += cold * self.stride as u64;
+        c.decode_promotions += d.promoted;
+        c.prefetched += d.prefetched;
+        c.prefetch_used += d.prefetch_used;
+        c.prefetch_wasted += d.prefetch_wasted;
     }
 
     /// Copies `(slot, moe layer, expert)` from the host backing on the copy

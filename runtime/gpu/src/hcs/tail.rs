@@ -12,12 +12,23 @@
 //! counters after each step ([`Tail::read_counters`]). Prefill borrows the
 //! tail's memory with the rest of the reclaimable tier, so [`Tail::reset`]
 //! empties it whenever the decode table is rewritten.
+//!
+//! Prefetch (on when [`Tail::prefetch_max`] > 0): the copies above wait
+//! for the router, so PCIe idles while attention runs. After a layer's
+//! fetch the compute stream predicts the next MoE layer's experts (its
+//! router over the current residual, `moe.rs`) and forks to [`Tail`]'s
+//! side stream, which promotes and copies the best-ranked predictions
+//! (`TailMode::Prefetch`) while the layer's GEMVs and the next layer's
+//! attention run; the next layer's demand lookup waits for it
+//! ([`Prefetch`]). A right guess is then a hit; a wrong one cost PCIe time
+//! and a tail slot, never a result.
 
 use super::pinned::PinnedBuf;
 use crate::device::{Gpu, addr};
 use crate::error::{GpuError, Result};
-use cudarc::driver::CudaSlice;
-use krasis_kernels::{ExpertTail, TAIL_MAX_PAIRS, TAIL_NONE};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys};
+use krasis_kernels::{ExpertTail, TAIL_COUNTERS, TAIL_MAX_PAIRS, TAIL_NONE};
+use std::sync::Arc;
 
 /// Counters of the tail since the last [`Tail::take_delta`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,6 +41,41 @@ pub struct TailDelta {
     pub promoted: u64,
     /// Pairs whose expert was read in place from host memory.
     pub in_place: u64,
+    /// Predicted (row, expert) pairs of prefetch launches.
+    pub predicted: u64,
+    /// Experts copied into the tail by prefetch launches.
+    pub prefetched: u64,
+    /// Prefetched experts a demand lookup then used.
+    pub prefetch_used: u64,
+    /// Prefetched experts evicted before any use.
+    pub prefetch_wasted: u64,
+}
+
+/// What a decode step's MoE layers launch the tail with (`moe.rs`).
+#[derive(Clone, Copy)]
+pub struct TailLaunch<'a> {
+    /// The demand lookup's arguments (the compute stream's fetch list).
+    pub demand: ExpertTail,
+    /// `None` when prefetch is off.
+    pub prefetch: Option<Prefetch<'a>>,
+}
+
+/// The prefetch side of a decode step: MoE layer `m` (a decoder layer
+/// `moe_layers[m]`) predicts layer `m + 1`, records `fork` on the compute
+/// stream, and `stream` waits for it, launches the prefetch lookup and
+/// fetch (its own fetch list, `args`) and records `done`, which layer
+/// `m + 1` waits for before its demand lookup. Every prefetch is waited
+/// for within the step, so a captured graph joins the side stream back.
+#[derive(Clone, Copy)]
+pub struct Prefetch<'a> {
+    pub args: ExpertTail,
+    /// Most experts promoted per prefetch launch.
+    pub max: usize,
+    pub stream: &'a CudaStream,
+    pub fork: &'a CudaEvent,
+    pub done: &'a CudaEvent,
+    /// The decoder layer of each MoE layer.
+    pub moe_layers: &'a [usize],
 }
 
 pub struct Tail {
@@ -37,44 +83,61 @@ pub struct Tail {
     tail_of: CudaSlice<u32>,
     owner: CudaSlice<u32>,
     stamp: CudaSlice<u32>,
+    pending: CudaSlice<u32>,
     slot: CudaSlice<u64>,
     clock: CudaSlice<u32>,
     fetch: CudaSlice<u64>,
     n_fetch: CudaSlice<u32>,
+    pf_fetch: CudaSlice<u64>,
+    pf_n_fetch: CudaSlice<u32>,
     counters: CudaSlice<u64>,
     counters_host: PinnedBuf<u64>,
     /// The counters at the last [`Tail::take_delta`].
-    seen: [u64; 4],
+    seen: [u64; TAIL_COUNTERS],
     slots: usize,
     layers: usize,
     experts: usize,
+    top_k: usize,
     max_pairs: usize,
     expert_bytes: usize,
+    /// Most experts prefetched per MoE layer (0: no prefetch).
+    pub prefetch_max: usize,
+    side: Arc<CudaStream>,
+    fork: CudaEvent,
+    done: CudaEvent,
 }
 
 impl Tail {
     /// `host[k]`: the mapped host address of key `k` (`moe_layer *
     /// experts + expert`); `slots`: the tail slots' device addresses;
-    /// `max_pairs`: the (row, expert) pairs of the largest decode step.
+    /// steps of up to `rows` rows of `top_k` experts.
     pub fn new(
         gpu: &Gpu,
         experts: usize,
         host: &[u64],
         slots: &[u64],
-        max_pairs: usize,
+        (rows, top_k): (usize, usize),
         expert_bytes: usize,
     ) -> Result<Self> {
+        let max_pairs = rows * top_k;
         if experts == 0
+            || top_k == 0
             || !host.len().is_multiple_of(experts)
             || !(1..=TAIL_MAX_PAIRS).contains(&max_pairs)
             || !expert_bytes.is_multiple_of(16)
         {
             return Err(GpuError::Hcs(format!(
-                "a decode tail over {} experts in layers of {experts}, steps of {max_pairs} pairs \
-                 (1..={TAIL_MAX_PAIRS}) and expert blocks of {expert_bytes} bytes (a multiple of 16)",
+                "a decode tail over {} experts in layers of {experts}, steps of {rows} rows of \
+                 top-{top_k} ({max_pairs} pairs: 1..={TAIL_MAX_PAIRS}) and expert blocks of \
+                 {expert_bytes} bytes (a multiple of 16)",
                 host.len()
             )));
         }
+        let event = |what: &str| {
+            gpu.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(GpuError::driver(what))
+        };
         let n = slots.len().max(1);
         let mut slot_addrs = slots.to_vec();
         slot_addrs.resize(n, 0);
@@ -83,18 +146,29 @@ impl Tail {
             tail_of: gpu.alloc::<u32>(host.len(), "decode tail: slot of each expert")?,
             owner: gpu.alloc::<u32>(n, "decode tail: slot owners")?,
             stamp: gpu.alloc::<u32>(n, "decode tail: slot stamps")?,
+            pending: gpu.alloc::<u32>(n, "decode tail: prefetched slots")?,
             slot: gpu.upload(&slot_addrs, "decode tail: slot addresses")?,
             clock: gpu.alloc_zeros::<u32>(1, "decode tail: clock")?,
             fetch: gpu.alloc_zeros::<u64>(2 * max_pairs, "decode tail: fetch list")?,
             n_fetch: gpu.alloc_zeros::<u32>(1, "decode tail: fetch count")?,
-            counters: gpu.alloc_zeros::<u64>(4, "decode tail: counters")?,
-            counters_host: PinnedBuf::new(&gpu.ctx, 4, "decode tail counters")?,
-            seen: [0; 4],
+            pf_fetch: gpu.alloc_zeros::<u64>(2 * max_pairs, "decode tail: prefetch list")?,
+            pf_n_fetch: gpu.alloc_zeros::<u32>(1, "decode tail: prefetch count")?,
+            counters: gpu.alloc_zeros::<u64>(TAIL_COUNTERS, "decode tail: counters")?,
+            counters_host: PinnedBuf::new(&gpu.ctx, TAIL_COUNTERS, "decode tail counters")?,
+            seen: [0; TAIL_COUNTERS],
             slots: slots.len(),
             layers: host.len() / experts,
             experts,
+            top_k,
             max_pairs,
             expert_bytes,
+            prefetch_max: 0,
+            side: gpu
+                .ctx
+                .new_stream()
+                .map_err(GpuError::driver("creating the prefetch stream"))?,
+            fork: event("creating the prefetch fork event")?,
+            done: event("creating the prefetch done event")?,
         };
         t.reset(gpu)?;
         Ok(t)
@@ -104,7 +178,7 @@ impl Tail {
     /// tail slots and steps of `max_pairs` pairs.
     pub fn device_bytes(keys: usize, slots: usize, max_pairs: usize) -> usize {
         let n = slots.max(1);
-        keys * (8 + 4) + n * (4 + 4 + 8) + 4 + 2 * max_pairs * 8 + 4 + 4 * 8
+        keys * (8 + 4) + n * (4 + 4 + 4 + 8) + 4 + 2 * (2 * max_pairs * 8 + 4) + TAIL_COUNTERS * 8
     }
 
     /// Page-locked bytes of the counters' read-back buffer.
@@ -117,6 +191,7 @@ impl Tail {
     pub fn reset(&mut self, gpu: &Gpu) -> Result<()> {
         let s = &gpu.stream;
         s.memset_zeros(&mut self.stamp)
+            .and_then(|_| s.memset_zeros(&mut self.pending))
             .and_then(|_| s.memset_zeros(&mut self.clock))
             .map_err(GpuError::driver("emptying the decode tail"))?;
         let none = vec![TAIL_NONE; self.tail_of.len()];
@@ -125,9 +200,30 @@ impl Tail {
             .map_err(GpuError::driver("emptying the decode tail"))
     }
 
-    /// The kernel arguments over the pointer table at `table` (device
-    /// address of its `layers * experts` entries).
-    pub fn args(&self, gpu: &Gpu, table: u64) -> ExpertTail {
+    /// What a decode step launches over the pointer table at `table`
+    /// (device address of its `layers * experts` entries); `moe_layers`:
+    /// the decoder layer of each MoE layer.
+    pub fn launch<'a>(&'a self, gpu: &Gpu, table: u64, moe_layers: &'a [usize]) -> TailLaunch<'a> {
+        let demand = self.args(gpu, table);
+        let s = &gpu.stream;
+        let prefetch = (self.prefetch_max > 0).then(|| Prefetch {
+            args: ExpertTail {
+                fetch: addr(&self.pf_fetch, s),
+                n_fetch: addr(&self.pf_n_fetch, s),
+                ..demand
+            },
+            max: self.prefetch_max,
+            stream: &self.side,
+            fork: &self.fork,
+            done: &self.done,
+            moe_layers,
+        });
+        TailLaunch { demand, prefetch }
+    }
+
+    /// The demand lookup's kernel arguments over the pointer table at
+    /// `table`.
+    fn args(&self, gpu: &Gpu, table: u64) -> ExpertTail {
         let s = &gpu.stream;
         ExpertTail {
             table,
@@ -135,6 +231,7 @@ impl Tail {
             tail_of: addr(&self.tail_of, s),
             owner: addr(&self.owner, s),
             stamp: addr(&self.stamp, s),
+            pending: addr(&self.pending, s),
             slot: addr(&self.slot, s),
             clock: addr(&self.clock, s),
             fetch: addr(&self.fetch, s),
@@ -143,6 +240,7 @@ impl Tail {
             layers: self.layers,
             experts: self.experts,
             tail: self.slots,
+            top_k: self.top_k,
             max_pairs: self.max_pairs,
             expert_bytes: self.expert_bytes,
         }
@@ -151,7 +249,7 @@ impl Tail {
     /// Queues the read-back of the counters on the compute stream;
     /// [`Tail::take_delta`] reads them once the stream has passed it.
     pub fn read_counters(&mut self, gpu: &Gpu) -> Result<()> {
-        // SAFETY: counters_host holds 4 pinned u64 and is not read on the
+        // SAFETY: counters_host holds TAIL_COUNTERS pinned u64 and is not read on the
         // host before the stream has passed this copy (take_delta's
         // contract).
         unsafe {
@@ -167,7 +265,7 @@ impl Tail {
     /// What the counters read by [`Tail::read_counters`] add since the last
     /// call; the compute stream must have passed that copy.
     pub fn take_delta(&mut self) -> TailDelta {
-        let now: [u64; 4] = self
+        let now: [u64; TAIL_COUNTERS] = self
             .counters_host
             .as_slice()
             .try_into()
@@ -178,6 +276,10 @@ impl Tail {
             hits: d(1),
             promoted: d(2),
             in_place: d(3),
+            predicted: d(4),
+            prefetched: d(5),
+            prefetch_used: d(6),
+            prefetch_wasted: d(7),
         };
         self.seen = now;
         delta

@@ -71,6 +71,8 @@ struct DecodeResult {
     decode_tokens: usize,
     prompt_tokens: usize,
     cuda_graphs: bool,
+    /// Most experts prefetched per MoE layer (HCS only; 0: off).
+    hcs_prefetch: Option<usize>,
     /// The median (kept under this name for older readers).
     tok_s: f64,
     #[serde(flatten)]
@@ -302,8 +304,24 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
 
     let prompt = &all[..a.decode_prompt_tokens];
     let mut decode = Vec::new();
-    for graphs in [true, false] {
+    // The engine's own prefetch with graphs on and off, then (HCS only)
+    // every other --hcs-prefetch setting with graphs on.
+    let own_prefetch = engine.hcs_prefetch();
+    let mut runs = vec![(true, own_prefetch), (false, own_prefetch)];
+    match own_prefetch {
+        Some(own) => runs.extend(
+            a.hcs_prefetch
+                .iter()
+                .filter(|&&p| p != own)
+                .map(|&p| (true, Some(p))),
+        ),
+        None => eprintln!("every expert is resident: no HCS prefetch to measure"),
+    }
+    for (graphs, prefetch) in runs {
         engine.set_cuda_graphs(graphs);
+        if let Some(p) = prefetch {
+            engine.set_hcs_prefetch(p);
+        }
         for &d in &a.decode_tokens {
             // +1: the first token comes from prefill and is not timed as decode.
             let (stats, hcs) = measure(
@@ -317,8 +335,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             let ctx = a.decode_prompt_tokens + d / 2;
             let bound = bounds::decode_bound(&g, expert_bytes, ctx);
             eprintln!(
-                "decode {d:>4} tokens (graphs {}): {} tok/s, warm-up {} not counted (bound {} tok/s: {:.2} GB/token at {:.1} TB/s)",
+                "decode {d:>4} tokens (graphs {}{}): {} tok/s, warm-up {} not counted (bound {} tok/s: {:.2} GB/token at {:.1} TB/s)",
                 if graphs { "on " } else { "off" },
+                prefetch.map_or(String::new(), |p| format!(", prefetch {p}")),
                 stats.display(1),
                 grouped(stats.warmup_tok_s, 1),
                 grouped(bound.max_tok_s, 0),
@@ -337,12 +356,24 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                     cold / 1e6,
                     100.0 * tok_s / max_tok_s
                 );
+                if h.prefetched_experts_per_token > 0.0 {
+                    // Precision: prefetched experts used; recall: the
+                    // needed cold experts that prefetch had brought.
+                    eprintln!(
+                        "  prefetch: {:.1} experts/token, precision {:.3}, recall {:.3}, wasted {:.1} MB/token",
+                        h.prefetched_experts_per_token,
+                        h.prefetch_used_per_token / h.prefetched_experts_per_token,
+                        h.prefetch_used_per_token / h.cold_experts_per_token.max(1e-9),
+                        h.prefetch_wasted_per_token * cold / h.cold_experts_per_token.max(1e-9) / 1e6
+                    );
+                }
                 ConstrainedBound::new(cold, h2d, resident, max_tok_s, None, tok_s, h)
             });
             decode.push(DecodeResult {
                 decode_tokens: d,
                 prompt_tokens: a.decode_prompt_tokens,
                 cuda_graphs: graphs,
+                hcs_prefetch: prefetch,
                 tok_s,
                 fraction_of_bound: tok_s / bound.max_tok_s,
                 stats,
@@ -352,6 +383,9 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         }
     }
     engine.set_cuda_graphs(true);
+    if let Some(p) = own_prefetch {
+        engine.set_hcs_prefetch(p);
+    }
     // Under HCS the parts run through the decode table as the step does
     // (the timed MoE layer's lookup, and its cold experts copied into the
     // tail).
@@ -517,8 +551,10 @@ fn markdown_line(r: &Report) -> String {
         .filter(|d| d.cuda_graphs)
         .map(|d| match &d.constrained {
             Some(c) => format!(
-                "{}: {} ({:.0}% of HCS bound)",
+                "{}{}: {} ({:.0}% of HCS bound)",
                 d.decode_tokens,
+                d.hcs_prefetch
+                    .map_or(String::new(), |p| format!(" prefetch {p}")),
                 d.stats.display(1),
                 100.0 * c.fraction
             ),
@@ -609,6 +645,7 @@ mod tests {
                 decode_tokens: 50,
                 prompt_tokens: 32,
                 cuda_graphs: graphs,
+                hcs_prefetch: None,
                 tok_s: stats.median_tok_s,
                 fraction_of_bound: stats.median_tok_s / 2000.0,
                 stats,
