@@ -19,6 +19,9 @@
 #       decode prefetch (session 10): the expert_tail kernel (demand and prefetch launches) against
 #       its CPU reference, HCS exactness at 6 GiB with the default prefetch, `bench` at 6 GiB with
 #       prefetch 8 (default), 0, 1, 2 and 4 per layer, then batching and live.
+#   bash tools/device/issue16a.sh lend COMMIT
+#       decode's prior in prefill's grouped scratch: HCS exactness at 6 GiB, then `bench` at 6 GiB
+#       sized for an 8K prompt (no baseline: compare with the session's earlier runs).
 #   bash tools/device/issue16a.sh serve COMMIT
 #       `agent_load.py parallel` (1/2/4/8 clients) through serve at 6 GiB, and the agent loop.
 # Results: $OUT/issue16a-PHASE.txt (the summary) and the logs beside it.
@@ -76,6 +79,16 @@ case "$P" in
     bench 6gib-8k-prefetch --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0,2
     test_bin batching 150
     [ -x "$(ls dist/gpu/live-* 2>/dev/null | head -1)" ] && test_bin live 100
+    ;;
+  lend)
+    # Session 10: decode's prior extended into prefill's grouped scratch. Exactness first, then the
+    # 8K configuration (chunk 4096: the largest grouped scratch) against this session's figures.
+    prep
+    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
+      > "$OUT/hcs-exact.log" 2>&1
+    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    tail -6 "$OUT/hcs-exact.log" >> "$S"
+    bench 6gib-8k-lend --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
     ;;
   more)
     test_bin batching 150

@@ -128,10 +128,16 @@ pub fn plan_cuda(
         Some(bud) => chunk_for_free(bud.saturating_sub(used(&items)), g, want, path),
         None => want,
     };
+    let lens = ScratchLens::new(g, cap, GEMV_MAX_TOKENS, path);
     items.push(PlanItem::exact(
         &format!("activation scratch ({cap}-token chunk)"),
-        ScratchLens::new(g, cap, GEMV_MAX_TOKENS, path).bytes() as u64,
+        lens.bytes() as u64,
     ));
+    // Under HCS decode keeps prior experts in prefill's grouped buffers
+    // (`Hcs::new`): whole slots of each.
+    let scratch_slots: usize = lens.grouped.map_or(0, |gr| {
+        gr.lendable_bytes().iter().map(|b| b / stride.max(1)).sum()
+    });
     // The engine refuses at load what `batching` refuses; the plan notes it
     // and plans one sequence.
     let parallel = match crate::options::batching(opts, g, context, cap) {
@@ -267,7 +273,7 @@ pub fn plan_cuda(
                                 group,
                                 parallel,
                             );
-                            let prior = prior.min(total_experts - resident);
+                            let prior = (prior + scratch_slots).min(total_experts - resident);
                             experts.placement = Placement::Hcs;
                             experts.on_gpu_experts = (resident + prior) as u64;
                             experts.on_gpu_bytes = resident as u64 * stride as u64 + staging;

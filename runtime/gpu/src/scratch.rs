@@ -110,6 +110,26 @@ pub struct GroupedScratch {
 }
 
 impl GroupedScratch {
+    /// (device address, bytes) of the buffers only prefill's grouped path
+    /// uses, in [`GroupedLens::lendable_bytes`]'s order: HCS keeps prior
+    /// experts in them while decode runs (`hcs/mod.rs`). Every use of them
+    /// is a prefill chunk, and under HCS every prefill lends the reclaimable
+    /// tier first and reloads it after.
+    pub(crate) fn lendable(&self, gpu: &Gpu) -> Vec<(u64, usize)> {
+        let s = &gpu.stream;
+        let mut v = vec![
+            (crate::device::addr(&self.xg, s), 2 * self.xg.len()),
+            (crate::device::addr(&self.hact, s), 2 * self.hact.len()),
+            (crate::device::addr(&self.y, s), 4 * self.y.len()),
+        ];
+        if let Some(d) = &self.dequant {
+            v.push((crate::device::addr(&d.h13, s), 2 * d.h13.len()));
+            v.push((crate::device::addr(&d.w13, s), 2 * d.w13.len()));
+            v.push((crate::device::addr(&d.w2, s), 2 * d.w2.len()));
+        }
+        v
+    }
+
     /// The dequantizing path's buffers, which exist exactly when the expert
     /// format's path is [`GroupedPath::Dequantize`] (the engine sizes the
     /// scratch from `ExpertFfn::grouped_path`).
@@ -317,6 +337,18 @@ pub struct GroupedLens {
     /// without expert biases).
     pub b13: usize,
     pub b2: usize,
+}
+
+impl GroupedLens {
+    /// Bytes of the buffers only prefill uses ([`GroupedScratch::lendable`],
+    /// same order): what HCS can lend to decode's prior.
+    pub fn lendable_bytes(&self) -> Vec<usize> {
+        let mut v = vec![2 * self.xg, 2 * self.hact, 4 * self.y];
+        if self.dequant_experts > 0 {
+            v.extend([2 * self.h13, 2 * self.w13, 2 * self.w2]);
+        }
+        v
+    }
 }
 
 impl ScratchLens {

@@ -59,6 +59,13 @@ impl CudaEngine {
             .experts
             .as_mut()
             .ok_or_else(|| GpuError::Hcs("HCS without an expert table".into()))?;
+        // Prefill's grouped buffers hold prior experts while decode runs.
+        let lent = self
+            .model
+            .scratch
+            .grouped
+            .as_ref()
+            .map_or_else(Vec::new, |gr| gr.lendable(&self.model.gpu));
         let hcs = Hcs::new(
             &self.model.gpu,
             host,
@@ -69,6 +76,7 @@ impl CudaEngine {
             self.report.parallel,
             &[],
             table,
+            &lent,
         )?;
         let mut hcs = hcs;
         if let Some(cap) = opts.hcs_prior_cap {
@@ -277,13 +285,14 @@ fn describe(r: &HcsReport) -> String {
             gib(r.expert_bytes_on_gpu)
         )),
         Some(sh) => s.push_str(&format!(
-            "experts: {}/{} on the GPU ({:.1}%, {:.2} GiB): {} resident + {} reclaimable prior slots, and a decode tail of {} slots that the GPU fills with recently missed experts from host memory; prefill streams {} layer(s) per group; prior from {}",
+            "experts: {}/{} on the GPU ({:.1}%, {:.2} GiB): {} resident + {} reclaimable prior slots ({} of them in prefill's grouped scratch, idle in decode), and a decode tail of {} slots that the GPU fills with recently missed experts from host memory; prefill streams {} layer(s) per group; prior from {}",
             r.experts_on_gpu,
             r.total_experts,
             100.0 * r.experts_on_gpu as f64 / r.total_experts.max(1) as f64,
             gib(r.expert_bytes_on_gpu),
             sh.resident_slots,
             sh.prior_slots,
+            sh.scratch_slots,
             sh.tail_slots,
             sh.group_layers,
             r.heatmap

@@ -55,7 +55,10 @@ const ALLOC_SLACK: u64 = 2 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct HcsShape {
     pub resident_slots: usize,
+    /// The reclaimable prior, including `scratch_slots`.
     pub prior_slots: usize,
+    /// Prior slots in buffers only prefill uses (`Hcs::lent_slots`).
+    pub scratch_slots: usize,
     /// The decode recency tail (the reclaimable tier's last slots).
     pub tail_slots: usize,
     /// MoE layers per staging buffer (prefill layer-group size).
@@ -152,10 +155,26 @@ impl Hcs {
         (prior, tail)
     }
 
+    /// Expert slots of `stride` bytes carved from `buffers` ((device
+    /// address, bytes) each, addresses 16-byte aligned): whole slots only,
+    /// in order.
+    pub fn lent_slots(buffers: &[(u64, usize)], stride: usize) -> Vec<u64> {
+        buffers
+            .iter()
+            .flat_map(|&(a, bytes)| {
+                (0..bytes / stride.max(1)).map(move |i| a + (i * stride) as u64)
+            })
+            .collect()
+    }
+
     /// Allocates the staging region and the decode tail for steps of up to
-    /// `rows` sequences, loads the prior and writes the decode table. The resident tier is added later by
-    /// [`Hcs::grow_resident`] (after calibration has measured what it may
-    /// use).
+    /// `rows` sequences, loads the prior and writes the decode table. The
+    /// resident tier is added later by [`Hcs::grow_resident`] (after
+    /// calibration has measured what it may use). `lent`: buffers only
+    /// prefill uses ((device address, bytes), `GroupedScratch::lendable`);
+    /// the prior extends into them, so decode holds more experts in the
+    /// same memory. They belong to the reclaimable tier: lent with it to
+    /// every prefill, which is what overwrites them, and reloaded after.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
@@ -167,6 +186,7 @@ impl Hcs {
         rows: usize,
         ranked: &[(usize, usize)],
         table: &mut ExpertTable,
+        lent: &[(u64, usize)],
     ) -> Result<Self> {
         let stride = host.cache().layout().expert_stride;
         let layer_bytes = num_experts * stride;
@@ -175,17 +195,22 @@ impl Hcs {
             "expert staging / reclaimable HCS tier",
         )?;
         let base = addr(&staging, &gpu.stream);
-        let (prior, tail_slots) =
+        let (staged, tail_slots) =
             Self::reclaimable_split(moe_layers.len(), num_experts, top_k, group_layers, rows);
+        let mut slot_addr: Vec<u64> = (0..staged).map(|i| base + (i * stride) as u64).collect();
+        let total = moe_layers.len() * num_experts;
+        let extra = Self::lent_slots(lent, stride);
+        slot_addr.extend(extra.iter().take(total - staged));
+        let prior = slot_addr.len();
         let shape = HcsShape {
             resident_slots: 0,
             prior_slots: prior,
+            scratch_slots: prior - staged,
             tail_slots,
             group_layers,
         };
         let res = Residency::new(moe_layers.len(), num_experts, ranked, 0, prior)
             .map_err(GpuError::Hcs)?;
-        let slot_addr = (0..prior).map(|i| base + (i * stride) as u64).collect();
         let copy = gpu
             .ctx
             .new_stream()
@@ -302,6 +327,9 @@ impl Hcs {
         res.lend_reclaimable();
         self.res = res;
         self.shape.resident_slots = resident;
+        // The staging part of the prior comes first in `reclaimable`.
+        let staged = self.shape.prior_slots - self.shape.scratch_slots;
+        self.shape.scratch_slots = prior.saturating_sub(staged);
         self.shape.prior_slots = prior;
         self._resident_mem = mem;
         self.restore(gpu, table)?;
@@ -313,7 +341,9 @@ impl Hcs {
     /// Keeps at most `cap` prior slots from the next [`Hcs::grow_resident`]
     /// on (`CudaEngineOptions::hcs_prior_cap`).
     pub fn cap_prior(&mut self, cap: usize) {
+        let staged = self.shape.prior_slots - self.shape.scratch_slots;
         self.shape.prior_slots = self.shape.prior_slots.min(cap);
+        self.shape.scratch_slots = self.shape.prior_slots.saturating_sub(staged);
     }
 
     /// Whether every expert is on the GPU for decode.
@@ -542,6 +572,18 @@ impl Hcs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whole slots only, in buffer order; a buffer smaller than a slot
+    /// gives none.
+    #[test]
+    fn lent_buffers_give_whole_slots_in_order() {
+        let bufs = [(0x1000, 250), (0x9000, 99), (0x20000, 300)];
+        assert_eq!(
+            Hcs::lent_slots(&bufs, 100),
+            vec![0x1000, 0x1000 + 100, 0x20000, 0x20000 + 100, 0x20000 + 200]
+        );
+        assert!(Hcs::lent_slots(&[], 100).is_empty());
+    }
 
     /// a3b-24l: 256 reclaimable slots, half tail; a tail always holds one
     /// step's pairs; the prior never exceeds every expert.
