@@ -42,6 +42,12 @@ test_bin() { # name timeout [filter...]
   grep -E "panicked|FAILED|differ|SKIPPED" -A2 "$OUT/test-$n.log" | head -30 >> "$S"
 }
 prep() { [ -f $A/a3b-24l/config.json ] || BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1; }
+exact() { # HCS at 6 GiB bit-identical to all resident (prompt, greedy, decode logits, spans)
+  timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
+    > "$OUT/hcs-exact.log" 2>&1
+  echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+  tail -6 "$OUT/hcs-exact.log" >> "$S"
+}
 bench() { # tag args...
   local t=$1; shift
   timeout 240 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --commit "$C" \
@@ -59,10 +65,7 @@ case "$P" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
     test_bin gpu 120 expert_tail
     prep
-    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
-      > "$OUT/hcs-exact.log" 2>&1
-    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    tail -6 "$OUT/hcs-exact.log" >> "$S"
+    exact
     bench 6gib --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128
     test_bin batching 150
     ;;
@@ -70,10 +73,7 @@ case "$P" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
     test_bin gpu 120 expert_tail
     prep
-    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
-      > "$OUT/hcs-exact.log" 2>&1
-    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    tail -6 "$OUT/hcs-exact.log" >> "$S"
+    exact
     bench 6gib-prefetch --vram-limit 6GiB --baseline --prompt-tokens 512 --decode-tokens 16,128 --hcs-prefetch 0,1,2,4
     # Session 9's configuration (an 8K prompt: a larger prefill chunk, fewer experts on the GPU).
     bench 6gib-8k-prefetch --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0,2
@@ -84,10 +84,7 @@ case "$P" in
     # Session 10: decode's prior extended into prefill's grouped scratch. Exactness first, then the
     # 8K configuration (chunk 4096: the largest grouped scratch) against this session's figures.
     prep
-    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
-      > "$OUT/hcs-exact.log" 2>&1
-    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    tail -6 "$OUT/hcs-exact.log" >> "$S"
+    exact
     bench 6gib-8k-lend --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
     ;;
   more)
