@@ -89,6 +89,18 @@ pub struct Model {
     pub fault: Fault,
 }
 
+impl Drop for Model {
+    /// A prefill's reload of the reclaimable prior may still be running on
+    /// the copy stream (`Hcs::restore` does not wait for it), into staging
+    /// and prefill's grouped scratch, whose frees are queued on the compute
+    /// stream when the fields drop next: order them after the reload.
+    fn drop(&mut self) {
+        if let Err(e) = self.settle_experts() {
+            tracing::warn!("waiting for the expert reload before freeing the engine: {e}");
+        }
+    }
+}
+
 /// A deliberate bug planted in the CUDA engine (compiled with `cfg(test)`
 /// or the `fault-injection` feature, which only dev-dependencies enable),
 /// set with `CudaEngine::set_fault`. Each is applied by the engine's own
@@ -444,6 +456,16 @@ impl Model {
     pub(crate) fn split(&mut self) -> (Ctx<'_>, &mut Scratch, &mut KvCache) {
         let (cx, m) = self.split_all();
         (cx, m.sc, m.kv)
+    }
+
+    /// Under HCS, the compute stream waits for the last prefill's reload of
+    /// the reclaimable prior (`Hcs::restore`) if it has not yet: before a
+    /// decode step reads the decode table, outside any graph capture.
+    pub(crate) fn settle_experts(&mut self) -> Result<()> {
+        match self.hcs.as_mut() {
+            Some(h) => h.settle(&self.gpu),
+            None => Ok(()),
+        }
     }
 
     /// Runs `t` tokens (already in `scratch.ids[..t]`) through every layer;

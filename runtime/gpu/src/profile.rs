@@ -74,6 +74,7 @@ impl CudaEngine {
             Ok(v[v.len() / 2])
         };
         self.require_idle("decode_breakdown")?;
+        self.model_mut().settle_experts()?;
         let m = rows.max(1);
         {
             // `m` rows at `pos`, their KV from row 0, distinct tokens.

@@ -106,6 +106,11 @@ pub struct Hcs {
     /// (the decode table's entry for an expert with no slot).
     host_addrs: Vec<u64>,
     ev_copy: CudaEvent,
+    /// Recorded on the copy stream after a prefill's reload of the prior;
+    /// `reload_pending` until the compute stream waits for it
+    /// ([`Hcs::settle`]).
+    ev_reload: CudaEvent,
+    reload_pending: bool,
     ev_staged: [CudaEvent; 2],
     ev_computed: [CudaEvent; 2],
     pub copies: CopyStats,
@@ -252,6 +257,8 @@ impl Hcs {
             tail,
             host_addrs,
             ev_copy: ev(gpu, false)?,
+            ev_reload: ev(gpu, false)?,
+            reload_pending: false,
             ev_staged: [ev(gpu, false)?, ev(gpu, false)?],
             ev_computed: [ev(gpu, false)?, ev(gpu, false)?],
             copies: CopyStats::default(),
@@ -260,6 +267,7 @@ impl Hcs {
         // The prior starts on the GPU like after any prefill.
         hcs.res.lend_reclaimable();
         hcs.restore(gpu, table)?;
+        hcs.settle(gpu)?;
         gpu.sync("loading the reclaimable HCS tier")?;
         hcs.copies = CopyStats::default();
         Ok(hcs)
@@ -333,6 +341,7 @@ impl Hcs {
         self.shape.prior_slots = prior;
         self._resident_mem = mem;
         self.restore(gpu, table)?;
+        self.settle(gpu)?;
         gpu.sync("loading the resident HCS tier")?;
         self.copies = CopyStats::default();
         Ok(resident)
@@ -471,20 +480,35 @@ impl Hcs {
     }
 
     /// Reloads the reclaimable prior after prefill, on the copy stream after
-    /// everything already on the compute stream; the compute stream waits
-    /// for the reload, then the table gets the decode placement back.
+    /// everything already on the compute stream, and gives the table the
+    /// decode placement back. The compute stream does not wait for the
+    /// reload here: the prompt's last LM head and the first sampled token
+    /// need no expert (at a 6 GiB limit the reload is ~14 ms of a short
+    /// prompt's ~100 ms). Whatever next reads or writes the tier's slots
+    /// (a decode step, the next prefill, which writes its grouped scratch)
+    /// calls [`Hcs::settle`] first.
     pub fn restore(&mut self, gpu: &Gpu, table: &mut ExpertTable) -> Result<()> {
         self.copy_after_compute(gpu)?;
         let loads = self.res.restore_reclaimable();
         let bytes = self.copy_experts(&loads)?;
         self.copies.reload_bytes += bytes;
-        self.ev_copy
+        self.ev_reload
             .record(&self.copy)
             .map_err(GpuError::driver("recording the reload"))?;
-        gpu.stream
-            .wait(&self.ev_copy)
-            .map_err(GpuError::driver("waiting for the reload"))?;
+        self.reload_pending = true;
         self.write_decode_table(gpu, table)
+    }
+
+    /// The compute stream waits for the last reload of the prior, if it
+    /// has not yet: before a decode step (outside any graph capture) and
+    /// before anything that lends or copies into the reclaimable tier.
+    pub fn settle(&mut self, gpu: &Gpu) -> Result<()> {
+        if std::mem::take(&mut self.reload_pending) {
+            gpu.stream
+                .wait(&self.ev_reload)
+                .map_err(GpuError::driver("waiting for the reload"))?;
+        }
+        Ok(())
     }
 
     /// Orders everything queued on the copy stream from now on after all
@@ -519,6 +543,7 @@ impl Hcs {
         table: &mut ExpertTable,
         experts: usize,
     ) -> Result<(f64, f64, usize)> {
+        self.settle(gpu)?;
         gpu.sync("measuring copy rates")?;
         self.res.lend_reclaimable();
         let base = addr(&self.staging, &gpu.stream);
@@ -563,6 +588,7 @@ impl Hcs {
         let big_src: &[u8] = unsafe { std::slice::from_raw_parts(data.as_ptr(), big_len) };
         let big_gbps = rate(&[(base, big_src)])?;
         self.restore(gpu, table)?;
+        self.settle(gpu)?;
         gpu.sync("reloading after the copy measurement")?;
         self.copies = CopyStats::default();
         Ok((expert_gbps, big_gbps, big_len))

@@ -33,6 +33,9 @@ impl Hcs {
     /// stream is done with it) and points every MoE layer's table entries
     /// at resident slots or at the staging slot their group will use.
     pub fn begin_prefill(&mut self, gpu: &Gpu, table: &mut ExpertTable) -> Result<()> {
+        // This prefill's kernels write the grouped scratch, which the last
+        // reload may still be filling.
+        self.settle(gpu)?;
         self.copy_after_compute(gpu)?;
         self.res.lend_reclaimable();
         let (e, g) = (self.num_experts, self.shape.group_layers);
