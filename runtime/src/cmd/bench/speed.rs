@@ -100,6 +100,10 @@ struct Report {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     batched: Vec<super::batched::BatchedResult>,
     min_free_vram_bytes: Option<u64>,
+    /// Free VRAM in the budget after each stage of the run (the monitor's
+    /// minimum says how low it went; these say after which stage memory
+    /// stayed taken).
+    free_after_stage_bytes: Vec<(String, u64)>,
     vram_limit_bytes: Option<u64>,
     safety_margin_bytes: u64,
     min_free_at_least_margin: bool,
@@ -248,9 +252,17 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     let h2d = copy_rates.as_ref().map_or(0.0, |c| c.big_gb_s * 1e9);
     let lr = engine.load_report().clone();
+    let mut stages = Vec::new();
+    let mut stage = |engine: &CudaEngine, name: &str| -> anyhow::Result<()> {
+        let free = engine.gpu().free_in_budget()?;
+        stages.push((name.to_string(), free));
+        Ok(())
+    };
+    stage(&engine, "load and copy rates")?;
 
     // Warm-up: module loads, cuBLAS heuristics, graph capture.
     greedy(&mut engine, &all[..64.min(all.len())], 8)?;
+    stage(&engine, "warm-up")?;
 
     let mut prefill = Vec::new();
     for &p in &a.prompt_tokens {
@@ -300,6 +312,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             bound,
             constrained,
         });
+        stage(&engine, &format!("prefill {p}"))?;
     }
 
     let prompt = &all[..a.decode_prompt_tokens];
@@ -381,6 +394,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 constrained,
             });
         }
+        let pf = prefetch.map_or(String::new(), |p| format!(", prefetch {p}"));
+        stage(&engine, &format!("decode (graphs {graphs}{pf})"))?;
     }
     engine.set_cuda_graphs(true);
     if let Some(p) = own_prefetch {
@@ -392,6 +407,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let breakdown = engine
         .decode_breakdown(a.decode_prompt_tokens, 1, 20)
         .context("timing the parts of a decode step")?;
+    stage(&engine, "decode breakdown")?;
     {
         eprintln!(
             "decode step parts (ms): layers {:.3} (per layer: attention {:.4}, router {:.4}, experts {:.4}), LM head {:.3}, sample {:.3}",
@@ -419,8 +435,21 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             expert_bytes,
         )?
     };
+    if !batched.is_empty() {
+        stage(&engine, "batched decode")?;
+    }
     let min_free = monitor.min_free();
     drop(monitor);
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    eprintln!(
+        "free VRAM in the budget after each stage (MiB): {}; lowest seen {:.1}",
+        stages
+            .iter()
+            .map(|(n, b)| format!("{n} {:.1}", mib(*b)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        min_free.map_or(f64::NAN, mib)
+    );
 
     let model_name = model_name(&a.model);
     let report = Report {
@@ -446,6 +475,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         decode_breakdown_ms: breakdown,
         batched,
         min_free_vram_bytes: min_free,
+        free_after_stage_bytes: stages,
         vram_limit_bytes: budget.limit,
         safety_margin_bytes: opts.safety_margin,
         min_free_at_least_margin: min_free.is_none_or(|m| m >= opts.safety_margin),
@@ -666,6 +696,7 @@ mod tests {
             decode_breakdown_ms: Default::default(),
             batched: Vec::new(),
             min_free_vram_bytes: None,
+            free_after_stage_bytes: Vec::new(),
             vram_limit_bytes: None,
             safety_margin_bytes: 0,
             min_free_at_least_margin: true,
