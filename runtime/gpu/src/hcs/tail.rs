@@ -21,7 +21,9 @@
 //! (`TailMode::Prefetch`) while the layer's GEMVs and the next layer's
 //! attention run; the next layer's demand lookup waits for it
 //! ([`Prefetch`]). A right guess is then a hit; a wrong one cost PCIe time
-//! and a tail slot, never a result.
+//! and a tail slot, never a result. Off by default: on the H200 the extra
+//! router, the joins and the side copy's SMs cost more than the hidden
+//! copies save (`benchmarks/results/2026-12-03-issue16-prefetch.md`).
 
 use super::pinned::PinnedBuf;
 use crate::device::{Gpu, addr};
