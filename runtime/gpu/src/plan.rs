@@ -59,6 +59,15 @@ pub fn decide(free: u64, staging: u64, all_bytes: u64, floor: u64, stride: usize
     }
 }
 
+/// Expert slots of `stride` bytes in the buffers only prefill uses, which
+/// decode's prior holds under HCS (`Hcs::new` carves the same buffers:
+/// whole slots of each).
+pub fn scratch_slots(lens: &ScratchLens, stride: usize) -> usize {
+    lens.grouped.map_or(0, |gr| {
+        gr.lendable_bytes().iter().map(|b| b / stride.max(1)).sum()
+    })
+}
+
 /// Why the CUDA engine refuses the model `config` at load, if it does.
 pub fn unsupported(config: &krasis_model::ModelConfig) -> Option<String> {
     crate::support::check_supported(config)
@@ -133,11 +142,7 @@ pub fn plan_cuda(
         &format!("activation scratch ({cap}-token chunk)"),
         lens.bytes() as u64,
     ));
-    // Under HCS decode keeps prior experts in prefill's grouped buffers
-    // (`Hcs::new`): whole slots of each.
-    let scratch_slots: usize = lens.grouped.map_or(0, |gr| {
-        gr.lendable_bytes().iter().map(|b| b / stride.max(1)).sum()
-    });
+    let scratch_slots = scratch_slots(&lens, stride);
     // The engine refuses at load what `batching` refuses; the plan notes it
     // and plans one sequence.
     let parallel = match crate::options::batching(opts, g, context, cap) {
@@ -371,6 +376,20 @@ mod tests {
         let (p, _) = plan_cuda(&g, A3B_STRIDE, &big, Err("no driver".into()));
         assert!(matches!(p.verdict, Verdict::Unknown { .. }));
         assert_eq!(p.prefill_chunk, 4096);
+    }
+
+    /// a3b at a 4,096-token chunk: 55 + 20 + 110 slots in the gathered
+    /// rows, SwiGLU rows and expert outputs (the engine on the H200 said
+    /// "185 of them in prefill's grouped scratch"); none without the
+    /// grouped path.
+    #[test]
+    fn the_grouped_scratch_lends_whole_slots() {
+        let g = preset_geometry("a3b").unwrap();
+        let path = crate::scratch::GroupedPath::int4(&g);
+        let lens = ScratchLens::new(&g, 4096, GEMV_MAX_TOKENS, path);
+        assert_eq!(scratch_slots(&lens, A3B_STRIDE), 185);
+        let short = ScratchLens::new(&g, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS, path);
+        assert_eq!(scratch_slots(&short, A3B_STRIDE), 0);
     }
 
     #[test]
