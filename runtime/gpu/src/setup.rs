@@ -112,7 +112,9 @@ impl CudaEngine {
         match crate::plan::decide(free, staging, all_bytes, floor, stride) {
             crate::plan::Decision::AllResident => {
                 // Everything fits: the all-resident path (CUDA graphs, no host
-                // work per layer). The staging region goes first.
+                // work per layer). The staging region goes first, after any
+                // reload still filling it (or prefill's grouped scratch).
+                self.model.settle_experts()?;
                 self.model.hcs = None;
                 self.model.gpu.sync("releasing staging")?;
                 let table = ExpertTable::upload_all(&self.model.gpu, &cache, progress)?;
