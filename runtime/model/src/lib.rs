@@ -15,6 +15,7 @@ pub mod layers;
 pub mod prefix_cache;
 pub mod reference;
 pub mod sampling;
+pub mod structured;
 pub mod synth;
 pub mod testutil;
 pub mod tokenizer;

@@ -301,6 +301,43 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// Every token id's bytes, `0..vocab_size`, and whether it is an added
+    /// token (`<|im_end|>`, `<think>`, ...: text the model emits as one
+    /// token, never spelled by ordinary tokens). Byte-level BPE vocabularies
+    /// only (Qwen3, GLM-4.5, gpt-oss's o200k): a token string's characters
+    /// map back to bytes through the GPT-2 byte table; anything else is
+    /// refused. Ids with no token are empty, not added.
+    pub fn token_bytes(&self) -> Result<Vec<(Vec<u8>, bool)>, ModelError> {
+        let table = vocab::bytes_to_unicode();
+        let byte_of: std::collections::HashMap<char, u8> = table
+            .iter()
+            .enumerate()
+            .map(|(b, &c)| (c, b as u8))
+            .collect();
+        let added = self.inner.get_added_tokens_decoder();
+        (0..self.vocab_size as u32)
+            .map(|id| {
+                if let Some(t) = added.get(&id) {
+                    return Ok((t.content.as_bytes().to_vec(), true));
+                }
+                let Some(s) = self.inner.id_to_token(id) else {
+                    return Ok((Vec::new(), false));
+                };
+                s.chars()
+                    .map(|c| byte_of.get(&c).copied())
+                    .collect::<Option<Vec<u8>>>()
+                    .map(|b| (b, false))
+                    .ok_or_else(|| ModelError::Tokenizer {
+                        path: self.origin.clone(),
+                        reason: format!(
+                            "token {id} ({s:?}) is not byte-level BPE: grammar-constrained \
+                             decoding needs every token's bytes"
+                        ),
+                    })
+            })
+            .collect()
+    }
+
     /// Streaming decoder that skips special tokens (`<|im_end|>` etc.) but
     /// keeps non-special added tokens such as `<think>`.
     pub fn incremental(&self) -> IncrementalDecoder {
