@@ -181,11 +181,13 @@ impl Constraint {
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| grammar(&e.to_string()))?;
-        let mut words = vec![0u32; self.size.div_ceil(32)];
-        for t in 0..self.size as u32 {
-            if v.is_allowed(t) {
-                words[t as usize / 32] |= 1 << (t % 32);
-            }
+        // llguidance's vector has the same layout (bit t & 31 of word
+        // t >> 5), possibly longer: copied, cut to the vocabulary.
+        let n = self.size.div_ceil(32);
+        let mut words: Vec<u32> = v.as_slice().iter().copied().take(n).collect();
+        words.resize(n, 0);
+        if !self.size.is_multiple_of(32) {
+            words[n - 1] &= (1u32 << (self.size % 32)) - 1;
         }
         Ok(TokenMask {
             words,
