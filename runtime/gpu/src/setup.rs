@@ -66,7 +66,7 @@ impl CudaEngine {
             .grouped
             .as_ref()
             .map_or_else(Vec::new, |gr| gr.lendable(&self.model.gpu));
-        let hcs = Hcs::new(
+        let mut hcs = Hcs::new(
             &self.model.gpu,
             host,
             moe_layers.clone(),
@@ -78,7 +78,6 @@ impl CudaEngine {
             table,
             &lent,
         )?;
-        let mut hcs = hcs;
         if let Some(cap) = opts.hcs_prior_cap {
             hcs.cap_prior(cap);
         }

@@ -206,6 +206,14 @@ fn alone(e: &mut CudaEngine, reqs: &[GenerateRequest]) -> Vec<Run> {
         .collect()
 }
 
+/// How many runs' logits are not bit-identical to the wanted ones.
+fn differing(got: &[Run], want: &[Run]) -> usize {
+    got.iter()
+        .zip(want)
+        .filter(|(g, w)| bits(&g.logits) != bits(&w.logits))
+        .count()
+}
+
 fn same(label: &str, got: &Run, want: &Run) -> bool {
     let ok = got.tokens == want.tokens && bits(&got.logits) == bits(&want.logits);
     if !ok {
@@ -326,12 +334,7 @@ fn batch_invariance_under_hcs_streamed_prefill() {
     );
     for fault in [Fault::StaleTail, Fault::StalePrefetch] {
         e.set_fault(fault).unwrap();
-        let stale = alone(&mut e, &reqs);
-        let differ = stale
-            .iter()
-            .zip(&want)
-            .filter(|(g, w)| bits(&g.logits) != bits(&w.logits))
-            .count();
+        let differ = differing(&alone(&mut e, &reqs), &want);
         eprintln!(
             "{fault:?}: {differ} of {} requests differ from all resident",
             reqs.len()
@@ -601,11 +604,7 @@ fn planted_batch_faults_break_invariance() {
             "{fault:?} changed a request alone"
         );
         let (runs, _) = run_batch(&mut e, &jobs, |_, _, _| {});
-        let differ = runs
-            .iter()
-            .zip(&want)
-            .filter(|(g, w)| bits(&g.logits) != bits(&w.logits))
-            .count();
+        let differ = differing(&runs, &want);
         eprintln!(
             "{fault:?}: {differ} of {} requests differ from alone",
             runs.len()

@@ -165,12 +165,12 @@ impl Constraint {
     }
 
     fn new(vocab: &Vocabulary, g: TopLevelGrammar) -> Result<Self, ModelError> {
-        let parser = vocab.factory.create_parser(g);
-        if let Err(e) = &parser {
-            return Err(grammar(&e.to_string()));
-        }
+        let parser = vocab
+            .factory
+            .create_parser(g)
+            .map_err(|e| grammar(&e.to_string()))?;
         Ok(Constraint {
-            matcher: Matcher::new(parser),
+            matcher: Matcher::new(Ok(parser)),
             size: vocab.size,
         })
     }

@@ -65,6 +65,16 @@ pub struct HcsShape {
     pub group_layers: usize,
 }
 
+impl HcsShape {
+    /// A prior of `prior` slots: the staging region's part first, so a
+    /// smaller prior gives up scratch slots before staging ones.
+    fn set_prior(&mut self, prior: usize) {
+        let staged = self.prior_slots - self.scratch_slots;
+        self.scratch_slots = prior.saturating_sub(staged);
+        self.prior_slots = prior;
+    }
+}
+
 /// Per-request traffic (the residency counters are in
 /// [`Residency::counters`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -266,9 +276,7 @@ impl Hcs {
         };
         // The prior starts on the GPU like after any prefill.
         hcs.res.lend_reclaimable();
-        hcs.restore(gpu, table)?;
-        hcs.settle(gpu)?;
-        gpu.sync("loading the reclaimable HCS tier")?;
+        hcs.restore_and_wait(gpu, table, "loading the reclaimable HCS tier")?;
         hcs.copies = CopyStats::default();
         Ok(hcs)
     }
@@ -335,14 +343,9 @@ impl Hcs {
         res.lend_reclaimable();
         self.res = res;
         self.shape.resident_slots = resident;
-        // The staging part of the prior comes first in `reclaimable`.
-        let staged = self.shape.prior_slots - self.shape.scratch_slots;
-        self.shape.scratch_slots = prior.saturating_sub(staged);
-        self.shape.prior_slots = prior;
+        self.shape.set_prior(prior);
         self._resident_mem = mem;
-        self.restore(gpu, table)?;
-        self.settle(gpu)?;
-        gpu.sync("loading the resident HCS tier")?;
+        self.restore_and_wait(gpu, table, "loading the resident HCS tier")?;
         self.copies = CopyStats::default();
         Ok(resident)
     }
@@ -350,9 +353,7 @@ impl Hcs {
     /// Keeps at most `cap` prior slots from the next [`Hcs::grow_resident`]
     /// on (`CudaEngineOptions::hcs_prior_cap`).
     pub fn cap_prior(&mut self, cap: usize) {
-        let staged = self.shape.prior_slots - self.shape.scratch_slots;
-        self.shape.prior_slots = self.shape.prior_slots.min(cap);
-        self.shape.scratch_slots = self.shape.prior_slots.saturating_sub(staged);
+        self.shape.set_prior(self.shape.prior_slots.min(cap));
     }
 
     /// Whether every expert is on the GPU for decode.
@@ -499,6 +500,14 @@ impl Hcs {
         self.write_decode_table(gpu, table)
     }
 
+    /// [`Hcs::restore`], then the host waits until the reload has landed
+    /// (setup and measurements, which hand over a loaded tier).
+    fn restore_and_wait(&mut self, gpu: &Gpu, table: &mut ExpertTable, what: &str) -> Result<()> {
+        self.restore(gpu, table)?;
+        self.settle(gpu)?;
+        gpu.sync(what)
+    }
+
     /// The compute stream waits for the last reload of the prior, if it
     /// has not yet: before a decode step (outside any graph capture) and
     /// before anything that lends or copies into the reclaimable tier.
@@ -587,9 +596,7 @@ impl Hcs {
         // SAFETY: the first big_len bytes of the pinned backing.
         let big_src: &[u8] = unsafe { std::slice::from_raw_parts(data.as_ptr(), big_len) };
         let big_gbps = rate(&[(base, big_src)])?;
-        self.restore(gpu, table)?;
-        self.settle(gpu)?;
-        gpu.sync("reloading after the copy measurement")?;
+        self.restore_and_wait(gpu, table, "reloading after the copy measurement")?;
         self.copies = CopyStats::default();
         Ok((expert_gbps, big_gbps, big_len))
     }
