@@ -104,7 +104,9 @@ pub struct RequestRecord {
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
     /// The finish reason the client received: `stop`, `length`, `tool_calls`
-    /// (`function_call` for legacy function calling); or `cancelled` (the
+    /// (`function_call` for legacy function calling), `tool_call_error` (a
+    /// tool call that did not parse or was cut off: its text is in the
+    /// content and the choice's `error` says why); or `cancelled` (the
     /// client went away, or the server shut down) or `error` (the client got
     /// an error instead of an answer).
     pub finish_reason: String,
@@ -151,6 +153,10 @@ pub struct EngineStats {
     #[serde(default)]
     pub requests_cancelled: u64,
     pub requests_rejected: u64,
+    /// Answers whose tool call did not parse or was cut off (finish reason
+    /// `tool_call_error`), since the server started.
+    #[serde(default)]
+    pub tool_call_errors: u64,
     /// Requests queued for the engine (prepared, not yet running).
     pub queue_len: u64,
     pub last_prompt_tokens: u64,

@@ -14,6 +14,13 @@
 // value: those are cleaned to -inf), and sample_select then writes
 // SAMPLE_NONFINITE (0xffffffff, no token id) and touches no count, so the
 // host refuses the step instead of emitting a token.
+// Grammar masks (structured output): sample_prepare takes an optional
+// bitmask (bit v & 31 of word v >> 5 allows token v; null: no mask) and
+// gives every token it does not allow -inf after the penalties, so it has
+// weight 0, can never be the greedy pick (unless nothing is allowed: the
+// host never sends an empty mask), and no later step brings it back. The
+// non-finite check still reads every raw logit: a masked-out overflow is
+// still an overflow.
 // sample_select: a single 1024-thread block. Logits become 24-bit integer
 // weights w = min(floor(exp(l - max) * 2^24), 2^24 - 1), so all masses are
 // exact u64 sums and the result cannot depend on summation order. Top-k and
@@ -97,8 +104,9 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_bf16(const bf16_t* __r
 #define SAMPLE_NONFINITE 0xffffffffu  // = SAMPLE_NONFINITE there
 
 template <typename T>
-__device__ void sample_prepare(const T* __restrict__ logits, const u32* __restrict__ counts, u32* __restrict__ ws,
-                               u32 V, float presence, float frequency, float inv_t) {
+__device__ void sample_prepare(const T* __restrict__ logits, const u32* __restrict__ counts,
+                               const u32* __restrict__ mask, u32* __restrict__ ws, u32 V, float presence,
+                               float frequency, float inv_t) {
     __shared__ float sv[32];
     __shared__ u32 si[32];
     float bv = NEG_INF_F;
@@ -110,6 +118,7 @@ __device__ void sample_prepare(const T* __restrict__ logits, const u32* __restri
         bad |= !isfinite(l);
         l = (l - (c > 0 ? presence : 0.0f) - frequency * (float)c) * inv_t;
         l = clean(l);
+        if (mask && !((mask[v >> 5] >> (v & 31)) & 1u)) l = NEG_INF_F;
         ws[v] = __float_as_uint(l);
         if (better(l, v, bv, bi)) {
             bv = l;
@@ -127,12 +136,14 @@ __device__ void sample_prepare(const T* __restrict__ logits, const u32* __restri
 }
 
 extern "C" __global__ void sample_prepare_f32(const float* __restrict__ l, const u32* __restrict__ counts,
-                                              u32* __restrict__ ws, u32 V, float pres, float freq, float inv_t) {
-    sample_prepare<float>(l, counts, ws, V, pres, freq, inv_t);
+                                              const u32* __restrict__ mask, u32* __restrict__ ws, u32 V,
+                                              float pres, float freq, float inv_t) {
+    sample_prepare<float>(l, counts, mask, ws, V, pres, freq, inv_t);
 }
 extern "C" __global__ void sample_prepare_bf16(const bf16_t* __restrict__ l, const u32* __restrict__ counts,
-                                               u32* __restrict__ ws, u32 V, float pres, float freq, float inv_t) {
-    sample_prepare<bf16_t>(l, counts, ws, V, pres, freq, inv_t);
+                                               const u32* __restrict__ mask, u32* __restrict__ ws, u32 V,
+                                               float pres, float freq, float inv_t) {
+    sample_prepare<bf16_t>(l, counts, mask, ws, V, pres, freq, inv_t);
 }
 
 __device__ void philox(u64 seed, u64 ctr, u32* out) {

@@ -298,6 +298,31 @@ fn philox_is_deterministic_and_keyed() {
     assert_ne!(a, cpu::philox4x32_10(42, 8));
 }
 
+/// The grammar mask: refused tokens get weight 0 and are never drawn nor
+/// the greedy pick, even the unmasked maximum.
+#[test]
+fn sampling_reference_mask() {
+    let logits: Vec<f32> = vec![1.0, 3.0, 2.0, 3.0, -1.0, 0.0];
+    let mask = [0b10_0100u32]; // tokens 2 and 5
+    let greedy = SamplingParams::default();
+    let mut l = cpu::prepared_logits(&logits, &[0; 6], &greedy);
+    cpu::apply_mask(&mut l, &mask);
+    assert_eq!(cpu::argmax(&l), 2);
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_k: 4,
+        ..Default::default()
+    };
+    let mut l = cpu::prepared_logits(&logits, &[0; 6], &p);
+    cpu::apply_mask(&mut l, &mask);
+    let w = cpu::sample_weights(&l);
+    assert_eq!(w.iter().filter(|&&x| x > 0).count(), 2, "{w:?}");
+    for step in 0..100 {
+        let t = cpu::sample_from_weights(&w, &p, step);
+        assert!(t == 2 || t == 5, "step {step}: {t}");
+    }
+}
+
 #[test]
 fn sampling_reference_filters() {
     let logits: Vec<f32> = vec![1.0, 3.0, 2.0, 3.0, -1.0, 0.0];

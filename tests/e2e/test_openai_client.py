@@ -134,8 +134,9 @@ def test_error_paths(reference_server):
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model="tiny", messages=msgs, n=2)
     assert e.value.body["param"] == "n"
-    with pytest.raises(openai.BadRequestError):
-        c.chat.completions.create(model="tiny", messages=msgs, response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="tiny", messages=msgs, response_format={"type": "yaml"})
+    assert e.value.body["param"] == "response_format"
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "word " * 400}])
     msg = str(e.value)

@@ -22,6 +22,9 @@
 #   bash tools/device/issue16a.sh lend COMMIT
 #       decode's prior in prefill's grouped scratch: HCS exactness at 6 GiB, then `bench` at 6 GiB
 #       sized for an 8K prompt (no baseline: compare with the session's earlier runs).
+#   bash tools/device/issue16a.sh settle COMMIT
+#       the prior's reload queued without a compute wait (session 11): exactness, the 8K bench
+#       with free VRAM per stage, then batching, prefix_cache, live, gpu_engine and cancel.
 #   bash tools/device/issue16a.sh serve COMMIT
 #       `agent_load.py parallel` (1/2/4/8 clients) through serve at 6 GiB, and the agent loop.
 # Results: $OUT/issue16a-PHASE.txt (the summary) and the logs beside it.
@@ -86,6 +89,20 @@ case "$P" in
     prep
     exact
     bench 6gib-8k-lend --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    ;;
+  settle)
+    # Session 11: the prior's reload off the prompt's critical path (Hcs::settle), verified:
+    # exactness, the 8K configuration's bench (prefill 512 back near session 10's 5,061?), then
+    # the engine tests that run HCS with the scratch prior.
+    prep
+    exact
+    bench 6gib-8k-settle --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    grep -iE "free|margin" "$OUT/bench-6gib-8k-settle.log" | tail -24 >> "$S"
+    test_bin batching 150
+    test_bin prefix_cache 120
+    test_bin live 90
+    test_bin gpu_engine 90
+    test_bin cancel 70
     ;;
   more)
     test_bin batching 150

@@ -480,7 +480,17 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     let tsm = time_ms(&s, 50, |it| {
-        Ok(k.sample::<bf16>(&s, &lg, v, &p, it as u64, &mut counts, &mut wsp, &mut tok)?)
+        Ok(k.sample::<bf16>(
+            &s,
+            &lg,
+            v,
+            &p,
+            it as u64,
+            None,
+            &mut counts,
+            &mut wsp,
+            &mut tok,
+        )?)
     })?;
     let pf = SamplingParams {
         temperature: 1.0,
@@ -488,7 +498,17 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     let tsf = time_ms(&s, 50, |it| {
-        Ok(k.sample::<bf16>(&s, &lg, v, &pf, it as u64, &mut counts, &mut wsp, &mut tok)?)
+        Ok(k.sample::<bf16>(
+            &s,
+            &lg,
+            v,
+            &pf,
+            it as u64,
+            None,
+            &mut counts,
+            &mut wsp,
+            &mut tok,
+        )?)
     })?;
     rows.push(format!(
         "argmax V=151936 {:.1} us; sample top-k/p/min-p {:.1} us; sample plain {:.1} us",

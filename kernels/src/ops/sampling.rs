@@ -6,7 +6,9 @@
 //! 0. Any non-finite logit (±inf, NaN: an activation that overflowed its
 //!    16-bit format) => no token: `out[0] = SAMPLE_NONFINITE` and no count
 //!    changes. The engine refuses the step; it never becomes a token.
-//! 1. `l[v] = logit[v] - presence * (count[v] > 0) - frequency * count[v]`.
+//! 1. `l[v] = logit[v] - presence * (count[v] > 0) - frequency * count[v]`;
+//!    with a grammar mask, `l[v] = -inf` for every token it does not allow
+//!    (weight 0 below; never the greedy pick while the mask allows any).
 //! 2. temperature 0 => greedy argmax of `l` (ties: lowest id). Otherwise
 //!    `l /= temperature`, `m = max l`, and each token gets the fixed-point
 //!    weight `w[v] = min(floor(exp(l[v] - m) * 2^24), 2^24 - 1)`.
@@ -135,6 +137,10 @@ impl Kernels {
     /// - `workspace`: u32, [`sample_workspace_len`] elements.
     /// - `step`: the Philox counter (e.g. the index of the generated token),
     ///   so a (seed, step) pair always draws the same number.
+    /// - `mask`: u32 `[ceil(vocab / 32)]`, bit `v % 32` of word `v / 32`
+    ///   allowing token `v` (the words of a grammar's
+    ///   `krasis_model::structured::TokenMask`), or `None`. It must allow at
+    ///   least one token.
     /// - `out`: u32 `[1]`, the chosen id, or [`SAMPLE_NONFINITE`] (and no
     ///   count changed) when a logit is not finite.
     #[allow(clippy::too_many_arguments)]
@@ -145,6 +151,7 @@ impl Kernels {
         vocab: usize,
         params: &SamplingParams,
         step: u64,
+        mask: Option<&dyn DevicePtr<u32>>,
         counts: &mut impl DevicePtrMut<u32>,
         workspace: &mut impl DevicePtrMut<u32>,
         out: &mut impl DevicePtrMut<u32>,
@@ -170,10 +177,19 @@ impl Kernels {
         let (cp, _g2) = counts.device_ptr_mut(stream);
         let (wp, _g3) = workspace.device_ptr_mut(stream);
         let (op, _g4) = out.device_ptr_mut(stream);
+        let (mp, _g5) = match mask {
+            Some(m) => {
+                check_len(k, "mask", m.len(), vocab.div_ceil(32))?;
+                let (p, g) = m.device_ptr(stream);
+                (p, Some(g))
+            }
+            None => (0u64, None),
+        };
         let f = self.func(k)?;
         let mut b = builder(stream, f);
         b.arg(&lp)
             .arg(&cp)
+            .arg(&mp)
             .arg(&wp)
             .arg(&v)
             .arg(&params.presence_penalty)

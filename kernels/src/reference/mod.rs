@@ -31,5 +31,6 @@ pub use mxfp4::{
 };
 pub use rope_partial::rope_partial;
 pub use sampling::{
-    argmax, philox4x32_10, prepared_logits, refuses, sample_from_weights, sample_weights,
+    apply_mask, argmax, philox4x32_10, prepared_logits, refuses, sample_from_weights,
+    sample_weights,
 };

@@ -44,6 +44,16 @@ pub fn prepared_logits(logits: &[f32], counts: &[u32], p: &SamplingParams) -> Ve
         .collect()
 }
 
+/// Step 1's grammar mask: every token whose bit (bit `v % 32` of word
+/// `v / 32`) is clear gets `-inf` in the prepared logits.
+pub fn apply_mask(prepared: &mut [f32], mask: &[u32]) {
+    for (v, l) in prepared.iter_mut().enumerate() {
+        if mask[v / 32] >> (v % 32) & 1 == 0 {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// Greedy choice over prepared logits (ties: lowest id; all -inf: 0).
 pub fn argmax(l: &[f32]) -> u32 {
     let mut best = (f32::NEG_INFINITY, usize::MAX);

@@ -104,6 +104,7 @@ fn sample_matches_reference() {
                     v,
                     p,
                     step,
+                    None,
                     &mut d_counts,
                     &mut ws,
                     &mut out,
@@ -137,6 +138,94 @@ fn sample_matches_reference() {
     }
 }
 
+/// A grammar mask: the sampler picks only allowed tokens, greedy or not,
+/// with the weights and draw of the CPU reference over masked prepared
+/// logits (`cpu::apply_mask`), even when the unmasked arg-max is refused;
+/// the count of the chosen token (only) goes up.
+#[test]
+fn sample_respects_a_mask() {
+    let name = "sample_respects_a_mask";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let v = 151_669usize;
+    let seed = rng.random();
+    let cases = [
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 1.0,
+            seed,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.7,
+            top_k: 20,
+            top_p: 0.9,
+            presence_penalty: 0.5,
+            seed,
+            ..Default::default()
+        },
+    ];
+    for (ci, p) in cases.iter().enumerate() {
+        for step in 0..6u64 {
+            let logits = randn(&mut rng, v, 3.0);
+            // A few allowed tokens (one when step is 0: a forced token),
+            // never the unmasked arg-max.
+            let top = cpu::argmax(&logits) as usize;
+            let n = if step == 0 {
+                1
+            } else {
+                rng.random_range(2..40)
+            };
+            let mut mask = vec![0u32; v.div_ceil(32)];
+            let mut allowed = Vec::new();
+            while allowed.len() < n {
+                let t = rng.random_range(0..v);
+                if t != top && !allowed.contains(&t) {
+                    mask[t / 32] |= 1 << (t % 32);
+                    allowed.push(t);
+                }
+            }
+            let counts = vec![0u32; v];
+            let mut d_counts = up(&s, &counts);
+            let mut ws = poison_u32(&s, sample_workspace_len(v));
+            let mut out = poison_u32(&s, 1);
+            let d_mask = up(&s, &mask);
+            g.kernels
+                .sample::<f32>(
+                    &s,
+                    &up(&s, &logits),
+                    v,
+                    p,
+                    step,
+                    Some(&d_mask),
+                    &mut d_counts,
+                    &mut ws,
+                    &mut out,
+                )
+                .unwrap();
+            let tok = down(&s, &out)[0] as usize;
+            assert!(
+                allowed.contains(&tok),
+                "case {ci} step {step}: token {tok} is masked out"
+            );
+            let mut want_counts = counts.clone();
+            want_counts[tok] += 1;
+            assert_eq!(down(&s, &d_counts), want_counts, "case {ci}: counts");
+            let mut prepared = cpu::prepared_logits(&logits, &counts, p);
+            cpu::apply_mask(&mut prepared, &mask);
+            let want = if p.temperature == 0.0 {
+                cpu::argmax(&prepared)
+            } else {
+                cpu::sample_from_weights(&cpu::sample_weights(&prepared), p, step)
+            };
+            assert_eq!(
+                tok as u32, want,
+                "case {ci} step {step}: against the reference"
+            );
+        }
+    }
+}
+
 #[test]
 fn sample_distribution_follows_softmax() {
     let name = "sample_distribution_follows_softmax";
@@ -156,7 +245,17 @@ fn sample_distribution_follows_softmax() {
     let mut out = poison_u32(&s, 1);
     for step in 0..n as u64 {
         g.kernels
-            .sample::<f32>(&s, &d_logits, 8, &p, step, &mut counts, &mut ws, &mut out)
+            .sample::<f32>(
+                &s,
+                &d_logits,
+                8,
+                &p,
+                step,
+                None,
+                &mut counts,
+                &mut ws,
+                &mut out,
+            )
             .unwrap();
     }
     let c = down(&s, &counts);
@@ -212,6 +311,7 @@ fn sample_refuses_non_finite_logits() {
                     v,
                     &p,
                     3,
+                    None,
                     &mut d_counts,
                     &mut ws,
                     &mut out,
@@ -236,6 +336,7 @@ fn sample_refuses_non_finite_logits() {
                 v,
                 &p,
                 3,
+                None,
                 &mut d_counts,
                 &mut ws,
                 &mut out,

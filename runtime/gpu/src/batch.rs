@@ -47,8 +47,11 @@ use crate::error::{GpuError, Result};
 use crate::forward::Positions;
 use crate::stats::LivePublisher;
 use cudarc::driver::{CudaEvent, CudaGraph, sys};
-use krasis_model::batch::{Admission, Batch, KvUsage, SeqEvent, SeqId, finish_after_token};
+use krasis_model::batch::{
+    Admission, Batch, KvUsage, SeqEvent, SeqId, check_constraint, finish_after_token,
+};
 use krasis_model::prefix_cache::Hit;
+use krasis_model::structured::{Constraint, Grammar};
 use krasis_model::{EngineError, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -87,6 +90,11 @@ struct Seq {
     publisher: LivePublisher,
     /// Keep the logits each token was sampled from (exactness checks).
     record: Option<Vec<Vec<f32>>>,
+    /// Its place in the request's grammar, when it has one (`masks.rs`).
+    constraint: Option<Constraint>,
+    /// Its grammar could not give the next token's mask: it ends with
+    /// this error instead of the token sampled without one.
+    mask_error: Option<EngineError>,
 }
 
 /// Device time of the parts of the last step, from CUDA events (when
@@ -253,6 +261,7 @@ impl CudaEngine {
 
     fn admit_seq(&mut self, req: GenerateRequest, record: bool) -> Result<Admission, EngineError> {
         self.check_tokens(&req.prompt)?;
+        check_constraint(&req)?;
         let params = kernel_sampling(&req.sampling)?;
         let b = &mut self.batch;
         if b.seqs.len() >= b.capacity {
@@ -279,7 +288,6 @@ impl CudaEngine {
         };
         b.seqs.push(Seq {
             id,
-            req,
             params,
             slot,
             base,
@@ -290,6 +298,9 @@ impl CudaEngine {
             decode_start: None,
             publisher: LivePublisher::new(),
             record: record.then(Vec::new),
+            constraint: req.constraint.as_ref().map(Grammar::start),
+            mask_error: None,
+            req,
         });
         Ok(Admission::Admitted(id))
     }
@@ -617,6 +628,9 @@ impl CudaEngine {
     /// The first token of `id` (its prefill done): reported, then the
     /// sequence decodes from it or ends.
     fn first_token(&mut self, id: SeqId, token: u32, events: &mut Vec<SeqEvent>) -> Result<()> {
+        if !self.accept_token(id, token, events)? {
+            return Ok(());
+        }
         let context = self.context;
         let s = self.seq_mut(id);
         let now = Instant::now();
@@ -640,11 +654,12 @@ impl CudaEngine {
     /// (its parameters, counts and step `step`) into `scratch.ids[row]`,
     /// and returns the token (recording the logits if asked).
     fn sample_row(&mut self, id: SeqId, row: usize, step: u64) -> Result<u32> {
+        let masked = self.upload_mask(id)?;
         let (slot, params) = {
             let s = self.seq(id);
             (s.slot, s.params)
         };
-        self.launch_sample(row, slot, &params, step)?;
+        self.launch_sample(row, slot, &params, step, masked)?;
         let m = &mut self.model;
         let mut out = [0u32; 1];
         m.gpu
@@ -655,24 +670,30 @@ impl CudaEngine {
         sampled_token(out[0], step)
     }
 
-    /// The sampler over logits row `row` with counts row `slot`, into
-    /// `scratch.ids[row]`.
+    /// The sampler over logits row `row` with counts row `slot` (and,
+    /// when `masked`, the slot's grammar mask), into `scratch.ids[row]`.
     fn launch_sample(
         &mut self,
         row: usize,
         slot: usize,
         params: &krasis_kernels::SamplingParams,
         step: u64,
+        masked: bool,
     ) -> Result<()> {
+        #[cfg(any(test, feature = "fault-injection"))]
+        let masked = masked && self.model.fault != crate::forward::Fault::IgnoreMask;
         let m = &mut self.model;
         let (v, vocab) = (self.sampleable, m.geometry.vocab_size);
         let sc = &mut m.scratch;
+        let w = vocab.div_ceil(32);
+        let mask = sc.masks.slice(slot * w..(slot + 1) * w);
         m.kernels.sample::<f32>(
             &m.gpu.stream,
             &sc.logits.slice(row * vocab..row * vocab + v),
             v,
             params,
             step,
+            masked.then_some(&mask as &dyn cudarc::driver::DevicePtr<u32>),
             &mut sc.counts.slice_mut(slot * vocab..slot * vocab + v),
             &mut sc
                 .sample_ws
@@ -733,6 +754,12 @@ impl CudaEngine {
                 .map_err(GpuError::driver("writing the decode rows"))?;
         }
         let graph = self.decode_forward(m)?;
+        // The grammars' masks are computed on the host while the GPU runs
+        // the step's forward pass (it was only queued).
+        let mut masked = Vec::with_capacity(m);
+        for &id in rows {
+            masked.push(self.upload_mask(id)?);
+        }
         {
             // The tail's counters come back with the sampled tokens below.
             let md = &mut self.model;
@@ -745,7 +772,7 @@ impl CudaEngine {
                 let s = self.seq(id);
                 (s.slot, s.params, s.stats.generated_tokens as u64)
             };
-            self.launch_sample(r, slot, &params, step)?;
+            self.launch_sample(r, slot, &params, step, masked[r])?;
         }
         let mut out = vec![0u32; m];
         {
@@ -764,6 +791,9 @@ impl CudaEngine {
             self.record_logits(id, r)?;
             let step = self.seq(id).stats.generated_tokens as u64;
             let token = sampled_token(raw, step)?;
+            if !self.accept_token(id, token, events)? {
+                continue;
+            }
             let s = self.seq_mut(id);
             s.stats.generated_tokens += 1;
             if let Phase::Decode { token: t, pos } = &mut s.phase {
@@ -985,6 +1015,8 @@ impl Batch for CudaEngine {
         }
     }
 }
+
+mod masks;
 
 #[cfg(test)]
 mod tests {

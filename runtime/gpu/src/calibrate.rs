@@ -121,6 +121,7 @@ impl CudaEngine {
             cancel: Default::default(),
             live: Default::default(),
             cache_prompt: false,
+            constraint: None,
         };
         self.generate(&req, &mut |_| ControlFlow::Continue(()))
             .map_err(|e| {

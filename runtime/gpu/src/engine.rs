@@ -364,7 +364,8 @@ impl CudaEngine {
             | Fault::ShiftRowKv
             | Fault::PackedBase
             | Fault::StaleTail
-            | Fault::StalePrefetch => {}
+            | Fault::StalePrefetch
+            | Fault::IgnoreMask => {}
             Fault::RopeSign => {
                 for lw in &mut m.weights.layers {
                     let n = lw.qk_norm.as_mut().ok_or_else(|| {
@@ -780,6 +781,7 @@ impl CudaEngine {
             cancel: CancelToken::default(),
             live: LiveProgress::default(),
             cache_prompt: use_cache,
+            constraint: None,
         };
         let run = self.run_recorded(&req)?;
         Ok((run.tokens, run.logits, run.outcome.stats.cached_tokens))

@@ -152,6 +152,11 @@ pub enum Fault {
     /// never copies them, so a right guess's GEMVs read whatever its slot
     /// held before. Not in [`Fault::ALL`]; the HCS batching test sees it.
     StalePrefetch,
+    /// Structured output: the sampler draws as if no grammar mask were
+    /// uploaded (a sampler that ignores the mask). Not in [`Fault::ALL`]:
+    /// it changes no logit; a constrained request sees it, as a fatal
+    /// fault once the grammar refuses the token.
+    IgnoreMask,
 }
 
 #[cfg(any(test, feature = "fault-injection"))]
@@ -190,7 +195,8 @@ impl Fault {
                 | Fault::ShiftRowKv
                 | Fault::PackedBase
                 | Fault::StaleTail
-                | Fault::StalePrefetch => false,
+                | Fault::StalePrefetch
+                | Fault::IgnoreMask => false,
             })
             .collect()
     }

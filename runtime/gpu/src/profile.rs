@@ -159,6 +159,7 @@ impl CudaEngine {
                     v,
                     &params,
                     0,
+                    None,
                     &mut sc.counts.slice_mut(0..v),
                     &mut sc.sample_ws,
                     &mut sc.ids.slice_mut(r..r + 1),

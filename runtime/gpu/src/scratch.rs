@@ -59,6 +59,10 @@ pub struct Scratch {
     /// slot (its presence/frequency penalties), and the sampler workspace.
     pub counts: CudaSlice<u32>,
     pub sample_ws: CudaSlice<u32>,
+    /// u32 `[seqs, ceil(V / 32)]`: each sequence slot's grammar mask for
+    /// its next token (structured output; rows of unconstrained sequences
+    /// are never read).
+    pub masks: CudaSlice<u32>,
     /// HCS decode prefetch's predicted routes.
     pub predict: Prediction,
     pub grouped: Option<GroupedScratch>,
@@ -437,6 +441,8 @@ pub struct SeqLens {
     pub attn_ws: usize,
     /// u32 `[seqs, V]`.
     pub counts: usize,
+    /// u32 `[seqs, ceil(V / 32)]`.
+    pub masks: usize,
     /// [`Prediction`]: 16-bit `[seqs, H]`, f32 `[seqs, E]`, u32 and f32
     /// `[seqs, top_k]`.
     pub predict_normed: usize,
@@ -453,6 +459,7 @@ impl SeqLens {
             kv_base: seqs,
             attn_ws: seqs * decode_workspace_len(g.num_heads, g.head_dim),
             counts: seqs * g.vocab_size,
+            masks: seqs * g.vocab_size.div_ceil(32),
             predict_normed: seqs * g.hidden,
             predict_logits: seqs * g.num_experts.max(1),
             predict_topk: seqs * g.top_k.max(1),
@@ -465,6 +472,7 @@ impl SeqLens {
             + self.kv_base
             + self.attn_ws
             + self.counts
+            + self.masks
             + self.predict_logits
             + 2 * self.predict_topk)
             + 2 * self.predict_normed
@@ -540,6 +548,7 @@ impl Scratch {
             logits: gpu.alloc(n.logits, "logits")?,
             counts: gpu.alloc_zeros(sq.counts, "sampling token counts")?,
             sample_ws: gpu.alloc(n.sample_ws, "sampler workspace")?,
+            masks: gpu.alloc(sq.masks, "grammar masks")?,
             predict: Prediction {
                 normed: gpu.alloc(sq.predict_normed, "predicted routes: normed rows")?,
                 logits: gpu.alloc(sq.predict_logits, "predicted routes: logits")?,

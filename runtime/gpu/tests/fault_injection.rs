@@ -43,6 +43,8 @@ fn ref_fault(f: Fault) -> RefFault {
         | Fault::PackedBase
         | Fault::StaleTail
         | Fault::StalePrefetch => RefFault::None,
+        // A sampler fault: no logit changes.
+        Fault::IgnoreMask => RefFault::IgnoreMask,
     }
 }
 

@@ -126,6 +126,7 @@ fn decode_graphs_eager_and_prefill_agree() {
             cancel: Default::default(),
             live: Default::default(),
             cache_prompt: false,
+            constraint: None,
         };
         gpu.generate(&req, &mut |t| {
             out.push(t);
@@ -171,6 +172,7 @@ fn decode_graphs_eager_and_prefill_agree() {
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: false,
+        constraint: None,
     };
     let mut a = Vec::new();
     gpu.generate(&req, &mut |t| {

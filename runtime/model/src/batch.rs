@@ -173,6 +173,22 @@ pub fn generate_one(
     }
 }
 
+/// Refuses a request whose grammar could never end: its EOS is not one of
+/// the request's stop tokens (every engine's [`Batch::admit`] checks it).
+pub fn check_constraint(req: &GenerateRequest) -> Result<(), EngineError> {
+    match &req.constraint {
+        Some(g) if !req.stop_token_ids.contains(&g.eos()) => {
+            Err(EngineError::InvalidRequest(format!(
+                "the request's grammar ends with token {} but that is not one of its stop tokens \
+                 {:?}, so a complete output could never end",
+                g.eos(),
+                req.stop_token_ids
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// A finished outcome's reason, for engines that end a sequence on a stop
 /// token, its token budget or the context (the same rule for every engine).
 pub fn finish_after_token(

@@ -121,6 +121,17 @@ pub struct GenerateRequest {
     /// API's `cache_prompt: false`) prefills cold and stores nothing; the
     /// output is the same either way.
     pub cache_prompt: bool,
+    /// A grammar the output must follow (issue 18: `response_format`,
+    /// `tool_choice`). The engine starts its own [`Constraint`] from it at
+    /// admission and, before every token it samples, allows only the
+    /// tokens the constraint's mask allows; a token the constraint then
+    /// refuses means the sampler ignored the mask, a fatal engine fault.
+    /// The grammar's EOS ([`Grammar::eos`]) must be one of
+    /// `stop_token_ids`, or an accepted output could not end.
+    ///
+    /// [`Constraint`]: crate::structured::Constraint
+    /// [`Grammar::eos`]: crate::structured::Grammar::eos
+    pub constraint: Option<crate::structured::Grammar>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,6 +2,8 @@
 //!
 //! The steps run in this order, each on the output of the previous one:
 //!
+//! 0. a grammar's mask, when the request has one: every token it does not
+//!    allow gets `-inf`, so no later step can bring it back;
 //! 1. penalties: OpenAI semantics over the tokens generated so far
 //!    (`logit -= presence_penalty` once per distinct token,
 //!    `logit -= frequency_penalty * count`); the prompt is not penalised;
@@ -18,6 +20,7 @@
 //! replays exactly; without one it is seeded from the OS.
 
 use crate::engine::SamplingParams;
+use crate::structured::TokenMask;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use std::collections::HashMap;
@@ -54,6 +57,23 @@ impl Sampler {
         let token = self.pick(logits);
         self.observe(token);
         token
+    }
+
+    /// [`Sampler::sample`] among the tokens `mask` allows (all of them
+    /// when `None`); the mask must allow at least one.
+    pub fn sample_masked(&mut self, logits: &[f32], mask: Option<&TokenMask>) -> u32 {
+        let Some(mask) = mask else {
+            return self.sample(logits);
+        };
+        let masked: Vec<f32> = logits
+            .iter()
+            .enumerate()
+            .map(|(t, &l)| match mask.is_allowed(t as u32) {
+                true => l,
+                false => f32::NEG_INFINITY,
+            })
+            .collect();
+        self.sample(&masked)
     }
 
     fn pick(&mut self, logits: &[f32]) -> u32 {
@@ -241,6 +261,23 @@ mod tests {
         let zeros = (0..2000).filter(|_| s.sample(&l) == 0).count();
         // (0.6/0.4)^10 = 57.7, so p(0) = 0.983.
         assert!(zeros > 1900, "{zeros}");
+    }
+
+    #[test]
+    fn a_mask_leaves_only_its_tokens() {
+        // Token 1 is the arg-max; the mask allows 2 and 4 only.
+        let mut words = TokenMask::only(7, 2);
+        words = TokenMask::union(&words, &TokenMask::only(7, 4));
+        let mut g = Sampler::new(&SamplingParams::greedy());
+        assert_eq!(g.sample_masked(&logits(), Some(&words)), 4);
+        let mut p = params(5.0, 9);
+        p.frequency_penalty = 10.0;
+        let mut s = Sampler::new(&p);
+        for _ in 0..200 {
+            let t = s.sample_masked(&logits(), Some(&words));
+            assert!(t == 2 || t == 4, "{t}");
+        }
+        assert_eq!(g.sample_masked(&logits(), None), 1);
     }
 
     #[test]

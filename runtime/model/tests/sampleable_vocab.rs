@@ -46,6 +46,7 @@ fn reference_engine_never_emits_a_padding_id() {
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: false,
+        constraint: None,
     };
     let mut ids = Vec::new();
     engine

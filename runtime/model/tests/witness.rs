@@ -104,6 +104,7 @@ fn tiny_prefill_64_decode_32_is_fast() {
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: false,
+        constraint: None,
     };
     let t = std::time::Instant::now();
     let o = e

@@ -25,6 +25,8 @@ pub struct RequestLog {
 struct LogInner {
     records: VecDeque<RequestRecord>,
     last_ttft_ms: Option<f64>,
+    /// Every record with finish reason `tool_call_error`, ever.
+    tool_call_errors: u64,
 }
 
 impl RequestLog {
@@ -32,6 +34,9 @@ impl RequestLog {
         let mut log = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if record.ttft_ms.is_some() {
             log.last_ttft_ms = record.ttft_ms;
+        }
+        if record.finish_reason == "tool_call_error" {
+            log.tool_call_errors += 1;
         }
         if log.records.len() == REQUEST_LOG_LEN {
             log.records.pop_front();
@@ -44,6 +49,12 @@ impl RequestLog {
     pub fn recent(&self) -> (Vec<RequestRecord>, Option<f64>) {
         let log = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         (log.records.iter().cloned().collect(), log.last_ttft_ms)
+    }
+
+    /// Answers that ended with a malformed tool call, ever.
+    pub fn tool_call_errors(&self) -> u64 {
+        let log = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        log.tool_call_errors
     }
 }
 

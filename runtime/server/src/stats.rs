@@ -100,6 +100,7 @@ impl SharedStats {
         s.requests_completed = self.completed.load(Ordering::Relaxed);
         s.requests_cancelled = self.cancelled.load(Ordering::Relaxed);
         s.requests_rejected = self.rejected.load(Ordering::Relaxed);
+        s.tool_call_errors = self.log.tool_call_errors();
         s.queue_len = self.queued.load(Ordering::Relaxed);
         s.last_prompt_tokens = last.stats.prompt_tokens as u64;
         s.last_generated_tokens = last.stats.generated_tokens as u64;

@@ -170,6 +170,10 @@ struct Seq {
     prefilled: Option<usize>,
     /// The tokens it will produce, once its prefill is done.
     script: Option<Vec<u32>>,
+    /// The request's grammar: a scripted token it does not allow ends the
+    /// sequence with an error (the script is the model; it cannot pick
+    /// another token, and a grammar is never ignored).
+    constraint: Option<krasis_model::structured::Constraint>,
     stats: GenerateStats,
     started: Option<Instant>,
     first_token: Option<Instant>,
@@ -234,14 +238,40 @@ impl ScriptedEngine {
     }
 
     /// The next token of a decoding `seq`, or how it ended without one.
-    fn next_token(&mut self, seq: &mut Seq, events: &mut Vec<SeqEvent>) -> Option<FinishReason> {
+    fn next_token(
+        &mut self,
+        seq: &mut Seq,
+        events: &mut Vec<SeqEvent>,
+    ) -> Result<Option<FinishReason>, EngineError> {
         let script = seq.script.as_ref().expect("decoding after prefill");
         let i = seq.stats.generated_tokens;
         let limit = seq.limit(self.context_length);
         let Some(&tok) = script.get(i) else {
             // A script that ends before the limit is a model that stopped.
-            return Some(FinishReason::Stop);
+            return Ok(Some(FinishReason::Stop));
         };
+        // Under a grammar the script's token must be allowed; where the mask
+        // allows exactly one token (the grammar's EOS after a last call),
+        // that token is what any sampler draws, so it replaces the script's.
+        let scripted = tok;
+        let mut tok = tok;
+        if let Some(c) = seq.constraint.as_mut() {
+            let refused = || {
+                EngineError::InvalidRequest(format!(
+                    "the script's token {i} ({scripted}) breaks the request's grammar"
+                ))
+            };
+            if let Some(m) = c.mask().map_err(|_| refused())?
+                && !m.is_allowed(tok)
+            {
+                let only: Vec<u32> = m.allowed().take(2).collect();
+                match only[..] {
+                    [t] => tok = t,
+                    _ => return Err(refused()),
+                }
+            }
+            c.commit(tok).map_err(|_| refused())?;
+        }
         seq.stats.generated_tokens += 1;
         seq.first_token.get_or_insert_with(Instant::now);
         self.produced.fetch_add(1, Ordering::Relaxed);
@@ -254,7 +284,7 @@ impl ScriptedEngine {
             seq: seq.id,
             token: tok,
         });
-        if seq.req.stop_token_ids.contains(&tok) {
+        Ok(if seq.req.stop_token_ids.contains(&tok) {
             Some(FinishReason::Stop)
         } else if i + 1 == limit {
             Some(FinishReason::Length)
@@ -262,7 +292,7 @@ impl ScriptedEngine {
             Some(FinishReason::Stop)
         } else {
             None
-        }
+        })
     }
 }
 
@@ -282,6 +312,7 @@ impl Batch for ScriptedEngine {
         if req.prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
+        krasis_model::batch::check_constraint(&req)?;
         if req.prompt.len() >= self.context_length {
             return Err(EngineError::PromptTooLong {
                 prompt: req.prompt.len(),
@@ -307,6 +338,7 @@ impl Batch for ScriptedEngine {
         self.next_seq += 1;
         self.seqs.push(Seq {
             id,
+            constraint: req.constraint.as_ref().map(|g| g.start()),
             stats: GenerateStats {
                 prompt_tokens: req.prompt.len(),
                 ..Default::default()
@@ -360,9 +392,16 @@ impl Batch for ScriptedEngine {
             if seq.script.is_none() || ended.contains(&seq.id) {
                 continue;
             }
-            if let Some(finish) = self.next_token(seq, events) {
-                done(seq, Ok(seq.outcome(finish)), events);
-                ended.push(seq.id);
+            match self.next_token(seq, events) {
+                Ok(None) => {}
+                Ok(Some(finish)) => {
+                    done(seq, Ok(seq.outcome(finish)), events);
+                    ended.push(seq.id);
+                }
+                Err(e) => {
+                    done(seq, Err(e), events);
+                    ended.push(seq.id);
+                }
             }
         }
         seqs.retain(|s| !ended.contains(&s.id));

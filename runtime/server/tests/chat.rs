@@ -218,15 +218,48 @@ async fn parallel_tool_calls_false_keeps_only_the_first_call() {
     );
 }
 
+/// A call cut off by `max_tokens` (the only way a constrained call can
+/// break) keeps its text as content and is reported: finish reason
+/// `tool_call_error`, an `error` object, and the `/v1/stats` counter.
 #[tokio::test]
-async fn malformed_tool_call_stays_visible_as_text() {
-    let bad = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>";
-    let h = harness(Opts::default(), move |_| bad.into());
+async fn a_cut_off_tool_call_is_reported_not_returned_as_text() {
+    let h = harness(Opts::default(), |_| HERMES_CALL.into());
     let mut body = user("x");
     body["tools"] = json!([weather_tool()]);
-    let (_, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
-    assert_eq!(v["choices"][0]["message"]["content"], bad);
-    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    body["max_tokens"] = json!(8);
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_call_error", "{v}");
+    assert_eq!(choice["error"]["type"], "tool_call_error");
+    assert!(
+        choice["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cut off"),
+        "{v}"
+    );
+    let content = choice["message"]["content"].as_str().unwrap();
+    assert!(
+        HERMES_CALL.starts_with(content) && content.starts_with("<tool_call>"),
+        "{v}"
+    );
+    assert!(choice["message"].get("tool_calls").is_none(), "{v}");
+    let (_, _, stats) = send(&app(&h), get("/v1/stats")).await;
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["tool_call_errors"], 1, "{stats}");
+    // Streamed: the last chunk carries the same finish reason and error.
+    body["stream"] = json!(true);
+    let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
+    let (events, done) = sse_events(&text);
+    assert!(done);
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| !e["choices"][0]["finish_reason"].is_null())
+        .unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_call_error");
+    assert_eq!(last["choices"][0]["error"]["type"], "tool_call_error");
 }
 
 #[tokio::test]

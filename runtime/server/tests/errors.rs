@@ -101,7 +101,16 @@ async fn bad_requests_are_openai_error_objects() {
         (
             {
                 let mut b = user("x");
-                b["response_format"] = json!({"type": "json_object"});
+                b["response_format"] = json!({"type": "yaml"});
+                b
+            },
+            400,
+            Some("response_format"),
+        ),
+        (
+            {
+                let mut b = user("x");
+                b["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "x"}});
                 b
             },
             400,

@@ -122,6 +122,10 @@ fn answer(tools: Arc<ToolSet>, chunks: &[&str]) -> Answer {
                 assert_eq!(index, calls.len());
                 calls.push((name, serde_json::from_str(&arguments).unwrap()));
             }
+            // Harmony calls are not streamed (their end decides them).
+            e @ (OutputEvent::ToolCallStart { .. }
+            | OutputEvent::ToolCallArgs { .. }
+            | OutputEvent::ToolCallEnd { .. }) => panic!("a streamed harmony call: {e:?}"),
         }
     }
     (r, c, calls)

@@ -7,6 +7,7 @@
 mod baseline;
 mod batched;
 mod check;
+mod grammar;
 mod hcs_check;
 mod speed;
 mod stats;
@@ -114,6 +115,11 @@ pub struct Args {
     /// resident (the run says so).
     #[arg(long, value_delimiter = ',', value_name = "N", default_value = "2,8")]
     pub hcs_prefetch: Vec<usize>,
+    /// Also measure decode with a grammar active (structured output)
+    /// against the same decode without one, at each `--decode-tokens`
+    /// count (graphs on, greedy; the model needs its tokenizer).
+    #[arg(long)]
+    pub grammar: bool,
     /// Internal: generate once and print the tokens (used by --check).
     #[arg(long, hide = true)]
     pub determinism_child: bool,

@@ -145,6 +145,7 @@ fn generate_into(a: &Args, out: &mut dyn Write) -> anyhow::Result<GenerateOutcom
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: true,
+        constraint: None,
     };
     let mut decoder = tokenizer.incremental();
     let mut failure: Option<anyhow::Error> = None;
@@ -215,6 +216,7 @@ mod tests {
             cancel: Default::default(),
             live: Default::default(),
             cache_prompt: true,
+            constraint: None,
         };
         let mut ids = Vec::new();
         e.generate(&req, &mut |t| {

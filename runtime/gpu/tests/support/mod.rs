@@ -98,6 +98,7 @@ pub fn greedy_request(prompt: &[u32], max: usize) -> GenerateRequest {
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: false,
+        constraint: None,
     }
 }
 

@@ -26,6 +26,7 @@ use crate::batch::{Admission, Batch, KvUsage, SeqEvent, SeqId, finish_after_toke
 use crate::engine::{EngineError, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats};
 use crate::prefix_cache::Hit;
 use crate::sampling::Sampler;
+use crate::structured::{Constraint, Grammar};
 use std::time::Instant;
 
 /// The most sequences the reference engine runs together (as many as the
@@ -47,6 +48,8 @@ pub(super) struct Seq {
     req: GenerateRequest,
     kv: KvCache,
     sampler: Sampler,
+    /// Its place in the request's grammar, when it has one.
+    constraint: Option<Constraint>,
     stats: GenerateStats,
     state: State,
     /// The prefill chunk fixed when its prefill began.
@@ -77,6 +80,7 @@ pub(super) fn prompt_only(prompt: &[u32]) -> GenerateRequest {
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: false,
+        constraint: None,
     }
 }
 
@@ -85,6 +89,7 @@ impl Seq {
         Seq {
             id,
             sampler: Sampler::new(&req.sampling),
+            constraint: req.constraint.as_ref().map(Grammar::start),
             stats: GenerateStats {
                 prompt_tokens: req.prompt.len(),
                 ..GenerateStats::default()
@@ -190,32 +195,53 @@ impl ReferenceEngine {
     }
 
     /// Samples `seq`'s next token from `logits` (`pos`: where it would be
-    /// fed back) and reports it; true when the sequence ended with it.
+    /// fed back), among the tokens its grammar allows, and reports it;
+    /// true when the sequence ended with it. A grammar that cannot go on
+    /// ends the sequence with its error; a sampled token the grammar
+    /// refuses is a fatal fault (the sampler ignored the mask).
     fn emit(
         &mut self,
         seq: &mut Seq,
         logits: &[f32],
         pos: usize,
         events: &mut Vec<SeqEvent>,
-    ) -> bool {
+    ) -> Result<bool, EngineError> {
         #[cfg(test)]
         if let Some(log) = &mut self.logits_log {
             log.push((seq.id, logits.to_vec()));
         }
-        let token = seq.sampler.sample(&logits[..self.sampleable]);
+        let mask = match seq.constraint.as_mut().map(Constraint::mask).transpose() {
+            Ok(m) => m.flatten(),
+            Err(e) => {
+                done(seq, Err(EngineError::InvalidRequest(e.to_string())), events);
+                return Ok(true);
+            }
+        };
+        #[cfg(any(test, feature = "fault-injection"))]
+        let mask = mask.filter(|_| self.fault != super::Fault::IgnoreMask);
+        let token = seq
+            .sampler
+            .sample_masked(&logits[..self.sampleable], mask.as_ref());
+        if let Some(c) = seq.constraint.as_mut() {
+            c.commit(token).map_err(|e| {
+                EngineError::Backend(format!("the sampler ignored the grammar's mask: {e}"))
+            })?;
+        }
         seq.first_token.get_or_insert_with(Instant::now);
         seq.stats.generated_tokens += 1;
         events.push(SeqEvent::Token { seq: seq.id, token });
-        match finish_after_token(token, &seq.req, seq.stats.generated_tokens, self.context) {
-            Some(finish) => {
-                done(seq, Ok(seq.outcome(finish)), events);
-                true
-            }
-            None => {
-                seq.state = State::Decoding { token, pos };
-                false
-            }
-        }
+        Ok(
+            match finish_after_token(token, &seq.req, seq.stats.generated_tokens, self.context) {
+                Some(finish) => {
+                    done(seq, Ok(seq.outcome(finish)), events);
+                    true
+                }
+                None => {
+                    seq.state = State::Decoding { token, pos };
+                    false
+                }
+            },
+        )
     }
 
     /// One step of `seqs` (taken out of `self` so a forward pass can borrow
@@ -252,7 +278,7 @@ impl ReferenceEngine {
                 Ok(Prefill::Running) => false,
                 Ok(Prefill::Done(logits)) => {
                     let pos = seq.req.prompt.len();
-                    self.emit(seq, &logits, pos, events)
+                    self.emit(seq, &logits, pos, events)?
                 }
                 Ok(Prefill::Cancelled) => {
                     done(seq, Ok(seq.outcome(FinishReason::Cancelled)), events);
@@ -269,7 +295,7 @@ impl ReferenceEngine {
                 unreachable!("a decoding sequence stays decoding until it ends")
             };
             let end = match self.last_logits(&mut seq.kv, &[token], pos) {
-                Ok(logits) => self.emit(seq, &logits, pos + 1, events),
+                Ok(logits) => self.emit(seq, &logits, pos + 1, events)?,
                 Err(e) => fail(seq, e, events)?,
             };
             if end {
@@ -306,6 +332,7 @@ impl Batch for ReferenceEngine {
     fn admit(&mut self, req: GenerateRequest) -> Result<Admission, EngineError> {
         // The context must also hold the first generated token.
         self.check_tokens(&req.prompt, self.context - 1)?;
+        crate::batch::check_constraint(&req)?;
         let tokens = match req.max_new_tokens {
             0 => 0,
             n => (req.prompt.len() + n).min(self.context),

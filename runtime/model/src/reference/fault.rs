@@ -37,6 +37,10 @@ pub enum Fault {
     /// The shared expert is left out of the MoE output. No effect on
     /// models without one.
     NoSharedExpert,
+    /// The sampler draws as if the request had no grammar (a sampler that
+    /// ignores the constraint's mask). Not in [`Fault::ALL`]: it changes
+    /// no logit, only constrained requests see it.
+    IgnoreMask,
 }
 
 impl Fault {
@@ -66,6 +70,7 @@ impl Fault {
                     .any(|l| matches!(l.attention, AttentionKind::Sliding { .. })),
                 Fault::IgnoreSelectionBias => g.num_moe_layers() > 0 && g.router.selection_bias,
                 Fault::NoSharedExpert => g.num_moe_layers() > 0 && g.shared_intermediate.is_some(),
+                Fault::IgnoreMask => false,
             })
             .collect()
     }

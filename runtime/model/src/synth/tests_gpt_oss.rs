@@ -225,6 +225,7 @@ fn reference_engine_loads_and_generates() {
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: false,
+        constraint: None,
     };
     let mut out = Vec::new();
     crate::engine::Engine::generate(&mut e, &req, &mut |t| {

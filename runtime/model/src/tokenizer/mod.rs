@@ -301,6 +301,12 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// Whether `id` is an added token (`<|im_end|>`, `<tool_call>`): one the
+    /// grammar engine treats as special, reachable only by its id.
+    pub fn is_added(&self, id: u32) -> bool {
+        self.inner.get_added_tokens_decoder().contains_key(&id)
+    }
+
     /// Every token id's bytes, `0..vocab_size`, and whether it is an added
     /// token (`<|im_end|>`, `<think>`, ...: text the model emits as one
     /// token, never spelled by ordinary tokens). Byte-level BPE vocabularies

@@ -4,10 +4,11 @@
 use super::extract::read_json;
 use super::request::{ChatRequest, PromptKind, max_new_tokens, requested_tokens};
 use super::response::{self, ResponseMeta, Shape};
+use super::structured::{self, ResponseFormat};
 use super::{admit, messages, off_thread, origin, submit};
 use crate::error::ApiError;
 use crate::output::OutputParser;
-use crate::output::tools::{Forced, ToolParser, ToolSet};
+use crate::output::tools::{Forced, ToolGrammar, ToolParser, ToolSet};
 use crate::state::{AppState, LoadedModel};
 use axum::extract::{Request, State};
 use axum::response::Response;
@@ -23,6 +24,8 @@ struct ToolPlan {
     parser: Option<Box<dyn ToolParser>>,
     /// Prompt continuation that starts a forced call.
     forced_prefix: Option<String>,
+    /// What the calls' grammar is built from (`structured::tool_grammar`).
+    constrain: Option<(Arc<dyn ToolGrammar>, Forced, Arc<ToolSet>)>,
 }
 
 pub async fn chat_completions(
@@ -50,6 +53,25 @@ pub async fn chat_completions(
     };
     let requested = requested_tokens(requested, param)?;
     let plan = plan_tools(&req, &model)?;
+    let format = ResponseFormat::parse(req.common.response_format.as_ref())?;
+    if !format.is_text() {
+        if plan.parser.is_some() {
+            return Err(ApiError::unsupported(
+                "response_format",
+                "response_format json_object/json_schema together with tools is not supported; \
+                 send tool_choice \"none\" (or no tools) with it, or constrain the tools' arguments instead",
+            ));
+        }
+        if model.grammar.as_ref().is_some_and(|g| g.whole_output()) {
+            return Err(ApiError::unsupported(
+                "response_format",
+                "response_format json_object/json_schema is not supported yet for models that \
+                 answer in harmony channels (gpt-oss)",
+            ));
+        }
+    }
+    let parallel = !legacy && req.parallel_tool_calls != Some(false);
+    let ignore_eos = req.common.ignore_eos == Some(true);
     let opts = RenderOptions {
         add_generation_prompt: true,
         tools: plan.for_template.clone(),
@@ -57,8 +79,18 @@ pub async fn chat_completions(
     };
     let raw_messages = std::mem::take(&mut req.messages);
     let forced_prefix = plan.forced_prefix.clone();
+    let constrain = plan.constrain.clone();
     let m = model.clone();
-    let (slot, prompt_ids, max_new, opens_reasoning) = off_thread(move || {
+    let (slot, prompt_ids, max_new, opens_reasoning, constraint) = off_thread(move || {
+        // The grammar first: a schema it refuses costs no rendering.
+        let constraint = match &constrain {
+            _ if !format.is_text() => format.compile(&m)?,
+            Some((g, forced, set)) => {
+                structured::tool_grammar(&m, g.as_ref(), forced, set, parallel)?
+            }
+            None => None,
+        };
+        structured::check_can_end(&constraint, ignore_eos)?;
         let msgs = messages::normalize(&raw_messages)?;
         drop(raw_messages);
         let template = m
@@ -70,12 +102,14 @@ pub async fn chat_completions(
         })?;
         drop(msgs);
         let mut opens_reasoning = prompt.trim_end().ends_with("<think>");
+        // A forced call, or JSON output, skips (closes) any reasoning the
+        // template opened: the grammar starts at the first token.
+        let json = !format.is_text();
+        if (forced_prefix.is_some() || json) && opens_reasoning {
+            prompt.push_str("\n</think>\n\n");
+            opens_reasoning = false;
+        }
         if let Some(prefix) = &forced_prefix {
-            // A forced call skips (closes) any reasoning the template opened.
-            if opens_reasoning {
-                prompt.push_str("\n</think>\n\n");
-                opens_reasoning = false;
-            }
             prompt.push_str(prefix);
         }
         let context = m.info.context_length;
@@ -87,7 +121,7 @@ pub async fn chat_completions(
             .encode(&prompt)
             .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?;
         let max_new = max_new_tokens(PromptKind::Messages, requested, ids.len(), false, context)?;
-        Ok((slot, ids, max_new, opens_reasoning))
+        Ok((slot, ids, max_new, opens_reasoning, constraint))
     })
     .await?;
 
@@ -113,6 +147,7 @@ pub async fn chat_completions(
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: req.common.cache_prompt(),
+        constraint,
     };
     // Legacy function calling has one call per message.
     let max_calls = (legacy || req.parallel_tool_calls == Some(false)).then_some(1);
@@ -231,17 +266,6 @@ fn check_unsupported(req: &ChatRequest) -> Result<(), ApiError> {
             "logprobs are not supported by this server",
         ));
     }
-    if let Some(rf) = &req.response_format {
-        let kind = rf.get("type").and_then(Value::as_str).unwrap_or("");
-        if !rf.is_null() && kind != "text" {
-            return Err(ApiError::unsupported(
-                "response_format",
-                format!(
-                    "response_format type '{kind}' is not supported (no constrained decoding); only 'text' is"
-                ),
-            ));
-        }
-    }
     Ok(())
 }
 
@@ -252,6 +276,7 @@ fn plan_tools(req: &ChatRequest, model: &LoadedModel) -> Result<ToolPlan, ApiErr
         for_template: None,
         parser: None,
         forced_prefix: None,
+        constrain: None,
     };
     let forced = match choice {
         Choice::None => return Ok(none),
@@ -280,7 +305,7 @@ fn plan_tools(req: &ChatRequest, model: &LoadedModel) -> Result<ToolPlan, ApiErr
             ));
         }
     }
-    let set = ToolSet::from_openai(&tools);
+    let set = Arc::new(ToolSet::from_openai(&tools));
     if let Forced::Named(name) = &forced
         && !set.contains(name)
     {
@@ -300,8 +325,9 @@ fn plan_tools(req: &ChatRequest, model: &LoadedModel) -> Result<ToolPlan, ApiErr
     })?;
     Ok(ToolPlan {
         for_template: Some(tools),
-        parser: Some(grammar.parser(Arc::new(set))),
+        parser: Some(grammar.parser(set.clone())),
         forced_prefix: grammar.forced_prefix(&forced),
+        constrain: Some((grammar.clone(), forced, set)),
     })
 }
 

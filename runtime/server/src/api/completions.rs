@@ -3,6 +3,7 @@
 use super::extract::read_json;
 use super::request::{CompletionRequest, PromptKind, max_new_tokens, requested_tokens};
 use super::response::{self, ResponseMeta, Shape};
+use super::structured::{ResponseFormat, check_can_end};
 use super::{admit, off_thread, origin, submit};
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -50,9 +51,13 @@ pub async fn completions(
         ));
     }
     let requested = requested_tokens(req.common.max_tokens, "max_tokens")?;
+    let format = ResponseFormat::parse(req.common.response_format.as_ref())?;
+    let ignore_eos = req.common.ignore_eos == Some(true);
     let raw_prompt = std::mem::take(&mut req.prompt);
     let m = model.clone();
-    let (slot, prompt, max_new) = off_thread(move || {
+    let (slot, prompt, max_new, constraint) = off_thread(move || {
+        let constraint = format.compile(&m)?;
+        check_can_end(&constraint, ignore_eos)?;
         let context = m.info.context_length;
         let prompt = prompt_ids(raw_prompt, &m.tokenizer, requested, context)?;
         if prompt.is_empty() {
@@ -66,7 +71,7 @@ pub async fn completions(
             ));
         }
         let max_new = max_new_tokens(PromptKind::Prompt, requested, prompt.len(), false, context)?;
-        Ok((slot, prompt, max_new))
+        Ok((slot, prompt, max_new, constraint))
     })
     .await?;
     let gen_req = GenerateRequest {
@@ -77,6 +82,7 @@ pub async fn completions(
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: req.common.cache_prompt(),
+        constraint,
     };
     let job = submit(&model, slot, gen_req, req.common.stop_strings(), origin)?;
     let meta = ResponseMeta::new("cmpl", &state.config.model_id, req.common.include_usage());

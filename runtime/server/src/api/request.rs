@@ -50,6 +50,10 @@ pub struct CommonParams {
     /// vLLM's extension (end-of-sequence masked until this many tokens):
     /// not implemented, so refused unless 0.
     pub min_tokens: Option<i64>,
+    /// `{"type": "text" | "json_object" | "json_schema"}`: the output
+    /// constrained to JSON (`api/structured.rs`), on chat and text
+    /// completions alike.
+    pub response_format: Option<Value>,
 }
 
 /// OpenAI request fields that by their definition do not change the
@@ -109,7 +113,6 @@ pub struct ChatRequest {
     /// Passed to the chat template as its `reasoning_effort` variable (the
     /// gpt-oss template writes it into the system message).
     pub reasoning_effort: Option<Value>,
-    pub response_format: Option<Value>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
     /// Legacy (pre-tools) function calling, mapped onto `tools`.

@@ -77,6 +77,14 @@ impl Shape {
         }
     }
 
+    /// Why a tool call did not parse (or was cut off), once one has.
+    fn tool_call_error(&self) -> Option<String> {
+        match self {
+            Shape::Chat { parser, .. } => parser.tool_call_error().map(str::to_string),
+            Shape::Text => None,
+        }
+    }
+
     /// True once the allowed number of tool calls has been produced.
     fn calls_exhausted(&self) -> bool {
         match self {
@@ -98,7 +106,14 @@ impl Shape {
     }
 }
 
-fn finish_reason(f: Finish, tool_calls: usize, legacy: bool) -> &'static str {
+/// The choice's finish reason. A tool call that did not parse, or was cut
+/// off, is `tool_call_error` (whatever else the answer holds): its text is
+/// in the content and the choice's `error` object (`tool_call_error_json`)
+/// says why, so a client never mistakes a broken call for an answer.
+fn finish_reason(f: Finish, tool_calls: usize, legacy: bool, call_error: bool) -> &'static str {
+    if call_error {
+        return "tool_call_error";
+    }
     if tool_calls > 0 {
         return if legacy {
             "function_call"
@@ -111,6 +126,11 @@ fn finish_reason(f: Finish, tool_calls: usize, legacy: bool) -> &'static str {
         // Cancelled only reaches a response when we cut generation ourselves.
         Finish::Stop | Finish::Cancelled => "stop",
     }
+}
+
+/// The choice's `error` beside finish reason `tool_call_error`.
+fn tool_call_error_json(why: &str) -> Value {
+    json!({"type": "tool_call_error", "message": why})
 }
 
 /// OpenAI's usage object; `prompt_tokens_details.cached_tokens` is what
@@ -207,6 +227,24 @@ impl ChunkWriter {
                         "function": {"name": name, "arguments": ""}}]}),
                 json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}),
             ],
+            // A streamed call: its name as soon as it is known, then its
+            // arguments as the model writes them.
+            OutputEvent::ToolCallStart { name, .. } if self.legacy => {
+                vec![json!({"function_call": {"name": name, "arguments": ""}})]
+            }
+            OutputEvent::ToolCallArgs { fragment, .. } if self.legacy => {
+                vec![json!({"function_call": {"arguments": fragment}})]
+            }
+            OutputEvent::ToolCallStart { index, id, name } => {
+                vec![
+                    json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                             "function": {"name": name, "arguments": ""}}]}),
+                ]
+            }
+            OutputEvent::ToolCallArgs { index, fragment } => {
+                vec![json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})]
+            }
+            OutputEvent::ToolCallEnd { .. } => Vec::new(),
         }
     }
 
@@ -270,7 +308,13 @@ pub fn stream(job: Submitted, meta: ResponseMeta, mut shape: Shape) -> Response 
                             pending.extend(w.deltas(ev).into_iter().map(|d| w.chunk(d, None)));
                         }
                     }
-                    let reason = finish_reason(fin.finish, shape.tool_calls(), w.legacy);
+                    let call_error = shape.tool_call_error();
+                    let reason = finish_reason(
+                        fin.finish,
+                        shape.tool_calls(),
+                        w.legacy,
+                        call_error.is_some(),
+                    );
                     // Logged before the client can see the end.
                     report.set_finish_reason(reason);
                     drop(report);
@@ -279,7 +323,11 @@ pub fn stream(job: Submitted, meta: ResponseMeta, mut shape: Shape) -> Response 
                     } else {
                         json!({"content": ""})
                     };
-                    pending.push(w.chunk(empty, Some(reason)));
+                    let mut last = w.chunk(empty, Some(reason));
+                    if let Some(why) = &call_error {
+                        last["choices"][0]["error"] = tool_call_error_json(why);
+                    }
+                    pending.push(last);
                     if w.meta.include_usage {
                         pending.push(w.usage_chunk(&fin));
                     }
@@ -355,10 +403,12 @@ pub async fn collect(
         events.extend(shape.finish());
     }
     let legacy = shape.is_legacy();
-    let reason = finish_reason(fin.finish, shape.tool_calls(), legacy);
+    let call_error = shape.tool_call_error();
+    let reason = finish_reason(fin.finish, shape.tool_calls(), legacy, call_error.is_some());
     report.set_finish_reason(reason);
     drop(report);
     let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
+    let mut open = std::collections::HashMap::new();
     for ev in events {
         match ev {
             OutputEvent::Content(t) => content.push_str(&t),
@@ -370,9 +420,21 @@ pub async fn collect(
                 ..
             } => calls.push(json!({"id": id, "type": "function",
                                    "function": {"name": name, "arguments": arguments}})),
+            // A streamed call counts once it ended (a call that broke off
+            // is the error the finish reason reports).
+            OutputEvent::ToolCallStart { index, id, name } => {
+                open.insert(index, (id, name));
+            }
+            OutputEvent::ToolCallArgs { .. } => {}
+            OutputEvent::ToolCallEnd { index, arguments } => {
+                if let Some((id, name)) = open.remove(&index) {
+                    calls.push(json!({"id": id, "type": "function",
+                                      "function": {"name": name, "arguments": arguments}}));
+                }
+            }
         }
     }
-    let body = if shape.is_chat() {
+    let mut body = if shape.is_chat() {
         let mut message = json!({
             "role": "assistant",
             "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { json!(content) },
@@ -405,5 +467,8 @@ pub async fn collect(
             "usage": usage(&fin),
         })
     };
+    if let Some(why) = &call_error {
+        body["choices"][0]["error"] = tool_call_error_json(why);
+    }
     Ok(Json(body).into_response())
 }

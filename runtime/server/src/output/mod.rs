@@ -20,6 +20,22 @@ pub enum OutputEvent {
         name: String,
         arguments: String,
     },
+    /// A streamed call: its start (name known), its arguments' fragments,
+    /// and its end with the arguments normalised (what a non-streamed
+    /// answer carries); the fragments join into the same JSON value.
+    ToolCallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    ToolCallArgs {
+        index: usize,
+        fragment: String,
+    },
+    ToolCallEnd {
+        index: usize,
+        arguments: String,
+    },
 }
 
 /// Reasoning split first (a tool call inside reasoning is only thought about),
@@ -31,6 +47,10 @@ pub struct OutputParser {
     reasoning: Option<ReasoningSplitter>,
     tools: Option<Box<dyn ToolParser>>,
     calls: usize,
+    /// Why call blocks did not parse (their text went out as content).
+    errors: Vec<String>,
+    /// The index of the call being streamed, if one is.
+    open: Option<usize>,
 }
 
 impl OutputParser {
@@ -39,6 +59,8 @@ impl OutputParser {
             reasoning: Some(ReasoningSplitter::new(prompt_opens_reasoning)),
             tools,
             calls: 0,
+            errors: Vec::new(),
+            open: None,
         }
     }
 
@@ -49,6 +71,8 @@ impl OutputParser {
             reasoning: None,
             tools: Some(parser),
             calls: 0,
+            errors: Vec::new(),
+            open: None,
         }
     }
 
@@ -72,6 +96,12 @@ impl OutputParser {
     /// Complete tool calls emitted so far.
     pub fn tool_calls(&self) -> usize {
         self.calls
+    }
+
+    /// Why the first call block that did not parse (or was cut off) failed,
+    /// once one has; its text went out as content.
+    pub fn tool_call_error(&self) -> Option<&str> {
+        self.errors.first().map(String::as_str)
     }
 
     fn route(&mut self, pieces: Vec<Piece>, finish: bool) -> Vec<OutputEvent> {
@@ -102,6 +132,33 @@ impl OutputParser {
         for e in events.drain(..) {
             match e {
                 ToolEvent::Text(t) => out.push(OutputEvent::Content(t)),
+                ToolEvent::Malformed { text, error } => {
+                    // A streamed call that then broke stays unfinished.
+                    self.open = None;
+                    self.errors.push(error);
+                    out.push(OutputEvent::Content(text));
+                }
+                ToolEvent::CallStart { name } => {
+                    self.open = Some(self.calls);
+                    out.push(OutputEvent::ToolCallStart {
+                        index: self.calls,
+                        id: new_call_id(),
+                        name,
+                    });
+                }
+                ToolEvent::CallArgs(fragment) => {
+                    if let Some(index) = self.open {
+                        out.push(OutputEvent::ToolCallArgs { index, fragment });
+                    }
+                }
+                ToolEvent::Call(c) if self.open.is_some() => {
+                    let index = self.open.take().unwrap_or(self.calls);
+                    out.push(OutputEvent::ToolCallEnd {
+                        index,
+                        arguments: c.arguments,
+                    });
+                    self.calls += 1;
+                }
                 ToolEvent::Reasoning(r) => out.push(OutputEvent::Reasoning(r)),
                 ToolEvent::Call(c) => {
                     out.push(OutputEvent::ToolCall {

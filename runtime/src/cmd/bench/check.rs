@@ -60,6 +60,7 @@ fn greedy(e: &mut dyn Engine, prompt: &[u32], n: usize) -> anyhow::Result<Vec<u3
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: false,
+        constraint: None,
     };
     let mut out = Vec::new();
     e.generate(&req, &mut |t| {

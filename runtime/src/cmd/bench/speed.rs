@@ -99,6 +99,9 @@ struct Report {
     /// `--decode-rows`: sequences decoding together.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     batched: Vec<super::batched::BatchedResult>,
+    /// `--grammar`: decode with a grammar against without.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    grammar: Vec<super::grammar::GrammarResult>,
     min_free_vram_bytes: Option<u64>,
     /// Free VRAM in the budget after each stage of the run (the monitor's
     /// minimum says how low it went; these say after which stage memory
@@ -127,6 +130,7 @@ pub(super) fn greedy_request(prompt: &[u32], new: usize) -> GenerateRequest {
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: false,
+        constraint: None,
     }
 }
 
@@ -438,6 +442,11 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     if !batched.is_empty() {
         stage(&engine, "batched decode")?;
     }
+    let grammar = if a.grammar {
+        super::grammar::measure(&mut engine, &a.model, prompt, &a.decode_tokens, a.repeats)?
+    } else {
+        Vec::new()
+    };
     let min_free = monitor.min_free();
     drop(monitor);
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -474,6 +483,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         decode,
         decode_breakdown_ms: breakdown,
         batched,
+        grammar,
         min_free_vram_bytes: min_free,
         free_after_stage_bytes: stages,
         vram_limit_bytes: budget.limit,
@@ -695,6 +705,7 @@ mod tests {
             ],
             decode_breakdown_ms: Default::default(),
             batched: Vec::new(),
+            grammar: Vec::new(),
             min_free_vram_bytes: None,
             free_after_stage_bytes: Vec::new(),
             vram_limit_bytes: None,

@@ -61,6 +61,7 @@ fn request(prompt: &[u32], max: usize) -> GenerateRequest {
         cancel: Default::default(),
         live: Default::default(),
         cache_prompt: false,
+        constraint: None,
     }
 }
 
@@ -507,6 +508,7 @@ fn every_fault_changes_the_logits_and_none_restores_them() {
 
 mod batch;
 mod cancel;
+mod constrained;
 mod mxfp4_experts;
 mod prefix;
 

@@ -10,6 +10,11 @@ pub const END: &str = "</tool_call>";
 /// Parses the text between the tags into calls, or says why it cannot.
 pub type BodyParser = fn(&str, &ToolSet) -> Result<Vec<ParsedCall>, String>;
 
+/// For grammars whose one call per block can be streamed: from the body
+/// so far, the call's name and where its arguments start, once both are
+/// written.
+pub type StreamHead = fn(&str) -> Option<(String, usize)>;
+
 pub struct BlockParser {
     grammar: &'static str,
     body: BodyParser,
@@ -22,6 +27,10 @@ pub struct BlockParser {
     /// Just after a call: leading whitespace of what follows is layout.
     after_call: bool,
     calls: usize,
+    stream: Option<StreamHead>,
+    /// Inside a streamed block: how much of the body went out as
+    /// `CallStart` + `CallArgs` (the arguments' text up to here).
+    streamed: Option<usize>,
 }
 
 impl BlockParser {
@@ -35,6 +44,54 @@ impl BlockParser {
             pending_ws: String::new(),
             after_call: false,
             calls: 0,
+            stream: None,
+            streamed: None,
+        }
+    }
+
+    /// Streams each block's call as it is written: its name once known,
+    /// then its arguments in fragments (`head` finds where they start).
+    pub fn streaming(mut self, head: StreamHead) -> Self {
+        self.stream = Some(head);
+        self
+    }
+
+    /// Inside a block (no end tag yet): sends the call's start and the
+    /// arguments written so far, holding back what may be the call's own
+    /// closing (`}`, whitespace) or the start of the end tag.
+    fn stream_body(&mut self, out: &mut Vec<ToolEvent>) {
+        let Some(head) = self.stream else { return };
+        let done = match self.streamed {
+            Some(d) => d,
+            None => match head(&self.buf) {
+                Some((name, at)) => {
+                    out.push(ToolEvent::CallStart { name });
+                    self.streamed = Some(at);
+                    at
+                }
+                None => return,
+            },
+        };
+        let held = partial_tag_suffix(&self.buf, END);
+        let safe = self.buf[..self.buf.len() - held]
+            .trim_end_matches(|c: char| c == '}' || c.is_whitespace())
+            .len();
+        if safe > done {
+            out.push(ToolEvent::CallArgs(self.buf[done..safe].to_string()));
+            self.streamed = Some(safe);
+        }
+    }
+
+    /// The rest of a streamed call's arguments once its block is complete:
+    /// up to the call object's own closing brace.
+    fn finish_stream(&mut self, body: &str, out: &mut Vec<ToolEvent>) {
+        let Some(done) = self.streamed.take() else {
+            return;
+        };
+        let end = body.rfind('}').unwrap_or(body.len()).max(done);
+        let rest = body[done..end].trim_end();
+        if !rest.is_empty() {
+            out.push(ToolEvent::CallArgs(rest.to_string()));
         }
     }
 
@@ -50,10 +107,15 @@ impl BlockParser {
         }
     }
 
-    fn block_as_text(&mut self, out: &mut Vec<ToolEvent>, block: String) {
+    /// A block that is not a call: its text, and why.
+    fn malformed(&mut self, out: &mut Vec<ToolEvent>, block: String, error: String) {
         let ws = std::mem::take(&mut self.pending_ws);
         self.after_call = false;
-        out.push(ToolEvent::Text(format!("{ws}{block}")));
+        tracing::warn!(grammar = self.grammar, "{error}");
+        out.push(ToolEvent::Malformed {
+            text: format!("{ws}{block}"),
+            error,
+        });
     }
 }
 
@@ -63,12 +125,18 @@ impl ToolParser for BlockParser {
         loop {
             if self.inside {
                 let Some(end) = self.buf.find(END) else {
+                    self.stream_body(out);
                     return;
                 };
                 let body = self.buf[..end].to_string();
                 self.buf.drain(..end + END.len());
                 self.inside = false;
-                match (self.body)(&body, &self.tools) {
+                let parsed = (self.body)(&body, &self.tools);
+                if parsed.as_ref().is_ok_and(|c| c.len() == 1) {
+                    self.finish_stream(&body, out);
+                }
+                self.streamed = None;
+                match parsed {
                     Ok(calls) => {
                         self.calls += calls.len();
                         self.pending_ws.clear();
@@ -76,11 +144,8 @@ impl ToolParser for BlockParser {
                         out.extend(calls.into_iter().map(ToolEvent::Call));
                     }
                     Err(why) => {
-                        tracing::warn!(
-                            grammar = self.grammar,
-                            "tool call block did not parse ({why}); returning it as text"
-                        );
-                        self.block_as_text(out, format!("{START}{body}{END}"));
+                        let error = format!("a {} tool call did not parse: {why}", self.grammar);
+                        self.malformed(out, format!("{START}{body}{END}"), error);
                     }
                 }
             } else if let Some(start) = self.buf.find(START) {
@@ -104,12 +169,13 @@ impl ToolParser for BlockParser {
     fn finish(&mut self, out: &mut Vec<ToolEvent>) {
         let rest = std::mem::take(&mut self.buf);
         if self.inside {
-            tracing::warn!(
-                grammar = self.grammar,
-                "tool call block was cut off; returning it as text"
-            );
             self.inside = false;
-            self.block_as_text(out, format!("{START}{rest}"));
+            self.streamed = None;
+            let error = format!(
+                "a {} tool call was cut off before its {END} (the output ended inside it)",
+                self.grammar
+            );
+            self.malformed(out, format!("{START}{rest}"), error);
         } else {
             self.emit_text(out, &rest);
         }

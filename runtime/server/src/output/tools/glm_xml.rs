@@ -5,9 +5,11 @@
 //! is text and the tool's JSON schema decides its JSON type, as in
 //! Qwen3-Coder's grammar.
 
-use super::block::{BlockParser, START};
+use super::block::{BlockParser, END, START};
 use super::schema::arguments_string;
-use super::{Forced, ParsedCall, ToolGrammar, ToolParser, ToolSet};
+use super::xml_values::{Close, markup, tool_args};
+use super::{Forced, ParsedCall, ToolConstraint, ToolGrammar, ToolParser, ToolSet, lark_str};
+use krasis_model::tokenizer::Tokenizer;
 use serde_json::Map;
 use std::sync::Arc;
 
@@ -34,6 +36,70 @@ impl ToolGrammar for GlmXml {
             Forced::Required => Some(START.to_string()),
             Forced::Named(name) => Some(format!("{START}{name}\n")),
         }
+    }
+
+    /// `required` continues after `<tool_call>` at a declared tool's name,
+    /// a named tool at its first argument; `auto` constrains what follows
+    /// each `<tool_call>` the model writes. The tags are GLM's added
+    /// tokens where its vocabulary has them; values follow `xml_values`.
+    fn constraint(
+        &self,
+        forced: &Forced,
+        tools: &ToolSet,
+        parallel: bool,
+        tok: &Tokenizer,
+    ) -> Result<Option<ToolConstraint>, String> {
+        let (Some(open), Some(_)) = (tok.token_id(START), tok.token_id(END)) else {
+            return Ok(None);
+        };
+        let m = |t: &str| markup(tok, t);
+        let close = Close::Markup(format!("{} {}", m(VALUE_CLOSE), lark_str("\n")));
+        let (args, mut rules) = tool_args(tools, &close, |p, v| {
+            format!(
+                "{} {} {} {} {} {v}",
+                m(KEY_OPEN),
+                lark_str(p),
+                m(KEY_CLOSE),
+                lark_str("\n"),
+                m(VALUE_OPEN)
+            )
+        })?;
+        let end = m(END);
+        let mut alts = Vec::new();
+        for (i, (name, a)) in args.iter().enumerate() {
+            rules.push_str(&format!(
+                "t{i}: {} {a} {end}\n",
+                lark_str(&format!("{name}\n"))
+            ));
+            alts.push(format!("t{i}"));
+        }
+        rules.push_str(&format!("call: {}\n", alts.join(" | ")));
+        let more = |call: &str| match parallel {
+            true => format!(" ({} {} {call})*", lark_str("\n"), m(START)),
+            false => String::new(),
+        };
+        Ok(Some(match forced {
+            Forced::Auto => {
+                rules.push_str("start: call\n");
+                ToolConstraint::Lazy {
+                    trigger: open,
+                    lark: rules,
+                }
+            }
+            Forced::Required => {
+                rules.push_str(&format!("start: call{}\n", more("call")));
+                ToolConstraint::Whole(rules)
+            }
+            Forced::Named(name) => {
+                let i = args
+                    .iter()
+                    .position(|(n, _)| n == name)
+                    .ok_or_else(|| format!("tool_choice names '{name}', which is not declared"))?;
+                rules.push_str(&format!("first: {} {end}\n", args[i].1));
+                rules.push_str(&format!("start: first{}\n", more(&format!("t{i}"))));
+                ToolConstraint::Whole(rules)
+            }
+        }))
     }
 }
 

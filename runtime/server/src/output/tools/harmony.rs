@@ -288,13 +288,11 @@ impl HarmonyParser {
                                 out.push(ToolEvent::Call(ParsedCall { name, arguments }));
                             }
                             None => {
-                                tracing::warn!(
-                                    function = name,
-                                    "harmony: call arguments are not a JSON object; returning them as text"
+                                let error = format!(
+                                    "a harmony call to {name} has arguments that are not a JSON object"
                                 );
-                                if !args.is_empty() {
-                                    out.push(ToolEvent::Text(args));
-                                }
+                                tracing::warn!("{error}");
+                                out.push(ToolEvent::Malformed { text: args, error });
                             }
                         }
                     }

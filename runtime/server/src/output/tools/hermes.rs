@@ -1,8 +1,10 @@
 //! Qwen's hermes-style grammar: `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`
 //! (Qwen2.5, Qwen3 and Qwen3-MoE chat templates).
 
-use super::block::{BlockParser, START};
-use super::{Forced, ParsedCall, ToolGrammar, ToolParser, ToolSet};
+use super::block::{BlockParser, END, START};
+use super::{Forced, ParsedCall, ToolConstraint, ToolGrammar, ToolParser, ToolSet, lark_str};
+use krasis_model::structured::lark_json;
+use krasis_model::tokenizer::Tokenizer;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -15,7 +17,7 @@ impl ToolGrammar for HermesJson {
     }
 
     fn parser(&self, tools: Arc<ToolSet>) -> Box<dyn ToolParser> {
-        Box::new(BlockParser::new(self.name(), parse_body, tools))
+        Box::new(BlockParser::new(self.name(), parse_body, tools).streaming(stream_head))
     }
 
     fn forced_prefix(&self, forced: &Forced) -> Option<String> {
@@ -28,6 +30,119 @@ impl ToolGrammar for HermesJson {
             )),
         }
     }
+
+    /// `required`: the forced prefix ends inside the first call's
+    /// `{"name": "`, so the grammar starts at a declared tool's name;
+    /// named: it ends at `"arguments": `, so the grammar starts at that
+    /// tool's arguments. More calls follow only with parallel calls on.
+    /// `auto`: after each `<tool_call>` the model writes, one call.
+    fn constraint(
+        &self,
+        forced: &Forced,
+        tools: &ToolSet,
+        parallel: bool,
+        tok: &Tokenizer,
+    ) -> Result<Option<ToolConstraint>, String> {
+        let (Some(open), Some(end)) = (tok.token_id(START), tok.token_id(END)) else {
+            // A vocabulary without the call tokens: nothing to trigger on.
+            return Ok(None);
+        };
+        let head = lark_str("\n{\"name\": \"");
+        let mut rules = call_rules(tools, end)?;
+        Ok(Some(match forced {
+            Forced::Auto => {
+                rules.push_str(&format!("start: {head} call\n"));
+                ToolConstraint::Lazy {
+                    trigger: open,
+                    lark: rules,
+                }
+            }
+            Forced::Required => {
+                let more = match parallel {
+                    true => format!(" (\"\\n\" <[{open}]> {head} call)*"),
+                    false => String::new(),
+                };
+                rules.push_str(&format!("start: call{more}\n"));
+                ToolConstraint::Whole(rules)
+            }
+            Forced::Named(name) => {
+                let i = tools
+                    .names()
+                    .position(|n| n == name)
+                    .ok_or_else(|| format!("tool_choice names '{name}', which is not declared"))?;
+                // The forced prefix wrote this tool's name: the rest of
+                // rule t{i} after it is its arguments.
+                let (_, schema) = tools.schemas().nth(i).expect("position found it");
+                let args = lark_json(&schema).map_err(|e| {
+                    format!("tool '{name}' has a parameters schema that is not an object: {e}")
+                })?;
+                rules.push_str(&format!("first: {args} {} <[{end}]>\n", lark_str("}\n")));
+                let more = match parallel {
+                    true => format!(" (\"\\n\" <[{open}]> {head} t{i})*"),
+                    false => String::new(),
+                };
+                rules.push_str(&format!("start: first{more}\n"));
+                ToolConstraint::Whole(rules)
+            }
+        }))
+    }
+}
+
+/// The Lark grammar of Hermes calls. Each declared tool `i` is a rule that
+/// writes the rest of a call after `{"name": "` (its name, then its
+/// arguments valid against its schema, then `}\n</tool_call>`); `call`
+/// picks one of them.
+fn call_rules(tools: &ToolSet, end: u32) -> Result<String, String> {
+    let mut rules = String::new();
+    let mut alts = Vec::new();
+    for (i, (name, schema)) in tools.schemas().enumerate() {
+        let args = lark_json(&schema).map_err(|e| {
+            format!("tool '{name}' has a parameters schema that is not an object: {e}")
+        })?;
+        // The name as JSON writes it inside its quotes.
+        let quoted = Value::String(name.to_string()).to_string();
+        let inner = &quoted[1..quoted.len() - 1];
+        rules.push_str(&format!(
+            "t{i}: {} {args} {} <[{end}]>\n",
+            lark_str(&format!("{inner}\", \"arguments\": ")),
+            lark_str("}\n")
+        ));
+        alts.push(format!("t{i}"));
+    }
+    rules.push_str(&format!("call: {}\n", alts.join(" | ")));
+    Ok(rules)
+}
+
+/// A call's name and where its arguments start, once the body has both:
+/// `{"name": "NAME", "arguments": ` (any JSON whitespace around them).
+fn stream_head(body: &str) -> Option<(String, usize)> {
+    let ws = |s: &str| s.len() - s.trim_start().len();
+    let mut at = ws(body);
+    let expect = |lit: &str, at: &mut usize| -> Option<()> {
+        let rest = body.get(*at..)?;
+        let rest_trim = &rest[ws(rest)..];
+        rest_trim.strip_prefix(lit)?;
+        *at += ws(rest) + lit.len();
+        Some(())
+    };
+    expect("{", &mut at)?;
+    expect("\"name\"", &mut at)?;
+    expect(":", &mut at)?;
+    at += ws(&body[at..]);
+    // The name: a JSON string, read by the JSON parser up to its quote.
+    let rest = body.get(at..)?;
+    let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+    let name = stream.next()?.ok()?;
+    at += stream.byte_offset();
+    expect(",", &mut at)?;
+    expect("\"arguments\"", &mut at)?;
+    expect(":", &mut at)?;
+    // Arguments start at their first non-space character.
+    let rest = body.get(at..)?;
+    if rest.trim_start().is_empty() {
+        return None;
+    }
+    Some((name, at + ws(rest)))
 }
 
 fn parse_body(body: &str, _tools: &ToolSet) -> Result<Vec<ParsedCall>, String> {

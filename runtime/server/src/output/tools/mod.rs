@@ -12,6 +12,7 @@ mod harmony;
 mod hermes;
 mod qwen_xml;
 pub mod schema;
+mod xml_values;
 
 pub use block::BlockParser;
 pub use glm_xml::GlmXml;
@@ -20,6 +21,8 @@ pub use hermes::HermesJson;
 pub use qwen_xml::QwenXml;
 pub use schema::ToolSet;
 
+use krasis_model::tokenizer::Tokenizer;
+use serde_json::Value;
 use std::sync::Arc;
 
 /// One complete call as the model wrote it, arguments as a JSON object string.
@@ -33,7 +36,24 @@ pub struct ParsedCall {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolEvent {
     Text(String),
+    /// A call is being written and its name is known (grammars that stream
+    /// calls: Hermes JSON); its arguments follow as [`ToolEvent::CallArgs`]
+    /// and it ends with [`ToolEvent::Call`] (or `Malformed`).
+    CallStart {
+        name: String,
+    },
+    /// The next fragment of the open call's arguments, as the model wrote
+    /// them (the fragments join into its arguments' JSON text).
+    CallArgs(String),
+    /// A complete call; it completes the open call when one was started.
     Call(ParsedCall),
+    /// A call block that does not parse, or was cut off: its text is kept
+    /// (as content) and the response reports `error` (never a silent
+    /// downgrade to text; `api/response.rs` says how).
+    Malformed {
+        text: String,
+        error: String,
+    },
     /// Reasoning, from grammars that read the whole output
     /// ([`ToolGrammar::whole_output`]); the Qwen grammars never emit it.
     Reasoning(String),
@@ -64,6 +84,22 @@ pub trait ToolGrammar: Send + Sync + std::fmt::Debug {
     /// the model start the forced call; `None` for [`Forced::Auto`].
     fn forced_prefix(&self, forced: &Forced) -> Option<String>;
 
+    /// The grammar that makes the model's calls well formed (issue 18):
+    /// after [`ToolGrammar::forced_prefix`] for a forced call, or lazily
+    /// after the family's trigger token for `auto`; arguments valid against
+    /// each tool's schema. `Ok(None)`: this family has no constraint for
+    /// that mode yet (its calls are parsed as written). `Err`: a tool
+    /// cannot be constrained (its message says which).
+    fn constraint(
+        &self,
+        _forced: &Forced,
+        _tools: &ToolSet,
+        _parallel: bool,
+        _tok: &Tokenizer,
+    ) -> Result<Option<ToolConstraint>, String> {
+        Ok(None)
+    }
+
     /// True when the parser reads the whole output, reasoning included
     /// (harmony's channels), and is used even when the request declares no
     /// tools; false when `<think>` splitting comes first and the parser sees
@@ -71,6 +107,21 @@ pub trait ToolGrammar: Send + Sync + std::fmt::Debug {
     fn whole_output(&self) -> bool {
         false
     }
+}
+
+/// A tool-call grammar as the engine enforces it (Lark, llguidance's
+/// dialect: `%json {schema}` for arguments, `<[id]>` for a token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolConstraint {
+    /// The whole output after the forced prefix (then EOS).
+    Whole(String),
+    /// Free text; after each `trigger` token, one call as `lark` says.
+    Lazy { trigger: u32, lark: String },
+}
+
+/// `s` as a Lark string literal (Lark's strings use JSON's syntax).
+pub fn lark_str(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
 }
 
 /// A streaming parser over answer text.
@@ -105,5 +156,7 @@ pub fn detect_grammar(template_source: &str) -> Option<Arc<dyn ToolGrammar>> {
     None
 }
 
+#[cfg(test)]
+mod constrained_tests;
 #[cfg(test)]
 mod tests;

@@ -32,6 +32,18 @@ impl ToolSet {
         self.tools.iter().map(|(n, _)| n.as_str())
     }
 
+    /// Each tool's name and parameters schema, in declaration order (a
+    /// tool that declares none takes any object).
+    pub fn schemas(&self) -> impl Iterator<Item = (&str, Value)> {
+        self.tools.iter().map(|(n, s)| {
+            let s = match s {
+                Value::Null => serde_json::json!({"type": "object"}),
+                s => s.clone(),
+            };
+            (n.as_str(), s)
+        })
+    }
+
     /// The declared JSON types of one parameter (empty when undeclared).
     fn param_types(&self, tool: &str, param: &str) -> Vec<String> {
         let Some((_, schema)) = self.tools.iter().find(|(n, _)| n == tool) else {

@@ -31,6 +31,12 @@ fn run(grammar: &dyn ToolGrammar, chunks: &[&str]) -> Vec<ToolEvent> {
     }
     p.finish(&mut out);
     let mut merged: Vec<ToolEvent> = Vec::new();
+    // A streamed call's start and fragments depend on the chunking; what
+    // the text parses into does not (its `Call` ends it either way;
+    // `hermes_calls_stream_name_then_argument_fragments` checks streaming).
+    let out = out
+        .into_iter()
+        .filter(|e| !matches!(e, ToolEvent::CallStart { .. } | ToolEvent::CallArgs(_)));
     for e in out {
         match (merged.last_mut(), e) {
             (Some(ToolEvent::Text(a)), ToolEvent::Text(b)) => a.push_str(&b),
@@ -125,14 +131,29 @@ fn malformed_glm_calls_stay_visible() {
         "A <tool_call>get_weather\n<arg_key>city</arg_key><arg_value>a</arg_value><arg_key>city</arg_key><arg_value>b</arg_value></tool_call>",
         "A <tool_call>{\"name\": \"get_weather\"}</tool_call>",
     ] {
-        assert_eq!(
-            run(&GlmXml, &[bad]),
-            vec![ToolEvent::Text(bad.into())],
-            "{bad}"
-        );
+        assert_eq!(visible(run(&GlmXml, &[bad])), (bad.into(), 1), "{bad}");
     }
     let cut = "A\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par";
-    assert_eq!(run(&GlmXml, &[cut]), vec![ToolEvent::Text(cut.into())]);
+    assert_eq!(visible(run(&GlmXml, &[cut])), (cut.into(), 1));
+}
+
+/// All the text (malformed blocks' included) and how many blocks were
+/// malformed: a broken call loses no text and is never plain text.
+fn visible(events: Vec<ToolEvent>) -> (String, usize) {
+    let mut text = String::new();
+    let mut errors = 0;
+    for e in events {
+        match e {
+            ToolEvent::Text(t) => text.push_str(&t),
+            ToolEvent::Malformed { text: t, error } => {
+                assert!(error.contains("tool call"), "{error}");
+                text.push_str(&t);
+                errors += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    (text, errors)
 }
 
 #[test]
@@ -161,9 +182,9 @@ fn glm_forced_prefixes_then_model_output_parse() {
 #[test]
 fn malformed_and_truncated_calls_stay_visible() {
     let bad = "A <tool_call>{\"name\": oops}</tool_call> B";
-    assert_eq!(run(&HermesJson, &[bad]), vec![ToolEvent::Text(bad.into())]);
+    assert_eq!(visible(run(&HermesJson, &[bad])), (bad.into(), 1));
     let cut = "A\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar";
-    assert_eq!(run(&QwenXml, &[cut]), vec![ToolEvent::Text(cut.into())]);
+    assert_eq!(visible(run(&QwenXml, &[cut])), (cut.into(), 1));
 }
 
 #[test]
@@ -273,4 +294,52 @@ proptest! {
         prop_assert_eq!(out.len(), 2);
         prop_assert!(matches!(&out[1], ToolEvent::Call(c) if c.name == "get_weather"));
     }
+}
+
+/// Hermes calls stream: the name as soon as it is written, then the
+/// arguments in fragments that join into the call's JSON (never the call's
+/// own closing brace or a piece of the end tag), then the complete call.
+#[test]
+fn hermes_calls_stream_name_then_argument_fragments() {
+    let text = "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome }\", \"days\": 2, \"opts\": {\"a\": {}}}}\n</tool_call>";
+    let mut p = HermesJson.parser(tools());
+    let mut out = Vec::new();
+    for c in text.chars() {
+        p.push(&c.to_string(), &mut out);
+    }
+    p.finish(&mut out);
+    let start = out
+        .iter()
+        .position(|e| matches!(e, ToolEvent::CallStart { .. }))
+        .expect("a call start");
+    assert_eq!(
+        out[start],
+        ToolEvent::CallStart {
+            name: "get_weather".into()
+        }
+    );
+    let frags: Vec<&str> = out
+        .iter()
+        .filter_map(|e| match e {
+            ToolEvent::CallArgs(f) => Some(f.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(frags.len() > 5, "{out:?}");
+    let args = frags.concat();
+    let want = json!({"city": "Rome }", "days": 2, "opts": {"a": {}}});
+    assert_eq!(
+        serde_json::from_str::<Value>(&args).unwrap(),
+        want,
+        "{args}"
+    );
+    let Some(ToolEvent::Call(c)) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(serde_json::from_str::<Value>(&c.arguments).unwrap(), want);
+    // All at once: nothing to stream, the call comes whole.
+    assert_eq!(
+        run(&HermesJson, &[text]),
+        vec![ToolEvent::Text("Sure.".into()), call("get_weather", want)]
+    );
 }

@@ -1,0 +1,202 @@
+//! The tool-call grammars' constraints (`ToolGrammar::constraint`: Hermes
+//! JSON and Qwen3-Coder XML over the real Qwen vocabulary, GLM-4.5 XML over
+//! the GLM stand-in's): uniformly random tokens among those each mask
+//! allows (a random-weight model's worst case) always give calls the
+//! family's own parser reads, of a declared tool, with arguments valid
+//! against that tool's schema; a lazy grammar leaves text free until
+//! `<tool_call>`.
+
+use super::*;
+use krasis_model::structured::{Constraint, Grammar, Vocabulary};
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+/// Each grammar with the checkpoint whose vocabulary it is used with.
+fn families() -> Vec<(&'static dyn ToolGrammar, std::path::PathBuf)> {
+    let qwen = krasis_model::testutil::tiny_checkpoint("tiny");
+    let glm = krasis_model::testutil::tiny_glm4_moe_checkpoint();
+    vec![
+        (&HermesJson, qwen.clone()),
+        (&QwenXml, qwen),
+        (&GlmXml, glm),
+    ]
+}
+
+fn setup(dir: &std::path::Path) -> (Tokenizer, Vocabulary, ToolSet) {
+    let tok = Tokenizer::from_dir(dir).unwrap();
+    let vocab = Vocabulary::new(&tok).unwrap();
+    let tools = ToolSet::from_openai(&[
+        json!({"type": "function", "function": {"name": "read_file", "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "maxLength": 12},
+                "lines": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 500}, "maxItems": 3}
+            },
+            "required": ["path"],
+            "additionalProperties": false
+        }}}),
+        json!({"type": "function", "function": {"name": "set_mode", "parameters": {
+            "type": "object",
+            "properties": {"mode": {"enum": ["fast", "safe"]}, "level": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["mode", "level"],
+            "additionalProperties": false
+        }}}),
+    ]);
+    (tok, vocab, tools)
+}
+
+/// Random allowed tokens until EOS (or `max`): the text and whether EOS came.
+fn draw(tok: &Tokenizer, c: &mut Constraint, rng: &mut impl Rng, max: usize) -> (String, bool) {
+    let eos = tok.eos_token_ids()[0];
+    let mut out = Vec::new();
+    for _ in 0..max {
+        let t = match c.mask().unwrap() {
+            Some(m) => {
+                let a: Vec<u32> = m.allowed().collect();
+                a[rng.random_range(0..a.len())]
+            }
+            None => rng.random_range(0..tok.vocab_size() as u32),
+        };
+        if t == eos {
+            return (tok.decode(&out, false).unwrap(), true);
+        }
+        c.commit(t).unwrap();
+        out.push(t);
+    }
+    (tok.decode(&out, false).unwrap(), false)
+}
+
+fn check_calls(tools: &ToolSet, calls: &[ParsedCall], only: Option<&str>) {
+    assert!(!calls.is_empty());
+    for c in calls {
+        let args: Value = serde_json::from_str(&c.arguments).unwrap();
+        match c.name.as_str() {
+            "read_file" => {
+                assert!(
+                    args["path"].as_str().unwrap().chars().count() <= 12,
+                    "{args}"
+                );
+                for l in args
+                    .get("lines")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    assert!((1..=500).contains(&l.as_i64().unwrap()), "{args}");
+                }
+            }
+            "set_mode" => {
+                assert!(
+                    ["fast", "safe"].contains(&args["mode"].as_str().unwrap()),
+                    "{args}"
+                );
+                assert!((0..=9).contains(&args["level"].as_i64().unwrap()), "{args}");
+            }
+            other => panic!("undeclared tool {other}"),
+        }
+        assert!(tools.contains(&c.name));
+        if let Some(n) = only {
+            assert_eq!(c.name, n);
+        }
+    }
+}
+
+fn parse(g: &dyn ToolGrammar, prefix: &str, text: &str, tools: ToolSet) -> Vec<ParsedCall> {
+    let mut p = g.parser(Arc::new(tools));
+    let mut ev = Vec::new();
+    p.push(prefix, &mut ev);
+    p.push(text, &mut ev);
+    p.finish(&mut ev);
+    ev.into_iter()
+        .filter_map(|e| match e {
+            ToolEvent::Call(c) => Some(c),
+            ToolEvent::Text(t) if t.trim().is_empty() || t == "Let me look." => None,
+            other => panic!("not a call: {other:?} in {prefix}{text:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn forced_calls_under_the_grammar_are_valid_calls() {
+    for (g, dir) in families() {
+        forced_calls(g, &dir);
+    }
+}
+
+fn forced_calls(family: &dyn ToolGrammar, dir: &std::path::Path) {
+    let (tok, vocab, tools) = setup(dir);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    for (forced, parallel) in [
+        (Forced::Required, false),
+        (Forced::Named("set_mode".into()), false),
+        (Forced::Required, true),
+    ] {
+        let Some(ToolConstraint::Whole(lark)) =
+            family.constraint(&forced, &tools, parallel, &tok).unwrap()
+        else {
+            panic!("{}: a whole-output grammar for {forced:?}", family.name())
+        };
+        let g = Grammar::lark(&vocab, &lark, "calls")
+            .unwrap_or_else(|e| panic!("{}: {e}\n{lark}", family.name()));
+        let prefix = family.forced_prefix(&forced).unwrap();
+        let mut ended = 0;
+        for _ in 0..12 {
+            let (text, eos) = draw(&tok, &mut g.start(), &mut rng, 300);
+            if !eos {
+                // Parallel calls may go on past the budget; the others end.
+                assert!(
+                    parallel,
+                    "{}: {forced:?} did not end: {text:?}",
+                    family.name()
+                );
+                continue;
+            }
+            ended += 1;
+            let calls = parse(family, &prefix, &text, tools.clone());
+            if !parallel {
+                assert_eq!(calls.len(), 1, "{text:?}");
+            }
+            let only = match &forced {
+                Forced::Named(n) => Some(n.as_str()),
+                _ => None,
+            };
+            check_calls(&tools, &calls, only);
+        }
+        assert!(ended > 0, "{}: {forced:?}: no output ended", family.name());
+    }
+}
+
+#[test]
+fn auto_constrains_each_call_the_model_opens() {
+    for (g, dir) in families() {
+        auto_calls(g, &dir);
+    }
+}
+
+fn auto_calls(family: &dyn ToolGrammar, dir: &std::path::Path) {
+    let (tok, vocab, tools) = setup(dir);
+    let Some(ToolConstraint::Lazy { trigger, lark }) = family
+        .constraint(&Forced::Auto, &tools, false, &tok)
+        .unwrap()
+    else {
+        panic!("{}: a lazy grammar for auto", family.name())
+    };
+    assert_eq!(Some(trigger), tok.token_id("<tool_call>"));
+    let g = Grammar::lazy_lark(&vocab, trigger, &lark, Some(1), "calls")
+        .unwrap_or_else(|e| panic!("{}: {e}\n{lark}", family.name()));
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+    for _ in 0..8 {
+        let mut c = g.start();
+        // Free text first, then the model opens a call.
+        for t in tok.encode("Let me look.").unwrap() {
+            assert!(c.mask().unwrap().is_none());
+            c.commit(t).unwrap();
+        }
+        c.commit(trigger).unwrap();
+        let (text, eos) = draw(&tok, &mut c, &mut rng, 300);
+        assert!(eos, "{text:?}");
+        let calls = parse(family, "Let me look.<tool_call>", &text, tools.clone());
+        assert_eq!(calls.len(), 1);
+        check_calls(&tools, &calls, None);
+    }
+}
