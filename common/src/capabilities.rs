@@ -11,6 +11,22 @@ pub struct Capabilities {
     /// Backends compiled in, and whether each can run on this machine now.
     pub backends: Vec<BackendCaps>,
     pub architectures: Vec<ArchitectureCaps>,
+    /// What the server enforces by grammar-constrained sampling (absent in
+    /// reports of runtimes before it: nothing).
+    #[serde(default)]
+    pub structured_output: StructuredOutputCaps,
+}
+
+/// Structured output (both backends): the `response_format` types the
+/// server accepts, and the tool-call grammars (named as the runtime logs
+/// them: `hermes-json`, `qwen3-coder-xml`, `glm4-xml`, `harmony`) whose
+/// calls it constrains to declared tools and their schemas, or only
+/// parses as the model wrote them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StructuredOutputCaps {
+    pub response_formats: Vec<String>,
+    pub constrained_tool_grammars: Vec<String>,
+    pub parsed_tool_grammars: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,6 +110,7 @@ impl Capabilities {
             runtime_version: runtime_version.to_string(),
             backends: vec![backend("reference", None), backend("cuda", cuda.err())],
             architectures,
+            structured_output: StructuredOutputCaps::default(),
         }
     }
 

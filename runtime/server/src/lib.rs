@@ -27,6 +27,22 @@ use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// What this server enforces by grammar-constrained sampling, for the
+/// capability report.
+pub fn structured_output_caps() -> krasis_common::capabilities::StructuredOutputCaps {
+    let (constrained, parsed): (Vec<_>, Vec<_>) = output::tools::all_grammars()
+        .into_iter()
+        .partition(|g| g.constrains());
+    let names = |gs: Vec<&dyn output::tools::ToolGrammar>| {
+        gs.iter().map(|g| g.name().to_string()).collect()
+    };
+    krasis_common::capabilities::StructuredOutputCaps {
+        response_formats: api::structured::RESPONSE_FORMATS.map(String::from).to_vec(),
+        constrained_tool_grammars: names(constrained),
+        parsed_tool_grammars: names(parsed),
+    }
+}
+
 /// How long [`serve`] lets in-flight responses finish after it was told to
 /// stop (their generations are cancelled first, so they end quickly) before
 /// it closes the remaining connections.

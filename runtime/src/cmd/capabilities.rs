@@ -40,6 +40,7 @@ pub fn of_this_build(runtime_version: &str, cuda: Result<(), String>) -> Capabil
     c.set_batching(krasis_common::Backend::Reference, reference, true);
     let cuda = krasis_gpu::options::MAX_PARALLEL as u32;
     c.set_batching(krasis_common::Backend::Cuda, cuda, true);
+    c.structured_output = krasis_server::structured_output_caps();
     c
 }
 
@@ -77,6 +78,13 @@ fn human(c: &Capabilities) -> String {
             if b.kv_tokens { ", --kv-tokens" } else { "" }
         );
     }
+    let so = &c.structured_output;
+    s += &format!(
+        "structured output (both backends):\n  response_format: {}\n  tool calls constrained: {}\n  tool calls parsed as written: {}\n",
+        so.response_formats.join(", "),
+        so.constrained_tool_grammars.join(", "),
+        so.parsed_tool_grammars.join(", ")
+    );
     s += "architectures:\n";
     for a in &c.architectures {
         s += &format!(

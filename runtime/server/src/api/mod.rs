@@ -9,7 +9,7 @@ mod info;
 mod messages;
 mod request;
 mod response;
-mod structured;
+pub mod structured;
 
 use crate::error::ApiError;
 use crate::live::Origin;

@@ -23,6 +23,10 @@ use crate::state::LoadedModel;
 use krasis_model::structured::Grammar;
 use serde_json::Value;
 
+/// The `response_format` types the server accepts (the capability report
+/// lists them).
+pub const RESPONSE_FORMATS: [&str; 3] = ["text", "json_object", "json_schema"];
+
 /// What `response_format` asks for (checked before any work; compiled on
 /// the blocking pool by [`ResponseFormat::compile`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -62,7 +66,8 @@ impl ResponseFormat {
             other => Err(ApiError::unsupported(
                 "response_format",
                 format!(
-                    "response_format type '{other}' is not supported; use text, json_object or json_schema"
+                    "response_format type '{other}' is not supported; use one of {}",
+                    RESPONSE_FORMATS.join(", ")
                 ),
             )),
         }

@@ -200,3 +200,24 @@ fn auto_calls(family: &dyn ToolGrammar, dir: &std::path::Path) {
         check_calls(&tools, &calls, None);
     }
 }
+
+/// The capability report's split (`ToolGrammar::constrains`) is what each
+/// grammar's `constraint` does with its own family's vocabulary.
+#[test]
+fn constrains_says_what_constraint_does() {
+    let qwen = krasis_model::testutil::tiny_checkpoint("tiny");
+    let glm = krasis_model::testutil::tiny_glm4_moe_checkpoint();
+    let oss = krasis_model::testutil::tiny_gpt_oss_checkpoint();
+    for g in all_grammars() {
+        let dir = match g.name() {
+            "glm4-xml" => &glm,
+            "harmony" => &oss,
+            _ => &qwen,
+        };
+        let (tok, _, tools) = setup(dir);
+        for forced in [Forced::Auto, Forced::Required] {
+            let c = g.constraint(&forced, &tools, true, &tok).unwrap();
+            assert_eq!(c.is_some(), g.constrains(), "{} {forced:?}", g.name());
+        }
+    }
+}

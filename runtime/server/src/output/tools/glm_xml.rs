@@ -42,6 +42,10 @@ impl ToolGrammar for GlmXml {
     /// a named tool at its first argument; `auto` constrains what follows
     /// each `<tool_call>` the model writes. The tags are GLM's added
     /// tokens where its vocabulary has them; values follow `xml_values`.
+    fn constrains(&self) -> bool {
+        true
+    }
+
     fn constraint(
         &self,
         forced: &Forced,

@@ -36,6 +36,10 @@ impl ToolGrammar for HermesJson {
     /// named: it ends at `"arguments": `, so the grammar starts at that
     /// tool's arguments. More calls follow only with parallel calls on.
     /// `auto`: after each `<tool_call>` the model writes, one call.
+    fn constrains(&self) -> bool {
+        true
+    }
+
     fn constraint(
         &self,
         forced: &Forced,

@@ -100,6 +100,12 @@ pub trait ToolGrammar: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
+    /// Whether [`ToolGrammar::constraint`] constrains this grammar's calls
+    /// (the capability report says so; a test holds the two together).
+    fn constrains(&self) -> bool {
+        false
+    }
+
     /// True when the parser reads the whole output, reasoning included
     /// (harmony's channels), and is used even when the request declares no
     /// tools; false when `<think>` splitting comes first and the parser sees
@@ -130,6 +136,11 @@ pub trait ToolParser: Send {
     fn finish(&mut self, out: &mut Vec<ToolEvent>);
     /// Complete calls parsed so far.
     fn calls_seen(&self) -> usize;
+}
+
+/// Every grammar this build knows.
+pub fn all_grammars() -> [&'static dyn ToolGrammar; 4] {
+    [&HermesJson, &QwenXml, &GlmXml, &Harmony]
 }
 
 /// Picks the grammar the template teaches, or `None` when the template has no

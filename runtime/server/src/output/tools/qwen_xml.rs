@@ -34,6 +34,10 @@ impl ToolGrammar for QwenXml {
     /// declared tool's name inside `<function=`, a named tool at its first
     /// parameter; `auto` constrains what follows each `<tool_call>` the
     /// model writes. Values follow `xml_values` (typed text).
+    fn constrains(&self) -> bool {
+        true
+    }
+
     fn constraint(
         &self,
         forced: &Forced,
