@@ -20,12 +20,15 @@ pub struct Capabilities {
 /// Structured output (both backends): the `response_format` types the
 /// server accepts, and the tool-call grammars (named as the runtime logs
 /// them: `hermes-json`, `qwen3-coder-xml`, `glm4-xml`, `harmony`) whose
-/// calls it constrains to declared tools and their schemas, or only
-/// parses as the model wrote them.
+/// calls it constrains to declared tools and their schemas: under every
+/// `tool_choice`, only forced ones (`required`, a named function; `auto`
+/// calls parsed as written), or none (parsed as the model wrote them).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StructuredOutputCaps {
     pub response_formats: Vec<String>,
     pub constrained_tool_grammars: Vec<String>,
+    #[serde(default)]
+    pub forced_only_tool_grammars: Vec<String>,
     pub parsed_tool_grammars: Vec<String>,
 }
 

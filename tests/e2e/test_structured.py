@@ -258,3 +258,31 @@ def test_glm_xml_calls_are_valid(glm_server):
         ch = r.choices[0]
         assert ch.finish_reason == "tool_calls", (seed, ch)
         check_call(ch.message.tool_calls[0], only="set_mode" if seed % 2 else None)
+
+
+# gpt-oss's harmony calls (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`
+# + arguments + `<|call|>`, special tokens of o200k_harmony) on the reference engine over
+# tiny-gpt-oss: forced calls are constrained (auto calls are parsed as written).
+@pytest.fixture(scope="module")
+def gpt_oss_server(runtime_bin, tmp_path_factory):
+    from conftest import REPO, synth_with_vocab
+
+    model = synth_with_vocab(runtime_bin, tmp_path_factory, "tiny-gpt-oss",
+                             REPO / ".cache" / "vocab" / "o200k_base.tiktoken",
+                             "tools/harmony/vocab.sh")
+    s = start_serve(runtime_bin, model, "reference", CONTEXT)
+    yield s
+    s.stop()
+
+
+def test_harmony_forced_calls_are_valid(gpt_oss_server):
+    c = client(gpt_oss_server)
+    for seed in range(12):
+        choice = {"type": "function", "function": {"name": "set_mode"}} if seed % 2 else "required"
+        r = c.chat.completions.create(
+            model=c.models.list().data[0].id, messages=[{"role": "user", "content": "go"}],
+            temperature=1.0, seed=seed, max_tokens=200, tools=TOOLS, tool_choice=choice,
+        )
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", (seed, ch)
+        check_call(ch.message.tool_calls[0], only="set_mode" if seed % 2 else None)

@@ -30,16 +30,18 @@ use std::time::Duration;
 /// What this server enforces by grammar-constrained sampling, for the
 /// capability report.
 pub fn structured_output_caps() -> krasis_common::capabilities::StructuredOutputCaps {
-    let (constrained, parsed): (Vec<_>, Vec<_>) = output::tools::all_grammars()
-        .into_iter()
-        .partition(|g| g.constrains());
-    let names = |gs: Vec<&dyn output::tools::ToolGrammar>| {
-        gs.iter().map(|g| g.name().to_string()).collect()
+    let names = |keep: fn(&dyn output::tools::ToolGrammar) -> bool| {
+        output::tools::all_grammars()
+            .into_iter()
+            .filter(|g| keep(*g))
+            .map(|g| g.name().to_string())
+            .collect()
     };
     krasis_common::capabilities::StructuredOutputCaps {
         response_formats: api::structured::RESPONSE_FORMATS.map(String::from).to_vec(),
-        constrained_tool_grammars: names(constrained),
-        parsed_tool_grammars: names(parsed),
+        constrained_tool_grammars: names(|g| g.constrains() && g.constrains_auto()),
+        forced_only_tool_grammars: names(|g| g.constrains() && !g.constrains_auto()),
+        parsed_tool_grammars: names(|g| !g.constrains()),
     }
 }
 

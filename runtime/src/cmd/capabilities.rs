@@ -80,9 +80,10 @@ fn human(c: &Capabilities) -> String {
     }
     let so = &c.structured_output;
     s += &format!(
-        "structured output (both backends):\n  response_format: {}\n  tool calls constrained: {}\n  tool calls parsed as written: {}\n",
+        "structured output (both backends):\n  response_format: {}\n  tool calls constrained: {}\n  tool calls constrained when forced (auto parsed as written): {}\n  tool calls parsed as written: {}\n",
         so.response_formats.join(", "),
         so.constrained_tool_grammars.join(", "),
+        so.forced_only_tool_grammars.join(", "),
         so.parsed_tool_grammars.join(", ")
     );
     s += "architectures:\n";

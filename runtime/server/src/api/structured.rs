@@ -9,7 +9,7 @@
 //!   allow). A schema feature the compiler cannot enforce is a 400 that
 //!   names it.
 //! - Tool calls: the family's [`ToolGrammar::constraint`] (Hermes JSON,
-//!   Qwen3-Coder XML, GLM-4.5 XML; not yet harmony): `required` and a named function constrain the output after the
+//!   Qwen3-Coder XML, GLM-4.5 XML; harmony when forced): `required` and a named function constrain the output after the
 //!   forced prefix to complete calls of declared tools with arguments valid
 //!   against each tool's schema; `auto` constrains each call the model opens
 //!   by itself (after the family's trigger token), text stays free.

@@ -32,17 +32,24 @@
 //! the stream instead. The markers are special tokens: the text reaching this
 //! parser must be decoded with special tokens kept.
 
-use super::{Forced, ParsedCall, ToolEvent, ToolGrammar, ToolParser, ToolSet};
+use super::{
+    Forced, ParsedCall, ToolConstraint, ToolEvent, ToolGrammar, ToolParser, ToolSet, lark_str,
+    markup,
+};
 use crate::output::reasoning::partial_tag_suffix;
+use krasis_model::structured::lark_json;
+use krasis_model::tokenizer::Tokenizer;
 use serde_json::Value;
 use std::sync::Arc;
 
 const START: &str = "<|start|>";
 const CHANNEL: &str = "<|channel|>";
 const MESSAGE: &str = "<|message|>";
+const CONSTRAIN: &str = "<|constrain|>";
+const CALL: &str = "<|call|>";
 /// Markers that end a message's body. `<|start|>` is among them because a
 /// model that skips `<|end|>` still starts its next message with it.
-const BODY_ENDS: [&str; 4] = ["<|end|>", "<|call|>", "<|return|>", START];
+const BODY_ENDS: [&str; 4] = ["<|end|>", CALL, "<|return|>", START];
 /// A header longer than this without `<|message|>` is not a header: the model
 /// is writing plain text, which is then kept as content.
 const MAX_HEADER: usize = 512;
@@ -66,13 +73,77 @@ impl ToolGrammar for Harmony {
             Forced::Auto => None,
             Forced::Required => Some(format!("{CHANNEL}commentary to=functions.")),
             Forced::Named(name) => Some(format!(
-                "{CHANNEL}commentary to=functions.{name} <|constrain|>json{MESSAGE}"
+                "{CHANNEL}commentary to=functions.{name} {CONSTRAIN}json{MESSAGE}"
             )),
         }
     }
 
     fn whole_output(&self) -> bool {
         true
+    }
+
+    fn constrains(&self) -> bool {
+        true
+    }
+
+    /// `auto` would need a grammar over every message the model may write
+    /// (analysis, final, preambles, calls with the recipient before or after
+    /// the channel); not yet: its calls are parsed as written.
+    fn constrains_auto(&self) -> bool {
+        false
+    }
+
+    /// `required`: after the prefix's `to=functions.`, a declared tool's
+    /// name, ` <|constrain|>json<|message|>`, arguments valid against its
+    /// schema, `<|call|>` (which ends the turn); named: the arguments and
+    /// `<|call|>`. One call per turn, as harmony writes them.
+    fn constraint(
+        &self,
+        forced: &Forced,
+        tools: &ToolSet,
+        _parallel: bool,
+        tok: &Tokenizer,
+    ) -> Result<Option<ToolConstraint>, String> {
+        if matches!(forced, Forced::Auto)
+            || [CALL, CONSTRAIN, MESSAGE]
+                .iter()
+                .any(|t| tok.token_id(t).is_none())
+        {
+            return Ok(None);
+        }
+        let m = |t: &str| markup(tok, t);
+        let args = |name: &str, schema: &Value| {
+            lark_json(schema).map_err(|e| {
+                format!("tool '{name}' has a parameters schema that is not an object: {e}")
+            })
+        };
+        let mut rules = String::new();
+        match forced {
+            Forced::Named(name) => {
+                let (_, schema) = tools
+                    .schemas()
+                    .find(|(n, _)| n == name)
+                    .ok_or_else(|| format!("tool_choice names '{name}', which is not declared"))?;
+                rules.push_str(&format!("start: {} {}\n", args(name, &schema)?, m(CALL)));
+            }
+            _ => {
+                let mut alts = Vec::new();
+                for (i, (name, schema)) in tools.schemas().enumerate() {
+                    rules.push_str(&format!(
+                        "t{i}: {} {} {} {} {} {}\n",
+                        lark_str(&format!("{name} ")),
+                        m(CONSTRAIN),
+                        lark_str("json"),
+                        m(MESSAGE),
+                        args(name, &schema)?,
+                        m(CALL)
+                    ));
+                    alts.push(format!("t{i}"));
+                }
+                rules.push_str(&format!("start: {}\n", alts.join(" | ")));
+            }
+        }
+        Ok(Some(ToolConstraint::Whole(rules)))
     }
 }
 

@@ -100,10 +100,16 @@ pub trait ToolGrammar: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
-    /// Whether [`ToolGrammar::constraint`] constrains this grammar's calls
-    /// (the capability report says so; a test holds the two together).
+    /// Whether [`ToolGrammar::constraint`] constrains this grammar's forced
+    /// calls (`required`, a named function), and its `auto` calls (the
+    /// capability report says so; a test holds these to what `constraint`
+    /// does).
     fn constrains(&self) -> bool {
         false
+    }
+
+    fn constrains_auto(&self) -> bool {
+        self.constrains()
     }
 
     /// True when the parser reads the whole output, reasoning included
@@ -128,6 +134,16 @@ pub enum ToolConstraint {
 /// `s` as a Lark string literal (Lark's strings use JSON's syntax).
 pub fn lark_str(s: &str) -> String {
     Value::String(s.to_string()).to_string()
+}
+
+/// `text` in a grammar: the token by id when the vocabulary has it as an
+/// added token (a model writes `<tool_call>` as one special token, which
+/// no text literal matches), else the literal text.
+pub fn markup(tok: &Tokenizer, text: &str) -> String {
+    match tok.token_id(text) {
+        Some(id) if tok.is_added(id) => format!("<[{id}]>"),
+        _ => lark_str(text),
+    }
 }
 
 /// A streaming parser over answer text.

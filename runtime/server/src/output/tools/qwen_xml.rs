@@ -4,8 +4,10 @@
 
 use super::block::{BlockParser, END, START};
 use super::schema::arguments_string;
-use super::xml_values::{Close, markup, tool_args};
-use super::{Forced, ParsedCall, ToolConstraint, ToolGrammar, ToolParser, ToolSet, lark_str};
+use super::xml_values::{Close, tool_args};
+use super::{
+    Forced, ParsedCall, ToolConstraint, ToolGrammar, ToolParser, ToolSet, lark_str, markup,
+};
 use krasis_model::tokenizer::Tokenizer;
 use serde_json::Map;
 use std::sync::Arc;

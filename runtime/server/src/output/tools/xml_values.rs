@@ -16,18 +16,7 @@
 
 use super::{ToolSet, lark_str};
 use krasis_model::structured::lark_json;
-use krasis_model::tokenizer::Tokenizer;
 use serde_json::{Value, json};
-
-/// `text` in a grammar: the token by id when the vocabulary has it as an
-/// added token (a model writes `<tool_call>` as one special token, which
-/// no text literal matches), else the literal text.
-pub fn markup(tok: &Tokenizer, text: &str) -> String {
-    match tok.token_id(text) {
-        Some(id) if tok.is_added(id) => format!("<[{id}]>"),
-        _ => lark_str(text),
-    }
-}
 
 /// What ends an argument value.
 pub enum Close {
