@@ -286,6 +286,10 @@ impl Scheduler<'_> {
         let Some(i) = self.active.iter().position(|a| a.seq == seq) else {
             return Ok(());
         };
+        // The engine freed the sequence's KV before it reported the end:
+        // `/v1/stats` says so before the client has its answer (a client
+        // reading the stats right after must not see the KV still held).
+        self.stats.set_kv(batch(engine).kv_usage());
         let a = self.active.swap_remove(i);
         let result = match result {
             Ok(o) if a.broke => Ok(GenerateOutcome {
