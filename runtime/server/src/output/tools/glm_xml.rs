@@ -9,7 +9,8 @@ use super::block::{BlockParser, END, START};
 use super::schema::arguments_string;
 use super::xml_values::{Close, tool_args};
 use super::{
-    Forced, ParsedCall, ToolConstraint, ToolGrammar, ToolParser, ToolSet, lark_str, markup,
+    CallRule, CallShape, Forced, ParsedCall, ToolConstraint, ToolGrammar, ToolParser, ToolSet,
+    lark_str, markup,
 };
 use krasis_model::tokenizer::Tokenizer;
 use serde_json::Map;
@@ -40,14 +41,14 @@ impl ToolGrammar for GlmXml {
         }
     }
 
-    /// `required` continues after `<tool_call>` at a declared tool's name,
-    /// a named tool at its first argument; `auto` constrains what follows
-    /// each `<tool_call>` the model writes. The tags are GLM's added
-    /// tokens where its vocabulary has them; values follow `xml_values`.
     fn constrains(&self) -> bool {
         true
     }
 
+    /// `required` continues after `<tool_call>` at a declared tool's name,
+    /// a named tool at its first argument; `auto` constrains what follows
+    /// each `<tool_call>` the model writes. The tags are GLM's added
+    /// tokens where its vocabulary has them; values follow `xml_values`.
     fn constraint(
         &self,
         forced: &Forced,
@@ -60,7 +61,7 @@ impl ToolGrammar for GlmXml {
         };
         let m = |t: &str| markup(tok, t);
         let close = Close::Markup(format!("{} {}", m(VALUE_CLOSE), lark_str("\n")));
-        let (args, mut rules) = tool_args(tools, &close, |p, v| {
+        let (args, value_rules) = tool_args(tools, &close, |p, v| {
             format!(
                 "{} {} {} {} {} {v}",
                 m(KEY_OPEN),
@@ -71,41 +72,22 @@ impl ToolGrammar for GlmXml {
             )
         })?;
         let end = m(END);
-        let mut alts = Vec::new();
-        for (i, (name, a)) in args.iter().enumerate() {
-            rules.push_str(&format!(
-                "t{i}: {} {a} {end}\n",
-                lark_str(&format!("{name}\n"))
-            ));
-            alts.push(format!("t{i}"));
-        }
-        rules.push_str(&format!("call: {}\n", alts.join(" | ")));
-        let more = |call: &str| match parallel {
-            true => format!(" ({} {} {call})*", lark_str("\n"), m(START)),
-            false => String::new(),
+        // The name follows `<tool_call>` directly: no head.
+        let shape = CallShape {
+            trigger: open,
+            open: m(START),
+            head: String::new(),
+            tools: args
+                .into_iter()
+                .map(|(name, a)| CallRule {
+                    named: lark_str(&format!("{name}\n")),
+                    rest: format!("{a} {end}"),
+                    name,
+                })
+                .collect(),
+            rules: value_rules,
         };
-        Ok(Some(match forced {
-            Forced::Auto => {
-                rules.push_str("start: call\n");
-                ToolConstraint::Lazy {
-                    trigger: open,
-                    lark: rules,
-                }
-            }
-            Forced::Required => {
-                rules.push_str(&format!("start: call{}\n", more("call")));
-                ToolConstraint::Whole(rules)
-            }
-            Forced::Named(name) => {
-                let i = args
-                    .iter()
-                    .position(|(n, _)| n == name)
-                    .ok_or_else(|| format!("tool_choice names '{name}', which is not declared"))?;
-                rules.push_str(&format!("first: {} {end}\n", args[i].1));
-                rules.push_str(&format!("start: first{}\n", more(&format!("t{i}"))));
-                ToolConstraint::Whole(rules)
-            }
-        }))
+        shape.constraint(forced, parallel).map(Some)
     }
 }
 

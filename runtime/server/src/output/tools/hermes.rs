@@ -2,7 +2,10 @@
 //! (Qwen2.5, Qwen3 and Qwen3-MoE chat templates).
 
 use super::block::{BlockParser, END, START};
-use super::{Forced, ParsedCall, ToolConstraint, ToolGrammar, ToolParser, ToolSet, lark_str};
+use super::{
+    CallRule, CallShape, Forced, ParsedCall, ToolConstraint, ToolGrammar, ToolParser, ToolSet,
+    lark_str,
+};
 use krasis_model::structured::lark_json;
 use krasis_model::tokenizer::Tokenizer;
 use serde_json::Value;
@@ -31,15 +34,15 @@ impl ToolGrammar for HermesJson {
         }
     }
 
+    fn constrains(&self) -> bool {
+        true
+    }
+
     /// `required`: the forced prefix ends inside the first call's
     /// `{"name": "`, so the grammar starts at a declared tool's name;
     /// named: it ends at `"arguments": `, so the grammar starts at that
     /// tool's arguments. More calls follow only with parallel calls on.
     /// `auto`: after each `<tool_call>` the model writes, one call.
-    fn constrains(&self) -> bool {
-        true
-    }
-
     fn constraint(
         &self,
         forced: &Forced,
@@ -51,70 +54,29 @@ impl ToolGrammar for HermesJson {
             // A vocabulary without the call tokens: nothing to trigger on.
             return Ok(None);
         };
-        let head = lark_str("\n{\"name\": \"");
-        let mut rules = call_rules(tools, end)?;
-        Ok(Some(match forced {
-            Forced::Auto => {
-                rules.push_str(&format!("start: {head} call\n"));
-                ToolConstraint::Lazy {
-                    trigger: open,
-                    lark: rules,
-                }
-            }
-            Forced::Required => {
-                let more = match parallel {
-                    true => format!(" (\"\\n\" <[{open}]> {head} call)*"),
-                    false => String::new(),
-                };
-                rules.push_str(&format!("start: call{more}\n"));
-                ToolConstraint::Whole(rules)
-            }
-            Forced::Named(name) => {
-                let i = tools
-                    .names()
-                    .position(|n| n == name)
-                    .ok_or_else(|| format!("tool_choice names '{name}', which is not declared"))?;
-                // The forced prefix wrote this tool's name: the rest of
-                // rule t{i} after it is its arguments.
-                let (_, schema) = tools.schemas().nth(i).expect("position found it");
-                let args = lark_json(&schema).map_err(|e| {
-                    format!("tool '{name}' has a parameters schema that is not an object: {e}")
-                })?;
-                rules.push_str(&format!("first: {args} {} <[{end}]>\n", lark_str("}\n")));
-                let more = match parallel {
-                    true => format!(" (\"\\n\" <[{open}]> {head} t{i})*"),
-                    false => String::new(),
-                };
-                rules.push_str(&format!("start: first{more}\n"));
-                ToolConstraint::Whole(rules)
-            }
-        }))
+        let mut calls = Vec::new();
+        for (name, schema) in tools.schemas() {
+            let args = lark_json(&schema).map_err(|e| {
+                format!("tool '{name}' has a parameters schema that is not an object: {e}")
+            })?;
+            // The name as JSON writes it inside its quotes.
+            let quoted = Value::String(name.to_string()).to_string();
+            let inner = &quoted[1..quoted.len() - 1];
+            calls.push(CallRule {
+                name: name.to_string(),
+                named: lark_str(&format!("{inner}\", \"arguments\": ")),
+                rest: format!("{args} {} <[{end}]>", lark_str("}\n")),
+            });
+        }
+        let shape = CallShape {
+            trigger: open,
+            open: format!("<[{open}]>"),
+            head: lark_str("\n{\"name\": \""),
+            tools: calls,
+            rules: String::new(),
+        };
+        shape.constraint(forced, parallel).map(Some)
     }
-}
-
-/// The Lark grammar of Hermes calls. Each declared tool `i` is a rule that
-/// writes the rest of a call after `{"name": "` (its name, then its
-/// arguments valid against its schema, then `}\n</tool_call>`); `call`
-/// picks one of them.
-fn call_rules(tools: &ToolSet, end: u32) -> Result<String, String> {
-    let mut rules = String::new();
-    let mut alts = Vec::new();
-    for (i, (name, schema)) in tools.schemas().enumerate() {
-        let args = lark_json(&schema).map_err(|e| {
-            format!("tool '{name}' has a parameters schema that is not an object: {e}")
-        })?;
-        // The name as JSON writes it inside its quotes.
-        let quoted = Value::String(name.to_string()).to_string();
-        let inner = &quoted[1..quoted.len() - 1];
-        rules.push_str(&format!(
-            "t{i}: {} {args} {} <[{end}]>\n",
-            lark_str(&format!("{inner}\", \"arguments\": ")),
-            lark_str("}\n")
-        ));
-        alts.push(format!("t{i}"));
-    }
-    rules.push_str(&format!("call: {}\n", alts.join(" | ")));
-    Ok(rules)
 }
 
 /// A call's name and where its arguments start, once the body has both:

@@ -131,6 +131,70 @@ pub enum ToolConstraint {
     Lazy { trigger: u32, lark: String },
 }
 
+/// One declared tool in a [`CallShape`]: its name, the Lark of its name as
+/// a call writes it, and the Lark of the rest of the call (its arguments
+/// and the call's end).
+pub struct CallRule {
+    pub name: String,
+    pub named: String,
+    pub rest: String,
+}
+
+/// The shape the `<tool_call>` families share (Hermes JSON, Qwen3-Coder
+/// XML, GLM-4.5 XML): after the `trigger` token the model writes `head`,
+/// then one tool's name and the rest of its call; with parallel calls on,
+/// more follow, each `"\n"`, the trigger (`open`: its Lark) and `head`.
+pub struct CallShape {
+    pub trigger: u32,
+    pub open: String,
+    pub head: String,
+    pub tools: Vec<CallRule>,
+    /// Rules the calls refer to (e.g. lazy string values), one per line.
+    pub rules: String,
+}
+
+impl CallShape {
+    /// The grammar for `forced`, matching [`ToolGrammar::forced_prefix`]:
+    /// the prefix of `required` ends where a name starts, that of a named
+    /// tool after its name; `auto` is lazy after each trigger.
+    pub fn constraint(&self, forced: &Forced, parallel: bool) -> Result<ToolConstraint, String> {
+        let mut rules = self.rules.clone();
+        for (i, t) in self.tools.iter().enumerate() {
+            rules.push_str(&format!("t{i}: {} {}\n", t.named, t.rest));
+        }
+        let alts: Vec<String> = (0..self.tools.len()).map(|i| format!("t{i}")).collect();
+        rules.push_str(&format!("call: {}\n", alts.join(" | ")));
+        let (open, head) = (&self.open, &self.head);
+        let more = |call: &str| match parallel {
+            true => format!(" ({} {open} {head} {call})*", lark_str("\n")),
+            false => String::new(),
+        };
+        Ok(match forced {
+            Forced::Auto => {
+                rules.push_str(&format!("start: {head} call\n"));
+                ToolConstraint::Lazy {
+                    trigger: self.trigger,
+                    lark: rules,
+                }
+            }
+            Forced::Required => {
+                rules.push_str(&format!("start: call{}\n", more("call")));
+                ToolConstraint::Whole(rules)
+            }
+            Forced::Named(name) => {
+                let i = self
+                    .tools
+                    .iter()
+                    .position(|t| t.name == *name)
+                    .ok_or_else(|| format!("tool_choice names '{name}', which is not declared"))?;
+                rules.push_str(&format!("first: {}\n", self.tools[i].rest));
+                rules.push_str(&format!("start: first{}\n", more(&format!("t{i}"))));
+                ToolConstraint::Whole(rules)
+            }
+        })
+    }
+}
+
 /// `s` as a Lark string literal (Lark's strings use JSON's syntax).
 pub fn lark_str(s: &str) -> String {
     Value::String(s.to_string()).to_string()

@@ -6,7 +6,8 @@ use super::block::{BlockParser, END, START};
 use super::schema::arguments_string;
 use super::xml_values::{Close, tool_args};
 use super::{
-    Forced, ParsedCall, ToolConstraint, ToolGrammar, ToolParser, ToolSet, lark_str, markup,
+    CallRule, CallShape, Forced, ParsedCall, ToolConstraint, ToolGrammar, ToolParser, ToolSet,
+    lark_str, markup,
 };
 use krasis_model::tokenizer::Tokenizer;
 use serde_json::Map;
@@ -32,14 +33,14 @@ impl ToolGrammar for QwenXml {
         }
     }
 
-    /// Calls as the forced prefixes leave them: `required` continues at a
-    /// declared tool's name inside `<function=`, a named tool at its first
-    /// parameter; `auto` constrains what follows each `<tool_call>` the
-    /// model writes. Values follow `xml_values` (typed text).
     fn constrains(&self) -> bool {
         true
     }
 
+    /// Calls as the forced prefixes leave them: `required` continues at a
+    /// declared tool's name inside `<function=`, a named tool at its first
+    /// parameter; `auto` constrains what follows each `<tool_call>` the
+    /// model writes. Values follow `xml_values` (typed text).
     fn constraint(
         &self,
         forced: &Forced,
@@ -50,47 +51,25 @@ impl ToolGrammar for QwenXml {
         let (Some(open), Some(_)) = (tok.token_id(START), tok.token_id(END)) else {
             return Ok(None);
         };
-        let (open_m, end_m) = (markup(tok, START), markup(tok, END));
-        let (args, mut rules) = tool_args(tools, &Close::Text("\n</parameter>\n"), |p, v| {
+        let (args, value_rules) = tool_args(tools, &Close::Text("\n</parameter>\n"), |p, v| {
             format!("{} {v}", lark_str(&format!("<parameter={p}>\n")))
         })?;
-        let close = format!("{} {end_m}", lark_str("</function>\n"));
-        let mut alts = Vec::new();
-        for (i, (name, a)) in args.iter().enumerate() {
-            rules.push_str(&format!(
-                "t{i}: {} {a} {close}\n",
-                lark_str(&format!("{name}>\n"))
-            ));
-            alts.push(format!("t{i}"));
-        }
-        rules.push_str(&format!("call: {}\n", alts.join(" | ")));
-        let head = lark_str("\n<function=");
-        let more = |call: &str| match parallel {
-            true => format!(" (\"\\n\" {open_m} {head} {call})*"),
-            false => String::new(),
+        let close = format!("{} {}", lark_str("</function>\n"), markup(tok, END));
+        let shape = CallShape {
+            trigger: open,
+            open: markup(tok, START),
+            head: lark_str("\n<function="),
+            tools: args
+                .into_iter()
+                .map(|(name, a)| CallRule {
+                    named: lark_str(&format!("{name}>\n")),
+                    rest: format!("{a} {close}"),
+                    name,
+                })
+                .collect(),
+            rules: value_rules,
         };
-        Ok(Some(match forced {
-            Forced::Auto => {
-                rules.push_str(&format!("start: {head} call\n"));
-                ToolConstraint::Lazy {
-                    trigger: open,
-                    lark: rules,
-                }
-            }
-            Forced::Required => {
-                rules.push_str(&format!("start: call{}\n", more("call")));
-                ToolConstraint::Whole(rules)
-            }
-            Forced::Named(name) => {
-                let i = args
-                    .iter()
-                    .position(|(n, _)| n == name)
-                    .ok_or_else(|| format!("tool_choice names '{name}', which is not declared"))?;
-                rules.push_str(&format!("first: {} {close}\n", args[i].1));
-                rules.push_str(&format!("start: first{}\n", more(&format!("t{i}"))));
-                ToolConstraint::Whole(rules)
-            }
-        }))
+        shape.constraint(forced, parallel).map(Some)
     }
 }
 
