@@ -61,7 +61,8 @@ pub struct Scratch {
     pub sample_ws: CudaSlice<u32>,
     /// u32 `[seqs, ceil(V / 32)]`: each sequence slot's grammar mask for
     /// its next token (structured output; rows of unconstrained sequences
-    /// are never read).
+    /// are never read; zeroed at allocation, so words past the tokenizer's
+    /// vocabulary refuse their tokens).
     pub masks: CudaSlice<u32>,
     /// HCS decode prefetch's predicted routes.
     pub predict: Prediction,
@@ -548,7 +549,8 @@ impl Scratch {
             logits: gpu.alloc(n.logits, "logits")?,
             counts: gpu.alloc_zeros(sq.counts, "sampling token counts")?,
             sample_ws: gpu.alloc(n.sample_ws, "sampler workspace")?,
-            masks: gpu.alloc(sq.masks, "grammar masks")?,
+            // Zeroed: a row's words past the tokenizer's are never written.
+            masks: gpu.alloc_zeros(sq.masks, "grammar masks")?,
             predict: Prediction {
                 normed: gpu.alloc(sq.predict_normed, "predicted routes: normed rows")?,
                 logits: gpu.alloc(sq.predict_logits, "predicted routes: logits")?,

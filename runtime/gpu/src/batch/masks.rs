@@ -39,16 +39,16 @@ impl CudaEngine {
             }
         };
         let w = vocab.div_ceil(32);
-        // Tokens past the tokenizer's vocabulary (a padded embedding) are
-        // never allowed: the row's tail stays zero.
-        let mut row = mask.words().to_vec();
-        row.resize(w, 0);
+        // Only the tokenizer's words are written: the rows start zeroed and
+        // nothing writes past them, so tokens of a padded embedding stay
+        // refused without a padded copy per token.
+        let words = &mask.words()[..mask.words().len().min(w)];
         let m = &mut self.model;
         m.gpu
             .stream
             .memcpy_htod(
-                &row,
-                &mut m.scratch.masks.slice_mut(slot * w..(slot + 1) * w),
+                words,
+                &mut m.scratch.masks.slice_mut(slot * w..slot * w + words.len()),
             )
             .map_err(GpuError::driver("writing a grammar mask"))?;
         Ok(true)
