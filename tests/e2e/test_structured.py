@@ -233,31 +233,41 @@ def test_refusals_name_what_is_wrong(server):
     assert e.value.body["param"] == "response_format"
 
 
+def reference_server_of(runtime_bin, tmp_path_factory, preset, vocab, fetch):
+    """`serve --backend reference` over a synthesized `preset` with its family's vocabulary."""
+    from conftest import REPO, synth_with_vocab
+
+    model = synth_with_vocab(runtime_bin, tmp_path_factory, preset,
+                             REPO / ".cache" / "vocab" / vocab, fetch)
+    return start_serve(runtime_bin, model, "reference", CONTEXT)
+
+
+def check_forced_calls(server, **extra):
+    """12 forced calls, `required` and named alternately: each a valid call."""
+    c = client(server)
+    for seed in range(12):
+        choice = {"type": "function", "function": {"name": "set_mode"}} if seed % 2 else "required"
+        r = c.chat.completions.create(
+            model=c.models.list().data[0].id, messages=[{"role": "user", "content": "go"}],
+            temperature=1.0, seed=seed, max_tokens=200, tools=TOOLS, tool_choice=choice, **extra,
+        )
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", (seed, ch)
+        check_call(ch.message.tool_calls[0], only="set_mode" if seed % 2 else None)
+
+
 # GLM-4.5's XML calls (`<tool_call>NAME` + `<arg_key>`/`<arg_value>` pairs, GLM's added
 # tokens) on the reference engine over the tiny-glm4-moe checkpoint.
 @pytest.fixture(scope="module")
 def glm_server(runtime_bin, tmp_path_factory):
-    from conftest import REPO, synth_with_vocab
-
-    model = synth_with_vocab(runtime_bin, tmp_path_factory, "tiny-glm4-moe",
-                             REPO / ".cache" / "vocab" / "qwen.tiktoken", "tools/vocab.sh")
-    s = start_serve(runtime_bin, model, "reference", CONTEXT)
+    s = reference_server_of(runtime_bin, tmp_path_factory, "tiny-glm4-moe", "qwen.tiktoken",
+                            "tools/vocab.sh")
     yield s
     s.stop()
 
 
 def test_glm_xml_calls_are_valid(glm_server):
-    c = client(glm_server)
-    for seed in range(12):
-        choice = {"type": "function", "function": {"name": "set_mode"}} if seed % 2 else "required"
-        r = c.chat.completions.create(
-            model=c.models.list().data[0].id, messages=[{"role": "user", "content": "go"}],
-            temperature=1.0, seed=seed, max_tokens=200, tools=TOOLS, tool_choice=choice,
-            parallel_tool_calls=False,
-        )
-        ch = r.choices[0]
-        assert ch.finish_reason == "tool_calls", (seed, ch)
-        check_call(ch.message.tool_calls[0], only="set_mode" if seed % 2 else None)
+    check_forced_calls(glm_server, parallel_tool_calls=False)
 
 
 # gpt-oss's harmony calls (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`
@@ -265,24 +275,11 @@ def test_glm_xml_calls_are_valid(glm_server):
 # tiny-gpt-oss: forced calls are constrained (auto calls are parsed as written).
 @pytest.fixture(scope="module")
 def gpt_oss_server(runtime_bin, tmp_path_factory):
-    from conftest import REPO, synth_with_vocab
-
-    model = synth_with_vocab(runtime_bin, tmp_path_factory, "tiny-gpt-oss",
-                             REPO / ".cache" / "vocab" / "o200k_base.tiktoken",
-                             "tools/harmony/vocab.sh")
-    s = start_serve(runtime_bin, model, "reference", CONTEXT)
+    s = reference_server_of(runtime_bin, tmp_path_factory, "tiny-gpt-oss", "o200k_base.tiktoken",
+                            "tools/harmony/vocab.sh")
     yield s
     s.stop()
 
 
 def test_harmony_forced_calls_are_valid(gpt_oss_server):
-    c = client(gpt_oss_server)
-    for seed in range(12):
-        choice = {"type": "function", "function": {"name": "set_mode"}} if seed % 2 else "required"
-        r = c.chat.completions.create(
-            model=c.models.list().data[0].id, messages=[{"role": "user", "content": "go"}],
-            temperature=1.0, seed=seed, max_tokens=200, tools=TOOLS, tool_choice=choice,
-        )
-        ch = r.choices[0]
-        assert ch.finish_reason == "tool_calls", (seed, ch)
-        check_call(ch.message.tool_calls[0], only="set_mode" if seed % 2 else None)
+    check_forced_calls(gpt_oss_server)
