@@ -8,7 +8,8 @@
 # 3. `bench --grammar` on a3b-24l, all resident: decode with a grammar against without;
 #    (BENCH=0 skips it)
 # 4. tests/e2e/test_structured.py against `serve --backend cuda` (official openai client,
-#    jsonschema validation), on the tiny checkpoint with head_dim 64.
+#    jsonschema validation), on the tiny checkpoint with head_dim 64, and on the coder-template,
+#    tiny-glm4-moe and tiny-gpt-oss checkpoints (every tool-call grammar).
 # Results: $OUT/issue18.txt (the summary) and the logs beside it.
 set -u
 C=${1:-unknown}; S=$OUT/issue18.txt; T0=$SECONDS
@@ -38,7 +39,7 @@ py=$(command -v python3)
 "$py" -m pip install -q --no-index --find-links .cache/wheels --target /tmp/pydeps openai jsonschema \
   pytest > "$OUT/pip.log" 2>&1
 export PYTHONPATH=/tmp/pydeps
-timeout 240 "$py" -m pytest -q -x -p no:cacheprovider tests/e2e/test_structured.py --backend cuda \
+timeout 420 "$py" -m pytest -q -p no:cacheprovider tests/e2e/test_structured.py --backend cuda \
   --runtime "$kr" --synth-set head_dim=64 --vocab .cache/vocab/qwen.tiktoken > "$OUT/e2e-structured.log" 2>&1
 echo "e2e test_structured (cuda) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
 tail -15 "$OUT/e2e-structured.log" >> "$S"

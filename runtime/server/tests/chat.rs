@@ -156,6 +156,88 @@ async fn coder_xml_grammar_converts_values_by_schema() {
     assert_eq!(args, json!({"city": "San Francisco", "days": 3}));
 }
 
+/// Streams `reply` under `template` with the weather tool: the call must
+/// stream as the OpenAI shape says (name first, then argument fragments).
+async fn assert_xml_call_streams(template: &str, reply: &'static str) {
+    let opts = Opts {
+        template: Some(
+            ChatTemplate::from_source(template, None, Some("<|im_end|>".into())).unwrap(),
+        ),
+        ..Opts::default()
+    };
+    let h = harness(opts, move |_| reply.into());
+    let mut body = user("Weather in Paris?");
+    body["tools"] = json!([weather_tool()]);
+    body["stream"] = json!(true);
+    let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
+    let (events, done) = sse_events(&text);
+    assert!(done);
+    let frags = assert_streamed_weather_call(&events);
+    // The start (name, no arguments), then each argument and the close.
+    assert_eq!(frags[0]["function"]["arguments"], "", "{text}");
+    assert!(frags.len() >= 4, "{text}");
+    assert!(frags.iter().all(|f| f["index"] == 0));
+    assert!(!text.contains("<tool_call>"), "{text}");
+}
+
+#[tokio::test]
+async fn coder_xml_calls_stream_in_the_openai_shape() {
+    assert_xml_call_streams(
+        QWEN3_CODER_CHAT_TEMPLATE,
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn glm_xml_calls_stream_in_the_openai_shape() {
+    assert_xml_call_streams(
+        krasis_model::tokenizer::GLM4_CHAT_TEMPLATE,
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+    )
+    .await;
+}
+
+/// A named `tool_choice` in the XML grammars: the server's opening names
+/// the tool, so the streamed call starts in it, before the model wrote a
+/// token; the call reaches the client whole or streamed (the opening's
+/// events go out with the first token).
+#[tokio::test]
+async fn named_xml_calls_reach_the_client_whole_or_streamed() {
+    for (template, reply) in [
+        (
+            QWEN3_CODER_CHAT_TEMPLATE,
+            "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+        ),
+        (
+            krasis_model::tokenizer::GLM4_CHAT_TEMPLATE,
+            "<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+        ),
+    ] {
+        let opts = Opts {
+            template: Some(
+                ChatTemplate::from_source(template, None, Some("<|im_end|>".into())).unwrap(),
+            ),
+            ..Opts::default()
+        };
+        let h = harness(opts, move |_| reply.into());
+        let mut body = user("Weather in Paris?");
+        body["tools"] = json!([weather_tool()]);
+        body["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+        let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{v}");
+        let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather", "{v}");
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({"city": "Paris", "days": 2}));
+        body["stream"] = json!(true);
+        let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
+        let (events, done) = sse_events(&text);
+        assert!(done);
+        assert_streamed_weather_call(&events);
+    }
+}
+
 #[tokio::test]
 async fn named_tool_choice_forces_the_call_through_the_prompt() {
     let h = harness(Opts::default(), |prompt| {

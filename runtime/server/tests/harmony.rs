@@ -109,6 +109,8 @@ fn answer(tools: Arc<ToolSet>, chunks: &[&str]) -> Answer {
     }
     events.extend(p.finish());
     let (mut r, mut c, mut calls) = (String::new(), String::new(), Vec::new());
+    // The streamed call: its index, name and the fragments so far.
+    let mut open: Option<(usize, String, String)> = None;
     for e in events {
         match e {
             OutputEvent::Reasoning(t) => r.push_str(&t),
@@ -122,10 +124,27 @@ fn answer(tools: Arc<ToolSet>, chunks: &[&str]) -> Answer {
                 assert_eq!(index, calls.len());
                 calls.push((name, serde_json::from_str(&arguments).unwrap()));
             }
-            // Harmony calls are not streamed (their end decides them).
-            e @ (OutputEvent::ToolCallStart { .. }
-            | OutputEvent::ToolCallArgs { .. }
-            | OutputEvent::ToolCallEnd { .. }) => panic!("a streamed harmony call: {e:?}"),
+            // A call streams from its header on; one whose arguments turn
+            // out not to be an object stays unfinished (its body is content).
+            OutputEvent::ToolCallStart { index, name, .. } => {
+                assert_eq!(index, calls.len());
+                open = Some((index, name, String::new()));
+            }
+            OutputEvent::ToolCallArgs { index, fragment } => {
+                let (i, _, joined) = open.as_mut().expect("fragment outside a call");
+                assert_eq!(index, *i);
+                joined.push_str(&fragment);
+            }
+            OutputEvent::ToolCallEnd { index, arguments } => {
+                let (i, name, joined) = open.take().expect("end outside a call");
+                assert_eq!(index, i);
+                let args: Value = serde_json::from_str(&arguments).unwrap();
+                // What a streaming client joins is the same JSON.
+                let streamed: Value = serde_json::from_str(&joined)
+                    .unwrap_or_else(|e| panic!("{e}: fragments {joined:?}"));
+                assert_eq!(streamed, args);
+                calls.push((name, args));
+            }
         }
     }
     (r, c, calls)
@@ -321,7 +340,9 @@ async fn streamed_harmony_call_follows_the_openai_shape() {
     };
     assert_eq!(delta("reasoning_content"), "Need weather.");
     assert_eq!(delta("content"), "Checking.");
-    assert_streamed_weather_call(&events);
+    let frags = assert_streamed_weather_call(&events);
+    // The start at the header, then the body as it arrives.
+    assert!(frags.len() >= 3, "{text}");
     assert!(
         !text.contains("<|"),
         "no harmony marker reaches the client: {text}"
@@ -427,4 +448,134 @@ async fn a_tool_call_message_with_content_and_reasoning_still_renders() {
     let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], "Done.");
+}
+
+/// A harness over tiny-gpt-oss's own tokenizer (harmony's markers are its
+/// special tokens, so the grammars over them apply) and the checkpoint's
+/// template; the scripted model's tokens must pass the request's grammar.
+fn gpt_oss_harness(reply: &'static str) -> Harness {
+    let dir = krasis_model::testutil::tiny_gpt_oss_checkpoint();
+    let tok = krasis_model::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    let opts = Opts {
+        template: Some(gpt_oss_template()),
+        tokenizer: Some(Arc::new(tok)),
+        ..Opts::default()
+    };
+    harness(opts, move |_| reply.to_string())
+}
+
+const ANALYSIS: &str = "<|channel|>analysis<|message|>Plan.<|end|><|start|>assistant";
+
+#[tokio::test]
+async fn response_format_is_the_final_message_and_auto_constrains_the_turn() {
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+                        "required": ["n"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "n", "schema": schema}});
+    let ask = |extra: Value| {
+        let mut b = user("n?");
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    // The reasoning is free, the final message is the JSON.
+    let json_answer: &'static str =
+        Box::leak(format!("{ANALYSIS}<|channel|>final<|message|>{{\"n\": 3}}").into_boxed_str());
+    let h = gpt_oss_harness(json_answer);
+    let (status, v) = post_json(
+        &app(&h),
+        "/v1/chat/completions",
+        &ask(json!({"response_format": format})),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert_eq!(
+        (m["reasoning_content"].as_str(), m["content"].as_str()),
+        (Some("Plan."), Some("{\"n\": 3}"))
+    );
+    // With tools under auto: the JSON, or a call.
+    let with_tools = json!({"response_format": format, "tools": [weather_tool()]});
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &ask(with_tools.clone())).await;
+    assert_eq!(
+        (status, v["choices"][0]["message"]["content"].as_str()),
+        (200, Some("{\"n\": 3}")),
+        "{v}"
+    );
+    let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|call|>";
+    let h = gpt_oss_harness(call);
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &ask(with_tools)).await;
+    assert_eq!(
+        (status, v["choices"][0]["finish_reason"].as_str()),
+        (200, Some("tool_calls")),
+        "{v}"
+    );
+
+    // What the grammars refuse: the script is the model, so a refused
+    // token fails the request (a sampler could not have drawn it).
+    for (reply, extra) in [
+        // A final answer that is not the format's JSON.
+        (
+            "<|channel|>final<|message|>three",
+            json!({"response_format": format}),
+        ),
+        // A preamble when the content must be the JSON alone.
+        (
+            "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>final<|message|>{\"n\": 1}",
+            json!({"response_format": format}),
+        ),
+        // Under auto, a call to an undeclared function, and arguments
+        // its schema refuses.
+        (
+            "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}<|call|>",
+            json!({"tools": [weather_tool()]}),
+        ),
+        (
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"days\": 2}<|call|>",
+            json!({"tools": [weather_tool()]}),
+        ),
+    ] {
+        let h = gpt_oss_harness(reply);
+        let (status, v) = post_json(&app(&h), "/v1/chat/completions", &ask(extra)).await;
+        assert_ne!(status, 200, "{reply}: {v}");
+        assert!(
+            v.to_string().contains("breaks the request's grammar"),
+            "{reply}: {v}"
+        );
+    }
+    // Under auto, free reasoning, a preamble and a call with the recipient
+    // before the channel pass.
+    let h = gpt_oss_harness(
+        "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}<|call|>",
+    );
+    let (status, v) = post_json(
+        &app(&h),
+        "/v1/chat/completions",
+        &ask(json!({"tools": [weather_tool()]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let m = &v["choices"][0]["message"];
+    assert_eq!(m["content"], "Checking.");
+    assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather");
+}
+
+/// A named `tool_choice`: the server's opening is the call's header, so
+/// the streamed call starts there; the call reaches the client whole or
+/// streamed.
+#[tokio::test]
+async fn a_named_harmony_call_reaches_the_client_whole_or_streamed() {
+    let h = gpt_oss_harness("{\"city\": \"Paris\", \"days\": 2}<|call|>");
+    let mut body = user("Weather in Paris?");
+    body["tools"] = json!([weather_tool()]);
+    body["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{v}");
+    body["stream"] = json!(true);
+    let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
+    let (events, done) = sse_events(&text);
+    assert!(done);
+    assert_streamed_weather_call(&events);
 }

@@ -8,7 +8,7 @@ use super::structured::{self, ResponseFormat};
 use super::{admit, messages, off_thread, origin, submit};
 use crate::error::ApiError;
 use crate::output::OutputParser;
-use crate::output::tools::{Forced, ToolGrammar, ToolParser, ToolSet};
+use crate::output::tools::{Forced, ToolParser, ToolSet};
 use crate::state::{AppState, LoadedModel};
 use axum::extract::{Request, State};
 use axum::response::Response;
@@ -24,8 +24,8 @@ struct ToolPlan {
     parser: Option<Box<dyn ToolParser>>,
     /// Prompt continuation that starts a forced call.
     forced_prefix: Option<String>,
-    /// What the calls' grammar is built from (`structured::tool_grammar`).
-    constrain: Option<(Arc<dyn ToolGrammar>, Forced, Arc<ToolSet>)>,
+    /// What the calls' grammar is built from (`structured::request_grammar`).
+    constrain: Option<(Forced, Arc<ToolSet>)>,
 }
 
 pub async fn chat_completions(
@@ -54,22 +54,6 @@ pub async fn chat_completions(
     let requested = requested_tokens(requested, param)?;
     let plan = plan_tools(&req, &model)?;
     let format = ResponseFormat::parse(req.common.response_format.as_ref())?;
-    if !format.is_text() {
-        if plan.parser.is_some() {
-            return Err(ApiError::unsupported(
-                "response_format",
-                "response_format json_object/json_schema together with tools is not supported; \
-                 send tool_choice \"none\" (or no tools) with it, or constrain the tools' arguments instead",
-            ));
-        }
-        if model.grammar.as_ref().is_some_and(|g| g.whole_output()) {
-            return Err(ApiError::unsupported(
-                "response_format",
-                "response_format json_object/json_schema is not supported yet for models that \
-                 answer in harmony channels (gpt-oss)",
-            ));
-        }
-    }
     let parallel = !legacy && req.parallel_tool_calls != Some(false);
     let ignore_eos = req.common.ignore_eos == Some(true);
     let opts = RenderOptions {
@@ -83,13 +67,11 @@ pub async fn chat_completions(
     let m = model.clone();
     let (slot, prompt_ids, max_new, opens_reasoning, constraint) = off_thread(move || {
         // The grammar first: a schema it refuses costs no rendering.
-        let constraint = match &constrain {
-            _ if !format.is_text() => format.compile(&m)?,
-            Some((g, forced, set)) => {
-                structured::tool_grammar(&m, g.as_ref(), forced, set, parallel)?
-            }
-            None => None,
-        };
+        let tools = constrain
+            .as_ref()
+            .map(|(forced, set)| (forced, set.as_ref()));
+        let family = m.grammar.as_deref();
+        let constraint = structured::request_grammar(&m, &format, family, tools, parallel)?;
         structured::check_can_end(&constraint, ignore_eos)?;
         let msgs = messages::normalize(&raw_messages)?;
         drop(raw_messages);
@@ -135,9 +117,10 @@ pub async fn chat_completions(
         None => OutputParser::new(opens_reasoning, plan.parser),
     };
     if let Some(prefix) = &plan.forced_prefix {
-        // The forced opening is part of the call the parser must see.
-        let early = parser.push(prefix);
-        debug_assert!(early.is_empty());
+        // The forced opening is part of the call the parser must see; a
+        // streamed call may start in it (the XML and harmony openings
+        // name the tool).
+        parser.prime(prefix);
     }
     let gen_req = GenerateRequest {
         prompt: prompt_ids,
@@ -327,7 +310,7 @@ fn plan_tools(req: &ChatRequest, model: &LoadedModel) -> Result<ToolPlan, ApiErr
         for_template: Some(tools),
         parser: Some(grammar.parser(set.clone())),
         forced_prefix: grammar.forced_prefix(&forced),
-        constrain: Some((grammar.clone(), forced, set)),
+        constrain: Some((forced, set)),
     })
 }
 

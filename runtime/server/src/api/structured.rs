@@ -9,10 +9,16 @@
 //!   allow). A schema feature the compiler cannot enforce is a 400 that
 //!   names it.
 //! - Tool calls: the family's [`ToolGrammar::constraint`] (Hermes JSON,
-//!   Qwen3-Coder XML, GLM-4.5 XML; harmony when forced): `required` and a named function constrain the output after the
-//!   forced prefix to complete calls of declared tools with arguments valid
-//!   against each tool's schema; `auto` constrains each call the model opens
-//!   by itself (after the family's trigger token), text stays free.
+//!   Qwen3-Coder XML, GLM-4.5 XML, harmony): `required` and a named
+//!   function constrain the output after the forced prefix to complete
+//!   calls of declared tools with arguments valid against each tool's
+//!   schema; `auto` constrains each call the model opens by itself (after
+//!   the family's trigger token; harmony: the turn's messages, whose text
+//!   stays free).
+//! - `response_format` with tools under `auto`: the answer is the JSON or
+//!   the model calls tools (a forced call has no answer to format).
+//! - Harmony (gpt-oss) keeps its reasoning free; the JSON is its `final`
+//!   message ([`ToolGrammar::answer_constraint`]).
 //!
 //! JSON whitespace is bounded (at most one space): a random-weight model
 //! could otherwise write whitespace until its token budget runs out.
@@ -20,7 +26,7 @@
 use crate::error::ApiError;
 use crate::output::tools::{Forced, ToolConstraint, ToolGrammar, ToolSet};
 use crate::state::LoadedModel;
-use krasis_model::structured::Grammar;
+use krasis_model::structured::{Grammar, lark_json};
 use serde_json::Value;
 
 /// The `response_format` types the server accepts (the capability report
@@ -77,6 +83,24 @@ impl ResponseFormat {
         *self == ResponseFormat::Text
     }
 
+    /// The answer as a Lark item (`%json`), for grammars that embed it
+    /// (an answer or tool calls; harmony's `final` channel); `None` for
+    /// text.
+    pub fn answer_lark(&self) -> Result<Option<String>, ApiError> {
+        let any = serde_json::json!({ "type": "object" });
+        let schema = match self {
+            ResponseFormat::Text => return Ok(None),
+            ResponseFormat::JsonObject => &any,
+            ResponseFormat::JsonSchema(s) => s,
+        };
+        lark_json(schema).map(Some).map_err(|e| {
+            ApiError::invalid_param(
+                "response_format",
+                format!("this JSON schema cannot be enforced: {e}"),
+            )
+        })
+    }
+
     /// The grammar over `model`'s vocabulary (`None` for text). Blocking.
     pub fn compile(&self, model: &LoadedModel) -> Result<Option<Grammar>, ApiError> {
         let schema = match self {
@@ -98,25 +122,67 @@ impl ResponseFormat {
     }
 }
 
-/// The grammar of the request's tool calls (`None`: the family has no
-/// constraint for this `forced` mode yet; the calls are then parsed as
-/// written). Blocking.
-pub fn tool_grammar(
+/// The request's grammar, from its `response_format` and its tool calls
+/// (`tools`: the family, how calls are forced, the declared tools; `None`
+/// with `tool_choice: "none"` or no tools). `family`: the model's tool-call
+/// grammar, which wraps a JSON answer in its own markup where it has one
+/// (harmony's `final` channel). `None`: nothing constrains the output.
+/// Blocking (compiles over the vocabulary).
+///
+/// A `response_format` schema is compiled alone first, so a feature the
+/// compiler refuses is named as the response format's fault, not the
+/// tools'.
+pub fn request_grammar(
     model: &LoadedModel,
-    grammar: &dyn ToolGrammar,
-    forced: &Forced,
-    tools: &ToolSet,
+    format: &ResponseFormat,
+    family: Option<&dyn ToolGrammar>,
+    tools: Option<(&Forced, &ToolSet)>,
     parallel: bool,
 ) -> Result<Option<Grammar>, ApiError> {
-    let tok = &model.tokenizer;
-    let Some(c) = grammar
-        .constraint(forced, tools, parallel, tok)
-        .map_err(|e| ApiError::invalid_param("tools", e))?
-    else {
-        return Ok(None);
+    let answer = format.answer_lark()?;
+    let plain = match &answer {
+        Some(_) => format.compile(model)?,
+        None => None,
     };
+    let tok = &model.tokenizer;
+    let (family, c) = match (family, tools) {
+        (Some(f), Some((forced, set))) => {
+            let c = f
+                .constraint(forced, set, parallel, answer.as_deref(), tok)
+                .map_err(|e| ApiError::invalid_param("tools", e))?;
+            if c.is_none() && answer.is_some() {
+                return Err(ApiError::unsupported(
+                    "response_format",
+                    format!(
+                        "response_format with tools needs the {} tool calls constrained, which \
+                         this model's vocabulary does not allow; send tool_choice \"none\" with it",
+                        f.name()
+                    ),
+                ));
+            }
+            (f, c)
+        }
+        (Some(f), None) => match answer.as_deref().map(|a| f.answer_constraint(a, tok)) {
+            Some(Some(c)) => (f, Some(c)),
+            // A family that wraps its answer but cannot here: the plain
+            // JSON grammar would forbid its own markup.
+            Some(None) if f.whole_output() => {
+                return Err(ApiError::unsupported(
+                    "response_format",
+                    format!(
+                        "response_format needs the {} markers as tokens of this model's \
+                         vocabulary, which lacks them",
+                        f.name()
+                    ),
+                ));
+            }
+            _ => return Ok(plain),
+        },
+        (None, _) => return Ok(plain),
+    };
+    let Some(c) = c else { return Ok(None) };
     let vocab = model.vocabulary()?;
-    let what = format!("{} tool calls", grammar.name());
+    let what = format!("{} output", family.name());
     let g = match c {
         ToolConstraint::Whole(lark) => Grammar::lark(&vocab, &lark, &what),
         ToolConstraint::Lazy { trigger, lark } => {

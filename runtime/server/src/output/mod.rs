@@ -51,6 +51,9 @@ pub struct OutputParser {
     errors: Vec<String>,
     /// The index of the call being streamed, if one is.
     open: Option<usize>,
+    /// Events of [`OutputParser::prime`]'s text, sent with the first
+    /// output.
+    early: Vec<OutputEvent>,
 }
 
 impl OutputParser {
@@ -61,6 +64,7 @@ impl OutputParser {
             calls: 0,
             errors: Vec::new(),
             open: None,
+            early: Vec::new(),
         }
     }
 
@@ -73,7 +77,18 @@ impl OutputParser {
             calls: 0,
             errors: Vec::new(),
             open: None,
+            early: Vec::new(),
         }
+    }
+
+    /// Text the output continues that the model did not write: a forced
+    /// call's opening, appended to the prompt. It is parsed as output (the
+    /// call starts there), and what it gives (e.g. a streamed call's name,
+    /// once the opening names the tool) goes out with the first
+    /// [`OutputParser::push`] or [`OutputParser::finish`].
+    pub fn prime(&mut self, text: &str) {
+        let events = self.push(text);
+        self.early.extend(events);
     }
 
     pub fn push(&mut self, text: &str) -> Vec<OutputEvent> {
@@ -82,7 +97,8 @@ impl OutputParser {
             Some(r) => r.push(text, &mut pieces),
             None => pieces.push(Piece::Content(text.to_string())),
         }
-        self.route(pieces, false)
+        let events = self.route(pieces, false);
+        self.with_early(events)
     }
 
     pub fn finish(&mut self) -> Vec<OutputEvent> {
@@ -90,7 +106,19 @@ impl OutputParser {
         if let Some(r) = self.reasoning.as_mut() {
             r.finish(&mut pieces);
         }
-        self.route(pieces, true)
+        let events = self.route(pieces, true);
+        self.with_early(events)
+    }
+
+    fn with_early(&mut self, events: Vec<OutputEvent>) -> Vec<OutputEvent> {
+        match self.early.is_empty() {
+            true => events,
+            false => {
+                let mut all = std::mem::take(&mut self.early);
+                all.extend(events);
+                all
+            }
+        }
     }
 
     /// Complete tool calls emitted so far.

@@ -54,6 +54,8 @@ pub struct Opts {
     pub kv_tokens: Option<usize>,
     /// The engine has a batch interface (else the server's one-at-a-time path).
     pub batching: bool,
+    /// The model's tokenizer (default: the tiny checkpoint's, [`tokenizer`]).
+    pub tokenizer: Option<Arc<Tokenizer>>,
 }
 
 impl Default for Opts {
@@ -77,6 +79,7 @@ impl Default for Opts {
             capacity: None,
             kv_tokens: None,
             batching: true,
+            tokenizer: None,
         }
     }
 }
@@ -88,7 +91,8 @@ pub struct Harness {
 }
 
 /// `reply(prompt_text) -> model output text`; the output is tokenized with
-/// the real tokenizer and ends with `<|im_end|>`.
+/// the real tokenizer (or `opts.tokenizer`) and ends with `<|im_end|>` (or
+/// that tokenizer's first EOS when it has no `<|im_end|>`).
 pub fn harness(opts: Opts, reply: impl Fn(&str) -> String + Send + 'static) -> Harness {
     try_harness(opts, reply).expect("install")
 }
@@ -98,8 +102,11 @@ pub fn try_harness(
     opts: Opts,
     reply: impl Fn(&str) -> String + Send + 'static,
 ) -> Result<Harness, String> {
-    let tok = tokenizer();
-    let im_end = tok.token_id("<|im_end|>").expect("im_end token");
+    let model_tok = opts.tokenizer.clone().unwrap_or_else(tokenizer);
+    let tok = model_tok.clone();
+    let im_end = tok
+        .token_id("<|im_end|>")
+        .unwrap_or_else(|| tok.eos_token_ids()[0]);
     let vocab = tok.vocab_size();
     let responder = Box::new(move |prompt: &[u32]| {
         let text = tok.decode(prompt, false).expect("decode prompt");
@@ -125,7 +132,7 @@ pub fn try_harness(
         engine = engine.without_batching();
     }
     if let Some(fail) = opts.fail {
-        let tok = tokenizer();
+        let tok = model_tok.clone();
         engine = engine.with_failure(Box::new(move |prompt: &[u32]| {
             fail(&tok.decode(prompt, false).expect("decode prompt"))
         }));
@@ -143,7 +150,7 @@ pub fn try_harness(
         check_host: opts.check_host,
     });
     state
-        .install(Box::new(engine), tokenizer(), opts.template)
+        .install(Box::new(engine), model_tok, opts.template)
         .map_err(|e| e.to_string())?;
     Ok(Harness {
         state,

@@ -47,9 +47,10 @@ const CHANNEL: &str = "<|channel|>";
 const MESSAGE: &str = "<|message|>";
 const CONSTRAIN: &str = "<|constrain|>";
 const CALL: &str = "<|call|>";
+const END: &str = "<|end|>";
 /// Markers that end a message's body. `<|start|>` is among them because a
 /// model that skips `<|end|>` still starts its next message with it.
-const BODY_ENDS: [&str; 4] = ["<|end|>", CALL, "<|return|>", START];
+const BODY_ENDS: [&str; 4] = [END, CALL, "<|return|>", START];
 /// A header longer than this without `<|message|>` is not a header: the model
 /// is writing plain text, which is then kept as content.
 const MAX_HEADER: usize = 512;
@@ -86,65 +87,127 @@ impl ToolGrammar for Harmony {
         true
     }
 
-    /// `auto` would need a grammar over every message the model may write
-    /// (analysis, final, preambles, calls with the recipient before or after
-    /// the channel); not yet: its calls are parsed as written.
-    fn constrains_auto(&self) -> bool {
-        false
-    }
-
     /// `required`: after the prefix's `to=functions.`, a declared tool's
     /// name, ` <|constrain|>json<|message|>`, arguments valid against its
     /// schema, `<|call|>` (which ends the turn); named: the arguments and
     /// `<|call|>`. One call per turn, as harmony writes them.
+    ///
+    /// `auto`: the whole output as harmony messages ([`messages_lark`]):
+    /// reasoning and preambles are free text, and the turn ends with either
+    /// a `final` answer (free, or `answer`) or a call of a declared tool,
+    /// its recipient before or after the channel, its arguments valid.
     fn constraint(
         &self,
         forced: &Forced,
         tools: &ToolSet,
         _parallel: bool,
+        answer: Option<&str>,
         tok: &Tokenizer,
     ) -> Result<Option<ToolConstraint>, String> {
-        if matches!(forced, Forced::Auto)
-            || [CALL, CONSTRAIN, MESSAGE]
-                .iter()
-                .any(|t| tok.token_id(t).is_none())
-        {
+        if !has_markers(tok) {
             return Ok(None);
         }
         let m = |t: &str| markup(tok, t);
-        let args = |name: &str, schema: &Value| {
-            lark_json(schema).map_err(|e| {
-                format!("tool '{name}' has a parameters schema that is not an object: {e}")
-            })
-        };
         let mut rules = String::new();
+        let mut alts = Vec::new();
+        for (i, (name, schema)) in tools.schemas().enumerate() {
+            let args = lark_json(&schema).map_err(|e| {
+                format!("tool '{name}' has a parameters schema that is not an object: {e}")
+            })?;
+            rules.push_str(&format!("args{i}: {args} {}\n", m(CALL)));
+            alts.push((name, i));
+        }
+        let index = |name: &str| {
+            alts.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, i)| *i)
+                .ok_or_else(|| format!("tool_choice names '{name}', which is not declared"))
+        };
         match forced {
-            Forced::Named(name) => {
-                let (_, schema) = tools
-                    .schemas()
-                    .find(|(n, _)| n == name)
-                    .ok_or_else(|| format!("tool_choice names '{name}', which is not declared"))?;
-                rules.push_str(&format!("start: {} {}\n", args(name, &schema)?, m(CALL)));
+            Forced::Named(name) => rules.push_str(&format!("start: args{}\n", index(name)?)),
+            Forced::Required => {
+                let calls: Vec<String> = alts
+                    .iter()
+                    .map(|(name, i)| {
+                        format!(
+                            "{} {} {} {} args{i}",
+                            lark_str(&format!("{name} ")),
+                            m(CONSTRAIN),
+                            lark_str("json"),
+                            m(MESSAGE)
+                        )
+                    })
+                    .collect();
+                rules.push_str(&format!("start: {}\n", calls.join(" | ")));
             }
-            _ => {
-                let mut alts = Vec::new();
-                for (i, (name, schema)) in tools.schemas().enumerate() {
-                    rules.push_str(&format!(
-                        "t{i}: {} {} {} {} {} {}\n",
-                        lark_str(&format!("{name} ")),
-                        m(CONSTRAIN),
-                        lark_str("json"),
-                        m(MESSAGE),
-                        args(name, &schema)?,
-                        m(CALL)
-                    ));
-                    alts.push(format!("t{i}"));
-                }
-                rules.push_str(&format!("start: {}\n", alts.join(" | ")));
+            Forced::Auto => {
+                let names: Vec<(String, usize)> =
+                    alts.iter().map(|(n, i)| (n.to_string(), *i)).collect();
+                rules.push_str(&messages_lark(tok, &names, answer));
             }
         }
         Ok(Some(ToolConstraint::Whole(rules)))
     }
+
+    /// The reasoning stays free; the `final` message is `answer`.
+    fn answer_constraint(&self, answer: &str, tok: &Tokenizer) -> Option<ToolConstraint> {
+        has_markers(tok).then(|| ToolConstraint::Whole(messages_lark(tok, &[], Some(answer))))
+    }
+}
+
+/// Whether the vocabulary has harmony's markers as tokens (a grammar over
+/// them needs each one).
+fn has_markers(tok: &Tokenizer) -> bool {
+    [START, CHANNEL, MESSAGE, CONSTRAIN, CALL, END]
+        .iter()
+        .all(|t| tok.token_id(t).is_some())
+}
+
+/// A harmony turn as Lark, after the prompt's `<|start|>assistant`:
+/// messages on `analysis` or `commentary` (free text, each ended by
+/// `<|end|><|start|>assistant`), then the last message: the `final` answer
+/// (free text, or `answer`; the grammar's EOS, `<|return|>`, follows) or a
+/// call of one of `tools` (name, rule index of its `args{i}`), which ends
+/// with `<|call|>`. The call's recipient may stand before the channel or
+/// after it, with or without a content type, as gpt-oss writes them.
+///
+/// With an `answer` format there are no `commentary` preambles: they are
+/// content for the user, and the content must then be the answer alone.
+fn messages_lark(tok: &Tokenizer, tools: &[(String, usize)], answer: Option<&str>) -> String {
+    let m = |t: &str| markup(tok, t);
+    let (ch, msg) = (m(CHANNEL), m(MESSAGE));
+    let notes = match answer {
+        None => format!("{} | {}", lark_str("analysis"), lark_str("commentary")),
+        Some(_) => lark_str("analysis"),
+    };
+    let mut lark = format!(
+        "TEXT: /(?s:.+)/\n\
+         note: {ch} ({notes}) {msg} TEXT? {} {} {}\n\
+         answer: {}\n\
+         final: {ch} {} {msg} answer\n\
+         ctype: {} {} {} | {}\n",
+        m(END),
+        m(START),
+        lark_str("assistant"),
+        answer.unwrap_or("TEXT?"),
+        lark_str("final"),
+        lark_str(" "),
+        m(CONSTRAIN),
+        lark_str("json"),
+        lark_str(" json"),
+    );
+    let mut last = vec!["final".to_string()];
+    for (name, i) in tools {
+        let to = lark_str(&format!(" to=functions.{name}"));
+        lark.push_str(&format!(
+            "call{i}: ({ch} {} {to} | {to} {ch} {}) ctype? {msg} args{i}\n",
+            lark_str("commentary"),
+            lark_str("commentary"),
+        ));
+        last.push(format!("call{i}"));
+    }
+    lark.push_str(&format!("start: note* ({})\n", last.join(" | ")));
+    lark
 }
 
 /// One message's header as the model wrote it.
@@ -296,11 +359,19 @@ enum Kind {
     Call(String),
 }
 
+/// Reads the whole output. A call streams: `CallStart` at its header, its
+/// body as `CallArgs` fragments as the scanner releases it (leading and
+/// trailing whitespace left out, so the fragments join into the body's
+/// JSON text), and at the message's end the `Call` with the arguments
+/// compact, or `Malformed` when they are not a JSON object (the started
+/// call then stays unfinished and the body is content).
 pub struct HarmonyParser {
     scanner: Scanner,
     tools: Arc<ToolSet>,
     kind: Kind,
     args: String,
+    /// How much of `args` went out as `CallArgs` (0: nothing yet).
+    sent: usize,
     calls: usize,
 }
 
@@ -313,7 +384,23 @@ impl HarmonyParser {
             tools,
             kind: Kind::Content,
             args: String::new(),
+            sent: 0,
             calls: 0,
+        }
+    }
+
+    /// Sends the call's body written so far, but for whitespace at its
+    /// start and (until more follows) at its end: neither is part of the
+    /// JSON text.
+    fn send_args(&mut self, out: &mut Vec<ToolEvent>) {
+        let from = match self.sent {
+            0 => self.args.len() - self.args.trim_start().len(),
+            sent => sent,
+        };
+        let to = self.args.trim_end().len();
+        if to > from {
+            out.push(ToolEvent::CallArgs(self.args[from..to].to_string()));
+            self.sent = to;
         }
     }
 
@@ -344,11 +431,18 @@ impl HarmonyParser {
                 Segment::Begin(h) => {
                     self.kind = self.kind_of(&h);
                     self.args.clear();
+                    self.sent = 0;
+                    if let Kind::Call(name) = &self.kind {
+                        out.push(ToolEvent::CallStart { name: name.clone() });
+                    }
                 }
                 Segment::Text(t) => match &self.kind {
                     Kind::Reasoning => out.push(ToolEvent::Reasoning(t)),
                     Kind::Content => out.push(ToolEvent::Text(t)),
-                    Kind::Call(_) => self.args.push_str(&t),
+                    Kind::Call(_) => {
+                        self.args.push_str(&t);
+                        self.send_args(out);
+                    }
                 },
                 Segment::End => {
                     if let Kind::Call(name) = std::mem::replace(&mut self.kind, Kind::Content) {

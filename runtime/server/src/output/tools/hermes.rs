@@ -48,6 +48,7 @@ impl ToolGrammar for HermesJson {
         forced: &Forced,
         tools: &ToolSet,
         parallel: bool,
+        answer: Option<&str>,
         tok: &Tokenizer,
     ) -> Result<Option<ToolConstraint>, String> {
         let (Some(open), Some(end)) = (tok.token_id(START), tok.token_id(END)) else {
@@ -75,7 +76,7 @@ impl ToolGrammar for HermesJson {
             tools: calls,
             rules: String::new(),
         };
-        shape.constraint(forced, parallel).map(Some)
+        shape.constraint(forced, parallel, answer).map(Some)
     }
 }
 

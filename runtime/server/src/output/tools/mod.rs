@@ -36,14 +36,19 @@ pub struct ParsedCall {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolEvent {
     Text(String),
-    /// A call is being written and its name is known (grammars that stream
-    /// calls: Hermes JSON); its arguments follow as [`ToolEvent::CallArgs`]
-    /// and it ends with [`ToolEvent::Call`] (or `Malformed`).
+    /// A call is being written and its name is known (every grammar streams
+    /// its calls: Hermes JSON as its arguments' text is written, the XML
+    /// grammars one typed argument at a time as each completes, harmony at its
+    /// message header then its body as it arrives); its arguments follow as
+    /// [`ToolEvent::CallArgs`] and it ends with [`ToolEvent::Call`] (or
+    /// `Malformed`, which leaves it unfinished). A call that arrives in one
+    /// piece may come as a bare `Call`.
     CallStart {
         name: String,
     },
-    /// The next fragment of the open call's arguments, as the model wrote
-    /// them (the fragments join into its arguments' JSON text).
+    /// The next fragment of the open call's arguments; the fragments join
+    /// into a JSON object text equal (as JSON) to its `Call`'s arguments
+    /// (for the XML grammars they are not the model's own text).
     CallArgs(String),
     /// A complete call; it completes the open call when one was started.
     Call(ParsedCall),
@@ -85,19 +90,36 @@ pub trait ToolGrammar: Send + Sync + std::fmt::Debug {
     fn forced_prefix(&self, forced: &Forced) -> Option<String>;
 
     /// The grammar that makes the model's calls well formed (issue 18):
-    /// after [`ToolGrammar::forced_prefix`] for a forced call, or lazily
-    /// after the family's trigger token for `auto`; arguments valid against
-    /// each tool's schema. `Ok(None)`: this family has no constraint for
-    /// that mode yet (its calls are parsed as written). `Err`: a tool
-    /// cannot be constrained (its message says which).
+    /// after [`ToolGrammar::forced_prefix`] for a forced call, or for
+    /// `auto` each call the model opens; arguments valid against each
+    /// tool's schema.
+    ///
+    /// `answer`: a Lark item the model's answer must match when it does not
+    /// call a tool (`response_format`'s JSON, from
+    /// `krasis_model::structured::lark_json`); `None`: the answer is free
+    /// text. It applies to `auto` only (a forced call has no answer), and
+    /// makes `auto`'s grammar whole-output: the answer or calls.
+    ///
+    /// `Ok(None)`: this family has no constraint for that mode (its calls
+    /// are parsed as written). `Err`: a tool cannot be constrained (its
+    /// message says which).
     fn constraint(
         &self,
         _forced: &Forced,
         _tools: &ToolSet,
         _parallel: bool,
+        _answer: Option<&str>,
         _tok: &Tokenizer,
     ) -> Result<Option<ToolConstraint>, String> {
         Ok(None)
+    }
+
+    /// The grammar of an answer that must match `answer` when the request
+    /// declares no tools, for families whose output wraps the answer
+    /// (harmony's `final` channel); `None`: the answer is the whole output,
+    /// so `answer` alone is its grammar.
+    fn answer_constraint(&self, _answer: &str, _tok: &Tokenizer) -> Option<ToolConstraint> {
+        None
     }
 
     /// Whether [`ToolGrammar::constraint`] constrains this grammar's forced
@@ -156,8 +178,14 @@ pub struct CallShape {
 impl CallShape {
     /// The grammar for `forced`, matching [`ToolGrammar::forced_prefix`]:
     /// the prefix of `required` ends where a name starts, that of a named
-    /// tool after its name; `auto` is lazy after each trigger.
-    pub fn constraint(&self, forced: &Forced, parallel: bool) -> Result<ToolConstraint, String> {
+    /// tool after its name; `auto` is lazy after each trigger, or, with an
+    /// `answer` (a Lark item), the whole output is that answer or calls.
+    pub fn constraint(
+        &self,
+        forced: &Forced,
+        parallel: bool,
+        answer: Option<&str>,
+    ) -> Result<ToolConstraint, String> {
         let mut rules = self.rules.clone();
         for (i, t) in self.tools.iter().enumerate() {
             rules.push_str(&format!("t{i}: {} {}\n", t.named, t.rest));
@@ -170,13 +198,23 @@ impl CallShape {
             false => String::new(),
         };
         Ok(match forced {
-            Forced::Auto => {
-                rules.push_str(&format!("start: {head} call\n"));
-                ToolConstraint::Lazy {
-                    trigger: self.trigger,
-                    lark: rules,
+            Forced::Auto => match answer {
+                None => {
+                    rules.push_str(&format!("start: {head} call\n"));
+                    ToolConstraint::Lazy {
+                        trigger: self.trigger,
+                        lark: rules,
+                    }
                 }
-            }
+                Some(answer) => {
+                    rules.push_str(&format!("answer: {answer}\n"));
+                    rules.push_str(&format!(
+                        "start: answer | {open} {head} call{}\n",
+                        more("call")
+                    ));
+                    ToolConstraint::Whole(rules)
+                }
+            },
             Forced::Required => {
                 rules.push_str(&format!("start: call{}\n", more("call")));
                 ToolConstraint::Whole(rules)

@@ -32,8 +32,8 @@ fn run(grammar: &dyn ToolGrammar, chunks: &[&str]) -> Vec<ToolEvent> {
     p.finish(&mut out);
     let mut merged: Vec<ToolEvent> = Vec::new();
     // A streamed call's start and fragments depend on the chunking; what
-    // the text parses into does not (its `Call` ends it either way;
-    // `hermes_calls_stream_name_then_argument_fragments` checks streaming).
+    // the text parses into does not (its `Call` ends it either way; the
+    // `*stream*` tests below check streaming).
     let out = out
         .into_iter()
         .filter(|e| !matches!(e, ToolEvent::CallStart { .. } | ToolEvent::CallArgs(_)));
@@ -342,4 +342,270 @@ fn hermes_calls_stream_name_then_argument_fragments() {
         run(&HermesJson, &[text]),
         vec![ToolEvent::Text("Sure.".into()), call("get_weather", want)]
     );
+}
+
+/// Pushes `text` one char at a time, then finishes; each event with how
+/// many bytes of `text` had been pushed when it came.
+fn trickle(grammar: &dyn ToolGrammar, tools: Arc<ToolSet>, text: &str) -> Vec<(usize, ToolEvent)> {
+    let mut p = grammar.parser(tools);
+    let mut timed = Vec::new();
+    let mut out = Vec::new();
+    for (i, c) in text.char_indices() {
+        p.push(&c.to_string(), &mut out);
+        timed.extend(out.drain(..).map(|e| (i + c.len_utf8(), e)));
+    }
+    p.finish(&mut out);
+    timed.extend(out.drain(..).map(|e| (text.len(), e)));
+    timed
+}
+
+/// One call as the events tell it: its arguments, and the joined fragments
+/// when it was streamed.
+#[derive(Debug)]
+struct Told {
+    arguments: Value,
+    streamed: Option<String>,
+}
+
+/// The calls in `events`, each streamed one checked: its fragments join
+/// into JSON equal to its `Call`'s arguments, under the same name. A start
+/// that a `Malformed` ends yields no call.
+fn told(events: impl IntoIterator<Item = ToolEvent>) -> Vec<Told> {
+    let mut calls = Vec::new();
+    let mut open: Option<(String, String)> = None;
+    for e in events {
+        match e {
+            ToolEvent::CallStart { name } => {
+                assert!(open.is_none(), "a start inside a call");
+                open = Some((name, String::new()));
+            }
+            ToolEvent::CallArgs(f) => open.as_mut().expect("fragment outside a call").1 += &f,
+            ToolEvent::Call(c) => {
+                let arguments: Value = serde_json::from_str(&c.arguments).unwrap();
+                let streamed = open.take().map(|(name, joined)| {
+                    assert_eq!(name, c.name);
+                    let v: Value = serde_json::from_str(&joined)
+                        .unwrap_or_else(|e| panic!("{e}: fragments {joined:?}"));
+                    assert_eq!(v, arguments, "fragments {joined:?} vs {}", c.arguments);
+                    joined
+                });
+                calls.push(Told {
+                    arguments,
+                    streamed,
+                });
+            }
+            ToolEvent::Malformed { .. } => open = None,
+            ToolEvent::Text(_) | ToolEvent::Reasoning(_) => {}
+        }
+    }
+    assert!(open.is_none(), "a call left open without Malformed");
+    calls
+}
+
+const HARMONY: &str = "<|channel|>analysis<|message|>Weather, then.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|> {\"city\": \"Oslo\", \"days\": 3, \"opts\": {\"a\": [1, {}]}}\n<|call|>";
+
+/// One call per grammar, its end tag, and its arguments.
+fn one_call_each() -> Vec<(&'static dyn ToolGrammar, String, &'static str, Value)> {
+    let want = json!({"city": "Oslo", "days": 3, "opts": {"a": [1, {}]}});
+    vec![
+        (
+            &HermesJson,
+            "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 3, \"opts\": {\"a\": [1, {}]}}}\n</tool_call>".to_string(),
+            "</tool_call>",
+            want.clone(),
+        ),
+        (
+            &QwenXml,
+            "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"a\": [1, {}]}\n</parameter>\n</function>\n</tool_call>".to_string(),
+            "</tool_call>",
+            want.clone(),
+        ),
+        (
+            &GlmXml,
+            "Sure.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>opts</arg_key>\n<arg_value>{\"a\": [1, {}]}</arg_value>\n</tool_call>".to_string(),
+            "</tool_call>",
+            want.clone(),
+        ),
+        (&Harmony, HARMONY.to_string(), "<|call|>", want),
+    ]
+}
+
+/// Fails if any grammar stops streaming: written one char at a time, each
+/// call starts (its name) before its end tag, at least two argument
+/// fragments come before that tag, and the fragments join into the call's
+/// arguments.
+#[test]
+fn every_grammar_streams_its_calls_before_their_end() {
+    for (grammar, text, end_tag, want) in one_call_each() {
+        let g = grammar.name();
+        let end = text.rfind(end_tag).unwrap();
+        let timed = trickle(grammar, tools(), &text);
+        let first = timed
+            .iter()
+            .find(|(_, e)| !matches!(e, ToolEvent::Text(_) | ToolEvent::Reasoning(_)))
+            .unwrap_or_else(|| panic!("{g}: no call: {timed:?}"));
+        assert_eq!(
+            first.1,
+            ToolEvent::CallStart {
+                name: "get_weather".into()
+            },
+            "{g}"
+        );
+        assert!(first.0 <= end, "{g}: the name came at {} of {end}", first.0);
+        let early = timed
+            .iter()
+            .filter(|(at, e)| *at <= end && matches!(e, ToolEvent::CallArgs(_)))
+            .count();
+        assert!(
+            early >= 2,
+            "{g}: {early} fragments before the end: {timed:?}"
+        );
+        let calls = told(timed.into_iter().map(|(_, e)| e));
+        assert_eq!(calls.len(), 1, "{g}");
+        assert!(calls[0].streamed.is_some(), "{g}");
+        assert_eq!(calls[0].arguments, want, "{g}");
+    }
+}
+
+/// The XML grammars stream each parameter, once complete, as a member of
+/// the arguments object, typed as the complete call types it.
+#[test]
+fn xml_calls_stream_typed_members() {
+    let qwen = "<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    let frags = |grammar: &dyn ToolGrammar, text: &str| -> Vec<String> {
+        trickle(grammar, tools(), text)
+            .into_iter()
+            .filter_map(|(_, e)| match e {
+                ToolEvent::CallArgs(f) => Some(f),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        frags(&QwenXml, qwen),
+        ["{\"city\": \"San Francisco\"", ", \"days\": 3", "}"]
+    );
+    let glm = "<tool_call>get_weather\n<arg_key>metric</arg_key>\n<arg_value>true</arg_value>\n<arg_key>tags</arg_key>\n<arg_value>[\"x\"]</arg_value>\n</tool_call>";
+    assert_eq!(
+        frags(&GlmXml, glm),
+        ["{\"metric\": true", ", \"tags\": [\"x\"]", "}"]
+    );
+    // A call without arguments streams an empty object.
+    let empty = "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>";
+    assert_eq!(frags(&QwenXml, empty), ["{}"]);
+    assert_eq!(
+        frags(&GlmXml, "<tool_call>get_weather\n</tool_call>"),
+        ["{}"]
+    );
+}
+
+/// Several calls, each streamed, of every value type, in both XML grammars
+/// (and the texts the other tests use): the fragments join into the
+/// arguments each `Call` carries.
+#[test]
+fn streamed_xml_fragments_join_into_the_calls_arguments() {
+    let qwen = format!(
+        "{XML}\n<tool_call>\n<function=get_weather>\n<parameter=tags>\n[1, \"a\", {{\"b\": null}}]\n</parameter>\n<parameter=metric>\nfalse\n</parameter>\n<parameter=ratio>\nNone\n</parameter>\n<parameter=days>\nmany\n</parameter>\n<parameter=note>\n  two\nlines \"quoted\" \\ </parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n</function>\n</tool_call>"
+    );
+    let calls = told(
+        trickle(&QwenXml, tools(), &qwen)
+            .into_iter()
+            .map(|(_, e)| e),
+    );
+    assert_eq!(calls.len(), 3);
+    assert!(calls.iter().all(|c| c.streamed.is_some()), "{calls:?}");
+    assert_eq!(
+        calls[1].arguments,
+        json!({"tags": [1, "a", {"b": null}], "metric": false, "ratio": null,
+               "days": "many", "note": "  two\nlines \"quoted\" \\ "})
+    );
+    assert_eq!(calls[2].arguments, json!({}));
+    let calls = told(trickle(&GlmXml, tools(), GLM).into_iter().map(|(_, e)| e));
+    assert_eq!(calls.len(), 2);
+    assert!(calls.iter().all(|c| c.streamed.is_some()), "{calls:?}");
+    assert_eq!(
+        calls[0].arguments,
+        json!({"city": "New York", "days": 5, "metric": true, "ratio": null,
+               "opts": {"a": [1]}, "tags": ["x", "y"]})
+    );
+}
+
+/// A Qwen3-Coder block may hold several functions: the first streams, the
+/// others come whole when the block ends.
+#[test]
+fn a_block_of_several_functions_streams_the_first() {
+    let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>";
+    let calls = told(trickle(&QwenXml, tools(), text).into_iter().map(|(_, e)| e));
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0].streamed.as_deref(), Some("{\"city\": \"Oslo\"}"));
+    assert_eq!(calls[1].streamed, None);
+    assert_eq!(calls[1].arguments, json!({"days": 2}));
+}
+
+/// A streamed call whose block then fails to parse ends as `Malformed`
+/// (its whole text visible), never as a call.
+#[test]
+fn a_streamed_call_that_breaks_ends_malformed() {
+    let cases: [(&dyn ToolGrammar, &str); 6] = [
+        (
+            &QwenXml,
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\na\n</parameter>\n<parameter=city>\nb\n</parameter>\n</function>\n</tool_call>",
+        ),
+        (
+            &QwenXml,
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\na\n</parameter>\noops\n</function>\n</tool_call>",
+        ),
+        (
+            &QwenXml,
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\na\n</parameter>\n</tool_call>",
+        ),
+        (
+            &GlmXml,
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>a</arg_value>\nParis\n</tool_call>",
+        ),
+        (
+            &GlmXml,
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>a</arg_value>\n<arg_key>city</arg_key>\n<arg_value>b</arg_value>\n</tool_call>",
+        ),
+        (
+            &Harmony,
+            "<|channel|>commentary to=functions.get_weather json<|message|>{\"city\": [1, 2]<|call|>",
+        ),
+    ];
+    for (grammar, text) in cases {
+        let events: Vec<ToolEvent> = trickle(grammar, tools(), text)
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        assert!(
+            matches!(events.first(), Some(ToolEvent::CallStart { .. })),
+            "{text}: {events:?}"
+        );
+        assert!(
+            matches!(events.last(), Some(ToolEvent::Malformed { .. })),
+            "{text}: {events:?}"
+        );
+        assert!(told(events).is_empty(), "{text}");
+    }
+}
+
+proptest! {
+    /// However the text is split, a streamed call's fragments join into its
+    /// arguments, and the calls are those of the unsplit text.
+    #[test]
+    fn streamed_fragments_join_into_the_call_in_any_split(
+        cuts in proptest::collection::vec(0usize..400, 0..30),
+    ) {
+        for (grammar, text, _, want) in one_call_each() {
+            let mut p = grammar.parser(tools());
+            let mut out = Vec::new();
+            for c in chunked(&text, &cuts) {
+                p.push(c, &mut out);
+            }
+            p.finish(&mut out);
+            let calls = told(out);
+            prop_assert_eq!(calls.len(), 1);
+            prop_assert_eq!(&calls[0].arguments, &want);
+        }
+    }
 }
