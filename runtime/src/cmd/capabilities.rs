@@ -79,12 +79,17 @@ fn human(c: &Capabilities) -> String {
         );
     }
     let so = &c.structured_output;
+    // An empty list says "none" rather than nothing.
+    let list = |v: &[String]| match v.is_empty() {
+        true => "none".to_string(),
+        false => v.join(", "),
+    };
     s += &format!(
         "structured output (both backends):\n  response_format: {}\n  tool calls constrained: {}\n  tool calls constrained when forced (auto parsed as written): {}\n  tool calls parsed as written: {}\n",
-        so.response_formats.join(", "),
-        so.constrained_tool_grammars.join(", "),
-        so.forced_only_tool_grammars.join(", "),
-        so.parsed_tool_grammars.join(", ")
+        list(&so.response_formats),
+        list(&so.constrained_tool_grammars),
+        list(&so.forced_only_tool_grammars),
+        list(&so.parsed_tool_grammars)
     );
     s += "architectures:\n";
     for a in &c.architectures {
