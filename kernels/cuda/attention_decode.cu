@@ -11,16 +11,25 @@
 // per head updates the running max/sum (log2 domain) and turns the scores
 // into probabilities; (3) each thread owns head_dim/128 output dims and
 // accumulates P V for all heads from shared memory. Partial (unnormalized) outputs,
-// maxima and sums go to the workspace: o_part [64][nq][d], then m [64][nq],
-// then l [64][nq]. Splits that start past the sequence write m = -inf,
-// l = 0. The position may come from device memory, so the launch shape
-// depends only on the capacity (graph-capturable); then `chunk` is 0 and
-// both kernels derive it from the position they read (decode_chunk): the
-// live keys spread over every split, at least one 64-key tile each, so a
-// 1K-token context runs 16 splits per KV head instead of the 2 that a
-// capacity-derived chunk (32K / 64) would give it.
+// maxima and sums go to the workspace: o_part [S][nq][d], then m [S][nq],
+// then l [S][nq], S = DEC_MAX_SPLITS. Splits that start past the sequence
+// write m = -inf, l = 0. The position may come from device memory, so the
+// launch shape depends only on the capacity (graph-capturable); then
+// `chunk` is 0 and both kernels derive it from the position they read
+// (decode_chunk): the live keys spread over every split, at least one
+// 64-key tile each, so a 1K-token context runs 16 splits per KV head
+// instead of the 1 that a capacity-derived chunk (32K / 128) would give it.
+// Split count (kernels/src/ops/attention.rs, decode_splits): about four
+// blocks per SM, up to 128 splits. Each block is latency-bound (a tile's
+// loads, then its dependent phases), so more, shorter splits hide more of
+// it: on the H200 at an 8K context, 128 splits of 64 keys instead of 64 of
+// 128 took the split kernel from ~55 to ~47 us per layer (a3b-24l,
+// benchmarks/results/2026-12-03-session12.md).
 // attn_decode_combine: one block per q head merges the active splits in
-// ascending order (fixed order, no atomics) and writes bf16.
+// ascending order (fixed order, no atomics) and writes bf16; the splits'
+// maxima and sums are staged in shared memory first and the partial
+// outputs loaded 8 splits at a time, so its cost does not grow with a
+// chain of dependent loads per split.
 // Rows (continuous batching): a launch decodes `rows` tokens of different
 // sequences at once, grid z (split) / y (combine) = row. Row z reads its q
 // from qkv row z, its position from pos_ptr[z] (token_pos, common.cuh),
@@ -49,7 +58,7 @@
 //   value; the split kernels never see it, so it is counted exactly once
 //   however many splits run.
 
-#define DEC_MAX_SPLITS 64
+#define DEC_MAX_SPLITS 128
 #define DEC_TILE_ELEMS 8192  // bf16 elements of one staged K (or V) tile: 16 KB
 #define DEC_MIN_DYN_CHUNK 64  // keys per split at least when derived on the device
 
@@ -254,41 +263,65 @@ __device__ __forceinline__ void attn_decode_combine_t(const float* __restrict__ 
                                                       const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 d,
                                                       u32 n_splits, u32 chunk, const float* __restrict__ sinks,
                                                       u32 window) {
+    // Per-split maxima and weights, staged once for the block: a loop of
+    // global loads per split, each waiting on the last, made a 64-split
+    // combine ~35 us (8K context), ten times the split kernel's writes.
+    __shared__ float ms_s[DEC_MAX_SPLITS], f_s[DEC_MAX_SPLITS], l_s[DEC_MAX_SPLITS];
     const u32 h = blockIdx.x, i = threadIdx.x, z = blockIdx.y;
-    if (h >= nq || i >= d) return;
+    if (h >= nq) return;
     const u32 pos = token_pos(pos_ptr, pos_base, z);
     ws += (u64)z * DEC_MAX_SPLITS * nq * (d + 2);
     out += (u64)z * nq * d;
-    // Splits that hold live keys: s * chunk < n_keys (plain: s * chunk <= pos,
-    // kept in that form so the plain kernel's code is unchanged).
+    // Splits that hold live keys: s * chunk < n_keys (plain: s * chunk <= pos).
     u32 n_keys = pos + 1;
     if constexpr (RING) {
         u32 kfirst;
         decode_span<true>(pos, 0, window, kfirst, n_keys);
     }
     chunk = decode_chunk(chunk, n_keys, n_splits);
+    const u32 n_act = min(n_splits, RING ? (n_keys + chunk - 1) / chunk : pos / chunk + 1);
     const float* o_part = ws;
     const float* m_part = ws + (u64)DEC_MAX_SPLITS * nq * d;
     const float* l_part = m_part + DEC_MAX_SPLITS * nq;
+    for (u32 s = i; s < n_act; s += blockDim.x) {
+        ms_s[s] = m_part[s * nq + h];
+        l_s[s] = l_part[s * nq + h];
+    }
+    __syncthreads();
+    // Every thread reduces the same values in the same order, so all agree
+    // (max is order-free; the sums below keep the split order).
     float M = NEG_INF_F;
     float sink2 = NEG_INF_F;
     if constexpr (RING) {
         if (sinks) sink2 = sinks[h] * DEC_LOG2E;
         M = sink2;
     }
-    for (u32 s = 0; s < n_splits && (RING ? s * chunk < n_keys : s * chunk <= pos); ++s)
-        M = fmaxf(M, m_part[s * nq + h]);
+    for (u32 s = 0; s < n_act; ++s) M = fmaxf(M, ms_s[s]);
+    __syncthreads();
+    // A split without keys (m = -inf) weighs 0 and is skipped below.
+    for (u32 s = i; s < n_act; s += blockDim.x) f_s[s] = ms_s[s] == NEG_INF_F ? 0.0f : exp2f(ms_s[s] - M);
+    __syncthreads();
+    if (i >= d) return;
     float L = 0.0f, O = 0.0f;
     // The sink: one more logit in the denominator, no value (header).
     if constexpr (RING) {
         if (sinks) L = exp2f(sink2 - M);
     }
-    for (u32 s = 0; s < n_splits && (RING ? s * chunk < n_keys : s * chunk <= pos); ++s) {
-        float ms = m_part[s * nq + h];
-        if (ms == NEG_INF_F) continue;
-        float f = exp2f(ms - M);
-        L += l_part[s * nq + h] * f;
-        O += o_part[((u64)s * nq + h) * d + i] * f;
+    // In split order, as one sequential merge would; the o loads of a group
+    // of 8 splits are issued together (an empty split's o is never written:
+    // loaded, not used).
+    for (u32 s0 = 0; s0 < n_act; s0 += 8) {
+        float o[8];
+#pragma unroll
+        for (u32 j = 0; j < 8; ++j) o[j] = s0 + j < n_act ? o_part[((u64)(s0 + j) * nq + h) * d + i] : 0.0f;
+#pragma unroll
+        for (u32 j = 0; j < 8; ++j) {
+            const u32 s = s0 + j;
+            if (s < n_act && ms_s[s] != NEG_INF_F) {
+                L += l_s[s] * f_s[s];
+                O += o[j] * f_s[s];
+            }
+        }
     }
     out[(u64)h * d + i] = f2bf(O / L);
 }

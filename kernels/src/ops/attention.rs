@@ -15,8 +15,10 @@ use super::rope::{KvBase, KvGeom, QkvGeom, StartPos, kv_rows_ptr};
 use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
 use crate::{Kernels, Result};
 
-/// Most KV splits one decode launch uses.
-pub const DECODE_MAX_SPLITS: usize = 64;
+/// Most KV splits one decode launch uses (the workspace holds this many
+/// partial outputs per row); mirrored by `DEC_MAX_SPLITS` in
+/// `cuda/attention_decode.cu`, whose header says why 128.
+pub const DECODE_MAX_SPLITS: usize = 128;
 /// Smallest number of keys a decode split handles (below this, splitting
 /// costs more in the combine than it gains).
 const DECODE_MIN_CHUNK: usize = 128;
@@ -343,7 +345,8 @@ impl Kernels {
     /// (splits, keys per split) of a decode launch over `span` keys (the
     /// live keys with a host position; their upper bound with a device one).
     fn decode_splits(&self, start: &StartPos<'_>, n_kv_heads: usize, span: usize) -> (u32, u32) {
-        let want = (2 * self.sm_count() as usize).div_ceil(n_kv_heads);
+        // About four latency-bound blocks per SM (the kernel's header).
+        let want = (4 * self.sm_count() as usize).div_ceil(n_kv_heads);
         match start {
             StartPos::Host(_) => {
                 let splits = want
