@@ -117,12 +117,7 @@ async fn hermes_tool_call_round_trip() {
 #[tokio::test]
 async fn streamed_tool_call_fragments_follow_the_openai_shape() {
     let h = harness(Opts::default(), tool_round_trip_reply);
-    let mut body = user("Weather in Paris?");
-    body["tools"] = json!([weather_tool()]);
-    body["stream"] = json!(true);
-    let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
-    let (events, done) = sse_events(&text);
-    assert!(done);
+    let (events, text) = stream_weather(&h).await;
     let frags = assert_streamed_weather_call(&events);
     assert!(frags.len() >= 2, "{text}");
     assert!(frags.iter().all(|f| f["index"] == 0));
@@ -131,16 +126,10 @@ async fn streamed_tool_call_fragments_follow_the_openai_shape() {
 
 #[tokio::test]
 async fn coder_xml_grammar_converts_values_by_schema() {
-    let opts = Opts {
-        template: Some(
-            ChatTemplate::from_source(QWEN3_CODER_CHAT_TEMPLATE, None, Some("<|im_end|>".into()))
-                .unwrap(),
-        ),
-        ..Opts::default()
-    };
-    let h = harness(opts, |_| {
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>".into()
-    });
+    let h = template_harness(
+        QWEN3_CODER_CHAT_TEMPLATE,
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+    );
     let mut body = user("weather?");
     body["tools"] = json!([weather_tool()]);
     let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
@@ -159,19 +148,8 @@ async fn coder_xml_grammar_converts_values_by_schema() {
 /// Streams `reply` under `template` with the weather tool: the call must
 /// stream as the OpenAI shape says (name first, then argument fragments).
 async fn assert_xml_call_streams(template: &str, reply: &'static str) {
-    let opts = Opts {
-        template: Some(
-            ChatTemplate::from_source(template, None, Some("<|im_end|>".into())).unwrap(),
-        ),
-        ..Opts::default()
-    };
-    let h = harness(opts, move |_| reply.into());
-    let mut body = user("Weather in Paris?");
-    body["tools"] = json!([weather_tool()]);
-    body["stream"] = json!(true);
-    let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
-    let (events, done) = sse_events(&text);
-    assert!(done);
+    let h = template_harness(template, reply);
+    let (events, text) = stream_weather(&h).await;
     let frags = assert_streamed_weather_call(&events);
     // The start (name, no arguments), then each argument and the close.
     assert_eq!(frags[0]["function"]["arguments"], "", "{text}");
@@ -214,28 +192,19 @@ async fn named_xml_calls_reach_the_client_whole_or_streamed() {
             "<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
         ),
     ] {
-        let opts = Opts {
-            template: Some(
-                ChatTemplate::from_source(template, None, Some("<|im_end|>".into())).unwrap(),
-            ),
-            ..Opts::default()
-        };
-        let h = harness(opts, move |_| reply.into());
-        let mut body = user("Weather in Paris?");
-        body["tools"] = json!([weather_tool()]);
-        body["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
-        let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
-        assert_eq!(status, 200, "{v}");
-        let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
-        assert_eq!(call["name"], "get_weather", "{v}");
-        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
-        assert_eq!(args, json!({"city": "Paris", "days": 2}));
-        body["stream"] = json!(true);
-        let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
-        let (events, done) = sse_events(&text);
-        assert!(done);
-        assert_streamed_weather_call(&events);
+        assert_named_weather_call(&template_harness(template, reply)).await;
     }
+}
+
+/// A harness whose model answers `reply` under `template`.
+fn template_harness(template: &str, reply: &'static str) -> Harness {
+    let opts = Opts {
+        template: Some(
+            ChatTemplate::from_source(template, None, Some("<|im_end|>".into())).unwrap(),
+        ),
+        ..Opts::default()
+    };
+    harness(opts, move |_| reply.into())
 }
 
 #[tokio::test]

@@ -326,12 +326,7 @@ async fn streamed_harmony_call_follows_the_openai_shape() {
     let h = harmony_harness(|_| {
         "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\", \"days\": 2}<|call|>".into()
     });
-    let mut body = user("Weather in Paris?");
-    body["tools"] = json!([weather_tool()]);
-    body["stream"] = json!(true);
-    let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
-    let (events, done) = sse_events(&text);
-    assert!(done);
+    let (events, text) = stream_weather(&h).await;
     let delta = |key: &str| -> String {
         events
             .iter()
@@ -566,16 +561,5 @@ async fn response_format_is_the_final_message_and_auto_constrains_the_turn() {
 #[tokio::test]
 async fn a_named_harmony_call_reaches_the_client_whole_or_streamed() {
     let h = gpt_oss_harness("{\"city\": \"Paris\", \"days\": 2}<|call|>");
-    let mut body = user("Weather in Paris?");
-    body["tools"] = json!([weather_tool()]);
-    body["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
-    let (status, v) = post_json(&app(&h), "/v1/chat/completions", &body).await;
-    assert_eq!(status, 200, "{v}");
-    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
-    assert_eq!(call["name"], "get_weather", "{v}");
-    body["stream"] = json!(true);
-    let (_, _, text) = send(&app(&h), post("/v1/chat/completions", &body)).await;
-    let (events, done) = sse_events(&text);
-    assert!(done);
-    assert_streamed_weather_call(&events);
+    assert_named_weather_call(&h).await;
 }

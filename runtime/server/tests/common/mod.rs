@@ -257,6 +257,39 @@ pub fn assert_streamed_weather_call(events: &[Value]) -> Vec<&Value> {
     frags
 }
 
+/// "Weather in Paris?" with the weather tool, streamed: the SSE events
+/// (after checking the stream ended with `[DONE]`) and the raw text.
+pub async fn stream_weather(h: &Harness) -> (Vec<Value>, String) {
+    let body = serde_json::json!({"model": MODEL, "stream": true, "tools": [weather_tool()],
+        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let (_, _, text) = send(&app(h), post("/v1/chat/completions", &body)).await;
+    let (events, done) = sse_events(&text);
+    assert!(done, "{text}");
+    (events, text)
+}
+
+/// A named `tool_choice` of the weather tool, answered whole and then
+/// streamed: both carry the call `{"city": "Paris", "days": 2}` (the
+/// harness's model must write it after the server's forced opening).
+pub async fn assert_named_weather_call(h: &Harness) {
+    let mut body = serde_json::json!({"model": MODEL,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    body["tools"] = serde_json::json!([weather_tool()]);
+    body["tool_choice"] =
+        serde_json::json!({"type": "function", "function": {"name": "get_weather"}});
+    let (status, v) = post_json(&app(h), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{v}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, serde_json::json!({"city": "Paris", "days": 2}));
+    body["stream"] = serde_json::json!(true);
+    let (_, _, text) = send(&app(h), post("/v1/chat/completions", &body)).await;
+    let (events, done) = sse_events(&text);
+    assert!(done);
+    assert_streamed_weather_call(&events);
+}
+
 /// Serves `h` on a loopback socket until the test ends; its base URL.
 pub async fn serve_loopback(h: &Harness) -> String {
     serve_loopback_until(h, std::future::pending()).await.0
