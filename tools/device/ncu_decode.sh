@@ -6,7 +6,8 @@
 # repository root with dist/pack/bins.tar.xz holding krasis-runtime (carry dist/pack and
 # .cache/vocab):
 #   [PROMPT=512] [STEPS=1] [TAG=] bash tools/device/ncu_decode.sh [PRESET [BENCH ARGS...]]
-#       default a3b-24l, all experts resident; e.g. `qcn --vram-limit 16GiB`; PROMPT is the
+#       default a3b-24l, all experts resident; e.g. `qcn --vram-limit 16GiB --heatmap off` (a
+#       limited run needs a heatmap, and the synthesized model has none); PROMPT is the
 #       prefill measurement's prompt (the profiled step attends over `--decode-prompt-tokens`,
 #       default 32). With `--decode-rows R` bench profiles two steps (one row, then R rows):
 #       STEPS=2 summarizes each apart. TAG names the results of runs with other BENCH ARGS.
