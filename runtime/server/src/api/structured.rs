@@ -129,9 +129,10 @@ impl ResponseFormat {
 /// (harmony's `final` channel). `None`: nothing constrains the output.
 /// Blocking (compiles over the vocabulary).
 ///
-/// A `response_format` schema is compiled alone first, so a feature the
-/// compiler refuses is named as the response format's fault, not the
-/// tools'.
+/// A `response_format` schema is compiled alone only where the output's
+/// grammar does not embed it (a forced call: the schema is still checked)
+/// or where that grammar fails, so a feature the compiler refuses is named
+/// as the response format's fault, not the tools'.
 pub fn request_grammar(
     model: &LoadedModel,
     format: &ResponseFormat,
@@ -140,10 +141,6 @@ pub fn request_grammar(
     parallel: bool,
 ) -> Result<Option<Grammar>, ApiError> {
     let answer = format.answer_lark()?;
-    let plain = match &answer {
-        Some(_) => format.compile(model)?,
-        None => None,
-    };
     let tok = &model.tokenizer;
     let (family, c) = match (family, tools) {
         (Some(f), Some((forced, set))) => {
@@ -159,6 +156,11 @@ pub fn request_grammar(
                         f.name()
                     ),
                 ));
+            }
+            if !matches!(forced, Forced::Auto) {
+                // Only `auto` embeds the answer; a forced call has none,
+                // but a schema the compiler refuses is still a 400.
+                format.compile(model)?;
             }
             (f, c)
         }
@@ -176,9 +178,9 @@ pub fn request_grammar(
                     ),
                 ));
             }
-            _ => return Ok(plain),
+            _ => return format.compile(model),
         },
-        (None, _) => return Ok(plain),
+        (None, _) => return format.compile(model),
     };
     let Some(c) = c else { return Ok(None) };
     let vocab = model.vocabulary()?;
@@ -190,6 +192,11 @@ pub fn request_grammar(
         }
     };
     g.map(Some).map_err(|e| {
+        if answer.is_some()
+            && let Err(format_fault) = format.compile(model)
+        {
+            return format_fault;
+        }
         ApiError::invalid_param(
             "tools",
             format!("the tools' parameter schemas cannot be enforced: {e}"),
