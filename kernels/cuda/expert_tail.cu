@@ -17,6 +17,9 @@
 //   table[L*E]    the expert pointer table the GEMVs read: a slot's address
 //                 (resident, prior or tail) or the expert's mapped host bytes
 //   host[L*E]     each expert's mapped host address
+//   home[L*E]     where the key's table entry returns when the tail evicts
+//                 it: its mapped host bytes, or the prior slot a reload has
+//                 filled since (tail_home)
 //   tail_of[L*E]  the tail slot holding the key, or NONE
 //   owner[T]      the key a tail slot holds, or NONE
 //   stamp[T]      clock of the slot's last use (0: never used)
@@ -40,8 +43,8 @@
 //      choice, then every row's second, ...), each take the least recently
 //      stamped tail slot (ties: lowest index) whose stamp is not this
 //      launch's clock, so never a slot an expert of this launch uses. The
-//      slot's previous owner points back at its host bytes, the new key at
-//      the slot, and (host, slot) joins the fetch list.
+//      slot's previous owner points back at its home, the new key at the
+//      slot, and (host, slot) joins the fetch list.
 //   3. A missing expert with no such slot (every slot used by this launch,
 //      or no tail) keeps its host address: the GEMVs read it in place.
 // Prefetch (the next MoE layer's predicted experts, on a side stream while
@@ -65,13 +68,30 @@
 //   not stamp).
 // tail_fetch (any grid of 256-thread blocks): copies the fetch list as
 //   16-byte vectors, each expert's vectors spread over the whole grid.
+// tail_home (on the copy stream, after a chunk of the prior's reload has
+//   landed): home[key] = table[key] = the chunk's slots. Decode runs while
+//   the prior reloads after a prefill (`hcs/mod.rs`); until its chunk lands
+//   a prior expert is a miss like any other. The launch races with the
+//   compute stream's lookups, and every interleaving is exact: the table
+//   only ever receives the expert's host bytes, its tail slot (written
+//   before tail_fetch, which precedes any GEMV in stream order) or its
+//   landed prior slot, and each holds the expert's bytes for as long as a
+//   kernel may read it (a prior slot until the next prefill, which waits
+//   for the reload before it lends the tier). tail_home touches no tail
+//   state, so the tail's own bookkeeping stays consistent; an expert the
+//   tail holds when its prior slot lands keeps its tail slot until evicted,
+//   then returns to the prior slot through home. A lookup that read home
+//   just before it changed sends an evicted key to its host bytes: slower
+//   until the next prefill, still exact.
 // The CPU reference is `reference/expert_tail.rs`.
 
 #define TAIL_NONE 0xffffffffu
 #define TAIL_MAX_PAIRS 256
 
 extern "C" __global__ void __launch_bounds__(256)
-    tail_lookup(u64* __restrict__ table, const u64* __restrict__ host, u32* __restrict__ tail_of,
+    tail_lookup(u64* __restrict__ table, const u64* __restrict__ host,
+                const u64* home,  // no __restrict__: tail_home writes it from another stream
+                u32* __restrict__ tail_of,
                 u32* __restrict__ owner, u32* __restrict__ stamp, u32* __restrict__ pending,
                 const u64* __restrict__ slot, u32* __restrict__ clock, u64* __restrict__ fetch,
                 u32* __restrict__ n_fetch, u64* __restrict__ counters, const u32* __restrict__ ids,
@@ -177,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(256)
             } else {
                 const u32 old = owner[best_i];
                 if (old != TAIL_NONE) {
-                    table[old] = host[old];
+                    table[old] = home[old];
                     tail_of[old] = TAIL_NONE;
                 }
                 wasted += pending[best_i];
@@ -214,4 +234,15 @@ extern "C" __global__ void __launch_bounds__(256)
         uint4* dst = (uint4*)fetch[2 * m + 1];
         for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < vecs_per_expert; v += stride) dst[v] = src[v];
     }
+}
+
+// home and table are written by another stream's lookups too: volatile
+// stores, no read-modify-write.
+extern "C" __global__ void __launch_bounds__(256)
+    tail_home(u64* __restrict__ table, u64* __restrict__ home, const u64* __restrict__ list, u32 n) {
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const u64 key = list[2 * i], a = list[2 * i + 1];
+    ((volatile u64*)home)[key] = a;
+    ((volatile u64*)table)[key] = a;
 }

@@ -62,7 +62,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "expert_tail",
         source: include_str!("../cuda/expert_tail.cu"),
-        kernels: &["tail_lookup", "tail_fetch"],
+        kernels: &["tail_lookup", "tail_fetch", "tail_home"],
     },
     Module {
         name: "kv_blocks",

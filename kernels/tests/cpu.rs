@@ -1460,6 +1460,50 @@ fn expert_tail_reference_prefetch() {
     assert_eq!(st.counters, [14, 5, 8, 1, 12, 4, 1, 1], "i: counters");
 }
 
+/// A prior slot landing while decode runs (`tail_home`): the expert is a
+/// hit through it from then on; one the tail held at that moment keeps its
+/// tail slot until evicted, then returns to the prior slot, not its host
+/// bytes; an expert with no landed slot still returns to its host bytes.
+#[test]
+fn expert_tail_reference_home() {
+    use krasis_kernels::{TAIL_NONE as N, reference::TailState};
+    const E: usize = 8;
+    let host: Vec<u64> = (0..E as u64).map(|k| 0x1000_0000 + k * 0x100).collect();
+    let slot: Vec<u64> = vec![0xD000_0000, 0xD000_0100];
+    let prior = |k: u64| 0xB000_0000 + k * 0x100;
+    let mut st = TailState::new(E, 1, host.clone(), host.clone(), slot.clone());
+    // 3 and 4 miss and take the two slots.
+    assert_eq!(
+        st.lookup(0, &[3, 4]),
+        vec![(host[3], slot[0]), (host[4], slot[1])]
+    );
+    // 3's and 5's prior slots land: 3 is still in slot 0, 5 is a hit now.
+    st.set_home(3, prior(3));
+    st.set_home(5, prior(5));
+    assert_eq!((st.table[3], st.table[5]), (prior(3), prior(5)));
+    assert_eq!(st.tail_of[3], 0);
+    assert!(
+        st.lookup(0, &[5]).is_empty(),
+        "5 is a hit through its prior slot"
+    );
+    assert_eq!(st.counters[..2], [3, 1]);
+    // 3 is a hit; 6 and 7 miss and evict 4 (to its host bytes) and then 3
+    // (to its prior slot).
+    assert!(st.lookup(0, &[3]).is_empty());
+    assert_eq!(
+        st.lookup(0, &[6, 7]),
+        vec![(host[6], slot[1]), (host[7], slot[0])]
+    );
+    assert_eq!(st.owner, [7, 6]);
+    assert_eq!((st.table[4], st.tail_of[4]), (host[4], N));
+    assert_eq!((st.table[3], st.tail_of[3]), (prior(3), N));
+    assert_eq!(st.home[3], prior(3));
+    assert_eq!(st.home[4], host[4]);
+    // 3 stays a hit, with no copy.
+    assert!(st.lookup(0, &[3]).is_empty());
+    assert_eq!(st.counters[..4], [7, 3, 4, 0]);
+}
+
 /// An expert id past the layer's experts is refused (the kernel traps).
 #[test]
 #[should_panic(expected = "expert id 8 out of range")]

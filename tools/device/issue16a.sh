@@ -25,6 +25,10 @@
 #   bash tools/device/issue16a.sh settle COMMIT
 #       the prior's reload queued without a compute wait (session 11): exactness, the 8K bench
 #       with free VRAM per stage, then batching, prefix_cache, live, gpu_engine and cancel.
+#   bash tools/device/issue16a.sh reload COMMIT
+#       decode beside the prior's reload (session 13): the expert_tail kernel (with tail_home)
+#       against its CPU reference, exactness, the 8K bench (compare with `settle`), then the
+#       engine tests that reload a prior (batching, prefix_cache, live, gpu_engine, cancel).
 #   bash tools/device/issue16a.sh serve COMMIT
 #       `agent_load.py parallel` (1/2/4/8 clients) through serve at 6 GiB, and the agent loop.
 # Results: $OUT/issue16a-PHASE.txt (the summary) and the logs beside it.
@@ -99,6 +103,18 @@ case "$P" in
     bench 6gib-8k-settle --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
     grep -iE "free|margin" "$OUT/bench-6gib-8k-settle.log" | tail -24 >> "$S"
     test_bin batching 150
+    test_bin prefix_cache 120
+    test_bin live 90
+    test_bin gpu_engine 90
+    test_bin cancel 70
+    ;;
+  reload)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+    test_bin gpu 120 expert_tail
+    prep
+    exact
+    bench 6gib-8k-reload --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    test_bin batching 200
     test_bin prefix_cache 120
     test_bin live 90
     test_bin gpu_engine 90

@@ -39,6 +39,10 @@ pub struct ExpertTail {
     pub table: u64,
     /// u64 `[layers * experts]`: each expert's mapped host address.
     pub host: u64,
+    /// u64 `[layers * experts]`: where an evicted expert's table entry
+    /// returns (its host address, or its landed prior slot:
+    /// [`Kernels::tail_home`]).
+    pub home: u64,
     /// u32 `[layers * experts]`.
     pub tail_of: u64,
     /// u32 `[tail]`.
@@ -128,6 +132,7 @@ impl Kernels {
         let mut b = builder(stream, f);
         b.arg(&t.table)
             .arg(&t.host)
+            .arg(&t.home)
             .arg(&t.tail_of)
             .arg(&t.owner)
             .arg(&t.stamp)
@@ -150,5 +155,28 @@ impl Kernels {
         let mut b = builder(stream, f);
         b.arg(&t.fetch).arg(&t.n_fetch).arg(&vecs);
         submit(F, b, cfg((FETCH_BLOCKS, 1, 1), 256, 0))
+    }
+
+    /// Points `n` experts at slots that now hold them: for each (key,
+    /// address) pair of `list` (u64 `[2 * n]`), `home[key]` and
+    /// `table[key]` become the address. Meant for another stream than the
+    /// lookups' (a reload's copy stream, after the copies it names): every
+    /// interleaving with them is exact (`cuda/expert_tail.cu`).
+    pub fn tail_home(
+        &self,
+        stream: &CudaStream,
+        t: &ExpertTail,
+        list: u64,
+        n: usize,
+    ) -> Result<()> {
+        const K: &str = "tail_home";
+        if n == 0 {
+            return Ok(());
+        }
+        let n32 = dim_u32(K, "n", n)?;
+        let f = self.func(K)?;
+        let mut b = builder(stream, f);
+        b.arg(&t.table).arg(&t.home).arg(&list).arg(&n32);
+        submit(K, b, cfg((n32.div_ceil(256), 1, 1), 256, 0))
     }
 }

@@ -12,6 +12,7 @@ pub struct TailState {
     pub top_k: usize,
     pub table: Vec<u64>,
     pub host: Vec<u64>,
+    pub home: Vec<u64>,
     pub tail_of: Vec<u32>,
     pub owner: Vec<u32>,
     pub stamp: Vec<u32>,
@@ -25,8 +26,8 @@ pub struct TailState {
 
 impl TailState {
     /// An empty tail over `table` (slots and host addresses as the caller
-    /// placed them), `host` and the tail slots' addresses, for launches of
-    /// `[rows, top_k]` ids.
+    /// placed them, which is also every key's home), `host` and the tail
+    /// slots' addresses, for launches of `[rows, top_k]` ids.
     pub fn new(
         experts: usize,
         top_k: usize,
@@ -40,6 +41,7 @@ impl TailState {
             experts,
             top_k,
             tail_of: vec![TAIL_NONE; table.len()],
+            home: table.clone(),
             table,
             host,
             owner: vec![TAIL_NONE; n],
@@ -49,6 +51,13 @@ impl TailState {
             clock: 0,
             counters: [0; TAIL_COUNTERS],
         }
+    }
+
+    /// `tail_home` of one (key, address) pair: the key's home and table
+    /// entry become `addr` (a slot that now holds it).
+    pub fn set_home(&mut self, key: usize, addr: u64) {
+        self.home[key] = addr;
+        self.table[key] = addr;
     }
 
     /// One demand lookup launch of MoE layer `layer`; returns the fetch
@@ -128,7 +137,7 @@ impl TailState {
             };
             let old = self.owner[v];
             if old != TAIL_NONE {
-                self.table[old as usize] = self.host[old as usize];
+                self.table[old as usize] = self.home[old as usize];
                 self.tail_of[old as usize] = TAIL_NONE;
             }
             self.counters[7] += self.pending[v] as u64;

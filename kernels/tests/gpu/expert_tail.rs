@@ -3,7 +3,11 @@
 //! device state equals the reference's exactly after every launch, and
 //! every expert's table entry names bytes equal to the expert's block (in a
 //! tail slot, a resident buffer or mapped page-locked host memory), which
-//! is what decode exactness depends on.
+//! is what decode exactness depends on. Midway, two chunks of a "prior"
+//! land (`tail_home`, as a reload after prefill does on the copy stream):
+//! their experts become hits through their new slots, and a tail slot
+//! evicting one of them points it back at its prior slot, not its host
+//! bytes.
 
 use cudarc::driver::{CudaSlice, DevicePtr, sys};
 use krasis_kernels::{ExpertTail, TAIL_COUNTERS, TAIL_NONE, TailMode, reference::TailState};
@@ -59,6 +63,7 @@ fn expert_tail_matches_reference() {
 
     let table_d = up(&s, &table);
     let host_d = up(&s, &host);
+    let home_d = up(&s, &table);
     let tail_of_d = up(&s, &[TAIL_NONE; L * E]);
     let owner_d = up(&s, &[TAIL_NONE; T]);
     let stamp_d = up(&s, &[0u32; T]);
@@ -75,6 +80,7 @@ fn expert_tail_matches_reference() {
     let tail = ExpertTail {
         table: a64(&table_d),
         host: a64(&host_d),
+        home: a64(&home_d),
         tail_of: a32(&tail_of_d),
         owner: a32(&owner_d),
         stamp: a32(&stamp_d),
@@ -152,7 +158,26 @@ fn expert_tail_matches_reference() {
                 .collect()
         })
         .collect();
+    // The prior: two favourites of each layer that are not resident, in
+    // device memory of their own, pointed at in two chunks (steps 12, 31).
+    let prior_keys: Vec<usize> = (0..L)
+        .flat_map(|l| favourites[l][3..5].iter().map(move |&e| l * E + e as usize))
+        .collect();
+    let prior_bytes: Vec<u8> = prior_keys
+        .iter()
+        .flat_map(|&k| experts[k].clone())
+        .collect();
+    let prior = up(&s, &prior_bytes);
+    let prior_base = addr8(&prior);
+    let prior_list: Vec<u64> = prior_keys
+        .iter()
+        .enumerate()
+        .flat_map(|(j, &k)| [k as u64, prior_base + (j * BYTES) as u64])
+        .collect();
+    let prior_list_d = up(&s, &prior_list);
+    let half = prior_keys.len() / 2;
     let (mut tail_hits, mut resident_hits, mut evictions) = (0usize, 0usize, 0usize);
+    let (mut prior_hits, mut back_to_prior) = (0usize, 0usize);
     let mut launches = 0usize;
     // Rows of TOP_K distinct experts drawn from `pool` (or, `wide`, all 16
     // experts once).
@@ -172,6 +197,26 @@ fn expert_tail_matches_reference() {
             .collect::<Vec<u32>>()
     };
     for step in 0..60 {
+        let landed = match step {
+            12 => 0..half,
+            31 => half..prior_keys.len(),
+            _ => 0..0,
+        };
+        if !landed.is_empty() {
+            let list = a64(&prior_list_d) + (landed.start * 16) as u64;
+            k.tail_home(&s, &tail, list, landed.len())
+                .unwrap_or_else(|e| panic!("step {step}: tail_home: {e}"));
+            for j in landed {
+                want.set_home(prior_keys[j], prior_list[2 * j + 1]);
+            }
+            sync(&s);
+            assert_eq!(
+                down(&s, &table_d),
+                want.table,
+                "step {step}: tail_home table"
+            );
+            assert_eq!(down(&s, &home_d), want.home, "step {step}: tail_home home");
+        }
         // Steps 0-2 of every ten are hot (each layer routes to its residents
         // and one favourite: 3 tail keys in all, so the next hot step hits),
         // 3-4 warm (residents and three favourites: repeats, evictions),
@@ -218,6 +263,14 @@ fn expert_tail_matches_reference() {
                         .filter(|&&k| want.tail_of[k] != TAIL_NONE)
                         .count();
                     resident_hits += keys.iter().filter(|k| resident_keys.contains(k)).count();
+                    prior_hits += keys
+                        .iter()
+                        .filter(|&&k| {
+                            let a = want.table[k];
+                            want.tail_of[k] == TAIL_NONE
+                                && (prior_base..prior_base + prior_bytes.len() as u64).contains(&a)
+                        })
+                        .count();
                 }
                 let owner_before = want.owner.clone();
                 let (t, fetch_d, n_fetch_d) = match mode {
@@ -234,12 +287,17 @@ fn expert_tail_matches_reference() {
                 let fetch = want.launch(layer, &ids, mode);
                 for &(h, sl) in &fetch {
                     let i = ((sl - slot_base) as usize) / BYTES;
-                    evictions += (owner_before[i] != TAIL_NONE) as usize;
+                    let old = owner_before[i];
+                    evictions += (old != TAIL_NONE) as usize;
+                    back_to_prior += (old != TAIL_NONE
+                        && want.home[old as usize] != host[old as usize])
+                        as usize;
                     let k = ((h - mapped.dev) as usize) / BYTES;
                     want_slots[i * BYTES..(i + 1) * BYTES].copy_from_slice(&experts[k]);
                 }
 
                 assert_eq!(down(&s, &table_d), want.table, "{what}: table");
+                assert_eq!(down(&s, &home_d), want.home, "{what}: home");
                 assert_eq!(down(&s, &tail_of_d), want.tail_of, "{what}: tail_of");
                 assert_eq!(down(&s, &owner_d), want.owner, "{what}: owner");
                 assert_eq!(down(&s, &stamp_d), want.stamp, "{what}: stamp");
@@ -278,6 +336,8 @@ fn expert_tail_matches_reference() {
                         &got_slots[o..o + BYTES]
                     } else if let Some(o) = within(res_base, resident_bytes.len()) {
                         &resident_bytes[o..o + BYTES]
+                    } else if let Some(o) = within(prior_base, prior_bytes.len()) {
+                        &prior_bytes[o..o + BYTES]
                     } else if let Some(o) = within(mapped.dev, L * E * BYTES) {
                         &mapped.bytes()[o..o + BYTES]
                     } else {
@@ -298,14 +358,28 @@ fn expert_tail_matches_reference() {
     let c = want.counters;
     eprintln!(
         "{name}: {launches} launches, counters {c:?}, tail hits {tail_hits}, resident hits \
-         {resident_hits}, evictions {evictions}"
+         {resident_hits}, evictions {evictions}, prior hits {prior_hits}, evicted back to \
+         their prior slot {back_to_prior}"
+    );
+    assert!(prior_hits > 0, "no hit through a landed prior slot");
+    assert!(
+        back_to_prior > 0,
+        "no tail eviction sent an expert back to its prior slot"
+    );
+    assert!(
+        down(&s, &prior) == prior_bytes,
+        "the prior buffer was written"
     );
     assert!(tail_hits > 0, "no tail hit: {c:?}");
     assert!(resident_hits > 0, "no resident hit: {c:?}");
     assert!(c[2] > 0, "no promotion: {c:?}");
     assert!(evictions > 0, "no eviction: {c:?}");
     assert!(c[3] > 0, "nothing read in place: {c:?}");
-    assert_eq!(c[1] as usize, tail_hits + resident_hits, "hits");
+    assert_eq!(
+        c[1] as usize,
+        tail_hits + resident_hits + prior_hits,
+        "hits"
+    );
     assert!(c[5] > 0, "nothing prefetched: {c:?}");
     assert!(c[6] > 0, "no prefetch used: {c:?}");
     assert!(c[7] > 0, "no prefetch wasted: {c:?}");

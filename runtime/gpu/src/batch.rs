@@ -818,7 +818,6 @@ impl CudaEngine {
     /// the step is the same sequence plus the device-side tail lookups
     /// (`hcs/tail.rs`), so it is captured too.
     fn decode_forward(&mut self, m: usize) -> Result<bool> {
-        self.model.settle_experts()?;
         let eager = !self.cuda_graphs || !self.warmed[m - 1];
         if eager {
             self.model.forward_layers(m, Positions::Decode)?;

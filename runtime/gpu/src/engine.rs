@@ -305,6 +305,9 @@ impl CudaEngine {
         self.fault_weights(old)?;
         self.fault_weights(fault)?;
         self.model.fault = fault;
+        if let Some(h) = self.model.hcs.as_mut() {
+            h.skip_reload = fault == crate::forward::Fault::SkipReload;
+        }
         // A captured decode step holds the old launches.
         self.drop_graphs();
         self.model.gpu.sync("planting a fault")
@@ -365,6 +368,7 @@ impl CudaEngine {
             | Fault::PackedBase
             | Fault::StaleTail
             | Fault::StalePrefetch
+            | Fault::SkipReload
             | Fault::IgnoreMask => {}
             Fault::RopeSign => {
                 for lw in &mut m.weights.layers {

@@ -152,6 +152,11 @@ pub enum Fault {
     /// never copies them, so a right guess's GEMVs read whatever its slot
     /// held before. Not in [`Fault::ALL`]; the HCS batching test sees it.
     StalePrefetch,
+    /// HCS only: a prefill's reload of the reclaimable prior points decode
+    /// at the prior's slots without copying the experts into them, so the
+    /// prior's GEMVs read what prefill left there. Not in [`Fault::ALL`];
+    /// the HCS reload test sees it.
+    SkipReload,
     /// Structured output: the sampler draws as if no grammar mask were
     /// uploaded (a sampler that ignores the mask). Not in [`Fault::ALL`]:
     /// it changes no logit; a constrained request sees it, as a fatal
@@ -196,6 +201,7 @@ impl Fault {
                 | Fault::PackedBase
                 | Fault::StaleTail
                 | Fault::StalePrefetch
+                | Fault::SkipReload
                 | Fault::IgnoreMask => false,
             })
             .collect()

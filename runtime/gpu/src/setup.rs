@@ -68,6 +68,7 @@ impl CudaEngine {
             .map_or_else(Vec::new, |gr| gr.lendable(&self.model.gpu));
         let mut hcs = Hcs::new(
             &self.model.gpu,
+            &self.model.kernels,
             host,
             moe_layers.clone(),
             e,
@@ -126,6 +127,7 @@ impl CudaEngine {
                 let table = self.model.experts.as_mut().expect("checked above");
                 let resident = hcs.grow_resident(
                     &self.model.gpu,
+                    &self.model.kernels,
                     table,
                     &ranked,
                     want.min(total),
@@ -176,7 +178,8 @@ impl CudaEngine {
                     .experts
                     .as_mut()
                     .ok_or_else(|| GpuError::Hcs("HCS without an expert table".into()))?;
-                h.measure_copy_rates(&self.model.gpu, table, 64).map(Some)
+                h.measure_copy_rates(&self.model.gpu, &self.model.kernels, table, 64)
+                    .map(Some)
             }
             None => Ok(None),
         }

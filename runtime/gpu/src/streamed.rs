@@ -147,7 +147,7 @@ impl Model {
         // request was cancelled, so the next request starts from the same
         // state.
         let restored = match (self.hcs.as_mut(), self.experts.as_mut()) {
-            (Some(h), Some(table)) => h.restore(&self.gpu, table),
+            (Some(h), Some(table)) => h.restore(&self.gpu, &self.kernels, table),
             _ => Ok(()),
         };
         r.and_then(|done| restored.map(|_| done))

@@ -353,6 +353,75 @@ fn batch_invariance_under_hcs_streamed_prefill() {
     }
 }
 
+/// HCS with half the tiny model's experts in the reclaimable prior, the
+/// rest through the decode tail, streamed prefill: every prefill lends the
+/// prior and reloads it, and decode runs beside the reload (`Hcs::restore`
+/// points each chunk of the prior at its slots once its copies land), each
+/// request alone and beside others bit-identical to all resident. With the
+/// reload's copies skipped but its slots pointed at (`Fault::SkipReload`),
+/// the prior's experts are read from what prefill left in their slots and
+/// requests differ.
+#[test]
+fn decode_beside_the_prior_reload_is_exact() {
+    if !gpu_or_skip("decode_beside_the_prior_reload_is_exact") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny");
+    let cache = tmp.path().join("cache");
+    let (reqs, want) = {
+        let mut resident = load(&model, &options(&cache, 8));
+        let reqs = requests(resident.info().vocab_size);
+        let runs = alone(&mut resident, &reqs);
+        (reqs, runs)
+    };
+    let opts = CudaEngineOptions {
+        parallel: Some(8),
+        kv_rows: Some(ROWS),
+        hcs_prior_cap: Some(12),
+        ..no_resident_options(&cache, CONTEXT, CHUNK)
+    };
+    let mut e = load(&model, &opts);
+    assert!(e.hcs_active(), "HCS was not forced on");
+    for (i, (h, w)) in alone(&mut e, &reqs).iter().zip(&want).enumerate() {
+        assert!(
+            same(&format!("HCS with a prior, alone {i}"), h, w),
+            "HCS with a prior, request {i} alone, differs from all resident"
+        );
+    }
+    let s = e.hcs_stats().expect("HCS stats");
+    eprintln!(
+        "HCS with a prior: {}/{} experts on the GPU, last traffic {s:?}",
+        s.resident_experts, s.total_experts
+    );
+    assert!(
+        s.resident_experts >= 12 && s.resident_experts < s.total_experts,
+        "the prior does not hold part of the experts: {s:?}"
+    );
+    assert!(
+        s.reload_bytes > 0 && s.cold_experts_per_token > 0.0,
+        "no reload or no tail traffic: {s:?}"
+    );
+    invariant("HCS with a prior", &mut e, &reqs, &want);
+    e.set_fault(Fault::SkipReload).unwrap();
+    let differ = differing(&alone(&mut e, &reqs), &want);
+    eprintln!(
+        "SkipReload: {differ} of {} requests differ from all resident",
+        reqs.len()
+    );
+    assert!(
+        differ > 0,
+        "SkipReload (reload copies skipped) changed nothing: the test cannot fail"
+    );
+    e.set_fault(Fault::None).unwrap();
+    for (i, (h, w)) in alone(&mut e, &reqs).iter().zip(&want).enumerate() {
+        assert!(
+            same(&format!("HCS with a prior after the fault {i}"), h, w),
+            "HCS with a prior, request {i} after the fault, differs from all resident"
+        );
+    }
+}
+
 /// A request whose rows are taken waits, then runs once a sequence ended
 /// and gave its rows back; a full batch waits too.
 #[test]

@@ -42,7 +42,8 @@ fn ref_fault(f: Fault) -> RefFault {
         | Fault::ShiftRowKv
         | Fault::PackedBase
         | Fault::StaleTail
-        | Fault::StalePrefetch => RefFault::None,
+        | Fault::StalePrefetch
+        | Fault::SkipReload => RefFault::None,
         // A sampler fault: no logit changes.
         Fault::IgnoreMask => RefFault::IgnoreMask,
     }

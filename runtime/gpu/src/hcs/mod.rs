@@ -29,6 +29,9 @@
 //!
 //! Prefill (`prefill.rs`): layer-group streaming, group outside the chunk
 //! loop, with the next group's copy overlapping this group's compute.
+//! After it the prior is reloaded while decode already runs
+//! ([`Hcs::restore`]): each chunk of the reload is pointed at once its
+//! copies land.
 
 mod pinned;
 mod prefill;
@@ -42,6 +45,7 @@ use crate::error::{GpuError, Result};
 use crate::experts::ExpertTable;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys};
 use krasis_cache::PinnedExperts;
+use krasis_kernels::Kernels;
 use std::sync::Arc;
 use tail::Tail;
 pub use tail::{Prefetch, TailLaunch};
@@ -50,6 +54,11 @@ pub use tail::{Prefetch, TailLaunch};
 /// granularity (2 MiB), kept free besides the floor when sizing the last
 /// resident chunk.
 const ALLOC_SLACK: u64 = 2 << 20;
+
+/// Experts per landing of a reload (`Hcs::restore`): 16 a3b experts are
+/// ~39 MB, ~0.75 ms of PCIe, so decode gets the hottest prior experts
+/// early, for ~20 small launches on the copy stream per reload.
+const LANDING_CHUNK: usize = 16;
 
 /// How the cache is laid out; decided by calibration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -121,6 +130,9 @@ pub struct Hcs {
     /// ([`Hcs::settle`]).
     ev_reload: CudaEvent,
     reload_pending: bool,
+    /// `Fault::SkipReload` (tests only).
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub(crate) skip_reload: bool,
     ev_staged: [CudaEvent; 2],
     ev_computed: [CudaEvent; 2],
     pub copies: CopyStats,
@@ -193,6 +205,7 @@ impl Hcs {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
+        kn: &Kernels,
         host: Arc<PinnedExperts>,
         moe_layers: Vec<usize>,
         num_experts: usize,
@@ -269,6 +282,8 @@ impl Hcs {
             ev_copy: ev(gpu, false)?,
             ev_reload: ev(gpu, false)?,
             reload_pending: false,
+            #[cfg(any(test, feature = "fault-injection"))]
+            skip_reload: false,
             ev_staged: [ev(gpu, false)?, ev(gpu, false)?],
             ev_computed: [ev(gpu, false)?, ev(gpu, false)?],
             copies: CopyStats::default(),
@@ -276,7 +291,7 @@ impl Hcs {
         };
         // The prior starts on the GPU like after any prefill.
         hcs.res.lend_reclaimable();
-        hcs.restore_and_wait(gpu, table, "loading the reclaimable HCS tier")?;
+        hcs.restore_and_wait(gpu, kn, table, "loading the reclaimable HCS tier")?;
         hcs.copies = CopyStats::default();
         Ok(hcs)
     }
@@ -285,9 +300,11 @@ impl Hcs {
     /// stopping before free memory in the budget would drop below `floor`
     /// (the live guard against calibration drift). Returns the new slot
     /// count. The resident tier must be grown before the first request.
+    #[allow(clippy::too_many_arguments)]
     pub fn grow_resident(
         &mut self,
         gpu: &Gpu,
+        kn: &Kernels,
         table: &mut ExpertTable,
         ranked: &[(usize, usize)],
         want: usize,
@@ -345,7 +362,7 @@ impl Hcs {
         self.shape.resident_slots = resident;
         self.shape.set_prior(prior);
         self._resident_mem = mem;
-        self.restore_and_wait(gpu, table, "loading the resident HCS tier")?;
+        self.restore_and_wait(gpu, kn, table, "loading the resident HCS tier")?;
         self.copies = CopyStats::default();
         Ok(resident)
     }
@@ -398,8 +415,10 @@ impl Hcs {
                 "the decode table was asked for while prefill holds the reclaimable tier".into(),
             ));
         }
-        table.write_all(gpu, &self.decode_ptrs())?;
-        self.tail.reset(gpu)
+        let ptrs = self.decode_ptrs();
+        table.write_all(gpu, &ptrs)?;
+        self.tail.reset(gpu)?;
+        self.tail.write_home(gpu, &ptrs)
     }
 
     /// The tail kernels' arguments over `table` for a decode step, or
@@ -480,37 +499,87 @@ impl Hcs {
         Ok(unsafe { std::slice::from_raw_parts(src.as_ptr(), src.len()) })
     }
 
-    /// Reloads the reclaimable prior after prefill, on the copy stream after
-    /// everything already on the compute stream, and gives the table the
-    /// decode placement back. The compute stream does not wait for the
-    /// reload here: the prompt's last LM head and the first sampled token
-    /// need no expert (at a 6 GiB limit the reload is ~14 ms of a short
-    /// prompt's ~100 ms). Whatever next reads or writes the tier's slots
-    /// (a decode step, the next prefill, which writes its grouped scratch)
-    /// calls [`Hcs::settle`] first.
-    pub fn restore(&mut self, gpu: &Gpu, table: &mut ExpertTable) -> Result<()> {
-        self.copy_after_compute(gpu)?;
+    /// Reloads the reclaimable prior after prefill and gives decode its
+    /// table back, without making decode wait for the reload (at a 6 GiB
+    /// limit it is ~14 ms: 313 a3b experts at ~52 GB/s, five tokens'
+    /// worth of decode):
+    /// - the table and every key's home are written on the compute stream
+    ///   with the prior's experts at their host bytes, so until its copy
+    ///   lands a prior expert is a miss like any other (read through the
+    ///   tail);
+    /// - the copies run on the copy stream after everything queued on the
+    ///   compute stream so far (the prefill's kernels, which use these
+    ///   slots, and the table writes above), in `LANDING_CHUNK`s hottest
+    ///   first, each followed by `tail_home` pointing the chunk's experts at
+    ///   their landed slots while decode runs (`cuda/expert_tail.cu` says
+    ///   why every interleaving with the lookups is exact).
+    ///
+    /// What writes the tier's slots next (the next prefill, which writes its
+    /// grouped scratch and stages into the tier) calls [`Hcs::settle`]
+    /// first, and so does anything that frees them.
+    pub fn restore(&mut self, gpu: &Gpu, kn: &Kernels, table: &mut ExpertTable) -> Result<()> {
         let loads = self.res.restore_reclaimable();
-        let bytes = self.copy_experts(&loads)?;
-        self.copies.reload_bytes += bytes;
+        let e = self.num_experts;
+        let mut ptrs = self.decode_ptrs();
+        let mut landing = Vec::with_capacity(2 * loads.len());
+        for &(slot, l, x) in &loads {
+            let k = l * e + x;
+            ptrs[k] = self.host_addrs[k];
+            landing.extend([k as u64, self.slot_addr[slot]]);
+        }
+        table.write_all(gpu, &ptrs)?;
+        self.tail.reset(gpu)?;
+        self.tail.write_home(gpu, &ptrs)?;
+        self.copy_after_compute(gpu)?;
+        self.tail.stage_landing(&self.copy, &landing)?;
+        let base = table.base(gpu);
+        for (i, chunk) in loads.chunks(LANDING_CHUNK).enumerate() {
+            let first = i * LANDING_CHUNK;
+            if !self.skips_reload() {
+                let bytes = self.copy_experts(chunk)?;
+                self.copies.reload_bytes += bytes;
+            }
+            self.tail
+                .land(gpu, kn, &self.copy, base, first..first + chunk.len())?;
+        }
         self.ev_reload
             .record(&self.copy)
             .map_err(GpuError::driver("recording the reload"))?;
         self.reload_pending = true;
-        self.write_decode_table(gpu, table)
+        Ok(())
+    }
+
+    /// `Fault::SkipReload` (tests only): the reload's slots are pointed at
+    /// without their copies.
+    fn skips_reload(&self) -> bool {
+        #[cfg(any(test, feature = "fault-injection"))]
+        {
+            self.skip_reload
+        }
+        #[cfg(not(any(test, feature = "fault-injection")))]
+        {
+            false
+        }
     }
 
     /// [`Hcs::restore`], then the host waits until the reload has landed
     /// (setup and measurements, which hand over a loaded tier).
-    fn restore_and_wait(&mut self, gpu: &Gpu, table: &mut ExpertTable, what: &str) -> Result<()> {
-        self.restore(gpu, table)?;
+    fn restore_and_wait(
+        &mut self,
+        gpu: &Gpu,
+        kn: &Kernels,
+        table: &mut ExpertTable,
+        what: &str,
+    ) -> Result<()> {
+        self.restore(gpu, kn, table)?;
         self.settle(gpu)?;
         gpu.sync(what)
     }
 
     /// The compute stream waits for the last reload of the prior, if it
-    /// has not yet: before a decode step (outside any graph capture) and
-    /// before anything that lends or copies into the reclaimable tier.
+    /// has not yet: before anything that lends, copies into or frees the
+    /// reclaimable tier (a prefill, a measurement, teardown). Decode does
+    /// not: it runs beside the reload ([`Hcs::restore`]).
     pub fn settle(&mut self, gpu: &Gpu) -> Result<()> {
         if std::mem::take(&mut self.reload_pending) {
             gpu.stream
@@ -549,6 +618,7 @@ impl Hcs {
     pub fn measure_copy_rates(
         &mut self,
         gpu: &Gpu,
+        kn: &Kernels,
         table: &mut ExpertTable,
         experts: usize,
     ) -> Result<(f64, f64, usize)> {
@@ -596,7 +666,7 @@ impl Hcs {
         // SAFETY: the first big_len bytes of the pinned backing.
         let big_src: &[u8] = unsafe { std::slice::from_raw_parts(data.as_ptr(), big_len) };
         let big_gbps = rate(&[(base, big_src)])?;
-        self.restore_and_wait(gpu, table, "reloading after the copy measurement")?;
+        self.restore_and_wait(gpu, kn, table, "reloading after the copy measurement")?;
         self.copies = CopyStats::default();
         Ok((expert_gbps, big_gbps, big_len))
     }

@@ -29,7 +29,7 @@ use super::pinned::PinnedBuf;
 use crate::device::{Gpu, addr};
 use crate::error::{GpuError, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys};
-use krasis_kernels::{ExpertTail, TAIL_COUNTERS, TAIL_MAX_PAIRS, TAIL_NONE};
+use krasis_kernels::{ExpertTail, Kernels, TAIL_COUNTERS, TAIL_MAX_PAIRS, TAIL_NONE};
 use std::sync::Arc;
 
 /// Counters of the tail since the last [`Tail::take_delta`].
@@ -82,6 +82,11 @@ pub struct Prefetch<'a> {
 
 pub struct Tail {
     host: CudaSlice<u64>,
+    /// Where an evicted expert's table entry returns (`cuda/expert_tail.cu`).
+    home: CudaSlice<u64>,
+    /// (key, slot address) pairs of the prior's reload, pointed at chunk by
+    /// chunk as they land ([`Tail::land`]).
+    landing: CudaSlice<u64>,
     tail_of: CudaSlice<u32>,
     owner: CudaSlice<u32>,
     stamp: CudaSlice<u32>,
@@ -145,6 +150,8 @@ impl Tail {
         slot_addrs.resize(n, 0);
         let mut t = Tail {
             host: gpu.upload(host, "decode tail: host addresses")?,
+            home: gpu.upload(host, "decode tail: home addresses")?,
+            landing: gpu.alloc_zeros::<u64>(2 * host.len(), "decode tail: landing list")?,
             tail_of: gpu.alloc::<u32>(host.len(), "decode tail: slot of each expert")?,
             owner: gpu.alloc::<u32>(n, "decode tail: slot owners")?,
             stamp: gpu.alloc::<u32>(n, "decode tail: slot stamps")?,
@@ -180,7 +187,11 @@ impl Tail {
     /// tail slots and steps of `max_pairs` pairs.
     pub fn device_bytes(keys: usize, slots: usize, max_pairs: usize) -> usize {
         let n = slots.max(1);
-        keys * (8 + 4) + n * (4 + 4 + 4 + 8) + 4 + 2 * (2 * max_pairs * 8 + 4) + TAIL_COUNTERS * 8
+        keys * (8 + 8 + 16 + 4)
+            + n * (4 + 4 + 4 + 8)
+            + 4
+            + 2 * (2 * max_pairs * 8 + 4)
+            + TAIL_COUNTERS * 8
     }
 
     /// Page-locked bytes of the counters' read-back buffer.
@@ -200,6 +211,48 @@ impl Tail {
         s.memcpy_htod(&none, &mut self.tail_of)
             .and_then(|_| s.memcpy_htod(&none[..self.owner.len()], &mut self.owner))
             .map_err(GpuError::driver("emptying the decode tail"))
+    }
+
+    /// Sets every key's home to `ptrs` (the decode table just written, on
+    /// the compute stream).
+    pub fn write_home(&mut self, gpu: &Gpu, ptrs: &[u64]) -> Result<()> {
+        gpu.stream
+            .memcpy_htod(ptrs, &mut self.home)
+            .map_err(GpuError::driver("writing the decode tail's home addresses"))
+    }
+
+    /// Uploads the (key, slot address) pairs a reload will land, on
+    /// `stream` (the copy stream, before the copies).
+    pub fn stage_landing(&mut self, stream: &Arc<CudaStream>, pairs: &[u64]) -> Result<()> {
+        if pairs.len() > self.landing.len() {
+            return Err(GpuError::Hcs(format!(
+                "{} landing pairs for a table of {} experts",
+                pairs.len() / 2,
+                self.landing.len() / 2
+            )));
+        }
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let mut dst = self.landing.slice_mut(..pairs.len());
+        stream
+            .memcpy_htod(pairs, &mut dst)
+            .map_err(GpuError::driver("uploading the reload's landing list"))
+    }
+
+    /// Points pairs `range` of the landing list at their slots, on
+    /// `stream` after their copies (`tail_home`).
+    pub fn land(
+        &self,
+        gpu: &Gpu,
+        kn: &Kernels,
+        stream: &CudaStream,
+        table: u64,
+        range: std::ops::Range<usize>,
+    ) -> Result<()> {
+        let list = addr(&self.landing, stream) + (range.start * 16) as u64;
+        kn.tail_home(stream, &self.args(gpu, table), list, range.len())
+            .map_err(GpuError::from)
     }
 
     /// What a decode step launches over the pointer table at `table`
@@ -230,6 +283,7 @@ impl Tail {
         ExpertTail {
             table,
             host: addr(&self.host, s),
+            home: addr(&self.home, s),
             tail_of: addr(&self.tail_of, s),
             owner: addr(&self.owner, s),
             stamp: addr(&self.stamp, s),
