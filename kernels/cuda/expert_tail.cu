@@ -38,7 +38,8 @@
 // Demand (after the layer's router; its GEMVs run next):
 //   1. clock += 1. A pair hits when table[key] != host[key]; a tail hit
 //      stamps its slot with the clock (and a pending slot counts as a useful
-//      prefetch).
+//      prefetch). A hit whose table entry is not its tail slot (its prior
+//      slot landed meanwhile, tail_home) frees that tail slot instead.
 //   2. The layer's distinct missing experts, rank-major (every row's first
 //      choice, then every row's second, ...), each take the least recently
 //      stamped tail slot (ties: lowest index) whose stamp is not this
@@ -118,12 +119,22 @@ extern "C" __global__ void __launch_bounds__(256)
         const u32 e = ids[tid];
         if (e >= experts) asm volatile("trap;");
         const u32 key = layer * experts + e;
-        const bool hit = table[key] != host[key];
+        const u64 at = table[key];
+        const bool hit = at != host[key];
         s_key[tid] = key;
         s_hit[tid] = hit;
         if (hit) {
             const u32 t = tail_of[key];
-            if (t != TAIL_NONE) {
+            if (t != TAIL_NONE && at != slot[t]) {
+                // Its prior slot landed while the tail held it (tail_home):
+                // nothing reads this slot any more, so it is free at once
+                // (kept, a hot expert's hits would keep it most recent and
+                // out of use for the whole decode).
+                owner[t] = TAIL_NONE;
+                tail_of[key] = TAIL_NONE;
+                stamp[t] = 0;
+                if (atomicExch(&pending[t], 0u) != 0u) atomicAdd((unsigned long long*)&counters[7], 1ull);
+            } else if (t != TAIL_NONE) {
                 stamp[t] = now;
                 // Several rows may hit one slot: count it once.
                 if (!prefetch && atomicExch(&pending[t], 0u) != 0u) atomicAdd(&s_useful, 1u);

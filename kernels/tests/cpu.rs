@@ -1460,10 +1460,11 @@ fn expert_tail_reference_prefetch() {
     assert_eq!(st.counters, [14, 5, 8, 1, 12, 4, 1, 1], "i: counters");
 }
 
-/// A prior slot landing while decode runs (`tail_home`): the expert is a
-/// hit through it from then on; one the tail held at that moment keeps its
-/// tail slot until evicted, then returns to the prior slot, not its host
-/// bytes; an expert with no landed slot still returns to its host bytes.
+/// Prior slots landing while decode runs (`tail_home`): the experts are
+/// hits through them from then on. One the tail held at that moment frees
+/// its tail slot at its next hit; one evicted from the tail before that
+/// returns to its prior slot (its home), not its host bytes; an expert with
+/// no landed slot still returns to its host bytes.
 #[test]
 fn expert_tail_reference_home() {
     use krasis_kernels::{TAIL_NONE as N, reference::TailState};
@@ -1477,31 +1478,39 @@ fn expert_tail_reference_home() {
         st.lookup(0, &[3, 4]),
         vec![(host[3], slot[0]), (host[4], slot[1])]
     );
-    // 3's and 5's prior slots land: 3 is still in slot 0, 5 is a hit now.
-    st.set_home(3, prior(3));
-    st.set_home(5, prior(5));
-    assert_eq!((st.table[3], st.table[5]), (prior(3), prior(5)));
-    assert_eq!(st.tail_of[3], 0);
+    // 3's, 4's and 5's prior slots land; 3 and 4 are still in the tail.
+    for k in [3, 4, 5] {
+        st.set_home(k, prior(k as u64));
+    }
+    assert_eq!(st.table[3..6], [prior(3), prior(4), prior(5)]);
+    assert_eq!(st.tail_of[3..5], [0, 1]);
     assert!(
         st.lookup(0, &[5]).is_empty(),
         "5 is a hit through its prior slot"
     );
-    assert_eq!(st.counters[..2], [3, 1]);
-    // 3 is a hit; 6 and 7 miss and evict 4 (to its host bytes) and then 3
-    // (to its prior slot).
+    // 3 is a hit through its prior slot and frees tail slot 0.
     assert!(st.lookup(0, &[3]).is_empty());
+    assert_eq!((&st.owner[..], &st.stamp[..]), (&[N, 4][..], &[0, 1][..]));
+    assert_eq!((st.table[3], st.tail_of[3]), (prior(3), N));
+    // 6 takes the free slot 0; 7 evicts 4, which returns to its prior slot.
     assert_eq!(
         st.lookup(0, &[6, 7]),
-        vec![(host[6], slot[1]), (host[7], slot[0])]
+        vec![(host[6], slot[0]), (host[7], slot[1])]
     );
-    assert_eq!(st.owner, [7, 6]);
-    assert_eq!((st.table[4], st.tail_of[4]), (host[4], N));
-    assert_eq!((st.table[3], st.tail_of[3]), (prior(3), N));
-    assert_eq!(st.home[3], prior(3));
-    assert_eq!(st.home[4], host[4]);
-    // 3 stays a hit, with no copy.
-    assert!(st.lookup(0, &[3]).is_empty());
-    assert_eq!(st.counters[..4], [7, 3, 4, 0]);
+    assert_eq!(st.owner, [6, 7]);
+    assert_eq!((st.table[4], st.tail_of[4]), (prior(4), N));
+    assert!(st.lookup(0, &[3, 4]).is_empty(), "hits, no copy");
+    // 1 and 2 evict 6 and 7, which had no prior slot: back to host bytes.
+    assert_eq!(
+        st.lookup(0, &[1, 2]),
+        vec![(host[1], slot[0]), (host[2], slot[1])]
+    );
+    assert_eq!(st.table[6..8], [host[6], host[7]]);
+    assert_eq!(
+        st.home[3..8],
+        [prior(3), prior(4), prior(5), host[6], host[7]]
+    );
+    assert_eq!(st.counters[..4], [10, 4, 6, 0]);
 }
 
 /// An expert id past the layer's experts is refused (the kernel traps).

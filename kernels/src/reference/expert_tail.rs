@@ -94,7 +94,14 @@ impl TailState {
         let mut useful = 0;
         for (&k, &h) in keys.iter().zip(&hit) {
             let t = self.tail_of[k];
-            if h && t != TAIL_NONE {
+            if h && t != TAIL_NONE && self.table[k] != self.slot[t as usize] {
+                // Landed in its prior slot meanwhile: the tail slot is free.
+                let t = t as usize;
+                self.owner[t] = TAIL_NONE;
+                self.tail_of[k] = TAIL_NONE;
+                self.stamp[t] = 0;
+                self.counters[7] += std::mem::take(&mut self.pending[t]) as u64;
+            } else if h && t != TAIL_NONE {
                 self.stamp[t as usize] = now;
                 if !prefetch && self.pending[t as usize] != 0 {
                     self.pending[t as usize] = 0;

@@ -56,6 +56,12 @@ pub struct CudaEngineOptions {
     /// recency tail. No CLI option: the GPU tests use it to exercise the
     /// tail on models whose experts would all fit in the prior.
     pub hcs_prior_cap: Option<usize>,
+    /// Slots of the HCS decode recency tail (`None`: the default split of
+    /// the reclaimable tier, `Hcs::reclaimable_split`); the rest of the
+    /// tier, with prefill's lent scratch, holds the heatmap prior. At
+    /// least one step's experts. No CLI option: `bench --hcs-tail`
+    /// measures other splits.
+    pub hcs_tail_slots: Option<usize>,
     /// Most experts HCS decode prefetches into the recency tail per MoE
     /// layer, predicted by the next layer's router (`hcs/tail.rs`; results
     /// are identical either way); 0, the default: off. Measured on the
@@ -94,6 +100,7 @@ impl Default for CudaEngineOptions {
             prefix_block: krasis_common::options::DEFAULT_PREFIX_BLOCK as usize,
             whole_chunk_reuse: false,
             hcs_prior_cap: None,
+            hcs_tail_slots: None,
             hcs_prefetch: 0,
             parallel: None,
             kv_rows: None,

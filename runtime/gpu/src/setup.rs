@@ -78,6 +78,7 @@ impl CudaEngine {
             &[],
             table,
             &lent,
+            opts.hcs_tail_slots,
         )?;
         if let Some(cap) = opts.hcs_prior_cap {
             hcs.cap_prior(cap);

@@ -115,6 +115,11 @@ pub struct Args {
     /// resident (the run says so).
     #[arg(long, value_delimiter = ',', value_name = "N", default_value = "2,8")]
     pub hcs_prefetch: Vec<usize>,
+    /// Under HCS, give the decode recency tail this many slots of the
+    /// reclaimable tier (default: the engine's split), the rest to the
+    /// heatmap prior: measures the split. Bench only.
+    #[arg(long, value_name = "SLOTS")]
+    pub hcs_tail: Option<usize>,
     /// Also measure decode with a grammar active (structured output)
     /// against the same decode without one, at each `--decode-tokens`
     /// count (graphs on, greedy; the model needs its tokenizer).
@@ -154,6 +159,7 @@ pub(crate) fn engine_options(
         vram_limit: a.vram_limit,
         heatmap: krasis_common::options::HeatmapChoice::parse(&a.heatmap),
         safety_margin: a.safety_margin_mib << 20,
+        hcs_tail_slots: a.hcs_tail,
         ..krasis_gpu::CudaEngineOptions::default()
     })
 }

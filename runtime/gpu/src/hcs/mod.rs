@@ -174,12 +174,18 @@ impl Hcs {
         rows: usize,
     ) -> (usize, usize) {
         let reclaimable = 2 * group_layers * num_experts;
-        let step = (rows.max(1) * top_k).min(num_experts).max(2 * top_k);
+        let step = Self::tail_floor(num_experts, top_k, rows);
         let tail = (moe_layers * top_k)
             .clamp(step, (reclaimable / 2).max(step))
             .min(reclaimable);
         let prior = (reclaimable - tail).min(moe_layers * num_experts);
         (prior, tail)
+    }
+
+    /// The fewest tail slots: one step's distinct experts (at least two
+    /// rows' worth).
+    fn tail_floor(num_experts: usize, top_k: usize, rows: usize) -> usize {
+        (rows.max(1) * top_k).min(num_experts).max(2 * top_k)
     }
 
     /// Expert slots of `stride` bytes carved from `buffers` ((device
@@ -202,6 +208,8 @@ impl Hcs {
     /// the prior extends into them, so decode holds more experts in the
     /// same memory. They belong to the reclaimable tier: lent with it to
     /// every prefill, which is what overwrites them, and reloaded after.
+    /// `tail`: the recency tail's slots (`None`:
+    /// [`Hcs::reclaimable_split`]'s), the rest of the tier is the prior.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
@@ -215,6 +223,7 @@ impl Hcs {
         ranked: &[(usize, usize)],
         table: &mut ExpertTable,
         lent: &[(u64, usize)],
+        tail: Option<usize>,
     ) -> Result<Self> {
         let stride = host.cache().layout().expert_stride;
         let layer_bytes = num_experts * stride;
@@ -223,12 +232,29 @@ impl Hcs {
             "expert staging / reclaimable HCS tier",
         )?;
         let base = addr(&staging, &gpu.stream);
-        let (staged, tail_slots) =
+        let reclaimable = 2 * group_layers * num_experts;
+        let (_, default_tail) =
             Self::reclaimable_split(moe_layers.len(), num_experts, top_k, group_layers, rows);
-        let mut slot_addr: Vec<u64> = (0..staged).map(|i| base + (i * stride) as u64).collect();
-        let total = moe_layers.len() * num_experts;
         let extra = Self::lent_slots(lent, stride);
-        slot_addr.extend(extra.iter().take(total - staged));
+        // The tail takes staging's last slots, then (a tail larger than
+        // staging) the lent buffers' last; the prior the rest, staging's
+        // first (`HcsShape::set_prior` gives up the lent ones first).
+        let tail_slots = tail
+            .map_or(default_tail, |t| {
+                t.max(Self::tail_floor(num_experts, top_k, rows))
+            })
+            .min(reclaimable + extra.len());
+        let (tail_s, tail_e) = (
+            tail_slots.min(reclaimable),
+            tail_slots - tail_slots.min(reclaimable),
+        );
+        let total = moe_layers.len() * num_experts;
+        let staging_addr = |i: usize| base + (i * stride) as u64;
+        let mut slot_addr: Vec<u64> = (0..reclaimable - tail_s).map(staging_addr).collect();
+        slot_addr.truncate(total);
+        let staged = slot_addr.len();
+        let lent_prior = &extra[..extra.len() - tail_e];
+        slot_addr.extend(lent_prior.iter().take(total - staged));
         let prior = slot_addr.len();
         let shape = HcsShape {
             resident_slots: 0,
@@ -243,10 +269,9 @@ impl Hcs {
             .ctx
             .new_stream()
             .map_err(GpuError::driver("creating the expert copy stream"))?;
-        // The tail: the staging region's last slots.
-        let reclaimable = 2 * group_layers * num_experts;
-        let tail_addrs: Vec<u64> = (reclaimable - tail_slots..reclaimable)
-            .map(|i| base + (i * stride) as u64)
+        let tail_addrs: Vec<u64> = (reclaimable - tail_s..reclaimable)
+            .map(staging_addr)
+            .chain(extra[extra.len() - tail_e..].iter().copied())
             .collect();
         // Every expert's mapped host bytes, `[moe layer * num_experts + e]`.
         let mut host_addrs = Vec::with_capacity(moe_layers.len() * num_experts);
