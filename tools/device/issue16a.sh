@@ -29,6 +29,10 @@
 #       decode beside the prior's reload (session 13): the expert_tail kernel (with tail_home)
 #       against its CPU reference, exactness, the 8K bench (compare with `settle`), then the
 #       engine tests that reload a prior (batching, prefix_cache, live, gpu_engine, cancel).
+#   bash tools/device/issue16a.sh split COMMIT
+#       the same checks as reload (expert_tail, exactness, batching), the 8K bench, then the
+#       decode benches with the tail/prior split of the reclaimable tier moved (bench --hcs-tail,
+#       TAILS, default 64,256,384).
 #   bash tools/device/issue16a.sh serve COMMIT
 #       `agent_load.py parallel` (1/2/4/8 clients) through serve at 6 GiB, and the agent loop.
 # Results: $OUT/issue16a-PHASE.txt (the summary) and the logs beside it.
@@ -119,6 +123,18 @@ case "$P" in
     test_bin live 90
     test_bin gpu_engine 90
     test_bin cancel 70
+    ;;
+  split)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+    test_bin gpu 120 expert_tail
+    prep
+    exact
+    bench 6gib-8k --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    for t in $(echo "${TAILS:-64,256,384}" | tr , ' '); do
+      bench 6gib-8k-tail$t --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128 \
+        --hcs-prefetch 0 --hcs-tail "$t"
+    done
+    test_bin batching 200
     ;;
   more)
     test_bin batching 150

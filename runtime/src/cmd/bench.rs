@@ -37,6 +37,13 @@ pub struct Args {
     /// Prompt length for the decode measurements ("short context").
     #[arg(long, default_value_t = 32)]
     pub decode_prompt_tokens: usize,
+    /// Sample the decode measurements at this temperature (seeded, so
+    /// every run draws the same tokens) instead of greedily. On a
+    /// synthetic model greedy text soon repeats itself, and so do its
+    /// expert routes; sampled text does not, which is the harder case for
+    /// an expert cache that keeps recent experts. 0: greedy.
+    #[arg(long, default_value_t = 0.0, value_name = "T")]
+    pub decode_temperature: f32,
     /// Timed runs of each measurement, at least 3: min / median / max are
     /// reported (the median, mean of the middle two for even counts, is the
     /// figure). Each measurement first gets one warm-up run of the same

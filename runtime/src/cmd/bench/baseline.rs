@@ -20,6 +20,10 @@ pub struct Baseline {
     pub geometry: String,
     /// Prompt length of the decode figures.
     pub decode_prompt_tokens: usize,
+    /// Their sampling temperature (0: greedy; absent in JSON written
+    /// before `--decode-temperature`, which decoded greedily).
+    #[serde(default)]
+    pub decode_temperature: f32,
     /// Median tok/s per prompt length (what the bounds and
     /// `--baseline-from` use).
     pub prefill_tok_s: BTreeMap<usize, f64>,
@@ -55,12 +59,13 @@ pub fn measure_all_resident(
         model: model_name(&a.model),
         geometry: geometry_line(e.geometry()),
         decode_prompt_tokens: a.decode_prompt_tokens,
+        decode_temperature: a.decode_temperature,
         ..Baseline::default()
     };
     for &p in &a.prompt_tokens {
         let (stats, _) = measure(
             &mut e,
-            &all[..p],
+            (&all[..p], 0.0),
             1,
             a.repeats,
             GenerateStats::prefill_tok_s,
@@ -73,7 +78,7 @@ pub fn measure_all_resident(
     for &d in &a.decode_tokens {
         let (stats, _) = measure(
             &mut e,
-            prompt,
+            (prompt, a.decode_temperature),
             d + 1,
             a.repeats,
             GenerateStats::decode_tok_s,
@@ -117,6 +122,13 @@ pub fn read(path: &std::path::Path, geometry: &str, a: &Args) -> anyhow::Result<
         path.display(),
         b.decode_prompt_tokens,
         a.decode_prompt_tokens
+    );
+    anyhow::ensure!(
+        b.decode_temperature == a.decode_temperature,
+        "the baseline in {} decoded at temperature {}, this run at {}",
+        path.display(),
+        b.decode_temperature,
+        a.decode_temperature
     );
     let missing = |have: &BTreeMap<usize, f64>, want: &[usize]| {
         want.iter()

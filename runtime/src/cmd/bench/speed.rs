@@ -73,6 +73,8 @@ struct DecodeResult {
     cuda_graphs: bool,
     /// Most experts prefetched per MoE layer (HCS only; 0: off).
     hcs_prefetch: Option<usize>,
+    /// Sampling temperature (0: greedy; `--decode-temperature`).
+    temperature: f32,
     /// The median (kept under this name for older readers).
     tok_s: f64,
     #[serde(flatten)]
@@ -122,10 +124,25 @@ struct Report {
 /// A greedy request of `new` tokens after `prompt`, without the prefix
 /// cache (every bench run prefills cold).
 pub(super) fn greedy_request(prompt: &[u32], new: usize) -> GenerateRequest {
+    sampled_request(prompt, new, 0.0)
+}
+
+/// [`greedy_request`] sampled at `temperature` with a fixed seed (greedy
+/// at 0), for `--decode-temperature`.
+pub(super) fn sampled_request(prompt: &[u32], new: usize, temperature: f32) -> GenerateRequest {
+    let sampling = if temperature > 0.0 {
+        SamplingParams {
+            temperature,
+            seed: Some(0x6b72_6173),
+            ..SamplingParams::default()
+        }
+    } else {
+        SamplingParams::greedy()
+    };
     GenerateRequest {
         prompt: prompt.to_vec(),
         max_new_tokens: new,
-        sampling: SamplingParams::greedy(),
+        sampling,
         stop_token_ids: Vec::new(),
         cancel: Default::default(),
         live: Default::default(),
@@ -139,7 +156,16 @@ pub(super) fn greedy(
     prompt: &[u32],
     new: usize,
 ) -> anyhow::Result<GenerateStats> {
-    let req = greedy_request(prompt, new);
+    sampled(engine, prompt, new, 0.0)
+}
+
+fn sampled(
+    engine: &mut CudaEngine,
+    prompt: &[u32],
+    new: usize,
+    temperature: f32,
+) -> anyhow::Result<GenerateStats> {
+    let req = sampled_request(prompt, new, temperature);
     let out = engine
         .generate(&req, &mut |_| ControlFlow::Continue(()))
         .context("generating")?;
@@ -151,17 +177,18 @@ pub(super) fn greedy(
     Ok(out.stats)
 }
 
-/// One warm-up greedy run of `new` tokens after `prompt` (reported, not
-/// counted), then `repeats` timed runs: the statistics of each run's figure
-/// (`pick`), and the HCS traffic of the last run when HCS is active.
+/// One warm-up run of `new` tokens after `prompt` (reported, not
+/// counted), then `repeats` timed runs, greedy or (`temperature` > 0)
+/// seeded sampling: the statistics of each run's figure (`pick`), and the
+/// HCS traffic of the last run when HCS is active.
 pub(super) fn measure(
     e: &mut CudaEngine,
-    prompt: &[u32],
+    (prompt, temperature): (&[u32], f32),
     new: usize,
     repeats: usize,
     pick: fn(&GenerateStats) -> f64,
 ) -> anyhow::Result<(RunStats, Option<krasis_common::status::HcsStats>)> {
-    let stats = RunStats::measure(repeats, || Ok(pick(&greedy(e, prompt, new)?)))?;
+    let stats = RunStats::measure(repeats, || Ok(pick(&sampled(e, prompt, new, temperature)?)))?;
     let hcs = e.hcs_stats().filter(|_| e.hcs_active());
     Ok((stats, hcs))
 }
@@ -272,7 +299,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     for &p in &a.prompt_tokens {
         let (stats, hcs) = measure(
             &mut engine,
-            &all[..p],
+            (&all[..p], 0.0),
             1,
             a.repeats,
             GenerateStats::prefill_tok_s,
@@ -343,7 +370,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             // +1: the first token comes from prefill and is not timed as decode.
             let (stats, hcs) = measure(
                 &mut engine,
-                prompt,
+                (prompt, a.decode_temperature),
                 d + 1,
                 a.repeats,
                 GenerateStats::decode_tok_s,
@@ -352,9 +379,14 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             let ctx = a.decode_prompt_tokens + d / 2;
             let bound = bounds::decode_bound(&g, expert_bytes, ctx);
             eprintln!(
-                "decode {d:>4} tokens (graphs {}{}): {} tok/s, warm-up {} not counted (bound {} tok/s: {:.2} GB/token at {:.1} TB/s)",
+                "decode {d:>4} tokens (graphs {}{}{}): {} tok/s, warm-up {} not counted (bound {} tok/s: {:.2} GB/token at {:.1} TB/s)",
                 if graphs { "on " } else { "off" },
                 prefetch.map_or(String::new(), |p| format!(", prefetch {p}")),
+                if a.decode_temperature > 0.0 {
+                    format!(", sampled at temperature {}", a.decode_temperature)
+                } else {
+                    String::new()
+                },
                 stats.display(1),
                 grouped(stats.warmup_tok_s, 1),
                 grouped(bound.max_tok_s, 0),
@@ -391,6 +423,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
                 prompt_tokens: a.decode_prompt_tokens,
                 cuda_graphs: graphs,
                 hcs_prefetch: prefetch,
+                temperature: a.decode_temperature,
                 tok_s,
                 fraction_of_bound: tok_s / bound.max_tok_s,
                 stats,
@@ -686,6 +719,7 @@ mod tests {
                 prompt_tokens: 32,
                 cuda_graphs: graphs,
                 hcs_prefetch: None,
+                temperature: 0.0,
                 tok_s: stats.median_tok_s,
                 fraction_of_bound: stats.median_tok_s / 2000.0,
                 stats,
