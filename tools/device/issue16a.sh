@@ -33,6 +33,9 @@
 #       the same checks as reload (expert_tail, exactness, batching), the 8K bench, then the
 #       decode benches with the tail/prior split of the reclaimable tier moved (bench --hcs-tail,
 #       TAILS, default 64,256,384).
+#   bash tools/device/issue16a.sh sampled COMMIT
+#       the tail/prior splits (TAILS, default 128,256,384) decoded greedily and sampled at
+#       temperature 1 (bench --decode-temperature: text that does not repeat itself).
 #   bash tools/device/issue16a.sh serve COMMIT
 #       `agent_load.py parallel` (1/2/4/8 clients) through serve at 6 GiB, and the agent loop.
 # Results: $OUT/issue16a-PHASE.txt (the summary) and the logs beside it.
@@ -135,6 +138,15 @@ case "$P" in
         --hcs-prefetch 0 --hcs-tail "$t"
     done
     test_bin batching 200
+    ;;
+  sampled)
+    prep
+    for t in $(echo "${TAILS:-128,256,384}" | tr , ' '); do
+      bench 6gib-8k-t$t-sampled --vram-limit 6GiB --prompt-tokens 8192 --decode-tokens 16,128 \
+        --hcs-prefetch 0 --hcs-tail "$t" --decode-temperature 1
+      bench 6gib-8k-t$t-greedy --vram-limit 6GiB --prompt-tokens 8192 --decode-tokens 128 \
+        --hcs-prefetch 0 --hcs-tail "$t"
+    done
     ;;
   more)
     test_bin batching 150

@@ -57,7 +57,7 @@ pub struct CudaEngineOptions {
     /// tail on models whose experts would all fit in the prior.
     pub hcs_prior_cap: Option<usize>,
     /// Slots of the HCS decode recency tail (`None`: the default split of
-    /// the reclaimable tier, `Hcs::reclaimable_split`); the rest of the
+    /// the reclaimable tier, `Hcs::split`); the rest of the
     /// tier, with prefill's lent scratch, holds the heatmap prior. At
     /// least one step's experts. No CLI option: `bench --hcs-tail`
     /// measures other splits.

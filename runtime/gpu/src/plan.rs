@@ -162,7 +162,16 @@ pub fn plan_cuda(
     // when every expert fits).
     let staging = if hcs {
         let s = Hcs::staging_bytes(layer_bytes, group);
-        let (_, tail) = Hcs::reclaimable_split(moe_layers, g.num_experts, g.top_k, group, parallel);
+        let tail = Hcs::split(
+            moe_layers,
+            g.num_experts,
+            g.top_k,
+            group,
+            parallel,
+            scratch_slots,
+            None,
+        )
+        .tail();
         items.push(PlanItem::exact(
             &format!("HCS staging / reclaimable tier ({group} layer(s) x 2) and decode tail state"),
             (s + Hcs::tail_state_bytes(moe_layers * g.num_experts, tail, g.top_k * parallel.max(1)))
@@ -269,16 +278,18 @@ pub fn plan_cuda(
                         Decision::Hcs { want } => {
                             let resident = want.min(total_experts);
                             // The tail's slots hold experts too, but which
-                            // ones changes every step: counted like the old
-                            // host-managed tail, as staging only.
-                            let (prior, _) = Hcs::reclaimable_split(
+                            // ones changes every step: not counted.
+                            let prior = Hcs::split(
                                 moe_layers,
                                 g.num_experts,
                                 g.top_k,
                                 group,
                                 parallel,
-                            );
-                            let prior = (prior + scratch_slots).min(total_experts - resident);
+                                scratch_slots,
+                                None,
+                            )
+                            .prior()
+                            .min(total_experts - resident);
                             experts.placement = Placement::Hcs;
                             experts.on_gpu_experts = (resident + prior) as u64;
                             experts.on_gpu_bytes = resident as u64 * stride as u64 + staging;

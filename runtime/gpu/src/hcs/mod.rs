@@ -55,6 +55,38 @@ pub use tail::{Prefetch, TailLaunch};
 /// resident chunk.
 const ALLOC_SLACK: u64 = 2 << 20;
 
+/// Tokens' worth of routed experts (MoE layers x top-k each) the decode
+/// tail holds by default. Measured on a3b-24l at 6 GiB sized for an 8K
+/// prompt (`benchmarks/results/2026-12-03-session13.md`): of the 441
+/// reclaimable slots, a tail of 384 (two tokens) against 128 (session 9's
+/// half of staging) decodes 128 tokens at 420 against 278 tok/s greedily
+/// and at 319 against 250 sampled at temperature 1; 256 falls between.
+/// Recent experts beat the heatmap's marginal ones (the resident tier
+/// holds its top experts either way), and a smaller prior reloads faster
+/// after each prefill.
+pub const TAIL_TOKENS: usize = 2;
+
+/// The reclaimable tier's division ([`Hcs::split`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierSplit {
+    /// Prior slots in staging, then in prefill's lent scratch.
+    pub prior_staged: usize,
+    pub prior_lent: usize,
+    /// Tail slots in staging, then in prefill's lent scratch.
+    pub tail_staged: usize,
+    pub tail_lent: usize,
+}
+
+impl TierSplit {
+    pub fn prior(&self) -> usize {
+        self.prior_staged + self.prior_lent
+    }
+
+    pub fn tail(&self) -> usize {
+        self.tail_staged + self.tail_lent
+    }
+}
+
 /// Experts per landing of a reload (`Hcs::restore`): 16 a3b experts are
 /// ~39 MB, ~0.75 ms of PCIe, so decode gets the hottest prior experts
 /// early, for ~20 small launches on the copy stream per reload.
@@ -161,25 +193,37 @@ impl Hcs {
         Tail::device_bytes(keys, slots, pairs)
     }
 
-    /// (prior, tail) slots of the reclaimable tier (`2 * group_layers *
-    /// num_experts`): a tail of one slot per (MoE layer, top-k) choice,
-    /// at least one step's pairs and at most half the tier (the split the
-    /// host-managed tail was measured with: hit rate 0.88 on a3b-24l at
-    /// 6 GiB), the rest prior, at most every expert.
-    pub fn reclaimable_split(
+    /// How the reclaimable tier's slots, staging (`2 * group_layers *
+    /// num_experts`) then `lent` slots of prefill's scratch, divide between
+    /// the heatmap prior and the decode recency tail. The tail takes
+    /// `tail` slots (default: [`TAIL_TOKENS`] tokens' worth of routed
+    /// experts, at least one step's), staging's first; the prior the rest,
+    /// at most every expert.
+    pub fn split(
         moe_layers: usize,
         num_experts: usize,
         top_k: usize,
         group_layers: usize,
         rows: usize,
-    ) -> (usize, usize) {
+        lent: usize,
+        tail: Option<usize>,
+    ) -> TierSplit {
         let reclaimable = 2 * group_layers * num_experts;
-        let step = Self::tail_floor(num_experts, top_k, rows);
-        let tail = (moe_layers * top_k)
-            .clamp(step, (reclaimable / 2).max(step))
-            .min(reclaimable);
-        let prior = (reclaimable - tail).min(moe_layers * num_experts);
-        (prior, tail)
+        let tail = tail
+            .unwrap_or(TAIL_TOKENS * moe_layers * top_k)
+            .max(Self::tail_floor(num_experts, top_k, rows))
+            .min(reclaimable + lent);
+        let tail_staged = tail.min(reclaimable);
+        let tail_lent = tail - tail_staged;
+        let total = moe_layers * num_experts;
+        let prior_staged = (reclaimable - tail_staged).min(total);
+        let prior_lent = (lent - tail_lent).min(total - prior_staged);
+        TierSplit {
+            prior_staged,
+            prior_lent,
+            tail_staged,
+            tail_lent,
+        }
     }
 
     /// The fewest tail slots: one step's distinct experts (at least two
@@ -209,7 +253,7 @@ impl Hcs {
     /// same memory. They belong to the reclaimable tier: lent with it to
     /// every prefill, which is what overwrites them, and reloaded after.
     /// `tail`: the recency tail's slots (`None`:
-    /// [`Hcs::reclaimable_split`]'s), the rest of the tier is the prior.
+    /// [`Hcs::split`]'s), the rest of the tier is the prior.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
@@ -233,33 +277,27 @@ impl Hcs {
         )?;
         let base = addr(&staging, &gpu.stream);
         let reclaimable = 2 * group_layers * num_experts;
-        let (_, default_tail) =
-            Self::reclaimable_split(moe_layers.len(), num_experts, top_k, group_layers, rows);
         let extra = Self::lent_slots(lent, stride);
-        // The tail takes staging's last slots, then (a tail larger than
-        // staging) the lent buffers' last; the prior the rest, staging's
-        // first (`HcsShape::set_prior` gives up the lent ones first).
-        let tail_slots = tail
-            .map_or(default_tail, |t| {
-                t.max(Self::tail_floor(num_experts, top_k, rows))
-            })
-            .min(reclaimable + extra.len());
-        let (tail_s, tail_e) = (
-            tail_slots.min(reclaimable),
-            tail_slots - tail_slots.min(reclaimable),
+        let split = Self::split(
+            moe_layers.len(),
+            num_experts,
+            top_k,
+            group_layers,
+            rows,
+            extra.len(),
+            tail,
         );
-        let total = moe_layers.len() * num_experts;
+        let (tail_slots, tail_s, tail_e) = (split.tail(), split.tail_staged, split.tail_lent);
         let staging_addr = |i: usize| base + (i * stride) as u64;
-        let mut slot_addr: Vec<u64> = (0..reclaimable - tail_s).map(staging_addr).collect();
-        slot_addr.truncate(total);
-        let staged = slot_addr.len();
-        let lent_prior = &extra[..extra.len() - tail_e];
-        slot_addr.extend(lent_prior.iter().take(total - staged));
+        // Staging's first slots, then the lent ones; the tail staging's
+        // last, then the lent buffers' last.
+        let mut slot_addr: Vec<u64> = (0..split.prior_staged).map(staging_addr).collect();
+        slot_addr.extend(&extra[..split.prior_lent]);
         let prior = slot_addr.len();
         let shape = HcsShape {
             resident_slots: 0,
             prior_slots: prior,
-            scratch_slots: prior - staged,
+            scratch_slots: split.prior_lent,
             tail_slots,
             group_layers,
         };
@@ -713,14 +751,33 @@ mod tests {
         assert!(Hcs::lent_slots(&[], 100).is_empty());
     }
 
-    /// a3b-24l: 256 reclaimable slots, half tail; a tail always holds one
-    /// step's pairs; the prior never exceeds every expert.
+    /// a3b-24l: 256 staging slots and 185 lent: a tail of two tokens'
+    /// routed experts (384), staging first; a tail always holds one step's
+    /// pairs; the prior never exceeds every expert.
     #[test]
     fn the_reclaimable_tier_splits_into_prior_and_tail() {
-        assert_eq!(Hcs::reclaimable_split(24, 128, 8, 1, 1), (128, 128));
-        assert_eq!(Hcs::reclaimable_split(2, 128, 8, 1, 1), (240, 16));
-        assert_eq!(Hcs::reclaimable_split(24, 128, 8, 1, 8), (128, 128));
-        assert_eq!(Hcs::reclaimable_split(2, 64, 8, 1, 8), (64, 64));
-        assert_eq!(Hcs::reclaimable_split(1, 8, 2, 1, 1), (8, 4));
+        let s = |prior_staged, prior_lent, tail_staged, tail_lent| TierSplit {
+            prior_staged,
+            prior_lent,
+            tail_staged,
+            tail_lent,
+        };
+        assert_eq!(Hcs::split(24, 128, 8, 1, 1, 185, None), s(0, 57, 256, 128));
+        assert_eq!(Hcs::split(24, 128, 8, 1, 1, 0, None), s(0, 0, 256, 0));
+        // --hcs-tail 64: the rows of the session 13 sweep.
+        assert_eq!(
+            Hcs::split(24, 128, 8, 1, 8, 185, Some(64)),
+            s(192, 185, 64, 0)
+        );
+        assert_eq!(
+            Hcs::split(24, 128, 8, 1, 1, 185, Some(1000)),
+            s(0, 0, 256, 185)
+        );
+        assert_eq!(Hcs::split(2, 128, 8, 1, 1, 0, None), s(224, 0, 32, 0));
+        // One step of 8 rows x top-8 over 64 experts: 64 at least.
+        assert_eq!(Hcs::split(2, 64, 8, 1, 8, 0, None), s(64, 0, 64, 0));
+        // Every expert at most: 8 of the 12 staging slots left.
+        assert_eq!(Hcs::split(1, 8, 2, 1, 1, 5, None), s(8, 0, 4, 0));
+        assert_eq!(Hcs::split(1, 8, 2, 1, 1, 5, Some(14)), s(2, 5, 14, 0));
     }
 }
