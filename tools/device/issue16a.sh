@@ -36,6 +36,10 @@
 #   bash tools/device/issue16a.sh sampled COMMIT
 #       the tail/prior splits (TAILS, default 128,256,384) decoded greedily and sampled at
 #       temperature 1 (bench --decode-temperature: text that does not repeat itself).
+#   bash tools/device/issue16a.sh tail COMMIT
+#       the default split after session 13 (tail of two tokens' experts): exactness, the 8K bench
+#       greedy and sampled, then the engine tests under HCS (batching, prefix_cache, live,
+#       gpu_engine, cancel, glm4_moe, gpt_oss).
 #   bash tools/device/issue16a.sh serve COMMIT
 #       `agent_load.py parallel` (1/2/4/8 clients) through serve at 6 GiB, and the agent loop.
 # Results: $OUT/issue16a-PHASE.txt (the summary) and the logs beside it.
@@ -147,6 +151,21 @@ case "$P" in
       bench 6gib-8k-t$t-greedy --vram-limit 6GiB --prompt-tokens 8192 --decode-tokens 128 \
         --hcs-prefetch 0 --hcs-tail "$t"
     done
+    ;;
+  tail)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+    prep
+    exact
+    bench 6gib-8k --vram-limit 6GiB --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    bench 6gib-8k-sampled --vram-limit 6GiB --prompt-tokens 8192 --decode-tokens 16,128 \
+      --hcs-prefetch 0 --decode-temperature 1
+    test_bin batching 200
+    test_bin prefix_cache 120
+    test_bin live 90
+    test_bin gpu_engine 90
+    test_bin cancel 70
+    test_bin glm4_moe 120
+    test_bin gpt_oss 120
     ;;
   more)
     test_bin batching 150
