@@ -158,20 +158,21 @@ pub fn plan_cuda(
     ));
     let layer_bytes = g.num_experts * stride;
     let group = staging_group(layer_bytes, moe_layers);
+    // The reclaimable tier's prior and tail, as `Hcs::new` divides it.
+    let split = Hcs::split(
+        moe_layers,
+        g.num_experts,
+        g.top_k,
+        group,
+        parallel,
+        scratch_slots,
+        None,
+    );
     // The staging region is what `setup_experts` weighs (it is given back
     // when every expert fits).
     let staging = if hcs {
         let s = Hcs::staging_bytes(layer_bytes, group);
-        let tail = Hcs::split(
-            moe_layers,
-            g.num_experts,
-            g.top_k,
-            group,
-            parallel,
-            scratch_slots,
-            None,
-        )
-        .tail();
+        let tail = split.tail();
         items.push(PlanItem::exact(
             &format!("HCS staging / reclaimable tier ({group} layer(s) x 2) and decode tail state"),
             (s + Hcs::tail_state_bytes(moe_layers * g.num_experts, tail, g.top_k * parallel.max(1)))
@@ -279,17 +280,7 @@ pub fn plan_cuda(
                             let resident = want.min(total_experts);
                             // The tail's slots hold experts too, but which
                             // ones changes every step: not counted.
-                            let prior = Hcs::split(
-                                moe_layers,
-                                g.num_experts,
-                                g.top_k,
-                                group,
-                                parallel,
-                                scratch_slots,
-                                None,
-                            )
-                            .prior()
-                            .min(total_experts - resident);
+                            let prior = split.prior().min(total_experts - resident);
                             experts.placement = Placement::Hcs;
                             experts.on_gpu_experts = (resident + prior) as u64;
                             experts.on_gpu_bytes = resident as u64 * stride as u64 + staging;
