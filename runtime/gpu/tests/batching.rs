@@ -227,6 +227,32 @@ fn same(label: &str, got: &Run, want: &Run) -> bool {
     ok
 }
 
+/// With `fault` planted (copies skipped), some request alone differs from
+/// all resident: the test that uses it can fail. The fault stays planted.
+fn fault_differs(e: &mut CudaEngine, fault: Fault, reqs: &[GenerateRequest], want: &[Run]) {
+    e.set_fault(fault).unwrap();
+    let differ = differing(&alone(e, reqs), want);
+    eprintln!(
+        "{fault:?}: {differ} of {} requests differ from all resident",
+        reqs.len()
+    );
+    assert!(
+        differ > 0,
+        "{fault:?} (copies skipped) changed nothing: the test cannot fail"
+    );
+}
+
+/// Every run bit-identical to its wanted run (tokens and logits).
+fn all_same(label: &str, got: &[Run], want: &[Run]) {
+    assert_eq!(got.len(), want.len(), "{label}: run count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            same(&format!("{label} {i}"), g, w),
+            "{label}: request {i} differs from all resident"
+        );
+    }
+}
+
 /// Request 0 beside 1..7 others, all admitted at once and admitted while
 /// the others decode; every request of every run equals its run alone.
 fn invariant(label: &str, e: &mut CudaEngine, reqs: &[GenerateRequest], alone: &[Run]) {
@@ -312,12 +338,7 @@ fn batch_invariance_under_hcs_streamed_prefill() {
     let mut e = load(&model, &hcs_options(&cache, 8));
     assert!(e.hcs_active(), "HCS was not forced on");
     let hcs_alone = alone(&mut e, &reqs);
-    for (i, (h, w)) in hcs_alone.iter().zip(&want).enumerate() {
-        assert!(
-            same(&format!("HCS alone {i}"), h, w),
-            "HCS alone, request {i}, differs from all resident"
-        );
-    }
+    all_same("HCS alone", &hcs_alone, &want);
     invariant("HCS", &mut e, &reqs, &want);
     let s = e.hcs_stats().expect("HCS stats");
     eprintln!(
@@ -333,24 +354,10 @@ fn batch_invariance_under_hcs_streamed_prefill() {
         "decode prefetch was not exercised: {s:?}"
     );
     for fault in [Fault::StaleTail, Fault::StalePrefetch] {
-        e.set_fault(fault).unwrap();
-        let differ = differing(&alone(&mut e, &reqs), &want);
-        eprintln!(
-            "{fault:?}: {differ} of {} requests differ from all resident",
-            reqs.len()
-        );
-        assert!(
-            differ > 0,
-            "{fault:?} (copies skipped) changed nothing: the test cannot fail"
-        );
+        fault_differs(&mut e, fault, &reqs, &want);
     }
     e.set_fault(Fault::None).unwrap();
-    for (i, (h, w)) in alone(&mut e, &reqs).iter().zip(&want).enumerate() {
-        assert!(
-            same(&format!("HCS after the fault {i}"), h, w),
-            "HCS request {i} after the fault differs from all resident"
-        );
-    }
+    all_same("HCS after the fault", &alone(&mut e, &reqs), &want);
 }
 
 /// HCS with half the tiny model's experts in the reclaimable prior, the
@@ -383,12 +390,7 @@ fn decode_beside_the_prior_reload_is_exact() {
     };
     let mut e = load(&model, &opts);
     assert!(e.hcs_active(), "HCS was not forced on");
-    for (i, (h, w)) in alone(&mut e, &reqs).iter().zip(&want).enumerate() {
-        assert!(
-            same(&format!("HCS with a prior, alone {i}"), h, w),
-            "HCS with a prior, request {i} alone, differs from all resident"
-        );
-    }
+    all_same("HCS with a prior, alone", &alone(&mut e, &reqs), &want);
     let s = e.hcs_stats().expect("HCS stats");
     eprintln!(
         "HCS with a prior: {}/{} experts on the GPU, last traffic {s:?}",
@@ -403,23 +405,13 @@ fn decode_beside_the_prior_reload_is_exact() {
         "no reload or no tail traffic: {s:?}"
     );
     invariant("HCS with a prior", &mut e, &reqs, &want);
-    e.set_fault(Fault::SkipReload).unwrap();
-    let differ = differing(&alone(&mut e, &reqs), &want);
-    eprintln!(
-        "SkipReload: {differ} of {} requests differ from all resident",
-        reqs.len()
-    );
-    assert!(
-        differ > 0,
-        "SkipReload (reload copies skipped) changed nothing: the test cannot fail"
-    );
+    fault_differs(&mut e, Fault::SkipReload, &reqs, &want);
     e.set_fault(Fault::None).unwrap();
-    for (i, (h, w)) in alone(&mut e, &reqs).iter().zip(&want).enumerate() {
-        assert!(
-            same(&format!("HCS with a prior after the fault {i}"), h, w),
-            "HCS with a prior, request {i} after the fault, differs from all resident"
-        );
-    }
+    all_same(
+        "HCS with a prior after the fault",
+        &alone(&mut e, &reqs),
+        &want,
+    );
 }
 
 /// A request whose rows are taken waits, then runs once a sequence ended
