@@ -14,7 +14,7 @@
 //!
 //! Decode: the expert pointer table ([`ExpertTable`]) names every expert,
 //! its slot when it has one, else its page-locked host bytes mapped into
-//! the device's address space ([`Hcs::write_decode_table`]). After each
+//! the device's address space (`Hcs::write_decode_table`). After each
 //! router the device looks the layer's experts up and copies its misses
 //! into the LRU tail itself (`tail.rs`, `cuda/expert_tail.cu`), so the
 //! decode step is the all-resident one plus two small launches per MoE
@@ -89,7 +89,8 @@ impl TierSplit {
 
 /// Experts per landing of a reload (`Hcs::restore`): 16 a3b experts are
 /// ~39 MB, ~0.75 ms of PCIe, so decode gets the hottest prior experts
-/// early, for ~20 small launches on the copy stream per reload.
+/// early, for a few small launches on the copy stream per reload (4 for
+/// a3b-24l's 57 prior experts at 6 GiB).
 const LANDING_CHUNK: usize = 16;
 
 /// How the cache is laid out; decided by calibration.
@@ -469,16 +470,27 @@ impl Hcs {
             .collect()
     }
 
-    /// Points the expert table at the decode placement and empties the
-    /// tail (ordered on the compute stream: kernels queued after this see
-    /// both).
-    pub fn write_decode_table(&mut self, gpu: &Gpu, table: &mut ExpertTable) -> Result<()> {
+    /// Points the expert table, and every key's home, at the decode
+    /// placement, except `pending` (slot, moe layer, expert) loads whose
+    /// copies have not landed yet: they name their host bytes until
+    /// `tail_home` points them at their slot. Empties the tail. Ordered on
+    /// the compute stream: kernels queued after this see all of it.
+    fn write_decode_table(
+        &mut self,
+        gpu: &Gpu,
+        table: &mut ExpertTable,
+        pending: &[(usize, usize, usize)],
+    ) -> Result<()> {
         if self.res.is_lent() {
             return Err(GpuError::Hcs(
                 "the decode table was asked for while prefill holds the reclaimable tier".into(),
             ));
         }
-        let ptrs = self.decode_ptrs();
+        let mut ptrs = self.decode_ptrs();
+        for &(_, l, x) in pending {
+            let k = l * self.num_experts + x;
+            ptrs[k] = self.host_addrs[k];
+        }
         table.write_all(gpu, &ptrs)?;
         self.tail.reset(gpu)?;
         self.tail.write_home(gpu, &ptrs)
@@ -563,9 +575,9 @@ impl Hcs {
     }
 
     /// Reloads the reclaimable prior after prefill and gives decode its
-    /// table back, without making decode wait for the reload (at a 6 GiB
-    /// limit it is ~14 ms: 313 a3b experts at ~52 GB/s, five tokens'
-    /// worth of decode):
+    /// table back, without making decode wait for the reload (a3b-24l at
+    /// 6 GiB: 57 experts, ~2.6 ms, with the default split; ~14 ms for the
+    /// 313 of the split before session 13):
     /// - the table and every key's home are written on the compute stream
     ///   with the prior's experts at their host bytes, so until its copy
     ///   lands a prior expert is a miss like any other (read through the
@@ -582,17 +594,11 @@ impl Hcs {
     /// first, and so does anything that frees them.
     pub fn restore(&mut self, gpu: &Gpu, kn: &Kernels, table: &mut ExpertTable) -> Result<()> {
         let loads = self.res.restore_reclaimable();
-        let e = self.num_experts;
-        let mut ptrs = self.decode_ptrs();
-        let mut landing = Vec::with_capacity(2 * loads.len());
-        for &(slot, l, x) in &loads {
-            let k = l * e + x;
-            ptrs[k] = self.host_addrs[k];
-            landing.extend([k as u64, self.slot_addr[slot]]);
-        }
-        table.write_all(gpu, &ptrs)?;
-        self.tail.reset(gpu)?;
-        self.tail.write_home(gpu, &ptrs)?;
+        self.write_decode_table(gpu, table, &loads)?;
+        let landing: Vec<u64> = loads
+            .iter()
+            .flat_map(|&(slot, l, x)| [(l * self.num_experts + x) as u64, self.slot_addr[slot]])
+            .collect();
         self.copy_after_compute(gpu)?;
         self.tail.stage_landing(&self.copy, &landing)?;
         let base = table.base(gpu);

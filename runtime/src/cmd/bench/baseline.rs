@@ -65,7 +65,8 @@ pub fn measure_all_resident(
     for &p in &a.prompt_tokens {
         let (stats, _) = measure(
             &mut e,
-            (&all[..p], 0.0),
+            &all[..p],
+            0.0,
             1,
             a.repeats,
             GenerateStats::prefill_tok_s,
@@ -78,7 +79,8 @@ pub fn measure_all_resident(
     for &d in &a.decode_tokens {
         let (stats, _) = measure(
             &mut e,
-            (prompt, a.decode_temperature),
+            prompt,
+            a.decode_temperature,
             d + 1,
             a.repeats,
             GenerateStats::decode_tok_s,

@@ -183,7 +183,8 @@ fn sampled(
 /// HCS traffic of the last run when HCS is active.
 pub(super) fn measure(
     e: &mut CudaEngine,
-    (prompt, temperature): (&[u32], f32),
+    prompt: &[u32],
+    temperature: f32,
     new: usize,
     repeats: usize,
     pick: fn(&GenerateStats) -> f64,
@@ -299,7 +300,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     for &p in &a.prompt_tokens {
         let (stats, hcs) = measure(
             &mut engine,
-            (&all[..p], 0.0),
+            &all[..p],
+            0.0,
             1,
             a.repeats,
             GenerateStats::prefill_tok_s,
@@ -370,7 +372,8 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             // +1: the first token comes from prefill and is not timed as decode.
             let (stats, hcs) = measure(
                 &mut engine,
-                (prompt, a.decode_temperature),
+                prompt,
+                a.decode_temperature,
                 d + 1,
                 a.repeats,
                 GenerateStats::decode_tok_s,
