@@ -116,6 +116,29 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
+// Expert pointer tables (decode GEMVs, grouped GEMMs): an entry is a
+// 16-byte aligned address, so bit 0 is free to mean "fresh": HCS decode's
+// tail lookup promoted the expert in this step and `tail_fetch`, the
+// kernel this one was launched as a programmatic dependent of, is still
+// copying its bytes into the slot (`cuda/expert_tail.cu`). A thread that
+// meets a fresh entry waits for that grid (griddepcontrol.wait: completed,
+// its writes visible) before it reads the expert, so the layer's resident
+// experts are computed while the misses are copied. A fresh bit met
+// anywhere else (the kernel launched normally: the wait returns at once;
+// an entry the next lookup has not cleared yet) costs nothing and means
+// nothing: the slot holds the expert's bytes.
+#define TABLE_FRESH 1ull
+__device__ __forceinline__ u64 table_entry(const u64* table, u32 id) {
+    u64 b = table[id];
+    if (b & TABLE_FRESH) {
+#if __CUDA_ARCH__ >= 900
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+        b &= ~TABLE_FRESH;
+    }
+    return b;
+}
+
 // 16-byte global load that bypasses L1 allocation (streamed weights).
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     uint4 r;

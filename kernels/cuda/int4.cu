@@ -6,9 +6,11 @@
 // value (q - 8) * s, H and I multiples of g. One 16-byte load = 32
 // consecutive K elements of a row, all inside one group (32 | g), so each
 // load needs exactly one scale.
-// Experts are found through a device pointer table: base = table[ids[p]].
-// An id past the table, a null or a misaligned base turns that pair's
-// output into NaN instead of reading arbitrary memory.
+// Experts are found through a device pointer table: base = table[ids[p]]
+// (bit 0 marks an expert HCS decode is still copying: the thread waits for
+// the copy first, `table_entry` in common.cuh). An id past the table, a
+// null or a misaligned base turns that pair's output into NaN instead of
+// reading arbitrary memory.
 //
 // Decode GEMVs on tensor cores. A GEMV for one pair is memory bound, but
 // the scalar nibble->f32 path costs ~4 ALU ops per weight (half of them on
@@ -94,7 +96,7 @@ __device__ __forceinline__ float nib(u32 word, int shift) {
 
 __device__ __forceinline__ const unsigned char* expert_base(const u64* table, u32 n_table, u32 id) {
     if (id >= n_table) return nullptr;
-    u64 b = table[id];
+    const u64 b = table_entry(table, id);
     if (b == 0 || (b & 15u) != 0) return nullptr;
     return (const unsigned char*)b;
 }
@@ -553,8 +555,9 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
     if (it < total) w2_load<GPW, GEN>(ra, base_of(it), it % e.nkp, e);
 #if __CUDA_ARCH__ >= 900
     // Launched as a programmatic dependent on sm_90: everything above (ids,
-    // table, weights) was ready before the previous kernel started; act and
-    // res are touched only after that kernel has completed.
+    // table, weights) was ready before the previous kernel started (a
+    // fresh expert's loads waited, `table_entry`); act and res are touched
+    // only after that kernel has completed.
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     w2_stage<MULTI ? 4 : 1>(act, as_, t0, nt, k, I, e.ng, tok_u32);

@@ -11,8 +11,8 @@
 // w13_b [2I] and w2_b [H]. Every product is exact in bf16 (two significant
 // bits times a power of two), so the kernels compute with the checkpoint's
 // exact weights: no rounding before the f32 accumulation.
-// Experts are found through a device pointer table: base = table[ids[p]];
-// an id past the table, a null or a misaligned base turns that pair's
+// Experts are found through a device pointer table: base = table[ids[p]]
+// (bit 0: still being copied, wait first; as in int4.cu); an id past the table, a null or a misaligned base turns that pair's
 // output into NaN instead of reading arbitrary memory.
 //
 // Decode GEMVs on tensor cores, with the structure of int4.cu (read its
@@ -78,7 +78,7 @@ __device__ __forceinline__ float expert_act(float g, float u, u32 kind, float li
 
 __device__ __forceinline__ const unsigned char* mx_base(const u64* table, u32 n_table, u32 id) {
     if (id >= n_table) return nullptr;
-    u64 b = table[id];
+    const u64 b = table_entry(table, id);
     if (b == 0 || (b & 15u) != 0) return nullptr;
     return (const unsigned char*)b;
 }
@@ -332,8 +332,9 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
     if (it < items) load(it);
 #if __CUDA_ARCH__ >= 900
     // Launched as a programmatic dependent on sm_90: everything above (ids,
-    // table, weights) was ready before the previous kernel started; act and
-    // res are touched only after that kernel has completed.
+    // table, weights) was ready before the previous kernel started (a
+    // fresh expert's loads waited, `table_entry`); act and res are touched
+    // only after that kernel has completed.
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     const u32 cpr = ng * 16;  // staged 8-chunks per act row (zero past I)

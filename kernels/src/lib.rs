@@ -39,7 +39,9 @@ pub use driver::{GpuTestDevice, gpu_test_device, nvidia_driver_present, open_dev
 pub use error::{KernelError, Result};
 pub use launch::{Act16, Elem};
 pub use ops::attention::{DECODE_MAX_SPLITS, decode_workspace_len};
-pub use ops::expert_tail::{ExpertTail, TAIL_COUNTERS, TAIL_MAX_PAIRS, TAIL_NONE, TailMode};
+pub use ops::expert_tail::{
+    ExpertTail, TABLE_FRESH, TAIL_COUNTERS, TAIL_MAX_PAIRS, TAIL_MAX_SLOTS, TAIL_NONE, TailMode,
+};
 pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvOut};
 pub use ops::int4::{
     INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPED_ROWS,

@@ -1273,7 +1273,7 @@ fn kv_blocks_reference_layout_and_round_trip() {
 /// are read in place.
 #[test]
 fn expert_tail_reference_policy() {
-    use krasis_kernels::{TAIL_NONE as NONE, reference::TailState};
+    use krasis_kernels::{TABLE_FRESH as FRESH, TAIL_NONE as NONE, reference::TailState};
     const E: usize = 8;
     const N: u32 = NONE;
     let host: Vec<u64> = (0..2 * E as u64).map(|k| 0x1000_0000 + k * 0x100).collect();
@@ -1306,7 +1306,8 @@ fn expert_tail_reference_policy() {
                 (None, Some(&(_, a))) => a,
                 (None, None) => host_k,
             };
-            assert_eq!(st.table[k], want_table, "{step}: table[{k}]");
+            // (The fresh mark of a demand promotion: step 1, below.)
+            assert_eq!(st.table[k] & !FRESH, want_table, "{step}: table[{k}]");
             let want_tail = in_slot.map_or(NONE, |i| i as u32);
             assert_eq!(st.tail_of[k], want_tail, "{step}: tail_of[{k}]");
         }
@@ -1320,6 +1321,13 @@ fn expert_tail_reference_policy() {
     let f = st.lookup(0, &[2, 3, 4, 3]);
     assert_eq!(f, vec![(h(3), s(0)), (h(4), s(1))], "1: fetch");
     check(&st, "1", [3, 4, N], [1, 1, 0], 1, [4, 1, 2, 0]);
+    // The promoted entries are marked fresh (the GEMVs wait for their
+    // copy) until the next lookup of their key clears the mark.
+    assert_eq!(
+        (st.table[3], st.table[4]),
+        (s(0) | FRESH, s(1) | FRESH),
+        "1: fresh"
+    );
     // 2: resident hits only: no fetch, no slot stamped, the clock still ticks.
     assert!(st.lookup(0, &[2, 2]).is_empty(), "2: fetch");
     check(&st, "2", [3, 4, N], [1, 1, 0], 2, [6, 3, 2, 0]);
@@ -1331,6 +1339,11 @@ fn expert_tail_reference_policy() {
     // 4: tail hits on slot 0 stamp it and fetch nothing.
     assert!(st.lookup(0, &[3, 3]).is_empty(), "4: fetch");
     check(&st, "4", [3, 4, 8], [4, 1, 3], 4, [10, 6, 3, 0]);
+    assert_eq!(
+        (st.table[3], st.table[4]),
+        (s(0), s(1) | FRESH),
+        "4: 3's mark cleared"
+    );
     // 5: the tail is full; stamps (4, 1, 3): key 9 evicts slot 1 (key 4,
     // least recently used: not slot 0, the most recent and the first
     // filled), then key 14 evicts slot 2 (key 8, of layer 1). Keys 4 and 8
@@ -1373,7 +1386,7 @@ fn expert_tail_reference_policy() {
 /// before that counts it wasted.
 #[test]
 fn expert_tail_reference_prefetch() {
-    use krasis_kernels::{TAIL_NONE as N, TailMode, reference::TailState};
+    use krasis_kernels::{TABLE_FRESH, TAIL_NONE as N, TailMode, reference::TailState};
     const E: usize = 8;
     let host: Vec<u64> = (0..2 * E as u64).map(|k| 0x1000_0000 + k * 0x100).collect();
     let slot: Vec<u64> = (0..3).map(|i| 0xD000_0000 + i * 0x100).collect();
@@ -1390,7 +1403,7 @@ fn expert_tail_reference_prefetch() {
                     .iter()
                     .position(|&o| o == k as u32)
                     .map_or(host_k, |i| slot[i]);
-                assert_eq!(st.table[k], want, "{step}: table[{k}]");
+                assert_eq!(st.table[k] & !TABLE_FRESH, want, "{step}: table[{k}]");
             }
         };
     // a: two rows [3, 4] and [5, 6]: rank-major misses 3, 5, 4, 6; the
@@ -1425,6 +1438,13 @@ fn expert_tail_reference_prefetch() {
     let f = st.launch(1, &[0, 1, 2, 0], pf(1));
     assert_eq!(f, vec![(h(8), s(2))], "d: fetch");
     check(&st, "d", [3, 7, 8], [3, 3, 1], [0, 0, 1]);
+    // A prefetch's promotion is not marked fresh: its copy is joined by an
+    // event before the demand lookup; a demand promotion is.
+    assert_eq!(
+        (st.table[8], st.table[7]),
+        (s(2), s(1) | TABLE_FRESH),
+        "d: fresh marks"
+    );
     assert_eq!(st.counters, [6, 1, 4, 1, 6, 1, 0, 0], "d: counters");
     // e: layer 1 routes to 0 (prefetched: used, stamped now) and 5 (evicts
     // slot 0, the least recent of the others).

@@ -64,14 +64,14 @@ extern "C" __global__ void host_copy(const uint4* __restrict__ p, unsigned long 
 "#;
 
 /// Page-locked host memory mapped into the device's address space.
-struct Mapped {
-    host: *mut u8,
-    dev: u64,
+pub(super) struct Mapped {
+    pub(super) host: *mut u8,
+    pub(super) dev: u64,
     len: usize,
 }
 
 impl Mapped {
-    fn new(len: usize) -> anyhow::Result<Self> {
+    pub(super) fn new(len: usize) -> anyhow::Result<Self> {
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: a fresh allocation owned by the returned value.
         let host = unsafe { result::malloc_host(len, flags) }? as *mut u8;
@@ -80,7 +80,7 @@ impl Mapped {
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut _, 0) }.result()?;
         Ok(Mapped { host, dev, len })
     }
-    fn bytes(&mut self) -> &mut [u8] {
+    pub(super) fn bytes(&mut self) -> &mut [u8] {
         // SAFETY: host..host+len is owned by self.
         unsafe { std::slice::from_raw_parts_mut(self.host, self.len) }
     }
@@ -227,7 +227,7 @@ pub fn bench_host_experts(
                             act: &mut CudaSlice<f32>,
                             resd: &mut CudaSlice<f32>|
                  -> anyhow::Result<()> {
-                    k.int4_w13_swiglu(s, &xb, &table, ids, m, topk, &layout, u32::MAX, act)?;
+                    k.int4_w13_swiglu(s, &xb, &table, ids, m, topk, &layout, u32::MAX, false, act)?;
                     k.int4_w2_combine(s, act, &table, ids, &w, m, topk, &layout, resd)?;
                     Ok(())
                 };
@@ -333,7 +333,7 @@ fn bench_grouped_host(
 }
 
 /// Random nibbles with f16 scales of 0.01 (finite outputs), `stride` apart.
-fn fill_experts(rng: &mut StdRng, layout: &Int4Layout, stride: usize, buf: &mut [u8]) {
+pub(super) fn fill_experts(rng: &mut StdRng, layout: &Int4Layout, stride: usize, buf: &mut [u8]) {
     let (h, i, g) = (layout.hidden, layout.intermediate, layout.group);
     rng.fill(&mut buf[..]);
     for b in buf.chunks_mut(stride) {

@@ -2,7 +2,7 @@
 //! a3b (Qwen3-30B-A3B) shapes, plus prefill attention at the qcn heads (16 q,
 //! 2 kv, head_dim 256) and gpt-oss decode attention (sinks; full vs 128-token
 //! sliding layer at 32K). Times are CUDA-event medians after warm-up.
-//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--grouped] [--host-experts] [--baseline-int4 OLD.cu]`
+//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--grouped] [--host-experts] [--tail] [--baseline-int4 OLD.cu]`
 //! (prints a table; exits with an error without a GPU). `--gemv` times only
 //! the BF16 decode GEMVs next to cuBLAS; `--rows` times the kernels of a
 //! batched decode step at 1/2/4/8 rows (BF16 GEMVs; INT4 w13 + w2 with
@@ -14,7 +14,8 @@
 //! grouped by expert) with the grouped INT4 GEMMs next to the dequantize +
 //! per-expert cuBLAS path they replace, at 512 to 8,192 tokens;
 //! `--host-experts` times decode experts read straight from mapped host
-//! memory against copying them first (`host.rs`);
+//! memory against copying them first (`host.rs`); `--tail` what HCS decode's
+//! device tail (lookup, fetch) costs per MoE layer (`tail.rs`);
 //! `--baseline-int4` also times the entry points of an older `int4.cu` with
 //! the pre-slot-mask signatures (w13: 128 threads, grid (I/16, pairs); w2:
 //! 32*top_k threads, grid (H/16, tokens)), for before/after numbers.
@@ -35,6 +36,7 @@ use krasis_kernels::{
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 mod host;
+mod tail;
 
 fn time_ms(
     s: &Arc<CudaStream>,
@@ -106,6 +108,7 @@ struct Args {
     prefill_only: bool,
     grouped_only: bool,
     host_only: bool,
+    tail_only: bool,
     /// A `.cu` file with an earlier INT4 module, timed beside the current one.
     baseline: Option<String>,
 }
@@ -119,6 +122,7 @@ fn main() -> anyhow::Result<()> {
         prefill_only: false,
         grouped_only: false,
         host_only: false,
+        tail_only: false,
         baseline: None,
     };
     let mut it = std::env::args().skip(1);
@@ -131,10 +135,11 @@ fn main() -> anyhow::Result<()> {
             "--prefill" => args.prefill_only = true,
             "--grouped" => args.grouped_only = true,
             "--host-experts" => args.host_only = true,
+            "--tail" => args.tail_only = true,
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --grouped, --host-experts, --baseline-int4 FILE)"
+                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --grouped, --host-experts, --tail, --baseline-int4 FILE)"
                 )
             }
         }
@@ -187,6 +192,14 @@ fn main() -> anyhow::Result<()> {
     if args.grouped_only {
         bench_grouped(&k, &s, &mut rng, &mut rows)?;
         println!("\n==== kbench (grouped prefill experts) ====");
+        for r in rows {
+            println!("{r}");
+        }
+        return Ok(());
+    }
+    if args.tail_only {
+        tail::bench_tail(&k, &s, &mut rng, &mut rows)?;
+        println!("\n==== kbench (HCS decode tail) ====");
         for r in rows {
             println!("{r}");
         }
@@ -645,19 +658,52 @@ fn bench_int4(
     let gbs = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
     let sl = |it: usize| ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
     let t13 = time_ms(s, 200, |it| {
-        Ok(k.int4_w13_swiglu(s, &x, &table, &sl(it), 1, topk, &layout, u32::MAX, &mut act)?)
+        Ok(k.int4_w13_swiglu(
+            s,
+            &x,
+            &table,
+            &sl(it),
+            1,
+            topk,
+            &layout,
+            u32::MAX,
+            false,
+            &mut act,
+        )?)
     })?;
     let t2 = time_ms(s, 200, |it| {
         Ok(k.int4_w2_combine(s, &act, &table, &sl(it), &w, 1, topk, &layout, &mut res)?)
     })?;
     let g13 = time_graph_ms(s, 64, |it| {
-        Ok(k.int4_w13_swiglu(s, &x, &table, &sl(it), 1, topk, &layout, u32::MAX, &mut act)?)
+        Ok(k.int4_w13_swiglu(
+            s,
+            &x,
+            &table,
+            &sl(it),
+            1,
+            topk,
+            &layout,
+            u32::MAX,
+            false,
+            &mut act,
+        )?)
     })?;
     let g2 = time_graph_ms(s, 64, |it| {
         Ok(k.int4_w2_combine(s, &act, &table, &sl(it), &w, 1, topk, &layout, &mut res)?)
     })?;
     let gl = time_graph_ms(s, 64, |it| {
-        k.int4_w13_swiglu(s, &x, &table, &sl(it), 1, topk, &layout, u32::MAX, &mut act)?;
+        k.int4_w13_swiglu(
+            s,
+            &x,
+            &table,
+            &sl(it),
+            1,
+            topk,
+            &layout,
+            u32::MAX,
+            false,
+            &mut act,
+        )?;
         Ok(k.int4_w2_combine(s, &act, &table, &sl(it), &w, 1, topk, &layout, &mut res)?)
     })?;
     let (b13, b2) = (topk * w13_bytes, topk * w2_bytes);
@@ -1093,6 +1139,7 @@ fn bench_mxfp4(
             topk,
             &layout,
             u32::MAX,
+            false,
             a,
             &mut act,
         )?)
@@ -1110,6 +1157,7 @@ fn bench_mxfp4(
             topk,
             &layout,
             u32::MAX,
+            false,
             a,
             &mut act,
         )?;
@@ -1306,6 +1354,7 @@ fn bench_rows(
                         topk,
                         &layout,
                         u32::MAX,
+                        false,
                         &mut act,
                     )?;
                     Ok(k.int4_w2_combine_blocked(
@@ -1337,6 +1386,7 @@ fn bench_rows(
                     topk,
                     &layout,
                     u32::MAX,
+                    false,
                     &mut act,
                 )?)
             })?;

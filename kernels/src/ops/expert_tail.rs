@@ -4,13 +4,21 @@
 //! describes the state and the policy; the CPU reference is
 //! [`crate::reference::TailState`]).
 
+use std::ffi::c_void;
+
 use cudarc::driver::{CudaStream, DevicePtr, PushKernelArg};
 
-use crate::launch::{builder, cfg, check_len, dim_u32, ensure, submit};
+use crate::launch::{builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit};
 use crate::{Kernels, Result};
 
 /// Most (row, expert) pairs one lookup takes (one thread each).
 pub const TAIL_MAX_PAIRS: usize = 256;
+/// Most tail slots a lookup takes (their stamps are staged in the block's
+/// shared memory, 32 KiB).
+pub const TAIL_MAX_SLOTS: usize = 8192;
+/// Bit 0 of a table entry: a tail slot this step's demand lookup promoted,
+/// whose copy may still run (`cuda/common.cuh`, `TABLE_FRESH`).
+pub const TABLE_FRESH: u64 = 1;
 /// "No slot" / "no owner" in `tail_of` and `owner`.
 pub const TAIL_NONE: u32 = u32::MAX;
 /// Cumulative counters of the tail state (`cuda/expert_tail.cu`).
@@ -24,6 +32,10 @@ pub enum TailMode {
     /// Predicted experts of a layer that has not routed yet: at most `max`
     /// promoted, sparing the slots of the previous (demand) launch.
     Prefetch { max: usize },
+    /// Fault injection only (`Fault::UnmarkedFetch`): a demand lookup
+    /// whose promotions are not marked fresh, so GEMVs launched to overlap
+    /// the fetch read the slots before their copies land. Never correct.
+    DemandUnmarked,
 }
 /// Blocks of the fetch launch: enough 256-thread blocks to keep PCIe reads
 /// in flight on any part this engine supports (kbench: 132 to 1,056 blocks
@@ -77,7 +89,13 @@ impl Kernels {
     /// [`TailMode::Prefetch`], predicted) experts (`ids`, `[rows, top_k]`)
     /// and promotes its misses into the tail, writing `t`'s fetch list (the
     /// table already names the slots: [`Kernels::tail_fetch`] over the same
-    /// `t` must run before anything reads them).
+    /// `t` must run right after, before anything reads them). A demand
+    /// launch marks the promoted table entries fresh (bit 0): the GEMVs
+    /// launched right after the fetch wait for it where they meet one, and
+    /// strip the bit anywhere (`cuda/common.cuh`). On sm_90+ it launches as
+    /// a programmatic dependent of the kernel before it on `stream`
+    /// (normally the router, which writes `ids`): it reads only its own
+    /// state (stamps, clock) before that kernel has completed.
     pub fn tail_lookup(
         &self,
         stream: &CudaStream,
@@ -121,14 +139,49 @@ impl Kernels {
             dim_u32(K, "experts", t.experts)?,
             dim_u32(K, "tail", t.tail)?,
         );
+        ensure(K, t.tail <= TAIL_MAX_SLOTS, || {
+            format!(
+                "a tail of {} slots: at most {TAIL_MAX_SLOTS} (their stamps are staged in shared memory)",
+                t.tail
+            )
+        })?;
         dim_u32(K, "layers * experts", t.layers * t.experts)?;
         let (prefetch, max) = match mode {
             TailMode::Demand => (0u32, u32::MAX),
             TailMode::Prefetch { max } => (1, max.try_into().unwrap_or(u32::MAX)),
+            TailMode::DemandUnmarked => (2, u32::MAX),
         };
         let k = dim_u32(K, "top_k", t.top_k)?;
         let (ip, _g) = ids.device_ptr(stream);
         let f = self.func(K)?;
+        let config = cfg((1, 1, 1), 256, 0);
+        if self.compute_capability().0 >= 9 {
+            let mut args: Vec<*mut c_void> = [
+                &t.table,
+                &t.host,
+                &t.home,
+                &t.tail_of,
+                &t.owner,
+                &t.stamp,
+                &t.pending,
+                &t.slot,
+                &t.clock,
+                &t.fetch,
+                &t.n_fetch,
+                &t.counters,
+                &ip,
+            ]
+            .into_iter()
+            .map(|a| a as *const u64 as *mut c_void)
+            .collect();
+            for v in [&n, &l, &e, &tail, &k, &prefetch, &max] {
+                args.push(v as *const u32 as *mut c_void);
+            }
+            // SAFETY: the arguments match tail_lookup's parameters in order
+            // and type and point to values that outlive the call; the
+            // addresses are the caller's live tail state and `ids`.
+            return unsafe { launch_dependent(K, stream, f, config, &mut args) };
+        }
         let mut b = builder(stream, f);
         b.arg(&t.table)
             .arg(&t.host)
@@ -144,17 +197,32 @@ impl Kernels {
             .arg(&t.counters);
         b.arg(&ip).arg(&n).arg(&l).arg(&e).arg(&tail);
         b.arg(&k).arg(&prefetch).arg(&max);
-        submit(K, b, cfg((1, 1, 1), 256, 0))
+        submit(K, b, config)
     }
 
     /// Copies the last lookup's fetch list (host bytes into tail slots).
+    /// On sm_90+ it launches as a programmatic dependent of that lookup,
+    /// which must be the kernel launched right before it on `stream`: it
+    /// starts early and waits for the lookup before it reads the list.
     pub fn tail_fetch(&self, stream: &CudaStream, t: &ExpertTail) -> Result<()> {
         const F: &str = "tail_fetch";
         let vecs = (t.expert_bytes / 16) as u64;
         let f = self.func(F)?;
+        let config = cfg((FETCH_BLOCKS, 1, 1), 256, 0);
+        if self.compute_capability().0 >= 9 {
+            let mut args: Vec<*mut c_void> = vec![
+                &t.fetch as *const u64 as *mut c_void,
+                &t.n_fetch as *const u64 as *mut c_void,
+                &vecs as *const u64 as *mut c_void,
+            ];
+            // SAFETY: the arguments match tail_fetch's parameters in order
+            // and type and point to values that outlive the call; the
+            // addresses are the caller's live tail state.
+            return unsafe { launch_dependent(F, stream, f, config, &mut args) };
+        }
         let mut b = builder(stream, f);
         b.arg(&t.fetch).arg(&t.n_fetch).arg(&vecs);
-        submit(F, b, cfg((FETCH_BLOCKS, 1, 1), 256, 0))
+        submit(F, b, config)
     }
 
     /// Points `n` experts at slots that now hold them: for each (key,

@@ -57,6 +57,11 @@ impl Kernels {
     ///   set. A masked-out pair reads neither `ids[p]` nor its table entry
     ///   (which may be null or garbage) and leaves its `act` row untouched.
     ///   `u32::MAX` computes every pair.
+    /// - `after_tail_fetch`: the kernel launched right before this one on
+    ///   `stream` is [`Kernels::tail_fetch`] (HCS decode). On sm_90+ this
+    ///   one then launches as its programmatic dependent: pairs whose table
+    ///   entry is fresh wait for the copy, the others are computed beside
+    ///   it. Otherwise a plain launch.
     /// - `act`: f32 `[n_tokens*top_k, I]`.
     ///
     /// `H <= 8192` (Qwen3-30B-A3B 2048, gpt-oss 2880, Qwen3-235B 4096,
@@ -73,6 +78,7 @@ impl Kernels {
         top_k: usize,
         layout: &Int4Layout,
         slot_mask: u32,
+        after_tail_fetch: bool,
         act: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         layout.check_w13("int4_w13_swiglu_1", top_k)?;
@@ -96,16 +102,40 @@ impl Kernels {
         let (ip, _g3) = ids.device_ptr(stream);
         let (ap, _g4) = act.device_ptr_mut(stream);
         let f = self.func(k)?;
+        let gl = layout.gl();
+        // 16 gate + 16 up rows per block, K split over the warps; y = pair.
+        let config = cfg((ii / 16, np, 1), 32 * warps, 0);
+        if after_tail_fetch && self.compute_capability().0 >= 9 {
+            let mut args: Vec<*mut c_void> = vec![
+                &xp as *const u64 as *mut c_void,
+                &tp as *const u64 as *mut c_void,
+                &n_table as *const u32 as *mut c_void,
+                &ip as *const u64 as *mut c_void,
+                &np as *const u32 as *mut c_void,
+                &kk as *const u32 as *mut c_void,
+                &hh as *const u32 as *mut c_void,
+                &ii as *const u32 as *mut c_void,
+                &oq as *const u64 as *mut c_void,
+                &os as *const u64 as *mut c_void,
+                &slot_mask as *const u32 as *mut c_void,
+            ];
+            if general {
+                args.push(&gl as *const u32 as *mut c_void);
+            }
+            args.push(&ap as *const u64 as *mut c_void);
+            // SAFETY: the arguments match the kernel's parameter list in
+            // order and type, point to locals that outlive the call, and
+            // the buffer lengths were checked against the dims above.
+            return unsafe { launch_dependent(k, stream, f, config, &mut args) };
+        }
         let mut b = builder(stream, f);
         b.arg(&xp).arg(&tp).arg(&n_table).arg(&ip).arg(&np).arg(&kk);
         b.arg(&hh).arg(&ii).arg(&oq).arg(&os).arg(&slot_mask);
-        let gl = layout.gl();
         if general {
             b.arg(&gl);
         }
         b.arg(&ap);
-        // 16 gate + 16 up rows per block, K split over the warps; y = pair.
-        submit(k, b, cfg((ii / 16, np, 1), 32 * warps, 0))
+        submit(k, b, config)
     }
 
     /// Decode down GEMV fused with the weighted combine:

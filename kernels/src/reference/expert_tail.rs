@@ -3,7 +3,7 @@
 //! time. The fetch copies are returned as (host address, slot address)
 //! pairs for the caller to apply.
 
-use crate::ops::expert_tail::{TAIL_COUNTERS, TAIL_NONE, TailMode};
+use crate::ops::expert_tail::{TABLE_FRESH, TAIL_COUNTERS, TAIL_NONE, TailMode};
 
 /// The tail's state (field meanings in `cuda/expert_tail.cu`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,9 +71,10 @@ impl TailState {
     pub fn launch(&mut self, layer: usize, ids: &[u32], mode: TailMode) -> Vec<(u64, u64)> {
         assert!(ids.len().is_multiple_of(self.top_k), "whole rows");
         let (prefetch, max) = match mode {
-            TailMode::Demand => (false, usize::MAX),
+            TailMode::Demand | TailMode::DemandUnmarked => (false, usize::MAX),
             TailMode::Prefetch { max } => (true, max),
         };
+        let mark = mode == TailMode::Demand;
         // u32 like the kernel's (it wraps after ~4e9 lookups, ~7 days of
         // decode without a prefill: LRU order is then wrong, never results).
         self.clock = self.clock.wrapping_add(1);
@@ -87,6 +88,10 @@ impl TailState {
                 layer * self.experts + e as usize
             })
             .collect();
+        // An earlier step's fresh mark (its copy has landed) is cleared.
+        for &k in &keys {
+            self.table[k] &= !TABLE_FRESH;
+        }
         let hit: Vec<bool> = keys
             .iter()
             .map(|&k| self.table[k] != self.host[k])
@@ -152,7 +157,9 @@ impl TailState {
             self.owner[v] = key as u32;
             self.stamp[v] = now;
             self.tail_of[key] = v as u32;
-            self.table[key] = self.slot[v];
+            // A demand promotion is marked fresh until the next lookup
+            // of its key (the GEMVs wait for its copy).
+            self.table[key] = self.slot[v] | if mark { TABLE_FRESH } else { 0 };
             fetch.push((self.host[key], self.slot[v]));
             promoted.push(v);
         }

@@ -89,7 +89,9 @@ fn int4_f16_decode_gemv_and_dequant_match_reference() {
         if k >= 2 {
             let mut act = poison_f32(&s, t * k * i);
             g.kernels
-                .int4_w13_swiglu(&s, &d_x, &ex.table, &d_ids, t, k, &layout, !1u32, &mut act)
+                .int4_w13_swiglu(
+                    &s, &d_x, &ex.table, &d_ids, t, k, &layout, !1u32, false, &mut act,
+                )
                 .unwrap();
             let a = down(&s, &act);
             for p in 0..t * k {

@@ -100,8 +100,19 @@ pub(crate) fn decode_gemv_matches_cpu<A: krasis_kernels::Act16>(
     let mut runs = Vec::new();
     for _ in 0..2 {
         let mut act = poison_f32(s, t * k * i);
-        kr.int4_w13_swiglu(s, &d_x, &ex.table, &d_ids, t, k, layout, u32::MAX, &mut act)
-            .unwrap();
+        kr.int4_w13_swiglu(
+            s,
+            &d_x,
+            &ex.table,
+            &d_ids,
+            t,
+            k,
+            layout,
+            u32::MAX,
+            false,
+            &mut act,
+        )
+        .unwrap();
         let mut res = up(s, &res0);
         kr.int4_w2_combine(s, &act, &ex.table, &d_ids, &d_w, t, k, layout, &mut res)
             .unwrap();
@@ -241,6 +252,7 @@ fn int4_invalid_expert_is_nan() {
                 2,
                 &layout,
                 u32::MAX,
+                false,
                 &mut act,
             )
             .unwrap();
@@ -328,6 +340,7 @@ fn slot_mask_case(
                 k,
                 &layout,
                 mask,
+                false,
                 &mut act,
             )
             .unwrap();

@@ -167,7 +167,19 @@ fn check_decode(
     for _ in 0..2 {
         let mut act = poison_f32(s, t * k * i);
         g.kernels
-            .mxfp4_w13_act(s, &d_x, &ex.table, &d_ids, t, k, l, u32::MAX, a, &mut act)
+            .mxfp4_w13_act(
+                s,
+                &d_x,
+                &ex.table,
+                &d_ids,
+                t,
+                k,
+                l,
+                u32::MAX,
+                false,
+                a,
+                &mut act,
+            )
             .unwrap();
         let mut res = up(s, &res0);
         g.kernels
@@ -346,6 +358,7 @@ fn mxfp4_invalid_expert_is_nan() {
             2,
             &l,
             u32::MAX,
+            false,
             GPT_OSS,
             &mut act,
         )
@@ -450,6 +463,7 @@ fn mxfp4_w13_slot_mask() {
                 k,
                 &l,
                 mask,
+                false,
                 GPT_OSS,
                 &mut act,
             )

@@ -180,8 +180,19 @@ fn int4_rows_are_invariant<A: Act16>(
             let dw = up(s, &weights[first * k..(first + t) * k]);
             let mut act: CudaSlice<f32> = poison_f32(s, t * k * i);
             let mut res = up(s, &res0[first * h..(first + t) * h]);
-            kr.int4_w13_swiglu(s, &dx, &ex.table, &dids, t, k, &layout, u32::MAX, &mut act)
-                .unwrap();
+            kr.int4_w13_swiglu(
+                s,
+                &dx,
+                &ex.table,
+                &dids,
+                t,
+                k,
+                &layout,
+                u32::MAX,
+                false,
+                &mut act,
+            )
+            .unwrap();
             match tpb {
                 None => kr
                     .int4_w2_combine(s, &act, &ex.table, &dids, &dw, t, k, &layout, &mut res)

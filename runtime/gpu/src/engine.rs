@@ -368,6 +368,7 @@ impl CudaEngine {
             | Fault::PackedBase
             | Fault::StaleTail
             | Fault::StalePrefetch
+            | Fault::UnmarkedFetch
             | Fault::SkipReload
             | Fault::IgnoreMask => {}
             Fault::RopeSign => {

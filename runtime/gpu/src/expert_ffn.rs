@@ -74,7 +74,8 @@ impl ExpertFfn {
     /// Gate/up GEMV with the activation (and gate/up bias) fused, for `t`
     /// tokens' `k` pairs (`ids` index `table`), only the slots set in
     /// `mask`: `act[p]` f32 `[t*k, I]`. `x` (the normed rows) holds the MLP
-    /// block's format.
+    /// block's format. `after_tail_fetch`: launched right after the decode
+    /// tail's fetch, whose copies it overlaps (the kernels' contract).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gate_up_act(
         &self,
@@ -84,23 +85,32 @@ impl ExpertFfn {
         ids: &impl DevicePtr<u32>,
         t: usize,
         mask: u32,
+        after_tail_fetch: bool,
         act: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let (s, k) = (&cx.gpu.stream, cx.g.top_k);
+        let (s, k, f) = (&cx.gpu.stream, cx.g.top_k, after_tail_fetch);
         match (self, cx.g.mlp.activations) {
             (ExpertFfn::Int4Swiglu(l), ActFormat::Bf16) => Ok(cx
                 .kn
-                .int4_w13_swiglu(s, x, table, ids, t, k, l, mask, act)?),
+                .int4_w13_swiglu(s, x, table, ids, t, k, l, mask, f, act)?),
             (ExpertFfn::Int4Swiglu(l), ActFormat::F16) => {
                 Ok(cx
                     .kn
-                    .int4_w13_swiglu(s, &view::<f16>(x), table, ids, t, k, l, mask, act)?)
+                    .int4_w13_swiglu(s, &view::<f16>(x), table, ids, t, k, l, mask, f, act)?)
             }
-            (ExpertFfn::Mxfp4 { layout, activation }, ActFormat::Bf16) => {
-                Ok(cx
-                    .kn
-                    .mxfp4_w13_act(s, x, table, ids, t, k, layout, mask, *activation, act)?)
-            }
+            (ExpertFfn::Mxfp4 { layout, activation }, ActFormat::Bf16) => Ok(cx.kn.mxfp4_w13_act(
+                s,
+                x,
+                table,
+                ids,
+                t,
+                k,
+                layout,
+                mask,
+                f,
+                *activation,
+                act,
+            )?),
             (ExpertFfn::Mxfp4 { .. }, ActFormat::F16) => Err(mxfp4_f16()),
         }
     }

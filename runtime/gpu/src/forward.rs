@@ -152,6 +152,11 @@ pub enum Fault {
     /// never copies them, so a right guess's GEMVs read whatever its slot
     /// held before. Not in [`Fault::ALL`]; the HCS batching test sees it.
     StalePrefetch,
+    /// HCS only: decode's tail lookup does not mark its promotions fresh,
+    /// so the w13 GEMV launched to overlap the fetch reads those slots
+    /// before their copies land. Not in [`Fault::ALL`]; the HCS reload test
+    /// (prefetch off, where the overlap runs) sees it.
+    UnmarkedFetch,
     /// HCS only: a prefill's reload of the reclaimable prior points decode
     /// at the prior's slots without copying the experts into them, so the
     /// prior's GEMVs read what prefill left there. Not in [`Fault::ALL`];
@@ -201,6 +206,7 @@ impl Fault {
                 | Fault::PackedBase
                 | Fault::StaleTail
                 | Fault::StalePrefetch
+                | Fault::UnmarkedFetch
                 | Fault::SkipReload
                 | Fault::IgnoreMask => false,
             })
@@ -286,6 +292,9 @@ pub(crate) struct Ctx<'a> {
     /// `Fault::StalePrefetch` (tests only; always false otherwise): the
     /// prefetch's promotions are not copied.
     pub stale_prefetch: bool,
+    /// `Fault::UnmarkedFetch` (tests only; always false otherwise): the
+    /// tail's promotions are not marked fresh.
+    pub unmarked_fetch: bool,
     pub gemv_tokens: usize,
     pub grouped_prefill: bool,
 }
@@ -453,6 +462,10 @@ impl Model {
                 stale_prefetch: matches!(self.fault, Fault::StaleTail | Fault::StalePrefetch),
                 #[cfg(not(any(test, feature = "fault-injection")))]
                 stale_prefetch: false,
+                #[cfg(any(test, feature = "fault-injection"))]
+                unmarked_fetch: self.fault == Fault::UnmarkedFetch,
+                #[cfg(not(any(test, feature = "fault-injection")))]
+                unmarked_fetch: false,
                 gemv_tokens: self.gemv_tokens,
                 grouped_prefill: self.grouped_prefill,
             },

@@ -264,11 +264,21 @@ fn experts_gemv(
     decode: bool,
 ) -> Result<()> {
     let (table, ffn) = table_parts(cx, moe_index)?;
+    let mut after_fetch = false;
     if let (true, Some(tail)) = (decode, &cx.tail) {
-        tail_step(cx, sc, tail, moe_index, t)?;
+        after_fetch = tail_step(cx, sc, tail, moe_index, t)?;
     }
     let ids = &sc.topk_ids;
-    ffn.gate_up_act(cx, &sc.normed, &table, ids, t, u32::MAX, &mut sc.act)?;
+    ffn.gate_up_act(
+        cx,
+        &sc.normed,
+        &table,
+        ids,
+        t,
+        u32::MAX,
+        after_fetch,
+        &mut sc.act,
+    )?;
     ffn.down_combine(cx, &sc.act, &table, ids, &sc.topk_w, t, &mut sc.residual)
 }
 
@@ -276,14 +286,16 @@ fn experts_gemv(
 /// layer's misses promoted into the tail and copied there; with prefetch,
 /// first the wait for this layer's prefetch, and after the copies the next
 /// MoE layer's predicted experts promoted on the side stream
-/// (`hcs/tail.rs`).
+/// (`hcs/tail.rs`). Returns whether the last kernel it launched on the
+/// compute stream is the fetch, which the w13 GEMV then overlaps
+/// (`cuda/expert_tail.cu`).
 fn tail_step(
     cx: &Ctx<'_>,
     sc: &mut Scratch,
     tail: &TailLaunch<'_>,
     moe_index: usize,
     t: usize,
-) -> Result<()> {
+) -> Result<bool> {
     let (s, k) = (&cx.gpu.stream, cx.g.top_k);
     let n = t * k;
     let driver = GpuError::driver;
@@ -293,16 +305,21 @@ fn tail_step(
             .map_err(driver("waiting for the expert prefetch"))?;
     }
     let ids = sc.topk_ids.slice(..n);
+    let mode = if cx.unmarked_fetch {
+        TailMode::DemandUnmarked
+    } else {
+        TailMode::Demand
+    };
     cx.kn
-        .tail_lookup(s, &tail.demand, moe_index, &ids, n, TailMode::Demand)?;
+        .tail_lookup(s, &tail.demand, moe_index, &ids, n, mode)?;
     if !cx.stale_tail {
         cx.kn.tail_fetch(s, &tail.demand)?;
     }
     let Some(p) = &tail.prefetch else {
-        return Ok(());
+        return Ok(!cx.stale_tail);
     };
     let Some(&next) = p.moe_layers.get(moe_index + 1) else {
-        return Ok(());
+        return Ok(!cx.stale_tail);
     };
     // The prediction: the next layer's router over this layer's residual
     // (before its experts and the next attention add to it), into buffers
@@ -333,7 +350,8 @@ fn tail_step(
     }
     p.done
         .record(p.stream)
-        .map_err(driver("joining the expert prefetch"))
+        .map_err(driver("joining the expert prefetch"))?;
+    Ok(false)
 }
 
 fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -> Result<()> {

@@ -66,6 +66,16 @@ impl CudaEngine {
             .grouped
             .as_ref()
             .map_or_else(Vec::new, |gr| gr.lendable(&self.model.gpu));
+        if let Some(n) = opts
+            .hcs_tail_slots
+            .filter(|&n| n > krasis_kernels::TAIL_MAX_SLOTS)
+        {
+            return Err(GpuError::Hcs(format!(
+                "a decode tail of {n} slots was asked for; the device lookup takes at most {} \
+                 (ask for fewer)",
+                krasis_kernels::TAIL_MAX_SLOTS
+            )));
+        }
         let mut hcs = Hcs::new(
             &self.model.gpu,
             &self.model.kernels,

@@ -43,6 +43,7 @@ fn ref_fault(f: Fault) -> RefFault {
         | Fault::PackedBase
         | Fault::StaleTail
         | Fault::StalePrefetch
+        | Fault::UnmarkedFetch
         | Fault::SkipReload => RefFault::None,
         // A sampler fault: no logit changes.
         Fault::IgnoreMask => RefFault::IgnoreMask,

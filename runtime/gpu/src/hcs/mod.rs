@@ -198,8 +198,9 @@ impl Hcs {
     /// num_experts`) then `lent` slots of prefill's scratch, divide between
     /// the heatmap prior and the decode recency tail. The tail takes
     /// `tail` slots (default: [`TAIL_TOKENS`] tokens' worth of routed
-    /// experts, at least one step's), staging's first; the prior the rest,
-    /// at most every expert.
+    /// experts, at least one step's, at most the device lookup's
+    /// `TAIL_MAX_SLOTS`), staging's first; the prior the rest, at most
+    /// every expert.
     pub fn split(
         moe_layers: usize,
         num_experts: usize,
@@ -213,7 +214,8 @@ impl Hcs {
         let tail = tail
             .unwrap_or(TAIL_TOKENS * moe_layers * top_k)
             .max(Self::tail_floor(num_experts, top_k, rows))
-            .min(reclaimable + lent);
+            .min(reclaimable + lent)
+            .min(krasis_kernels::TAIL_MAX_SLOTS);
         let tail_staged = tail.min(reclaimable);
         let tail_lent = tail - tail_staged;
         let total = moe_layers * num_experts;
