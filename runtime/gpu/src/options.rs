@@ -56,11 +56,10 @@ pub struct CudaEngineOptions {
     /// recency tail. No CLI option: the GPU tests use it to exercise the
     /// tail on models whose experts would all fit in the prior.
     pub hcs_prior_cap: Option<usize>,
-    /// Slots of the HCS decode recency tail (`None`: the default split of
-    /// the reclaimable tier, `Hcs::split`); the rest of the
-    /// tier, with prefill's lent scratch, holds the heatmap prior. At
-    /// least one step's experts. No CLI option: `bench --hcs-tail`
-    /// measures other splits.
+    /// Slots of the HCS decode recency tail (`None`: `Hcs::split`'s
+    /// default, the whole reclaimable tier with prefill's lent scratch);
+    /// the rest of the tier holds the heatmap prior. At least one step's
+    /// experts. No CLI option: `bench --hcs-tail` measures other splits.
     pub hcs_tail_slots: Option<usize>,
     /// Most experts HCS decode prefetches into the recency tail per MoE
     /// layer, predicted by the next layer's router (`hcs/tail.rs`; results

@@ -59,13 +59,15 @@ pub fn decide(free: u64, staging: u64, all_bytes: u64, floor: u64, stride: usize
     }
 }
 
-/// Expert slots of `stride` bytes in the buffers only prefill uses, which
-/// decode's prior holds under HCS (`Hcs::new` carves the same buffers:
+/// Expert slots of `stride` bytes in the parts of the scratch only prefill
+/// uses, decode keeping `kept` rows ([`ScratchLens::lendable`]), which
+/// decode's experts hold under HCS (`Hcs::new` carves the same parts:
 /// whole slots of each).
-pub fn scratch_slots(lens: &ScratchLens, stride: usize) -> usize {
-    lens.grouped.map_or(0, |gr| {
-        gr.lendable_bytes().iter().map(|b| b / stride.max(1)).sum()
-    })
+pub fn scratch_slots(lens: &ScratchLens, kept: usize, stride: usize) -> usize {
+    lens.lendable(kept)
+        .iter()
+        .map(|l| l.bytes / stride.max(1))
+        .sum()
 }
 
 /// Why the CUDA engine refuses the model `config` at load, if it does.
@@ -142,7 +144,6 @@ pub fn plan_cuda(
         &format!("activation scratch ({cap}-token chunk)"),
         lens.bytes() as u64,
     ));
-    let scratch_slots = scratch_slots(&lens, stride);
     // The engine refuses at load what `batching` refuses; the plan notes it
     // and plans one sequence.
     let parallel = match crate::options::batching(opts, g, context, cap) {
@@ -152,6 +153,8 @@ pub fn plan_cuda(
             1
         }
     };
+    let kept = crate::scratch::decode_rows_kept(parallel, GEMV_MAX_TOKENS);
+    let scratch_slots = scratch_slots(&lens, kept, stride);
     items.push(PlanItem::exact(
         &format!("per-sequence decode state ({parallel} sequence(s) per step)"),
         SeqLens::new(g, parallel).bytes() as u64,
@@ -382,16 +385,26 @@ mod tests {
 
     /// a3b at a 4,096-token chunk: 55 + 20 + 110 slots in the gathered
     /// rows, SwiGLU rows and expert outputs (the engine on the H200 said
-    /// "185 of them in prefill's grouped scratch"); none without the
-    /// grouped path.
+    /// "185 of them in prefill's grouped scratch"), then 13 + 6 + 17 + 13
+    /// in the residual, normed, q/k/v and attention rows past decode's 8
+    /// (the router's 2 MB hold none); none of a chunk decode keeps whole.
     #[test]
-    fn the_grouped_scratch_lends_whole_slots() {
+    fn the_scratch_lends_whole_slots_past_decode_rows() {
         let g = preset_geometry("a3b").unwrap();
         let path = crate::scratch::GroupedPath::int4(&g);
         let lens = ScratchLens::new(&g, 4096, GEMV_MAX_TOKENS, path);
-        assert_eq!(scratch_slots(&lens, A3B_STRIDE), 185);
+        let kept = crate::scratch::decode_rows_kept(8, GEMV_MAX_TOKENS);
+        let per: Vec<usize> = lens
+            .lendable(kept)
+            .iter()
+            .map(|l| l.bytes / A3B_STRIDE)
+            .collect();
+        assert_eq!(per, [55, 20, 110, 13, 6, 17, 13, 0]);
+        assert_eq!(scratch_slots(&lens, kept, A3B_STRIDE), 234);
+        // More decode rows keep more of each row buffer.
+        assert!(scratch_slots(&lens, 512, A3B_STRIDE) < 234);
         let short = ScratchLens::new(&g, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS, path);
-        assert_eq!(scratch_slots(&short, A3B_STRIDE), 0);
+        assert_eq!(scratch_slots(&short, kept, A3B_STRIDE), 0);
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub struct Scratch {
     pub dense: Option<DenseScratch>,
     /// The segments of the current `Positions::Packed` pass (host side).
     pub packed: Vec<crate::forward::PackedSegment>,
+    /// The element counts it was allocated with.
+    pub lens: ScratchLens,
 }
 
 /// How prefill computes a chunk's routed experts once their rows are
@@ -115,26 +117,6 @@ pub struct GroupedScratch {
 }
 
 impl GroupedScratch {
-    /// (device address, bytes) of the buffers only prefill's grouped path
-    /// uses, in [`GroupedLens::lendable_bytes`]'s order: HCS keeps prior
-    /// experts in them while decode runs (`hcs/mod.rs`). Every use of them
-    /// is a prefill chunk, and under HCS every prefill lends the reclaimable
-    /// tier first and reloads it after.
-    pub(crate) fn lendable(&self, gpu: &Gpu) -> Vec<(u64, usize)> {
-        let s = &gpu.stream;
-        let mut v = vec![
-            (crate::device::addr(&self.xg, s), 2 * self.xg.len()),
-            (crate::device::addr(&self.hact, s), 2 * self.hact.len()),
-            (crate::device::addr(&self.y, s), 4 * self.y.len()),
-        ];
-        if let Some(d) = &self.dequant {
-            v.push((crate::device::addr(&d.h13, s), 2 * d.h13.len()));
-            v.push((crate::device::addr(&d.w13, s), 2 * d.w13.len()));
-            v.push((crate::device::addr(&d.w2, s), 2 * d.w2.len()));
-        }
-        v
-    }
-
     /// The dequantizing path's buffers, which exist exactly when the expert
     /// format's path is [`GroupedPath::Dequantize`] (the engine sizes the
     /// scratch from `ExpertFfn::grouped_path`).
@@ -304,6 +286,50 @@ pub fn chunk_for_free(free: u64, g: &Geometry, want: usize, path: GroupedPath) -
     cap
 }
 
+/// A scratch buffer HCS may lend (part of) to decode's experts
+/// ([`ScratchLens::lendable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LentBuffer {
+    GroupedXg,
+    GroupedHact,
+    GroupedY,
+    DequantH13,
+    DequantW13,
+    DequantW2,
+    Residual,
+    Normed,
+    Qkv,
+    QkvF32,
+    Attn,
+    Router,
+    DenseGateUp,
+    DenseAct,
+}
+
+/// Bytes `offset..offset + bytes` of one scratch buffer, lent to decode's
+/// experts under HCS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lent {
+    pub buffer: LentBuffer,
+    pub offset: usize,
+    pub bytes: usize,
+}
+
+/// Where a lent part of a per-row buffer starts: 256-byte aligned, like a
+/// device allocation, so the expert slots carved from it keep the
+/// alignment the GEMV kernels' vector loads need.
+const LENT_ALIGN: usize = 256;
+
+/// Rows of the per-row scratch buffers that decode keeps under HCS: a
+/// step's rows (`seqs`), and at least the GEMV expert path's `gemv_tokens`
+/// (a short prompt's rows). The rows past them are written only by prefill
+/// chunks, and under HCS every prefill streams (`streamed.rs`): it lends
+/// the reclaimable tier first and reloads it after, so they can hold
+/// decode's experts in between.
+pub fn decode_rows_kept(seqs: usize, gemv_tokens: usize) -> usize {
+    seqs.max(gemv_tokens).max(1)
+}
+
 /// Element counts of every scratch buffer for `cap` tokens: what
 /// [`Scratch::new`] allocates, and what the pre-flight plan adds up, so the
 /// two cannot differ.
@@ -342,18 +368,6 @@ pub struct GroupedLens {
     /// without expert biases).
     pub b13: usize,
     pub b2: usize,
-}
-
-impl GroupedLens {
-    /// Bytes of the buffers only prefill uses ([`GroupedScratch::lendable`],
-    /// same order): what HCS can lend to decode's prior.
-    pub fn lendable_bytes(&self) -> Vec<usize> {
-        let mut v = vec![2 * self.xg, 2 * self.hact, 4 * self.y];
-        if self.dequant_experts > 0 {
-            v.extend([2 * self.h13, 2 * self.w13, 2 * self.w2]);
-        }
-        v
-    }
 }
 
 impl ScratchLens {
@@ -424,6 +438,64 @@ impl ScratchLens {
             b += 2 * (gu + act);
         }
         b
+    }
+}
+
+impl ScratchLens {
+    /// The parts of the scratch only prefill uses, which HCS lends to
+    /// decode's experts (`Hcs::new` carves whole expert slots of each, in
+    /// this order): the grouped path's buffers whole, then every per-row
+    /// buffer past its first `kept` rows ([`decode_rows_kept`]).
+    pub fn lendable(&self, kept: usize) -> Vec<Lent> {
+        use LentBuffer::*;
+        let mut whole = Vec::new();
+        if let Some(gr) = &self.grouped {
+            whole.extend([
+                (GroupedXg, 2 * gr.xg),
+                (GroupedHact, 2 * gr.hact),
+                (GroupedY, 4 * gr.y),
+            ]);
+            if gr.dequant_experts > 0 {
+                whole.extend([
+                    (DequantH13, 2 * gr.h13),
+                    (DequantW13, 2 * gr.w13),
+                    (DequantW2, 2 * gr.w2),
+                ]);
+            }
+        }
+        let mut v: Vec<Lent> = whole
+            .into_iter()
+            .filter(|&(_, bytes)| bytes > 0)
+            .map(|(buffer, bytes)| Lent {
+                buffer,
+                offset: 0,
+                bytes,
+            })
+            .collect();
+        let (gate_up, dense_act) = self.dense.unwrap_or((0, 0));
+        let rows = [
+            (Residual, 4 * self.residual),
+            (Normed, 2 * self.normed),
+            (Qkv, 2 * self.qkv),
+            (QkvF32, 4 * self.qkv_f32),
+            (Attn, 2 * self.attn),
+            (Router, 4 * self.router),
+            (DenseGateUp, 2 * gate_up),
+            (DenseAct, 2 * dense_act),
+        ];
+        let kept = kept.min(self.cap);
+        for (buffer, bytes) in rows {
+            let row = bytes / self.cap.max(1);
+            let offset = (kept * row).next_multiple_of(LENT_ALIGN);
+            if bytes > offset {
+                v.push(Lent {
+                    buffer,
+                    offset,
+                    bytes: bytes - offset,
+                });
+            }
+        }
+        v
     }
 }
 
@@ -560,7 +632,48 @@ impl Scratch {
             grouped,
             dense,
             packed: Vec::new(),
+            lens: n,
         })
+    }
+}
+
+impl Scratch {
+    /// (device address, bytes) of the parts only prefill uses
+    /// ([`ScratchLens::lendable`], same order), decode keeping the first
+    /// `kept` rows: HCS keeps experts in them while decode runs
+    /// (`hcs/mod.rs`). Every other use of them is a prefill chunk, and
+    /// under HCS every prefill lends the reclaimable tier first and
+    /// reloads it after.
+    pub(crate) fn lendable(&self, gpu: &Gpu, kept: usize) -> Vec<(u64, usize)> {
+        use crate::device::addr;
+        use LentBuffer::*;
+        let s = &gpu.stream;
+        let gr = self.grouped.as_ref();
+        let dq = gr.and_then(|g| g.dequant.as_ref());
+        let dense = self.dense.as_ref();
+        self.lens
+            .lendable(kept)
+            .into_iter()
+            .filter_map(|l| {
+                let base = match l.buffer {
+                    GroupedXg => addr(&gr?.xg, s),
+                    GroupedHact => addr(&gr?.hact, s),
+                    GroupedY => addr(&gr?.y, s),
+                    DequantH13 => addr(&dq?.h13, s),
+                    DequantW13 => addr(&dq?.w13, s),
+                    DequantW2 => addr(&dq?.w2, s),
+                    Residual => addr(&self.residual, s),
+                    Normed => addr(&self.normed, s),
+                    Qkv => addr(&self.qkv, s),
+                    QkvF32 => addr(self.qkv_f32.as_ref()?, s),
+                    Attn => addr(&self.attn, s),
+                    Router => addr(&self.router, s),
+                    DenseGateUp => addr(&dense?.gate_up, s),
+                    DenseAct => addr(&dense?.act, s),
+                };
+                Some((base + l.offset as u64, l.bytes))
+            })
+            .collect()
     }
 }
 

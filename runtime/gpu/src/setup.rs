@@ -59,13 +59,10 @@ impl CudaEngine {
             .experts
             .as_mut()
             .ok_or_else(|| GpuError::Hcs("HCS without an expert table".into()))?;
-        // Prefill's grouped buffers hold prior experts while decode runs.
-        let lent = self
-            .model
-            .scratch
-            .grouped
-            .as_ref()
-            .map_or_else(Vec::new, |gr| gr.lendable(&self.model.gpu));
+        // The scratch only prefill uses holds experts while decode runs.
+        let sc = &self.model.scratch;
+        let kept = crate::scratch::decode_rows_kept(sc.seqs, self.model.gemv_tokens);
+        let lent = sc.lendable(&self.model.gpu, kept);
         if let Some(n) = opts
             .hcs_tail_slots
             .filter(|&n| n > krasis_kernels::TAIL_MAX_SLOTS)
@@ -300,7 +297,7 @@ fn describe(r: &HcsReport) -> String {
             gib(r.expert_bytes_on_gpu)
         )),
         Some(sh) => s.push_str(&format!(
-            "experts: {}/{} on the GPU ({:.1}%, {:.2} GiB): {} resident + {} reclaimable prior slots ({} of them in prefill's grouped scratch, idle in decode), and a decode tail of {} slots that the GPU fills with recently missed experts from host memory; prefill streams {} layer(s) per group; prior from {}",
+            "experts: {}/{} on the GPU ({:.1}%, {:.2} GiB): {} resident + {} reclaimable prior slots ({} of them in prefill's scratch, idle in decode), and a decode tail of {} slots (staging, then prefill's scratch) that the GPU fills with recently missed experts from host memory; prefill streams {} layer(s) per group; prior from {}",
             r.experts_on_gpu,
             r.total_experts,
             100.0 * r.experts_on_gpu as f64 / r.total_experts.max(1) as f64,

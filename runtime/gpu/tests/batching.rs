@@ -47,11 +47,14 @@ fn options(cache: &Path, parallel: usize) -> CudaEngineOptions {
 /// HCS with nothing resident and no prior: every decode lookup goes
 /// through the recency tail (the tiny model's 24 experts would otherwise
 /// all fit in the prior), with decode prefetch on (off by default), so the
-/// side stream's promotions and copies run beside every step.
+/// side stream's promotions and copies run beside every step. The tail
+/// has half the experts' slots (by default it would take the whole tier,
+/// room for all 24), so it evicts.
 fn hcs_options(cache: &Path, parallel: usize) -> CudaEngineOptions {
     CudaEngineOptions {
         parallel: Some(parallel),
         kv_rows: Some(ROWS),
+        hcs_tail_slots: Some(12),
         hcs_prior_cap: Some(0),
         hcs_prefetch: 4,
         ..no_resident_options(cache, CONTEXT, CHUNK)
@@ -387,6 +390,9 @@ fn decode_beside_the_prior_reload_is_exact() {
     let opts = CudaEngineOptions {
         parallel: Some(8),
         kv_rows: Some(ROWS),
+        // The tail takes the whole tier by default: two tokens' worth
+        // (3 MoE layers x top-2 x 2) leaves the rest to a prior.
+        hcs_tail_slots: Some(12),
         hcs_prior_cap: Some(12),
         ..no_resident_options(&cache, CONTEXT, CHUNK)
     };

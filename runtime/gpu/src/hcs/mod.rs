@@ -55,17 +55,6 @@ pub use tail::{Prefetch, TailLaunch};
 /// resident chunk.
 const ALLOC_SLACK: u64 = 2 << 20;
 
-/// Tokens' worth of routed experts (MoE layers x top-k each) the decode
-/// tail holds by default. Measured on a3b-24l at 6 GiB sized for an 8K
-/// prompt (`benchmarks/results/2026-12-03-session13.md`): of the 441
-/// reclaimable slots, a tail of 384 (two tokens) against 128 (session 9's
-/// half of staging) decodes 128 tokens at 420 against 278 tok/s greedily
-/// and at 319 against 250 sampled at temperature 1; 256 falls between.
-/// Recent experts beat the heatmap's marginal ones (the resident tier
-/// holds its top experts either way), and a smaller prior reloads faster
-/// after each prefill.
-pub const TAIL_TOKENS: usize = 2;
-
 /// The reclaimable tier's division ([`Hcs::split`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TierSplit {
@@ -196,11 +185,17 @@ impl Hcs {
 
     /// How the reclaimable tier's slots, staging (`2 * group_layers *
     /// num_experts`) then `lent` slots of prefill's scratch, divide between
-    /// the heatmap prior and the decode recency tail. The tail takes
-    /// `tail` slots (default: [`TAIL_TOKENS`] tokens' worth of routed
-    /// experts, at least one step's, at most the device lookup's
-    /// `TAIL_MAX_SLOTS`), staging's first; the prior the rest, at most
-    /// every expert.
+    /// the heatmap prior and the decode recency tail. The tail takes `tail`
+    /// slots, staging's first; by default the whole tier (at most every
+    /// expert): the resident tier already holds the heatmap's top experts,
+    /// and recently missed experts beat its marginal ones. Measured on the
+    /// H200, a3b-24l at 6 GiB sized for 8K (session 14): a tail of the
+    /// whole 441 slots decodes 128 tokens at 451.8 tok/s greedily and 347.3
+    /// sampled, against 434.7 and 330.1 with two tokens' worth (384) and a
+    /// prior of 57, and prefills 8K at 45,299 against 44,423 (no prior to
+    /// reload after each prefill); session 13 measured 384 against 128.
+    /// Always at least one step's experts, at most the device lookup's
+    /// `TAIL_MAX_SLOTS`; the prior takes the rest, at most every expert.
     pub fn split(
         moe_layers: usize,
         num_experts: usize,
@@ -211,14 +206,14 @@ impl Hcs {
         tail: Option<usize>,
     ) -> TierSplit {
         let reclaimable = 2 * group_layers * num_experts;
+        let total = moe_layers * num_experts;
         let tail = tail
-            .unwrap_or(TAIL_TOKENS * moe_layers * top_k)
+            .unwrap_or(total)
             .max(Self::tail_floor(num_experts, top_k, rows))
             .min(reclaimable + lent)
             .min(krasis_kernels::TAIL_MAX_SLOTS);
         let tail_staged = tail.min(reclaimable);
         let tail_lent = tail - tail_staged;
-        let total = moe_layers * num_experts;
         let prior_staged = (reclaimable - tail_staged).min(total);
         let prior_lent = (lent - tail_lent).min(total - prior_staged);
         TierSplit {
@@ -759,9 +754,10 @@ mod tests {
         assert!(Hcs::lent_slots(&[], 100).is_empty());
     }
 
-    /// a3b-24l: 256 staging slots and 185 lent: a tail of two tokens'
-    /// routed experts (384), staging first; a tail always holds one step's
-    /// pairs; the prior never exceeds every expert.
+    /// a3b-24l: 256 staging slots and 185 lent: the tail takes all 441,
+    /// staging first; a tail always holds one step's pairs and at most
+    /// every expert or `TAIL_MAX_SLOTS`; the prior takes the rest, at most
+    /// every expert.
     #[test]
     fn the_reclaimable_tier_splits_into_prior_and_tail() {
         let s = |prior_staged, prior_lent, tail_staged, tail_lent| TierSplit {
@@ -770,7 +766,7 @@ mod tests {
             tail_staged,
             tail_lent,
         };
-        assert_eq!(Hcs::split(24, 128, 8, 1, 1, 185, None), s(0, 57, 256, 128));
+        assert_eq!(Hcs::split(24, 128, 8, 1, 1, 185, None), s(0, 0, 256, 185));
         assert_eq!(Hcs::split(24, 128, 8, 1, 1, 0, None), s(0, 0, 256, 0));
         // --hcs-tail 64: the rows of the session 13 sweep.
         assert_eq!(
@@ -781,11 +777,16 @@ mod tests {
             Hcs::split(24, 128, 8, 1, 1, 185, Some(1000)),
             s(0, 0, 256, 185)
         );
-        assert_eq!(Hcs::split(2, 128, 8, 1, 1, 0, None), s(224, 0, 32, 0));
+        assert_eq!(Hcs::split(2, 128, 8, 1, 1, 0, None), s(0, 0, 256, 0));
         // One step of 8 rows x top-8 over 64 experts: 64 at least.
-        assert_eq!(Hcs::split(2, 64, 8, 1, 8, 0, None), s(64, 0, 64, 0));
-        // Every expert at most: 8 of the 12 staging slots left.
-        assert_eq!(Hcs::split(1, 8, 2, 1, 1, 5, None), s(8, 0, 4, 0));
+        assert_eq!(Hcs::split(2, 64, 8, 1, 8, 0, Some(16)), s(64, 0, 64, 0));
+        // Every expert at most, for the tail and for the prior.
+        assert_eq!(Hcs::split(1, 8, 2, 1, 1, 5, None), s(8, 0, 8, 0));
+        // The device lookup's limit: 8,192 of 9,216 staging slots.
+        assert_eq!(
+            Hcs::split(48, 512, 10, 9, 1, 0, None),
+            s(1024, 0, krasis_kernels::TAIL_MAX_SLOTS, 0)
+        );
         assert_eq!(Hcs::split(1, 8, 2, 1, 1, 5, Some(14)), s(2, 5, 14, 0));
     }
 }
