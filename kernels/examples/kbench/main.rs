@@ -2,7 +2,7 @@
 //! a3b (Qwen3-30B-A3B) shapes, plus prefill attention at the qcn heads (16 q,
 //! 2 kv, head_dim 256) and gpt-oss decode attention (sinks; full vs 128-token
 //! sliding layer at 32K). Times are CUDA-event medians after warm-up.
-//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--grouped] [--host-experts] [--tail] [--baseline-int4 OLD.cu]`
+//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--grouped] [--host-experts] [--tail] [--cpu-expert] [--cpu-expert-host-only] [--baseline-int4 OLD.cu]`
 //! (prints a table; exits with an error without a GPU). `--gemv` times only
 //! the BF16 decode GEMVs next to cuBLAS; `--rows` times the kernels of a
 //! batched decode step at 1/2/4/8 rows (BF16 GEMVs; INT4 w13 + w2 with
@@ -15,7 +15,11 @@
 //! per-expert cuBLAS path they replace, at 512 to 8,192 tokens;
 //! `--host-experts` times decode experts read straight from mapped host
 //! memory against copying them first (`host.rs`); `--tail` what HCS decode's
-//! device tail (lookup, fetch) costs per MoE layer (`tail.rs`);
+//! device tail (lookup, fetch) costs per MoE layer (`tail.rs`); `--cpu-expert`
+//! the host CPU as a miss server: a cold expert's FFN computed on the host in
+//! the GPU's f32 order, bit-exactness against the INT4 GEMVs, a GPU -> CPU ->
+//! GPU round trip, against the PCIe copy (`cpu_expert/`;
+//! `--cpu-expert-host-only` runs its CPU parts without a GPU);
 //! `--baseline-int4` also times the entry points of an older `int4.cu` with
 //! the pre-slot-mask signatures (w13: 128 threads, grid (I/16, pairs); w2:
 //! 32*top_k threads, grid (H/16, tokens)), for before/after numbers.
@@ -35,6 +39,7 @@ use krasis_kernels::{
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+mod cpu_expert;
 mod host;
 mod tail;
 
@@ -109,6 +114,8 @@ struct Args {
     grouped_only: bool,
     host_only: bool,
     tail_only: bool,
+    cpu_expert: bool,
+    cpu_expert_host: bool,
     /// A `.cu` file with an earlier INT4 module, timed beside the current one.
     baseline: Option<String>,
 }
@@ -123,6 +130,8 @@ fn main() -> anyhow::Result<()> {
         grouped_only: false,
         host_only: false,
         tail_only: false,
+        cpu_expert: false,
+        cpu_expert_host: false,
         baseline: None,
     };
     let mut it = std::env::args().skip(1);
@@ -136,13 +145,24 @@ fn main() -> anyhow::Result<()> {
             "--grouped" => args.grouped_only = true,
             "--host-experts" => args.host_only = true,
             "--tail" => args.tail_only = true,
+            "--cpu-expert" => args.cpu_expert = true,
+            "--cpu-expert-host-only" => args.cpu_expert_host = true,
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --grouped, --host-experts, --tail, --baseline-int4 FILE)"
+                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --grouped, --host-experts, --tail, --cpu-expert, --cpu-expert-host-only, --baseline-int4 FILE)"
                 )
             }
         }
+    }
+    if args.cpu_expert_host {
+        let mut rows = Vec::new();
+        cpu_expert::bench_host_only(&mut rows)?;
+        println!("\n==== kbench (CPU expert, host only) ====");
+        for r in rows {
+            println!("{r}");
+        }
+        return Ok(());
     }
     let ctx = krasis_kernels::try_open_device(0).context("no CUDA device")?;
     // Single-stream benchmark: cudarc's per-argument event tracking would
@@ -200,6 +220,14 @@ fn main() -> anyhow::Result<()> {
     if args.tail_only {
         tail::bench_tail(&k, &s, &mut rng, &mut rows)?;
         println!("\n==== kbench (HCS decode tail) ====");
+        for r in rows {
+            println!("{r}");
+        }
+        return Ok(());
+    }
+    if args.cpu_expert {
+        cpu_expert::bench_cpu_expert(&k, &s, &mut rng, &mut rows)?;
+        println!("\n==== kbench (CPU expert miss server) ====");
         for r in rows {
             println!("{r}");
         }

@@ -213,6 +213,50 @@ impl Gpu {
         alloc_raw(&self.stream, self.budget, len, what)
     }
 
+    /// `bytes` of uninitialised device memory straight from `cuMemAlloc`,
+    /// not the stream-ordered pool [`Gpu::alloc`] uses: the pool may
+    /// reserve more than an allocation asks for (measured on the H200: the
+    /// resident HCS tier of qcn at 16 GiB left 10-16 MiB less free than
+    /// its bytes allowed), while `cuMemAlloc` rounds to its 2 MiB
+    /// granularity and gives the memory back to the driver when dropped. For
+    /// the big allocations sized against the safety margin.
+    pub fn alloc_block(&self, bytes: usize, what: &str) -> Result<DeviceBlock> {
+        if let Some(limit) = self.budget.limit {
+            let left = self.free_in_budget()?;
+            if bytes as u64 > left {
+                return Err(GpuError::OverLimit {
+                    what: what.to_string(),
+                    requested: bytes as u64,
+                    left,
+                    limit,
+                });
+            }
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(GpuError::driver("binding the CUDA context"))?;
+        // SAFETY: a plain allocation; `DeviceBlock` frees it once.
+        match unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) } {
+            Ok(ptr) => Ok(DeviceBlock {
+                ctx: self.ctx.clone(),
+                ptr,
+            }),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let (free, total) = self.mem_info().unwrap_or((0, 0));
+                Err(GpuError::OutOfMemory {
+                    what: what.to_string(),
+                    requested: bytes,
+                    free,
+                    total,
+                })
+            }
+            Err(e) => Err(GpuError::Driver {
+                what: format!("allocating {bytes} bytes for {what}"),
+                source: e,
+            }),
+        }
+    }
+
     pub fn alloc_zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         &self,
         len: usize,
@@ -256,6 +300,28 @@ impl Gpu {
 }
 
 /// The raw device address of a buffer (kernels and cuBLAS take addresses).
+/// Device memory from [`Gpu::alloc_block`], freed with `cuMemFree` when
+/// dropped (after the work that reads it: its owner synchronizes first).
+pub struct DeviceBlock {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl DeviceBlock {
+    pub fn addr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for DeviceBlock {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by `alloc_block`, freed once; like `cudaFree`,
+        // `cuMemFree` waits for the device's outstanding work.
+        let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
+    }
+}
+
 pub fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     let (p, _g) = s.device_ptr(stream);
     p

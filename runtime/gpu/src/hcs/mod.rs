@@ -140,7 +140,7 @@ pub struct Hcs {
     host: Arc<PinnedExperts>,
     copy: Arc<CudaStream>,
     slot_addr: Vec<u64>,
-    _resident_mem: Vec<CudaSlice<u8>>,
+    _resident_mem: Vec<crate::device::DeviceBlock>,
     staging: CudaSlice<u8>,
     tail: Tail,
     /// Each expert's mapped host address, `[moe layer * num_experts + e]`
@@ -375,22 +375,36 @@ impl Hcs {
         let per_chunk = (chunk_bytes / self.stride).max(1);
         let mut mem = Vec::new();
         let mut addrs = Vec::new();
+        // Experts the last try overshot the floor by.
+        let mut over = 0;
         while addrs.len() < want {
             // The last chunk takes only what is left above the floor, so at
             // most one expert's worth of the budget stays unused (stopping at
             // the first full chunk that did not fit left up to a whole chunk,
             // ~100 experts, idle, and the pre-flight plan, which divides the
             // room by the stride, disagreed by as much). The driver rounds
-            // allocations up, hence the slack.
+            // allocations up, hence the slack; should a chunk still take the
+            // free memory below the floor, it goes back and a smaller one
+            // takes its place, so the margin holds whatever the driver does.
             let free = gpu.free_in_budget()?;
             let room = free.saturating_sub(floor + ALLOC_SLACK) / self.stride as u64;
-            let n = per_chunk.min(want - addrs.len()).min(room as usize);
+            let n = per_chunk
+                .min(want - addrs.len())
+                .min(room as usize)
+                .saturating_sub(over);
             if n == 0 {
                 break;
             }
             let bytes = n * self.stride;
-            let chunk = gpu.alloc::<u8>(bytes, "resident HCS experts")?;
-            let base = addr(&chunk, &gpu.stream);
+            let chunk = gpu.alloc_block(bytes, "resident HCS experts")?;
+            let after = gpu.free_in_budget()?;
+            if after < floor {
+                over += (floor - after).div_ceil(self.stride as u64) as usize;
+                drop(chunk);
+                continue;
+            }
+            over = 0;
+            let base = chunk.addr();
             addrs.extend((0..n).map(|i| base + (i * self.stride) as u64));
             mem.push(chunk);
         }
