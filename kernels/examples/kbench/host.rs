@@ -100,13 +100,7 @@ pub fn bench_host_experts(
     rows: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let ctx = s.context();
-    let m = krasis_kernels::sources::Module {
-        name: "kbench_host",
-        source: SRC,
-        kernels: &[],
-    };
-    let c = krasis_kernels::compile_module(&m, ctx.compute_capability()?, &[])?;
-    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c.cubin))?;
+    let module = super::adhoc_module(ctx, "kbench_host", SRC)?;
     let read = module.load_function("host_read")?;
     let copy = module.load_function("host_copy")?;
 

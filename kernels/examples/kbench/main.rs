@@ -43,6 +43,22 @@ mod cpu_expert;
 mod host;
 mod tail;
 
+/// Compiles kbench's own CUDA source `source` with the crate's NVRTC
+/// options and loads it.
+fn adhoc_module(
+    ctx: &Arc<cudarc::driver::CudaContext>,
+    name: &'static str,
+    source: &'static str,
+) -> anyhow::Result<Arc<cudarc::driver::CudaModule>> {
+    let m = krasis_kernels::sources::Module {
+        name,
+        source,
+        kernels: &[],
+    };
+    let c = krasis_kernels::compile_module(&m, ctx.compute_capability()?, &[])?;
+    Ok(ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c.cubin))?)
+}
+
 fn time_ms(
     s: &Arc<CudaStream>,
     reps: usize,
@@ -636,7 +652,6 @@ struct Baseline {
 }
 
 fn load_baseline(ctx: &Arc<cudarc::driver::CudaContext>, path: &str) -> anyhow::Result<Baseline> {
-    use krasis_kernels::sources::Module;
     let src: &'static str = Box::leak(std::fs::read_to_string(path)?.into_boxed_str());
     let names = [
         "int4_w13_swiglu_1",
@@ -644,13 +659,7 @@ fn load_baseline(ctx: &Arc<cudarc::driver::CudaContext>, path: &str) -> anyhow::
         "int4_w2_combine_1",
         "int4_w2_combine_2",
     ];
-    let m = Module {
-        name: "int4_baseline",
-        source: src,
-        kernels: &[],
-    };
-    let c = krasis_kernels::compile_module(&m, ctx.compute_capability()?, &[])?;
-    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c.cubin))?;
+    let module = adhoc_module(ctx, "int4_baseline", src)?;
     let f = |n: &str| module.load_function(n);
     Ok(Baseline {
         w13: [f(names[0])?, f(names[1])?],

@@ -3,7 +3,7 @@
 
 use crate::error::{GpuError, Result};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, sys};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, sys};
 use std::sync::Arc;
 
 /// Bytes of cuBLAS workspace. Set explicitly so cuBLAS never allocates while a
@@ -221,40 +221,17 @@ impl Gpu {
     /// granularity and gives the memory back to the driver when dropped. For
     /// the big allocations sized against the safety margin.
     pub fn alloc_block(&self, bytes: usize, what: &str) -> Result<DeviceBlock> {
-        if let Some(limit) = self.budget.limit {
-            let left = self.free_in_budget()?;
-            if bytes as u64 > left {
-                return Err(GpuError::OverLimit {
-                    what: what.to_string(),
-                    requested: bytes as u64,
-                    left,
-                    limit,
-                });
-            }
-        }
+        within_budget(&self.ctx, self.budget, bytes, what)?;
         self.ctx
             .bind_to_thread()
             .map_err(GpuError::driver("binding the CUDA context"))?;
         // SAFETY: a plain allocation; `DeviceBlock` frees it once.
-        match unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) } {
-            Ok(ptr) => Ok(DeviceBlock {
+        unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }
+            .map(|ptr| DeviceBlock {
                 ctx: self.ctx.clone(),
                 ptr,
-            }),
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                let (free, total) = self.mem_info().unwrap_or((0, 0));
-                Err(GpuError::OutOfMemory {
-                    what: what.to_string(),
-                    requested: bytes,
-                    free,
-                    total,
-                })
-            }
-            Err(e) => Err(GpuError::Driver {
-                what: format!("allocating {bytes} bytes for {what}"),
-                source: e,
-            }),
-        }
+            })
+            .map_err(|e| alloc_failed(&self.ctx, e, bytes, what))
     }
 
     pub fn alloc_zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -334,37 +311,48 @@ fn alloc_raw<T: DeviceRepr>(
     what: &str,
 ) -> Result<CudaSlice<T>> {
     let bytes = len * std::mem::size_of::<T>();
-    if let Some(limit) = budget.limit {
-        let (free, _) = stream
-            .context()
-            .mem_get_info()
-            .map_err(GpuError::driver("querying free device memory"))?;
-        let left = budget.free(free as u64);
-        if bytes as u64 > left {
-            return Err(GpuError::OverLimit {
-                what: what.to_string(),
-                requested: bytes as u64,
-                left,
-                limit,
-            });
-        }
-    }
+    within_budget(stream.context(), budget, bytes, what)?;
     // SAFETY: documented contract of `Gpu::alloc`: contents are written before use.
-    match unsafe { stream.alloc::<T>(len.max(1)) } {
-        Ok(s) => Ok(s),
-        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-            let (free, total) = stream.context().mem_get_info().unwrap_or((0, 0));
-            Err(GpuError::OutOfMemory {
-                what: what.to_string(),
-                requested: bytes,
-                free,
-                total,
-            })
+    unsafe { stream.alloc::<T>(len.max(1)) }
+        .map_err(|e| alloc_failed(stream.context(), e, bytes, what))
+}
+
+/// Refuses `bytes` for `what` past the budget's limit (if any).
+fn within_budget(ctx: &CudaContext, budget: Budget, bytes: usize, what: &str) -> Result<()> {
+    let Some(limit) = budget.limit else {
+        return Ok(());
+    };
+    let (free, _) = ctx
+        .mem_get_info()
+        .map_err(GpuError::driver("querying free device memory"))?;
+    let left = budget.free(free as u64);
+    if bytes as u64 > left {
+        return Err(GpuError::OverLimit {
+            what: what.to_string(),
+            requested: bytes as u64,
+            left,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+/// The error of a failed allocation of `bytes` for `what`: out of memory
+/// with the device's figures, or the driver's error.
+fn alloc_failed(ctx: &CudaContext, e: DriverError, bytes: usize, what: &str) -> GpuError {
+    if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        let (free, total) = ctx.mem_get_info().unwrap_or((0, 0));
+        GpuError::OutOfMemory {
+            what: what.to_string(),
+            requested: bytes,
+            free,
+            total,
         }
-        Err(e) => Err(GpuError::Driver {
+    } else {
+        GpuError::Driver {
             what: format!("allocating {bytes} bytes for {what}"),
             source: e,
-        }),
+        }
     }
 }
 

@@ -270,13 +270,7 @@ pub fn bench_cpu_expert(
     rows: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let ctx = s.context();
-    let module = krasis_kernels::sources::Module {
-        name: "kbench_cpu_expert",
-        source: SRC,
-        kernels: &[],
-    };
-    let cubin = krasis_kernels::compile_module(&module, ctx.compute_capability()?, &[])?.cubin;
-    let md = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))?;
+    let md = super::adhoc_module(ctx, "kbench_cpu_expert", SRC)?;
     let fun = |n: &str| md.load_function(n);
     let all = std::thread::available_parallelism()?.get();
     // Rows also go to stderr as they come: a later stage failing keeps these.
