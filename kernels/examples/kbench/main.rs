@@ -43,6 +43,19 @@ mod cpu_expert;
 mod host;
 mod tail;
 
+/// Prints one section's table: `==== kbench (TITLE) ====` (or `==== kbench
+/// ====` for an empty title), then its rows.
+fn print_table(title: &str, rows: Vec<String>) {
+    if title.is_empty() {
+        println!("\n==== kbench ====");
+    } else {
+        println!("\n==== kbench ({title}) ====");
+    }
+    for r in rows {
+        println!("{r}");
+    }
+}
+
 /// Compiles kbench's own CUDA source `source` with the crate's NVRTC
 /// options and loads it.
 fn adhoc_module(
@@ -174,10 +187,7 @@ fn main() -> anyhow::Result<()> {
     if args.cpu_expert_host {
         let mut rows = Vec::new();
         cpu_expert::bench_host_only(&mut rows)?;
-        println!("\n==== kbench (CPU expert, host only) ====");
-        for r in rows {
-            println!("{r}");
-        }
+        print_table("CPU expert, host only", rows);
         return Ok(());
     }
     let ctx = krasis_kernels::try_open_device(0).context("no CUDA device")?;
@@ -211,66 +221,42 @@ fn main() -> anyhow::Result<()> {
             24.0 * ms
         ));
         bench_prefill_qcn(&k, &s, &mut rng, &mut rows)?;
-        println!("\n==== kbench (prefill attention) ====");
-        for r in rows {
-            println!("{r}");
-        }
+        print_table("prefill attention", rows);
         return Ok(());
     }
     if args.mxfp4_only {
         bench_mxfp4(&k, &s, &mut rng, &mut rows)?;
-        println!("\n==== kbench (mxfp4) ====");
-        for r in rows {
-            println!("{r}");
-        }
+        print_table("mxfp4", rows);
         return Ok(());
     }
     if args.grouped_only {
         bench_grouped(&k, &s, &mut rng, &mut rows)?;
-        println!("\n==== kbench (grouped prefill experts) ====");
-        for r in rows {
-            println!("{r}");
-        }
+        print_table("grouped prefill experts", rows);
         return Ok(());
     }
     if args.tail_only {
         tail::bench_tail(&k, &s, &mut rng, &mut rows)?;
-        println!("\n==== kbench (HCS decode tail) ====");
-        for r in rows {
-            println!("{r}");
-        }
+        print_table("HCS decode tail", rows);
         return Ok(());
     }
     if args.cpu_expert {
         cpu_expert::bench_cpu_expert(&k, &s, &mut rng, &mut rows)?;
-        println!("\n==== kbench (CPU expert miss server) ====");
-        for r in rows {
-            println!("{r}");
-        }
+        print_table("CPU expert miss server", rows);
         return Ok(());
     }
     if args.host_only {
         host::bench_host_experts(&k, &s, &mut rng, &mut rows)?;
-        println!("\n==== kbench (host experts) ====");
-        for r in rows {
-            println!("{r}");
-        }
+        print_table("host experts", rows);
         return Ok(());
     }
     if args.rows_only {
         bench_rows(&k, &s, &mut rng, &mut rows)?;
-        println!("\n==== kbench (rows) ====");
-        for r in rows {
-            println!("{r}");
-        }
+        print_table("rows", rows);
         return Ok(());
     }
     if args.gemv_only {
         bench_gemv(&k, &s, &mut rng, &mut rows)?;
-        println!("\n==== kbench (gemv) ====");
-        for r in rows {
-            println!("{r}");
-        }
+        print_table("gemv", rows);
         return Ok(());
     }
 
@@ -307,10 +293,7 @@ fn main() -> anyhow::Result<()> {
         bench_mxfp4(&k, &s, &mut rng, &mut rows)?;
     }
     if args.int4_only {
-        println!("\n==== kbench (int4) ====");
-        for r in rows {
-            println!("{r}");
-        }
+        print_table("int4", rows);
         return Ok(());
     }
     let (buf, table, layout) = a3b_experts.context("a3b experts")?;
@@ -574,10 +557,7 @@ fn main() -> anyhow::Result<()> {
         tsf * 1e3
     ));
 
-    println!("\n==== kbench ====");
-    for r in rows {
-        println!("{r}");
-    }
+    print_table("", rows);
     Ok(())
 }
 

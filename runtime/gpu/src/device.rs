@@ -276,9 +276,8 @@ impl Gpu {
     }
 }
 
-/// The raw device address of a buffer (kernels and cuBLAS take addresses).
 /// Device memory from [`Gpu::alloc_block`], freed with `cuMemFree` when
-/// dropped (after the work that reads it: its owner synchronizes first).
+/// dropped (`cuMemFree` waits for the device's outstanding work first).
 pub struct DeviceBlock {
     ctx: Arc<CudaContext>,
     ptr: sys::CUdeviceptr,
@@ -299,6 +298,7 @@ impl Drop for DeviceBlock {
     }
 }
 
+/// The raw device address of a buffer (kernels and cuBLAS take addresses).
 pub fn addr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     let (p, _g) = s.device_ptr(stream);
     p

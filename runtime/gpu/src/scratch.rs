@@ -439,9 +439,7 @@ impl ScratchLens {
         }
         b
     }
-}
 
-impl ScratchLens {
     /// The parts of the scratch only prefill uses, which HCS lends to
     /// decode's experts (`Hcs::new` carves whole expert slots of each, in
     /// this order): the grouped path's buffers whole, then every per-row
