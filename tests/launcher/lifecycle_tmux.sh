@@ -163,7 +163,7 @@ ctrl_c_during_a_request() {
     start_tui
     launch_on_run_screen
     curl -s "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"model":"tiny","prompt":"Once upon a time","max_tokens":8000}' >"$TMP/long.out" 2>&1 &
+        -d '{"model":"tiny","prompt":"Once upon a time","max_tokens":8000,"ignore_eos":true}' >"$TMP/long.out" 2>&1 &
     curl=$!
     sleep 2
     kill -0 "$curl" 2>/dev/null || fail "the request ended before Ctrl-C: $(head -c 300 "$TMP/long.out")"

@@ -16,6 +16,13 @@
 #       the batching, cancel and live tests, the 32K-context runs (a3b-24l at 6 GiB: a 32,000-token
 #       prompt then decode 50; qcn uniform at 16 GiB with prompts up to 32,000, as the issue's
 #       128 tok/s figure), then kbench --cpu-expert when the pack has it.
+#   bash tools/device/issue16c.sh final-a3b COMMIT
+#       the close-out on one build: every engine test that runs HCS (batching, gpt_oss,
+#       glm4_moe, prefix_cache, gpu_engine, cancel, live), HCS exactness at 6 GiB and the
+#       8K-sized a3b-24l bench at 6 GiB with the all-resident baseline.
+#   bash tools/device/issue16c.sh final-qcn COMMIT
+#       qcn uniform at 16 GiB at a 1K and a 32K context (decode 50 and 250), then a3b-24l
+#       sampled at temperature 1.
 # Results: $OUT/issue16c-PHASE.txt (the summary) and the logs beside it.
 set -u
 P=${1:?phase}; C=${2:-unknown}
@@ -97,6 +104,35 @@ case "$P" in
     echo "bench qcn 32k rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     grep -iE "^experts|^prefill|^decode|HCS:" "$OUT/bench-qcn-32k.log" | tail -14 >> "$S"
     cpu_expert
+    ;;
+  final-a3b)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+    for t in batching:200 gpt_oss:150 glm4_moe:150 prefix_cache:120 gpu_engine:90 cancel:70 live:90; do
+      test_bin "${t%%:*}" "${t##*:}"
+    done
+    prep
+    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
+      > "$OUT/hcs-exact.log" 2>&1
+    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    tail -6 "$OUT/hcs-exact.log" >> "$S"
+    bench 6gib-8k --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    ;;
+  final-qcn)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+    qcn_prep
+    timeout 300 "$kr" bench --model $Q --cache-dir /tmp/qcn-kc --commit "$C" --json "$OUT/bench-qcn-32k.json" \
+      --vram-limit 16GiB --heatmap off --prompt-tokens 1000,32000 --decode-tokens 50,250 --hcs-prefetch 0 \
+      > "$OUT/bench-qcn-32k.log" 2>&1
+    echo "bench qcn 1k+32k rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -iE "^experts|^prefill|^decode|HCS:|free VRAM" "$OUT/bench-qcn-32k.log" | tail -16 >> "$S"
+    timeout 300 "$kr" bench --model $Q --cache-dir /tmp/qcn-kc --commit "$C" --json "$OUT/bench-qcn.json" \
+      --vram-limit 16GiB --heatmap off --prompt-tokens 1000 --decode-tokens 50,250 --hcs-prefetch 0 \
+      > "$OUT/bench-qcn.log" 2>&1
+    echo "bench qcn 1k rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -iE "^experts|^prefill|^decode|HCS:|free VRAM" "$OUT/bench-qcn.log" | tail -12 >> "$S"
+    prep
+    bench 6gib-8k-sampled --vram-limit 6GiB --prompt-tokens 8192 --decode-tokens 16,128 --hcs-prefetch 0 \
+      --decode-temperature 1
     ;;
   *) echo "unknown phase $P" >> "$S" ;;
 esac
