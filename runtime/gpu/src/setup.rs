@@ -16,11 +16,10 @@ use std::sync::Arc;
 
 /// Resident slots are allocated in chunks of this size, checking free
 /// memory before each. Each chunk is a `cuMemAlloc` rounded up to the
-/// driver's 2 MiB granularity, so fewer, larger chunks waste less: 256 MiB
-/// chunks cost qcn at 16 GiB ~20 of 7,250 experts. The last chunk takes only
-/// what is left above the floor (`Hcs::grow_resident`), so the size does not
-/// bound how close to the floor the tier gets.
-const RESIDENT_CHUNK_BYTES: usize = 2 << 30;
+/// driver's 2 MiB granularity: at 6 GiB on the H200 the rounding of a3b's
+/// 9 chunks costs ~4 of 960 experts (larger chunks would waste less; not
+/// measured yet).
+const RESIDENT_CHUNK_BYTES: usize = 256 << 20;
 
 /// What calibration measured and what was decided.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
