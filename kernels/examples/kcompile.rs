@@ -1,6 +1,7 @@
 //! Compile every kernel module with NVRTC (no GPU needed), check that each
 //! listed entry point is in the image, and report sizes, compile times and
-//! (with `-v`) ptxas register/spill usage; `--dump DIR` writes each module's
+//! (with `-v`) ptxas register/spill usage and warnings (e.g. wgmma
+//! serialized); `--dump DIR` writes each module's
 //! cubin to `DIR/<module>.cubin` (to compare the machine code of two source
 //! versions, e.g. that a template leaves an entry point's code unchanged).
 //! `--module NAME` compiles that module only.
@@ -55,6 +56,10 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .filter(|m| only.as_ref().is_none_or(|n| m.name == n))
     {
+        if m.target.arch(cc).is_none() {
+            println!("{:<20} skipped: built for {} only", m.name, m.target.name());
+            continue;
+        }
         let t = std::time::Instant::now();
         let c = compile_module(m, cc, extra)?;
         println!(
@@ -80,6 +85,7 @@ fn main() -> anyhow::Result<()> {
                 if let Some(rest) = line.split("Compiling entry function '").nth(1) {
                     entry = rest.split('\'').next().unwrap_or("").to_string();
                 } else if line.contains("Used")
+                    || line.contains("arning")
                     || (line.contains("spill") && !line.contains(" 0 bytes spill stores"))
                 {
                     println!("    {entry}: {}", line.trim());

@@ -73,9 +73,18 @@ pub struct Compiled {
 /// Compile `module` to CUBIN for compute capability `cc` (no cache). Needs
 /// only NVRTC, not a GPU, so tools can check the sources anywhere.
 /// `extra` options are appended (e.g. `-Xptxas=-v`).
+/// A module whose target does not run on `cc` (e.g. an sm_90a module for
+/// an Ada card) is refused with [`KernelError::WrongTarget`].
 pub fn compile_module(module: &Module, cc: (i32, i32), extra: &[&str]) -> Result<Compiled> {
     use cudarc::nvrtc::{result, sys};
-    let arch = format!("sm_{}{}", cc.0, cc.1);
+    let Some(arch) = module.target.arch(cc) else {
+        return Err(KernelError::WrongTarget {
+            module: module.name,
+            target: module.target.name(),
+            major: cc.0,
+            minor: cc.1,
+        });
+    };
     let mut opts = options(&arch);
     opts.extend(extra.iter().map(|s| s.to_string()));
     let nvrtc_err = |what: &str, e: result::NvrtcError| KernelError::Nvrtc {
@@ -141,12 +150,14 @@ pub(crate) fn module_image(
     cache: Option<&Path>,
 ) -> Result<Vec<u8>> {
     let (nv_major, nv_minor) = nvrtc_version()?;
+    let arch = module
+        .target
+        .arch(cc)
+        .unwrap_or_else(|| format!("sm_{}{}", cc.0, cc.1));
     let key = format!(
-        "{}-{}-sm_{}{}-nvrtc{nv_major}.{nv_minor}.cubin",
+        "{}-{}-{arch}-nvrtc{nv_major}.{nv_minor}.cubin",
         module.name,
         source_hash(module),
-        cc.0,
-        cc.1
     );
     if let Some(dir) = cache {
         let path = dir.join(&key);

@@ -28,6 +28,16 @@ pub enum KernelError {
         "GPU compute capability {major}.{minor} is not supported: krasis kernels need 8.0 or newer (Ampere+)"
     )]
     UnsupportedDevice { major: i32, minor: i32 },
+    #[error(
+        "kernel module `{module}` is built for {target}, which a device of compute capability \
+         {major}.{minor} cannot run"
+    )]
+    WrongTarget {
+        module: &'static str,
+        target: &'static str,
+        major: i32,
+        minor: i32,
+    },
     #[error("kernel cache at {path}: {source}")]
     Cache {
         path: PathBuf,

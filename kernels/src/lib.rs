@@ -93,9 +93,16 @@ impl Kernels {
         let cache_dir = cache.resolve();
         // Modules compile independently; NVRTC is thread-safe per program,
         // so a cold start costs the slowest module, not the sum.
+        // Architecture-specific modules (sm_90a) load only where they run;
+        // their wrappers ask `has` and refuse elsewhere.
+        let modules: Vec<&sources::Module> = sources::MODULES
+            .iter()
+            .filter(|m| m.target.arch(cc).is_some())
+            .collect();
         let images: Vec<Result<Vec<u8>>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = sources::MODULES
+            let handles: Vec<_> = modules
                 .iter()
+                .copied()
                 .map(|module| {
                     let dir = cache_dir.as_deref();
                     scope.spawn(move || compile::module_image(module, cc, dir))
@@ -114,7 +121,7 @@ impl Kernels {
                 .collect()
         });
         let mut funcs = HashMap::new();
-        for (module, image) in sources::MODULES.iter().zip(images) {
+        for (module, image) in modules.iter().zip(images) {
             let loaded = ctx
                 .load_module(cudarc::nvrtc::Ptx::from_binary(image?))
                 .map_err(KernelError::driver(format!(
@@ -148,6 +155,12 @@ impl Kernels {
 
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+
+    /// Whether entry point `name` is loaded (an architecture-specific
+    /// module's kernels exist only on the devices it targets).
+    pub fn has(&self, name: &str) -> bool {
+        self.funcs.contains_key(name)
     }
 
     pub(crate) fn func(&self, name: &'static str) -> Result<&CudaFunction> {

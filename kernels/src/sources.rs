@@ -14,12 +14,44 @@ pub struct Module {
     pub source: &'static str,
     /// The `extern "C" __global__` entry points the Rust wrappers launch.
     pub kernels: &'static [&'static str],
+    /// The machine code it is compiled for, and so the devices it loads on.
+    pub target: Target,
+}
+
+/// What a module is compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The device's own architecture (`sm_XY`): every supported device.
+    Portable,
+    /// `sm_90a`, Hopper's architecture-specific instructions (wgmma), which
+    /// the portable `sm_90` target lacks and no other device runs: compiled
+    /// and loaded on compute capability 9.0 only.
+    Sm90a,
+}
+
+impl Target {
+    /// The NVRTC architecture for a device of compute capability `cc`, or
+    /// `None` when modules of this target do not load there.
+    pub fn arch(self, cc: (i32, i32)) -> Option<String> {
+        match self {
+            Target::Portable => Some(format!("sm_{}{}", cc.0, cc.1)),
+            Target::Sm90a => (cc == (9, 0)).then(|| "sm_90a".to_string()),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Portable => "the device's own architecture",
+            Target::Sm90a => "sm_90a (Hopper)",
+        }
+    }
 }
 
 pub const MODULES: &[Module] = &[
     Module {
         name: "elementwise",
         source: include_str!("../cuda/elementwise.cu"),
+        target: Target::Portable,
         kernels: &[
             "embed_gather_bf16",
             "add_bf16_into_f32",
@@ -36,6 +68,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "norm",
         source: include_str!("../cuda/norm.cu"),
+        target: Target::Portable,
         kernels: &[
             "rmsnorm_f32",
             "rmsnorm_f32_to_f16",
@@ -47,6 +80,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "rope",
         source: include_str!("../cuda/rope.cu"),
+        target: Target::Portable,
         kernels: &[
             "qk_norm_rope_bf16",
             "rope_table_bf16",
@@ -57,21 +91,25 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "kv_cache",
         source: include_str!("../cuda/kv_cache.cu"),
+        target: Target::Portable,
         kernels: &["kv_append_bf16", "kv_append_ring_bf16"],
     },
     Module {
         name: "expert_tail",
         source: include_str!("../cuda/expert_tail.cu"),
+        target: Target::Portable,
         kernels: &["tail_lookup", "tail_fetch", "tail_home"],
     },
     Module {
         name: "kv_blocks",
         source: include_str!("../cuda/kv_blocks.cu"),
+        target: Target::Portable,
         kernels: &["kv_blocks_copy"],
     },
     Module {
         name: "attention_prefill",
         source: include_str!("../cuda/attention_prefill.cu"),
+        target: Target::Portable,
         kernels: &[
             "attn_prefill_mma_d64",
             "attn_prefill_mma_d128",
@@ -90,8 +128,15 @@ pub const MODULES: &[Module] = &[
         ],
     },
     Module {
+        name: "attention_prefill_sm90",
+        source: include_str!("../cuda/attention_prefill_sm90.cu"),
+        target: Target::Sm90a,
+        kernels: &["attn_prefill_wgmma_d128"],
+    },
+    Module {
         name: "attention_decode",
         source: include_str!("../cuda/attention_decode.cu"),
+        target: Target::Portable,
         kernels: &[
             "attn_decode_split",
             "attn_decode_combine",
@@ -104,6 +149,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "router",
         source: include_str!("../cuda/router.cu"),
+        target: Target::Portable,
         kernels: &[
             "router_topk_f32",
             "router_topk_bf16",
@@ -116,6 +162,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "moe",
         source: include_str!("../cuda/moe.cu"),
+        target: Target::Portable,
         kernels: &[
             "moe_count",
             "moe_scatter",
@@ -133,6 +180,7 @@ pub const MODULES: &[Module] = &[
             "\n#line 1 \"int4_gemm.cu\"\n",
             include_str!("../cuda/int4_gemm.cu")
         ),
+        target: Target::Portable,
         kernels: &[
             "int4_w13_swiglu_1",
             "int4_w13_swiglu_2",
@@ -172,6 +220,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "mxfp4",
         source: include_str!("../cuda/mxfp4.cu"),
+        target: Target::Portable,
         kernels: &[
             "mxfp4_w13_act_1",
             "mxfp4_w13_act_2",
@@ -187,6 +236,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "gemv",
         source: include_str!("../cuda/gemv.cu"),
+        target: Target::Portable,
         kernels: &[
             "gemv_bf16_r2_m1",
             "gemv_bf16_r2_m2",
@@ -225,6 +275,7 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "sampling",
         source: include_str!("../cuda/sampling.cu"),
+        target: Target::Portable,
         kernels: &[
             "argmax_f32",
             "argmax_bf16",

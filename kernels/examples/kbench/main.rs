@@ -9,7 +9,8 @@
 //! independent routes per row, for each w2 tokens-per-block choice);
 //! `--int4` times only the INT4 decode GEMVs; `--mxfp4` times only the
 //! MXFP4 decode GEMVs (gpt-oss-20b shape); `--prefill` times only prefill
-//! attention (d128 and d256); `--grouped` times a prefill chunk's routed
+//! attention (d128 with the portable and, on Hopper, the wgmma kernel;
+//! d256); `--grouped` times a prefill chunk's routed
 //! experts (gate/up + SwiGLU + down of every (token, expert) pair, rows
 //! grouped by expert) with the grouped INT4 GEMMs next to the dequantize +
 //! per-expert cuBLAS path they replace, at 512 to 8,192 tokens;
@@ -67,6 +68,7 @@ fn adhoc_module(
         name,
         source,
         kernels: &[],
+        target: krasis_kernels::sources::Target::Portable,
     };
     let c = krasis_kernels::compile_module(&m, ctx.compute_capability()?, &[])?;
     Ok(ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c.cubin))?)
@@ -75,8 +77,18 @@ fn adhoc_module(
 fn time_ms(
     s: &Arc<CudaStream>,
     reps: usize,
-    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+    f: impl FnMut(usize) -> anyhow::Result<()>,
 ) -> anyhow::Result<f64> {
+    Ok(time_ms_stats(s, reps, f)?[1])
+}
+
+/// Time per iteration after 3 warm-up calls: 5 samples of `reps` calls
+/// each, timed with events, as (min, median, max).
+fn time_ms_stats(
+    s: &Arc<CudaStream>,
+    reps: usize,
+    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<[f64; 3]> {
     for i in 0..3 {
         f(i)?;
     }
@@ -91,7 +103,7 @@ fn time_ms(
         samples.push(a.elapsed_ms(&b)? as f64 / reps as f64);
     }
     samples.sort_by(f64::total_cmp);
-    Ok(samples[2])
+    Ok([samples[0], samples[2], samples[4]])
 }
 
 /// Pure GPU time per iteration: `reps` iterations captured into one CUDA
@@ -211,15 +223,31 @@ fn main() -> anyhow::Result<()> {
     let mut rows: Vec<String> = Vec::new();
     let mut a3b_experts = None;
     if args.prefill_only {
-        let t = 8192usize;
-        let ms = bench_prefill(&k, &s, &mut rng, (32, 4, 128), t, 3)?;
-        let flops = 4.0 * 128.0 * 32.0 * (t as f64) * (t as f64 + 1.0) / 2.0;
-        rows.push(format!(
-            "attn prefill mma d128 nq32/nkv4 T={t:<5} {:>8.1} us {:>7.1} TFLOP/s  x24 layers {:.1} ms",
-            ms * 1e3,
-            flops / ms / 1e9,
-            24.0 * ms
-        ));
+        // a3b's heads (32 q, 4 kv, d 128; 24 layers): the portable kernel,
+        // and the Hopper (wgmma) kernel where the device runs it.
+        for t in [8192usize, 32768] {
+            let flops = 4.0 * 128.0 * 32.0 * (t as f64) * (t as f64 + 1.0) / 2.0;
+            let reps = if t > 8192 { 1 } else { 3 };
+            for hopper in [false, true] {
+                if hopper && !k.has_prefill_wgmma() {
+                    rows.push(
+                        "attn prefill wgmma: not run (not a compute capability 9.0 device)".into(),
+                    );
+                    continue;
+                }
+                let [lo, med, hi] = bench_prefill(&k, &s, &mut rng, (32, 4, 128), t, reps, hopper)?;
+                rows.push(format!(
+                    "attn prefill {} d128 nq32/nkv4 T={t:<5} {:>8.1} us {:>7.1} TFLOP/s \
+                     (min-max {:.1}-{:.1})  x24 layers {:.1} ms",
+                    if hopper { "wgmma" } else { "mma  " },
+                    med * 1e3,
+                    flops / med / 1e9,
+                    flops / hi / 1e9,
+                    flops / lo / 1e9,
+                    24.0 * med
+                ));
+            }
+        }
         bench_prefill_qcn(&k, &s, &mut rng, &mut rows)?;
         print_table("prefill attention", rows);
         return Ok(());
@@ -570,7 +598,8 @@ fn bench_prefill(
     heads: (usize, usize, usize),
     t: usize,
     reps: usize,
-) -> anyhow::Result<f64> {
+    hopper: bool,
+) -> anyhow::Result<[f64; 3]> {
     let (nq, nkv, d) = heads;
     let geom = QkvGeom {
         n_tokens: t,
@@ -598,8 +627,12 @@ fn bench_prefill(
     )?;
     let mut out = s.alloc_zeros::<bf16>(t * nq * d)?;
     let scale = 1.0 / (d as f32).sqrt();
-    time_ms(s, reps, |_| {
-        Ok(k.attention_prefill(s, &qkv, geom, 0, kv, 0, &kc, &vc, scale, &mut out)?)
+    time_ms_stats(s, reps, |_| {
+        if hopper {
+            Ok(k.attention_prefill_wgmma(s, &qkv, geom, 0, kv, 0, &kc, &vc, scale, &mut out)?)
+        } else {
+            Ok(k.attention_prefill(s, &qkv, geom, 0, kv, 0, &kc, &vc, scale, &mut out)?)
+        }
     })
 }
 
@@ -613,7 +646,7 @@ fn bench_prefill_qcn(
 ) -> anyhow::Result<()> {
     for t in [8192usize, 32768] {
         let reps = if t > 8192 { 1 } else { 3 };
-        let ms = bench_prefill(k, s, rng, (16, 2, 256), t, reps)?;
+        let ms = bench_prefill(k, s, rng, (16, 2, 256), t, reps, false)?[1];
         let flops = 4.0 * 256.0 * 16.0 * (t as f64) * (t as f64 + 1.0) / 2.0;
         rows.push(format!(
             "attn prefill mma d256 nq16/nkv2 T={t:<5} {:>8.1} us {:>7.1} TFLOP/s  x48 layers {:.1} ms",

@@ -4,6 +4,7 @@
 //! The gpt-oss variant (sinks, sliding window, ring-indexed cache) is
 //! [`RingAttn`] with the `*_ring` methods (`attention/ring.rs`).
 
+mod hopper;
 mod ring;
 
 pub use ring::{RingAttn, ring_min_capacity};

@@ -5,6 +5,7 @@ use krasis_kernels::{
 
 use crate::common::*;
 
+mod hopper;
 mod ring;
 
 /// Random cache contents for positions `0..start`, plus random QKV for the
