@@ -132,12 +132,44 @@ impl Kernels {
                 stream, qkv, geom, start_pos, kv, base, k_cache, v_cache, scale, out,
             );
         };
-        let kn = mma.entry::<A>();
+        self.launch_prefill(
+            mma.entry::<A>(),
+            stream,
+            qkv,
+            geom,
+            start_pos,
+            kv,
+            base,
+            (k_cache, v_cache),
+            scale,
+            out,
+            (PREFILL_BLOCK_M, 128, mma.smem_bytes()),
+        )
+    }
+
+    /// Launches `kn`, a linear-cache prefill entry point with the plain
+    /// argument list (the mma and Hopper kernels), over tiles of
+    /// `shape.0` query rows with `shape.1` threads and `shape.2` bytes of
+    /// dynamic shared memory per block.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_prefill<A: Act16>(
+        &self,
+        kn: &'static str,
+        stream: &CudaStream,
+        qkv: &impl DevicePtr<A>,
+        geom: QkvGeom,
+        start_pos: usize,
+        kv: KvGeom,
+        base: usize,
+        (k_cache, v_cache): (&impl DevicePtr<A>, &impl DevicePtr<A>),
+        scale: f32,
+        out: &mut impl DevicePtrMut<bf16>,
+        (block_m, threads, smem): (usize, u32, u32),
+    ) -> Result<()> {
         let args = PrefillArgs::check(
             kn, qkv, geom, start_pos, kv, base, k_cache, v_cache, out, None,
         )?;
         let f = self.func(kn)?;
-        let smem = mma.smem_bytes();
         crate::launch::allow_smem(kn, f, smem)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
@@ -156,8 +188,8 @@ impl Kernels {
             .arg(&args.nkv)
             .arg(&args.cap)
             .arg(&sl2);
-        let m_tiles = geom.n_tokens.div_ceil(PREFILL_BLOCK_M) as u32;
-        submit(kn, b, cfg((m_tiles, args.nq, 1), 128, smem))
+        let m_tiles = geom.n_tokens.div_ceil(block_m) as u32;
+        submit(kn, b, cfg((m_tiles, args.nq, 1), threads, smem))
     }
 
     /// Plain SIMT (no tensor cores) causal prefill attention with the same

@@ -14,11 +14,9 @@
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
-use super::{PrefillArgs, log2_scale};
-use crate::launch::{allow_smem, builder, cfg, ensure, submit};
-use crate::ops::rope::{KvGeom, QkvGeom, kv_rows_ptr};
+use crate::launch::ensure;
+use crate::ops::rope::{KvGeom, QkvGeom};
 use crate::{Kernels, Result};
-use cudarc::driver::PushKernelArg;
 
 const KERNEL: &str = "attn_prefill_wgmma_d128";
 /// Query rows per block (2 warpgroups of 64), `HP_BM` in the kernel.
@@ -62,30 +60,19 @@ impl Kernels {
                 geom.head_dim
             )
         })?;
-        let args = PrefillArgs::check(
-            KERNEL, qkv, geom, start_pos, kv, base, k_cache, v_cache, out, None,
-        )?;
-        let f = self.func(KERNEL)?;
-        allow_smem(KERNEL, f, SMEM_BYTES)?;
-        let (qp, _g1) = qkv.device_ptr(stream);
-        let (kp, _g2) = k_cache.device_ptr(stream);
-        let (vp, _g3) = v_cache.device_ptr(stream);
-        let (kp, vp) = (
-            kv_rows_ptr(kp, base, geom.head_dim),
-            kv_rows_ptr(vp, base, geom.head_dim),
-        );
-        let (op, _g4) = out.device_ptr_mut(stream);
-        let sl2 = log2_scale(scale);
-        let mut b = builder(stream, f);
-        b.arg(&qp).arg(&kp).arg(&vp).arg(&op);
-        b.arg(&args.t)
-            .arg(&args.start)
-            .arg(&args.nq)
-            .arg(&args.nkv)
-            .arg(&args.cap)
-            .arg(&sl2);
-        let m_tiles = geom.n_tokens.div_ceil(BLOCK_M) as u32;
-        submit(KERNEL, b, cfg((m_tiles, args.nq, 1), 256, SMEM_BYTES))
+        self.launch_prefill(
+            KERNEL,
+            stream,
+            qkv,
+            geom,
+            start_pos,
+            kv,
+            base,
+            (k_cache, v_cache),
+            scale,
+            out,
+            (BLOCK_M, 256, SMEM_BYTES),
+        )
     }
 }
 
