@@ -161,6 +161,9 @@ def fake_stream(defect, prompt_tokens):
     return lines
 
 
+COUNT_LOCK = threading.Lock()
+
+
 class Fake(BaseHTTPRequestHandler):
     defect = None
     # Streams written to the end; with `leak`, a KV-block gauge that grows
@@ -198,10 +201,17 @@ class Fake(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        for line in fake_stream(self.defect, 10):
+        lines = list(fake_stream(self.defect, 10))
+        for i, line in enumerate(lines):
+            if i == len(lines) - 1:
+                # Counted before the last line goes out, as a server counts a
+                # request before its client can see the end (the chaos check
+                # reads the stats as soon as the clients have read their
+                # streams), and under a lock: handlers run on threads.
+                with COUNT_LOCK:
+                    type(self).served += 1
             self.wfile.write(f"data: {line}\n\n".encode())
             self.wfile.flush()
-        type(self).served += 1
 
 
 def serve_fake(**attrs):
