@@ -139,6 +139,42 @@ __device__ __forceinline__ u64 table_entry(const u64* table, u32 id) {
     return b;
 }
 
+// Grouped expert GEMMs for prefill (int4_gemm.cu, mxfp4_gemm.cu): expert
+// e's rows are offsets[e]..offsets[e+1], covered in token tiles of BT rows
+// of one expert, the tiles of all experts numbered expert by expert, so
+// the host passes only the tile count. Warp 0 writes the expert, first row
+// and end row of tile `tile` into info[0..3] (a warp scan of ceil(rows /
+// BT) per expert); info[0] keeps the caller's ~0 when the tile is past the
+// last expert's.
+template <u32 BT>
+__device__ __forceinline__ void grouped_find_tile(const u32* __restrict__ offsets, u32 n_experts, u32 tile, u32 lane,
+                                                  u32* info) {
+    u32 before = 0;
+    for (u32 c = 0; c < n_experts; c += 32) {
+        const u32 e = c + lane;
+        u32 a = 0, b = 0;
+        if (e < n_experts) {
+            a = offsets[e];
+            b = offsets[e + 1];
+        }
+        const u32 n = b > a ? (b - a + BT - 1) / BT : 0;
+        u32 s = n;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const u32 v = __shfl_up_sync(0xFFFFFFFFu, s, d);
+            if (lane >= (u32)d) s += v;
+        }
+        const u32 first = before + s - n;
+        if (n > 0 && tile >= first && tile < first + n) {
+            const u32 ra = a + (tile - first) * BT;
+            info[0] = e;
+            info[1] = ra;
+            info[2] = min(b, ra + BT);
+        }
+        before += __shfl_sync(0xFFFFFFFFu, s, 31);
+    }
+}
+
 // 16-byte global load that bypasses L1 allocation (streamed weights).
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     uint4 r;

@@ -6,7 +6,8 @@
 // uses: dq8 (8 nibbles -> 4 exact (q - 8) pairs in format A), mma16
 // (m16n8k16, f32 accumulate), perm8 (8 16-bit values -> the pairs (x[j],
 // x[j+4]) dq8's order needs) and expert_base (table lookup, null when the
-// entry is missing or misaligned).
+// entry is missing or misaligned); the tile lookup, grouped_find_tile, is
+// common.cuh's (mxfp4_gemm.cu shares it).
 //
 // Why. Prefill used to dequantize each expert of a layer to 16-bit in
 // memory and run one cuBLAS GEMM per expert and projection. At 30-60 rows
@@ -74,36 +75,6 @@
 #define GG_THREADS 256
 #define GG_XS_U4 (GG_BT / 8 * 4 * 32)  // uint4s of one step of x: 8 column tiles x 4 i x 32 lanes (16 KB)
 
-// Warp 0: expert, first row and end row of token tile `tile` into info[0..3]
-// (info[0] stays ~0 when the tile is past the last expert's).
-__device__ __forceinline__ void gg_find_tile(const u32* __restrict__ offsets, u32 n_experts, u32 tile, u32 lane,
-                                             u32* info) {
-    u32 before = 0;
-    for (u32 c = 0; c < n_experts; c += 32) {
-        const u32 e = c + lane;
-        u32 a = 0, b = 0;
-        if (e < n_experts) {
-            a = offsets[e];
-            b = offsets[e + 1];
-        }
-        const u32 n = b > a ? (b - a + GG_BT - 1) / GG_BT : 0;
-        u32 s = n;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const u32 v = __shfl_up_sync(0xFFFFFFFFu, s, d);
-            if (lane >= (u32)d) s += v;
-        }
-        const u32 first = before + s - n;
-        if (n > 0 && tile >= first && tile < first + n) {
-            const u32 ra = a + (tile - first) * GG_BT;
-            info[0] = e;
-            info[1] = ra;
-            info[2] = min(b, ra + GG_BT);
-        }
-        before += __shfl_sync(0xFFFFFFFFu, s, 31);
-    }
-}
-
 __device__ __forceinline__ u32 word_of(uint4 q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
 
 // W13: gate/up + SwiGLU into `out` (format A, [rows, N = I]); else down into
@@ -118,7 +89,7 @@ __device__ __forceinline__ void grouped_int4(const unsigned short* __restrict__ 
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     if (threadIdx.x == 0) info[0] = ~0u;
     __syncthreads();
-    if (warp == 0) gg_find_tile(offsets, n_experts, blockIdx.y, lane, info);
+    if (warp == 0) grouped_find_tile<GG_BT>(offsets, n_experts, blockIdx.y, lane, info);
     __syncthreads();
     const u32 e = info[0];
     if (e == ~0u) return;  // block-uniform; only when the grid is larger than the tiles

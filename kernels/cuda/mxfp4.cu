@@ -58,9 +58,12 @@
 // partials reduced in (j, K-part) order, the expert's down bias added,
 // weighted, summed in j order and added once to the f32 residual. PDL
 // dependent of w13 on sm_90. No float atomics anywhere: bit-reproducible.
-// mxfp4_dequant_bf16: prefill; one thread per block of 32 -> 32 bf16 (exact
-// f32 value, rounded once), plus one thread per bias element -> f32.
-// bias_act_rows_{bf16,f32}: prefill activation of one expert's gate/up GEMM
+// Prefill reads the experts in place with the grouped GEMMs of
+// mxfp4_gemm.cu (compiled in this module after this file, on these
+// helpers). The per-expert GEMM path they replaced, kept as kbench's
+// baseline: mxfp4_dequant_bf16: one thread per block of 32 -> 32 bf16
+// (exact f32 value, rounded once), plus one thread per bias element -> f32;
+// bias_act_rows_{bf16,f32}: the activation of one expert's gate/up GEMM
 // output [m, 2I] (+ optional f32 b13) -> bf16 act [m, I].
 
 #define ACT_SWIGLU 0u

@@ -219,7 +219,13 @@ pub const MODULES: &[Module] = &[
     },
     Module {
         name: "mxfp4",
-        source: include_str!("../cuda/mxfp4.cu"),
+        // The grouped prefill GEMMs use mxfp4.cu's helpers, so they compile
+        // in the same unit, after it.
+        source: concat!(
+            include_str!("../cuda/mxfp4.cu"),
+            "\n#line 1 \"mxfp4_gemm.cu\"\n",
+            include_str!("../cuda/mxfp4_gemm.cu")
+        ),
         target: Target::Portable,
         kernels: &[
             "mxfp4_w13_act_1",
@@ -231,6 +237,8 @@ pub const MODULES: &[Module] = &[
             "mxfp4_dequant_bf16",
             "bias_act_rows_bf16",
             "bias_act_rows_f32",
+            "mxfp4_grouped_w13_act",
+            "mxfp4_grouped_w2",
         ],
     },
     Module {

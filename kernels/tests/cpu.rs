@@ -497,6 +497,117 @@ mod mxfp4 {
         assert!(act.iter().all(|&v| (v - want).abs() < 1e-7));
     }
 
+    /// Hand values: every code 1.0, expert 0 scaled by 2^-5 and expert 1 by
+    /// 2^-4, x = 1, SwiGLU without biases: rows 0-1 (expert 0) see gate =
+    /// up = 1, row 2 (expert 1) gate = up = 2; the down rows are 32 * scale
+    /// * act.
+    #[test]
+    fn grouped_reference_hand_values() {
+        let (h, i) = (32usize, 32usize);
+        let l = Mxfp4Layout::new(h, i, false).unwrap();
+        let ex = |s: u8| cpu::Mxfp4Expert {
+            w13_q: vec![0x22; i * h],
+            w13_s: vec![s; 2 * i * h / 32],
+            w2_q: vec![0x22; h * i / 2],
+            w2_s: vec![s; h * i / 32],
+            ..Default::default()
+        };
+        let (e0, e1) = (ex(122), ex(123));
+        let table = [Some(&e0), Some(&e1)];
+        let offsets = [0u32, 2, 3];
+        let x = vec![1.0f32; 3 * h];
+        let act = cpu::mxfp4_grouped_w13_act(&table, &l, &x, &offsets, ExpertActivation::Swiglu);
+        let silu = |g: f64| g / (1.0 + (-g).exp());
+        let want = [silu(1.0) as f32, silu(1.0) as f32, (silu(2.0) * 2.0) as f32];
+        for r in 0..3 {
+            assert!(
+                act[r * i..][..i].iter().all(|&v| v == want[r]),
+                "act row {r}"
+            );
+        }
+        let y = cpu::mxfp4_grouped_w2(&table, &l, &act, &offsets);
+        let scale = [1.0f64, 1.0, 2.0];
+        for r in 0..3 {
+            let w = (scale[r] * want[r] as f64) as f32;
+            assert!(y[r * h..][..h].iter().all(|&v| v == w), "y row {r}");
+        }
+    }
+
+    /// Random experts of `l` (scales 118..=123, biases when the layout has
+    /// them) from a seeded generator.
+    fn random_experts(l: &Mxfp4Layout, n: usize, seed: u64) -> Vec<cpu::Mxfp4Expert> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (h, i) = (l.hidden, l.intermediate);
+        let mut bytes = |n: usize, scale: bool| -> Vec<u8> {
+            (0..n)
+                .map(|_| {
+                    if scale {
+                        rng.random_range(118..=123)
+                    } else {
+                        rng.random()
+                    }
+                })
+                .collect()
+        };
+        (0..n)
+            .map(|_| cpu::Mxfp4Expert {
+                w13_q: bytes(i * h, false),
+                w13_s: bytes(2 * i * h / 32, true),
+                w13_b: bytes(if l.has_bias { 2 * i } else { 0 }, false)
+                    .iter()
+                    .map(|&b| bf16::from_f32(b as f32 / 64.0 - 2.0))
+                    .collect(),
+                w2_q: bytes(h * i / 2, false),
+                w2_s: bytes(h * i / 32, true),
+                w2_b: bytes(if l.has_bias { h } else { 0 }, false)
+                    .iter()
+                    .map(|&b| bf16::from_f32(b as f32 / 64.0 - 2.0))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The grouped reference is the per-token decode reference applied to
+    /// each expert's rows, bit for bit (the same f64 sums), with K not a
+    /// multiple of 128 (H 160, I 96), an expert without rows, and NaN rows
+    /// for an expert missing from the table; with and without biases.
+    #[test]
+    fn grouped_reference_is_the_decode_reference_row_by_row() {
+        for bias in [true, false] {
+            let l = Mxfp4Layout::new(160, 96, bias).unwrap();
+            let (h, i) = (l.hidden, l.intermediate);
+            let ex = random_experts(&l, 4, 11);
+            let offsets = [0u32, 3, 3, 8, 10];
+            let rows = 10;
+            let x: Vec<f32> = (0..rows * h)
+                .map(|n| (n * 7919 % 1000) as f32 / 500.0 - 1.0)
+                .collect();
+            // Expert 3 missing from the table.
+            let table: Vec<Option<&cpu::Mxfp4Expert>> =
+                vec![Some(&ex[0]), Some(&ex[1]), Some(&ex[2]), None];
+            let act = cpu::mxfp4_grouped_w13_act(&table, &l, &x, &offsets, GPT_OSS);
+            let y = cpu::mxfp4_grouped_w2(&table, &l, &act, &offsets);
+            assert_eq!((act.len(), y.len()), (rows * i, rows * h));
+            for e in 0..4 {
+                for r in offsets[e] as usize..offsets[e + 1] as usize {
+                    let (ga, gy) = (&act[r * i..][..i], &y[r * h..][..h]);
+                    if e == 3 {
+                        assert!(ga.iter().chain(gy).all(|v| v.is_nan()), "row {r}");
+                        continue;
+                    }
+                    let d = ex[e].decode(&l);
+                    // The decode reference's y is taken from its own act,
+                    // which must equal the act rows the grouped down read.
+                    let (wa, wy) = cpu::mxfp4_expert_forward(&d, h, i, &x[r * h..][..h], GPT_OSS);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(ga), bits(&wa), "bias {bias} act row {r} (expert {e})");
+                    assert_eq!(bits(gy), bits(&wy), "bias {bias} y row {r} (expert {e})");
+                }
+            }
+        }
+    }
+
     fn hex(s: &str) -> Vec<u8> {
         (0..s.len())
             .step_by(2)

@@ -2,7 +2,7 @@
 //! a3b (Qwen3-30B-A3B) shapes, plus prefill attention at the qcn heads (16 q,
 //! 2 kv, head_dim 256) and gpt-oss decode attention (sinks; full vs 128-token
 //! sliding layer at 32K). Times are CUDA-event medians after warm-up.
-//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--grouped] [--host-experts] [--tail] [--cpu-expert] [--cpu-expert-host-only] [--baseline-int4 OLD.cu]`
+//! Usage: `kbench [--int4] [--mxfp4] [--gemv] [--rows] [--prefill] [--grouped] [--grouped-mxfp4] [--host-experts] [--tail] [--cpu-expert] [--cpu-expert-host-only] [--baseline-int4 OLD.cu]`
 //! (prints a table; exits with an error without a GPU). `--gemv` times only
 //! the BF16 decode GEMVs next to cuBLAS; `--rows` times the kernels of a
 //! batched decode step at 1/2/4/8 rows (BF16 GEMVs; INT4 w13 + w2 with
@@ -14,6 +14,8 @@
 //! experts (gate/up + SwiGLU + down of every (token, expert) pair, rows
 //! grouped by expert) with the grouped INT4 GEMMs next to the dequantize +
 //! per-expert cuBLAS path they replace, at 512 to 8,192 tokens;
+//! `--grouped-mxfp4` the same for gpt-oss-20b's MXFP4 experts with the
+//! grouped MXFP4 GEMMs (`mxfp4_grouped.rs`, min / median / max);
 //! `--host-experts` times decode experts read straight from mapped host
 //! memory against copying them first (`host.rs`); `--tail` what HCS decode's
 //! device tail (lookup, fetch) costs per MoE layer (`tail.rs`); `--cpu-expert`
@@ -42,6 +44,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 mod cpu_expert;
 mod host;
+mod mxfp4_grouped;
 mod tail;
 
 /// Prints one section's table: `==== kbench (TITLE) ====` (or `==== kbench
@@ -79,16 +82,24 @@ fn time_ms(
     reps: usize,
     f: impl FnMut(usize) -> anyhow::Result<()>,
 ) -> anyhow::Result<f64> {
-    Ok(time_ms_stats(s, reps, f)?[1])
+    Ok(time_stats_ms(s, reps, f)?.median)
 }
 
-/// Time per iteration after 3 warm-up calls: 5 samples of `reps` calls
-/// each, timed with events, as (min, median, max).
-fn time_ms_stats(
+/// Milliseconds per iteration of 5 CUDA-event-timed runs.
+#[derive(Debug, Clone, Copy)]
+struct Times {
+    min: f64,
+    median: f64,
+    max: f64,
+}
+
+/// Three warm-up iterations of `f`, then 5 runs of `reps` iterations, each
+/// timed with CUDA events: the runs' min, median and max per iteration.
+fn time_stats_ms(
     s: &Arc<CudaStream>,
     reps: usize,
     mut f: impl FnMut(usize) -> anyhow::Result<()>,
-) -> anyhow::Result<[f64; 3]> {
+) -> anyhow::Result<Times> {
     for i in 0..3 {
         f(i)?;
     }
@@ -103,7 +114,11 @@ fn time_ms_stats(
         samples.push(a.elapsed_ms(&b)? as f64 / reps as f64);
     }
     samples.sort_by(f64::total_cmp);
-    Ok([samples[0], samples[2], samples[4]])
+    Ok(Times {
+        min: samples[0],
+        median: samples[2],
+        max: samples[4],
+    })
 }
 
 /// Pure GPU time per iteration: `reps` iterations captured into one CUDA
@@ -153,6 +168,9 @@ struct Args {
     /// Only prefill attention (a3b d128 and qcn d256).
     prefill_only: bool,
     grouped_only: bool,
+    /// Only the grouped MXFP4 prefill GEMMs (gpt-oss-20b) against their
+    /// dequantize + cuBLAS baseline.
+    grouped_mxfp4_only: bool,
     host_only: bool,
     tail_only: bool,
     cpu_expert: bool,
@@ -169,6 +187,7 @@ fn main() -> anyhow::Result<()> {
         rows_only: false,
         prefill_only: false,
         grouped_only: false,
+        grouped_mxfp4_only: false,
         host_only: false,
         tail_only: false,
         cpu_expert: false,
@@ -184,6 +203,7 @@ fn main() -> anyhow::Result<()> {
             "--rows" => args.rows_only = true,
             "--prefill" => args.prefill_only = true,
             "--grouped" => args.grouped_only = true,
+            "--grouped-mxfp4" => args.grouped_mxfp4_only = true,
             "--host-experts" => args.host_only = true,
             "--tail" => args.tail_only = true,
             "--cpu-expert" => args.cpu_expert = true,
@@ -191,7 +211,7 @@ fn main() -> anyhow::Result<()> {
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --grouped, --host-experts, --tail, --cpu-expert, --cpu-expert-host-only, --baseline-int4 FILE)"
+                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --grouped, --grouped-mxfp4, --host-experts, --tail, --cpu-expert, --cpu-expert-host-only, --baseline-int4 FILE)"
                 )
             }
         }
@@ -235,7 +255,11 @@ fn main() -> anyhow::Result<()> {
                     );
                     continue;
                 }
-                let [lo, med, hi] = bench_prefill(&k, &s, &mut rng, (32, 4, 128), t, reps, hopper)?;
+                let Times {
+                    min: lo,
+                    median: med,
+                    max: hi,
+                } = bench_prefill(&k, &s, &mut rng, (32, 4, 128), t, reps, hopper)?;
                 rows.push(format!(
                     "attn prefill {} d128 nq32/nkv4 T={t:<5} {:>8.1} us {:>7.1} TFLOP/s \
                      (min-max {:.1}-{:.1})  x24 layers {:.1} ms",
@@ -260,6 +284,11 @@ fn main() -> anyhow::Result<()> {
     if args.grouped_only {
         bench_grouped(&k, &s, &mut rng, &mut rows)?;
         print_table("grouped prefill experts", rows);
+        return Ok(());
+    }
+    if args.grouped_mxfp4_only {
+        mxfp4_grouped::bench_grouped_mxfp4(&k, &s, &mut rng, &mut rows)?;
+        print_table("grouped MXFP4 prefill experts", rows);
         return Ok(());
     }
     if args.tail_only {
@@ -599,7 +628,7 @@ fn bench_prefill(
     t: usize,
     reps: usize,
     hopper: bool,
-) -> anyhow::Result<[f64; 3]> {
+) -> anyhow::Result<Times> {
     let (nq, nkv, d) = heads;
     let geom = QkvGeom {
         n_tokens: t,
@@ -627,7 +656,7 @@ fn bench_prefill(
     )?;
     let mut out = s.alloc_zeros::<bf16>(t * nq * d)?;
     let scale = 1.0 / (d as f32).sqrt();
-    time_ms_stats(s, reps, |_| {
+    time_stats_ms(s, reps, |_| {
         if hopper {
             Ok(k.attention_prefill_wgmma(s, &qkv, geom, 0, kv, 0, &kc, &vc, scale, &mut out)?)
         } else {
@@ -646,7 +675,7 @@ fn bench_prefill_qcn(
 ) -> anyhow::Result<()> {
     for t in [8192usize, 32768] {
         let reps = if t > 8192 { 1 } else { 3 };
-        let ms = bench_prefill(k, s, rng, (16, 2, 256), t, reps, false)?[1];
+        let ms = bench_prefill(k, s, rng, (16, 2, 256), t, reps, false)?.median;
         let flops = 4.0 * 256.0 * 16.0 * (t as f64) * (t as f64 + 1.0) / 2.0;
         rows.push(format!(
             "attn prefill mma d256 nq16/nkv2 T={t:<5} {:>8.1} us {:>7.1} TFLOP/s  x48 layers {:.1} ms",
@@ -1142,24 +1171,7 @@ fn bench_mxfp4(
         alpha: 1.702,
     };
     let layout = Mxfp4Layout::new(h, i, true).context("MXFP4 layout")?;
-    let stride = layout.used_bytes().div_ceil(4096) * 4096;
-    let mut host = vec![0u8; e * stride];
-    rng.fill(&mut host[..]);
-    for x in 0..e {
-        let b = &mut host[x * stride..];
-        b[layout.w13_s..][..2 * i * h / 32].fill(120);
-        b[layout.w2_s..][..h * i / 32].fill(120);
-        // Biases: bf16 0.0625 (finite, whatever the random bytes were).
-        for (off, n) in [(layout.w13_b, 2 * i), (layout.w2_b, h)] {
-            for j in 0..n {
-                b[off + 2 * j..][..2].copy_from_slice(&bf16::from_f32(0.0625).to_le_bytes());
-            }
-        }
-    }
-    let buf: CudaSlice<u8> = s.clone_htod(&host)?;
-    let base = buf.device_ptr(s).0;
-    let table: Vec<u64> = (0..e).map(|x| base + (x * stride) as u64).collect();
-    let table = s.clone_htod(&table)?;
+    let (_buf, table) = mxfp4_grouped::random_mxfp4_experts(s, rng, &layout, e)?;
     let n_sets = 64;
     let mut ids = Vec::new();
     for _ in 0..n_sets {

@@ -1,8 +1,10 @@
 //! MXFP4 expert kernels over the expert-cache format v2 layout
 //! (`cuda/mxfp4.cu`): batched decode GEMVs through a device-side expert
 //! pointer table with the expert activation (SwiGLU or gpt-oss's clamped
-//! SwiGLU) and optional biases fused, dequantization to bf16 for prefill
-//! GEMMs, and the prefill bias + activation.
+//! SwiGLU) and optional biases fused, the grouped prefill GEMMs reading the
+//! same blocks in place (`grouped.rs`, `cuda/mxfp4_gemm.cu`), and the
+//! dequantization to bf16 + bias and activation kernels of the per-expert
+//! GEMM path those replace (kept as kbench's baseline and tested).
 //!
 //! Expert format (`/work/notes`' layout contract, `runtime/cache/src/layout.rs`,
 //! precision `mxfp4`, group 32), the checkpoint's own bits: `w13_q`
@@ -25,6 +27,10 @@ use crate::launch::{
     Elem, builder, by_elem, cfg, check_len, dim_u32, ensure, launch_dependent, shape_err, submit,
 };
 use crate::{Kernels, Result};
+
+mod grouped;
+
+pub use grouped::{MXFP4_GROUPED_ROWS, mxfp4_grouped_tiles};
 
 /// Values per E8M0 scale (the MX block size).
 pub const MXFP4_BLOCK: usize = 32;

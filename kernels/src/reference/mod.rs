@@ -27,7 +27,7 @@ pub use kv_blocks::kv_blocks_copy;
 pub use moe::{moe_combine, moe_group, router_topk, router_topk_with};
 pub use mxfp4::{
     E2M1, Mxfp4Decoded, Mxfp4Expert, e8m0, expert_activation, mxfp4_decode_rows,
-    mxfp4_expert_forward,
+    mxfp4_expert_forward, mxfp4_grouped_w2, mxfp4_grouped_w13_act,
 };
 pub use rope_partial::rope_partial;
 pub use sampling::{

@@ -1,6 +1,7 @@
 //! MXFP4 experts on the CPU, written to be obviously correct: the E2M1
 //! table, the E8M0 scale as a power of two, the two activations, and the
-//! expert FFN in f64 over the decoded weights.
+//! expert FFN in f64 over the decoded weights, per token (the decode
+//! GEMVs) and over rows grouped by expert (the grouped prefill GEMMs).
 
 use half::bf16;
 
@@ -139,4 +140,83 @@ pub fn mxfp4_expert_forward(
         .map(|n| (dot(&d.w2[n * i..][..i], &act) + d.b2[n] as f64) as f32)
         .collect();
     (act, y)
+}
+
+/// The grouped prefill gate/up GEMM with bias and activation
+/// (`Kernels::mxfp4_grouped_w13_act`) in f64: rows
+/// `offsets[e]..offsets[e + 1]` of `x` (`[rows, H]`) are expert `e`'s,
+/// `act[r, i] = activation(W13_e[i] · x[r] + b13_e[i], W13_e[I + i] · x[r] + b13_e[I + i])`
+/// (before the kernel's bf16 rounding). `experts[e]`: `None` for an expert
+/// missing from the pointer table, whose rows are NaN. Each expert with rows
+/// is decoded once, one at a time (gpt-oss-sized experts are 100 MB each
+/// decoded).
+pub fn mxfp4_grouped_w13_act(
+    experts: &[Option<&Mxfp4Expert>],
+    l: &Mxfp4Layout,
+    x: &[f32],
+    offsets: &[u32],
+    a: ExpertActivation,
+) -> Vec<f32> {
+    let (h, i) = (l.hidden, l.intermediate);
+    grouped_rows(experts, l, x, h, offsets, i, |d, xr, out| {
+        for (c, o) in out.iter_mut().enumerate() {
+            let g = dot(&d.w13[c * h..][..h], xr) + d.b13[c] as f64;
+            let u = dot(&d.w13[(i + c) * h..][..h], xr) + d.b13[i + c] as f64;
+            *o = expert_activation(a, g, u) as f32;
+        }
+    })
+}
+
+/// The grouped prefill down GEMM with bias (`Kernels::mxfp4_grouped_w2`)
+/// in f64: `y[r, n] = W2_e[n] · act[r] + b2_e[n]` for the rows of each
+/// expert `e` (`act` `[rows, I]`, `y` `[rows, H]`); NaN rows for a missing
+/// expert, as [`mxfp4_grouped_w13_act`].
+pub fn mxfp4_grouped_w2(
+    experts: &[Option<&Mxfp4Expert>],
+    l: &Mxfp4Layout,
+    act: &[f32],
+    offsets: &[u32],
+) -> Vec<f32> {
+    let (h, i) = (l.hidden, l.intermediate);
+    grouped_rows(experts, l, act, i, offsets, h, |d, ar, out| {
+        for (n, o) in out.iter_mut().enumerate() {
+            *o = (dot(&d.w2[n * i..][..i], ar) + d.b2[n] as f64) as f32;
+        }
+    })
+}
+
+fn dot(w: &[f32], x: &[f32]) -> f64 {
+    w.iter().zip(x).map(|(p, q)| *p as f64 * *q as f64).sum()
+}
+
+/// Output `[rows, n_out]` of `row` applied to every grouped row of `input`
+/// (`[rows, k]`) with its expert's decoded weights.
+fn grouped_rows(
+    experts: &[Option<&Mxfp4Expert>],
+    l: &Mxfp4Layout,
+    input: &[f32],
+    k: usize,
+    offsets: &[u32],
+    n_out: usize,
+    row: impl Fn(&Mxfp4Decoded, &[f32], &mut [f32]),
+) -> Vec<f32> {
+    assert_eq!(offsets.len(), experts.len() + 1, "offsets are [E + 1]");
+    assert!(
+        offsets.windows(2).all(|w| w[0] <= w[1]),
+        "offsets must not decrease"
+    );
+    let rows = offsets[experts.len()] as usize;
+    assert_eq!(input.len(), rows * k, "input is not [rows, {k}]");
+    let mut out = vec![f32::NAN; rows * n_out];
+    for (e, ex) in experts.iter().enumerate() {
+        let (a, b) = (offsets[e] as usize, offsets[e + 1] as usize);
+        let Some(ex) = ex.filter(|_| b > a) else {
+            continue;
+        };
+        let d = ex.decode(l);
+        for r in a..b {
+            row(&d, &input[r * k..][..k], &mut out[r * n_out..][..n_out]);
+        }
+    }
+    out
 }

@@ -14,6 +14,7 @@ mod int4_grouped;
 mod kv_blocks;
 mod moe;
 mod mxfp4;
+mod mxfp4_grouped;
 mod rope;
 mod rope_partial;
 mod rows;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use crate::common::*;
 
-const GPT_OSS: ExpertActivation = ExpertActivation::ClampedSwiglu {
+pub const GPT_OSS: ExpertActivation = ExpertActivation::ClampedSwiglu {
     limit: 7.0,
     alpha: 1.702,
 };
@@ -59,13 +59,13 @@ fn random_expert(rng: &mut StdRng, l: &Mxfp4Layout, scales: &RangeInclusive<u8>)
 
 /// `n` random experts in one device buffer, 4096-aligned, and the pointer
 /// table addressing them (reversed, so table index != storage order).
-struct Experts {
+pub struct Experts {
     _buf: CudaSlice<u8>,
-    table: CudaSlice<u64>,
-    host: Vec<Mxfp4Expert>,
+    pub table: CudaSlice<u64>,
+    pub host: Vec<Mxfp4Expert>,
 }
 
-fn experts(
+pub fn experts(
     s: &Arc<CudaStream>,
     rng: &mut StdRng,
     l: &Mxfp4Layout,
@@ -98,7 +98,7 @@ fn experts(
 
 /// Per element `|got - want| <= rtol * |want| + atol_rms * rms(want)`; no
 /// NaN/inf, and not all zero (an unwritten or skipped output fails).
-fn assert_close_elem(what: &str, got: &[f32], want: &[f32], rtol: f64, atol_rms: f64) {
+pub fn assert_close_elem(what: &str, got: &[f32], want: &[f32], rtol: f64, atol_rms: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let rms = (want.iter().map(|&w| (w as f64).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
     assert!(
