@@ -55,6 +55,9 @@ fn sources_export_exactly_the_listed_kernels() {
         "int4_w13_swiglu_1_f16",
         "int4_w13_swiglu_w16_4_f16",
         "int4_dequant_f16",
+        "int4_grouped_w13_swiglu_bf16",
+        "mxfp4_grouped_w13_act",
+        "mxfp4_grouped_w2",
     ] {
         assert!(all.contains(k), "missing {k}");
     }
