@@ -64,8 +64,9 @@
 // as zeros, so the padding adds exact zeros (never 0 * a stray NaN).
 //
 // Numerics. Every decoded weight e2m1 * 2^(s-127) is exact in bf16 (two
-// significant bits; bf16 has f32's exponent range, subnormals included),
-// so each product with x is exact in f32 and the tensor core sums one
+// significant bits; bf16 has f32's exponent range, subnormals included;
+// bar the NaN scale 255 and the large codes past bf16's range at s >= 253,
+// as in the decode kernels), so each product with x is exact in f32 and the tensor core sums one
 // 128-wide step in f32; the step's sum is added to the f32 total in K
 // order, the bias added to the total, and the activation taken from f32
 // and rounded once to bf16 (the old path rounded the GEMM output to bf16
