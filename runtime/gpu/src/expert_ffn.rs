@@ -9,13 +9,11 @@
 //! - MXFP4 experts (`cuda/mxfp4.cu`, the checkpoint's own bits), SwiGLU or
 //!   gpt-oss's clamped SwiGLU, with or without biases on both projections.
 //!
-//! The grouped prefill path (`moe::experts_grouped`) computes a chunk's
-//! rows, grouped by expert, one of two ways ([`ExpertFfn::grouped_path`]):
-//! in place, two grouped GEMMs reading the expert blocks where they are
-//! (INT4 group 128: `cuda/int4_gemm.cu`; MXFP4: `cuda/mxfp4_gemm.cu`, the
-//! biases and the activation fused), or, for INT4 groups 32 and 64,
-//! dequantizing a batch of experts, each expert's gate/up GEMM, then
-//! [`ExpertFfn::activate`], then each expert's down GEMM.
+//! The grouped prefill path (`moe::experts_grouped`) dequantizes a batch of
+//! experts, runs each expert's gate/up GEMM, then [`ExpertFfn::activate`],
+//! each expert's down GEMM, then [`ExpertFfn::down_bias`]; biases are per
+//! expert, so a biased format activates and adds its down bias expert by
+//! expert over that expert's grouped rows.
 //!
 //! The 16-bit values (the GEMV input `x`, the dequantized weights, the
 //! gate/up rows and the activation of the grouped path) are in the MLP
@@ -30,7 +28,7 @@ use crate::scratch::{GroupedPath, GroupedScratch, no_dequant_scratch};
 use cudarc::driver::{CudaSlice, DevicePtr};
 use half::{bf16, f16};
 use krasis_kernels::Int4Layout;
-use krasis_kernels::ops::mxfp4::{ExpertActivation, Mxfp4Layout, mxfp4_grouped_tiles};
+use krasis_kernels::ops::mxfp4::{ExpertActivation, Mxfp4Layout};
 use krasis_model::Geometry;
 use krasis_model::arch::{ActFormat, Activation};
 
@@ -142,27 +140,24 @@ impl ExpertFfn {
     }
 
     /// How the grouped prefill path computes these experts: in place where
-    /// grouped kernels implement the format (INT4 group 128, every MXFP4
-    /// layout), else dequantized (INT4 groups 32 and 64). The choice is the
-    /// format's, never the chunk's, so every chunk of every prompt computes
-    /// a row the same way.
+    /// the grouped INT4 kernels implement the format (group 128), else
+    /// dequantized. The choice is the format's, never the chunk's, so every
+    /// chunk of every prompt computes a row the same way.
     pub fn grouped_path(&self) -> GroupedPath {
         match self {
             ExpertFfn::Int4Swiglu(l) if krasis_kernels::int4_grouped_supports(l) => {
                 GroupedPath::InPlace
             }
-            ExpertFfn::Int4Swiglu(_) => GroupedPath::Dequantize,
-            ExpertFfn::Mxfp4 { .. } => GroupedPath::InPlace,
+            _ => GroupedPath::Dequantize,
         }
     }
 
     /// Both grouped GEMMs of a chunk's rows in one launch each, reading the
-    /// expert blocks in place: `gs.xg` (grouped by `gs.offsets`, whose host
-    /// copy is `offsets`) -> activation rows `gs.hact` -> down rows `gs.y`
-    /// (INT4: `cuda/int4_gemm.cu`, SwiGLU; MXFP4: `cuda/mxfp4_gemm.cu`, the
-    /// biases and the plan's activation fused). Returns false, launching
-    /// nothing, on the [`GroupedPath::Dequantize`] path, which then runs
-    /// [`Self::dequant`] and per-expert GEMMs.
+    /// expert blocks in place (`cuda/int4_gemm.cu`): `gs.xg` (grouped by
+    /// `gs.offsets`, whose host copy is `offsets`) -> SwiGLU rows `gs.hact`
+    /// -> down rows `gs.y`. Returns false, launching nothing, on the
+    /// [`GroupedPath::Dequantize`] path, which then runs [`Self::dequant`]
+    /// and per-expert GEMMs.
     pub(crate) fn grouped_gemms(
         &self,
         cx: &Ctx<'_>,
@@ -170,10 +165,11 @@ impl ExpertFfn {
         gs: &mut GroupedScratch,
         offsets: &[u32],
     ) -> Result<bool> {
-        if self.grouped_path() != GroupedPath::InPlace {
+        let (ExpertFfn::Int4Swiglu(l), GroupedPath::InPlace) = (self, self.grouped_path()) else {
             return Ok(false);
-        }
+        };
         let rows = offsets.last().map_or(0, |&r| r as usize);
+        let tiles = krasis_kernels::int4_grouped_tiles(offsets);
         let GroupedScratch {
             xg,
             hact,
@@ -181,40 +177,25 @@ impl ExpertFfn {
             offsets: d_off,
             ..
         } = gs;
-        match (self, cx.g.mlp.activations) {
-            (ExpertFfn::Int4Swiglu(l), ActFormat::Bf16) => {
-                let tiles = krasis_kernels::int4_grouped_tiles(offsets);
-                grouped_int4(cx, l, table, (d_off, rows, tiles), xg, hact, y)
-            }
-            (ExpertFfn::Int4Swiglu(l), ActFormat::F16) => {
-                let tiles = krasis_kernels::int4_grouped_tiles(offsets);
-                grouped_int4(
-                    cx,
-                    l,
-                    table,
-                    (d_off, rows, tiles),
-                    &view::<f16>(xg),
-                    &mut view_mut::<f16>(hact),
-                    y,
-                )
-            }
-            (ExpertFfn::Mxfp4 { layout, activation }, ActFormat::Bf16) => {
-                let tiles = mxfp4_grouped_tiles(offsets);
-                let (s, kn, e) = (&cx.gpu.stream, cx.kn, cx.g.num_experts);
-                let a = *activation;
-                kn.mxfp4_grouped_w13_act(s, xg, rows, d_off, e, tiles, table, layout, a, hact)?;
-                kn.mxfp4_grouped_w2(s, hact, rows, d_off, e, tiles, table, layout, y)?;
-                Ok(())
-            }
-            (ExpertFfn::Mxfp4 { .. }, ActFormat::F16) => Err(mxfp4_f16()),
+        match cx.g.mlp.activations {
+            ActFormat::Bf16 => grouped_int4(cx, l, table, (d_off, rows, tiles), xg, hact, y),
+            ActFormat::F16 => grouped_int4(
+                cx,
+                l,
+                table,
+                (d_off, rows, tiles),
+                &view::<f16>(xg),
+                &mut view_mut::<f16>(hact),
+                y,
+            ),
         }?;
         Ok(true)
     }
 
     /// Dequantizes experts `b0..b1` of the layer (`table[b0..b1]`) to the
     /// MLP block's format, `gs.w13` `[n, 2I, H]` and `gs.w2` `[n, H, I]`,
-    /// for the per-expert GEMMs of the [`GroupedPath::Dequantize`] path
-    /// (INT4 groups 32 and 64).
+    /// for the grouped prefill GEMMs, and their biases to `gs.bias` (f32
+    /// `[n, 2I]`, `[n, H]`).
     pub(crate) fn dequant(
         &self,
         cx: &Ctx<'_>,
@@ -222,19 +203,16 @@ impl ExpertFfn {
         (b0, b1): (usize, usize),
         gs: &mut GroupedScratch,
     ) -> Result<()> {
-        let ExpertFfn::Int4Swiglu(l) = self else {
-            return Err(computed_in_place());
-        };
         let s = &cx.gpu.stream;
         let gs = gs.dequant.as_mut().ok_or_else(no_dequant_scratch)?;
         let (ids, n) = (gs.iota.slice(b0..b1), b1 - b0);
-        match cx.g.mlp.activations {
-            ActFormat::Bf16 => {
+        match (self, cx.g.mlp.activations) {
+            (ExpertFfn::Int4Swiglu(l), ActFormat::Bf16) => {
                 Ok(cx
                     .kn
                     .int4_dequant(s, table, &ids, n, l, &mut gs.w13, &mut gs.w2)?)
             }
-            ActFormat::F16 => Ok(cx.kn.int4_dequant(
+            (ExpertFfn::Int4Swiglu(l), ActFormat::F16) => Ok(cx.kn.int4_dequant(
                 s,
                 table,
                 &ids,
@@ -243,13 +221,32 @@ impl ExpertFfn {
                 &mut view_mut::<f16>(&mut gs.w13),
                 &mut view_mut::<f16>(&mut gs.w2),
             )?),
+            (ExpertFfn::Mxfp4 { .. }, ActFormat::F16) => Err(mxfp4_f16()),
+            (ExpertFfn::Mxfp4 { layout, .. }, ActFormat::Bf16) => {
+                let biases = match (&mut gs.bias, layout.has_bias) {
+                    (Some((b13, b2)), true) => Some((b13, b2)),
+                    (None, false) => None,
+                    _ => return Err(missing_bias_scratch()),
+                };
+                Ok(cx.kn.mxfp4_dequant(
+                    s,
+                    table,
+                    &ids,
+                    n,
+                    layout,
+                    &mut gs.w13,
+                    &mut gs.w2,
+                    biases,
+                )?)
+            }
         }
     }
 
-    /// SwiGLU over the gate/up GEMM rows of experts `b0..b1` of a
-    /// dequantized batch (`offsets`: the grouped rows of each expert;
-    /// `gs.h13` `[rows, 2I]`, gate half first) into `gs.hact` `[rows, I]`,
-    /// both in the MLP block's format.
+    /// The activation over the gate/up GEMM rows of experts `b0..b1` of a
+    /// dequantized batch starting at `b0` (`offsets`: the grouped rows of
+    /// each expert; `gs.h13` `[rows, 2I]`, gate half first) into `gs.hact`
+    /// `[rows, I]`, both in the MLP block's format. With biases, each
+    /// expert's rows get its own gate/up bias.
     pub(crate) fn activate(
         &self,
         cx: &Ctx<'_>,
@@ -257,29 +254,87 @@ impl ExpertFfn {
         offsets: &[u32],
         (b0, b1): (usize, usize),
     ) -> Result<()> {
-        let ExpertFfn::Int4Swiglu(_) = self else {
-            return Err(computed_in_place());
-        };
         let (s, i) = (&cx.gpu.stream, cx.g.expert_intermediate);
         let (r0, r1) = (offsets[b0] as usize, offsets[b1] as usize);
         let GroupedScratch { hact, dequant, .. } = gs;
         let dq = dequant.as_ref().ok_or_else(no_dequant_scratch)?;
-        match cx.g.mlp.activations {
-            ActFormat::Bf16 => Ok(cx.kn.swiglu(
+        match (self, cx.g.mlp.activations) {
+            (ExpertFfn::Int4Swiglu(_), ActFormat::Bf16) => Ok(cx.kn.swiglu(
                 s,
                 &dq.h13.slice(r0 * 2 * i..),
                 r1 - r0,
                 i,
                 &mut hact.slice_mut(r0 * i..),
             )?),
-            ActFormat::F16 => Ok(cx.kn.swiglu(
+            (ExpertFfn::Int4Swiglu(_), ActFormat::F16) => Ok(cx.kn.swiglu(
                 s,
                 &view::<f16>(&dq.h13).slice(r0 * 2 * i..),
                 r1 - r0,
                 i,
                 &mut view_mut::<f16>(hact).slice_mut(r0 * i..),
             )?),
+            (ExpertFfn::Mxfp4 { .. }, ActFormat::F16) => Err(mxfp4_f16()),
+            (ExpertFfn::Mxfp4 { layout, activation }, _) if !layout.has_bias => {
+                Ok(cx.kn.bias_act_rows::<bf16>(
+                    s,
+                    &dq.h13.slice(r0 * 2 * i..),
+                    None,
+                    r1 - r0,
+                    i,
+                    *activation,
+                    &mut hact.slice_mut(r0 * i..),
+                )?)
+            }
+            (ExpertFfn::Mxfp4 { activation, .. }, _) => {
+                let (b13, _) = dq.bias.as_ref().ok_or_else(missing_bias_scratch)?;
+                for x in b0..b1 {
+                    let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
+                    if b <= a {
+                        continue;
+                    }
+                    let bias = b13.slice((x - b0) * 2 * i..(x - b0 + 1) * 2 * i);
+                    cx.kn.bias_act_rows::<bf16>(
+                        s,
+                        &dq.h13.slice(a * 2 * i..b * 2 * i),
+                        Some(&bias as &dyn DevicePtr<f32>),
+                        b - a,
+                        i,
+                        *activation,
+                        &mut hact.slice_mut(a * i..b * i),
+                    )?;
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// Adds each expert's down bias to its rows of `gs.y` (f32 `[rows, H]`,
+    /// the down GEMM output) for experts `b0..b1` of the batch starting at
+    /// `b0`, before the weighted combine. Nothing without biases.
+    pub(crate) fn down_bias(
+        &self,
+        cx: &Ctx<'_>,
+        gs: &mut GroupedScratch,
+        offsets: &[u32],
+        (b0, b1): (usize, usize),
+    ) -> Result<()> {
+        if !self.has_bias() {
+            return Ok(());
+        }
+        let (s, h) = (&cx.gpu.stream, cx.g.hidden);
+        let GroupedScratch { y, dequant, .. } = gs;
+        let dq = dequant.as_ref().ok_or_else(no_dequant_scratch)?;
+        let (_, b2) = dq.bias.as_ref().ok_or_else(missing_bias_scratch)?;
+        for x in b0..b1 {
+            let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
+            if b <= a {
+                continue;
+            }
+            let bias = b2.slice((x - b0) * h..(x - b0 + 1) * h);
+            cx.kn
+                .add_bias_rows::<f32>(s, &mut y.slice_mut(a * h..b * h), &bias, b - a, h)?;
+        }
+        Ok(())
     }
 }
 
@@ -387,10 +442,9 @@ fn grouped_int4<A: krasis_kernels::Act16>(
     Ok(())
 }
 
-/// A dequantizing step asked of experts whose grouped path is in place.
-fn computed_in_place() -> GpuError {
+fn missing_bias_scratch() -> GpuError {
     GpuError::Unsupported(
-        "internal: the dequantizing grouped path was asked of experts the grouped kernels read in place".into(),
+        "internal: the expert biases and the grouped scratch's bias buffers disagree".into(),
     )
 }
 

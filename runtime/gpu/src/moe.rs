@@ -13,14 +13,13 @@
 //!   its length, so each row is computed as in any other chunking):
 //!   (token, expert) pairs are grouped by expert on the GPU and the rows
 //!   gathered in the MLP block's format (BF16, or FP16:
-//!   `MlpSpec::activations`). INT4 experts with group 128 and MXFP4
-//!   experts then run two grouped GEMMs, all experts in one launch each,
-//!   reading the expert blocks in place (`cuda/int4_gemm.cu`,
-//!   `cuda/mxfp4_gemm.cu`: MXFP4's biases and activation fused). INT4
-//!   groups 32 and 64 dequantize the layer's experts to 16-bit a batch at a
-//!   time and run two cuBLAS GEMMs per expert with rows. The per-expert row
-//!   offsets are read back once per layer (one small sync) to size the
-//!   launches.
+//!   `MlpSpec::activations`). INT4 experts with group 128 then run two
+//!   grouped GEMMs, all experts in one launch each, reading the expert
+//!   blocks in place (`cuda/int4_gemm.cu`). Other formats dequantize the
+//!   layer's experts to 16-bit a batch at a time and run two cuBLAS GEMMs
+//!   per expert with rows (an expert's biases are added to its own rows,
+//!   before the combine). The per-expert row offsets are read back once
+//!   per layer (one small sync) to size the launches.
 
 use crate::act::{in_type, out16, view_mut};
 use crate::blas::OutType;
@@ -402,9 +401,8 @@ fn experts_grouped(cx: &Ctx<'_>, sc: &mut Scratch, moe_index: usize, t: usize) -
     Ok(())
 }
 
-/// The grouped path of the expert formats without grouped kernels (INT4
-/// groups 32 and 64): experts dequantized to 16-bit a batch at a time, then
-/// per-expert cuBLAS GEMMs.
+/// The grouped path of an expert format without grouped kernels: experts
+/// dequantized to 16-bit a batch at a time, then per-expert cuBLAS GEMMs.
 fn dequant_gemms(
     cx: &Ctx<'_>,
     table: &cudarc::driver::CudaView<'_, u64>,
@@ -466,6 +464,7 @@ fn dequant_gemms(
                 "expert down",
             )?;
         }
+        ffn.down_bias(cx, gs, offsets, (b0, b1))?;
     }
     Ok(())
 }

@@ -112,8 +112,7 @@ impl Default for CudaEngineOptions {
 /// dequantization); a longer prompt's chunks (all of them, also a short
 /// last one, so a row is computed the same in every chunking) group their
 /// rows by expert and run the grouped expert path (`moe.rs`: the grouped
-/// INT4 or MXFP4 GEMMs, or dequantization + cuBLASLt for INT4 groups 32
-/// and 64). The GEMV
+/// INT4 GEMMs, or dequantization + cuBLASLt for other formats). The GEMV
 /// reads every selected expert once per token, so it wins only while
 /// `tokens * top_k` is small against the expert count.
 pub const GEMV_MAX_TOKENS: usize = 8;

@@ -14,9 +14,8 @@ use crate::device::BLAS_WORKSPACE_BYTES;
 use crate::experts::pointer_table_bytes;
 use crate::hcs::Hcs;
 use crate::options::{CudaEngineOptions, GEMV_MAX_TOKENS};
-use crate::scratch::{GroupedPath, ScratchLens, SeqLens, chunk_for_free, kv_bytes};
+use crate::scratch::{ScratchLens, SeqLens, chunk_for_free, kv_bytes};
 use crate::weights::weight_bytes;
-use krasis_cache::ExpertLayout;
 use krasis_common::plan::{DeviceBudget, ExpertPlan, GpuPlan, Placement, PlanItem, Verdict};
 use krasis_common::size::format_size as b;
 use krasis_model::Geometry;
@@ -88,19 +87,15 @@ pub struct DeviceFigures {
     pub source: String,
 }
 
-/// The CUDA engine's plan for a model of geometry `g` whose expert cache is
-/// laid out as `layout` (`krasis_cache::model_layout`; `None` when the
-/// model has no routed experts or its dims fit no cache format), with the
-/// options `load` would get: the expert stride and the grouped prefill
-/// path (with it the scratch) are the cache's. `device`: the device
-/// figures, or why there are none.
+/// The CUDA engine's plan for a model of geometry `g` whose INT4 experts
+/// are `stride` bytes each, with the options `load` would get. `device`:
+/// the device figures, or why there are none.
 pub fn plan_cuda(
     g: &Geometry,
-    layout: Option<&ExpertLayout>,
+    stride: usize,
     opts: &CudaEngineOptions,
     device: Result<DeviceFigures, String>,
 ) -> (GpuPlan, Vec<String>) {
-    let stride = layout.map_or(0, |l| l.expert_stride);
     let context = opts.context_length.unwrap_or(g.max_position_embeddings);
     let moe_layers = g.num_moe_layers();
     let total_experts = moe_layers * g.num_experts;
@@ -121,11 +116,7 @@ pub fn plan_cuda(
             pointer_table_bytes(moe_layers, g.num_experts) as u64,
         ));
         if !hcs {
-            let format = layout.map_or("unknown format", |l| l.format.precision().name());
-            items.push(PlanItem::exact(
-                &format!("every routed expert ({format})"),
-                all_bytes,
-            ));
+            items.push(PlanItem::exact("every routed expert (int4)", all_bytes));
         }
     }
     // Sliding layers' ring caches are sized for the largest chunk asked
@@ -143,9 +134,7 @@ pub fn plan_cuda(
         kv_bytes(g, rows, want) as u64,
     ));
     let used = |items: &[PlanItem]| items.iter().map(|i| i.bytes).sum::<u64>();
-    // The engine's path for this cache (no grouped scratch without routed
-    // experts, whichever).
-    let path = layout.map_or(GroupedPath::Dequantize, |l| GroupedPath::for_cache(l, g));
+    let path = crate::scratch::GroupedPath::int4(g);
     let cap = match budget {
         Some(bud) => chunk_for_free(bud.saturating_sub(used(&items)), g, want, path),
         None => want,
@@ -343,13 +332,6 @@ mod tests {
     /// Qwen3-30B-A3B: 2,433,024 bytes per INT4 expert.
     const A3B_STRIDE: usize = 2_433_024;
 
-    /// The a3b cache's layout (INT4 group 128), of [`A3B_STRIDE`] bytes.
-    fn a3b_layout() -> ExpertLayout {
-        let l = ExpertLayout::int4(2048, 768).unwrap();
-        assert_eq!(l.expert_stride, A3B_STRIDE);
-        l
-    }
-
     #[test]
     fn a3b_on_a_16gib_card_is_hcs_and_the_items_are_the_load_functions() {
         let g = preset_geometry("a3b").unwrap();
@@ -357,7 +339,7 @@ mod tests {
             context_length: Some(32768),
             ..Default::default()
         };
-        let (p, notes) = plan_cuda(&g, Some(&a3b_layout()), &opts, dev(15 << 30));
+        let (p, notes) = plan_cuda(&g, A3B_STRIDE, &opts, dev(15 << 30));
         assert_eq!(p.verdict, Verdict::Fits);
         assert_eq!(p.experts.placement, Placement::Hcs);
         // KV: 2 * 48 layers * 512 * 32768 * 2 bytes = 3 GiB exactly.
@@ -384,19 +366,19 @@ mod tests {
             vram_limit: Some(2 << 30),
             ..Default::default()
         };
-        let (p, _) = plan_cuda(&g, Some(&a3b_layout()), &tight, dev(23 << 30));
+        let (p, _) = plan_cuda(&g, A3B_STRIDE, &tight, dev(23 << 30));
         assert!(matches!(p.verdict, Verdict::DoesNotFit { .. }), "{p:?}");
         assert_eq!(p.device.budget_bytes(), Some(2 << 30));
         let big = CudaEngineOptions {
             context_length: Some(4096),
             ..Default::default()
         };
-        let (p, _) = plan_cuda(&g, Some(&a3b_layout()), &big, dev(139 << 30));
+        let (p, _) = plan_cuda(&g, A3B_STRIDE, &big, dev(139 << 30));
         assert_eq!(p.verdict, Verdict::Fits);
         assert_eq!(p.experts.placement, Placement::AllResident);
         assert_eq!(p.experts.on_gpu_experts, 48 * 128);
         // No device: the fixed sizes are still planned, the fit is unknown.
-        let (p, _) = plan_cuda(&g, Some(&a3b_layout()), &big, Err("no driver".into()));
+        let (p, _) = plan_cuda(&g, A3B_STRIDE, &big, Err("no driver".into()));
         assert!(matches!(p.verdict, Verdict::Unknown { .. }));
         assert_eq!(p.prefill_chunk, 4096);
     }
@@ -409,7 +391,7 @@ mod tests {
     #[test]
     fn the_scratch_lends_whole_slots_past_decode_rows() {
         let g = preset_geometry("a3b").unwrap();
-        let path = GroupedPath::for_cache(&a3b_layout(), &g);
+        let path = crate::scratch::GroupedPath::int4(&g);
         let lens = ScratchLens::new(&g, 4096, GEMV_MAX_TOKENS, path);
         let kept = crate::scratch::decode_rows_kept(8, GEMV_MAX_TOKENS);
         let per: Vec<usize> = lens
@@ -434,27 +416,25 @@ mod tests {
     }
 
     /// gpt-oss-20b's plan counts its sliding layers' rings (sized for the
-    /// chunk asked for), its biases and sinks (weight_bytes), its MXFP4
-    /// experts at their stride, and the scratch of the grouped path the
-    /// engine takes for them (in place: no dequantized experts, no gate/up
-    /// rows).
+    /// chunk asked for), its biases and sinks (weight_bytes) and its MXFP4
+    /// experts at their stride.
     #[test]
     fn gpt_oss_kv_is_planned_per_layer() {
         let g = preset_geometry("gpt-oss-20b").unwrap();
-        let layout = ExpertLayout::new(
+        let stride = krasis_cache::ExpertLayout::new(
             krasis_cache::ExpertFormat::Mxfp4,
             g.hidden,
             g.expert_intermediate,
             true,
         )
-        .unwrap();
-        let stride = layout.expert_stride;
+        .unwrap()
+        .expert_stride;
         let opts = CudaEngineOptions {
             context_length: Some(16384),
             prefill_chunk: 2048,
             ..Default::default()
         };
-        let (p, _) = plan_cuda(&g, Some(&layout), &opts, dev(139 << 30));
+        let (p, _) = plan_cuda(&g, stride, &opts, dev(139 << 30));
         let kv = p.items.iter().find(|i| i.name.starts_with("KV")).unwrap();
         assert_eq!(kv.bytes, kv_bytes(&g, 16384, 2048) as u64);
         let per_pos = (2 * g.kv_dim() * 2) as u64;
@@ -462,19 +442,5 @@ mod tests {
         assert_eq!(p.items[1].bytes, weight_bytes(&g).device as u64);
         assert_eq!(p.experts.placement, Placement::AllResident);
         assert_eq!(p.experts.all_bytes, (24 * 32 * stride) as u64);
-        let cap = p.prefill_chunk as usize;
-        let scratch = p
-            .items
-            .iter()
-            .find(|i| i.name.starts_with("activation scratch"))
-            .unwrap();
-        let lens = ScratchLens::new(&g, cap, GEMV_MAX_TOKENS, GroupedPath::InPlace);
-        assert_eq!(scratch.bytes, lens.bytes() as u64);
-        let gr = lens.grouped.unwrap();
-        assert_eq!((gr.dequant_experts, gr.w13, gr.h13), (0, 0, 0));
-        // The dequantizing path's scratch would be larger by a 256 MiB
-        // batch of experts and the gate/up rows.
-        let dq = ScratchLens::new(&g, cap, GEMV_MAX_TOKENS, GroupedPath::Dequantize);
-        assert!(dq.bytes() > lens.bytes() + (200 << 20));
     }
 }

@@ -79,8 +79,8 @@ pub struct Scratch {
 /// (`ExpertFfn::grouped_path`), and with it the grouped scratch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupedPath {
-    /// The grouped GEMMs (INT4 group 128, MXFP4) read the expert blocks
-    /// where they are: no dequantized copies, no gate/up rows.
+    /// The grouped INT4 GEMMs read the expert blocks where they are: no
+    /// dequantized copies, no gate/up rows.
     InPlace,
     /// A batch of experts dequantized to 16-bit at a time, per-expert
     /// GEMMs, the gate/up rows kept for the activation ([`DequantScratch`]).
@@ -88,12 +88,12 @@ pub enum GroupedPath {
 }
 
 impl GroupedPath {
-    /// The path the engine takes for a cache whose experts are laid out as
-    /// `l` in a model of geometry `g` (`ExpertFfn::for_cache`, then its
-    /// `grouped_path`), for the pre-flight plan; a layout the engine would
-    /// refuse plans the dequantizing path's larger scratch.
-    pub fn for_cache(l: &krasis_cache::ExpertLayout, g: &Geometry) -> Self {
-        crate::expert_ffn::ExpertFfn::for_cache(l, g)
+    /// The path of INT4 experts of `g`'s dims in the cache's layout (the
+    /// group it picks for them), for the pre-flight plan, which assumes
+    /// INT4 experts.
+    pub fn int4(g: &Geometry) -> Self {
+        krasis_cache::ExpertLayout::int4(g.hidden, g.expert_intermediate)
+            .and_then(|l| crate::expert_ffn::ExpertFfn::for_cache(&l, g).ok())
             .map_or(GroupedPath::Dequantize, |f| f.grouped_path())
     }
 }
@@ -133,8 +133,7 @@ pub(crate) fn no_dequant_scratch() -> crate::error::GpuError {
     )
 }
 
-/// The buffers only the dequantizing grouped path (INT4 groups 32 and 64,
-/// experts without biases) needs.
+/// The buffers only the dequantizing grouped path needs.
 pub struct DequantScratch {
     /// u32 `[E]` = 0..E (dequantize every expert of a layer).
     pub iota: CudaSlice<u32>,
@@ -145,6 +144,9 @@ pub struct DequantScratch {
     /// `[batch, 2I, H]` and `[batch, H, I]` dequantized experts.
     pub w13: CudaSlice<bf16>,
     pub w2: CudaSlice<bf16>,
+    /// f32 `[batch, 2I]` and `[batch, H]`: the batch's expert biases
+    /// (experts with biases).
+    pub bias: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
 }
 
 /// The SwiGLU MLP's buffers, in the MLP block's 16-bit format.
@@ -362,6 +364,10 @@ pub struct GroupedLens {
     pub dequant_experts: usize,
     pub w13: usize,
     pub w2: usize,
+    /// f32 expert biases of one batch: `[batch, 2I]` and `[batch, H]` (0
+    /// without expert biases).
+    pub b13: usize,
+    pub b2: usize,
 }
 
 impl ScratchLens {
@@ -384,6 +390,8 @@ impl ScratchLens {
                 dequant_experts: dq,
                 w13: dq * 2 * i * h,
                 w2: dq * h * i,
+                b13: if g.experts.bias { dq * 2 * i } else { 0 },
+                b2: if g.experts.bias { dq * h } else { 0 },
             }
         });
         let dense = swiglu_width(g).map(|w| (cap * 2 * w, cap * w));
@@ -423,7 +431,8 @@ impl ScratchLens {
                 0
             };
             let u32s = gr.experts + (gr.experts + 1) + 2 * gr.pairs + iota;
-            b += 4 * (u32s + gr.y) + 2 * (gr.xg + gr.h13 + gr.hact + gr.w13 + gr.w2);
+            b += 4 * (u32s + gr.y + gr.b13 + gr.b2)
+                + 2 * (gr.xg + gr.h13 + gr.hact + gr.w13 + gr.w2);
         }
         if let Some((gu, act)) = self.dense {
             b += 2 * (gu + act);
@@ -675,6 +684,13 @@ impl DequantScratch {
             dequant_experts: gr.dequant_experts,
             w13: gpu.alloc(gr.w13, "dequantized gate/up experts (one batch)")?,
             w2: gpu.alloc(gr.w2, "dequantized down experts (one batch)")?,
+            bias: match gr.b13 {
+                0 => None,
+                _ => Some((
+                    gpu.alloc(gr.b13, "gate/up biases (one batch)")?,
+                    gpu.alloc(gr.b2, "down biases (one batch)")?,
+                )),
+            },
         })
     }
 }
@@ -720,16 +736,15 @@ mod tests {
 
     /// What `bytes_for` says a chunk costs per token is what the buffers
     /// `Scratch::new` allocates add per token, with and without q/k/v
-    /// biases, on either grouped path, and the in-place path has no
-    /// dequantized experts or gate/up rows.
+    /// biases, on either grouped path, and the biased experts' batch
+    /// buffers are counted.
     #[test]
     fn per_token_scratch_matches_the_buffers() {
         for (preset, path) in [
             ("a3b", GroupedPath::InPlace),
             ("a3b", GroupedPath::Dequantize),
-            ("gpt-oss-20b", GroupedPath::InPlace),
             ("gpt-oss-20b", GroupedPath::Dequantize),
-            ("tiny-gpt-oss", GroupedPath::InPlace),
+            ("tiny-gpt-oss", GroupedPath::Dequantize),
         ] {
             let g = preset_geometry(preset).unwrap();
             let gemv = crate::options::GEMV_MAX_TOKENS;
@@ -758,10 +773,14 @@ mod tests {
                 (gr.dequant_experts, gr.w13, gr.w2, gr.h13) == (0, 0, 0, 0),
                 "{preset} {path:?}"
             );
-            assert_eq!(
-                (gr.w13, gr.w2),
-                (gr.dequant_experts * 2 * i * h, gr.dequant_experts * h * i)
-            );
+            if g.experts.bias {
+                assert_eq!(
+                    (gr.b13, gr.b2),
+                    (gr.dequant_experts * 2 * i, gr.dequant_experts * h)
+                );
+            } else {
+                assert_eq!((gr.b13, gr.b2), (0, 0));
+            }
         }
     }
 }
@@ -769,60 +788,18 @@ mod tests {
 #[cfg(test)]
 mod path_tests {
     use super::GroupedPath;
-    use krasis_cache::{ExpertFormat, ExpertLayout};
     use krasis_model::synth::preset_geometry;
 
-    fn qwen3_geometry(h: usize, i: usize) -> krasis_model::Geometry {
-        let mut g = preset_geometry("tiny").expect("tiny preset");
-        g.hidden = h;
-        g.expert_intermediate = i;
-        g
-    }
-
-    /// The plan takes the cache's own path: INT4 group 128 and every
-    /// MXFP4 layout (gpt-oss-20b's 2880 widths, tiny-gpt-oss's 128 x 64)
-    /// in place, INT4 groups 32 and 64 dequantized; a layout the engine
-    /// refuses plans the dequantizing path's larger scratch.
+    /// The plan's INT4 assumption: group-128 dims read in place, the
+    /// group-32 dims of gpt-oss (2880) dequantized.
     #[test]
-    fn the_caches_format_decides_the_plans_path() {
-        let a3b = preset_geometry("a3b").unwrap();
-        let l = ExpertLayout::int4(a3b.hidden, a3b.expert_intermediate).unwrap();
-        assert_eq!(l.group(), 128);
-        assert_eq!(GroupedPath::for_cache(&l, &a3b), GroupedPath::InPlace);
-        for (h, i, group) in [(2880, 1440, 32), (2048, 704, 64)] {
-            let g = qwen3_geometry(h, i);
-            let l = ExpertLayout::int4(h, i).unwrap();
-            assert_eq!(l.group(), group);
-            assert_eq!(GroupedPath::for_cache(&l, &g), GroupedPath::Dequantize);
-        }
-        let oss = preset_geometry("gpt-oss-20b").unwrap();
-        let l = ExpertLayout::new(
-            ExpertFormat::Mxfp4,
-            oss.hidden,
-            oss.expert_intermediate,
-            true,
-        )
-        .unwrap();
-        assert_eq!(GroupedPath::for_cache(&l, &oss), GroupedPath::InPlace);
-        let tiny = preset_geometry("tiny-gpt-oss").unwrap();
-        let l = ExpertLayout::new(
-            ExpertFormat::Mxfp4,
-            tiny.hidden,
-            tiny.expert_intermediate,
-            true,
-        )
-        .unwrap();
-        assert_eq!(GroupedPath::for_cache(&l, &tiny), GroupedPath::InPlace);
-        // Without the model's biases the engine refuses the cache.
-        let plain = ExpertLayout::new(
-            ExpertFormat::Mxfp4,
-            oss.hidden,
-            oss.expert_intermediate,
-            false,
-        )
-        .unwrap();
+    fn the_int4_group_decides_the_plans_path() {
         assert_eq!(
-            GroupedPath::for_cache(&plain, &oss),
+            GroupedPath::int4(&preset_geometry("a3b").unwrap()),
+            GroupedPath::InPlace
+        );
+        assert_eq!(
+            GroupedPath::int4(&preset_geometry("gpt-oss-20b").unwrap()),
             GroupedPath::Dequantize
         );
     }

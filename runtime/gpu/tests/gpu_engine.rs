@@ -6,7 +6,6 @@
 //! real on the GPU machine.
 
 use krasis_gpu::check::{LogitReport, compare_full, top_ids};
-use krasis_gpu::scratch::GroupedPath;
 use krasis_gpu::{CudaEngine, CudaEngineOptions};
 use krasis_model::reference::{ReferenceEngine, ReferenceOptions};
 use krasis_model::synth::{SynthDtype, SynthOptions, SynthSpec, TokenizerSource, synthesize};
@@ -73,15 +72,6 @@ fn check(
 }
 
 fn matches_reference(preset: &str, overrides: &[(&str, serde_json::Value)]) {
-    matches_reference_loaded(preset, overrides, |_| {});
-}
-
-/// [`matches_reference`], `loaded` first called with the engine.
-fn matches_reference_loaded(
-    preset: &str,
-    overrides: &[(&str, serde_json::Value)],
-    loaded: impl FnOnce(&CudaEngine),
-) {
     let tmp = tempfile::tempdir().unwrap();
     let model = synth(tmp.path(), preset, overrides);
     let cache = tmp.path().join("cache");
@@ -90,7 +80,6 @@ fn matches_reference_loaded(
     // Chunk 37: prompts of 5 tokens take the INT4 GEMV path, 100 tokens take
     // three chunks (grouped path, attention across chunk boundaries).
     let mut gpu = load(&model, &cache, 37);
-    loaded(&gpu);
     for (n, seed) in [(5usize, 1u64), (100, 2), (300, 3)] {
         let rep = check(
             &format!("{preset} {n} tokens"),
@@ -106,29 +95,6 @@ fn matches_reference_loaded(
 fn cuda_matches_reference_tiny() {
     if gpu_or_skip("cuda_matches_reference_tiny") {
         matches_reference("tiny", &[]);
-    }
-}
-
-/// Expert widths 96 and 192 beside hidden 128 make the cache's INT4 group
-/// 32 and 64: the experts the grouped INT4 GEMMs do not implement, the
-/// only ones left on the dequantize + per-expert GEMM prefill path (and on
-/// the decode GEMVs' general entry points).
-#[test]
-fn cuda_matches_reference_int4_groups_32_and_64() {
-    if !gpu_or_skip("cuda_matches_reference_int4_groups_32_and_64") {
-        return;
-    }
-    for (inter, group) in [(96usize, 32usize), (192, 64)] {
-        let ov = [("moe_intermediate_size", serde_json::json!(inter))];
-        matches_reference_loaded("tiny", &ov, |gpu| {
-            let l = gpu.expert_cache().expect("an expert cache").layout();
-            assert_eq!(l.group(), group, "expert width {inter}");
-            assert_eq!(
-                GroupedPath::for_cache(&l, gpu.geometry()),
-                GroupedPath::Dequantize,
-                "group {group} prefill dequantizes"
-            );
-        });
     }
 }
 

@@ -114,10 +114,8 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
             (host_plan(items), None)
         }
         Backend::Cuda => {
-            // The cache the engine would open (the model's own precision):
-            // its stride and grouped prefill path size the plan.
-            let layout = krasis_cache::model_layout(&config, &e.model).ok();
-            if g.num_moe_layers() > 0 && layout.is_none() {
+            let stride = facts.formats.int4_expert_stride as usize;
+            if g.num_moe_layers() > 0 && stride == 0 {
                 warnings.push(format!(
                     "hidden {} / expert width {} fit no expert cache format; the cuda backend cannot load this model",
                     g.hidden, g.expert_intermediate
@@ -146,15 +144,12 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
             // As `serve` loads it: the prefix cache is on unless turned off.
             opts.prefix_cache = e.prefix_cache.unwrap_or_default();
             opts.prefix_cache_host = e.prefix_cache_host.unwrap_or_default();
-            let (gpu, n) = krasis_gpu::plan::plan_cuda(&g, layout.as_ref(), &opts, device);
+            let (gpu, n) = krasis_gpu::plan::plan_cuda(&g, stride, &opts, device);
             notes.extend(n);
             let mut items = Vec::new();
-            if let (true, Some(l)) = (g.num_moe_layers() > 0, &layout) {
+            if g.num_moe_layers() > 0 {
                 items.push(PlanItem::exact(
-                    &format!(
-                        "{} expert cache (memory-mapped; page-locked under HCS)",
-                        l.format.precision().name().to_uppercase()
-                    ),
+                    "INT4 expert cache (memory-mapped; page-locked under HCS)",
                     gpu.experts.all_bytes,
                 ));
             }
@@ -214,10 +209,7 @@ mod tests {
     }
 
     fn args(extra: &[&str]) -> Args {
-        args_for(&krasis_model::testutil::tiny_checkpoint("tiny"), extra)
-    }
-
-    fn args_for(dir: &std::path::Path, extra: &[&str]) -> Args {
+        let dir = krasis_model::testutil::tiny_checkpoint("tiny");
         let mut argv = vec!["x".to_string(), "--model".into(), dir.display().to_string()];
         argv.extend(extra.iter().map(|s| s.to_string()));
         Cli::try_parse_from(argv).unwrap().a
@@ -229,9 +221,7 @@ mod tests {
     fn cuda_plan_of_a_synthetic_checkpoint_is_the_load_functions() {
         let a = args(&["--device-free", "8GiB", "--context-length", "512"]);
         let p = plan(&a).unwrap();
-        let config = ModelConfig::load(&a.engine.model).unwrap();
-        let g = config.geometry();
-        let layout = krasis_cache::model_layout(&config, &a.engine.model).unwrap();
+        let g = ModelConfig::load(&a.engine.model).unwrap().geometry();
         let gpu = p.gpu.as_ref().unwrap();
         let item = |prefix: &str| {
             gpu.items
@@ -255,7 +245,7 @@ mod tests {
                 &g,
                 cap,
                 krasis_gpu::options::GEMV_MAX_TOKENS,
-                krasis_gpu::scratch::GroupedPath::for_cache(&layout, &g)
+                krasis_gpu::scratch::GroupedPath::int4(&g)
             )
             .bytes() as u64
         );
@@ -264,46 +254,6 @@ mod tests {
         assert_eq!(gpu.experts.placement, Placement::AllResident);
         assert_eq!(gpu.safety_margin_bytes, 600 << 20);
         assert_eq!(p.context_length, 512);
-    }
-
-    /// tiny-gpt-oss's plan takes its MXFP4 cache: the expert stride and
-    /// the in-place grouped path's scratch (no dequantized experts), not
-    /// an INT4 cache's.
-    #[test]
-    fn cuda_plan_of_gpt_oss_takes_its_mxfp4_cache() {
-        let dir = krasis_model::testutil::tiny_gpt_oss_checkpoint();
-        let a = args_for(&dir, &["--device-free", "8GiB", "--context-length", "512"]);
-        let p = plan(&a).unwrap();
-        let config = ModelConfig::load(&dir).unwrap();
-        let g = config.geometry();
-        let layout = krasis_cache::model_layout(&config, &dir).unwrap();
-        assert_eq!(layout.format, krasis_cache::ExpertFormat::Mxfp4);
-        let path = krasis_gpu::scratch::GroupedPath::for_cache(&layout, &g);
-        assert_eq!(path, krasis_gpu::scratch::GroupedPath::InPlace);
-        let gpu = p.gpu.as_ref().unwrap();
-        assert_eq!(gpu.experts.expert_stride, layout.expert_stride as u64);
-        let cap = gpu.prefill_chunk as usize;
-        let lens = krasis_gpu::scratch::ScratchLens::new(
-            &g,
-            cap,
-            krasis_gpu::options::GEMV_MAX_TOKENS,
-            path,
-        );
-        let scratch = gpu
-            .items
-            .iter()
-            .find(|i| i.name.starts_with("activation scratch"))
-            .unwrap();
-        assert_eq!(scratch.bytes, lens.bytes() as u64);
-        assert_eq!(lens.grouped.map(|gr| gr.dequant_experts), Some(0));
-        assert!(
-            p.host
-                .items
-                .iter()
-                .any(|i| i.name.starts_with("MXFP4 expert cache")),
-            "{:?}",
-            p.host.items
-        );
     }
 
     #[test]
