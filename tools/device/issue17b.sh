@@ -13,7 +13,8 @@
 #       lookup moved to common.cuh), then `kbench --prefill` (the portable and the wgmma kernel
 #       at 8K and 32K) and `kbench --grouped-mxfp4`.
 #   bash tools/device/issue17b.sh engine COMMIT
-#       the engine tests that run prefill through the grouped paths (gpt_oss, gpu_engine,
+#       (after `kern` passes and the revert of the MXFP4 engine change, d4c8b44, is itself
+#       reverted) the engine tests that run prefill through the grouped paths (gpt_oss, gpu_engine,
 #       fault_injection, batching), `bench --check` of tiny-gpt-oss against its transformers
 #       witness, then gpt-oss-20b all resident: prefill 1,000 and 8,000 tokens.
 # Results: $OUT/issue17b-PHASE.txt (the summary) and the logs beside it.
