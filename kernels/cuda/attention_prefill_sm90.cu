@@ -14,7 +14,8 @@
 // f16, gpt-oss's ring/window/sinks, pre-Hopper cards) and stays the one the
 // tests compare this against. Compiled for sm_90a only (wgmma is not in
 // the portable sm_90 target), loaded only on compute capability 9.0
-// (sources.rs, Target::Sm90a).
+// (sources.rs, Target::Sm90a). The descriptor, fence and wait helpers are
+// sm90.cuh's (shared with int4_gemm_sm90.cu; sources.rs puts it first).
 //
 // Block. 2 warpgroups (256 threads) own 128 query rows of one q head
 // (warpgroup w: rows 64w..64w+63, warp v of it rows 16v.., as in
@@ -98,29 +99,6 @@
 #define HP_LOG2E 1.4426950408889634f
 
 extern __shared__ __align__(1024) unsigned char hp_smem[];
-
-// A shared-memory matrix descriptor with the 128-byte swizzle (layout type
-// 1 in bits 62-63); addresses and offsets in 16-byte units, 14 bits each.
-__device__ __forceinline__ u64 h_desc(u32 addr, u32 lbo, u32 sbo) {
-    return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)((lbo & 0x3FFFFu) >> 4) << 16) |
-           ((u64)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// Pins registers in place around asynchronous products: the compiler may
-// not move their reads or writes across this point.
-template <int N> __device__ __forceinline__ void h_fence_regs(float* r) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N> __device__ __forceinline__ void h_fence_regs(u32* r) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
 
 // The 64 f32 accumulator registers of an m64n128 product, as asm operands
 // %0..%63 (read and written) and as the operand list naming them.

@@ -86,36 +86,14 @@
 // (q-8)*s once to f16 (past 65504: inf, which the sampler refuses). With
 // A = ActBf16 every template compiles to the code the BF16 entry points had
 // (checked: identical SASS).
+// dq8, perm8 and expert_base are in int4_common.cuh (shared with the
+// Hopper grouped GEMMs, int4_gemm_sm90.cu), which sources.rs puts first.
 // Nibbles become floats with the 2^23 magic-number trick (exact).
 
 #define MAGIC_F 8388608.0f  // 2^23
 
 __device__ __forceinline__ float nib(u32 word, int shift) {
     return __uint_as_float(0x4B000000u | ((word >> shift) & 0xFu)) - (MAGIC_F + 8.0f);
-}
-
-__device__ __forceinline__ const unsigned char* expert_base(const u64* table, u32 n_table, u32 id) {
-    if (id >= n_table) return nullptr;
-    const u64 b = table_entry(table, id);
-    if (b == 0 || (b & 15u) != 0) return nullptr;
-    return (const unsigned char*)b;
-}
-
-// Word of 8 nibbles -> 4 x2 pairs of (q - 8) in format A: o[j] = (nibble j,
-// nibble j+4). bf16: 0x4300 | q = 128 + q, fma by 1 and -136; f16: 0x6400 |
-// q = 1024 + q, fma by 1 and -1032 (0xE408). Exact either way.
-template <class A = ActBf16>
-__device__ __forceinline__ void dq8(u32 w, u32* o) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        if constexpr (A::F16) {
-            const u32 v = ((w >> (4 * j)) & 0x000F000Fu) | 0x64006400u;  // 1024 + q
-            asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(o[j]) : "r"(v), "r"(0x3C003C00u), "r"(0xE408E408u));
-        } else {
-            const u32 v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;  // 128 + q
-            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(o[j]) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));
-        }
-    }
 }
 
 // c += A(16x16) * B(16x8) in format A (bf16 or f16), f32 accumulate.
@@ -150,12 +128,6 @@ __device__ __forceinline__ void tile16(uint4 qa, uint4 qb, const uint4* xv, floa
         mma16<A>(c, pa[0], pb[0], pa[1], pb[1], xv[i].x, xv[i].y);
         mma16<A>(c, pa[2], pb[2], pa[3], pb[3], xv[i].z, xv[i].w);
     }
-}
-
-// 8 consecutive 16-bit values (one uint4) -> the permuted pairs (x[j], x[j+4]).
-__device__ __forceinline__ uint4 perm8(uint4 u) {
-    return make_uint4(__byte_perm(u.x, u.z, 0x5410), __byte_perm(u.x, u.z, 0x7632), __byte_perm(u.y, u.w, 0x5410),
-                      __byte_perm(u.y, u.w, 0x7632));
 }
 
 // GEN paths: zero this lane's B registers unless `keep` (its chunk lies in

@@ -2,12 +2,14 @@
 // launch, the weights read in the expert cache's own format (INT4, group
 // 128) and turned into tensor-core operands in registers.
 //
-// Compiled in the int4 module after int4.cu (sources.rs), whose helpers it
-// uses: dq8 (8 nibbles -> 4 exact (q - 8) pairs in format A), mma16
-// (m16n8k16, f32 accumulate), perm8 (8 16-bit values -> the pairs (x[j],
-// x[j+4]) dq8's order needs) and expert_base (table lookup, null when the
-// entry is missing or misaligned); the tile lookup, grouped_find_tile, is
-// common.cuh's (mxfp4_gemm.cu shares it).
+// Compiled in the int4 module after int4_common.cuh and int4.cu
+// (sources.rs), whose helpers it uses: dq8 (8 nibbles -> 4 exact (q - 8)
+// pairs in format A), perm8 (8 16-bit values -> the pairs (x[j], x[j+4])
+// dq8's order needs) and expert_base (table lookup, null when the entry is
+// missing or misaligned) from int4_common.cuh, mma16 (m16n8k16, f32
+// accumulate) from int4.cu; the tile lookup, grouped_find_tile, is
+// common.cuh's (mxfp4_gemm.cu shares it). int4_gemm_sm90.cu is this
+// kernel's Hopper (wgmma) form, with the same arguments and contract.
 //
 // Why. Prefill used to dequantize each expert of a layer to 16-bit in
 // memory and run one cuBLAS GEMM per expert and projection. At 30-60 rows

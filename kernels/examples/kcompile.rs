@@ -86,6 +86,10 @@ fn main() -> anyhow::Result<()> {
                     entry = rest.split('\'').next().unwrap_or("").to_string();
                 } else if line.contains("Used")
                     || line.contains("arning")
+                    // ptxas reports serialized wgmma (C7513-C7515,
+                    // "Potential Performance Loss") as info, before the
+                    // entry function's other lines; the text names it.
+                    || line.contains("Performance Loss")
                     || (line.contains("spill") && !line.contains(" 0 bytes spill stores"))
                 {
                     println!("    {entry}: {}", line.trim());

@@ -129,7 +129,12 @@ pub const MODULES: &[Module] = &[
     },
     Module {
         name: "attention_prefill_sm90",
-        source: include_str!("../cuda/attention_prefill_sm90.cu"),
+        // The wgmma helpers (sm90.cuh) are shared with int4_gemm_sm90.
+        source: concat!(
+            include_str!("../cuda/sm90.cuh"),
+            "\n#line 1 \"attention_prefill_sm90.cu\"\n",
+            include_str!("../cuda/attention_prefill_sm90.cu")
+        ),
         target: Target::Sm90a,
         kernels: &["attn_prefill_wgmma_d128"],
     },
@@ -174,8 +179,11 @@ pub const MODULES: &[Module] = &[
     Module {
         name: "int4",
         // The grouped prefill GEMMs use int4.cu's helpers, so they compile
-        // in the same unit, after it.
+        // in the same unit, after it; int4_common.cuh holds the helpers the
+        // Hopper module (int4_gemm_sm90) shares.
         source: concat!(
+            include_str!("../cuda/int4_common.cuh"),
+            "\n#line 1 \"int4.cu\"\n",
             include_str!("../cuda/int4.cu"),
             "\n#line 1 \"int4_gemm.cu\"\n",
             include_str!("../cuda/int4_gemm.cu")
@@ -215,6 +223,25 @@ pub const MODULES: &[Module] = &[
             "int4_grouped_w13_swiglu_f16",
             "int4_grouped_w2_bf16",
             "int4_grouped_w2_f16",
+        ],
+    },
+    Module {
+        name: "int4_gemm_sm90",
+        // int4_gemm.cu's grouped GEMMs on Hopper's wgmma, with the same
+        // arguments; their own unit (sm_90a), so the helpers come first.
+        source: concat!(
+            include_str!("../cuda/sm90.cuh"),
+            "\n#line 1 \"int4_common.cuh\"\n",
+            include_str!("../cuda/int4_common.cuh"),
+            "\n#line 1 \"int4_gemm_sm90.cu\"\n",
+            include_str!("../cuda/int4_gemm_sm90.cu")
+        ),
+        target: Target::Sm90a,
+        kernels: &[
+            "int4_grouped_w13_swiglu_wgmma_bf16",
+            "int4_grouped_w13_swiglu_wgmma_f16",
+            "int4_grouped_w2_wgmma_bf16",
+            "int4_grouped_w2_wgmma_f16",
         ],
     },
     Module {
