@@ -28,6 +28,7 @@ use crate::launch::{
 use crate::{Kernels, Result};
 
 mod grouped;
+mod grouped_sm90;
 mod layout;
 
 pub use grouped::{INT4_GROUPED_ROWS, int4_grouped_supports, int4_grouped_tiles};

@@ -11,6 +11,7 @@ mod fp16_mlp;
 mod gemv;
 mod int4;
 mod int4_grouped;
+mod int4_grouped_sm90;
 mod kv_blocks;
 mod moe;
 mod mxfp4;

@@ -12,7 +12,7 @@
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::Int4Layout;
-use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
+use crate::launch::{Act16, allow_smem, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
 use crate::{Kernels, Result};
 
 /// Rows of one expert a block of the grouped kernels covers.
@@ -78,6 +78,7 @@ impl Kernels {
             table,
             layout,
             (i / 64, i, hp, layout.w13_q, layout.w13_s),
+            0,
         )
     }
 
@@ -111,14 +112,17 @@ impl Kernels {
             table,
             layout,
             (h / 128, h, yp, layout.w2_q, layout.w2_s),
+            0,
         )
     }
 
     /// Launches grouped kernel `k` over `x` `[rows, kdim]`: `out` = (blocks
     /// along the output features, output width, output address, the
-    /// projection's weight and scale offsets in an expert block).
+    /// projection's weight and scale offsets in an expert block), with
+    /// `smem` bytes of dynamic shared memory (the Hopper kernels',
+    /// `grouped_sm90.rs`; 0 for these).
     #[allow(clippy::too_many_arguments)]
-    fn grouped<A: Act16>(
+    pub(super) fn grouped<A: Act16>(
         &self,
         k: &'static str,
         stream: &CudaStream,
@@ -127,6 +131,7 @@ impl Kernels {
         table: &impl DevicePtr<u64>,
         layout: &Int4Layout,
         (blocks_x, n_out, out, oq, os): (usize, usize, u64, usize, usize),
+        smem: u32,
     ) -> Result<()> {
         layout.validate(k)?;
         ensure(k, int4_grouped_supports(layout), || {
@@ -165,11 +170,14 @@ impl Kernels {
         let (op, _g2) = offsets.device_ptr(stream);
         let (tp, _g3) = table.device_ptr(stream);
         let f = self.func(k)?;
+        if smem > 0 {
+            allow_smem(k, f, smem)?;
+        }
         let mut b = builder(stream, f);
         b.arg(&xp).arg(&op).arg(&ne).arg(&tp).arg(&n_table);
         b.arg(&kk).arg(&ii).arg(&nn).arg(&oq).arg(&os).arg(&out);
         let bx = dim_u32(k, "feature blocks", blocks_x)?;
-        submit(k, b, cfg((bx, grid_y, 1), THREADS, 0))
+        submit(k, b, cfg((bx, grid_y, 1), THREADS, smem))
     }
 }
 
