@@ -12,8 +12,9 @@
 //! attention (d128 with the portable and, on Hopper, the wgmma kernel;
 //! d256); `--grouped` times a prefill chunk's routed
 //! experts (gate/up + SwiGLU + down of every (token, expert) pair, rows
-//! grouped by expert) with the grouped INT4 GEMMs next to the dequantize +
-//! per-expert cuBLAS path they replace, at 512 to 8,192 tokens;
+//! grouped by expert) with the grouped INT4 GEMMs (portable and, on Hopper,
+//! wgmma) next to the dequantize + per-expert cuBLAS path they replace, at
+//! 512 to 8,192 tokens (`int4_grouped.rs`, min / median / max);
 //! `--grouped-mxfp4` the same for gpt-oss-20b's MXFP4 experts with the
 //! grouped MXFP4 GEMMs (`mxfp4_grouped.rs`, min / median / max);
 //! `--host-experts` times decode experts read straight from mapped host
@@ -44,6 +45,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 mod cpu_expert;
 mod host;
+mod int4_grouped;
 mod mxfp4_grouped;
 mod tail;
 
@@ -282,7 +284,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if args.grouped_only {
-        bench_grouped(&k, &s, &mut rng, &mut rows)?;
+        int4_grouped::bench_grouped(&k, &s, &mut rng, &mut rows)?;
         print_table("grouped prefill experts", rows);
         return Ok(());
     }
@@ -1582,101 +1584,4 @@ impl GemvInputs {
         }
         Ok(())
     }
-}
-
-/// A prefill chunk's routed experts, rows already grouped by expert (random
-/// top-k routes of `t` tokens): the grouped INT4 GEMMs (w13 + SwiGLU, w2)
-/// against the path they replace (dequantize the experts to bf16 in
-/// batches of the runtime's 256 MiB budget, one cuBLAS GEMM per expert and
-/// projection, the SwiGLU kernel between), for a3b (H 2048, I 768, top-8
-/// of 128) and GLM-4.5-Air (H 4096, I 1408, top-8 of 128). CUDA-event
-/// medians; TFLOP/s counts 2 * pairs * 3 * H * I.
-fn bench_grouped(
-    k: &Kernels,
-    s: &Arc<CudaStream>,
-    rng: &mut StdRng,
-    rows: &mut Vec<String>,
-) -> anyhow::Result<()> {
-    let blas = CudaBlas::new(s.clone())?;
-    for (label, h, i, e, topk) in [
-        ("a3b", 2048usize, 768usize, 128usize, 8usize),
-        ("glm", 4096, 1408, 128, 8),
-    ] {
-        let layout = Int4Layout::new(h, i, 128).context("INT4 layout")?;
-        let (_buf, table) = random_int4_experts(s, rng, &layout, e)?;
-        let batch = ((256usize << 20) / (3 * h * i * 2)).clamp(1, e);
-        let mut w13 = s.alloc_zeros::<bf16>(batch * 2 * i * h)?;
-        let mut w2 = s.alloc_zeros::<bf16>(batch * h * i)?;
-        let iota = s.clone_htod(&(0..e as u32).collect::<Vec<_>>())?;
-        for t in [512usize, 1024, 2048, 8192] {
-            let pairs = t * topk;
-            let ids = random_routes(rng, t, e, topk);
-            let (_, offsets, _, _) = krasis_kernels::reference::moe_group(&ids, e);
-            let tiles = krasis_kernels::int4_grouped_tiles(&offsets);
-            let d_off = s.clone_htod(&offsets)?;
-            let xg = s.clone_htod(&rand_bf16(rng, pairs * h))?;
-            let mut hact = s.alloc_zeros::<bf16>(pairs * i)?;
-            let h13 = s.alloc_zeros::<bf16>(pairs * 2 * i)?;
-            let mut y = s.alloc_zeros::<f32>(pairs * h)?;
-            let fused = time_ms(s, 3, |_| {
-                k.int4_grouped_w13_swiglu(
-                    s, &xg, pairs, &d_off, e, tiles, &table, &layout, &mut hact,
-                )?;
-                Ok(k.int4_grouped_w2(s, &hact, pairs, &d_off, e, tiles, &table, &layout, &mut y)?)
-            })?;
-            let old = time_ms(s, 1, |_| {
-                for b0 in (0..e).step_by(batch) {
-                    let b1 = (b0 + batch).min(e);
-                    k.int4_dequant(
-                        s,
-                        &table,
-                        &iota.slice(b0..b1),
-                        b1 - b0,
-                        &layout,
-                        &mut w13,
-                        &mut w2,
-                    )?;
-                    let p = |v: &CudaSlice<bf16>, off: usize| v.device_ptr(s).0 + 2 * off as u64;
-                    for x in b0..b1 {
-                        let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
-                        if b > a {
-                            let (xp, wp, yp) = (
-                                p(&xg, a * h),
-                                p(&w13, (x - b0) * 2 * i * h),
-                                p(&h13, a * 2 * i),
-                            );
-                            cublas_gemm(&blas, b - a, 2 * i, h, xp, wp, yp, false, 0.0)?;
-                        }
-                    }
-                    let (r0, r1) = (offsets[b0] as usize, offsets[b1] as usize);
-                    k.swiglu(
-                        s,
-                        &h13.slice(r0 * 2 * i..),
-                        r1 - r0,
-                        i,
-                        &mut hact.slice_mut(r0 * i..),
-                    )?;
-                    for x in b0..b1 {
-                        let (a, b) = (offsets[x] as usize, offsets[x + 1] as usize);
-                        if b > a {
-                            let yp = y.device_ptr(s).0 + 4 * (a * h) as u64;
-                            let (xp, wp) = (p(&hact, a * i), p(&w2, (x - b0) * h * i));
-                            cublas_gemm(&blas, b - a, h, i, xp, wp, yp, true, 0.0)?;
-                        }
-                    }
-                }
-                Ok(())
-            })?;
-            let flops = 2.0 * pairs as f64 * 3.0 * (h * i) as f64;
-            rows.push(format!(
-                "{label} experts T={t:<5} pairs {pairs:<6} grouped INT4 {:>9.1} us {:>6.1} TFLOP/s | dequant+cuBLAS {:>9.1} us {:>6.1} TFLOP/s | {:.2}x",
-                fused * 1e3,
-                flops / fused / 1e9,
-                old * 1e3,
-                flops / old / 1e9,
-                old / fused
-            ));
-        }
-    }
-    Ok(())
 }
