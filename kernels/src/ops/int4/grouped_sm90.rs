@@ -11,9 +11,10 @@
 //! [`Kernels::int4_grouped_w13_swiglu`] and [`Kernels::int4_grouped_w2`].
 //! Not yet the engine's kernels: they must first pass the device tests
 //! (`kernels/tests/gpu/int4_grouped_sm90.rs`) and measure faster
-//! (`kbench --grouped`). Their bits differ from the portable kernels' (the
-//! tensor core sums a k16 step differently under wgmma), so an engine must
-//! use one of the two for every chunk of a model.
+//! (`kbench --grouped`). Their bits must be taken to differ from the
+//! portable kernels' (how the tensor core sums a k16 step is not specified
+//! to match between mma.sync and wgmma), so an engine must use one of the
+//! two for every chunk of a model.
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
