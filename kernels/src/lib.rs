@@ -163,6 +163,31 @@ impl Kernels {
         self.funcs.contains_key(name)
     }
 
+    /// Ok when entry point `kernel` is loaded. An architecture-specific
+    /// module that does not load on this device is refused as
+    /// [`KernelError::WrongTarget`] (what the device cannot run, rather than
+    /// a missing kernel).
+    pub(crate) fn require(&self, kernel: &'static str) -> Result<()> {
+        if self.has(kernel) {
+            return Ok(());
+        }
+        let cc = self.compute_capability;
+        match sources::MODULES
+            .iter()
+            .find(|m| m.kernels.contains(&kernel))
+        {
+            Some(m) if m.target.arch(cc).is_none() => Err(KernelError::WrongTarget {
+                module: m.name,
+                target: m.target.name(),
+                major: cc.0,
+                minor: cc.1,
+            }),
+            _ => Err(KernelError::MissingKernel {
+                name: kernel.to_string(),
+            }),
+        }
+    }
+
     pub(crate) fn func(&self, name: &'static str) -> Result<&CudaFunction> {
         self.funcs
             .get(name)

@@ -2,8 +2,9 @@
 //! MMA (wgmma) over 128-row query tiles, head_dim 128, bf16, causal over a
 //! linear cache. Compiled for sm_90a and loaded only on compute capability
 //! 9.0 ([`crate::sources::Target::Sm90a`]); elsewhere
-//! [`Kernels::attention_prefill_wgmma`] is refused and
-//! [`Kernels::has_prefill_wgmma`] says so.
+//! [`Kernels::attention_prefill_wgmma`] is refused
+//! ([`crate::KernelError::WrongTarget`]) and [`Kernels::has_prefill_wgmma`]
+//! says so.
 //!
 //! Not yet the engine's kernel: [`Kernels::attention_prefill`] keeps the
 //! portable mma.sync kernel until this one has passed the device tests
@@ -37,9 +38,9 @@ impl Kernels {
     /// Causal prefill attention with the contract of
     /// [`Kernels::attention_prefill`] (linear cache, rows from `base`,
     /// output bf16 `[n_tokens, n_q_heads * head_dim]`) on Hopper's
-    /// warpgroup MMA; bf16 q/K/V and head_dim 128 only. Refused with a
-    /// shape error for other head dims and with a missing-kernel error on a
-    /// device that is not compute capability 9.0.
+    /// warpgroup MMA; bf16 q/K/V and head_dim 128 only. Refused with
+    /// [`crate::KernelError::WrongTarget`] on a device that is not compute
+    /// capability 9.0 and with a shape error for other head dims.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_prefill_wgmma(
         &self,
@@ -54,6 +55,7 @@ impl Kernels {
         scale: f32,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
+        self.require(KERNEL)?;
         ensure(KERNEL, geom.head_dim == HEAD_DIM, || {
             format!(
                 "head_dim {} (the Hopper kernel is built for {HEAD_DIM}; use attention_prefill)",

@@ -3,7 +3,7 @@
 //! operand and the tile's tokens staged in shared memory as B. Compiled for
 //! sm_90a and loaded only on compute capability 9.0
 //! ([`crate::sources::Target::Sm90a`]); elsewhere the wrappers refuse with
-//! [`KernelError::WrongTarget`] and [`Kernels::has_int4_grouped_wgmma`]
+//! [`crate::KernelError::WrongTarget`] and [`Kernels::has_int4_grouped_wgmma`]
 //! says so.
 //!
 //! The arguments, checks, grid (the same 64-row token tiles,
@@ -20,11 +20,9 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
 use super::Int4Layout;
 use crate::launch::{Act16, by_act, check_len};
-use crate::sources::Target;
-use crate::{KernelError, Kernels, Result};
+use crate::{Kernels, Result};
 
 /// The module's name in `sources.rs`, for the refusal off Hopper.
-const MODULE: &str = "int4_gemm_sm90";
 const W13: [&str; 2] = [
     "int4_grouped_w13_swiglu_wgmma_bf16",
     "int4_grouped_w13_swiglu_wgmma_f16",
@@ -45,7 +43,7 @@ impl Kernels {
     /// [`Kernels::int4_grouped_w13_swiglu`] on Hopper's warpgroup MMA: the
     /// same arguments and output (`hact` `[rows, I]` in `A`), NaN rows for
     /// a missing expert, group 128 only. Refused with
-    /// [`KernelError::WrongTarget`] on a device that is not compute
+    /// [`crate::KernelError::WrongTarget`] on a device that is not compute
     /// capability 9.0.
     #[allow(clippy::too_many_arguments)]
     pub fn int4_grouped_w13_swiglu_wgmma<A: Act16>(
@@ -61,7 +59,7 @@ impl Kernels {
         hact: &mut impl DevicePtrMut<A>,
     ) -> Result<()> {
         let k = by_act::<A>(W13[0], W13[1]);
-        self.require_sm90a(k)?;
+        self.require(k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
         check_len(k, "hact", hact.len(), rows * i)?;
         let (hp, _g) = hact.device_ptr_mut(stream);
@@ -93,7 +91,7 @@ impl Kernels {
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let k = by_act::<A>(W2[0], W2[1]);
-        self.require_sm90a(k)?;
+        self.require(k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
         check_len(k, "y", y.len(), rows * h)?;
         let (yp, _g) = y.device_ptr_mut(stream);
@@ -107,21 +105,6 @@ impl Kernels {
             (h / 128, h, yp, layout.w2_q, layout.w2_s),
             SMEM_BYTES,
         )
-    }
-
-    /// The sm_90a module is loaded only on compute capability 9.0: say so
-    /// rather than report a missing kernel.
-    fn require_sm90a(&self, k: &'static str) -> Result<()> {
-        if self.has(k) {
-            return Ok(());
-        }
-        let (major, minor) = self.compute_capability();
-        Err(KernelError::WrongTarget {
-            module: MODULE,
-            target: Target::Sm90a.name(),
-            major,
-            minor,
-        })
     }
 }
 
