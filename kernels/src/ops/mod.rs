@@ -4,6 +4,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod expert_tail;
 pub mod gemv;
+pub mod grouped;
 pub mod int4;
 pub mod kv_blocks;
 pub mod moe;

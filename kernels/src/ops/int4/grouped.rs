@@ -3,30 +3,24 @@
 //! INT4 blocks (group 128) through the pointer table, dequantizing in
 //! registers and multiplying on tensor cores.
 //!
-//! Rows are grouped by expert beforehand (`moe_group` + `gather_rows`):
-//! expert `e`'s rows are `offsets[e]..offsets[e + 1]`. The kernels cover
-//! them in tiles of [`INT4_GROUPED_ROWS`] rows of one expert; the host
-//! passes the tile count ([`int4_grouped_tiles`] of the offsets it reads
-//! back) and each block finds its expert on the device.
+//! Rows are grouped by expert and covered in tiles of one expert's rows as
+//! for every grouped format ([`crate::ops::grouped`]).
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::Int4Layout;
 use crate::launch::{Act16, allow_smem, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
+use crate::ops::grouped::{GROUPED_ROWS, GroupedDims, grouped_tiles};
 use crate::{Kernels, Result};
 
 /// Rows of one expert a block of the grouped kernels covers.
-pub const INT4_GROUPED_ROWS: usize = 64;
+pub const INT4_GROUPED_ROWS: usize = GROUPED_ROWS;
 /// Threads per block (8 warps).
 const THREADS: u32 = 256;
 
-/// The token tiles of a grouping whose per-expert row offsets are
-/// `offsets` (`[E + 1]`, non-decreasing): `sum_e ceil(rows_e / 64)`.
+/// The token tiles of a grouping ([`grouped_tiles`]).
 pub fn int4_grouped_tiles(offsets: &[u32]) -> usize {
-    offsets
-        .windows(2)
-        .map(|w| (w[1].saturating_sub(w[0]) as usize).div_ceil(INT4_GROUPED_ROWS))
-        .sum()
+    grouped_tiles(offsets)
 }
 
 /// Whether the grouped kernels implement this layout: group 128 (one
@@ -140,31 +134,17 @@ impl Kernels {
                 layout.group, layout.hidden, layout.intermediate
             )
         })?;
-        check_len(k, "x", x.len(), rows * kdim)?;
-        check_len(k, "offsets", offsets.len(), n_experts + 1)?;
-        ensure(k, n_experts > 0, || "no experts".to_string())?;
-        // Every row lies in some tile, each tile holds at most 64 rows and
-        // at most one tile per expert is partial.
-        ensure(
+        let Some(d) = GroupedDims::check(
             k,
-            tiles >= rows.div_ceil(INT4_GROUPED_ROWS)
-                && tiles <= rows / INT4_GROUPED_ROWS + n_experts,
-            || format!("{tiles} tiles cannot cover {rows} rows of {n_experts} experts"),
-        )?;
-        if tiles == 0 {
+            (x.len(), rows, kdim),
+            (offsets.len(), n_experts, tiles),
+            table.len(),
+            layout.intermediate,
+            n_out,
+        )?
+        else {
             return Ok(());
-        }
-        let n_table = dim_u32(k, "n_table", table.len())?;
-        let grid_y = dim_u32(k, "tiles", tiles)?;
-        ensure(k, grid_y <= 65535, || {
-            format!("{tiles} token tiles exceed 65535 per launch")
-        })?;
-        let (ne, kk, ii, nn) = (
-            dim_u32(k, "n_experts", n_experts)?,
-            dim_u32(k, "K", kdim)?,
-            dim_u32(k, "I", layout.intermediate)?,
-            dim_u32(k, "N", n_out)?,
-        );
+        };
         let (oq, os) = (oq as u64, os as u64);
         let (xp, _g1) = x.device_ptr(stream);
         let (op, _g2) = offsets.device_ptr(stream);
@@ -174,23 +154,20 @@ impl Kernels {
             allow_smem(k, f, smem)?;
         }
         let mut b = builder(stream, f);
-        b.arg(&xp).arg(&op).arg(&ne).arg(&tp).arg(&n_table);
-        b.arg(&kk).arg(&ii).arg(&nn).arg(&oq).arg(&os).arg(&out);
+        b.arg(&xp)
+            .arg(&op)
+            .arg(&d.n_experts)
+            .arg(&tp)
+            .arg(&d.n_table);
+        b.arg(&d.k).arg(&d.i).arg(&d.n).arg(&oq).arg(&os).arg(&out);
         let bx = dim_u32(k, "feature blocks", blocks_x)?;
-        submit(k, b, cfg((bx, grid_y, 1), THREADS, smem))
+        submit(k, b, cfg((bx, d.tiles, 1), THREADS, smem))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tiles_count_each_experts_rows_in_64s() {
-        assert_eq!(int4_grouped_tiles(&[0, 0, 0]), 0);
-        assert_eq!(int4_grouped_tiles(&[0, 1, 65, 65, 193]), 1 + 1 + 2);
-        assert_eq!(int4_grouped_tiles(&[0, 64, 128]), 2);
-    }
 
     #[test]
     fn only_group_128_is_grouped() {

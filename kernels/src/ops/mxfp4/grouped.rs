@@ -5,11 +5,8 @@
 //! the expert activation fused. The grid design of the grouped INT4 GEMMs
 //! ([`crate::ops::int4`]).
 //!
-//! Rows are grouped by expert beforehand (`moe_group` + `gather_rows`):
-//! expert `e`'s rows are `offsets[e]..offsets[e + 1]`. The kernels cover
-//! them in tiles of [`MXFP4_GROUPED_ROWS`] rows of one expert; the host
-//! passes the tile count ([`mxfp4_grouped_tiles`] of the offsets it reads
-//! back) and each block finds its expert on the device. Every layout
+//! Rows are grouped by expert and covered in tiles of one expert's rows as
+//! for every grouped format ([`crate::ops::grouped`]). Every layout
 //! [`Mxfp4Layout`] accepts (widths multiples of 32, gpt-oss's 2880 too) is
 //! implemented.
 
@@ -17,11 +14,12 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
 use super::{ExpertActivation, Mxfp4Layout};
-use crate::launch::{builder, cfg, check_len, dim_u32, ensure, submit};
+use crate::launch::{builder, cfg, check_len, dim_u32, submit};
+use crate::ops::grouped::{GROUPED_ROWS, GroupedDims, grouped_tiles};
 use crate::{Kernels, Result};
 
 /// Rows of one expert a block of the grouped kernels covers.
-pub const MXFP4_GROUPED_ROWS: usize = 64;
+pub const MXFP4_GROUPED_ROWS: usize = GROUPED_ROWS;
 /// Threads per block (8 warps).
 const THREADS: u32 = 256;
 /// Output features per block: gate/up 64 `i` (64 gate + 64 up rows), down
@@ -29,13 +27,9 @@ const THREADS: u32 = 256;
 const W13_BLOCK_FEATURES: usize = 64;
 const W2_BLOCK_FEATURES: usize = 128;
 
-/// The token tiles of a grouping whose per-expert row offsets are
-/// `offsets` (`[E + 1]`, non-decreasing): `sum_e ceil(rows_e / 64)`.
+/// The token tiles of a grouping ([`grouped_tiles`]).
 pub fn mxfp4_grouped_tiles(offsets: &[u32]) -> usize {
-    offsets
-        .windows(2)
-        .map(|w| (w[1].saturating_sub(w[0]) as usize).div_ceil(MXFP4_GROUPED_ROWS))
-        .sum()
+    grouped_tiles(offsets)
 }
 
 /// One grouped launch's input, grouping and output, as the kernels take
@@ -168,31 +162,17 @@ impl Kernels {
         p: Projection,
     ) -> Result<()> {
         layout.validate(k)?;
-        check_len(k, "x", x.len(), rows * p.kdim)?;
-        check_len(k, "offsets", offsets.len(), n_experts + 1)?;
-        ensure(k, n_experts > 0, || "no experts".to_string())?;
-        // Every row lies in some tile, each tile holds at most 64 rows and
-        // at most one tile per expert is partial.
-        ensure(
+        let Some(d) = GroupedDims::check(
             k,
-            tiles >= rows.div_ceil(MXFP4_GROUPED_ROWS)
-                && tiles <= rows / MXFP4_GROUPED_ROWS + n_experts,
-            || format!("{tiles} tiles cannot cover {rows} rows of {n_experts} experts"),
-        )?;
-        if tiles == 0 {
+            (x.len(), rows, p.kdim),
+            (offsets.len(), n_experts, tiles),
+            table.len(),
+            layout.intermediate,
+            p.n_out,
+        )?
+        else {
             return Ok(());
-        }
-        let n_table = dim_u32(k, "n_table", table.len())?;
-        let grid_y = dim_u32(k, "tiles", tiles)?;
-        ensure(k, grid_y <= 65535, || {
-            format!("{tiles} token tiles exceed 65535 per launch")
-        })?;
-        let (ne, kk, ii, nn) = (
-            dim_u32(k, "n_experts", n_experts)?,
-            dim_u32(k, "K", p.kdim)?,
-            dim_u32(k, "I", layout.intermediate)?,
-            dim_u32(k, "N", p.n_out)?,
-        );
+        };
         let (oq, os, ob) = (p.oq as u64, p.os as u64, p.ob as u64);
         let hb = u32::from(layout.has_bias);
         let (xp, _g1) = x.device_ptr(stream);
@@ -200,10 +180,14 @@ impl Kernels {
         let (tp, _g3) = table.device_ptr(stream);
         let f = self.func(k)?;
         let mut b = builder(stream, f);
-        b.arg(&xp).arg(&op).arg(&ne).arg(&tp).arg(&n_table);
-        b.arg(&kk)
-            .arg(&ii)
-            .arg(&nn)
+        b.arg(&xp)
+            .arg(&op)
+            .arg(&d.n_experts)
+            .arg(&tp)
+            .arg(&d.n_table);
+        b.arg(&d.k)
+            .arg(&d.i)
+            .arg(&d.n)
             .arg(&oq)
             .arg(&os)
             .arg(&ob)
@@ -213,18 +197,6 @@ impl Kernels {
         }
         b.arg(&p.out);
         let bx = dim_u32(k, "feature blocks", p.blocks_x)?;
-        submit(k, b, cfg((bx, grid_y, 1), THREADS, 0))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tiles_count_each_experts_rows_in_64s() {
-        assert_eq!(mxfp4_grouped_tiles(&[0, 0, 0]), 0);
-        assert_eq!(mxfp4_grouped_tiles(&[0, 1, 65, 65, 193]), 1 + 1 + 2);
-        assert_eq!(mxfp4_grouped_tiles(&[0, 64, 128]), 2);
+        submit(k, b, cfg((bx, d.tiles, 1), THREADS, 0))
     }
 }
