@@ -150,3 +150,22 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
 pub fn sync(s: &Arc<CudaStream>) {
     s.synchronize().expect("stream sync (a kernel faulted?)");
 }
+
+/// Row offsets `[E + 1]` of a grouping with `counts[e]` rows per expert.
+pub fn offsets_of(counts: &[usize]) -> Vec<u32> {
+    let mut o = vec![0u32];
+    for c in counts {
+        o.push(o.last().unwrap() + *c as u32);
+    }
+    o
+}
+
+/// `w · x` in f64 (the grouped GEMMs' reference dot product).
+pub fn dot(w: &[f32], x: &[f32]) -> f64 {
+    w.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum()
+}
+
+/// Whether two f32 outputs are the same bits element for element.
+pub fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
+}

@@ -45,18 +45,6 @@ fn run<A: Act16>(
     }
 }
 
-fn offsets_of(counts: &[usize]) -> Vec<u32> {
-    let mut o = vec![0u32];
-    for c in counts {
-        o.push(o.last().unwrap() + *c as u32);
-    }
-    o
-}
-
-fn dot(w: &[f32], x: &[f32]) -> f64 {
-    w.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum()
-}
-
 /// One shape: the outputs against the f64 reference (SwiGLU from x; down
 /// from the kernel's own rounded SwiGLU rows, so only its f32 sums are
 /// judged), then the same rows rotated inside each expert (other tiles,

@@ -128,18 +128,6 @@ fn down_rows<A: Act16>(
     down(s, &y)
 }
 
-fn offsets_of(counts: &[usize]) -> Vec<u32> {
-    let mut o = vec![0u32];
-    for c in counts {
-        o.push(o.last().unwrap() + *c as u32);
-    }
-    o
-}
-
-fn dot(w: &[f32], x: &[f32]) -> f64 {
-    w.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum()
-}
-
 fn bits_equal(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
 }

@@ -62,18 +62,6 @@ fn run(
     }
 }
 
-fn offsets_of(counts: &[usize]) -> Vec<u32> {
-    let mut o = vec![0u32];
-    for c in counts {
-        o.push(o.last().unwrap() + *c as u32);
-    }
-    o
-}
-
-fn bits_equal(a: &[f32], b: &[f32]) -> bool {
-    a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
-}
-
 /// One shape: the outputs against the f64 reference (activation from x;
 /// down from the kernel's own bf16 activation rows, so only its f32 sums
 /// and bias are judged), then the same rows rotated inside each expert
