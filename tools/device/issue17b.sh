@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device orchestration for issue 17's kernels written without a device (session 16): the Hopper
-# (wgmma) prefill attention and the grouped MXFP4 expert GEMMs. One phase per call over the
+# (wgmma) prefill attention, the Hopper grouped INT4 GEMMs and the grouped MXFP4 expert GEMMs. One phase per call over the
 # xz-packed stripped binaries in dist/pack/bins.tar.xz (carry dist/pack, .cache/vocab,
 # .cache/wheels). The pack holds krasis-runtime, kbench (`cargo build --release --locked -p
 # krasis-kernels --example kbench`), the kernel test binary gpu-* (`cargo test --release --locked
@@ -8,10 +8,12 @@
 # fault_injection-*, batching-* (`cargo test --release --locked -p krasis-gpu --test gpt_oss
 # --test gpu_engine --test fault_injection --test batching --no-run`).
 #   bash tools/device/issue17b.sh kern COMMIT
-#       the kernel tests of both new kernels and their neighbours (attention::, which holds
-#       attention::hopper::; mxfp4, which holds mxfp4_grouped::; int4_grouped::, whose tile
-#       lookup moved to common.cuh), then `kbench --prefill` (the portable and the wgmma kernel
-#       at 8K and 32K) and `kbench --grouped-mxfp4`.
+#       the kernel tests of the new kernels and their neighbours (attention::, which holds
+#       attention::hopper::; mxfp4, which holds mxfp4_grouped::; int4_grouped, which holds
+#       int4_grouped:: and int4_grouped_sm90::), then `kbench --prefill` (the portable and the
+#       wgmma attention at 8K and 32K), `kbench --grouped` (INT4: mma.sync, wgmma, dequantize +
+#       cuBLAS) and `kbench --grouped-mxfp4`. Run `kcompile --arch 90 -v` there first if a
+#       wgmma kernel fails: the device's ptxas may allocate differently (registers, serialization).
 #   bash tools/device/issue17b.sh engine COMMIT
 #       (after `kern` passes and the revert of the MXFP4 engine change, d4c8b44, is itself
 #       reverted) the engine tests that run prefill through the grouped paths (gpt_oss, gpu_engine,
@@ -39,10 +41,13 @@ case "$P" in
   kern)
     test_bin gpu 150 attention::
     test_bin gpu 150 mxfp4
-    test_bin gpu 90 int4_grouped::
+    test_bin gpu 150 int4_grouped
     timeout 150 dist/gpu/kbench --prefill > "$OUT/kbench-prefill.txt" 2>&1
     echo "kbench --prefill rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     tail -12 "$OUT/kbench-prefill.txt" >> "$S"
+    timeout 150 dist/gpu/kbench --grouped > "$OUT/kbench-grouped.txt" 2>&1
+    echo "kbench --grouped rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    tail -24 "$OUT/kbench-grouped.txt" >> "$S"
     timeout 150 dist/gpu/kbench --grouped-mxfp4 > "$OUT/kbench-grouped-mxfp4.txt" 2>&1
     echo "kbench --grouped-mxfp4 rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     tail -20 "$OUT/kbench-grouped-mxfp4.txt" >> "$S"
