@@ -2,8 +2,8 @@
 # Device orchestration for issue 17's kernels written without a device (session 16): the Hopper
 # (wgmma) prefill attention, the Hopper grouped INT4 GEMMs and the grouped MXFP4 expert GEMMs. One phase per call over the
 # xz-packed stripped binaries in dist/pack/bins.tar.xz (carry dist/pack, .cache/vocab,
-# .cache/wheels). The pack holds krasis-runtime, kbench (`cargo build --release --locked -p
-# krasis-kernels --example kbench`), the kernel test binary gpu-* (`cargo test --release --locked
+# .cache/wheels). The pack holds krasis-runtime, kbench and kcompile (`cargo build --release
+# --locked -p krasis-kernels --example kbench --example kcompile`), the kernel test binary gpu-* (`cargo test --release --locked
 # -p krasis-kernels --test gpu --no-run`) and the engine test binaries gpt_oss-*, gpu_engine-*,
 # fault_injection-*, batching-* (`cargo test --release --locked -p krasis-gpu --test gpt_oss
 # --test gpu_engine --test fault_injection --test batching --no-run`).
@@ -39,6 +39,15 @@ test_bin() { # name timeout [filter...]
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
 case "$P" in
   kern)
+    # The device's NVRTC (13.0) may allocate the wgmma kernels differently from the 13.5 they
+    # were written against: registers, spills and serialized wgmma, first.
+    if [ -x dist/gpu/kcompile ]; then
+      for m in attention_prefill_sm90 int4_gemm_sm90 mxfp4; do
+        timeout 60 dist/gpu/kcompile --arch 90 -v --module $m >> "$OUT/kcompile.txt" 2>&1
+      done
+      echo "kcompile rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "Used|spill|C751|arning" "$OUT/kcompile.txt" | grep -E "wgmma|mxfp4_grouped|C751|spill|arning" | head -20 >> "$S"
+    fi
     test_bin gpu 150 attention::
     test_bin gpu 150 mxfp4
     test_bin gpu 150 int4_grouped
