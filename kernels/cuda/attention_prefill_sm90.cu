@@ -230,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
                 wgmma_ss_m64n128k16(s, dq, dk, kk > 0 ? 1u : 0u);
             }
             wgmma_commit();
-            wgmma_wait0();
+            wgmma_wait<0>();
             h_fence_regs<64>(s);
 
             // Mask (only a tile reaching past the warpgroup's first row
@@ -300,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
                 wgmma_rs_m64n128k16_tb(o, pa[kk], dv);
             }
             wgmma_commit();
-            wgmma_wait0();
+            wgmma_wait<0>();
             h_fence_regs<64>(o);
             h_fence_regs<32>(&pa[0][0]);
         }

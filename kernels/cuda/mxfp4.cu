@@ -58,10 +58,10 @@
 // partials reduced in (j, K-part) order, the expert's down bias added,
 // weighted, summed in j order and added once to the f32 residual. PDL
 // dependent of w13 on sm_90. No float atomics anywhere: bit-reproducible.
-// Prefill reads the experts in place with the grouped GEMMs of
-// mxfp4_gemm.cu (compiled in this module after this file, on these
-// helpers). The per-expert GEMM path they replaced, kept as kbench's
-// baseline: mxfp4_dequant_bf16: one thread per block of 32 -> 32 bf16
+// The grouped GEMMs of mxfp4_gemm.cu (compiled in this module after this
+// file, on these helpers) read the experts in place for prefill; until they
+// pass on the device the engine's prefill runs the per-expert GEMM path
+// (docs/notes/prefill-kernels.md): mxfp4_dequant_bf16: one thread per block of 32 -> 32 bf16
 // (exact f32 value, rounded once), plus one thread per bias element -> f32;
 // bias_act_rows_{bf16,f32}: the activation of one expert's gate/up GEMM
 // output [m, 2I] (+ optional f32 b13) -> bf16 act [m, I].

@@ -32,8 +32,9 @@
 //     sigmoid(alpha * gate)), the biases only when the layout has them;
 //   down (mxfp4_grouped_w2): K = I, out[r, n] = W2_e[n] . x[r] + b2_e[n],
 //     f32 [rows, H].
-// The two launches replace, per expert, the dequantization, both GEMMs,
-// bias_act_rows and add_bias_rows of the old path.
+// The two launches do, per expert, what the dequantization, both GEMMs,
+// bias_act_rows and add_bias_rows of the per-expert path do (the engine's
+// prefill path until these pass on the device).
 //
 // Grid and block as int4_grouped_*: y = one token tile (MXG_BT = 64 rows
 // of one expert, found by warp 0), x = a slice of the output features

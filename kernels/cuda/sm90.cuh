@@ -13,7 +13,6 @@ __device__ __forceinline__ u64 h_desc(u32 addr, u32 lbo, u32 sbo) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Pins registers in place around asynchronous products: the compiler may
@@ -28,7 +27,8 @@ template <int N> __device__ __forceinline__ void h_fence_regs(u32* r) {
 }
 
 // Waits until at most N committed wgmma groups of this warpgroup are still
-// in flight (N = 1: the previous group is complete while the last runs).
+// in flight (N = 0: all complete; N = 1: the previous group is complete
+// while the last runs).
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }

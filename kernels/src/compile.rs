@@ -62,6 +62,17 @@ fn options(arch: &str) -> Vec<String> {
     ]
 }
 
+/// The NVRTC architecture `module` compiles to for a device of compute
+/// capability `cc`; refused when its target does not run there.
+fn target_arch(module: &Module, cc: (i32, i32)) -> Result<String> {
+    module.target.arch(cc).ok_or(KernelError::WrongTarget {
+        module: module.name,
+        target: module.target.name(),
+        major: cc.0,
+        minor: cc.1,
+    })
+}
+
 /// A module compiled to machine code (CUBIN) for one architecture.
 #[derive(Debug, Clone)]
 pub struct Compiled {
@@ -77,14 +88,7 @@ pub struct Compiled {
 /// an Ada card) is refused with [`KernelError::WrongTarget`].
 pub fn compile_module(module: &Module, cc: (i32, i32), extra: &[&str]) -> Result<Compiled> {
     use cudarc::nvrtc::{result, sys};
-    let Some(arch) = module.target.arch(cc) else {
-        return Err(KernelError::WrongTarget {
-            module: module.name,
-            target: module.target.name(),
-            major: cc.0,
-            minor: cc.1,
-        });
-    };
+    let arch = target_arch(module, cc)?;
     let mut opts = options(&arch);
     opts.extend(extra.iter().map(|s| s.to_string()));
     let nvrtc_err = |what: &str, e: result::NvrtcError| KernelError::Nvrtc {
@@ -150,10 +154,7 @@ pub(crate) fn module_image(
     cache: Option<&Path>,
 ) -> Result<Vec<u8>> {
     let (nv_major, nv_minor) = nvrtc_version()?;
-    let arch = module
-        .target
-        .arch(cc)
-        .unwrap_or_else(|| format!("sm_{}{}", cc.0, cc.1));
+    let arch = target_arch(module, cc)?;
     let key = format!(
         "{}-{}-{arch}-nvrtc{nv_major}.{nv_minor}.cubin",
         module.name,

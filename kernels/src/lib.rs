@@ -94,7 +94,7 @@ impl Kernels {
         // Modules compile independently; NVRTC is thread-safe per program,
         // so a cold start costs the slowest module, not the sum.
         // Architecture-specific modules (sm_90a) load only where they run;
-        // their wrappers ask `has` and refuse elsewhere.
+        // elsewhere their kernels are refused by `func` (WrongTarget).
         let modules: Vec<&sources::Module> = sources::MODULES
             .iter()
             .filter(|m| m.target.arch(cc).is_some())
@@ -163,37 +163,34 @@ impl Kernels {
         self.funcs.contains_key(name)
     }
 
-    /// Ok when entry point `kernel` is loaded. An architecture-specific
-    /// module that does not load on this device is refused as
-    /// [`KernelError::WrongTarget`] (what the device cannot run, rather than
-    /// a missing kernel).
+    /// Ok when entry point `kernel` is loaded, else [`Kernels::func`]'s
+    /// error: wrappers of architecture-specific kernels check it before
+    /// anything else, so a device that cannot run them hears so first.
     pub(crate) fn require(&self, kernel: &'static str) -> Result<()> {
-        if self.has(kernel) {
-            return Ok(());
-        }
-        let cc = self.compute_capability;
-        match sources::MODULES
-            .iter()
-            .find(|m| m.kernels.contains(&kernel))
-        {
-            Some(m) if m.target.arch(cc).is_none() => Err(KernelError::WrongTarget {
-                module: m.name,
-                target: m.target.name(),
-                major: cc.0,
-                minor: cc.1,
-            }),
-            _ => Err(KernelError::MissingKernel {
-                name: kernel.to_string(),
-            }),
-        }
+        self.func(kernel).map(|_| ())
     }
 
+    /// Entry point `name`. Not loaded: [`KernelError::WrongTarget`] when its
+    /// module is architecture-specific and this device is not its target
+    /// (what the device cannot run), else [`KernelError::MissingKernel`].
     pub(crate) fn func(&self, name: &'static str) -> Result<&CudaFunction> {
-        self.funcs
-            .get(name)
-            .ok_or_else(|| KernelError::MissingKernel {
-                name: name.to_string(),
-            })
+        if let Some(f) = self.funcs.get(name) {
+            return Ok(f);
+        }
+        let cc = self.compute_capability;
+        Err(
+            match sources::MODULES.iter().find(|m| m.kernels.contains(&name)) {
+                Some(m) if m.target.arch(cc).is_none() => KernelError::WrongTarget {
+                    module: m.name,
+                    target: m.target.name(),
+                    major: cc.0,
+                    minor: cc.1,
+                },
+                _ => KernelError::MissingKernel {
+                    name: name.to_string(),
+                },
+            },
+        )
     }
 }
 

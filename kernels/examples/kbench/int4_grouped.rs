@@ -10,7 +10,7 @@
 //! min / median / max of 5 runs after 3 warm-up iterations; TFLOP/s of the
 //! median counts 2 * pairs * 3 * H * I.
 
-use super::{Times, cublas_gemm, rand_bf16, random_int4_experts, random_routes, time_stats_ms};
+use super::{cublas_gemm, rand_bf16, random_int4_experts, random_routes, time_stats_ms};
 use anyhow::Context;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -18,16 +18,6 @@ use half::bf16;
 use krasis_kernels::{Int4Layout, Kernels};
 use rand::rngs::StdRng;
 use std::sync::Arc;
-
-fn fmt(t: Times, flops: f64) -> String {
-    format!(
-        "{:>8.1} / {:>8.1} / {:>8.1} us {:>6.1} TFLOP/s",
-        t.min * 1e3,
-        t.median * 1e3,
-        t.max * 1e3,
-        flops / t.median / 1e9
-    )
-}
 
 pub(crate) fn bench_grouped(
     k: &Kernels,
@@ -125,13 +115,13 @@ pub(crate) fn bench_grouped(
             let head = format!("  T={t:<5} pairs {pairs:<6} tiles {tiles:<5}");
             rows.push(format!(
                 "{head} grouped INT4 mma.sync {} | {:.2}x cuBLAS",
-                fmt(portable, flops),
+                portable.fmt(flops),
                 old.median / portable.median
             ));
             rows.push(match wgmma {
                 Some(w) => format!(
                     "{head} grouped INT4 wgmma    {} | {:.2}x cuBLAS, {:.2}x mma.sync",
-                    fmt(w, flops),
+                    w.fmt(flops),
                     old.median / w.median,
                     portable.median / w.median
                 ),
@@ -139,7 +129,7 @@ pub(crate) fn bench_grouped(
                     "{head} grouped INT4 wgmma: not run (not a compute capability 9.0 device)"
                 ),
             });
-            rows.push(format!("{head} dequant+cuBLAS        {}", fmt(old, flops)));
+            rows.push(format!("{head} dequant+cuBLAS        {}", old.fmt(flops)));
         }
     }
     Ok(())

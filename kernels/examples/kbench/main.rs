@@ -95,6 +95,20 @@ struct Times {
     max: f64,
 }
 
+impl Times {
+    /// "min / median / max us" and the TFLOP/s of the median for `flops`
+    /// per iteration (the grouped GEMM tables).
+    fn fmt(self, flops: f64) -> String {
+        format!(
+            "{:>8.1} / {:>8.1} / {:>8.1} us {:>6.1} TFLOP/s",
+            self.min * 1e3,
+            self.median * 1e3,
+            self.max * 1e3,
+            flops / self.median / 1e9
+        )
+    }
+}
+
 /// Three warm-up iterations of `f`, then 5 runs of `reps` iterations, each
 /// timed with CUDA events: the runs' min, median and max per iteration.
 fn time_stats_ms(

@@ -3,13 +3,13 @@
 //! clamped SwiGLU), rows already grouped by expert (random top-4 routes of
 //! `t` tokens), at 512 to 8,192 tokens: the grouped MXFP4 GEMMs
 //! (`cuda/mxfp4_gemm.cu`: gate/up + bias + activation, down + bias) against
-//! the path they replace in the engine (dequantize the experts to bf16 in
+//! the engine's prefill path today (dequantize the experts to bf16 in
 //! batches of the runtime's 256 MiB budget, one cuBLAS GEMM per expert and
 //! projection, each expert's bias + activation and down bias as kernels of
 //! their own). CUDA-event times, min / median / max of 5 runs after 3
 //! warm-up iterations; TFLOP/s of the median counts 2 * pairs * 3 * H * I.
 
-use super::{Times, cublas_gemm, rand_bf16, random_routes, time_stats_ms};
+use super::{cublas_gemm, rand_bf16, random_routes, time_stats_ms};
 use anyhow::Context;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -59,16 +59,6 @@ pub(crate) fn random_mxfp4_experts(
     let table: Vec<u64> = (0..e).map(|x| base + (x * stride) as u64).collect();
     let table = s.clone_htod(&table)?;
     Ok((buf, table))
-}
-
-fn fmt(t: Times, flops: f64) -> String {
-    format!(
-        "{:>8.1} / {:>8.1} / {:>8.1} us {:>6.1} TFLOP/s",
-        t.min * 1e3,
-        t.median * 1e3,
-        t.max * 1e3,
-        flops / t.median / 1e9
-    )
 }
 
 pub(crate) fn bench_grouped_mxfp4(
@@ -157,8 +147,8 @@ pub(crate) fn bench_grouped_mxfp4(
         let flops = 2.0 * pairs as f64 * 3.0 * (H * I) as f64;
         rows.push(format!(
             "  T={t:<5} pairs {pairs:<6} tiles {tiles:<4} grouped MXFP4 {} | dequant+cuBLAS {} | {:.2}x",
-            fmt(grouped, flops),
-            fmt(old, flops),
+            grouped.fmt(flops),
+            old.fmt(flops),
             old.median / grouped.median
         ));
     }

@@ -2,9 +2,10 @@
 //! (`cuda/mxfp4.cu`): batched decode GEMVs through a device-side expert
 //! pointer table with the expert activation (SwiGLU or gpt-oss's clamped
 //! SwiGLU) and optional biases fused, the grouped prefill GEMMs reading the
-//! same blocks in place (`grouped.rs`, `cuda/mxfp4_gemm.cu`), and the
-//! dequantization to bf16 + bias and activation kernels of the per-expert
-//! GEMM path those replace (kept as kbench's baseline and tested).
+//! same blocks in place (`grouped.rs`, `cuda/mxfp4_gemm.cu`; not the
+//! engine's until verified on the device), and the dequantization to bf16 +
+//! bias and activation kernels of the per-expert GEMM path prefill runs
+//! today.
 //!
 //! Expert format (`/work/notes`' layout contract, `runtime/cache/src/layout.rs`,
 //! precision `mxfp4`, group 32), the checkpoint's own bits: `w13_q`

@@ -31,6 +31,24 @@ pub fn int4_grouped_supports(layout: &Int4Layout) -> bool {
         && layout.intermediate.is_multiple_of(128)
 }
 
+/// One implementation of the grouped INT4 GEMMs: its gate/up and down entry
+/// points (bf16, f16) and the dynamic shared memory a block takes.
+pub(super) struct GroupedKernels {
+    pub w13: [&'static str; 2],
+    pub w2: [&'static str; 2],
+    pub smem: u32,
+}
+
+/// The portable kernels (`cuda/int4_gemm.cu`; static shared memory only).
+const PORTABLE: GroupedKernels = GroupedKernels {
+    w13: [
+        "int4_grouped_w13_swiglu_bf16",
+        "int4_grouped_w13_swiglu_f16",
+    ],
+    w2: ["int4_grouped_w2_bf16", "int4_grouped_w2_f16"],
+    smem: 0,
+};
+
 impl Kernels {
     /// Grouped gate/up GEMM with SwiGLU: for every expert `e` and grouped row
     /// `r` in `offsets[e]..offsets[e + 1]`,
@@ -57,22 +75,8 @@ impl Kernels {
         layout: &Int4Layout,
         hact: &mut impl DevicePtrMut<A>,
     ) -> Result<()> {
-        let k = by_act::<A>(
-            "int4_grouped_w13_swiglu_bf16",
-            "int4_grouped_w13_swiglu_f16",
-        );
-        let (h, i) = (layout.hidden, layout.intermediate);
-        check_len(k, "hact", hact.len(), rows * i)?;
-        let (hp, _g) = hact.device_ptr_mut(stream);
-        self.grouped(
-            k,
-            stream,
-            (x, rows, h),
-            (offsets, n_experts, tiles),
-            table,
-            layout,
-            (i / 64, i, hp, layout.w13_q, layout.w13_s),
-            0,
+        self.grouped_w13(
+            &PORTABLE, stream, x, rows, offsets, n_experts, tiles, table, layout, hact,
         )
     }
 
@@ -94,7 +98,59 @@ impl Kernels {
         layout: &Int4Layout,
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        let k = by_act::<A>("int4_grouped_w2_bf16", "int4_grouped_w2_f16");
+        self.grouped_w2(
+            &PORTABLE, stream, x, rows, offsets, n_experts, tiles, table, layout, y,
+        )
+    }
+
+    /// The gate/up launch of implementation `kn` (the portable kernels or
+    /// the Hopper ones, `grouped_sm90.rs`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn grouped_w13<A: Act16>(
+        &self,
+        kn: &GroupedKernels,
+        stream: &CudaStream,
+        x: &impl DevicePtr<A>,
+        rows: usize,
+        offsets: &impl DevicePtr<u32>,
+        n_experts: usize,
+        tiles: usize,
+        table: &impl DevicePtr<u64>,
+        layout: &Int4Layout,
+        hact: &mut impl DevicePtrMut<A>,
+    ) -> Result<()> {
+        let k = by_act::<A>(kn.w13[0], kn.w13[1]);
+        let (h, i) = (layout.hidden, layout.intermediate);
+        check_len(k, "hact", hact.len(), rows * i)?;
+        let (hp, _g) = hact.device_ptr_mut(stream);
+        self.grouped(
+            k,
+            stream,
+            (x, rows, h),
+            (offsets, n_experts, tiles),
+            table,
+            layout,
+            (i / 64, i, hp, layout.w13_q, layout.w13_s),
+            kn.smem,
+        )
+    }
+
+    /// The down launch of implementation `kn`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn grouped_w2<A: Act16>(
+        &self,
+        kn: &GroupedKernels,
+        stream: &CudaStream,
+        x: &impl DevicePtr<A>,
+        rows: usize,
+        offsets: &impl DevicePtr<u32>,
+        n_experts: usize,
+        tiles: usize,
+        table: &impl DevicePtr<u64>,
+        layout: &Int4Layout,
+        y: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let k = by_act::<A>(kn.w2[0], kn.w2[1]);
         let (h, i) = (layout.hidden, layout.intermediate);
         check_len(k, "y", y.len(), rows * h)?;
         let (yp, _g) = y.device_ptr_mut(stream);
@@ -106,7 +162,7 @@ impl Kernels {
             table,
             layout,
             (h / 128, h, yp, layout.w2_q, layout.w2_s),
-            0,
+            kn.smem,
         )
     }
 

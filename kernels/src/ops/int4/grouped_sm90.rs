@@ -19,25 +19,27 @@
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
 use super::Int4Layout;
-use crate::launch::{Act16, by_act, check_len};
+use super::grouped::GroupedKernels;
+use crate::launch::{Act16, by_act};
 use crate::{Kernels, Result};
 
-/// The module's name in `sources.rs`, for the refusal off Hopper.
-const W13: [&str; 2] = [
-    "int4_grouped_w13_swiglu_wgmma_bf16",
-    "int4_grouped_w13_swiglu_wgmma_f16",
-];
-const W2: [&str; 2] = ["int4_grouped_w2_wgmma_bf16", "int4_grouped_w2_wgmma_f16"];
-/// Dynamic shared memory: 4 buffers of one 128-K step of x (64 tokens x
-/// 128 x 2 bytes), then the tile lookup's 3 words (`GW_SMEM`; the kernel
-/// traps on less).
-const SMEM_BYTES: u32 = 4 * 64 * 128 * 2 + 16;
+/// The Hopper entry points; dynamic shared memory: 4 buffers of one 128-K
+/// step of x (64 tokens x 128 x 2 bytes), then the tile lookup's 3 words
+/// (`GW_SMEM`; the kernel traps on less).
+const HOPPER: GroupedKernels = GroupedKernels {
+    w13: [
+        "int4_grouped_w13_swiglu_wgmma_bf16",
+        "int4_grouped_w13_swiglu_wgmma_f16",
+    ],
+    w2: ["int4_grouped_w2_wgmma_bf16", "int4_grouped_w2_wgmma_f16"],
+    smem: 4 * 64 * 128 * 2 + 16,
+};
 
 impl Kernels {
     /// Whether the Hopper grouped INT4 GEMMs run here (a compute capability
     /// 9.0 device, whose sm_90a module is loaded).
     pub fn has_int4_grouped_wgmma(&self) -> bool {
-        W13.iter().chain(&W2).all(|k| self.has(k))
+        HOPPER.w13.iter().chain(&HOPPER.w2).all(|k| self.has(k))
     }
 
     /// [`Kernels::int4_grouped_w13_swiglu`] on Hopper's warpgroup MMA: the
@@ -58,20 +60,9 @@ impl Kernels {
         layout: &Int4Layout,
         hact: &mut impl DevicePtrMut<A>,
     ) -> Result<()> {
-        let k = by_act::<A>(W13[0], W13[1]);
-        self.require(k)?;
-        let (h, i) = (layout.hidden, layout.intermediate);
-        check_len(k, "hact", hact.len(), rows * i)?;
-        let (hp, _g) = hact.device_ptr_mut(stream);
-        self.grouped(
-            k,
-            stream,
-            (x, rows, h),
-            (offsets, n_experts, tiles),
-            table,
-            layout,
-            (i / 64, i, hp, layout.w13_q, layout.w13_s),
-            SMEM_BYTES,
+        self.require(by_act::<A>(HOPPER.w13[0], HOPPER.w13[1]))?;
+        self.grouped_w13(
+            &HOPPER, stream, x, rows, offsets, n_experts, tiles, table, layout, hact,
         )
     }
 
@@ -90,20 +81,9 @@ impl Kernels {
         layout: &Int4Layout,
         y: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        let k = by_act::<A>(W2[0], W2[1]);
-        self.require(k)?;
-        let (h, i) = (layout.hidden, layout.intermediate);
-        check_len(k, "y", y.len(), rows * h)?;
-        let (yp, _g) = y.device_ptr_mut(stream);
-        self.grouped(
-            k,
-            stream,
-            (x, rows, i),
-            (offsets, n_experts, tiles),
-            table,
-            layout,
-            (h / 128, h, yp, layout.w2_q, layout.w2_s),
-            SMEM_BYTES,
+        self.require(by_act::<A>(HOPPER.w2[0], HOPPER.w2[1]))?;
+        self.grouped_w2(
+            &HOPPER, stream, x, rows, offsets, n_experts, tiles, table, layout, y,
         )
     }
 }
