@@ -59,12 +59,28 @@
 // Pipeline. cp.async (16 bytes per thread and step, 8 steps per tile)
 // with commit groups in a fixed order: (Q, K0), V0, then per tile n the
 // next tile's K and V (empty groups past the last tile keep the counts
-// fixed). Tile n's K is waited for with 3 groups still pending, its V with
-// 2, so the next tile's loads run under this tile's products and softmax.
-// cp.async writes through the generic proxy and wgmma reads through the
-// async proxy: every thread fences (fence.proxy.async.shared::cta) after
-// its waits, before the barrier that publishes the tile. A barrier at the
-// end of each tile lets the next issue overwrite the buffers it read.
+// fixed). At the top of tile n a barrier says every warpgroup is done with
+// tile n-1's buffers, the loads of tile n+1 go into them, and tile n's K
+// and V are waited for with 2 groups still pending, so tile n+1's loads
+// run under tile n's products and softmax. cp.async writes through the
+// generic proxy and wgmma reads through the async proxy: every thread
+// fences (fence.proxy.async.shared::cta) after its waits, before the
+// barrier that publishes the tile.
+//
+// Pingpong (flash attention 3's warpgroup scheduling). One warpgroup's
+// wgmma already uses the tensor cores of all four SM sub-partitions, so
+// two warpgroups issuing at once only queue behind each other, and
+// their softmax (f32 and MUFU work) would leave the tensor cores idle.
+// Instead they take turns through two named barriers (HP_TURN + w: "w may
+// issue"): w waits for its turn, issues a product, hands the turn over,
+// then waits for its product and runs the softmax (or the next tile's top)
+// while the other's product runs. Per tile the tensor cores see S(0),
+// S(1), PV(0), PV(1) back to back, with softmax(0) under S(1) and
+// softmax(1) under PV(0). Warpgroup 1 hands warpgroup 0 the first turn
+// before the loop and warpgroup 0 takes the last hand-over after it, so
+// every arrival is matched; a warpgroup whose rows skip a tile still takes
+// and hands over its turns. Turns only order issue; no data passes
+// between the warpgroups, whose registers are their own.
 // Register operands of a wgmma in flight (S, O, P) must not be touched:
 // each product is committed and waited for (wgmma.wait_group 0) before its
 // registers are read, wgmma.fence orders the preceding register writes,
@@ -97,6 +113,19 @@
 #define HP_HALF 16384u                 // bytes of one 64-d half of a tile
 #define HP_SMEM (5u * HP_TILE)         // Q, K x 2, V x 2
 #define HP_LOG2E 1.4426950408889634f
+#define HP_TURN 1u                     // named barriers 1 and 2 (0 is __syncthreads)
+
+// Wait for warpgroup `wg`'s turn (bar.sync: its 128 threads and the other
+// warpgroup's 128 arrivals), and hand the turn to warpgroup `wg`.
+// Immediate barrier ids, so ptxas reserves two barriers, not all 16.
+__device__ __forceinline__ void hp_take_turn(u32 wg) {
+    if (wg == 0) asm volatile("bar.sync 1, 256;" ::: "memory");
+    else asm volatile("bar.sync 2, 256;" ::: "memory");
+}
+__device__ __forceinline__ void hp_give_turn(u32 wg) {
+    if (wg == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
+    else asm volatile("bar.arrive 2, 256;" ::: "memory");
+}
 
 extern __shared__ __align__(1024) unsigned char hp_smem[];
 
@@ -198,8 +227,10 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
     for (int i = 0; i < 64; ++i) o[i] = 0.0f;
     float mrow0 = NEG_INF_F, mrow1 = NEG_INF_F, l0 = 0.0f, l1 = 0.0f;
 
+    if (wg == 1) hp_give_turn(0);
     for (u32 nt = 0; nt < ntiles; ++nt) {
         const u32 n0 = nt * HP_BN, buf = nt & 1;
+        __syncthreads(); // every warpgroup is done reading K and V[buf ^ 1]
         if (nt + 1 < ntiles) {
             const u32 n1 = n0 + HP_BN;
             hp_stage(Ks + (buf ^ 1) * HP_TILE, kbase + (u64)n1 * HP_D, HP_D, kend - n1);
@@ -210,13 +241,14 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
             cp_async_commit();
             cp_async_commit();
         }
-        cp_async_wait<3>(); // (Q and) K of tile nt
+        cp_async_wait<2>(); // (Q,) K and V of tile nt
         fence_proxy_async();
         __syncthreads();
 
         const bool live = n0 <= wlast;
         float s[64];
         u32 pa[8][4];
+        hp_take_turn(wg);
         if (live) {
 #pragma unroll
             for (int i = 0; i < 64; ++i) s[i] = 0.0f;
@@ -230,6 +262,9 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
                 wgmma_ss_m64n128k16(s, dq, dk, kk > 0 ? 1u : 0u);
             }
             wgmma_commit();
+            // The issue and the wait of a product stay in one branch: ptxas
+            // serializes wgmma whose wait it must place in a divergent path.
+            hp_give_turn(wg ^ 1);
             wgmma_wait<0>();
             h_fence_regs<64>(s);
 
@@ -286,10 +321,10 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
                 pa[kk][2] = pack_bf2(s[8 * kk + 4], s[8 * kk + 5]);
                 pa[kk][3] = pack_bf2(s[8 * kk + 6], s[8 * kk + 7]);
             }
+        } else {
+            hp_give_turn(wg ^ 1);
         }
-        cp_async_wait<2>(); // V of tile nt
-        fence_proxy_async();
-        __syncthreads();
+        hp_take_turn(wg);
         if (live) {
             h_fence_regs<64>(o);
             h_fence_regs<32>(&pa[0][0]);
@@ -300,12 +335,15 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
                 wgmma_rs_m64n128k16_tb(o, pa[kk], dv);
             }
             wgmma_commit();
+            hp_give_turn(wg ^ 1);
             wgmma_wait<0>();
             h_fence_regs<64>(o);
             h_fence_regs<32>(&pa[0][0]);
+        } else {
+            hp_give_turn(wg ^ 1);
         }
-        __syncthreads(); // every warpgroup is done reading K and V[buf]
     }
+    if (wg == 0) hp_take_turn(0); // warpgroup 1's last hand-over
     cp_async_wait<0>();
 
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);

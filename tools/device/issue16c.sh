@@ -20,6 +20,8 @@
 #       the close-out on one build: every engine test that runs HCS (batching, gpt_oss,
 #       glm4_moe, prefix_cache, gpu_engine, cancel, live), HCS exactness at 6 GiB and the
 #       8K-sized a3b-24l bench at 6 GiB with the all-resident baseline.
+#   bash tools/device/issue16c.sh final-a3b-bench COMMIT
+#       final-a3b without the engine tests, then a3b-24l sampled at temperature 1.
 #   bash tools/device/issue16c.sh final-qcn COMMIT
 #       qcn uniform at 16 GiB at a 1K and a 32K context (decode 50 and 250), then a3b-24l
 #       sampled at temperature 1.
@@ -116,6 +118,17 @@ case "$P" in
     echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     tail -6 "$OUT/hcs-exact.log" >> "$S"
     bench 6gib-8k --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    ;;
+  final-a3b-bench)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+    prep
+    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
+      > "$OUT/hcs-exact.log" 2>&1
+    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    tail -6 "$OUT/hcs-exact.log" >> "$S"
+    bench 6gib-8k --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    bench 6gib-8k-sampled --vram-limit 6GiB --prompt-tokens 8192 --decode-tokens 16,128 --hcs-prefetch 0 \
+      --decode-temperature 1
     ;;
   final-qcn)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1

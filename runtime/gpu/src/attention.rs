@@ -408,6 +408,11 @@ fn attend<A: Act16>(
     if window == 0 && lw.sinks.is_none() {
         kn.kv_append(s, qkv, geom, sp, kvg, base, kc, vc)?;
         match at {
+            Positions::Prefill { start, base }
+                if cx.prefill_kernels.hopper_attention::<A>(kn, geom.head_dim) =>
+            {
+                kn.attention_prefill_wgmma(s, qkv, geom, start, kvg, base, kc, vc, scale, attn)?
+            }
             Positions::Prefill { start, base } => {
                 kn.attention_prefill(s, qkv, geom, start, kvg, base, kc, vc, scale, attn)?
             }

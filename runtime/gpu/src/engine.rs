@@ -57,6 +57,8 @@ pub struct LoadReport {
     /// KV arena they share (`arena.rs`).
     pub parallel: usize,
     pub kv_rows: usize,
+    /// The prefill kernels chosen for this device (`prefill_kernels.rs`).
+    pub prefill_kernels: String,
 }
 
 /// A captured decode step (of one row count).
@@ -177,6 +179,7 @@ impl CudaEngine {
             crate::options::batching(opts, &g, context, cap).map_err(GpuError::Unsupported)?;
         let scratch = Scratch::new(&gpu, &g, cap, GEMV_MAX_TOKENS, parallel, path)?;
         gpu.sync("loading weights")?;
+        let prefill_kernels = crate::prefill_kernels::PrefillKernels::for_device(&kernels);
         let report = LoadReport {
             model_dir: model_dir.to_path_buf(),
             cache_path: cache.as_ref().map(|c| c.path().to_path_buf()),
@@ -198,6 +201,7 @@ impl CudaEngine {
             prefix_block_tokens: 0,
             parallel,
             kv_rows: rows,
+            prefill_kernels: prefill_kernels.to_string(),
         };
         let mut engine = CudaEngine {
             sampleable,
@@ -212,6 +216,7 @@ impl CudaEngine {
                 scratch,
                 gemv_tokens: GEMV_MAX_TOKENS,
                 grouped_prefill: false,
+                prefill_kernels,
                 hcs: None,
                 routes: None,
                 token_routes: None,
@@ -269,6 +274,11 @@ impl CudaEngine {
 
     pub fn gpu(&self) -> &Gpu {
         &self.model.gpu
+    }
+
+    /// The prefill kernels this engine chose for its device.
+    pub fn prefill_kernels(&self) -> crate::prefill_kernels::PrefillKernels {
+        self.model.prefill_kernels
     }
 
     pub(crate) fn model_mut(&mut self) -> &mut Model {

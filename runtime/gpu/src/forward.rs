@@ -72,6 +72,8 @@ pub struct Model {
     /// the grouped scratch exists), so every chunk of it, whatever its
     /// length, runs the grouped expert path (`moe::routed_experts`).
     pub grouped_prefill: bool,
+    /// The prefill kernels of this device, the same for every chunk.
+    pub prefill_kernels: crate::prefill_kernels::PrefillKernels,
     /// The GPU expert cache when not every expert is resident.
     pub hcs: Option<crate::hcs::Hcs>,
     /// When set, prefill adds each token's selected experts here
@@ -297,6 +299,7 @@ pub(crate) struct Ctx<'a> {
     pub unmarked_fetch: bool,
     pub gemv_tokens: usize,
     pub grouped_prefill: bool,
+    pub prefill_kernels: crate::prefill_kernels::PrefillKernels,
 }
 
 impl Ctx<'_> {
@@ -468,6 +471,7 @@ impl Model {
                 unmarked_fetch: false,
                 gemv_tokens: self.gemv_tokens,
                 grouped_prefill: self.grouped_prefill,
+                prefill_kernels: self.prefill_kernels,
             },
             Mut {
                 sc: &mut self.scratch,

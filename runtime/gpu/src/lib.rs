@@ -27,6 +27,7 @@ mod moe;
 pub mod monitor;
 pub mod options;
 pub mod plan;
+pub mod prefill_kernels;
 pub mod prefix;
 pub mod profile;
 pub mod scratch;

@@ -10,6 +10,10 @@
 //!   streamed prefill: a prompt prefilled in one chunk and in chunks of 37,
 //!   64 and 100 tokens (starts that are not multiples of the 64-row tiles)
 //!   gives bit-identical logits at every position, KV and greedy decode;
+//! - the same at head_dim 128 (qwen3_moe, all resident and streamed), where
+//!   a Hopper device runs the wgmma prefill attention
+//!   (`krasis_gpu::prefill_kernels`; asserted chosen on compute capability
+//!   9.0), whose 128-key tiles the chunk starts cut too;
 //! - the planted per-shape GEMM choice (cuBLAS's `CUBLAS_GEMM_DEFAULT`,
 //!   what the engine ran before) is caught by the GEMM test on the real
 //!   shapes. Whether it is also caught on the tiny models (whose small K
@@ -22,11 +26,12 @@ mod support;
 
 use half::{bf16, f16};
 use krasis_gpu::blas::{DENSE_REF_ROWS, Gemm, InType, OutType, Selection, expert_ref_rows, gemm};
+use krasis_gpu::prefill_kernels::Family;
 use krasis_gpu::{CudaEngine, CudaEngineOptions, Gpu};
 use krasis_model::Engine;
 use krasis_model::synth::preset_geometry;
 use std::path::Path;
-use support::{bits, cuda_options, gpu_or_skip, load, no_resident_options, synth, tokens};
+use support::{bits, cuda_options, gpu_or_skip, load, no_resident_options, synth_head_dim, tokens};
 
 /// Rows of the largest GEMM compared.
 const MAX_ROWS: usize = 300;
@@ -310,6 +315,11 @@ fn runs(model: &Path, opts: &dyn Fn(usize) -> CudaEngineOptions, planted: bool) 
         .map(|&c| {
             let mut e = load(model, &opts(c));
             assert_eq!(e.load_report().prefill_chunk, c);
+            // Hopper always takes its own attention kernel; it serves the
+            // bf16 head_dim 128 models (prefill_kernels.rs).
+            if e.gpu().info.compute_capability == (9, 0) {
+                assert_eq!(e.prefill_kernels().attention, Family::Hopper);
+            }
             if planted {
                 e.set_gemm_selection(Selection::PerShape);
             }
@@ -323,12 +333,12 @@ fn first_diff<T: PartialEq>(a: &[T], b: &[T]) -> Option<usize> {
     (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i))
 }
 
-fn chunk_invariant(what: &str, preset: &str, streamed: bool) {
+fn chunk_invariant(what: &str, preset: &str, head_dim: usize, streamed: bool) {
     if !gpu_or_skip(what) {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let model = synth(tmp.path(), preset);
+    let model = synth_head_dim(tmp.path(), preset, head_dim);
     let cache = tmp.path().join("cache");
     let opts = |c: usize| {
         if streamed {
@@ -381,6 +391,7 @@ fn qwen3_moe_prefill_is_chunk_invariant_all_resident() {
     chunk_invariant(
         "qwen3_moe_prefill_is_chunk_invariant_all_resident",
         "tiny",
+        64,
         false,
     );
 }
@@ -390,6 +401,7 @@ fn qwen3_moe_prefill_is_chunk_invariant_streamed() {
     chunk_invariant(
         "qwen3_moe_prefill_is_chunk_invariant_streamed",
         "tiny",
+        64,
         true,
     );
 }
@@ -399,6 +411,7 @@ fn glm4_moe_prefill_is_chunk_invariant_all_resident() {
     chunk_invariant(
         "glm4_moe_prefill_is_chunk_invariant_all_resident",
         "tiny-glm4-moe",
+        64,
         false,
     );
 }
@@ -408,6 +421,27 @@ fn glm4_moe_prefill_is_chunk_invariant_streamed() {
     chunk_invariant(
         "glm4_moe_prefill_is_chunk_invariant_streamed",
         "tiny-glm4-moe",
+        64,
+        true,
+    );
+}
+
+#[test]
+fn qwen3_moe_hd128_prefill_is_chunk_invariant_all_resident() {
+    chunk_invariant(
+        "qwen3_moe_hd128_prefill_is_chunk_invariant_all_resident",
+        "tiny",
+        128,
+        false,
+    );
+}
+
+#[test]
+fn qwen3_moe_hd128_prefill_is_chunk_invariant_streamed() {
+    chunk_invariant(
+        "qwen3_moe_hd128_prefill_is_chunk_invariant_streamed",
+        "tiny",
+        128,
         true,
     );
 }

@@ -6,16 +6,17 @@
 //! ([`crate::KernelError::WrongTarget`]) and [`Kernels::has_prefill_wgmma`]
 //! says so.
 //!
-//! Not yet the engine's kernel: [`Kernels::attention_prefill`] keeps the
-//! portable mma.sync kernel until this one has passed the device tests
-//! (`kernels/tests/gpu/attention/hopper.rs`) and measured faster
-//! (`kbench --prefill`); its bits differ from the portable kernel's (128-key
-//! tiles), so an engine must use one of the two for every chunk of a model.
+//! The CUDA engine runs it for every prefill chunk of a model whose
+//! attention it fits ([`Kernels::prefill_wgmma_fits`]), on the strength of
+//! the device tests (`kernels/tests/gpu/attention/hopper.rs`) and
+//! `kbench --prefill`; [`Kernels::attention_prefill`] stays the portable
+//! mma.sync kernel. Its bits differ from the portable kernel's (128-key
+//! tiles), so an engine uses one of the two for every chunk of a model.
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
-use crate::launch::ensure;
+use crate::launch::{Act16, ensure};
 use crate::ops::rope::{KvGeom, QkvGeom};
 use crate::{Kernels, Result};
 
@@ -35,31 +36,39 @@ impl Kernels {
         self.has(KERNEL)
     }
 
+    /// Whether [`Kernels::attention_prefill_wgmma`] serves attention in `A`
+    /// with `head_dim` here: a Hopper device, bf16, head_dim 128.
+    pub fn prefill_wgmma_fits<A: Act16>(&self, head_dim: usize) -> bool {
+        self.has_prefill_wgmma() && !A::F16 && head_dim == HEAD_DIM
+    }
+
     /// Causal prefill attention with the contract of
     /// [`Kernels::attention_prefill`] (linear cache, rows from `base`,
     /// output bf16 `[n_tokens, n_q_heads * head_dim]`) on Hopper's
     /// warpgroup MMA; bf16 q/K/V and head_dim 128 only. Refused with
     /// [`crate::KernelError::WrongTarget`] on a device that is not compute
-    /// capability 9.0 and with a shape error for other head dims.
+    /// capability 9.0 and with a shape error for f16 or other head dims.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_prefill_wgmma(
+    pub fn attention_prefill_wgmma<A: Act16>(
         &self,
         stream: &CudaStream,
-        qkv: &impl DevicePtr<bf16>,
+        qkv: &impl DevicePtr<A>,
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
         base: usize,
-        k_cache: &impl DevicePtr<bf16>,
-        v_cache: &impl DevicePtr<bf16>,
+        k_cache: &impl DevicePtr<A>,
+        v_cache: &impl DevicePtr<A>,
         scale: f32,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         self.require(KERNEL)?;
-        ensure(KERNEL, geom.head_dim == HEAD_DIM, || {
+        ensure(KERNEL, geom.head_dim == HEAD_DIM && !A::F16, || {
             format!(
-                "head_dim {} (the Hopper kernel is built for {HEAD_DIM}; use attention_prefill)",
-                geom.head_dim
+                "head_dim {} in {} (the Hopper kernel is built for bf16 and head_dim \
+                 {HEAD_DIM}; use attention_prefill)",
+                geom.head_dim,
+                if A::F16 { "f16" } else { "bf16" }
             )
         })?;
         self.launch_prefill(

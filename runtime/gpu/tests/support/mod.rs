@@ -46,11 +46,17 @@ pub fn gpu_or_skip(name: &str) -> bool {
 /// with head_dim 64 (the tiny presets' 32 is below what the attention
 /// kernels implement).
 pub fn synth(dir: &Path, preset: &str) -> PathBuf {
-    let ov: Vec<(String, serde_json::Value)> = vec![("head_dim".into(), serde_json::json!(64))];
+    synth_head_dim(dir, preset, 64)
+}
+
+/// [`synth`] with another head_dim (128: the Hopper prefill attention's).
+pub fn synth_head_dim(dir: &Path, preset: &str, head_dim: usize) -> PathBuf {
+    let ov: Vec<(String, serde_json::Value)> =
+        vec![("head_dim".into(), serde_json::json!(head_dim))];
     let spec = SynthSpec::new(preset, 7, SynthDtype::Bf16, 0.0, &ov).expect("synth spec");
     let mut opts = SynthOptions::new(spec);
     opts.tokenizer = TokenizerSource::None;
-    let out = dir.join(preset);
+    let out = dir.join(format!("{preset}-hd{head_dim}"));
     synthesize(&opts, &out).expect("synthesize");
     out
 }

@@ -24,6 +24,8 @@ struct Identity {
     driver_version: i32,
     commit: String,
     prefill_chunk: usize,
+    /// The engine's prefill kernel families (`krasis_gpu::prefill_kernels`).
+    prefill_kernels: String,
     context_length: usize,
     load_seconds: f64,
     weight_bytes: usize,
@@ -284,6 +286,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     }
     let h2d = copy_rates.as_ref().map_or(0.0, |c| c.big_gb_s * 1e9);
     let lr = engine.load_report().clone();
+    eprintln!("prefill kernels: {}", lr.prefill_kernels);
     let mut stages = Vec::new();
     let mut stage = |engine: &CudaEngine, name: &str| -> anyhow::Result<()> {
         let free = engine.gpu().free_in_budget()?;
@@ -508,6 +511,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             driver_version: info.driver_version,
             commit: a.commit.clone().unwrap_or_else(|| "unknown".into()),
             prefill_chunk: lr.prefill_chunk,
+            prefill_kernels: lr.prefill_kernels.clone(),
             context_length: lr.context_length,
             load_seconds: lr.load_seconds,
             weight_bytes: lr.weight_bytes,
@@ -695,6 +699,7 @@ mod tests {
             driver_version: 13000,
             commit: "c0ffee".into(),
             prefill_chunk: 8192,
+            prefill_kernels: "attention mma.sync".into(),
             context_length: 32016,
             load_seconds: 1.0,
             weight_bytes: 0,
