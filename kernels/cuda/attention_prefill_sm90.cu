@@ -98,7 +98,8 @@
 // (checked on the device: attention_prefill_wgmma_rows_are_chunk_invariant).
 // This kernel's bits differ from the portable kernel's (128-key tiles, not
 // 64: a different rescale sequence), so one engine uses one kernel for
-// every chunk of a model (ops/attention.rs picks by device and head_dim).
+// every chunk of a model (runtime/gpu/src/prefill_kernels.rs picks per
+// engine, by device; attention.rs by dtype and head_dim).
 //
 // Rows past n_tokens are computed with the last valid position (they never
 // read unwritten cache) and not stored; K/V rows past the block's last key
