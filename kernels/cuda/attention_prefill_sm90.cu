@@ -56,16 +56,14 @@
 // phase stays 0 (base offset 0); the host model of these addresses is the
 // test hopper_swizzle_matches_the_canonical_layout in ops/attention/hopper.rs.
 //
-// Pipeline. cp.async (16 bytes per thread and step, 8 steps per tile)
-// with commit groups in a fixed order: (Q, K0), V0, then per tile n the
-// next tile's K and V (empty groups past the last tile keep the counts
-// fixed). At the top of tile n a barrier says every warpgroup is done with
-// tile n-1's buffers, the loads of tile n+1 go into them, and tile n's K
-// and V are waited for with 2 groups still pending, so tile n+1's loads
-// run under tile n's products and softmax. cp.async writes through the
-// generic proxy and wgmma reads through the async proxy: every thread
-// fences (fence.proxy.async.shared::cta) after its waits, before the
-// barrier that publishes the tile.
+// Pipeline. cp.async, 16 bytes per thread and step, 8 steps per tile and
+// matrix; Q, K0 and V0 before the loop. One barrier per tile: at the top
+// of tile n every thread waits for its own copies (tile n's, all that are
+// pending) and fences them into the async proxy (cp.async writes through
+// the generic proxy, wgmma reads through the async one), then the barrier
+// publishes tile n and says every warpgroup is done with tile n-1, whose
+// buffers tile n+1's loads then take: they run under tile n's products
+// and softmax.
 //
 // Pingpong (flash attention 3's warpgroup scheduling). One warpgroup's
 // wgmma already uses the tensor cores of all four SM sub-partitions, so
@@ -118,6 +116,14 @@
 
 // Wait for warpgroup `wg`'s turn (bar.sync: its 128 threads and the other
 // warpgroup's 128 arrivals), and hand the turn to warpgroup `wg`.
+// 2^x on the MUFU unit alone (ftz: the probabilities' subnormals, below
+// 2^-126 of the row maximum, flush to 0; -inf gives 0).
+__device__ __forceinline__ float hp_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Immediate barrier ids, so ptxas reserves two barriers, not all 16.
 __device__ __forceinline__ void hp_take_turn(u32 wg) {
     if (wg == 0) asm volatile("bar.sync 1, 256;" ::: "memory");
@@ -219,7 +225,6 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
 
     hp_stage(Qs, qbase + (u64)m0 * stride, stride, n_tokens - min(m0, n_tokens));
     hp_stage(Ks, kbase, HP_D, kend);
-    cp_async_commit();
     hp_stage(Vs, vbase, HP_D, kend);
     cp_async_commit();
 
@@ -231,20 +236,15 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
     if (wg == 1) hp_give_turn(0);
     for (u32 nt = 0; nt < ntiles; ++nt) {
         const u32 n0 = nt * HP_BN, buf = nt & 1;
-        __syncthreads(); // every warpgroup is done reading K and V[buf ^ 1]
+        cp_async_wait<0>(); // (Q,) K and V of tile nt
+        fence_proxy_async();
+        __syncthreads(); // tile nt published; every warpgroup is done with tile nt - 1
         if (nt + 1 < ntiles) {
             const u32 n1 = n0 + HP_BN;
             hp_stage(Ks + (buf ^ 1) * HP_TILE, kbase + (u64)n1 * HP_D, HP_D, kend - n1);
-            cp_async_commit();
             hp_stage(Vs + (buf ^ 1) * HP_TILE, vbase + (u64)n1 * HP_D, HP_D, kend - n1);
             cp_async_commit();
-        } else {
-            cp_async_commit();
-            cp_async_commit();
         }
-        cp_async_wait<2>(); // (Q,) K and V of tile nt
-        fence_proxy_async();
-        __syncthreads();
 
         const bool live = n0 <= wlast;
         float s[64];
@@ -270,7 +270,10 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
             h_fence_regs<64>(s);
 
             // Mask (only a tile reaching past the warpgroup's first row
-            // needs it), scale to the log2 domain, online softmax.
+            // needs it) and the online softmax in the log2 domain. The
+            // maximum is taken over the raw scores and scaled once (sl2 > 0,
+            // so the scaled maximum is the same number), and each
+            // probability is one fma and one ex2: exp2(s * sl2 - m).
             const bool mask = n0 + HP_BN - 1 > wfirst;
             float mx0 = NEG_INF_F, mx1 = NEG_INF_F;
 #pragma unroll
@@ -279,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
                 for (int e = 0; e < 4; ++e) {
                     const u32 key = n0 + j * 8 + 2 * tq + (e & 1);
                     const u32 pos = e < 2 ? p0 : p1;
-                    float v = (!mask || key <= pos) ? s[4 * j + e] * sl2 : NEG_INF_F;
+                    float v = (!mask || key <= pos) ? s[4 * j + e] : NEG_INF_F;
                     s[4 * j + e] = v;
                     if (e < 2) mx0 = fmaxf(mx0, v);
                     else mx1 = fmaxf(mx1, v);
@@ -291,17 +294,17 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
             // A live tile holds key n0 <= every row's position, so the new
             // maxima are finite.
-            const float mn0 = fmaxf(mrow0, mx0), mn1 = fmaxf(mrow1, mx1);
-            const float al0 = exp2f(mrow0 - mn0), al1 = exp2f(mrow1 - mn1);
+            const float mn0 = fmaxf(mrow0, mx0 * sl2), mn1 = fmaxf(mrow1, mx1 * sl2);
+            const float al0 = hp_ex2(mrow0 - mn0), al1 = hp_ex2(mrow1 - mn1);
             mrow0 = mn0;
             mrow1 = mn1;
             float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
-                s[4 * j + 0] = exp2f(s[4 * j + 0] - mn0);
-                s[4 * j + 1] = exp2f(s[4 * j + 1] - mn0);
-                s[4 * j + 2] = exp2f(s[4 * j + 2] - mn1);
-                s[4 * j + 3] = exp2f(s[4 * j + 3] - mn1);
+                s[4 * j + 0] = hp_ex2(fmaf(s[4 * j + 0], sl2, -mn0));
+                s[4 * j + 1] = hp_ex2(fmaf(s[4 * j + 1], sl2, -mn0));
+                s[4 * j + 2] = hp_ex2(fmaf(s[4 * j + 2], sl2, -mn1));
+                s[4 * j + 3] = hp_ex2(fmaf(s[4 * j + 3], sl2, -mn1));
                 ls0 += s[4 * j + 0] + s[4 * j + 1];
                 ls1 += s[4 * j + 2] + s[4 * j + 3];
             }
@@ -345,7 +348,6 @@ extern "C" __global__ void __launch_bounds__(HP_THREADS, 1)
         }
     }
     if (wg == 0) hp_take_turn(0); // warpgroup 1's last hand-over
-    cp_async_wait<0>();
 
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
