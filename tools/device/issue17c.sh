@@ -13,6 +13,11 @@
 #       the Hopper attention with its warpgroups taking turns: the kernel tests attention::hopper::
 #       (gpu-*), `kbench --prefill`, `bench --check` on tiny with head_dim 128 and a3b-24l all
 #       resident at 512, 8,192 and 32,000 tokens (krasis-runtime-w only).
+#   bash tools/device/issue17c.sh final COMMIT
+#       one build (krasis-runtime and the engine test binaries row_invariance-*, prefix_cache-*,
+#       batching-*, gpu_engine-*): the tests, `bench --check` on tiny with head_dim 128, HCS
+#       exactness at 6 GiB, a3b-24l all resident at 512, 8,192 and 32,000 tokens, then at 6 GiB
+#       sized for 8K (prefill 512 and 8,192 with the all-resident baseline).
 #   bash tools/device/issue17c.sh speed COMMIT
 #       a3b-24l all resident, prefill 512, 8,192 and 32,000 tokens, both binaries back to back;
 #       then at 6 GiB sized for 8K, prefill 512 and 8,192 with the all-resident baseline.
@@ -40,7 +45,7 @@ test_bin() { # name timeout [filter...]
   [ -z "$b" ] && { echo "test $n: binary missing" >> "$S"; return; }
   timeout "$t" "$b" --test-threads 1 "$@" > "$OUT/test-$n.log" 2>&1
   echo "test $n $* rc=$? $(grep '^test result' "$OUT/test-$n.log") (t=$((SECONDS-T0))s)" >> "$S"
-  grep -E "panicked|FAILED|differ" -A2 "$OUT/test-$n.log" | head -20 >> "$S"
+  grep -E "panicked|FAILED|differ|SKIPPED" -A2 "$OUT/test-$n.log" | head -20 >> "$S"
 }
 case "$P" in
   check)
@@ -73,6 +78,26 @@ case "$P" in
     grep -E "^CHECK|all checks" "$OUT/check-t128.log" | cut -c1-160 >> "$S"
     prep
     bench "$kw" res-pingpong --prompt-tokens 512,8192,32000 --decode-tokens 16
+    ;;
+  final)
+    for t in row_invariance:200 prefix_cache:120 batching:200 gpu_engine:90; do
+      test_bin "${t%%:*}" "${t##*:}"
+    done
+    timeout 30 "$kr" synth --preset tiny --seed 1 --dtype bf16 --set head_dim=128 --out /tmp/t128 \
+      --vocab "$V" > "$OUT/synth-t128.log" 2>&1 &&
+      timeout 30 "$kr" build-cache --model /tmp/t128 --cache-dir /tmp/t128-kc >> "$OUT/synth-t128.log" 2>&1
+    timeout 150 "$kr" bench --check --model /tmp/t128 --cache-dir /tmp/t128-kc --long-tokens 2048 \
+      --prefill-chunk 64 --determinism-runs 2 --json "$OUT/check-t128.json" > "$OUT/check-t128.log" 2>&1
+    echo "check tiny head_dim 128 rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "^CHECK|all checks" "$OUT/check-t128.log" | cut -c1-160 >> "$S"
+    prep
+    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
+      > "$OUT/hcs-exact.log" 2>&1
+    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "^CHECK|all HCS" "$OUT/hcs-exact.log" | cut -c1-200 >> "$S"
+    bench "$kr" res-final --prompt-tokens 512,8192,32000 --decode-tokens 16
+    bench "$kr" 6gib-final --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16 \
+      --hcs-prefetch 0
     ;;
   speed)
     prep
