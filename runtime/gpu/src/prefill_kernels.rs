@@ -3,8 +3,8 @@
 //!
 //! On Hopper (compute capability 9.0) the warpgroup-MMA attention
 //! (`cuda/attention_prefill_sm90.cu`) replaces the portable mma.sync kernel
-//! for the shape it serves (bf16, head_dim 128): on the H200 it runs 1.24x
-//! as fast at 8K tokens and 1.22x at 32K (`kbench --prefill`,
+//! for the shape it serves (bf16, head_dim 128): on the H200 it runs 1.45x
+//! as fast at 8K tokens and 1.48x at 32K (`kbench --prefill`,
 //! `benchmarks/results/2026-12-04-session17.md`). Its bits differ from the
 //! portable kernel's (128-key tiles against 64), so the choice is never made
 //! per chunk: chunked prefill, prefix reuse, packed prefill and streaming
