@@ -63,15 +63,18 @@ cpu_expert() {
     tail -60 "$OUT/kbench-cpu-expert.txt" >> "$S"
   fi
 }
+a3b_close() { # HCS exactness at 6 GiB and the 8K-sized bench with the all-resident baseline
+  prep
+  timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
+    > "$OUT/hcs-exact.log" 2>&1
+  echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+  tail -6 "$OUT/hcs-exact.log" >> "$S"
+  bench 6gib-8k --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+}
 case "$P" in
   a3b)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
-    prep
-    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
-      > "$OUT/hcs-exact.log" 2>&1
-    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    tail -6 "$OUT/hcs-exact.log" >> "$S"
-    bench 6gib-8k --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    a3b_close
     bench 6gib-8k-tail384 --vram-limit 6GiB --prompt-tokens 8192 --decode-tokens 16,128 --hcs-prefetch 0 \
       --hcs-tail 384
     bench 6gib-8k-sampled --vram-limit 6GiB --prompt-tokens 8192 --decode-tokens 16,128 --hcs-prefetch 0 \
@@ -112,21 +115,11 @@ case "$P" in
     for t in batching:200 gpt_oss:150 glm4_moe:150 prefix_cache:120 gpu_engine:90 cancel:70 live:90; do
       test_bin "${t%%:*}" "${t##*:}"
     done
-    prep
-    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
-      > "$OUT/hcs-exact.log" 2>&1
-    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    tail -6 "$OUT/hcs-exact.log" >> "$S"
-    bench 6gib-8k --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    a3b_close
     ;;
   final-a3b-bench)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
-    prep
-    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
-      > "$OUT/hcs-exact.log" 2>&1
-    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    tail -6 "$OUT/hcs-exact.log" >> "$S"
-    bench 6gib-8k --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16,128 --hcs-prefetch 0
+    a3b_close
     bench 6gib-8k-sampled --vram-limit 6GiB --prompt-tokens 8192 --decode-tokens 16,128 --hcs-prefetch 0 \
       --decode-temperature 1
     ;;

@@ -47,35 +47,34 @@ test_bin() { # name timeout [filter...]
   echo "test $n $* rc=$? $(grep '^test result' "$OUT/test-$n.log") (t=$((SECONDS-T0))s)" >> "$S"
   grep -E "panicked|FAILED|differ|SKIPPED" -A2 "$OUT/test-$n.log" | head -20 >> "$S"
 }
+check_t128() { # binary: `bench --check` on tiny with head_dim 128 (the wgmma attention)
+  timeout 30 "$1" synth --preset tiny --seed 1 --dtype bf16 --set head_dim=128 --out /tmp/t128 \
+    --vocab "$V" > "$OUT/synth-t128.log" 2>&1 &&
+    timeout 30 "$1" build-cache --model /tmp/t128 --cache-dir /tmp/t128-kc >> "$OUT/synth-t128.log" 2>&1
+  timeout 150 "$1" bench --check --model /tmp/t128 --cache-dir /tmp/t128-kc --long-tokens 2048 \
+    --prefill-chunk 64 --determinism-runs 2 --json "$OUT/check-t128.json" > "$OUT/check-t128.log" 2>&1
+  echo "check tiny head_dim 128 rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+  grep -E "^CHECK|all checks" "$OUT/check-t128.log" | cut -c1-160 >> "$S"
+}
+hcs_exact() { # binary: HCS at 6 GiB against all resident, a3b-24l
+  prep
+  timeout 150 "$1" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
+    > "$OUT/hcs-exact.log" 2>&1
+  echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+  grep -E "^CHECK|all HCS" "$OUT/hcs-exact.log" | cut -c1-200 >> "$S"
+}
 case "$P" in
   check)
     for t in w-gpu_engine:90 w-prefix_cache:120 w-batching:200; do test_bin "${t%%:*}" "${t##*:}"; done
-    timeout 30 "$kw" synth --preset tiny --seed 1 --dtype bf16 --set head_dim=128 --out /tmp/t128 \
-      --vocab "$V" > "$OUT/synth-t128.log" 2>&1 &&
-      timeout 30 "$kw" build-cache --model /tmp/t128 --cache-dir /tmp/t128-kc >> "$OUT/synth-t128.log" 2>&1
-    echo "synth tiny head_dim 128 rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    timeout 150 "$kw" bench --check --model /tmp/t128 --cache-dir /tmp/t128-kc --long-tokens 2048 \
-      --prefill-chunk 64 --determinism-runs 2 --json "$OUT/check-t128.json" > "$OUT/check-t128.log" 2>&1
-    echo "check tiny head_dim 128 rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    grep -iE "prefill kernels|PASS|FAIL|worst|bound" "$OUT/check-t128.log" | head -24 >> "$S"
-    prep
-    timeout 150 "$kw" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
-      > "$OUT/hcs-exact.log" 2>&1
-    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    tail -6 "$OUT/hcs-exact.log" >> "$S"
+    check_t128 "$kw"
+    hcs_exact "$kw"
     ;;
   pingpong)
     test_bin gpu 120 attention::hopper::
     timeout 120 dist/gpu/kbench --prefill > "$OUT/kbench-prefill.txt" 2>&1
     echo "kbench --prefill rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     grep -E "attn prefill" "$OUT/kbench-prefill.txt" >> "$S"
-    timeout 30 "$kw" synth --preset tiny --seed 1 --dtype bf16 --set head_dim=128 --out /tmp/t128 \
-      --vocab "$V" > "$OUT/synth-t128.log" 2>&1 &&
-      timeout 30 "$kw" build-cache --model /tmp/t128 --cache-dir /tmp/t128-kc >> "$OUT/synth-t128.log" 2>&1
-    timeout 150 "$kw" bench --check --model /tmp/t128 --cache-dir /tmp/t128-kc --long-tokens 2048 \
-      --prefill-chunk 64 --determinism-runs 2 --json "$OUT/check-t128.json" > "$OUT/check-t128.log" 2>&1
-    echo "check tiny head_dim 128 rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    grep -E "^CHECK|all checks" "$OUT/check-t128.log" | cut -c1-160 >> "$S"
+    check_t128 "$kw"
     prep
     bench "$kw" res-pingpong --prompt-tokens 512,8192,32000 --decode-tokens 16
     ;;
@@ -83,18 +82,8 @@ case "$P" in
     for t in row_invariance:200 prefix_cache:120 batching:200 gpu_engine:90; do
       test_bin "${t%%:*}" "${t##*:}"
     done
-    timeout 30 "$kr" synth --preset tiny --seed 1 --dtype bf16 --set head_dim=128 --out /tmp/t128 \
-      --vocab "$V" > "$OUT/synth-t128.log" 2>&1 &&
-      timeout 30 "$kr" build-cache --model /tmp/t128 --cache-dir /tmp/t128-kc >> "$OUT/synth-t128.log" 2>&1
-    timeout 150 "$kr" bench --check --model /tmp/t128 --cache-dir /tmp/t128-kc --long-tokens 2048 \
-      --prefill-chunk 64 --determinism-runs 2 --json "$OUT/check-t128.json" > "$OUT/check-t128.log" 2>&1
-    echo "check tiny head_dim 128 rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    grep -E "^CHECK|all checks" "$OUT/check-t128.log" | cut -c1-160 >> "$S"
-    prep
-    timeout 150 "$kr" bench --model $A/a3b-24l --cache-dir $A/krasis-cache --hcs-exactness 6GiB --heatmap off \
-      > "$OUT/hcs-exact.log" 2>&1
-    echo "hcs-exactness 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    grep -E "^CHECK|all HCS" "$OUT/hcs-exact.log" | cut -c1-200 >> "$S"
+    check_t128 "$kr"
+    hcs_exact "$kr"
     bench "$kr" res-final --prompt-tokens 512,8192,32000 --decode-tokens 16
     bench "$kr" 6gib-final --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16 \
       --hcs-prefetch 0
