@@ -18,6 +18,9 @@
 #       batching-*, gpu_engine-*): the tests, `bench --check` on tiny with head_dim 128, HCS
 #       exactness at 6 GiB, a3b-24l all resident at 512, 8,192 and 32,000 tokens, then at 6 GiB
 #       sized for 8K (prefill 512 and 8,192 with the all-resident baseline).
+#   bash tools/device/issue17c.sh parts COMMIT
+#       a3b-24l all resident at 512, 8,192 and 32,000 tokens with `--prefill-breakdown` (where
+#       each prefill's device time goes).
 #   bash tools/device/issue17c.sh speed COMMIT
 #       a3b-24l all resident, prefill 512, 8,192 and 32,000 tokens, both binaries back to back;
 #       then at 6 GiB sized for 8K, prefill 512 and 8,192 with the all-resident baseline.
@@ -87,6 +90,11 @@ case "$P" in
     bench "$kr" res-final --prompt-tokens 512,8192,32000 --decode-tokens 16
     bench "$kr" 6gib-final --vram-limit 6GiB --baseline --prompt-tokens 512,8192 --decode-tokens 16 \
       --hcs-prefetch 0
+    ;;
+  parts)
+    prep
+    bench "$kr" res-parts --prompt-tokens 512,8192,32000 --decode-tokens 16 --prefill-breakdown
+    grep -E "parts \(ms" "$OUT/bench-res-parts.log" >> "$S"
     ;;
   speed)
     prep

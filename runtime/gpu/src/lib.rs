@@ -30,6 +30,7 @@ pub mod plan;
 pub mod prefill_kernels;
 pub mod prefix;
 pub mod profile;
+pub mod profile_prefill;
 pub mod scratch;
 pub mod setup;
 pub mod stats;

@@ -122,6 +122,12 @@ pub struct Args {
     /// resident (the run says so).
     #[arg(long, value_delimiter = ',', value_name = "N", default_value = "2,8")]
     pub hcs_prefetch: Vec<usize>,
+    /// All resident: after each prompt length's runs, time the prefill's
+    /// parts (attention, router, routed experts, the rest) with CUDA
+    /// events. Refused under a VRAM limit (streamed prefill's parts overlap
+    /// its copies).
+    #[arg(long, conflicts_with_all = ["check", "hcs_exactness", "vram_limit"])]
+    pub prefill_breakdown: bool,
     /// Under HCS, give the decode recency tail this many slots of the
     /// reclaimable tier (default: the engine's split), the rest to the
     /// heatmap prior: measures the split. Bench only.
@@ -196,4 +202,39 @@ pub(crate) fn text_tokens(
     let repeated = base.len() < n;
     let out: Vec<u32> = base.iter().copied().cycle().take(n).collect();
     Ok((out, repeated))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: Args,
+    }
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let mut v = vec!["bench", "--model", "/models/a3b"];
+        v.extend_from_slice(extra);
+        Cli::try_parse_from(v).map(|c| c.bench)
+    }
+
+    #[test]
+    fn the_prefill_breakdown_is_refused_where_it_would_be_ignored() {
+        assert!(parse(&["--prefill-breakdown"]).unwrap().prefill_breakdown);
+        for other in [
+            &["--vram-limit", "6GiB"][..],
+            &["--check"],
+            &["--hcs-exactness", "6GiB"],
+        ] {
+            let mut v = vec!["--prefill-breakdown"];
+            v.extend_from_slice(other);
+            let e = parse(&v)
+                .err()
+                .unwrap_or_else(|| panic!("{v:?} was accepted"));
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{v:?}");
+        }
+    }
 }

@@ -48,6 +48,9 @@ struct PrefillResult {
     /// With HCS: the streamed expert bytes at the measured H2D rate, and
     /// the measured all-resident prefill time (needs --baseline).
     constrained: Option<ConstrainedBound>,
+    /// All resident: where the prefill's device time goes (CUDA events
+    /// around its parts run on their own, `krasis_gpu::profile_prefill`).
+    breakdown_ms: Option<krasis_gpu::profile_prefill::PrefillBreakdown>,
 }
 
 #[derive(Debug, Serialize, Clone)]
@@ -339,6 +342,18 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             grouped(bound.max_tok_s, 0),
             bounds::H200_BF16_FLOP_PER_S / 1e12
         );
+        let breakdown = if a.prefill_breakdown {
+            let b = engine
+                .prefill_breakdown(&all[..p], 3)
+                .context("timing the parts of a prefill")?;
+            eprintln!(
+                "  parts (ms, {} chunk(s)): total {:.1} = attention {:.1} + router {:.1} + routed experts {:.1} + rest {:.1}",
+                b.chunks, b.total_ms, b.attention_ms, b.router_ms, b.experts_ms, b.rest_ms
+            );
+            Some(b)
+        } else {
+            None
+        };
         prefill.push(PrefillResult {
             prompt_tokens: p,
             text_repeated: repeated_all && p > all.len(),
@@ -347,6 +362,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
             stats,
             bound,
             constrained,
+            breakdown_ms: breakdown,
         });
         stage(&engine, &format!("prefill {p}"))?;
     }
@@ -719,6 +735,7 @@ mod tests {
                 max_tok_s: 100000.0,
             },
             constrained: None,
+            breakdown_ms: None,
         };
         let decode = |graphs, runs: Vec<f64>| {
             let stats = RunStats::new(500.0, runs);
