@@ -1,7 +1,8 @@
 //! `kbench --grouped`: a prefill chunk's routed experts, rows already
 //! grouped by expert (random top-k routes of `t` tokens, 512 to 8,192), for
-//! a3b (H 2048, I 768, top-8 of 128) and GLM-4.5-Air (H 4096, I 1408, top-8
-//! of 128): the grouped INT4 GEMMs (w13 + SwiGLU, w2) in their portable
+//! a3b (H 2048, I 768, top-8 of 128), GLM-4.5-Air (H 4096, I 1408, top-8
+//! of 128) and qcn (Qwen3-Next/Coder-Next: H 2048, I 512, top-10 of 512, so
+//! ~10 rows per expert at 512 tokens): the grouped INT4 GEMMs (w13 + SwiGLU, w2) in their portable
 //! form (`cuda/int4_gemm.cu`) and, on a compute capability 9.0 device,
 //! their Hopper wgmma form (`cuda/int4_gemm_sm90.cu`; a "not run" row
 //! elsewhere), against the path they replace (dequantize the experts to
@@ -30,6 +31,7 @@ pub(crate) fn bench_grouped(
     for (label, h, i, e, topk) in [
         ("a3b", 2048usize, 768usize, 128usize, 8usize),
         ("glm", 4096, 1408, 128, 8),
+        ("qcn", 2048, 512, 512, 10),
     ] {
         rows.push(format!(
             "{label} experts (H {h}, I {i}, top-{topk} of {e}): min / median / max per chunk"
