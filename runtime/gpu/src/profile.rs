@@ -7,8 +7,62 @@ use crate::engine::CudaEngine;
 use crate::error::{GpuError, Result};
 use crate::forward::Positions;
 use crate::weights::MlpWeights;
+use cudarc::driver::CudaEvent;
 use cudarc::driver::sys::CUevent_flags;
 use serde::Serialize;
+
+/// Device milliseconds of work issued on the engine's stream, between two
+/// CUDA events: the median of `reps` runs (at least one). Shared by the
+/// decode and prefill breakdowns (`profile_prefill.rs`).
+pub(crate) struct EventTimer {
+    start: CudaEvent,
+    end: CudaEvent,
+    reps: usize,
+}
+
+impl EventTimer {
+    pub(crate) fn new(engine: &CudaEngine, reps: usize) -> Result<Self> {
+        let ctx = &engine.gpu().ctx;
+        let ev = || {
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(GpuError::driver("creating a timing event"))
+        };
+        Ok(EventTimer {
+            start: ev()?,
+            end: ev()?,
+            reps: reps.max(1),
+        })
+    }
+
+    /// The median time of `f`'s launches over `reps` runs.
+    pub(crate) fn median_ms(
+        &self,
+        engine: &mut CudaEngine,
+        f: &mut dyn FnMut(&mut CudaEngine) -> Result<()>,
+    ) -> Result<f64> {
+        let mut v = Vec::with_capacity(self.reps);
+        for _ in 0..self.reps {
+            let s = engine.gpu().stream.clone();
+            self.start
+                .record(&s)
+                .map_err(GpuError::driver("recording an event"))?;
+            f(engine)?;
+            self.end
+                .record(&s)
+                .map_err(GpuError::driver("recording an event"))?;
+            self.end
+                .synchronize()
+                .map_err(GpuError::driver("waiting for an event"))?;
+            v.push(
+                self.start
+                    .elapsed_ms(&self.end)
+                    .map_err(GpuError::driver("reading an event"))? as f64,
+            );
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        Ok(v[v.len() / 2])
+    }
+}
 
 /// Median device milliseconds of each part of a decode step of `rows`
 /// rows (sequences).
@@ -45,34 +99,7 @@ impl CudaEngine {
         rows: usize,
         reps: usize,
     ) -> Result<DecodeBreakdown> {
-        let ctx = self.gpu().ctx.clone();
-        let ev = || {
-            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(GpuError::driver("creating a timing event"))
-        };
-        let (e0, e1) = (ev()?, ev()?);
-        let reps = reps.max(1);
-        let time = |engine: &mut CudaEngine,
-                    f: &mut dyn FnMut(&mut CudaEngine) -> Result<()>|
-         -> Result<f64> {
-            let mut v = Vec::with_capacity(reps);
-            for _ in 0..reps {
-                let s = engine.gpu().stream.clone();
-                e0.record(&s)
-                    .map_err(GpuError::driver("recording an event"))?;
-                f(engine)?;
-                e1.record(&s)
-                    .map_err(GpuError::driver("recording an event"))?;
-                e1.synchronize()
-                    .map_err(GpuError::driver("waiting for an event"))?;
-                v.push(
-                    e0.elapsed_ms(&e1)
-                        .map_err(GpuError::driver("reading an event"))? as f64,
-                );
-            }
-            v.sort_by(|a, b| a.total_cmp(b));
-            Ok(v[v.len() / 2])
-        };
+        let timer = EventTimer::new(self, reps)?;
         self.require_idle("decode_breakdown")?;
         self.model_mut().settle_experts()?;
         let m = rows.max(1);
@@ -97,13 +124,13 @@ impl CudaEngine {
         }
         let mut b = DecodeBreakdown {
             rows: m,
-            layers_ms: time(self, &mut |e| {
+            layers_ms: timer.median_ms(self, &mut |e| {
                 e.model_mut().forward_layers(m, Positions::Decode)
             })?,
-            lm_head_ms: time(self, &mut |e| e.model_mut().lm_head(0, m))?,
+            lm_head_ms: timer.median_ms(self, &mut |e| e.model_mut().lm_head(0, m))?,
             ..DecodeBreakdown::default()
         };
-        b.attention_layer_ms = time(self, &mut |e| {
+        b.attention_layer_ms = timer.median_ms(self, &mut |e| {
             let (cx, sc, kv) = e.model_mut().split();
             attention(&cx, sc, kv, 0, m, Positions::Decode)
         })?;
@@ -114,7 +141,7 @@ impl CudaEngine {
             .iter()
             .position(|l| matches!(l.mlp, MlpWeights::Moe { .. }));
         if let Some(l) = moe {
-            b.router_layer_ms = time(self, &mut |e| {
+            b.router_layer_ms = timer.median_ms(self, &mut |e| {
                 let (cx, sc, _) = e.model_mut().split();
                 crate::moe::router(&cx, sc, l, m, Positions::Decode, false)
             })?;
@@ -127,7 +154,7 @@ impl CudaEngine {
             distinct.sort_unstable();
             distinct.dedup();
             b.distinct_experts = distinct.len();
-            b.experts_layer_ms = time(self, &mut |e| {
+            b.experts_layer_ms = timer.median_ms(self, &mut |e| {
                 let (cx, sc, _) = e.model_mut().split();
                 let MlpWeights::Moe { moe_index, .. } = cx.w.layers[l].mlp else {
                     return Ok(());
@@ -148,7 +175,7 @@ impl CudaEngine {
         // SAFETY: as above.
         let _ = unsafe { cudarc::driver::sys::cuProfilerStop() };
         let params = krasis_kernels::SamplingParams::default();
-        b.sample_ms = time(self, &mut |e| {
+        b.sample_ms = timer.median_ms(self, &mut |e| {
             let model = e.model_mut();
             let v = model.geometry.vocab_size;
             let sc = &mut model.scratch;

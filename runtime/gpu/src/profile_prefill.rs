@@ -19,8 +19,8 @@ use crate::engine::CudaEngine;
 use crate::error::{GpuError, Result};
 use crate::forward::Positions;
 use crate::mlp::post_attention_norm;
+use crate::profile::EventTimer;
 use crate::weights::MlpWeights;
-use cudarc::driver::sys::CUevent_flags;
 use serde::Serialize;
 
 /// Device milliseconds of a prefill of `tokens` tokens (medians of each
@@ -58,34 +58,7 @@ impl CudaEngine {
         }
         self.check_tokens(tokens)?;
         self.prefill(tokens, |_, _, _| Ok(()))?;
-        let ctx = self.gpu().ctx.clone();
-        let ev = || {
-            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(GpuError::driver("creating a timing event"))
-        };
-        let (e0, e1) = (ev()?, ev()?);
-        let reps = reps.max(1);
-        let time = |engine: &mut CudaEngine,
-                    f: &mut dyn FnMut(&mut CudaEngine) -> Result<()>|
-         -> Result<f64> {
-            let mut v = Vec::with_capacity(reps);
-            for _ in 0..reps {
-                let s = engine.gpu().stream.clone();
-                e0.record(&s)
-                    .map_err(GpuError::driver("recording an event"))?;
-                f(engine)?;
-                e1.record(&s)
-                    .map_err(GpuError::driver("recording an event"))?;
-                e1.synchronize()
-                    .map_err(GpuError::driver("waiting for an event"))?;
-                v.push(
-                    e0.elapsed_ms(&e1)
-                        .map_err(GpuError::driver("reading an event"))? as f64,
-                );
-            }
-            v.sort_by(|a, b| a.total_cmp(b));
-            Ok(v[v.len() / 2])
-        };
+        let timer = EventTimer::new(self, reps)?;
         let layers = self.model.geometry.num_layers;
         let moe: Vec<(usize, usize)> = self
             .model
@@ -117,20 +90,20 @@ impl CudaEngine {
                 .memcpy_htod(chunk, &mut m.scratch.ids.slice_mut(0..t))
                 .map_err(GpuError::driver("copying prompt tokens to the GPU"))?;
             b.chunks += 1;
-            b.total_ms += time(self, &mut |e| e.model_mut().forward_layers(t, at))?;
+            b.total_ms += timer.median_ms(self, &mut |e| e.model_mut().forward_layers(t, at))?;
             b.attention_ms += layers as f64
-                * time(self, &mut |e| {
+                * timer.median_ms(self, &mut |e| {
                     let (cx, sc, kv) = e.model_mut().split();
                     input_norm(&cx, sc, 0, t)?;
                     attention(&cx, sc, kv, 0, t, at)
                 })?;
             for &(l, moe_index) in &moe {
-                b.router_ms += time(self, &mut |e| {
+                b.router_ms += timer.median_ms(self, &mut |e| {
                     let (cx, sc, _) = e.model_mut().split();
                     post_attention_norm(&cx, sc, l, t)?;
                     crate::moe::router(&cx, sc, l, t, at, false)
                 })?;
-                b.experts_ms += time(self, &mut |e| {
+                b.experts_ms += timer.median_ms(self, &mut |e| {
                     let (cx, sc, _) = e.model_mut().split();
                     crate::moe::routed_experts(&cx, sc, moe_index, t, at)
                 })?;
