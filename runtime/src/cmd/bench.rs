@@ -215,8 +215,10 @@ mod tests {
         bench: Args,
     }
 
-    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
-        let mut v = vec!["bench", "--model", "/models/a3b"];
+    /// `bench --model /models/qcn` with `extra`, as the command line parses
+    /// it (the bench modules' tests share it).
+    pub(super) fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let mut v = vec!["bench", "--model", "/models/qcn"];
         v.extend_from_slice(extra);
         Cli::try_parse_from(v).map(|c| c.bench)
     }

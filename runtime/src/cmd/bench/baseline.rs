@@ -155,18 +155,9 @@ pub fn read(path: &std::path::Path, geometry: &str, a: &Args) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        bench: Args,
-    }
 
     fn args(extra: &[&str]) -> Args {
-        let mut v = vec!["bench", "--model", "/models/qcn"];
-        v.extend_from_slice(extra);
-        Cli::parse_from(v).bench
+        crate::cmd::bench::tests::parse(extra).expect("bench arguments")
     }
 
     fn write(b: &Baseline) -> tempfile::NamedTempFile {
