@@ -109,6 +109,26 @@ pub fn poison_u32(s: &Arc<CudaStream>, n: usize) -> CudaSlice<u32> {
     up(s, &vec![u32::MAX; n])
 }
 
+/// Runs `launch` on a bf16 output of `n` values followed by `guard`
+/// NaN-poisoned ones, asserts the guard is untouched (`what` names the
+/// launch) and returns the `n` values as f32.
+pub fn guarded_bf16(
+    s: &Arc<CudaStream>,
+    n: usize,
+    guard: usize,
+    what: &str,
+    launch: impl FnOnce(&mut CudaSlice<bf16>),
+) -> Vec<f32> {
+    let mut out = poison_bf16(s, n + guard);
+    launch(&mut out);
+    let all = down(s, &out);
+    assert!(
+        all[n..].iter().all(|x| x.is_nan()),
+        "{what}: wrote past the last row"
+    );
+    f32s(&all[..n])
+}
+
 /// The f32 values of bf16 or f16 data.
 pub fn f32s<A: krasis_kernels::Act16>(x: &[A]) -> Vec<f32> {
     x.iter().map(|v| v.to_f32()).collect()
