@@ -2,10 +2,11 @@
 //! reference, their row invariance (a row's bits do not depend on which
 //! tile or position it lands in), and NaN for a missing expert.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use krasis_kernels::{Act16, Int4Layout, int4_grouped_tiles};
 use rand::Rng;
+use std::sync::Arc;
 
 use crate::common::*;
 use crate::int4::{Experts, experts};
@@ -171,21 +172,26 @@ fn int4_grouped_gemms_match_reference() {
 fn int4_grouped_refuses_other_groups_and_bad_tiles() {
     let name = "int4_grouped_refuses_other_groups_and_bad_tiles";
     let Some((g, s)) = gpu(name) else { return };
-    let l32 = Int4Layout::new(1024, 384, 32).unwrap();
-    let (x, off) = (up(&s, &vec![bf16::ZERO; 4 * 1024]), up(&s, &[0u32, 4]));
-    let table = up(&s, &[0u64]);
+    assert_refusals(g, &s, false);
+}
+
+/// The gate/up wrapper (`hopper`: its wgmma form) refuses a group of 32 and
+/// a tile count that cannot cover the rows.
+pub fn assert_refusals(g: &Gpu, s: &Arc<CudaStream>, hopper: bool) {
+    let (x, off) = (up(s, &vec![bf16::ZERO; 4 * 1024]), up(s, &[0u32, 4]));
+    let table = up(s, &[0u64]);
     let mut act: CudaSlice<bf16> = s.alloc_zeros(4 * 384).unwrap();
-    let e = g
-        .kernels
-        .int4_grouped_w13_swiglu(&s, &x, 4, &off, 1, 1, &table, &l32, &mut act)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("group 128"), "{e}");
-    let l = Int4Layout::new(1024, 384, 128).unwrap();
-    let e = g
-        .kernels
-        .int4_grouped_w13_swiglu(&s, &x, 4, &off, 1, 0, &table, &l, &mut act)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("cannot cover"), "{e}");
+    let mut launch = |l: &Int4Layout, tiles: usize| {
+        let k = &g.kernels;
+        let r = if hopper {
+            k.int4_grouped_w13_swiglu_wgmma(s, &x, 4, &off, 1, tiles, &table, l, &mut act)
+        } else {
+            k.int4_grouped_w13_swiglu(s, &x, 4, &off, 1, tiles, &table, l, &mut act)
+        };
+        r.unwrap_err().to_string()
+    };
+    let e = launch(&Int4Layout::new(1024, 384, 32).unwrap(), 1);
+    assert!(e.contains("group 128"), "hopper={hopper}: {e}");
+    let e = launch(&Int4Layout::new(1024, 384, 128).unwrap(), 0);
+    assert!(e.contains("cannot cover"), "hopper={hopper}: {e}");
 }

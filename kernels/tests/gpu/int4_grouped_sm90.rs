@@ -318,21 +318,5 @@ fn int4_grouped_wgmma_refuses_other_groups_and_bad_tiles() {
     if !hopper(g, &s, name) {
         return;
     }
-    let l32 = Int4Layout::new(1024, 384, 32).unwrap();
-    let (x, off) = (up(&s, &vec![bf16::ZERO; 4 * 1024]), up(&s, &[0u32, 4]));
-    let table = up(&s, &[0u64]);
-    let mut act: CudaSlice<bf16> = s.alloc_zeros(4 * 384).unwrap();
-    let e = g
-        .kernels
-        .int4_grouped_w13_swiglu_wgmma(&s, &x, 4, &off, 1, 1, &table, &l32, &mut act)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("group 128"), "{e}");
-    let l = Int4Layout::new(1024, 384, 128).unwrap();
-    let e = g
-        .kernels
-        .int4_grouped_w13_swiglu_wgmma(&s, &x, 4, &off, 1, 0, &table, &l, &mut act)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("cannot cover"), "{e}");
+    crate::int4_grouped::assert_refusals(g, &s, true);
 }
