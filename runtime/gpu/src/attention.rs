@@ -409,7 +409,7 @@ fn attend<A: Act16>(
         kn.kv_append(s, qkv, geom, sp, kvg, base, kc, vc)?;
         match at {
             Positions::Prefill { start, base }
-                if cx.prefill_kernels.hopper_attention::<A>(kn, geom.head_dim) =>
+                if cx.prefill_kernels.hopper_attention::<A>(geom.head_dim) =>
             {
                 kn.attention_prefill_wgmma(s, qkv, geom, start, kvg, base, kc, vc, scale, attn)?
             }

@@ -50,8 +50,8 @@ impl PrefillKernels {
     }
 
     /// Whether attention in `A` with `head_dim` runs the Hopper kernel.
-    pub(crate) fn hopper_attention<A: Act16>(&self, kn: &Kernels, head_dim: usize) -> bool {
-        self.attention == Family::Hopper && kn.prefill_wgmma_fits::<A>(head_dim)
+    pub(crate) fn hopper_attention<A: Act16>(&self, head_dim: usize) -> bool {
+        self.attention == Family::Hopper && Kernels::prefill_wgmma_serves::<A>(head_dim)
     }
 }
 

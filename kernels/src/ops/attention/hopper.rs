@@ -7,7 +7,7 @@
 //! says so.
 //!
 //! The CUDA engine runs it for every prefill chunk of a model whose
-//! attention it fits ([`Kernels::prefill_wgmma_fits`]), on the strength of
+//! attention it serves ([`Kernels::prefill_wgmma_serves`]), on the strength of
 //! the device tests (`kernels/tests/gpu/attention/hopper.rs`) and
 //! `kbench --prefill`; [`Kernels::attention_prefill`] stays the portable
 //! mma.sync kernel. Its bits differ from the portable kernel's (128-key
@@ -37,9 +37,10 @@ impl Kernels {
     }
 
     /// Whether [`Kernels::attention_prefill_wgmma`] serves attention in `A`
-    /// with `head_dim` here: a Hopper device, bf16, head_dim 128.
-    pub fn prefill_wgmma_fits<A: Act16>(&self, head_dim: usize) -> bool {
-        self.has_prefill_wgmma() && !A::F16 && head_dim == HEAD_DIM
+    /// with `head_dim` (bf16, head_dim 128), on a device that has it
+    /// ([`Kernels::has_prefill_wgmma`]).
+    pub fn prefill_wgmma_serves<A: Act16>(head_dim: usize) -> bool {
+        !A::F16 && head_dim == HEAD_DIM
     }
 
     /// Causal prefill attention with the contract of
@@ -63,14 +64,18 @@ impl Kernels {
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         self.require(KERNEL)?;
-        ensure(KERNEL, geom.head_dim == HEAD_DIM && !A::F16, || {
-            format!(
-                "head_dim {} in {} (the Hopper kernel is built for bf16 and head_dim \
+        ensure(
+            KERNEL,
+            Self::prefill_wgmma_serves::<A>(geom.head_dim),
+            || {
+                format!(
+                    "head_dim {} in {} (the Hopper kernel is built for bf16 and head_dim \
                  {HEAD_DIM}; use attention_prefill)",
-                geom.head_dim,
-                if A::F16 { "f16" } else { "bf16" }
-            )
-        })?;
+                    geom.head_dim,
+                    if A::F16 { "f16" } else { "bf16" }
+                )
+            },
+        )?;
         self.launch_prefill(
             KERNEL,
             stream,
