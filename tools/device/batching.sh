@@ -20,9 +20,10 @@
 #   bash tools/device/batching.sh prep COMMIT
 #       a3b-24l + INT4 cache + heatmap at 6GiB (benchmarks/agent_load_device.sh prep; skipped when
 #       done).
-#   LIMIT=6GiB|none[,...] CLIENTS=1,2,4,8 PARALLEL=8|none bash tools/device/batching.sh parallel COMMIT
-#       `serve --backend cuda --parallel $PARALLEL` of a3b-24l (context 32768, as the issue 15
-#       baseline) at each LIMIT (`none`: all resident; several run one after another in one call),
+#   LIMIT=6GiB|none[,...] CLIENTS=1,2,4,8 PARALLEL=8|none CTX=32768 bash tools/device/batching.sh parallel COMMIT
+#       `serve --backend cuda --parallel $PARALLEL` of a3b-24l (context CTX, 32768 by default as the
+#       issue 15 baseline; the KV arena is one context's rows, so it trades against HCS slots) at
+#       each LIMIT (`none`: all resident; several run one after another in one call),
 #       then `benchmarks/agent_load.py parallel` with CLIENTS streaming clients (2 requests each,
 #       ~1000-token prompts, 128 tokens): aggregate tok/s per client count (target: 4 clients >=
 #       2.5x one), TTFT and ITL, the server's startup lines (memory, experts, batching) and
@@ -32,8 +33,8 @@
 # Results: $OUT/bt-PHASE[-LIMIT].tgz (summary.txt first).
 set -u
 P=${1:?phase tests, prep or parallel}; C=${2:-unknown}
-L=${LIMIT:-6GiB}; CL=${CLIENTS:-1,2,4,8}; PAR=${PARALLEL:-8}
-tag=$P; [ "$P" = parallel ] && tag=$P-${L//,/+}
+L=${LIMIT:-6GiB}; CL=${CLIENTS:-1,2,4,8}; PAR=${PARALLEL:-8}; CTX=${CTX:-32768}
+tag=$P; [ "$P" = parallel ] && tag=$P-${L//,/-}-ctx$CTX
 R=/tmp/btr-$tag; rm -rf "$R"; mkdir -p "$R"
 D=dist/gpu; kr=$(realpath $D/krasis-runtime); py=/opt/torch/.venv/bin/python3
 T=/tmp/agent-load                     # the model, cache and heatmap of agent_load_device.sh prep
@@ -95,14 +96,14 @@ lim=(--vram-limit "$L"); [ "$L" = none ] && lim=()
 par=(--parallel "$PAR"); [ "$PAR" = none ] && par=()
 port=18097; url=http://127.0.0.1:$port
 "$kr" serve --model "$T/a3b-24l" --cache-dir "$T/krasis-cache" --backend cuda "${lim[@]}" "${par[@]}" \
-  --context-length 32768 --port $port --progress-json > "$R/events.jsonl" 2> "$R/serve.log" &
+  --context-length "$CTX" --port $port --progress-json > "$R/events.jsonl" 2> "$R/serve.log" &
 spid=$!
 for _ in $(seq 1 1200); do
   curl -sf "$url/health" > /dev/null 2>&1 && break
   kill -0 "$spid" 2>/dev/null || { log "serve exited: $(tail -3 "$R/serve.log")"; spid=; return 1; }
   sleep 0.2
 done
-log "serving (limit $L, parallel $PAR): $(curl -s "$url/health")"
+log "serving (limit $L, parallel $PAR, context $CTX): $(curl -s "$url/health")"
 grep -iE "^memory:|^experts:|^prefix cache|parallel|batch" "$R/serve.log" | head -8 >> "$SUM"
 timeout "$(left)" "$py" benchmarks/agent_load.py parallel --url "$url" --commit "$C" --runtime-bin "$kr" \
   --clients "$CL" --requests 2 --prompt-tokens 1000 --max-tokens 128 \
@@ -111,7 +112,10 @@ log "parallel rc=$?"
 sed -n '/^PASS\|^FAIL/p' "$R/parallel.log" >> "$SUM"
 grep -E "^\| [0-9]+ \|" "$R/parallel.md" | head -8 >> "$SUM"
 curl -s "$url/v1/stats" > "$R/stats.json"
-echo "stats: $(head -c 1500 "$R/stats.json")" >> "$SUM"
+# The engine's HCS figures first (the recent requests after them are long).
+"$py" -c "import json,sys; d=json.load(open(sys.argv[1])); print('stats hcs:', json.dumps(d.get('hcs')))" \
+  "$R/stats.json" >> "$SUM" 2>&1
+echo "stats: $(head -c 600 "$R/stats.json")" >> "$SUM"
 kill -TERM "$spid" 2>/dev/null; wait "$spid" 2>/dev/null; spid=
 }
 for l in ${L//,/ }; do

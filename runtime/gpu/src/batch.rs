@@ -11,21 +11,23 @@
 //! rows are free at once), then runs at most one prefill chunk of the
 //! oldest sequence still prefilling (all resident; with HCS its whole
 //! prompt, see below), its first token sampled when its last chunk ends;
-//! all resident, the other sequences still prefilling join that chunk
-//! (**packed prefill**, `Positions::Packed`: the oldest's next tokens, then
-//! the next sequence's, ... up to one chunk of rows in one forward pass,
-//! RoPE / KV append / attention per sequence, everything else over all
-//! rows at once; prompts of at most `gemv_tokens` tokens prefill alone),
-//! then one decode step of every sequence that was decoding when the step
-//! began (one token per sequence per step; a sequence's last `Token` and
-//! its `Done` come in the same step): M rows (the order they were
-//! admitted in) through [`crate::forward`] with m = M, each row at its
-//! own position in its own KV rows (`scratch.pos`, `scratch.kv_base`), the
-//! LM head over the M rows, and each row sampled with its own parameters,
-//! step index and penalty counts. A decode step of M rows all resident
-//! replays the CUDA graph captured for M (after one eager step of M); with
-//! HCS it runs eagerly, each MoE layer placing the union of the rows'
-//! experts (`hcs/decode.rs`).
+//! the other sequences still prefilling join that chunk (**packed
+//! prefill**, `Positions::Packed`: the oldest's next tokens, then the next
+//! sequence's, ... up to one chunk of rows in one forward pass, RoPE / KV
+//! append / attention per sequence, everything else over all rows at once;
+//! prompts of at most `gemv_tokens` tokens prefill alone). With HCS the
+//! pass is the waiting prompts whole, within the context's tokens, in one
+//! streamed pass (`streamed.rs`): the non-resident experts cross PCIe once
+//! for all of them. Then one decode step of every sequence that was
+//! decoding when the step began (one token per sequence per step; a
+//! sequence's last `Token` and its `Done` come in the same step): M rows
+//! (the order they were admitted in) through [`crate::forward`] with m =
+//! M, each row at its own position in its own KV rows (`scratch.pos`,
+//! `scratch.kv_base`), the LM head over the M rows, and each row sampled
+//! with its own parameters, step index and penalty counts. A decode step
+//! of M rows replays the CUDA graph captured for M (after one eager step
+//! of M); with HCS each MoE layer's device-side tail lookup places the
+//! union of the rows' experts (`hcs/tail.rs`).
 //!
 //! **Stall bound.** A running decode waits for at most one prefill chunk
 //! (`prefill_chunk` tokens) per token, all resident. With HCS, prefill
@@ -46,13 +48,17 @@ use crate::engine::{CudaEngine, DecodeGraph, kernel_sampling, sampled_token};
 use crate::error::{GpuError, Result};
 use crate::forward::Positions;
 use crate::stats::LivePublisher;
+use crate::streamed::PassPrompt;
 use cudarc::driver::{CudaEvent, CudaGraph, sys};
 use krasis_model::batch::{
     Admission, Batch, KvUsage, SeqEvent, SeqId, check_constraint, finish_after_token,
 };
 use krasis_model::prefix_cache::Hit;
 use krasis_model::structured::{Constraint, Grammar};
-use krasis_model::{EngineError, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats};
+use krasis_model::{
+    CancelToken, EngineError, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats,
+    LiveProgress,
+};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -495,22 +501,32 @@ impl CudaEngine {
     }
 
     /// The sequences whose prefill can share one packed pass, oldest
-    /// first: all resident (a streamed prefill runs one prompt per PCIe
-    /// pass through the layer groups), the grouped expert path (a prompt
-    /// of at most `gemv_tokens` runs the GEMV path, whose rows differ from
-    /// the grouped path's, so it prefills alone), not cancelled. Empty
-    /// unless at least two qualify.
+    /// first: the grouped expert path (a prompt of at most `gemv_tokens`
+    /// runs the GEMV path, whose rows differ from the grouped path's, so it
+    /// prefills alone), not cancelled. Under HCS a pass streams whole
+    /// prompts, so it takes them while their tokens together stay within
+    /// the context (the hidden states calibration keeps room for) and the
+    /// prefill span. Empty unless at least two qualify.
     fn packable(&self) -> Vec<SeqId> {
         let m = &self.model;
-        if m.hcs.is_some() || m.scratch.grouped.is_none() {
+        if m.scratch.grouped.is_none() {
             return Vec::new();
         }
+        let limit = match (&m.hcs, m.prefill_span) {
+            (None, _) => usize::MAX,
+            (Some(_), span) => span.unwrap_or(self.context).min(self.context),
+        };
+        let mut total = 0usize;
         let ids: Vec<SeqId> = self
             .batch
             .seqs
             .iter()
             .filter(|s| matches!(s.phase, Phase::Queued | Phase::Prefill { .. }))
             .filter(|s| s.req.prompt.len() > m.gemv_tokens && !s.req.cancel.is_cancelled())
+            .take_while(|s| {
+                total += s.req.prompt.len();
+                total <= limit
+            })
             .map(|s| s.id)
             .collect();
         if ids.len() < 2 { Vec::new() } else { ids }
@@ -548,6 +564,9 @@ impl CudaEngine {
     }
 
     fn packed_work(&mut self, ids: &[SeqId], events: &mut Vec<SeqEvent>) -> Result<usize> {
+        if self.model.hcs.is_some() {
+            return self.streamed_packed_work(ids, events);
+        }
         let cap = self.model.scratch.cap;
         let mut segs = Vec::new();
         let mut members = Vec::new();
@@ -623,6 +642,113 @@ impl CudaEngine {
             self.first_token(id, token, events)?;
         }
         Ok(rows)
+    }
+
+    /// Under HCS: the whole remaining prompts of `ids` (oldest first) in
+    /// one streamed pass (`streamed.rs`), so the non-resident experts
+    /// cross PCIe once for all of them. Each prompt's last hidden row is
+    /// kept when its chunk is done; after the pass each sequence gets its
+    /// LM head row from it, its first token and its prefix store, oldest
+    /// first, as alone. When the hidden states do not fit together, the
+    /// oldest prefills alone (the others wait for the next steps).
+    fn streamed_packed_work(&mut self, ids: &[SeqId], events: &mut Vec<SeqEvent>) -> Result<usize> {
+        for &id in ids {
+            self.begin_prefill(id)?;
+        }
+        struct Member {
+            id: SeqId,
+            prompt: Vec<u32>,
+            next: usize,
+            base: usize,
+            cancel: CancelToken,
+            live: LiveProgress,
+        }
+        let members: Vec<Member> = ids
+            .iter()
+            .map(|&id| {
+                let s = self.seq(id);
+                let Phase::Prefill { next, .. } = s.phase else {
+                    unreachable!("prefilling")
+                };
+                Member {
+                    id,
+                    prompt: s.req.prompt.clone(),
+                    next,
+                    base: s.base,
+                    cancel: s.req.cancel.clone(),
+                    live: s.req.live.clone(),
+                }
+            })
+            .collect();
+        let prompts: Vec<PassPrompt<'_>> = members
+            .iter()
+            .map(|m| PassPrompt {
+                tokens: &m.prompt,
+                from: m.next,
+                base: m.base,
+                cancel: &m.cancel,
+                live: &m.live,
+            })
+            .collect();
+        let h = self.model.geometry.hidden;
+        let md = &mut self.model;
+        let mut last = md.gpu.alloc::<f32>(
+            members.len() * h,
+            "the last hidden rows of a packed streamed prefill",
+        )?;
+        // Every member's prompt is longer than `gemv_tokens` (`packable`).
+        md.grouped_prefill = true;
+        let done = md.prefill_streamed_packed(&prompts, |m, chunk| {
+            for &(p, seg) in &chunk.segs {
+                if seg.start + seg.len == prompts[p].tokens.len() {
+                    let row = seg.row + seg.len - 1;
+                    m.gpu
+                        .stream
+                        .memcpy_dtod(
+                            &m.scratch.residual.slice(row * h..(row + 1) * h),
+                            &mut last.slice_mut(p * h..(p + 1) * h),
+                        )
+                        .map_err(GpuError::driver("keeping a prompt's last hidden row"))?;
+                }
+            }
+            Ok(())
+        })?;
+        let tokens: usize = members.iter().map(|m| m.prompt.len() - m.next).sum();
+        drop(prompts);
+        match done {
+            None => return self.prefill_step(ids[0], events),
+            Some(false) => {
+                for m in &members {
+                    self.finish(m.id, Ok(FinishReason::Cancelled), events)?;
+                }
+                return Ok(0);
+            }
+            Some(true) => {}
+        }
+        for (p, mb) in members.iter().enumerate() {
+            // No token once cancelled, and nothing stored.
+            if mb.cancel.is_cancelled() {
+                self.finish(mb.id, Ok(FinishReason::Cancelled), events)?;
+                continue;
+            }
+            let md = &mut self.model;
+            md.gpu
+                .stream
+                .memcpy_dtod(
+                    &last.slice(p * h..(p + 1) * h),
+                    &mut md.scratch.residual.slice_mut(0..h),
+                )
+                .map_err(GpuError::driver("restoring a prompt's last hidden row"))?;
+            md.lm_head(0, 1)?;
+            let token = self.sample_row(mb.id, 0, 0)?;
+            let hit = match std::mem::replace(&mut self.seq_mut(mb.id).phase, Phase::Queued) {
+                Phase::Prefill { hit, .. } => hit,
+                _ => None,
+            };
+            self.store_prefix(&mb.prompt, hit.as_ref(), mb.base)?;
+            self.first_token(mb.id, token, events)?;
+        }
+        Ok(tokens)
     }
 
     /// The first token of `id` (its prefill done): reported, then the

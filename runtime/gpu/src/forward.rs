@@ -247,7 +247,8 @@ pub enum Positions {
     /// router and grouped experts run over all rows at once (their rows
     /// do not depend on the row count: `blas.rs`); RoPE, the KV append and
     /// attention run per segment, each exactly as that sequence's own
-    /// prefill chunk. All resident only (`batch.rs`).
+    /// prefill chunk. Continuous batching's packed prefill (`batch.rs`),
+    /// all resident or streamed (`streamed.rs`).
     Packed,
 }
 

@@ -644,7 +644,9 @@ fn a_prefix_hit_into_a_sequences_rows_is_exact() {
 
 /// Each planted batching fault leaves a request alone unchanged and makes
 /// some request beside others differ from its run alone: the invariance
-/// test can fail.
+/// test can fail. All resident and under HCS, where prompts admitted
+/// together share one streamed pass (`Fault::PackedBase` reaches it only
+/// there).
 #[test]
 fn planted_batch_faults_break_invariance() {
     if !gpu_or_skip("planted_batch_faults_break_invariance") {
@@ -653,44 +655,55 @@ fn planted_batch_faults_break_invariance() {
     let tmp = tempfile::tempdir().unwrap();
     let model = synth(tmp.path(), "tiny");
     let cache = tmp.path().join("cache");
-    let mut e = load(&model, &options(&cache, 4));
-    let reqs: Vec<GenerateRequest> = requests(e.info().vocab_size)[..4]
-        .iter()
-        .map(|r| GenerateRequest {
-            sampling: SamplingParams::greedy(),
-            ..r.clone()
-        })
-        .collect();
-    let want = alone(&mut e, &reqs);
-    let jobs: Vec<Job> = reqs
-        .iter()
-        .map(|r| Job {
-            req: r.clone(),
-            at: 0,
-        })
-        .collect();
-    for fault in Fault::BATCH {
-        e.set_fault(fault).unwrap();
-        let faulty_alone = alone(&mut e, &reqs[..1]);
-        assert!(
-            same(&format!("{fault:?} alone"), &faulty_alone[0], &want[0]),
-            "{fault:?} changed a request alone"
-        );
+    for opts in [options(&cache, 4), hcs_options(&cache, 4)] {
+        let mut e = load(&model, &opts);
+        let label = if e.hcs_active() {
+            "HCS"
+        } else {
+            "all resident"
+        };
+        let reqs: Vec<GenerateRequest> = requests(e.info().vocab_size)[..4]
+            .iter()
+            .map(|r| GenerateRequest {
+                sampling: SamplingParams::greedy(),
+                ..r.clone()
+            })
+            .collect();
+        let want = alone(&mut e, &reqs);
+        let jobs: Vec<Job> = reqs
+            .iter()
+            .map(|r| Job {
+                req: r.clone(),
+                at: 0,
+            })
+            .collect();
+        for fault in Fault::BATCH {
+            e.set_fault(fault).unwrap();
+            let faulty_alone = alone(&mut e, &reqs[..1]);
+            assert!(
+                same(
+                    &format!("{label}: {fault:?} alone"),
+                    &faulty_alone[0],
+                    &want[0]
+                ),
+                "{label}: {fault:?} changed a request alone"
+            );
+            let (runs, _) = run_batch(&mut e, &jobs, |_, _, _| {});
+            let differ = differing(&runs, &want);
+            eprintln!(
+                "{label}: {fault:?}: {differ} of {} requests differ from alone",
+                runs.len()
+            );
+            assert!(
+                differ > 0,
+                "{label}: {fault:?} did not break batch invariance: the test cannot fail"
+            );
+        }
+        e.set_fault(Fault::None).unwrap();
         let (runs, _) = run_batch(&mut e, &jobs, |_, _, _| {});
-        let differ = differing(&runs, &want);
-        eprintln!(
-            "{fault:?}: {differ} of {} requests differ from alone",
-            runs.len()
-        );
-        assert!(
-            differ > 0,
-            "{fault:?} did not break batch invariance: the test cannot fail"
-        );
-    }
-    e.set_fault(Fault::None).unwrap();
-    let (runs, _) = run_batch(&mut e, &jobs, |_, _, _| {});
-    for (i, (g, w)) in runs.iter().zip(&want).enumerate() {
-        assert!(same(&format!("after the faults {i}"), g, w));
+        for (i, (g, w)) in runs.iter().zip(&want).enumerate() {
+            assert!(same(&format!("{label}: after the faults {i}"), g, w));
+        }
     }
 }
 

@@ -41,6 +41,10 @@ pub struct BatchedResult {
     pub bound_tok_s: f64,
     /// Where one step's device time goes (parts run on their own).
     pub breakdown: krasis_gpu::profile::DecodeBreakdown,
+    /// Under HCS: the expert traffic of the last timed run's steps (its
+    /// `cold_experts_per_token` is per step of M rows), which is what
+    /// bounds M rows at a VRAM limit.
+    pub hcs: Option<krasis_common::status::HcsStats>,
 }
 
 /// Tokens each sequence decodes in the timed part: the first of
@@ -144,6 +148,7 @@ pub fn measure(
             text.len()
         );
         let stats = RunStats::measure(repeats, || Ok(run_once(e, text, m, prompt, d)?.0))?;
+        let hcs = e.hcs_stats().filter(|_| e.hcs_active());
         e.set_step_timing(true)?;
         let (_, step_ms) = run_once(e, text, m, prompt, d)?;
         e.set_step_timing(false)?;
@@ -175,6 +180,14 @@ pub fn measure(
             breakdown.lm_head_ms,
             breakdown.sample_ms
         );
+        if let Some(h) = &hcs {
+            eprintln!(
+                "  HCS: hit rate {:.3}, {:.1} cold experts ({:.1} MB) per step of {m} rows over PCIe",
+                h.hit_rate,
+                h.cold_experts_per_token,
+                h.cold_bytes_per_token / 1e6
+            );
+        }
         out.push(BatchedResult {
             rows: m,
             decode_tokens: d,
@@ -186,6 +199,7 @@ pub fn measure(
             expected_distinct_experts: distinct,
             bound_tok_s,
             breakdown,
+            hcs,
         });
     }
     Ok(out)
