@@ -356,6 +356,25 @@ fn batch_invariance_under_hcs_streamed_prefill() {
         s.prefetched_experts_per_token > 0.0,
         "decode prefetch was not exercised: {s:?}"
     );
+    // Four requests that prefill in one pass and end in the same step: the
+    // figures are those steps' traffic, not the empty collection of the
+    // sequences that ended after the first.
+    let together: Vec<Job> = reqs[1..5]
+        .iter()
+        .map(|r| Job {
+            req: GenerateRequest {
+                max_new_tokens: 16,
+                ..r.clone()
+            },
+            at: 0,
+        })
+        .collect();
+    run_batch(&mut e, &together, |_, _, _| {});
+    let s = e.hcs_stats().expect("HCS stats");
+    assert!(
+        s.cold_experts_per_token > 0.0 && s.hit_rate < 1.0,
+        "four sequences ending together left step-less HCS figures: {s:?}"
+    );
     for fault in [Fault::StaleTail, Fault::StalePrefetch] {
         fault_differs(&mut e, fault, &reqs, &want);
     }
