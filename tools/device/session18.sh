@@ -63,7 +63,9 @@ case "$P" in
     grep -E "^decode [0-9] rows|HCS:|^experts" "$OUT/bench-rows-6gib.log" | cut -c1-300 >> "$S"
     ;;
   serve)
-    # 1/2/4/8 clients through serve: 6 GiB at contexts 32768 and 8192, then all resident.
+    # The batching tests, then 1/2/4/8 clients through serve: 6 GiB at contexts 32768 and 8192,
+    # then all resident.
+    test_bin batching 150
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     parallel 6GiB 200 32768
     parallel 6GiB 200 8192
