@@ -607,8 +607,10 @@ impl CudaEngine {
             .memcpy_htod(&tokens, &mut m.scratch.ids.slice_mut(0..rows))
             .map_err(GpuError::driver("copying prompt tokens to the GPU"))?;
         m.scratch.packed = segs.clone();
-        // Every member's prompt is longer than `gemv_tokens` (`packable`).
+        // Every member's prompt is longer than `gemv_tokens` (`packable`);
+        // rows of several prompts take the one path every prompt can.
         m.grouped_prefill = true;
+        m.mxfp4_in_place = false;
         m.forward_layers(rows, crate::forward::Positions::Packed)?;
         for (&(id, next, take, n), seg) in members.iter().zip(&segs) {
             let at = next + take;
@@ -696,8 +698,10 @@ impl CudaEngine {
             members.len() * h,
             "the last hidden rows of a packed streamed prefill",
         )?;
-        // Every member's prompt is longer than `gemv_tokens` (`packable`).
+        // Every member's prompt is longer than `gemv_tokens` (`packable`);
+        // rows of several prompts take the one path every prompt can.
         md.grouped_prefill = true;
+        md.mxfp4_in_place = false;
         let done = md.prefill_streamed_packed(&prompts, |m, chunk| {
             for &(p, seg) in &chunk.segs {
                 if seg.start + seg.len == prompts[p].tokens.len() {

@@ -216,6 +216,7 @@ impl CudaEngine {
                 scratch,
                 gemv_tokens: GEMV_MAX_TOKENS,
                 grouped_prefill: false,
+                mxfp4_in_place: false,
                 prefill_kernels,
                 hcs: None,
                 routes: None,
@@ -730,9 +731,14 @@ impl CudaEngine {
         live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<Option<usize>> {
-        // The expert path is the prompt's, not the chunk's (`moe.rs`).
+        // The expert path is the prompt's, not the chunk's (`moe.rs`). A
+        // short prompt computes MXFP4 experts in place where no row of it is
+        // shared with another prompt's computation (one sequence at a time,
+        // no prefix cache): its own chunks are then all it is compared with.
+        let alone = self.parallel() == 1 && self.prefix.is_none();
         let m = &mut self.model;
         m.grouped_prefill = tokens.len() > m.gemv_tokens && m.scratch.grouped.is_some();
+        m.mxfp4_in_place = alone && tokens.len() <= crate::expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS;
         if self.model.hcs.is_some() {
             let done = self
                 .model

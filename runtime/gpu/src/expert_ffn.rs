@@ -9,11 +9,21 @@
 //! - MXFP4 experts (`cuda/mxfp4.cu`, the checkpoint's own bits), SwiGLU or
 //!   gpt-oss's clamped SwiGLU, with or without biases on both projections.
 //!
-//! The grouped prefill path (`moe::experts_grouped`) dequantizes a batch of
-//! experts, runs each expert's gate/up GEMM, then [`ExpertFfn::activate`],
-//! each expert's down GEMM, then [`ExpertFfn::down_bias`]; biases are per
-//! expert, so a biased format activates and adds its down bias expert by
-//! expert over that expert's grouped rows.
+//! The grouped prefill path (`moe::experts_grouped`) computes a chunk's
+//! rows, grouped by expert, in place (two grouped GEMMs reading the expert
+//! blocks where they are: INT4 group 128, `cuda/int4_gemm.cu`; MXFP4 for
+//! short prompts, `cuda/mxfp4_gemm.cu`, biases and activation fused) or
+//! dequantized: a batch of experts dequantized, each expert's gate/up GEMM,
+//! then [`ExpertFfn::activate`], each expert's down GEMM, then
+//! [`ExpertFfn::down_bias`]; biases are per expert, so a biased format
+//! activates and adds its down bias expert by expert over that expert's
+//! grouped rows.
+//!
+//! MXFP4 takes both, chosen per prompt ([`MXFP4_IN_PLACE_MAX_TOKENS`]): the
+//! grouped MXFP4 GEMMs beat dequantize + cuBLAS only on short prompts (on
+//! the H200 with gpt-oss-20b's experts, 2.33x at 512 tokens, 1.45x at 1K,
+//! 0.88x at 2K, 0.43x at 8K: `kbench --grouped`,
+//! `benchmarks/results/2026-12-04-session17.md`).
 //!
 //! The 16-bit values (the GEMV input `x`, the dequantized weights, the
 //! gate/up rows and the activation of the grouped path) are in the MLP
@@ -28,9 +38,19 @@ use crate::scratch::{GroupedPath, GroupedScratch, no_dequant_scratch};
 use cudarc::driver::{CudaSlice, DevicePtr};
 use half::{bf16, f16};
 use krasis_kernels::Int4Layout;
-use krasis_kernels::ops::mxfp4::{ExpertActivation, Mxfp4Layout};
+use krasis_kernels::ops::mxfp4::{ExpertActivation, Mxfp4Layout, mxfp4_grouped_tiles};
 use krasis_model::Geometry;
 use krasis_model::arch::{ActFormat, Activation};
+
+/// Prompts of at most this many tokens compute MXFP4 experts in place
+/// (every chunk of the prompt), longer ones dequantize: the measured
+/// crossover of the two on the H200 lies between 1K (in place 1.45x) and
+/// 2K tokens (0.88x), ~1.7K by interpolation. The choice is the prompt's,
+/// never the chunk's, so a prompt's rows are computed the same way however
+/// it is chunked; it is made only where no row is shared across prompts
+/// (one sequence at a time and no prefix cache: gpt-oss's ring layers
+/// allow neither), see `CudaEngine::prefill_cancellable`.
+pub const MXFP4_IN_PLACE_MAX_TOKENS: usize = 1536;
 
 /// How one routed expert is stored on the device and computed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -153,11 +173,13 @@ impl ExpertFfn {
     }
 
     /// Both grouped GEMMs of a chunk's rows in one launch each, reading the
-    /// expert blocks in place (`cuda/int4_gemm.cu`): `gs.xg` (grouped by
-    /// `gs.offsets`, whose host copy is `offsets`) -> SwiGLU rows `gs.hact`
-    /// -> down rows `gs.y`. Returns false, launching nothing, on the
-    /// [`GroupedPath::Dequantize`] path, which then runs [`Self::dequant`]
-    /// and per-expert GEMMs.
+    /// expert blocks in place: `gs.xg` (grouped by `gs.offsets`, whose host
+    /// copy is `offsets`) -> activation rows `gs.hact` -> down rows `gs.y`
+    /// (INT4 group 128: `cuda/int4_gemm.cu`, SwiGLU; MXFP4 when the prompt
+    /// takes it, `cx.mxfp4_in_place`: `cuda/mxfp4_gemm.cu`, the biases and
+    /// the activation fused). Returns false, launching nothing, on the
+    /// dequantizing path, which then runs [`Self::dequant`] and per-expert
+    /// GEMMs.
     pub(crate) fn grouped_gemms(
         &self,
         cx: &Ctx<'_>,
@@ -165,11 +187,14 @@ impl ExpertFfn {
         gs: &mut GroupedScratch,
         offsets: &[u32],
     ) -> Result<bool> {
-        let (ExpertFfn::Int4Swiglu(l), GroupedPath::InPlace) = (self, self.grouped_path()) else {
-            return Ok(false);
+        let in_place = match self {
+            ExpertFfn::Int4Swiglu(_) => self.grouped_path() == GroupedPath::InPlace,
+            ExpertFfn::Mxfp4 { .. } => cx.mxfp4_in_place,
         };
+        if !in_place {
+            return Ok(false);
+        }
         let rows = offsets.last().map_or(0, |&r| r as usize);
-        let tiles = krasis_kernels::int4_grouped_tiles(offsets);
         let GroupedScratch {
             xg,
             hact,
@@ -177,17 +202,32 @@ impl ExpertFfn {
             offsets: d_off,
             ..
         } = gs;
-        match cx.g.mlp.activations {
-            ActFormat::Bf16 => grouped_int4(cx, l, table, (d_off, rows, tiles), xg, hact, y),
-            ActFormat::F16 => grouped_int4(
-                cx,
-                l,
-                table,
-                (d_off, rows, tiles),
-                &view::<f16>(xg),
-                &mut view_mut::<f16>(hact),
-                y,
-            ),
+        match (self, cx.g.mlp.activations) {
+            (ExpertFfn::Int4Swiglu(l), ActFormat::Bf16) => {
+                let tiles = krasis_kernels::int4_grouped_tiles(offsets);
+                grouped_int4(cx, l, table, (d_off, rows, tiles), xg, hact, y)
+            }
+            (ExpertFfn::Int4Swiglu(l), ActFormat::F16) => {
+                let tiles = krasis_kernels::int4_grouped_tiles(offsets);
+                grouped_int4(
+                    cx,
+                    l,
+                    table,
+                    (d_off, rows, tiles),
+                    &view::<f16>(xg),
+                    &mut view_mut::<f16>(hact),
+                    y,
+                )
+            }
+            (ExpertFfn::Mxfp4 { layout, activation }, ActFormat::Bf16) => {
+                let tiles = mxfp4_grouped_tiles(offsets);
+                let (s, kn, e) = (&cx.gpu.stream, cx.kn, cx.g.num_experts);
+                let a = *activation;
+                kn.mxfp4_grouped_w13_act(s, xg, rows, d_off, e, tiles, table, layout, a, hact)?;
+                kn.mxfp4_grouped_w2(s, hact, rows, d_off, e, tiles, table, layout, y)?;
+                Ok(())
+            }
+            (ExpertFfn::Mxfp4 { .. }, ActFormat::F16) => Err(mxfp4_f16()),
         }?;
         Ok(true)
     }

@@ -72,6 +72,11 @@ pub struct Model {
     /// the grouped scratch exists), so every chunk of it, whatever its
     /// length, runs the grouped expert path (`moe::routed_experts`).
     pub grouped_prefill: bool,
+    /// Set by every prefill: MXFP4 experts of this prompt are computed in
+    /// place by the grouped MXFP4 GEMMs, not dequantized (a short prompt on
+    /// an engine where no row is shared across prompts:
+    /// `expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS`). Other formats ignore it.
+    pub mxfp4_in_place: bool,
     /// The prefill kernels of this device, the same for every chunk.
     pub prefill_kernels: crate::prefill_kernels::PrefillKernels,
     /// The GPU expert cache when not every expert is resident.
@@ -300,6 +305,7 @@ pub(crate) struct Ctx<'a> {
     pub unmarked_fetch: bool,
     pub gemv_tokens: usize,
     pub grouped_prefill: bool,
+    pub mxfp4_in_place: bool,
     pub prefill_kernels: crate::prefill_kernels::PrefillKernels,
 }
 
@@ -472,6 +478,7 @@ impl Model {
                 unmarked_fetch: false,
                 gemv_tokens: self.gemv_tokens,
                 grouped_prefill: self.grouped_prefill,
+                mxfp4_in_place: self.mxfp4_in_place,
                 prefill_kernels: self.prefill_kernels,
             },
             Mut {

@@ -15,9 +15,12 @@
 //!
 //! Prefill chunks of 37 tokens make every sliding layer's ring (16 + 37 - 1
 //! = 52 rows) wrap several times in a 300-token prompt; 5-token prompts
-//! take the MXFP4 decode GEMVs, longer ones the grouped dequantize + GEMM
-//! path. On a machine without an NVIDIA driver every test prints `SKIPPED
-//! (no CUDA device): <name> (no NVIDIA driver)`.
+//! take the MXFP4 decode GEMVs, longer ones up to
+//! `MXFP4_IN_PLACE_MAX_TOKENS` the grouped MXFP4 GEMMs (`cuda/mxfp4_gemm.cu`:
+//! the experts read in place, biases and clamped SwiGLU fused), longer ones
+//! still the grouped dequantize + GEMM path. On a machine without an NVIDIA
+//! driver every test prints `SKIPPED (no CUDA device): <name> (no NVIDIA
+//! driver)`.
 
 mod support;
 
@@ -98,6 +101,54 @@ fn gpt_oss_prompt_logits_match_reference() {
     for r in reps.iter().chain([&all]) {
         assert!(r.passed(), "{}", r.line());
     }
+}
+
+/// A prompt past `MXFP4_IN_PLACE_MAX_TOKENS` dequantizes its experts, a
+/// shorter one reads them in place: both match the reference, and the
+/// first 296 positions (the same tokens in the same 37-token chunks in
+/// both prompts) differ in their bits, which they could not if both had
+/// taken the same expert path.
+#[test]
+fn gpt_oss_long_prompts_dequantize_short_ones_read_in_place() {
+    if !gpu_or_skip("gpt_oss_long_prompts_dequantize_short_ones_read_in_place") {
+        return;
+    }
+    const LONG_CONTEXT: usize = 2048;
+    let long_len = krasis_gpu::expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS + 64;
+    let model = model();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut reference = ReferenceEngine::load(
+        &model,
+        ReferenceOptions {
+            context_length: Some(LONG_CONTEXT),
+        },
+    )
+    .expect("reference engine");
+    let vocab = reference.info().vocab_size;
+    let mut gpu = load(
+        &model,
+        &cuda_options(&tmp.path().join("cache"), LONG_CONTEXT, 37),
+    );
+    let long = tokens(long_len, vocab, 4);
+    let short = &long[..300];
+    let mut reps = Vec::new();
+    let mut rows = Vec::new();
+    for toks in [short, &long[..]] {
+        let (g, routes) = gpu.prompt_logits_with_routes(toks).expect("gpu logits");
+        let label = format!("tiny-gpt-oss {} tokens", toks.len());
+        reps.push(check_followed(&label, &mut reference, toks, 0, &g, &routes));
+        rows.push(g);
+    }
+    for r in &reps {
+        assert!(r.passed(), "{}", r.line());
+    }
+    let same = 296;
+    assert_ne!(
+        bits(&rows[0][..same]),
+        bits(&rows[1][..same]),
+        "the {}- and {long_len}-token prompts took the same expert path",
+        short.len()
+    );
 }
 
 /// Greedy decode (ring decode attention with sinks, the MXFP4 GEMVs with
