@@ -11,6 +11,9 @@
 #       HCS packed streamed prefill: the engine tests (batching, prefix_cache, gpu_engine), HCS
 #       exactness at 6 GiB, `bench --decode-rows 1,2,4` at 6 GiB (the tail's hit rate per row
 #       count).
+#   bash tools/device/session18.sh mxfp4 COMMIT
+#       gpt-oss's per-prompt MXFP4 path: the gpt_oss tests, `bench --check` of tiny-gpt-oss, and
+#       gpt-oss-20b prefill at 512..8,000 tokens before (krasis-runtime-a) and after the change.
 #   bash tools/device/session18.sh serve COMMIT
 #       `serve` with 1/2/4/8 clients at 6 GiB (contexts 32768 and 8192), then all resident.
 # Results: $OUT/session18-PHASE.txt (the summary) and the logs and archives beside it.
@@ -70,6 +73,32 @@ case "$P" in
     parallel 6GiB 200 32768
     parallel 6GiB 200 8192
     parallel none $((570 - (SECONDS - T0))) 32768
+    ;;
+  mxfp4)
+    # gpt-oss's per-prompt MXFP4 expert path: the gpt_oss tests, `bench --check` of tiny-gpt-oss
+    # against its witness, then gpt-oss-20b all resident at 512..8,000 tokens with the binary
+    # before the change (krasis-runtime-a) and after it (krasis-runtime), back to back.
+    V=$PWD/.cache/vocab
+    test_bin gpt_oss 200
+    kr=dist/gpu/krasis-runtime
+    timeout 30 $kr synth --preset tiny-gpt-oss --seed 1 --dtype bf16 --out /tmp/tgo \
+      --vocab "$V/o200k_base.tiktoken" > "$OUT/synth-tgo.log" 2>&1
+    timeout 120 $kr bench --check --model /tmp/tgo --cache-dir /tmp/tgo-kc \
+      --witness tests/fixtures/witness/tiny-gpt-oss/source --long-tokens 2048 --prefill-chunk 64 \
+      --determinism-runs 2 --json "$OUT/check-gpt-oss.json" > "$OUT/check-gpt-oss.log" 2>&1
+    echo "check tiny-gpt-oss rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "^CHECK|all checks" "$OUT/check-gpt-oss.log" | cut -c1-180 >> "$S"
+    timeout 60 $kr synth --preset gpt-oss-20b --seed 1 --out /tmp/g20 \
+      --vocab "$V/o200k_base.tiktoken" > "$OUT/synth-g20.log" 2>&1 &&
+      timeout 60 $kr build-cache --model /tmp/g20 --cache-dir /tmp/g20-kc >> "$OUT/synth-g20.log" 2>&1
+    echo "synth + build-cache gpt-oss-20b rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    for b in krasis-runtime-a krasis-runtime; do
+      timeout 150 dist/gpu/$b bench --model /tmp/g20 --cache-dir /tmp/g20-kc --commit "$C-$b" \
+        --prompt-tokens 512,1024,1536,2048,8000 --decode-tokens 16 --json "$OUT/bench-g20-$b.json" \
+        > "$OUT/bench-g20-$b.log" 2>&1
+      echo "bench gpt-oss-20b $b rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^prefill" "$OUT/bench-g20-$b.log" | cut -c1-160 >> "$S"
+    done
     ;;
   *) echo "unknown phase $P" >> "$S" ;;
 esac
