@@ -11,6 +11,8 @@
 #       HCS packed streamed prefill: the engine tests (batching, prefix_cache, gpu_engine), HCS
 #       exactness at 6 GiB, `bench --decode-rows 1,2,4` at 6 GiB (the tail's hit rate per row
 #       count).
+#   bash tools/device/session18.sh rows6 COMMIT
+#       `bench --decode-rows 1,2,4,8` at 6 GiB: the tail's hit rate and cold experts per step.
 #   bash tools/device/session18.sh mxfp4 COMMIT
 #       gpt-oss's per-prompt MXFP4 path: the gpt_oss tests, `bench --check` of tiny-gpt-oss, and
 #       gpt-oss-20b prefill at 512..8,000 tokens before (krasis-runtime-a) and after the change.
@@ -73,6 +75,14 @@ case "$P" in
     parallel 6GiB 200 32768
     parallel 6GiB 200 8192
     parallel none $((570 - (SECONDS - T0))) 32768
+    ;;
+  rows6)
+    # The batched decode at 6 GiB with the tail's traffic per step (1, 2, 4, 8 rows).
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    timeout 200 dist/gpu/krasis-runtime bench --model /tmp/agent-load/a3b-24l --cache-dir /tmp/agent-load/krasis-cache \
+      --commit "$C" --vram-limit 6GiB --decode-rows 1,2,4,8 --json "$OUT/bench-rows-6gib.json" > "$OUT/bench-rows-6gib.log" 2>&1
+    echo "bench --decode-rows 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "^decode [0-9] rows|per step of|^experts" "$OUT/bench-rows-6gib.log" | cut -c1-300 >> "$S"
     ;;
   mxfp4)
     # gpt-oss's per-prompt MXFP4 expert path: the gpt_oss tests, `bench --check` of tiny-gpt-oss
