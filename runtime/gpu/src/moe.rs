@@ -13,13 +13,15 @@
 //!   its length, so each row is computed as in any other chunking):
 //!   (token, expert) pairs are grouped by expert on the GPU and the rows
 //!   gathered in the MLP block's format (BF16, or FP16:
-//!   `MlpSpec::activations`). INT4 experts with group 128 then run two
-//!   grouped GEMMs, all experts in one launch each, reading the expert
-//!   blocks in place (`cuda/int4_gemm.cu`). Other formats dequantize the
-//!   layer's experts to 16-bit a batch at a time and run two cuBLAS GEMMs
-//!   per expert with rows (an expert's biases are added to its own rows,
-//!   before the combine). The per-expert row offsets are read back once
-//!   per layer (one small sync) to size the launches.
+//!   `MlpSpec::activations`). INT4 experts with group 128, and MXFP4
+//!   experts of a prompt that takes them in place (`cx.mxfp4_in_place`,
+//!   `expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS`), then run two grouped GEMMs,
+//!   all experts in one launch each, reading the expert blocks in place
+//!   (`cuda/int4_gemm.cu`, `cuda/mxfp4_gemm.cu`). Otherwise the layer's
+//!   experts are dequantized to 16-bit a batch at a time and run two
+//!   cuBLAS GEMMs per expert with rows (an expert's biases are added to its
+//!   own rows, before the combine). The per-expert row offsets are read
+//!   back once per layer (one small sync) to size the launches.
 
 use crate::act::{in_type, out16, view_mut};
 use crate::blas::OutType;
