@@ -81,7 +81,8 @@ pub struct DecodeBreakdown {
     pub router_layer_ms: f64,
     /// Routed experts (two expert GEMV kernels) of one MoE layer.
     pub experts_layer_ms: f64,
-    /// Final norm + LM head GEMM.
+    /// Final norm + LM head over the step's rows, as the decode step runs
+    /// it (the GEMV over M rows).
     pub lm_head_ms: f64,
     /// Sampler (one launch per row).
     pub sample_ms: f64,
@@ -127,7 +128,10 @@ impl CudaEngine {
             layers_ms: timer.median_ms(self, &mut |e| {
                 e.model_mut().forward_layers(m, Positions::Decode)
             })?,
-            lm_head_ms: timer.median_ms(self, &mut |e| e.model_mut().lm_head(0, m))?,
+            // The decode step's LM head (`lm_head_rows`, the GEMV), not
+            // prefill's (`lm_head`: rmsnorm + a cuBLAS GEMM for several
+            // rows), which this timed until session 18 (0.28 ms at 2-8 rows).
+            lm_head_ms: timer.median_ms(self, &mut |e| e.model_mut().lm_head_rows(m))?,
             ..DecodeBreakdown::default()
         };
         b.attention_layer_ms = timer.median_ms(self, &mut |e| {
@@ -170,7 +174,7 @@ impl CudaEngine {
         // SAFETY: plain driver calls on the current context, no arguments.
         let _ = unsafe { cudarc::driver::sys::cuProfilerStart() };
         self.model_mut().forward_layers(m, Positions::Decode)?;
-        self.model_mut().lm_head(0, m)?;
+        self.model_mut().lm_head_rows(m)?;
         self.gpu().sync("the profiled decode step")?;
         // SAFETY: as above.
         let _ = unsafe { cudarc::driver::sys::cuProfilerStop() };
