@@ -13,6 +13,8 @@
 #       count).
 #   bash tools/device/session18.sh rows6 COMMIT
 #       `bench --decode-rows 1,2,4,8` at 6 GiB: the tail's hit rate and cold experts per step.
+#   bash tools/device/session18.sh rows COMMIT
+#       `bench --decode-rows 1,2,4,8` all resident (where a step of M rows goes).
 #   bash tools/device/session18.sh mxfp4 COMMIT
 #       gpt-oss's per-prompt MXFP4 path: the gpt_oss tests, `bench --check` of tiny-gpt-oss, and
 #       gpt-oss-20b prefill at 512..8,000 tokens before (krasis-runtime-a) and after the change.
@@ -83,6 +85,14 @@ case "$P" in
       --commit "$C" --vram-limit 6GiB --decode-rows 1,2,4,8 --json "$OUT/bench-rows-6gib.json" > "$OUT/bench-rows-6gib.log" 2>&1
     echo "bench --decode-rows 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     grep -E "^decode [0-9] rows|per step of|^experts" "$OUT/bench-rows-6gib.log" | cut -c1-300 >> "$S"
+    ;;
+  rows)
+    # The batched decode all resident (1, 2, 4, 8 rows) with the decode LM head in the breakdown.
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    timeout 120 dist/gpu/krasis-runtime bench --model /tmp/agent-load/a3b-24l --cache-dir /tmp/agent-load/krasis-cache \
+      --commit "$C" --decode-rows 1,2,4,8 --json "$OUT/bench-rows.json" > "$OUT/bench-rows.log" 2>&1
+    echo "bench --decode-rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "^decode [0-9] rows" "$OUT/bench-rows.log" | cut -c1-500 >> "$S"
     ;;
   mxfp4)
     # gpt-oss's per-prompt MXFP4 expert path: the gpt_oss tests, `bench --check` of tiny-gpt-oss
