@@ -48,17 +48,13 @@ use crate::engine::{CudaEngine, DecodeGraph, kernel_sampling, sampled_token};
 use crate::error::{GpuError, Result};
 use crate::forward::Positions;
 use crate::stats::LivePublisher;
-use crate::streamed::PassPrompt;
 use cudarc::driver::{CudaEvent, CudaGraph, sys};
 use krasis_model::batch::{
     Admission, Batch, KvUsage, SeqEvent, SeqId, check_constraint, finish_after_token,
 };
 use krasis_model::prefix_cache::Hit;
 use krasis_model::structured::{Constraint, Grammar};
-use krasis_model::{
-    CancelToken, EngineError, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats,
-    LiveProgress,
-};
+use krasis_model::{EngineError, FinishReason, GenerateOutcome, GenerateRequest, GenerateStats};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -646,115 +642,6 @@ impl CudaEngine {
         Ok(rows)
     }
 
-    /// Under HCS: the whole remaining prompts of `ids` (oldest first) in
-    /// one streamed pass (`streamed.rs`), so the non-resident experts
-    /// cross PCIe once for all of them. Each prompt's last hidden row is
-    /// kept when its chunk is done; after the pass each sequence gets its
-    /// LM head row from it, its first token and its prefix store, oldest
-    /// first, as alone. When the hidden states do not fit together, the
-    /// oldest prefills alone (the others wait for the next steps).
-    fn streamed_packed_work(&mut self, ids: &[SeqId], events: &mut Vec<SeqEvent>) -> Result<usize> {
-        for &id in ids {
-            self.begin_prefill(id)?;
-        }
-        struct Member {
-            id: SeqId,
-            prompt: Vec<u32>,
-            next: usize,
-            base: usize,
-            cancel: CancelToken,
-            live: LiveProgress,
-        }
-        let members: Vec<Member> = ids
-            .iter()
-            .map(|&id| {
-                let s = self.seq(id);
-                let Phase::Prefill { next, .. } = s.phase else {
-                    unreachable!("prefilling")
-                };
-                Member {
-                    id,
-                    prompt: s.req.prompt.clone(),
-                    next,
-                    base: s.base,
-                    cancel: s.req.cancel.clone(),
-                    live: s.req.live.clone(),
-                }
-            })
-            .collect();
-        let prompts: Vec<PassPrompt<'_>> = members
-            .iter()
-            .map(|m| PassPrompt {
-                tokens: &m.prompt,
-                from: m.next,
-                base: m.base,
-                cancel: &m.cancel,
-                live: &m.live,
-            })
-            .collect();
-        let h = self.model.geometry.hidden;
-        let md = &mut self.model;
-        let mut last = md.gpu.alloc::<f32>(
-            members.len() * h,
-            "the last hidden rows of a packed streamed prefill",
-        )?;
-        // Every member's prompt is longer than `gemv_tokens` (`packable`);
-        // rows of several prompts take the one path every prompt can.
-        md.grouped_prefill = true;
-        md.mxfp4_in_place = false;
-        let done = md.prefill_streamed_packed(&prompts, |m, chunk| {
-            for &(p, seg) in &chunk.segs {
-                if seg.start + seg.len == prompts[p].tokens.len() {
-                    let row = seg.row + seg.len - 1;
-                    m.gpu
-                        .stream
-                        .memcpy_dtod(
-                            &m.scratch.residual.slice(row * h..(row + 1) * h),
-                            &mut last.slice_mut(p * h..(p + 1) * h),
-                        )
-                        .map_err(GpuError::driver("keeping a prompt's last hidden row"))?;
-                }
-            }
-            Ok(())
-        })?;
-        let tokens: usize = members.iter().map(|m| m.prompt.len() - m.next).sum();
-        drop(prompts);
-        match done {
-            None => return self.prefill_step(ids[0], events),
-            Some(false) => {
-                for m in &members {
-                    self.finish(m.id, Ok(FinishReason::Cancelled), events)?;
-                }
-                return Ok(0);
-            }
-            Some(true) => {}
-        }
-        for (p, mb) in members.iter().enumerate() {
-            // No token once cancelled, and nothing stored.
-            if mb.cancel.is_cancelled() {
-                self.finish(mb.id, Ok(FinishReason::Cancelled), events)?;
-                continue;
-            }
-            let md = &mut self.model;
-            md.gpu
-                .stream
-                .memcpy_dtod(
-                    &last.slice(p * h..(p + 1) * h),
-                    &mut md.scratch.residual.slice_mut(0..h),
-                )
-                .map_err(GpuError::driver("restoring a prompt's last hidden row"))?;
-            md.lm_head(0, 1)?;
-            let token = self.sample_row(mb.id, 0, 0)?;
-            let hit = match std::mem::replace(&mut self.seq_mut(mb.id).phase, Phase::Queued) {
-                Phase::Prefill { hit, .. } => hit,
-                _ => None,
-            };
-            self.store_prefix(&mb.prompt, hit.as_ref(), mb.base)?;
-            self.first_token(mb.id, token, events)?;
-        }
-        Ok(tokens)
-    }
-
     /// The first token of `id` (its prefill done): reported, then the
     /// sequence decodes from it or ends.
     fn first_token(&mut self, id: SeqId, token: u32, events: &mut Vec<SeqEvent>) -> Result<()> {
@@ -1146,6 +1033,7 @@ impl Batch for CudaEngine {
 }
 
 mod masks;
+mod streamed;
 
 #[cfg(test)]
 mod tests {
