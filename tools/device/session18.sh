@@ -13,6 +13,8 @@
 #       count).
 #   bash tools/device/session18.sh rows6 COMMIT
 #       `bench --decode-rows 1,2,4,8` at 6 GiB: the tail's hit rate and cold experts per step.
+#   bash tools/device/session18.sh final COMMIT
+#       the engine tests (batching, prefix_cache, gpu_engine, gpt_oss) of the final build.
 #   bash tools/device/session18.sh rows COMMIT
 #       `bench --decode-rows 1,2,4,8` all resident (where a step of M rows goes).
 #   bash tools/device/session18.sh mxfp4 COMMIT
@@ -85,6 +87,10 @@ case "$P" in
       --commit "$C" --vram-limit 6GiB --decode-rows 1,2,4,8 --json "$OUT/bench-rows-6gib.json" > "$OUT/bench-rows-6gib.log" 2>&1
     echo "bench --decode-rows 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     grep -E "^decode [0-9] rows|per step of|^experts" "$OUT/bench-rows-6gib.log" | cut -c1-300 >> "$S"
+    ;;
+  final)
+    # The engine tests of the final build.
+    for t in batching:150 prefix_cache:100 gpu_engine:90 gpt_oss:150; do test_bin "${t%%:*}" "${t##*:}"; done
     ;;
   rows)
     # The batched decode all resident (1, 2, 4, 8 rows) with the decode LM head in the breakdown.
