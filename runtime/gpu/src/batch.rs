@@ -453,15 +453,27 @@ impl CudaEngine {
         if cancel.is_cancelled() {
             return Ok(None);
         }
+        let token = self.prefilled(id)?;
+        Ok(Some((tokens, Some(token))))
+    }
+
+    /// The end of `id`'s prefill, its last prompt row's logits in
+    /// `scratch.logits` row 0: its first token sampled, then the prompt's
+    /// new whole blocks stored into the prefix cache from its rows (after
+    /// the sample, which does not wait for the copies; decode writes only
+    /// positions past the prompt). Every prefill path ends here.
+    fn prefilled(&mut self, id: SeqId) -> Result<u32> {
         let token = self.sample_row(id, 0, 0)?;
         let hit = match std::mem::replace(&mut self.seq_mut(id).phase, Phase::Queued) {
             Phase::Prefill { hit, .. } => hit,
             _ => None,
         };
-        // After the first token (its sampling does not wait for the
-        // copies); decode writes only positions past the prompt.
+        let (prompt, base) = {
+            let s = self.seq(id);
+            (s.req.prompt.clone(), s.base)
+        };
         self.store_prefix(&prompt, hit.as_ref(), base)?;
-        Ok(Some((tokens, Some(token))))
+        Ok(token)
     }
 
     /// A queued sequence's start of prefill (nothing for one already
@@ -627,16 +639,7 @@ impl CudaEngine {
                 continue;
             }
             self.model.lm_head(seg.row + seg.len - 1, 1)?;
-            let token = self.sample_row(id, 0, 0)?;
-            let (prompt, base) = {
-                let s = self.seq(id);
-                (s.req.prompt.clone(), s.base)
-            };
-            let hit = match std::mem::replace(&mut self.seq_mut(id).phase, Phase::Queued) {
-                Phase::Prefill { hit, .. } => hit,
-                _ => None,
-            };
-            self.store_prefix(&prompt, hit.as_ref(), base)?;
+            let token = self.prefilled(id)?;
             self.first_token(id, token, events)?;
         }
         Ok(rows)

@@ -159,10 +159,13 @@ impl ExpertFfn {
         }
     }
 
-    /// How the grouped prefill path computes these experts: in place where
-    /// the grouped INT4 kernels implement the format (group 128), else
-    /// dequantized. The choice is the format's, never the chunk's, so every
-    /// chunk of every prompt computes a row the same way.
+    /// How the grouped prefill path computes these experts, and so which
+    /// scratch it needs: in place where the grouped INT4 kernels implement
+    /// the format (group 128), else dequantized. The choice is the
+    /// format's, never the chunk's, so every chunk of every prompt computes
+    /// a row the same way. MXFP4 is `Dequantize` here because its long
+    /// prompts dequantize; its short ones read in place over the same
+    /// scratch (`cx.mxfp4_in_place`, [`Self::grouped_gemms`]).
     pub fn grouped_path(&self) -> GroupedPath {
         match self {
             ExpertFfn::Int4Swiglu(l) if krasis_kernels::int4_grouped_supports(l) => {

@@ -66,6 +66,7 @@ impl CudaEngine {
     /// Turns the HCS counters since the last collection (the request just
     /// finished, and the steps it shared with others) into per-step figures
     /// for the stats endpoint and bench, and resets them.
+    ///
     /// Sequences that end in the same step: the first takes the steps'
     /// traffic, and the others, finding no step and no transfer since,
     /// keep those figures (a step-less collection would report a hit rate

@@ -221,12 +221,12 @@ impl Model {
                 base: s.base,
             };
         }
-        let mut segs: Vec<PackedSegment> = c.segs.iter().map(|&(_, s)| s).collect();
+        self.scratch.packed = c.segs.iter().map(|&(_, s)| s).collect();
         #[cfg(any(test, feature = "fault-injection"))]
         if self.fault == crate::forward::Fault::PackedBase {
+            let segs = &mut self.scratch.packed;
             segs[1].base = segs[0].base;
         }
-        self.scratch.packed = std::mem::take(&mut segs);
         Positions::Packed
     }
 

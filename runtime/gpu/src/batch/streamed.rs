@@ -116,12 +116,7 @@ impl CudaEngine {
                 )
                 .map_err(GpuError::driver("restoring a prompt's last hidden row"))?;
             md.lm_head(0, 1)?;
-            let token = self.sample_row(mb.id, 0, 0)?;
-            let hit = match std::mem::replace(&mut self.seq_mut(mb.id).phase, Phase::Queued) {
-                Phase::Prefill { hit, .. } => hit,
-                _ => None,
-            };
-            self.store_prefix(&mb.prompt, hit.as_ref(), mb.base)?;
+            let token = self.prefilled(mb.id)?;
             self.first_token(mb.id, token, events)?;
         }
         Ok(tokens)
