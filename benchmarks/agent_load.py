@@ -496,15 +496,29 @@ def server_check(before, after, recs):
 # ---------------------------------------------------------------- runs
 
 
-def concurrently(n, work):
-    """Runs work(i) on n threads released together; (results, wall seconds)."""
+def concurrently(n, work, prepare=None):
+    """Runs work(i) on n threads released together; (results, wall seconds).
+    With `prepare`, each thread first runs prepare(i) outside the timed
+    span and its work gets the result, work(i, prepared): building an
+    `openai` client (an httpx client and its TLS context) takes tens of ms
+    of CPU under the GIL, so n threads building theirs after the start
+    serialised and delayed the later clients' first requests (a 4-client
+    run lost ~80 ms of a ~1 s wall to it; agents keep their clients)."""
     barrier = threading.Barrier(n + 1)
     out, failures = [None] * n, []
 
     def body(i):
-        barrier.wait()
+        prepared, ready = None, True
         try:
-            out[i] = work(i)
+            prepared = prepare(i) if prepare else None
+        except BaseException as e:  # re-raised below, after every thread has started
+            failures.append(e)
+            ready = False
+        barrier.wait()
+        if not ready:
+            return
+        try:
+            out[i] = work(i, prepared) if prepare else work(i)
         except BaseException as e:  # re-raised below: a generator bug must not pass silently
             failures.append(e)
     threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
@@ -545,13 +559,15 @@ def scenario_parallel(server, text, a, fixed):
            "requests_per_client": a.requests, "by_clients": {}}
     for n in a.clients:
         def once(n=n):
-            def client_work(i):
-                c = server.client()
-                return [stream_chat(c, server.model,
-                                    [{"role": "user", "content": text.prompt(a.prompt_tokens)}],
+            def prepare(i):
+                return server.client(), [text.prompt(a.prompt_tokens) for _ in range(a.requests)]
+
+            def client_work(i, prepared):
+                c, prompts = prepared
+                return [stream_chat(c, server.model, [{"role": "user", "content": p}],
                                     a.max_tokens, fixed, label=f"c{i}r{j}")[0]
-                        for j in range(a.requests)]
-            per_client, wall = concurrently(n, client_work)
+                        for j, p in enumerate(prompts)]
+            per_client, wall = concurrently(n, client_work, prepare)
             return [r for rs in per_client for r in rs], wall, [], {}
         out["by_clients"][str(n)] = measured(server, f"parallel x{n}", once, a.repeats)
     return out

@@ -305,6 +305,10 @@ pub const MODULES: &[Module] = &[
             "gemv_f16_r1_m2",
             "gemv_f16_r1_m4",
             "gemv_f16_r1_m8",
+            "gemv_tc_bf16",
+            "gemv_tc_f16",
+            "gemv_rmsnorm_tc_bf16",
+            "gemv_rmsnorm_tc_f16",
         ],
     },
     Module {

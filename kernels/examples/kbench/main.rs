@@ -38,7 +38,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 use krasis_kernels::{
-    CacheDir, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
+    CacheDir, GemvForm, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
     decode_workspace_len, sample_workspace_len,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -1013,11 +1013,10 @@ fn bench_gemv(
             gi.launch(
                 k,
                 s,
+                GemvForm::DEFAULT,
                 &wr.get(it),
                 (m, n, kk),
-                false,
-                out_f32,
-                acc,
+                (false, out_f32, acc),
                 &mut yf,
                 &mut yb,
             )
@@ -1026,11 +1025,10 @@ fn bench_gemv(
             gi.launch(
                 k,
                 s,
+                GemvForm::DEFAULT,
                 &wr.get(it),
                 (m, n, kk),
-                true,
-                out_f32,
-                acc,
+                (true, out_f32, acc),
                 &mut yf,
                 &mut yb,
             )
@@ -1361,7 +1359,10 @@ fn bench_rows(
     rows: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let mut gi = GemvInputs::new(s, rng)?;
-    rows.push("bf16 GEMV at M rows, graph-timed, us (x one row)".to_string());
+    rows.push(
+        "bf16 GEMV at M rows, graph-timed, us (x one row of the FMA form); the engine runs one form"
+            .to_string(),
+    );
     for (label, n, kk, norm, acc) in [
         ("qkv +norm", 5120usize, 2048usize, true, false),
         ("o_proj +=", 2048, 4096, false, true),
@@ -1370,32 +1371,33 @@ fn bench_rows(
     ] {
         let wr = Rotated::new(s, rng, n, kk)?;
         let mut one = 0.0;
-        let mut line = format!("{label:<14} {n:>6}x{kk}:");
         // The engine's outputs: qkv bf16, the others f32.
         let out_f32 = n != 5120;
-        for m in [1usize, 2, 4, 8] {
-            let mut yf = s.alloc_zeros::<f32>(m * n)?;
-            let mut yb = s.alloc_zeros::<bf16>(m * n)?;
-            let reps = if n > 100_000 { 8 } else { 64 };
-            let t = time_graph_ms(s, reps, |it| {
-                gi.launch(
-                    k,
-                    s,
-                    &wr.get(it),
-                    (m, n, kk),
-                    norm,
-                    out_f32,
-                    acc,
-                    &mut yf,
-                    &mut yb,
-                )
-            })?;
-            if m == 1 {
-                one = t;
+        for form in [GemvForm::Fma, GemvForm::TensorCore] {
+            let mut line = format!("{label:<14} {n:>6}x{kk} {form:?}:");
+            for m in [1usize, 2, 4, 8] {
+                let mut yf = s.alloc_zeros::<f32>(m * n)?;
+                let mut yb = s.alloc_zeros::<bf16>(m * n)?;
+                let reps = if n > 100_000 { 8 } else { 64 };
+                let t = time_graph_ms(s, reps, |it| {
+                    gi.launch(
+                        k,
+                        s,
+                        form,
+                        &wr.get(it),
+                        (m, n, kk),
+                        (norm, out_f32, acc),
+                        &mut yf,
+                        &mut yb,
+                    )
+                })?;
+                if m == 1 && form == GemvForm::Fma {
+                    one = t;
+                }
+                line.push_str(&format!("  m{m} {:>7.2} ({:.2}x)", t * 1e3, t / one));
             }
-            line.push_str(&format!("  m{m} {:>7.2} ({:.2}x)", t * 1e3, t / one));
+            rows.push(line);
         }
-        rows.push(line);
     }
     rows.push(
         "INT4 w13+w2 at M rows (independent routes), graph-timed, us; (tokens per w2 block)"
@@ -1557,19 +1559,19 @@ impl GemvInputs {
         &mut self,
         k: &Kernels,
         s: &Arc<CudaStream>,
+        form: GemvForm,
         w: &CudaView<bf16>,
         (m, n, kk): (usize, usize, usize),
-        norm: bool,
-        out_f32: bool,
-        acc: bool,
+        (norm, out_f32, acc): (bool, bool, bool),
         yf: &mut CudaSlice<f32>,
         yb: &mut CudaSlice<bf16>,
     ) -> anyhow::Result<()> {
         let (res, gw, eps) = (&self.res, &self.gw, self.eps);
         match (norm, out_f32) {
-            (false, true) => k.gemv::<bf16, f32>(s, &self.x, w, m, n, kk, acc, yf)?,
-            (false, false) => k.gemv::<bf16, bf16>(s, &self.x, w, m, n, kk, false, yb)?,
-            (true, true) => k.gemv_rmsnorm::<bf16, f32>(
+            (false, true) => k.gemv_as::<bf16, f32>(form, s, &self.x, w, m, n, kk, acc, yf)?,
+            (false, false) => k.gemv_as::<bf16, bf16>(form, s, &self.x, w, m, n, kk, false, yb)?,
+            (true, true) => k.gemv_rmsnorm_as::<bf16, f32>(
+                form,
                 s,
                 res,
                 gw,
@@ -1582,7 +1584,8 @@ impl GemvInputs {
                 &mut self.normed,
                 yf,
             )?,
-            (true, false) => k.gemv_rmsnorm::<bf16, bf16>(
+            (true, false) => k.gemv_rmsnorm_as::<bf16, bf16>(
+                form,
                 s,
                 res,
                 gw,
