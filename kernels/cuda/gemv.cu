@@ -104,6 +104,20 @@ __device__ __forceinline__ void gemv_dot8(float* a, const uint4 w, const uint4 x
     a[P - 1] = fmaf(A::hi(w.w), A::hi(x.w), a[P - 1]);
 }
 
+// gemv_dot8 with x already in f32 (xa: elements 0..3, xb: 4..7): the same
+// products into the same partial sums in the same order.
+template <int P, class A>
+__device__ __forceinline__ void gemv_dot8f(float* a, const uint4 w, const float4 xa, const float4 xb) {
+    a[0] = fmaf(A::lo(w.x), xa.x, a[0]);
+    a[P - 1] = fmaf(A::hi(w.x), xa.y, a[P - 1]);
+    a[0] = fmaf(A::lo(w.y), xa.z, a[0]);
+    a[P - 1] = fmaf(A::hi(w.y), xa.w, a[P - 1]);
+    a[0] = fmaf(A::lo(w.z), xb.x, a[0]);
+    a[P - 1] = fmaf(A::hi(w.z), xb.y, a[P - 1]);
+    a[0] = fmaf(A::lo(w.w), xb.z, a[0]);
+    a[P - 1] = fmaf(A::hi(w.w), xb.w, a[P - 1]);
+}
+
 // block_sum (common.cuh) of MB values at once: each value takes exactly
 // block_sum's tree (warp_sum, then the warps' sums in warp order through
 // shared memory, then warp_sum), with one pair of barriers for all.
@@ -126,12 +140,23 @@ __device__ __forceinline__ void block_sum_rows(float* v, float* scratch) {
 // vectors of 8 (XS >= K / 8; the tensor-core form pads rows apart): the
 // plain variant copies x, the NORM variant builds it from the residual.
 // Both forms run it with 256 threads (rmsnorm_row's count, below).
-template <int MB, bool NORM, class A>
+// XF: stage x as f32 (each element converted once, exactly) instead of
+// 16-bit, so the FMA form's inner loop reads it without conversions.
+template <int MB, bool NORM, class A, bool XF = false>
 __device__ __forceinline__ void gemv_stage_x(const unsigned short* x, const float* res, const bf16_t* __restrict__ g,
                                              float eps, u32 m, u32 K, u32 XS, unsigned short* normed,
                                              float* scratch) {
     extern __shared__ __align__(16) uint4 gemv_xs[];
     const u32 V = K >> 3;
+    auto put = [&](u32 at, uint4 o) {
+        if constexpr (XF) {
+            float4* xf = (float4*)gemv_xs + 2 * at;
+            xf[0] = make_float4(A::lo(o.x), A::hi(o.x), A::lo(o.y), A::hi(o.y));
+            xf[1] = make_float4(A::lo(o.z), A::hi(o.z), A::lo(o.w), A::hi(o.w));
+        } else {
+            gemv_xs[at] = o;
+        }
+    };
     // The prologue's global reads are issued together, all rows at once
     // (header: row by row, each row cost a dependent L2 round trip and a
     // block reduction in series). Each row's arithmetic is unchanged.
@@ -168,7 +193,7 @@ __device__ __forceinline__ void gemv_stage_x(const unsigned short* x, const floa
                     o.y = A::pack2(a.z * inv[t] * bf_lo(gv.y), a.w * inv[t] * bf_hi(gv.y));
                     o.z = A::pack2(b.x * inv[t] * bf_lo(gv.z), b.y * inv[t] * bf_hi(gv.z));
                     o.w = A::pack2(b.z * inv[t] * bf_lo(gv.w), b.w * inv[t] * bf_hi(gv.w));
-                    gemv_xs[t * XS + c8] = o;
+                    put(t * XS + c8, o);
                     if (blockIdx.x == 0) ((uint4*)normed)[(u64)t * V + c8] = o;
                 }
             }
@@ -188,7 +213,7 @@ __device__ __forceinline__ void gemv_stage_x(const unsigned short* x, const floa
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
                 const u32 i = i0 + b * blockDim.x;
-                if (i < total) gemv_xs[(i / V) * XS + i % V] = v[b];
+                if (i < total) put((i / V) * XS + i % V, v[b]);
             }
         }
     }
@@ -201,7 +226,7 @@ __device__ __forceinline__ void gemv_stage_x(const unsigned short* x, const floa
 // of an FP16 attention block and the projections of an FP16 MLP block,
 // whose normed x is rounded to f16 as rmsnorm_f32_to_f16 rounds it). The
 // norm weight g is bf16 either way.
-template <int MB, int NR, int U, bool NORM, class A = ActBf16>
+template <int MB, int NR, int U, bool NORM, class A = ActBf16, bool XF = false>
 __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* res, const bf16_t* __restrict__ g,
                                           float eps, const unsigned short* __restrict__ w, u32 m, u32 n, u32 K,
                                           u32 mode, unsigned short* normed, void* y) {
@@ -238,7 +263,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
 
     // Everything below may read what the previous kernel wrote.
     gemv_pdl_wait();
-    gemv_stage_x<MB, NORM, A>(x, res, g, eps, m, K, V, normed, scratch);
+    gemv_stage_x<MB, NORM, A, XF>(x, res, g, eps, m, K, V, normed, scratch);
     __syncthreads();
 
     float acc[MB][NR][P];
@@ -257,9 +282,16 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
 #pragma unroll
                 for (int t = 0; t < MB; ++t) {
                     if (MB == 1 || (u32)t < m) {
-                        const uint4 xv = gemv_xs[t * V + v];
+                        if constexpr (XF) {
+                            const float4* xf = (const float4*)gemv_xs + 2 * (t * V + v);
+                            const float4 xa = xf[0], xb = xf[1];
 #pragma unroll
-                        for (int i = 0; i < NR; ++i) gemv_dot8<P, A>(acc[t][i], wv[i][u], xv);
+                            for (int i = 0; i < NR; ++i) gemv_dot8f<P, A>(acc[t][i], wv[i][u], xa, xb);
+                        } else {
+                            const uint4 xv = gemv_xs[t * V + v];
+#pragma unroll
+                            for (int i = 0; i < NR; ++i) gemv_dot8<P, A>(acc[t][i], wv[i][u], xv);
+                        }
                     }
                 }
             }
@@ -319,9 +351,10 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
 // Block b of G = min(tiles, 2 * SMs) (256 threads, 2 blocks per SM) owns the
 // contiguous tiles [T*b/G, T*(b+1)/G) and runs their rounds in order; warp w
 // takes slice (round * 8 + w) % S. A warp holds two rounds' loads (two
-// register sets of 8 x 16 bytes): the next round's go out before this
-// round is multiplied, and stay in flight across the round's barrier, so
-// up to 16 KB per warp (256 KB per SM at 16 warps) are outstanding. The
+// register sets of 8 x 16 bytes): rounds 0 and 1 go out before x is
+// staged, and round j + 2's as soon as round j is multiplied, so they stay
+// in flight across the round's barrier: up to 8 KB per warp (128 KB per SM
+// at 16 warps) are outstanding. The
 // warps' partials go to shared memory (two buffers); after the barrier 64
 // threads (token, row) add the 8 partials in warp order to a running sum,
 // which is written (rounded once for a 16-bit y) after the tile's last round.
@@ -375,8 +408,11 @@ __device__ __forceinline__ void gemv_tc_body(const unsigned short* x, const floa
                 r.q[u] = make_uint4(0, 0, 0, 0);
         }
     };
+    // Two rounds' loads before the wait (up to 64 KB per block in flight
+    // while x is staged), as the FMA form has its first groups in flight.
     TcRegs ra, rb;
     if (rounds > 0) load(ra, 0);
+    if (rounds > 1) load(rb, 1);
 
     // Everything below may read what the previous kernel wrote.
     gemv_pdl_wait();
@@ -421,11 +457,11 @@ __device__ __forceinline__ void gemv_tc_body(const unsigned short* x, const floa
     // Two rounds per pass, static register sets; the next round's loads go
     // out before this round's multiply (and its barrier).
     for (u32 j = 0; j < rounds; j += 2) {  // block-uniform
-        if (j + 1 < rounds) load(rb, j + 1);
         round(ra, j);
-        if (j + 1 >= rounds) break;
         if (j + 2 < rounds) load(ra, j + 2);
+        if (j + 1 >= rounds) break;
         round(rb, j + 1);
+        if (j + 3 < rounds) load(rb, j + 3);
     }
 }
 
@@ -504,6 +540,57 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_r1_m4(GEM
 }
 extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_r1_m8(GEMV_NORM_ARGS) {
     gemv_body<8, 1, 16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+
+// The FMA form with x staged as f32 (XF): gemv_bf16_xf_r<NR>_m<MB>,
+// gemv_rmsnorm_bf16_xf_r<NR>_m<MB>; dynamic shared memory m * K * 4 bytes.
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r2_m1(GEMV_ARGS) {
+    gemv_body<1, 2, 8, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r2_m1(GEMV_NORM_ARGS) {
+    gemv_body<1, 2, 8, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r2_m2(GEMV_ARGS) {
+    gemv_body<2, 2, 8, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r2_m2(GEMV_NORM_ARGS) {
+    gemv_body<2, 2, 8, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r2_m4(GEMV_ARGS) {
+    gemv_body<4, 2, 8, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r2_m4(GEMV_NORM_ARGS) {
+    gemv_body<4, 2, 8, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r2_m8(GEMV_ARGS) {
+    gemv_body<8, 2, 8, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r2_m8(GEMV_NORM_ARGS) {
+    gemv_body<8, 2, 8, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r1_m1(GEMV_ARGS) {
+    gemv_body<1, 1, 16, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r1_m1(GEMV_NORM_ARGS) {
+    gemv_body<1, 1, 16, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r1_m2(GEMV_ARGS) {
+    gemv_body<2, 1, 16, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r1_m2(GEMV_NORM_ARGS) {
+    gemv_body<2, 1, 16, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r1_m4(GEMV_ARGS) {
+    gemv_body<4, 1, 16, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r1_m4(GEMV_NORM_ARGS) {
+    gemv_body<4, 1, 16, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r1_m8(GEMV_ARGS) {
+    gemv_body<8, 1, 16, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r1_m8(GEMV_NORM_ARGS) {
+    gemv_body<8, 1, 16, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
 }
 
 // FP16 entry points (ActFormat::F16): gemv_rmsnorm_f16_r<NR>_m<MB>, the

@@ -1373,7 +1373,7 @@ fn bench_rows(
         let mut one = 0.0;
         // The engine's outputs: qkv bf16, the others f32.
         let out_f32 = n != 5120;
-        for form in [GemvForm::Fma, GemvForm::TensorCore] {
+        for form in [GemvForm::Fma, GemvForm::FmaF32x, GemvForm::TensorCore] {
             let mut line = format!("{label:<14} {n:>6}x{kk} {form:?}:");
             for m in [1usize, 2, 4, 8] {
                 let mut yf = s.alloc_zeros::<f32>(m * n)?;

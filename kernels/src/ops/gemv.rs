@@ -98,6 +98,34 @@ const NORM_F16: [[&str; 4]; 2] = [
         "gemv_rmsnorm_f16_r1_m8",
     ],
 ];
+const PLAIN_XF: [[&str; 4]; 2] = [
+    [
+        "gemv_bf16_xf_r2_m1",
+        "gemv_bf16_xf_r2_m2",
+        "gemv_bf16_xf_r2_m4",
+        "gemv_bf16_xf_r2_m8",
+    ],
+    [
+        "gemv_bf16_xf_r1_m1",
+        "gemv_bf16_xf_r1_m2",
+        "gemv_bf16_xf_r1_m4",
+        "gemv_bf16_xf_r1_m8",
+    ],
+];
+const NORM_XF: [[&str; 4]; 2] = [
+    [
+        "gemv_rmsnorm_bf16_xf_r2_m1",
+        "gemv_rmsnorm_bf16_xf_r2_m2",
+        "gemv_rmsnorm_bf16_xf_r2_m4",
+        "gemv_rmsnorm_bf16_xf_r2_m8",
+    ],
+    [
+        "gemv_rmsnorm_bf16_xf_r1_m1",
+        "gemv_rmsnorm_bf16_xf_r1_m2",
+        "gemv_rmsnorm_bf16_xf_r1_m4",
+        "gemv_rmsnorm_bf16_xf_r1_m8",
+    ],
+];
 const NORM: [[&str; 4]; 2] = [
     [
         "gemv_rmsnorm_bf16_r2_m1",
@@ -121,6 +149,8 @@ const NORM: [[&str; 4]; 2] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemvForm {
     Fma,
+    /// The FMA form with x staged as f32 (bf16 only).
+    FmaF32x,
     TensorCore,
 }
 
@@ -136,10 +166,13 @@ fn kernel_name(form: GemvForm, norm: bool, f16: bool, m: usize, k: usize) -> &'s
         (GemvForm::TensorCore, false, true) => "gemv_tc_f16",
         (GemvForm::TensorCore, true, false) => "gemv_rmsnorm_tc_bf16",
         (GemvForm::TensorCore, true, true) => "gemv_rmsnorm_tc_f16",
+        (GemvForm::FmaF32x, false, false) => entry(&PLAIN_XF, m, k),
+        (GemvForm::FmaF32x, true, false) => entry(&NORM_XF, m, k),
+        // f16 has no f32-x entry points: FmaF32x runs the FMA form there.
+        (GemvForm::Fma | GemvForm::FmaF32x, false, true) => entry(&PLAIN_F16, m, k),
+        (GemvForm::Fma | GemvForm::FmaF32x, true, true) => entry(&NORM_F16, m, k),
         (GemvForm::Fma, false, false) => entry(&PLAIN, m, k),
-        (GemvForm::Fma, false, true) => entry(&PLAIN_F16, m, k),
         (GemvForm::Fma, true, false) => entry(&NORM, m, k),
-        (GemvForm::Fma, true, true) => entry(&NORM_F16, m, k),
     }
 }
 
@@ -224,6 +257,12 @@ fn launch_cfg(kernels: &Kernels, form: GemvForm, n: usize, m: usize, k: usize) -
             ((n as u64).min(cap) as u32, 1, 1),
             THREADS,
             (2 * m * k) as u32,
+        ),
+        // (Also the f16 FMA kernels, which use half of it.)
+        GemvForm::FmaF32x => cfg(
+            ((n as u64).min(cap) as u32, 1, 1),
+            THREADS,
+            (4 * m * k) as u32,
         ),
         GemvForm::TensorCore => cfg(
             ((n.div_ceil(8) as u64).min(cap) as u32, 1, 1),
@@ -478,7 +517,7 @@ mod tests {
                 );
             }
         }
-        for names in [PLAIN, NORM, NORM_F16, PLAIN_F16] {
+        for names in [PLAIN, NORM, NORM_F16, PLAIN_F16, PLAIN_XF, NORM_XF] {
             for row in names {
                 for name in row {
                     assert!(

@@ -84,7 +84,7 @@ fn assert_tail_nan_bf16(what: &str, v: &[bf16]) {
 /// Both kernel forms (`GemvForm`) against the reference.
 #[test]
 fn gemv_matches_reference() {
-    for form in [GemvForm::Fma, GemvForm::TensorCore] {
+    for form in [GemvForm::Fma, GemvForm::FmaF32x, GemvForm::TensorCore] {
         gemv_matches_reference_in(form);
     }
 }
@@ -176,7 +176,7 @@ fn gemv_matches_reference_in(form: GemvForm) {
 /// Both kernel forms (`GemvForm`) against the reference.
 #[test]
 fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
-    for form in [GemvForm::Fma, GemvForm::TensorCore] {
+    for form in [GemvForm::Fma, GemvForm::FmaF32x, GemvForm::TensorCore] {
         gemv_rmsnorm_matches_rmsnorm_then_gemv_in(form);
     }
 }

@@ -166,7 +166,7 @@ fn gemv_rows_are_batch_invariant() {
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
     let kr = &g.kernels;
-    for form in [GemvForm::Fma, GemvForm::TensorCore] {
+    for form in [GemvForm::Fma, GemvForm::FmaF32x, GemvForm::TensorCore] {
         gemv_rows_are_invariant::<bf16, f32>(kr, &s, &mut rng, form, "bf16");
         gemv_rows_are_invariant::<bf16, bf16>(kr, &s, &mut rng, form, "bf16");
         gemv_rows_are_invariant::<f16, f32>(kr, &s, &mut rng, form, "f16");
