@@ -104,20 +104,6 @@ __device__ __forceinline__ void gemv_dot8(float* a, const uint4 w, const uint4 x
     a[P - 1] = fmaf(A::hi(w.w), A::hi(x.w), a[P - 1]);
 }
 
-// gemv_dot8 with x already in f32 (xa: elements 0..3, xb: 4..7): the same
-// products into the same partial sums in the same order.
-template <int P, class A>
-__device__ __forceinline__ void gemv_dot8f(float* a, const uint4 w, const float4 xa, const float4 xb) {
-    a[0] = fmaf(A::lo(w.x), xa.x, a[0]);
-    a[P - 1] = fmaf(A::hi(w.x), xa.y, a[P - 1]);
-    a[0] = fmaf(A::lo(w.y), xa.z, a[0]);
-    a[P - 1] = fmaf(A::hi(w.y), xa.w, a[P - 1]);
-    a[0] = fmaf(A::lo(w.z), xb.x, a[0]);
-    a[P - 1] = fmaf(A::hi(w.z), xb.y, a[P - 1]);
-    a[0] = fmaf(A::lo(w.w), xb.z, a[0]);
-    a[P - 1] = fmaf(A::hi(w.w), xb.w, a[P - 1]);
-}
-
 // block_sum (common.cuh) of MB values at once: each value takes exactly
 // block_sum's tree (warp_sum, then the warps' sums in warp order through
 // shared memory, then warp_sum), with one pair of barriers for all.
@@ -136,89 +122,6 @@ __device__ __forceinline__ void block_sum_rows(float* v, float* scratch) {
     for (int t = 0; t < MB; ++t) v[t] = warp_sum((lane < nw) ? scratch[t * 32 + lane] : 0.0f);
 }
 
-// Stage x (m rows of K) in shared memory, row t at gemv_xs + t * XS
-// vectors of 8 (XS >= K / 8; the tensor-core form pads rows apart): the
-// plain variant copies x, the NORM variant builds it from the residual.
-// Both forms run it with 256 threads (rmsnorm_row's count, below).
-// XF: stage x as f32 (each element converted once, exactly) instead of
-// 16-bit, so the FMA form's inner loop reads it without conversions.
-template <int MB, bool NORM, class A, bool XF = false>
-__device__ __forceinline__ void gemv_stage_x(const unsigned short* x, const float* res, const bf16_t* __restrict__ g,
-                                             float eps, u32 m, u32 K, u32 XS, unsigned short* normed,
-                                             float* scratch) {
-    extern __shared__ __align__(16) uint4 gemv_xs[];
-    const u32 V = K >> 3;
-    auto put = [&](u32 at, uint4 o) {
-        if constexpr (XF) {
-            float4* xf = (float4*)gemv_xs + 2 * at;
-            xf[0] = make_float4(A::lo(o.x), A::hi(o.x), A::lo(o.y), A::hi(o.y));
-            xf[1] = make_float4(A::lo(o.z), A::hi(o.z), A::lo(o.w), A::hi(o.w));
-        } else {
-            gemv_xs[at] = o;
-        }
-    };
-    // The prologue's global reads are issued together, all rows at once
-    // (header: row by row, each row cost a dependent L2 round trip and a
-    // block reduction in series). Each row's arithmetic is unchanged.
-    if constexpr (NORM) {
-        // rmsnorm_row's sum, verbatim per row (same thread count, same
-        // order of each row's terms, the same reduction tree).
-        float ss[MB];
-#pragma unroll
-        for (int t = 0; t < MB; ++t) ss[t] = 0.0f;
-#pragma unroll 4
-        for (u32 i = threadIdx.x; i < K; i += blockDim.x) {
-#pragma unroll
-            for (int t = 0; t < MB; ++t) {
-                if (MB == 1 || (u32)t < m) {
-                    float v = res[(u64)t * K + i];
-                    ss[t] += v * v;
-                }
-            }
-        }
-        block_sum_rows<MB>(ss, scratch);
-        float inv[MB];
-#pragma unroll
-        for (int t = 0; t < MB; ++t) inv[t] = rsqrtf(ss[t] / (float)K + eps);
-        const uint4* g4 = (const uint4*)g;
-        for (u32 c8 = threadIdx.x; c8 < V; c8 += blockDim.x) {
-            const uint4 gv = g4[c8];
-#pragma unroll
-            for (int t = 0; t < MB; ++t) {
-                if (MB == 1 || (u32)t < m) {
-                    const float4* r4 = (const float4*)(res + (u64)t * K);
-                    const float4 a = r4[2 * c8], b = r4[2 * c8 + 1];
-                    uint4 o;
-                    o.x = A::pack2(a.x * inv[t] * bf_lo(gv.x), a.y * inv[t] * bf_hi(gv.x));
-                    o.y = A::pack2(a.z * inv[t] * bf_lo(gv.y), a.w * inv[t] * bf_hi(gv.y));
-                    o.z = A::pack2(b.x * inv[t] * bf_lo(gv.z), b.y * inv[t] * bf_hi(gv.z));
-                    o.w = A::pack2(b.z * inv[t] * bf_lo(gv.w), b.w * inv[t] * bf_hi(gv.w));
-                    put(t * XS + c8, o);
-                    if (blockIdx.x == 0) ((uint4*)normed)[(u64)t * V + c8] = o;
-                }
-            }
-        }
-    } else {
-        // Up to 4 vectors per thread in flight before any is stored (the
-        // weight group's 64 registers are live here).
-        const uint4* x4 = (const uint4*)x;
-        const u32 total = m * V;
-        for (u32 i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
-            uint4 v[4];
-#pragma unroll
-            for (int b = 0; b < 4; ++b) {
-                const u32 i = i0 + b * blockDim.x;
-                if (i < total) v[b] = x4[i];
-            }
-#pragma unroll
-            for (int b = 0; b < 4; ++b) {
-                const u32 i = i0 + b * blockDim.x;
-                if (i < total) put((i / V) * XS + i % V, v[b]);
-            }
-        }
-    }
-}
-
 // mode: 0 = 16-bit y (format A), 1 = f32 y, 2 = f32 y += result.
 // MB: compile-time bound on m (1, 2, 4, 8). NR x U: rows x vectors per lane
 // of one weight group (NR * U = 16). NORM: x from residual + norm weight.
@@ -226,7 +129,7 @@ __device__ __forceinline__ void gemv_stage_x(const unsigned short* x, const floa
 // of an FP16 attention block and the projections of an FP16 MLP block,
 // whose normed x is rounded to f16 as rmsnorm_f32_to_f16 rounds it). The
 // norm weight g is bf16 either way.
-template <int MB, int NR, int U, bool NORM, class A = ActBf16, bool XF = false>
+template <int MB, int NR, int U, bool NORM, class A = ActBf16>
 __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* res, const bf16_t* __restrict__ g,
                                           float eps, const unsigned short* __restrict__ w, u32 m, u32 n, u32 K,
                                           u32 mode, unsigned short* normed, void* y) {
@@ -263,7 +166,66 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
 
     // Everything below may read what the previous kernel wrote.
     gemv_pdl_wait();
-    gemv_stage_x<MB, NORM, A, XF>(x, res, g, eps, m, K, V, normed, scratch);
+    // The prologue's global reads are issued together, all rows at once
+    // (header: row by row, each row cost a dependent L2 round trip and a
+    // block reduction in series). Each row's arithmetic is unchanged.
+    if constexpr (NORM) {
+        // rmsnorm_row's sum, verbatim per row (same thread count, same
+        // order of each row's terms, the same reduction tree).
+        float ss[MB];
+#pragma unroll
+        for (int t = 0; t < MB; ++t) ss[t] = 0.0f;
+#pragma unroll 4
+        for (u32 i = threadIdx.x; i < K; i += blockDim.x) {
+#pragma unroll
+            for (int t = 0; t < MB; ++t) {
+                if (MB == 1 || (u32)t < m) {
+                    float v = res[(u64)t * K + i];
+                    ss[t] += v * v;
+                }
+            }
+        }
+        block_sum_rows<MB>(ss, scratch);
+        float inv[MB];
+#pragma unroll
+        for (int t = 0; t < MB; ++t) inv[t] = rsqrtf(ss[t] / (float)K + eps);
+        const uint4* g4 = (const uint4*)g;
+        for (u32 c8 = threadIdx.x; c8 < V; c8 += blockDim.x) {
+            const uint4 gv = g4[c8];
+#pragma unroll
+            for (int t = 0; t < MB; ++t) {
+                if (MB == 1 || (u32)t < m) {
+                    const float4* r4 = (const float4*)(res + (u64)t * K);
+                    const float4 a = r4[2 * c8], b = r4[2 * c8 + 1];
+                    uint4 o;
+                    o.x = A::pack2(a.x * inv[t] * bf_lo(gv.x), a.y * inv[t] * bf_hi(gv.x));
+                    o.y = A::pack2(a.z * inv[t] * bf_lo(gv.y), a.w * inv[t] * bf_hi(gv.y));
+                    o.z = A::pack2(b.x * inv[t] * bf_lo(gv.z), b.y * inv[t] * bf_hi(gv.z));
+                    o.w = A::pack2(b.z * inv[t] * bf_lo(gv.w), b.w * inv[t] * bf_hi(gv.w));
+                    gemv_xs[t * V + c8] = o;
+                    if (blockIdx.x == 0) ((uint4*)normed)[(u64)t * V + c8] = o;
+                }
+            }
+        }
+    } else {
+        // Up to 4 vectors per thread in flight before any is stored (the
+        // weight group's 64 registers are live here).
+        const uint4* x4 = (const uint4*)x;
+        const u32 total = m * V;
+        for (u32 i0 = threadIdx.x; i0 < total; i0 += 4 * blockDim.x) {
+            uint4 v[4];
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const u32 i = i0 + b * blockDim.x;
+                if (i < total) v[b] = x4[i];
+            }
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const u32 i = i0 + b * blockDim.x;
+                if (i < total) gemv_xs[i] = v[b];
+            }
+        }
+    }
     __syncthreads();
 
     float acc[MB][NR][P];
@@ -282,16 +244,9 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
 #pragma unroll
                 for (int t = 0; t < MB; ++t) {
                     if (MB == 1 || (u32)t < m) {
-                        if constexpr (XF) {
-                            const float4* xf = (const float4*)gemv_xs + 2 * (t * V + v);
-                            const float4 xa = xf[0], xb = xf[1];
+                        const uint4 xv = gemv_xs[t * V + v];
 #pragma unroll
-                            for (int i = 0; i < NR; ++i) gemv_dot8f<P, A>(acc[t][i], wv[i][u], xa, xb);
-                        } else {
-                            const uint4 xv = gemv_xs[t * V + v];
-#pragma unroll
-                            for (int i = 0; i < NR; ++i) gemv_dot8<P, A>(acc[t][i], wv[i][u], xv);
-                        }
+                        for (int i = 0; i < NR; ++i) gemv_dot8<P, A>(acc[t][i], wv[i][u], xv);
                     }
                 }
             }
@@ -327,159 +282,6 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
         grp = ngrp;
         c = nc;
     }
-}
-
-// ---- Tensor-core form: gemv_tc_<fmt>, gemv_rmsnorm_tc_<fmt> ----
-// Why: the FMA form above pays, per 16-byte weight vector and per token
-// row, the x conversions and 8 FMAs, so a batched step's projections grow
-// with M (kbench --rows, qkv: 8.6 us at M = 1, 15.5 at 4, 25.6 at 8). Here
-// one mma.sync.m16n8k16 multiplies 8 weight rows x 16 K by every token row
-// at once (A = x: rows 0..7 are the tokens, 8..15 zero; B = W^T: 16 K x 8
-// output rows; C[token][row] f32), so the instructions per weight byte do
-// not depend on M: per 16-byte vector one global load, one shared load and
-// two mma.
-// Fragments: lane (gq = lane/4, tq = lane%4) loads 16 bytes of weight row
-// gq of the tile at K = 32c + 8tq (chunk c) and the same 16 bytes of x row
-// gq. The dot product is invariant under a permutation of K applied to both
-// operands, so fragment k {2tq, 2tq+1, 2tq+8, 2tq+9} takes memory offsets
-// 8tq + 0..3 in the first mma and 8tq + 4..7 in the second. C lane (gq, tq)
-// holds token gq's sums for rows 2tq and 2tq+1 of the tile.
-// Work split. A tile is 8 output rows x all of K; its K is cut into S
-// slices, S = 8 * ceil(C / 64) for C = ceil(K / 32) chunks, of U = ceil(C /
-// S) <= 8 chunks each, so S is a multiple of the block's 8 warps and a
-// round (8 consecutive work items, one per warp) lies inside one tile.
-// Block b of G = min(tiles, 2 * SMs) (256 threads, 2 blocks per SM) owns the
-// contiguous tiles [T*b/G, T*(b+1)/G) and runs their rounds in order; warp w
-// takes slice (round * 8 + w) % S. A warp holds two rounds' loads (two
-// register sets of 8 x 16 bytes): rounds 0 and 1 go out before x is
-// staged, and round j + 2's as soon as round j is multiplied, so they stay
-// in flight across the round's barrier: up to 8 KB per warp (128 KB per SM
-// at 16 warps) are outstanding. The
-// warps' partials go to shared memory (two buffers); after the barrier 64
-// threads (token, row) add the 8 partials in warp order to a running sum,
-// which is written (rounded once for a 16-bit y) after the tile's last round.
-// Bytes per SM are balanced within one tile (QKV 5120 rows: 2-3 tiles per
-// block; lm_head 151936: 72).
-// Row invariance (continuous batching): token t's result is A row t of
-// each mma, computed from x row t and W only; the chunks of a slice are
-// multiplied in order, the slices summed in order, and S, U depend on K
-// alone. Nothing depends on M, on the other rows or on the grid, so row t
-// of an M-row launch equals its one-row launch bit for bit (kernels/tests/
-// gpu/rows.rs); M = 1 runs the same code.
-// x is staged with rows XS vectors apart, XS = roundup(K/8, 8) + 4 (XS = 4
-// mod 8 vectors): the 8 lanes of a quarter warp, two tokens x 4 tq, read
-// 128 distinct bytes of the 32 banks.
-#define TC_WARPS 8
-#define TC_U 8
-
-struct TcRegs {
-    uint4 q[TC_U];
-};
-
-template <bool NORM, class A = ActBf16>
-__device__ __forceinline__ void gemv_tc_body(const unsigned short* x, const float* res, const bf16_t* __restrict__ g,
-                                             float eps, const unsigned short* __restrict__ w, u32 m, u32 n, u32 K,
-                                             u32 mode, unsigned short* normed, void* y) {
-    extern __shared__ __align__(16) uint4 gemv_xs[];  // [m][XS] vectors of 8 16-bit values
-    __shared__ float scratch[8 * 32];
-    __shared__ float red[2][TC_WARPS][64];
-    gemv_pdl_trigger();
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 gq = lane >> 2, tq = lane & 3;
-    const u32 V = K >> 3, XS = ((V + 7) & ~7u) + 4;
-    const u32 C = (K + 31) >> 5;
-    const u32 S = 8 * ((C + 63) >> 6), U = (C + S - 1) / S;
-    const u32 T = (n + 7) >> 3;
-    const u32 t0 = (u32)(((u64)T * blockIdx.x) / gridDim.x);
-    const u32 t1 = (u32)(((u64)T * (blockIdx.x + 1)) / gridDim.x);
-    const u32 rpt = S / TC_WARPS;  // rounds per tile
-    const u32 rounds = (t1 - t0) * rpt;
-
-    // This warp's item of round j: tile t0 + j / rpt, slice (j % rpt) * 8 + warp.
-    auto load = [&](TcRegs& r, u32 j) {
-        const u32 row = (t0 + j / rpt) * 8 + gq;
-        const u32 cs = ((j % rpt) * TC_WARPS + warp) * U;
-#pragma unroll
-        for (int u = 0; u < TC_U; ++u) {
-            const u32 c = cs + u, v = c * 4 + tq;
-            if ((u32)u < U && row < n && v < V)
-                r.q[u] = ld_stream16(w + (u64)row * K + (u64)v * 8);
-            else
-                r.q[u] = make_uint4(0, 0, 0, 0);
-        }
-    };
-    // Two rounds' loads before the wait (up to 64 KB per block in flight
-    // while x is staged), as the FMA form has its first groups in flight.
-    TcRegs ra, rb;
-    if (rounds > 0) load(ra, 0);
-    if (rounds > 1) load(rb, 1);
-
-    // Everything below may read what the previous kernel wrote.
-    gemv_pdl_wait();
-    gemv_stage_x<8, NORM, A>(x, res, g, eps, m, K, XS, normed, scratch);
-    __syncthreads();
-
-    float run = 0.0f;  // threads < 64: token threadIdx/8, row threadIdx%8 of the tile
-    auto round = [&](const TcRegs& r, u32 j) {
-        const u32 cs = ((j % rpt) * TC_WARPS + warp) * U;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int u = 0; u < TC_U; ++u) {
-            if ((u32)u < U) {  // warp-uniform
-                const u32 v = (cs + u) * 4 + tq;
-                const uint4 xv = (gq < m && v < V) ? gemv_xs[gq * XS + v] : make_uint4(0, 0, 0, 0);
-                mma16<A>(acc, xv.x, 0u, xv.y, 0u, r.q[u].x, r.q[u].y);
-                mma16<A>(acc, xv.z, 0u, xv.w, 0u, r.q[u].z, r.q[u].w);
-            }
-        }
-        float* rb_ = red[j & 1][warp];
-        rb_[gq * 8 + 2 * tq] = acc[0];
-        rb_[gq * 8 + 2 * tq + 1] = acc[1];
-        __syncthreads();
-        if (threadIdx.x < 64) {
-#pragma unroll
-            for (int ww = 0; ww < TC_WARPS; ++ww) run += red[j & 1][ww][threadIdx.x];
-            if (j % rpt == rpt - 1) {
-                const u32 t = threadIdx.x >> 3, row = (t0 + j / rpt) * 8 + (threadIdx.x & 7);
-                if (t < m && row < n) {
-                    const u64 o = (u64)t * n + row;
-                    if (mode == 0) {
-                        ((unsigned short*)y)[o] = A::store(run);
-                    } else {
-                        float* yf = (float*)y;
-                        yf[o] = mode == 2 ? yf[o] + run : run;
-                    }
-                }
-                run = 0.0f;
-            }
-        }
-    };
-    // Two rounds per pass, static register sets; the next round's loads go
-    // out before this round's multiply (and its barrier).
-    for (u32 j = 0; j < rounds; j += 2) {  // block-uniform
-        round(ra, j);
-        if (j + 2 < rounds) load(ra, j + 2);
-        if (j + 1 >= rounds) break;
-        round(rb, j + 1);
-        if (j + 3 < rounds) load(rb, j + 3);
-    }
-}
-
-#define GEMV_TC_ARGS(T) const T *x, const T *__restrict__ w, u32 m, u32 n, u32 k, u32 mode, void *y
-#define GEMV_TC_NORM_ARGS(T)                                                                                 \
-    const float *res, const bf16_t *__restrict__ g, float eps, const T *__restrict__ w, u32 m, u32 n, u32 k, \
-        u32 mode, T *normed, void *y
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_tc_bf16(GEMV_TC_ARGS(bf16_t)) {
-    gemv_tc_body<false>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_tc_f16(GEMV_TC_ARGS(f16_t)) {
-    gemv_tc_body<false, ActF16>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_tc_bf16(GEMV_TC_NORM_ARGS(bf16_t)) {
-    gemv_tc_body<true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_tc_f16(GEMV_TC_NORM_ARGS(f16_t)) {
-    gemv_tc_body<true, ActF16>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
 }
 
 // Entry points: gemv_bf16_r<NR>_m<MB> and gemv_rmsnorm_bf16_r<NR>_m<MB>;
@@ -540,57 +342,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_r1_m4(GEM
 }
 extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_r1_m8(GEMV_NORM_ARGS) {
     gemv_body<8, 1, 16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
-}
-
-// The FMA form with x staged as f32 (XF): gemv_bf16_xf_r<NR>_m<MB>,
-// gemv_rmsnorm_bf16_xf_r<NR>_m<MB>; dynamic shared memory m * K * 4 bytes.
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r2_m1(GEMV_ARGS) {
-    gemv_body<1, 2, 8, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r2_m1(GEMV_NORM_ARGS) {
-    gemv_body<1, 2, 8, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r2_m2(GEMV_ARGS) {
-    gemv_body<2, 2, 8, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r2_m2(GEMV_NORM_ARGS) {
-    gemv_body<2, 2, 8, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r2_m4(GEMV_ARGS) {
-    gemv_body<4, 2, 8, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r2_m4(GEMV_NORM_ARGS) {
-    gemv_body<4, 2, 8, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r2_m8(GEMV_ARGS) {
-    gemv_body<8, 2, 8, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r2_m8(GEMV_NORM_ARGS) {
-    gemv_body<8, 2, 8, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r1_m1(GEMV_ARGS) {
-    gemv_body<1, 1, 16, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r1_m1(GEMV_NORM_ARGS) {
-    gemv_body<1, 1, 16, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r1_m2(GEMV_ARGS) {
-    gemv_body<2, 1, 16, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r1_m2(GEMV_NORM_ARGS) {
-    gemv_body<2, 1, 16, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r1_m4(GEMV_ARGS) {
-    gemv_body<4, 1, 16, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r1_m4(GEMV_NORM_ARGS) {
-    gemv_body<4, 1, 16, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_bf16_xf_r1_m8(GEMV_ARGS) {
-    gemv_body<8, 1, 16, false, ActBf16, true>(x, nullptr, nullptr, 0.0f, w, m, n, k, mode, nullptr, y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) gemv_rmsnorm_bf16_xf_r1_m8(GEMV_NORM_ARGS) {
-    gemv_body<8, 1, 16, true, ActBf16, true>(nullptr, res, g, eps, w, m, n, k, mode, normed, y);
 }
 
 // FP16 entry points (ActFormat::F16): gemv_rmsnorm_f16_r<NR>_m<MB>, the

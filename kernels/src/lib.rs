@@ -42,7 +42,7 @@ pub use ops::attention::{DECODE_MAX_SPLITS, decode_workspace_len};
 pub use ops::expert_tail::{
     ExpertTail, TABLE_FRESH, TAIL_COUNTERS, TAIL_MAX_PAIRS, TAIL_MAX_SLOTS, TAIL_NONE, TailMode,
 };
-pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvForm, GemvOut};
+pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvOut};
 pub use ops::int4::{
     INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPED_ROWS,
     INT4_GROUPS, Int4Layout, int4_grouped_supports, int4_grouped_tiles, w2_tokens_per_block,

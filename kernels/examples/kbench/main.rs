@@ -38,7 +38,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 use krasis_kernels::{
-    CacheDir, GemvForm, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
+    CacheDir, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
     decode_workspace_len, sample_workspace_len,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -1013,10 +1013,11 @@ fn bench_gemv(
             gi.launch(
                 k,
                 s,
-                GemvForm::DEFAULT,
                 &wr.get(it),
                 (m, n, kk),
-                (false, out_f32, acc),
+                false,
+                out_f32,
+                acc,
                 &mut yf,
                 &mut yb,
             )
@@ -1025,10 +1026,11 @@ fn bench_gemv(
             gi.launch(
                 k,
                 s,
-                GemvForm::DEFAULT,
                 &wr.get(it),
                 (m, n, kk),
-                (true, out_f32, acc),
+                true,
+                out_f32,
+                acc,
                 &mut yf,
                 &mut yb,
             )
@@ -1359,10 +1361,7 @@ fn bench_rows(
     rows: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let mut gi = GemvInputs::new(s, rng)?;
-    rows.push(
-        "bf16 GEMV at M rows, graph-timed, us (x one row of the FMA form); the engine runs one form"
-            .to_string(),
-    );
+    rows.push("bf16 GEMV at M rows, graph-timed, us (x one row)".to_string());
     for (label, n, kk, norm, acc) in [
         ("qkv +norm", 5120usize, 2048usize, true, false),
         ("o_proj +=", 2048, 4096, false, true),
@@ -1371,33 +1370,32 @@ fn bench_rows(
     ] {
         let wr = Rotated::new(s, rng, n, kk)?;
         let mut one = 0.0;
+        let mut line = format!("{label:<14} {n:>6}x{kk}:");
         // The engine's outputs: qkv bf16, the others f32.
         let out_f32 = n != 5120;
-        for form in [GemvForm::Fma, GemvForm::FmaF32x, GemvForm::TensorCore] {
-            let mut line = format!("{label:<14} {n:>6}x{kk} {form:?}:");
-            for m in [1usize, 2, 4, 8] {
-                let mut yf = s.alloc_zeros::<f32>(m * n)?;
-                let mut yb = s.alloc_zeros::<bf16>(m * n)?;
-                let reps = if n > 100_000 { 8 } else { 64 };
-                let t = time_graph_ms(s, reps, |it| {
-                    gi.launch(
-                        k,
-                        s,
-                        form,
-                        &wr.get(it),
-                        (m, n, kk),
-                        (norm, out_f32, acc),
-                        &mut yf,
-                        &mut yb,
-                    )
-                })?;
-                if m == 1 && form == GemvForm::Fma {
-                    one = t;
-                }
-                line.push_str(&format!("  m{m} {:>7.2} ({:.2}x)", t * 1e3, t / one));
+        for m in [1usize, 2, 4, 8] {
+            let mut yf = s.alloc_zeros::<f32>(m * n)?;
+            let mut yb = s.alloc_zeros::<bf16>(m * n)?;
+            let reps = if n > 100_000 { 8 } else { 64 };
+            let t = time_graph_ms(s, reps, |it| {
+                gi.launch(
+                    k,
+                    s,
+                    &wr.get(it),
+                    (m, n, kk),
+                    norm,
+                    out_f32,
+                    acc,
+                    &mut yf,
+                    &mut yb,
+                )
+            })?;
+            if m == 1 {
+                one = t;
             }
-            rows.push(line);
+            line.push_str(&format!("  m{m} {:>7.2} ({:.2}x)", t * 1e3, t / one));
         }
+        rows.push(line);
     }
     rows.push(
         "INT4 w13+w2 at M rows (independent routes), graph-timed, us; (tokens per w2 block)"
@@ -1559,19 +1557,19 @@ impl GemvInputs {
         &mut self,
         k: &Kernels,
         s: &Arc<CudaStream>,
-        form: GemvForm,
         w: &CudaView<bf16>,
         (m, n, kk): (usize, usize, usize),
-        (norm, out_f32, acc): (bool, bool, bool),
+        norm: bool,
+        out_f32: bool,
+        acc: bool,
         yf: &mut CudaSlice<f32>,
         yb: &mut CudaSlice<bf16>,
     ) -> anyhow::Result<()> {
         let (res, gw, eps) = (&self.res, &self.gw, self.eps);
         match (norm, out_f32) {
-            (false, true) => k.gemv_as::<bf16, f32>(form, s, &self.x, w, m, n, kk, acc, yf)?,
-            (false, false) => k.gemv_as::<bf16, bf16>(form, s, &self.x, w, m, n, kk, false, yb)?,
-            (true, true) => k.gemv_rmsnorm_as::<bf16, f32>(
-                form,
+            (false, true) => k.gemv::<bf16, f32>(s, &self.x, w, m, n, kk, acc, yf)?,
+            (false, false) => k.gemv::<bf16, bf16>(s, &self.x, w, m, n, kk, false, yb)?,
+            (true, true) => k.gemv_rmsnorm::<bf16, f32>(
                 s,
                 res,
                 gw,
@@ -1584,8 +1582,7 @@ impl GemvInputs {
                 &mut self.normed,
                 yf,
             )?,
-            (true, false) => k.gemv_rmsnorm_as::<bf16, bf16>(
-                form,
+            (true, false) => k.gemv_rmsnorm::<bf16, bf16>(
                 s,
                 res,
                 gw,

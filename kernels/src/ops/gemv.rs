@@ -98,34 +98,6 @@ const NORM_F16: [[&str; 4]; 2] = [
         "gemv_rmsnorm_f16_r1_m8",
     ],
 ];
-const PLAIN_XF: [[&str; 4]; 2] = [
-    [
-        "gemv_bf16_xf_r2_m1",
-        "gemv_bf16_xf_r2_m2",
-        "gemv_bf16_xf_r2_m4",
-        "gemv_bf16_xf_r2_m8",
-    ],
-    [
-        "gemv_bf16_xf_r1_m1",
-        "gemv_bf16_xf_r1_m2",
-        "gemv_bf16_xf_r1_m4",
-        "gemv_bf16_xf_r1_m8",
-    ],
-];
-const NORM_XF: [[&str; 4]; 2] = [
-    [
-        "gemv_rmsnorm_bf16_xf_r2_m1",
-        "gemv_rmsnorm_bf16_xf_r2_m2",
-        "gemv_rmsnorm_bf16_xf_r2_m4",
-        "gemv_rmsnorm_bf16_xf_r2_m8",
-    ],
-    [
-        "gemv_rmsnorm_bf16_xf_r1_m1",
-        "gemv_rmsnorm_bf16_xf_r1_m2",
-        "gemv_rmsnorm_bf16_xf_r1_m4",
-        "gemv_rmsnorm_bf16_xf_r1_m8",
-    ],
-];
 const NORM: [[&str; 4]; 2] = [
     [
         "gemv_rmsnorm_bf16_r2_m1",
@@ -140,47 +112,6 @@ const NORM: [[&str; 4]; 2] = [
         "gemv_rmsnorm_bf16_r1_m8",
     ],
 ];
-
-/// The two kernel forms (`gemv.cu`): CUDA-core FMAs per M bucket, or the
-/// tensor-core form whose instructions per weight byte do not grow with M.
-/// One form serves every M of an engine: row invariance holds within a
-/// form, not across forms.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GemvForm {
-    Fma,
-    /// The FMA form with x staged as f32 (bf16 only).
-    FmaF32x,
-    TensorCore,
-}
-
-impl GemvForm {
-    /// What [`Kernels::gemv`] and [`Kernels::gemv_rmsnorm`] run.
-    pub const DEFAULT: GemvForm = GemvForm::TensorCore;
-}
-
-/// The kernel of `form` for `(plain or norm, format)`, `m` rows, width `k`.
-fn kernel_name(form: GemvForm, norm: bool, f16: bool, m: usize, k: usize) -> &'static str {
-    match (form, norm, f16) {
-        (GemvForm::TensorCore, false, false) => "gemv_tc_bf16",
-        (GemvForm::TensorCore, false, true) => "gemv_tc_f16",
-        (GemvForm::TensorCore, true, false) => "gemv_rmsnorm_tc_bf16",
-        (GemvForm::TensorCore, true, true) => "gemv_rmsnorm_tc_f16",
-        (GemvForm::FmaF32x, false, false) => entry(&PLAIN_XF, m, k),
-        (GemvForm::FmaF32x, true, false) => entry(&NORM_XF, m, k),
-        // f16 has no f32-x entry points: FmaF32x runs the FMA form there.
-        (GemvForm::Fma | GemvForm::FmaF32x, false, true) => entry(&PLAIN_F16, m, k),
-        (GemvForm::Fma | GemvForm::FmaF32x, true, true) => entry(&NORM_F16, m, k),
-        (GemvForm::Fma, false, false) => entry(&PLAIN, m, k),
-        (GemvForm::Fma, true, false) => entry(&NORM, m, k),
-    }
-}
-
-/// Shared-memory vectors (8 elements) between two staged x rows of the
-/// tensor-core form: `roundup(k / 8, 8) + 4` (`XS` in `gemv.cu`).
-fn tc_row_vectors(k: usize) -> usize {
-    (k / 8).next_multiple_of(8) + 4
-}
 
 /// Entry point for (`k`, `m`): row shape by `k`, token bucket 1/2/4/8 by `m`.
 fn entry(names: &[[&'static str; 4]; 2], m: usize, k: usize) -> &'static str {
@@ -248,28 +179,10 @@ fn check_disjoint(
     })
 }
 
-/// Grid: `min(n, 2 * SMs)` blocks (FMA form) or `min(8-row tiles, 2 *
-/// SMs)` blocks (tensor-core form), each owning an even share of the rows.
-fn launch_cfg(kernels: &Kernels, form: GemvForm, n: usize, m: usize, k: usize) -> LaunchConfig {
-    let cap = u64::from(kernels.sm_count() * BLOCKS_PER_SM);
-    match form {
-        GemvForm::Fma => cfg(
-            ((n as u64).min(cap) as u32, 1, 1),
-            THREADS,
-            (2 * m * k) as u32,
-        ),
-        // (Also the f16 FMA kernels, which use half of it.)
-        GemvForm::FmaF32x => cfg(
-            ((n as u64).min(cap) as u32, 1, 1),
-            THREADS,
-            (4 * m * k) as u32,
-        ),
-        GemvForm::TensorCore => cfg(
-            ((n.div_ceil(8) as u64).min(cap) as u32, 1, 1),
-            THREADS,
-            (16 * m * tc_row_vectors(k)) as u32,
-        ),
-    }
+/// Grid: `min(n, 2 * SMs)` blocks, each owning an even share of the rows.
+fn launch_cfg(kernels: &Kernels, n: usize, m: usize, k: usize) -> LaunchConfig {
+    let blocks = (n as u64).min(u64::from(kernels.sm_count() * BLOCKS_PER_SM)) as u32;
+    cfg((blocks, 1, 1), THREADS, (2 * m * k) as u32)
 }
 
 /// Output mode argument of the kernels: 0 16-bit, 1 f32, 2 f32 accumulate.
@@ -306,26 +219,7 @@ impl Kernels {
         accumulate: bool,
         y: &mut impl DevicePtrMut<O>,
     ) -> Result<()> {
-        self.gemv_as(GemvForm::DEFAULT, stream, x, w, m, n, k, accumulate, y)
-    }
-
-    /// [`Kernels::gemv`] in a given form (`kbench` and the kernel tests
-    /// compare them).
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_as<A: Act16, O: GemvOut<A>>(
-        &self,
-        form: GemvForm,
-        stream: &CudaStream,
-        x: &impl DevicePtr<A>,
-        w: &impl DevicePtr<A>,
-        m: usize,
-        n: usize,
-        k: usize,
-        accumulate: bool,
-        y: &mut impl DevicePtrMut<O>,
-    ) -> Result<()> {
-        let kn = kernel_name(form, false, A::F16, m, k);
+        let kn = entry(if A::F16 { &PLAIN_F16 } else { &PLAIN }, m, k);
         if !check_dims(kn, m, n, k, accumulate, O::WIDE)? {
             return Ok(());
         }
@@ -340,7 +234,7 @@ impl Kernels {
         check_align(kn, "w", wp)?;
         let osz = std::mem::size_of::<O>();
         check_disjoint(kn, ("y", yp, m * n * osz), ("x", xp, m * k * 2))?;
-        let config = launch_cfg(self, form, n, m, k);
+        let config = launch_cfg(self, n, m, k);
         allow_smem(kn, f, config.shared_mem_bytes)?;
         let (mm, nn, kk, md) = (m as u32, n as u32, k as u32, mode(O::WIDE, accumulate));
         if self.compute_capability().0 >= 9 {
@@ -401,41 +295,7 @@ impl Kernels {
         normed: &mut impl DevicePtrMut<A>,
         y: &mut impl DevicePtrMut<O>,
     ) -> Result<()> {
-        self.gemv_rmsnorm_as(
-            GemvForm::DEFAULT,
-            stream,
-            residual,
-            norm_w,
-            eps,
-            w,
-            m,
-            n,
-            k,
-            accumulate,
-            normed,
-            y,
-        )
-    }
-
-    /// [`Kernels::gemv_rmsnorm`] in a given form.
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_rmsnorm_as<A: Act16, O: GemvOut<A>>(
-        &self,
-        form: GemvForm,
-        stream: &CudaStream,
-        residual: &impl DevicePtr<f32>,
-        norm_w: &impl DevicePtr<bf16>,
-        eps: f32,
-        w: &impl DevicePtr<A>,
-        m: usize,
-        n: usize,
-        k: usize,
-        accumulate: bool,
-        normed: &mut impl DevicePtrMut<A>,
-        y: &mut impl DevicePtrMut<O>,
-    ) -> Result<()> {
-        let kn = kernel_name(form, true, A::F16, m, k);
+        let kn = entry(if A::F16 { &NORM_F16 } else { &NORM }, m, k);
         if !check_dims(kn, m, n, k, accumulate, O::WIDE)? {
             return Ok(());
         }
@@ -458,7 +318,7 @@ impl Kernels {
         check_disjoint(kn, ("y", yp, ybytes), ("residual", rp, m * k * 4))?;
         check_disjoint(kn, ("normed", np, m * k * 2), ("residual", rp, m * k * 4))?;
         check_disjoint(kn, ("y", yp, ybytes), ("normed", np, m * k * 2))?;
-        let config = launch_cfg(self, form, n, m, k);
+        let config = launch_cfg(self, n, m, k);
         allow_smem(kn, f, config.shared_mem_bytes)?;
         let (mm, nn, kk, md) = (m as u32, n as u32, k as u32, mode(O::WIDE, accumulate));
         if self.compute_capability().0 >= 9 {
@@ -504,20 +364,7 @@ mod tests {
         assert_eq!(entry(&NORM, 2, 4096), "gemv_rmsnorm_bf16_r1_m2");
         assert_eq!(entry(&NORM_F16, 1, 2880), "gemv_rmsnorm_f16_r1_m1");
         assert_eq!(entry(&PLAIN_F16, 1, 1408), "gemv_f16_r2_m1");
-        assert_eq!(tc_row_vectors(2048), 260);
-        assert_eq!(tc_row_vectors(2880), 364);
-        for f16 in [false, true] {
-            for norm in [false, true] {
-                let name = kernel_name(GemvForm::TensorCore, norm, f16, 3, 2048);
-                assert!(
-                    crate::sources::MODULES
-                        .iter()
-                        .any(|m| m.kernels.contains(&name)),
-                    "{name} not in sources"
-                );
-            }
-        }
-        for names in [PLAIN, NORM, NORM_F16, PLAIN_F16, PLAIN_XF, NORM_XF] {
+        for names in [PLAIN, NORM, NORM_F16, PLAIN_F16] {
             for row in names {
                 for name in row {
                     assert!(

@@ -1,6 +1,6 @@
 use cudarc::driver::CudaSlice;
 use half::bf16;
-use krasis_kernels::{GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvForm, reference as cpu};
+use krasis_kernels::{GEMV_MAX_MK, GEMV_MAX_TOKENS, reference as cpu};
 
 use crate::common::*;
 
@@ -81,15 +81,8 @@ fn assert_tail_nan_bf16(what: &str, v: &[bf16]) {
     assert!(v.iter().all(|x| x.is_nan()), "{what}: wrote past the end");
 }
 
-/// Both kernel forms (`GemvForm`) against the reference.
 #[test]
 fn gemv_matches_reference() {
-    for form in [GemvForm::Fma, GemvForm::FmaF32x, GemvForm::TensorCore] {
-        gemv_matches_reference_in(form);
-    }
-}
-
-fn gemv_matches_reference_in(form: GemvForm) {
     let name = "gemv_matches_reference";
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
@@ -105,12 +98,12 @@ fn gemv_matches_reference_in(form: GemvForm) {
         let scale = abs_scale(&xf, &wf, mt, n, k);
         let (dw, dx) = (up(&s, &w), up(&s, &x));
         for m in 1..=mt {
-            let tag = format!("{form:?} m={m} n={n} k={k}");
+            let tag = format!("m={m} n={n} k={k}");
             let (want, sc) = (&dot[..m * n], &scale[..m * n]);
 
             // bf16 out (rounded once).
             let mut yb = poison_bf16(&s, m * n + EXTRA);
-            kr.gemv_as::<bf16, bf16>(form, &s, &dx, &dw, m, n, k, false, &mut yb)
+            kr.gemv::<bf16, bf16>(&s, &dx, &dw, m, n, k, false, &mut yb)
                 .unwrap();
             let got = down(&s, &yb);
             assert_tail_nan_bf16(&format!("bf16 y {tag}"), &got[m * n..]);
@@ -127,7 +120,7 @@ fn gemv_matches_reference_in(form: GemvForm) {
             let mut runs = Vec::new();
             for _ in 0..2 {
                 let mut yf = poison_f32(&s, m * n + EXTRA);
-                kr.gemv_as::<bf16, f32>(form, &s, &dx, &dw, m, n, k, false, &mut yf)
+                kr.gemv::<bf16, f32>(&s, &dx, &dw, m, n, k, false, &mut yf)
                     .unwrap();
                 runs.push(down(&s, &yf));
             }
@@ -159,7 +152,7 @@ fn gemv_matches_reference_in(form: GemvForm) {
             // f32 accumulate into y0: exactly y0 + (the f32 result).
             let y0 = randn(&mut rng, m * n, 1.0);
             let mut ya = up(&s, &y0);
-            kr.gemv_as::<bf16, f32>(form, &s, &dx, &dw, m, n, k, true, &mut ya)
+            kr.gemv::<bf16, f32>(&s, &dx, &dw, m, n, k, true, &mut ya)
                 .unwrap();
             let got = down(&s, &ya);
             let want_acc: Vec<u32> = y0
@@ -173,15 +166,8 @@ fn gemv_matches_reference_in(form: GemvForm) {
     sync(&s);
 }
 
-/// Both kernel forms (`GemvForm`) against the reference.
 #[test]
 fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
-    for form in [GemvForm::Fma, GemvForm::FmaF32x, GemvForm::TensorCore] {
-        gemv_rmsnorm_matches_rmsnorm_then_gemv_in(form);
-    }
-}
-
-fn gemv_rmsnorm_matches_rmsnorm_then_gemv_in(form: GemvForm) {
     let name = "gemv_rmsnorm_matches_rmsnorm_then_gemv";
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
@@ -198,7 +184,7 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv_in(form: GemvForm) {
             if m > mt {
                 continue;
             }
-            let tag = format!("{form:?} m={m} n={n} k={k}");
+            let tag = format!("m={m} n={n} k={k}");
             // The real rmsnorm_f32 kernel on the same input.
             let mut nref = poison_bf16(&s, m * k);
             kr.rmsnorm::<f32>(&s, &dres, &dg, m, k, eps, &mut nref)
@@ -222,8 +208,7 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv_in(form: GemvForm) {
                           acc: bool| {
                 let mut normed = poison_bf16(&s, m * k + 8);
                 if f32_out {
-                    kr.gemv_rmsnorm_as::<bf16, f32>(
-                        form,
+                    kr.gemv_rmsnorm::<bf16, f32>(
                         &s,
                         &dres,
                         &dg,
@@ -237,8 +222,7 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv_in(form: GemvForm) {
                         yf,
                     )
                 } else {
-                    kr.gemv_rmsnorm_as::<bf16, bf16>(
-                        form,
+                    kr.gemv_rmsnorm::<bf16, bf16>(
                         &s,
                         &dres,
                         &dg,

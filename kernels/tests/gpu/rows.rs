@@ -11,8 +11,8 @@
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use krasis_kernels::{
-    Act16, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvForm, GemvOut, Int4Layout, Kernels, KvBase, KvGeom,
-    QkNormArgs, QkvGeom, StartPos,
+    Act16, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvOut, Int4Layout, Kernels, KvBase, KvGeom, QkNormArgs,
+    QkvGeom, StartPos,
 };
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -35,7 +35,6 @@ fn gemv_rows_are_invariant<A: Act16, O: GemvOut<A> + Default>(
     kr: &Kernels,
     s: &std::sync::Arc<cudarc::driver::CudaStream>,
     rng: &mut rand::rngs::StdRng,
-    form: GemvForm,
     fmt: &str,
 ) {
     let wide = std::mem::size_of::<O>() == 4;
@@ -62,63 +61,35 @@ fn gemv_rows_are_invariant<A: Act16, O: GemvOut<A> + Default>(
         for r in 0..mt {
             let xr = up(s, &x[r * k..(r + 1) * k]);
             let mut y = up(s, &vec![O::default(); n]);
-            kr.gemv_as::<A, O>(form, s, &xr, &w, 1, n, k, false, &mut y)
-                .unwrap();
+            kr.gemv::<A, O>(s, &xr, &w, 1, n, k, false, &mut y).unwrap();
             alone_plain.push(down(s, &y));
             if wide {
                 let mut ya = up(s, &y0[r * n..(r + 1) * n]);
-                kr.gemv_as::<A, f32>(form, s, &xr, &w, 1, n, k, true, &mut ya)
+                kr.gemv::<A, f32>(s, &xr, &w, 1, n, k, true, &mut ya)
                     .unwrap();
                 alone_acc.push(down(s, &ya));
             }
             let rr = up(s, &res[r * k..(r + 1) * k]);
             let mut normed = up(s, &vec![A::default(); k]);
             let mut y = up(s, &vec![O::default(); n]);
-            kr.gemv_rmsnorm_as::<A, O>(
-                form,
-                s,
-                &rr,
-                &gw,
-                eps,
-                &w,
-                1,
-                n,
-                k,
-                false,
-                &mut normed,
-                &mut y,
-            )
-            .unwrap();
+            kr.gemv_rmsnorm::<A, O>(s, &rr, &gw, eps, &w, 1, n, k, false, &mut normed, &mut y)
+                .unwrap();
             alone_norm.push((down(s, &normed), down(s, &y)));
         }
         let (dx, dres) = (up(s, &x), up(s, &res));
         for m in 1..=mt {
-            let tag = format!("{form:?} {fmt} m={m} n={n} k={k} f32 out {wide}");
+            let tag = format!("{fmt} m={m} n={n} k={k} f32 out {wide}");
             let mut y = up(s, &vec![O::default(); m * n]);
-            kr.gemv_as::<A, O>(form, s, &dx, &w, m, n, k, false, &mut y)
-                .unwrap();
+            kr.gemv::<A, O>(s, &dx, &w, m, n, k, false, &mut y).unwrap();
             let y = down(s, &y);
             let mut normed = up(s, &vec![A::default(); m * k]);
             let mut yn = up(s, &vec![O::default(); m * n]);
-            kr.gemv_rmsnorm_as::<A, O>(
-                form,
-                s,
-                &dres,
-                &gw,
-                eps,
-                &w,
-                m,
-                n,
-                k,
-                false,
-                &mut normed,
-                &mut yn,
-            )
-            .unwrap();
+            kr.gemv_rmsnorm::<A, O>(s, &dres, &gw, eps, &w, m, n, k, false, &mut normed, &mut yn)
+                .unwrap();
             let (normed, yn) = (down(s, &normed), down(s, &yn));
             let ya = wide.then(|| {
                 let mut ya = up(s, &y0[..m * n]);
-                kr.gemv_as::<A, f32>(form, s, &dx, &w, m, n, k, true, &mut ya)
+                kr.gemv::<A, f32>(s, &dx, &w, m, n, k, true, &mut ya)
                     .unwrap();
                 down(s, &ya)
             });
@@ -166,12 +137,10 @@ fn gemv_rows_are_batch_invariant() {
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
     let kr = &g.kernels;
-    for form in [GemvForm::Fma, GemvForm::FmaF32x, GemvForm::TensorCore] {
-        gemv_rows_are_invariant::<bf16, f32>(kr, &s, &mut rng, form, "bf16");
-        gemv_rows_are_invariant::<bf16, bf16>(kr, &s, &mut rng, form, "bf16");
-        gemv_rows_are_invariant::<f16, f32>(kr, &s, &mut rng, form, "f16");
-        gemv_rows_are_invariant::<f16, f16>(kr, &s, &mut rng, form, "f16");
-    }
+    gemv_rows_are_invariant::<bf16, f32>(kr, &s, &mut rng, "bf16");
+    gemv_rows_are_invariant::<bf16, bf16>(kr, &s, &mut rng, "bf16");
+    gemv_rows_are_invariant::<f16, f32>(kr, &s, &mut rng, "f16");
+    gemv_rows_are_invariant::<f16, f16>(kr, &s, &mut rng, "f16");
     sync(&s);
 }
 
