@@ -148,6 +148,15 @@ pub struct EngineStats {
     #[serde(default)]
     pub pinned_host_bytes: Option<u64>,
     pub requests_completed: u64,
+    /// Decode steps run since the engine loaded (one token for each of the
+    /// step's sequences).
+    #[serde(default)]
+    pub decode_steps: u64,
+    /// Of them, the steps queued on the GPU before the host had read the
+    /// step before (decode ahead: the host's work on a step's tokens runs
+    /// while the next step computes). The others waited for the host.
+    #[serde(default)]
+    pub decode_steps_ahead: u64,
     /// Requests whose client went away, stopped early (during prefill
     /// too); not counted as completed.
     #[serde(default)]

@@ -4,10 +4,13 @@
 # .cache/wheels): krasis-runtime, kbench, the kernel test binary gpu-* and the engine test
 # binaries (batching-*, gpu_engine-*, prefix_cache-*, row_invariance-*, gpt_oss-*, glm4_moe-*).
 #   bash tools/device/session19.sh gemv COMMIT
-#       the decode GEMV in both forms (FMA, tensor core): `kbench --rows` (1/2/4/8 rows, a3b
-#       shapes), the kernel tests of the GEMVs and of row invariance (gemv::, rows::, fp16::,
-#       int4::), the witness checks of tiny and tiny-dense (benchmarks/run_device.sh), then
-#       `bench --decode-rows 1,2,4,8` of a3b-24l all resident (where a step of M rows goes).
+#       `kbench --rows` (the decode GEMVs and INT4 experts at 1/2/4/8 rows, a3b shapes), the kernel
+#       tests of the GEMVs and of row invariance (gemv::, rows::, fp16::, int4::), the witness
+#       checks of tiny and tiny-dense (benchmarks/run_device.sh), then `bench --decode-rows
+#       1,2,4,8` of a3b-24l all resident. Run at d7484ca, whose engine ran the tensor-core GEMV
+#       and whose kbench and kernel tests also ran the FMA form (the session 19 notes).
+#   python3 tools/device/probe/stream_pattern.py
+#       (no binaries) the HBM read rate of three per-instruction load patterns.
 #   bash tools/device/session19.sh engine COMMIT
 #       the engine tests: batching, gpu_engine, prefix_cache, row_invariance, glm4_moe, gpt_oss.
 #   bash tools/device/session19.sh serve COMMIT

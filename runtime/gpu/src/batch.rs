@@ -130,6 +130,10 @@ pub(crate) struct Sequences {
     ended: HashMap<SeqId, krasis_model::LiveProgress>,
     timing: Option<[CudaEvent; 3]>,
     pub(crate) last_step: Option<StepTiming>,
+    /// The decode step left in flight for the next step to read
+    /// (`ahead.rs`), and the pinned rows such steps copy through.
+    ahead: Option<ahead::Ahead>,
+    pinned: Option<ahead::PinnedRows>,
 }
 
 impl Sequences {
@@ -144,6 +148,8 @@ impl Sequences {
             ended: HashMap::new(),
             timing: None,
             last_step: None,
+            ahead: None,
+            pinned: None,
         }
     }
 
@@ -327,21 +333,16 @@ impl CudaEngine {
         for (id, f) in ending {
             self.finish(id, Ok(f), events)?;
         }
+        // A decode step left in flight: the next one may go out before its
+        // tokens are read (`ahead.rs`); else they are read first.
+        let prefill_due = prefill_turn(&self.prefilling()).is_some();
+        if self.step_ahead(&self.decoding(), !prefill_due, events)? {
+            return Ok(());
+        }
         // The rows of this step's decode: the sequences decoding when it
         // began (one token each per step), in admission order.
-        let rows: Vec<SeqId> = self
-            .batch
-            .seqs
-            .iter()
-            .filter(|s| matches!(s.phase, Phase::Decode { .. }))
-            .map(|s| s.id)
-            .collect();
-        let prefilling: Vec<bool> = self
-            .batch
-            .seqs
-            .iter()
-            .map(|s| matches!(s.phase, Phase::Queued | Phase::Prefill { .. }))
-            .collect();
+        let rows = self.decoding();
+        let prefilling = self.prefilling();
         if let Some(i) = prefill_turn(&prefilling) {
             let id = self.batch.seqs[i].id;
             // The oldest prefilling sequence leads; others join its pass
@@ -354,12 +355,33 @@ impl CudaEngine {
             };
         }
         self.record_step_event(1)?;
-        if !rows.is_empty() {
+        if self.may_leave_ahead(&rows) {
+            self.batch.ahead = Some(self.queue_ahead(&rows, 0)?);
+        } else if !rows.is_empty() {
             timing.decode_rows = rows.len();
             timing.graph = self.decode_step(&rows, events)?;
         }
         self.record_step_event(2)?;
         self.read_step_timing(timing)
+    }
+
+    /// The sequences decoding, in admission order.
+    fn decoding(&self) -> Vec<SeqId> {
+        self.batch
+            .seqs
+            .iter()
+            .filter(|s| matches!(s.phase, Phase::Decode { .. }))
+            .map(|s| s.id)
+            .collect()
+    }
+
+    /// Per sequence, whether it still has prompt to prefill.
+    fn prefilling(&self) -> Vec<bool> {
+        self.batch
+            .seqs
+            .iter()
+            .map(|s| matches!(s.phase, Phase::Queued | Phase::Prefill { .. }))
+            .collect()
     }
 
     fn seq(&self, id: SeqId) -> &Seq {
@@ -740,60 +762,12 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// One decode step of the sequences `rows` (in this order); returns
-    /// whether it replayed a captured graph.
+    /// One decode step of the sequences `rows` (in this order), waited for
+    /// and its tokens reported; returns whether it replayed a captured
+    /// graph.
     fn decode_step(&mut self, rows: &[SeqId], events: &mut Vec<SeqEvent>) -> Result<bool> {
         let m = rows.len();
-        let mut ids = Vec::with_capacity(m);
-        let mut pos = Vec::with_capacity(m);
-        let mut base = Vec::with_capacity(m);
-        for &id in rows {
-            let s = self.seq(id);
-            let Phase::Decode { token, pos: p } = s.phase else {
-                unreachable!("decoding")
-            };
-            ids.push(token);
-            pos.push(p as u32);
-            base.push(s.base as u32);
-        }
-        #[cfg(any(test, feature = "fault-injection"))]
-        if m >= 2 {
-            match self.model.fault {
-                crate::forward::Fault::SwapRowPositions => pos.swap(0, 1),
-                crate::forward::Fault::ShiftRowKv => base[m - 1] += 1,
-                _ => {}
-            }
-        }
-        {
-            let md = &mut self.model;
-            let s = &md.gpu.stream;
-            let sc = &mut md.scratch;
-            s.memcpy_htod(&ids, &mut sc.ids.slice_mut(0..m))
-                .and_then(|_| s.memcpy_htod(&pos, &mut sc.pos.slice_mut(0..m)))
-                .and_then(|_| s.memcpy_htod(&base, &mut sc.kv_base.slice_mut(0..m)))
-                .map_err(GpuError::driver("writing the decode rows"))?;
-        }
-        let graph = self.decode_forward(m)?;
-        // The grammars' masks are computed on the host while the GPU runs
-        // the step's forward pass (it was only queued).
-        let mut masked = Vec::with_capacity(m);
-        for &id in rows {
-            masked.push(self.upload_mask(id)?);
-        }
-        {
-            // The tail's counters come back with the sampled tokens below.
-            let md = &mut self.model;
-            if let Some(h) = md.hcs.as_mut() {
-                h.read_counters(&md.gpu)?;
-            }
-        }
-        for (r, &id) in rows.iter().enumerate() {
-            let (slot, params, step) = {
-                let s = self.seq(id);
-                (s.slot, s.params, s.stats.generated_tokens as u64)
-            };
-            self.launch_sample(r, slot, &params, step, masked[r])?;
-        }
+        let graph = self.queue_decode(rows, 0)?;
         let mut out = vec![0u32; m];
         {
             let md = &self.model;
@@ -806,8 +780,103 @@ impl CudaEngine {
             // The synchronous read above has passed the counters' copy.
             h.tally_step();
         }
+        self.take_tokens(rows, &out, events)?;
+        Ok(graph)
+    }
+
+    /// The host's inputs of a decode step of `rows`: the token each row
+    /// feeds back, its position plus `ahead` (1 for a step queued before
+    /// the host has read the step in flight, `ahead.rs`) and its KV base,
+    /// with the planted batching faults applied.
+    fn row_inputs(&self, rows: &[SeqId], ahead: usize) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+        let m = rows.len();
+        let mut ids = Vec::with_capacity(m);
+        let mut pos = Vec::with_capacity(m);
+        let mut base = Vec::with_capacity(m);
+        for &id in rows {
+            let s = self.seq(id);
+            let Phase::Decode { token, pos: p } = s.phase else {
+                unreachable!("decoding")
+            };
+            ids.push(token);
+            pos.push((p + ahead) as u32);
+            base.push(s.base as u32);
+        }
+        #[cfg(any(test, feature = "fault-injection"))]
+        if m >= 2 {
+            match self.model.fault {
+                crate::forward::Fault::SwapRowPositions => pos.swap(0, 1),
+                crate::forward::Fault::ShiftRowKv => base[m - 1] += 1,
+                _ => {}
+            }
+        }
+        (ids, pos, base)
+    }
+
+    /// Queues a decode step of `rows`: its inputs written (all three from
+    /// the host, or with `ahead` only the positions: the ids are the
+    /// samples the step in flight writes to `scratch.ids` and the KV bases
+    /// are unchanged), the forward pass, LM head and each row's sampler.
+    /// Returns whether it replayed a captured graph.
+    fn queue_decode(&mut self, rows: &[SeqId], ahead: usize) -> Result<bool> {
+        let m = rows.len();
+        let (ids, pos, base) = self.row_inputs(rows, ahead);
+        if ahead == 0 {
+            let md = &mut self.model;
+            let s = &md.gpu.stream;
+            let sc = &mut md.scratch;
+            s.memcpy_htod(&ids, &mut sc.ids.slice_mut(0..m))
+                .and_then(|_| s.memcpy_htod(&pos, &mut sc.pos.slice_mut(0..m)))
+                .and_then(|_| s.memcpy_htod(&base, &mut sc.kv_base.slice_mut(0..m)))
+                .map_err(GpuError::driver("writing the decode rows"))?;
+        } else {
+            self.upload_positions_ahead(&pos)?;
+        }
+        let graph = self.decode_forward(m)?;
+        // The grammars' masks are computed on the host while the GPU runs
+        // the step's forward pass (it was only queued).
+        let mut masked = Vec::with_capacity(m);
+        for &id in rows {
+            masked.push(self.upload_mask(id)?);
+        }
+        {
+            // The tail's counters come back with the sampled tokens.
+            let md = &mut self.model;
+            if let Some(h) = md.hcs.as_mut() {
+                h.read_counters(&md.gpu)?;
+            }
+        }
+        for (r, &id) in rows.iter().enumerate() {
+            let (slot, params, step) = {
+                let s = self.seq(id);
+                (s.slot, s.params, (s.stats.generated_tokens + ahead) as u64)
+            };
+            self.launch_sample(r, slot, &params, step, masked[r])?;
+        }
+        self.stats.decode_steps += 1;
+        Ok(graph)
+    }
+
+    /// The sampled ids `out` of a decode step of `rows`: each row's token
+    /// reported and fed back, and the sequences it ends finished. A row
+    /// whose sequence ended after the step was queued (a step queued
+    /// ahead) is dropped.
+    fn take_tokens(
+        &mut self,
+        rows: &[SeqId],
+        out: &[u32],
+        events: &mut Vec<SeqEvent>,
+    ) -> Result<()> {
         let context = self.context;
-        for (r, (&id, &raw)) in rows.iter().zip(&out).enumerate() {
+        for (r, (&id, &raw)) in rows.iter().zip(out).enumerate() {
+            let live = self
+                .batch
+                .seqs
+                .iter()
+                .any(|s| s.id == id && matches!(s.phase, Phase::Decode { .. }));
+            if !live {
+                continue;
+            }
             self.record_logits(id, r)?;
             let step = self.seq(id).stats.generated_tokens as u64;
             let token = sampled_token(raw, step)?;
@@ -829,7 +898,7 @@ impl CudaEngine {
                 self.publish_live(&s.req.live);
             }
         }
-        Ok(graph)
+        Ok(())
     }
 
     /// The forward pass and LM head of a decode step of `m` rows (ids,
@@ -1035,6 +1104,7 @@ impl Batch for CudaEngine {
     }
 }
 
+mod ahead;
 mod masks;
 mod streamed;
 

@@ -756,3 +756,92 @@ fn ring_models_run_one_sequence() {
     .expect("parallel 2 refused");
     assert!(err.to_string().contains("sliding-window or sink"), "{err}");
 }
+
+/// Decode ahead (`batch/ahead.rs`): sequences admitted without logits
+/// recording, with step timing off, queue each decode step before the host
+/// has read the one in flight. Their tokens are those of the recorded runs
+/// alone (whose steps all wait: recording and step timing keep steps from
+/// going ahead), with one sequence ended mid-run by a stop token (its next
+/// row, already queued, is dropped), one ended from the caller's side and
+/// the others at `max_tokens` (whose last step never goes ahead: no KV row
+/// is left past it); the engine counts the steps that went ahead, and the
+/// arena's rows all come back. Greedy and seeded sampling with penalties
+/// (a step ahead samples with the next step index and the counts the step
+/// before updated on the device).
+#[test]
+fn decode_ahead_gives_the_tokens_of_steps_waited_for() {
+    if !gpu_or_skip("decode_ahead_gives_the_tokens_of_steps_waited_for") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path(), "tiny");
+    let cache = tmp.path().join("cache");
+    let mut e = load(&model, &options(&cache, 8));
+    let mut reqs = requests(e.info().vocab_size);
+    let want = alone(&mut e, &reqs);
+    let ahead = |e: &CudaEngine| e.stats().expect("engine stats").decode_steps_ahead;
+    assert_eq!(ahead(&e), 0, "a recorded, timed step went ahead");
+    // Request 1 stops at the first occurrence of its 4th token.
+    let stop = want[1].tokens[3];
+    let stop_len = want[1].tokens.iter().position(|&t| t == stop).unwrap() + 1;
+    reqs[1].stop_token_ids = vec![stop];
+    for (label, jobs) in [("alone", 1), ("beside others", reqs.len())] {
+        let before = ahead(&e);
+        let mut ids = Vec::new();
+        for r in &reqs[..jobs] {
+            match e.admit(r.clone()).expect("admit") {
+                Admission::Admitted(id) => ids.push(id),
+                Admission::Wait => panic!("{label}: no room for {} requests", jobs),
+            }
+        }
+        let mut got: Vec<Vec<u32>> = vec![Vec::new(); jobs];
+        let mut finish: Vec<Option<FinishReason>> = vec![None; jobs];
+        let mut events = Vec::new();
+        let mut ended_early = false;
+        while e.active() > 0 {
+            events.clear();
+            e.step(&mut events).expect("step");
+            for ev in events.drain(..) {
+                let (j, ev) = (ids.iter().position(|&s| s == seq_of(&ev)).unwrap(), ev);
+                match ev {
+                    SeqEvent::Token { token, .. } => got[j].push(token),
+                    SeqEvent::Done { result, .. } => {
+                        finish[j] = Some(result.expect("the sequence failed").finish)
+                    }
+                }
+            }
+            // Request 2 ends from the caller's side after its 5th token.
+            if jobs > 2 && !ended_early && got[2].len() >= 5 {
+                let o = e.end(ids[2]).expect("request 2 was running");
+                finish[2] = Some(o.finish);
+                ended_early = true;
+            }
+        }
+        for j in 0..jobs {
+            let (want_tokens, want_finish) = match j {
+                1 => (&want[1].tokens[..stop_len], FinishReason::Stop),
+                2 => (&want[2].tokens[..got[2].len()], FinishReason::Cancelled),
+                _ => (&want[j].tokens[..], want[j].outcome.finish),
+            };
+            assert_eq!(got[j], want_tokens, "{label}: request {j}'s tokens");
+            assert_eq!(
+                finish[j],
+                Some(want_finish),
+                "{label}: request {j}'s finish"
+            );
+        }
+        if jobs > 2 {
+            assert!(got[2].len() >= 5 && got[2].len() < want[2].tokens.len());
+        }
+        let went = ahead(&e) - before;
+        assert!(went > 0, "{label}: no decode step went ahead");
+        eprintln!("{label}: ok, {went} decode steps went ahead");
+        assert_eq!(e.kv_rows_used().0, 0, "{label}: rows still reserved");
+    }
+}
+
+fn seq_of(ev: &SeqEvent) -> SeqId {
+    match ev {
+        SeqEvent::Token { seq, .. } | SeqEvent::Done { seq, .. } => *seq,
+    }
+}
