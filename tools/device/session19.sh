@@ -12,10 +12,14 @@
 #   python3 tools/device/probe/stream_pattern.py
 #       (no binaries) the HBM read rate of three per-instruction load patterns.
 #   bash tools/device/session19.sh engine COMMIT
-#       the engine tests: batching, gpu_engine, prefix_cache, row_invariance, glm4_moe, gpt_oss.
+#       decode ahead: the engine tests batching (with decode_ahead_gives_the_tokens_of_steps_
+#       waited_for), gpu_engine, cancel, live; TESTS="..." names others (prefix_cache gpt_oss
+#       glm4_moe fault_injection).
 #   bash tools/device/session19.sh serve COMMIT
-#       `serve` of a3b-24l with 1/2/4/8 streaming clients all resident, then at 6 GiB with a
-#       context of 8,192 (tools/device/batching.sh parallel).
+#       `serve` of a3b-24l all resident (context 32,768) with 1/2/4/8 streaming clients, the
+#       binary before decode ahead (dist/gpu/krasis-runtime-a, CLIENTS 1,4) then after it
+#       (tools/device/batching.sh parallel; the generator builds its clients before the timed
+#       release, benchmarks/agent_load.md).
 # Results: $OUT/session19-PHASE.txt (the summary) and the logs and archives beside it.
 set -u
 P=${1:?phase}; C=${2:-unknown}
@@ -33,8 +37,8 @@ test_bin() { # name timeout [filter...]
   grep -E "requests, staggered .*: ok|of [0-9]+ requests differ from alone" \
     "$OUT/test-$n.log" | head -30 >> "$S"
 }
-parallel() { # LIMIT budget context
-  LIMIT=$1 CLIENTS=1,2,4,8 BUDGET=$2 CTX=$3 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+parallel() { # LIMIT budget context [clients]
+  LIMIT=$1 CLIENTS=${4:-1,2,4,8} BUDGET=$2 CTX=$3 bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
   echo "parallel $1 context $3 (t=$((SECONDS-T0))s)" >> "$S"
   cat /tmp/btr-parallel-${1//,/-}-ctx$3/summary.txt >> "$S"
 }
@@ -55,14 +59,21 @@ case "$P" in
     grep -E "^decode [0-9] rows|^decode +[0-9]+ tokens \(graphs on" "$OUT/bench-rows.log" | cut -c1-500 >> "$S"
     ;;
   engine)
-    for t in batching:150 gpu_engine:90 prefix_cache:100 row_invariance:60 glm4_moe:80 gpt_oss:120; do
+    for t in ${TESTS:-batching:200 gpu_engine:90 cancel:80 live:80}; do
       test_bin "${t%%:*}" "${t##*:}"
     done
+    grep -E "decode steps went ahead" "$OUT/test-batching.log" >> "$S" 2>/dev/null
     ;;
   serve)
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
-    parallel none 300 32768
-    parallel 6GiB $((560 - (SECONDS - T0))) 8192
+    cp dist/gpu/krasis-runtime /tmp/kr-after
+    cp dist/gpu/krasis-runtime-a dist/gpu/krasis-runtime
+    echo "before decode ahead (krasis-runtime-a):" >> "$S"
+    parallel none 200 32768 1,4
+    mv "$OUT/bt-parallel-none-ctx32768.tgz" "$OUT/bt-parallel-none-ctx32768-before.tgz"
+    cp /tmp/kr-after dist/gpu/krasis-runtime
+    echo "after decode ahead:" >> "$S"
+    parallel none $((560 - (SECONDS - T0))) 32768
     ;;
   *) echo "unknown phase $P" >> "$S" ;;
 esac

@@ -156,6 +156,11 @@ impl Sequences {
     pub(crate) fn active(&self) -> usize {
         self.seqs.len()
     }
+
+    /// Whether a decode step is left in flight (`ahead.rs`).
+    pub(crate) fn has_step_ahead(&self) -> bool {
+        self.ahead.is_some()
+    }
 }
 
 /// KV rows a request can ever write: its prompt, then one per generated

@@ -647,6 +647,11 @@ impl CudaEngine {
 
     /// Forgets the captured decode steps (their launches changed).
     pub(crate) fn drop_graphs(&mut self) {
+        if self.batch.has_step_ahead() {
+            // A step left in flight may be replaying one of them; a driver
+            // error here surfaces at the next launch.
+            let _ = self.model.gpu.stream.synchronize();
+        }
         self.graphs.iter_mut().for_each(|g| *g = None);
         self.warmed.iter_mut().for_each(|w| *w = false);
     }
