@@ -31,7 +31,7 @@
 use super::{Phase, SeqEvent, SeqId};
 use crate::engine::CudaEngine;
 use crate::error::{GpuError, Result};
-use cudarc::driver::PinnedHostSlice;
+use cudarc::driver::{CudaEvent, PinnedHostSlice, sys};
 
 /// A decode step queued on the stream whose sampled ids the host has not
 /// read yet.
@@ -42,10 +42,15 @@ pub(crate) struct Ahead {
 }
 
 /// Page-locked host rows of the steps queued ahead: two sets, so the step
-/// in flight and the one queued behind it each copy into their own.
+/// in flight and the one queued behind it each copy into their own. The
+/// engine turns cudarc's event tracking off (`device.rs`), so the pinned
+/// slices record nothing themselves: `copied[i]` is recorded after set
+/// `i`'s copies and waited for before the host reads its ids or rewrites
+/// its positions.
 pub(crate) struct PinnedRows {
     ids: [PinnedHostSlice<u32>; 2],
     pos: [PinnedHostSlice<u32>; 2],
+    copied: [CudaEvent; 2],
     next: usize,
 }
 
@@ -109,6 +114,7 @@ impl CudaEngine {
         md.gpu
             .stream
             .memcpy_dtoh(&md.scratch.ids.slice(0..m), &mut p.ids[buf])
+            .and_then(|_| p.copied[buf].record(&md.gpu.stream))
             .map_err(GpuError::driver("queueing the sampled tokens' copy"))?;
         p.next ^= 1;
         Ok(Ahead {
@@ -123,9 +129,14 @@ impl CudaEngine {
         self.pinned_rows()?;
         let buf = self.pinned_next();
         let p = self.batch.pinned.as_mut().expect("allocated above");
+        // The set's last copies (two steps back) are done before it is
+        // rewritten.
+        p.copied[buf]
+            .synchronize()
+            .map_err(GpuError::driver("waiting for a pinned positions set"))?;
         let host = p.pos[buf]
             .as_mut_slice()
-            .map_err(GpuError::driver("waiting for a pinned positions set"))?;
+            .map_err(GpuError::driver("writing a pinned positions set"))?;
         host[..pos.len()].copy_from_slice(pos);
         let md = &mut self.model;
         md.gpu
@@ -139,8 +150,9 @@ impl CudaEngine {
     fn finish_ahead(&mut self, a: &Ahead, events: &mut Vec<SeqEvent>) -> Result<()> {
         let out = {
             let p = self.batch.pinned.as_ref().expect("a step went ahead");
-            let ids = p.ids[a.buf]
-                .as_slice()
+            let ids = p.copied[a.buf]
+                .synchronize()
+                .and_then(|_| p.ids[a.buf].as_slice())
                 .map_err(GpuError::driver("reading the sampled tokens"))?;
             ids[..a.rows.len()].to_vec()
         };
@@ -166,9 +178,14 @@ impl CudaEngine {
             unsafe { ctx.alloc_pinned_with_flags::<u32>(n, 0) }
                 .map_err(GpuError::driver("allocating pinned decode rows"))
         };
+        let event = || {
+            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(GpuError::driver("creating a pinned rows event"))
+        };
         self.batch.pinned = Some(PinnedRows {
             ids: [alloc()?, alloc()?],
             pos: [alloc()?, alloc()?],
+            copied: [event()?, event()?],
             next: 0,
         });
         Ok(())
