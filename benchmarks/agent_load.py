@@ -503,19 +503,23 @@ def concurrently(n, work, prepare=None):
     `openai` client (an httpx client and its TLS context) takes tens of ms
     of CPU under the GIL, so n threads building theirs after the start
     serialised and delayed the later clients' first requests (a 4-client
-    run lost ~80 ms of a ~1 s wall to it; agents keep their clients)."""
-    barrier = threading.Barrier(n + 1)
+    run lost ~100 ms of a ~1 s wall to it; agents keep their clients). The
+    clock starts once every thread is ready and before any is released, so
+    no request starts before it."""
+    ready = threading.Barrier(n + 1)
+    go = threading.Event()
     out, failures = [None] * n, []
 
     def body(i):
-        prepared, ready = None, True
+        prepared, ok = None, True
         try:
             prepared = prepare(i) if prepare else None
-        except BaseException as e:  # re-raised below, after every thread has started
+        except BaseException as e:  # re-raised below, after every thread is ready
             failures.append(e)
-            ready = False
-        barrier.wait()
-        if not ready:
+            ok = False
+        ready.wait()
+        go.wait()
+        if not ok:
             return
         try:
             out[i] = work(i, prepared) if prepare else work(i)
@@ -524,8 +528,9 @@ def concurrently(n, work, prepare=None):
     threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    barrier.wait()
+    ready.wait()
     t0 = time.perf_counter()
+    go.set()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0

@@ -54,6 +54,18 @@ pub(crate) struct PinnedRows {
     next: usize,
 }
 
+impl Drop for PinnedRows {
+    /// A step left in flight may still copy into these sets: wait for each
+    /// set's last copies before the memory is freed (after this).
+    fn drop(&mut self) {
+        for e in &self.copied {
+            if let Err(err) = e.synchronize() {
+                tracing::warn!(error = %err, "waiting for a pinned decode rows copy");
+            }
+        }
+    }
+}
+
 impl CudaEngine {
     /// When a step is in flight: queues the next decode step of `rows` if
     /// it may go ahead (`no_prefill`: nothing waits to be prefilled), then
