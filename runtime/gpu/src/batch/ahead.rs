@@ -137,10 +137,14 @@ impl CudaEngine {
 
     /// Positions of a step queued ahead, through the pinned set it will
     /// use (an asynchronous copy: a pageable one may wait for the stream).
+    /// Only `queue_ahead` queues such a step, after allocating the sets.
     pub(super) fn upload_positions_ahead(&mut self, pos: &[u32]) -> Result<()> {
-        self.pinned_rows()?;
         let buf = self.pinned_next();
-        let p = self.batch.pinned.as_mut().expect("allocated above");
+        let p = self
+            .batch
+            .pinned
+            .as_mut()
+            .expect("queue_ahead allocated the pinned sets");
         // The set's last copies (two steps back) are done before it is
         // rewritten.
         p.copied[buf]
