@@ -181,6 +181,9 @@ struct Args {
     /// Only the BF16 decode GEMVs (and cuBLAS at the same shapes).
     gemv_only: bool,
     rows_only: bool,
+    /// The a3b INT4 decode experts at 4 rows, two eager launches of w13
+    /// and w2, nothing else (for a profiler: `ncu -k regex:int4_w`).
+    int4_probe: bool,
     /// Only prefill attention (a3b d128 and qcn d256).
     prefill_only: bool,
     grouped_only: bool,
@@ -201,6 +204,7 @@ fn main() -> anyhow::Result<()> {
         mxfp4_only: false,
         gemv_only: false,
         rows_only: false,
+        int4_probe: false,
         prefill_only: false,
         grouped_only: false,
         grouped_mxfp4_only: false,
@@ -217,6 +221,7 @@ fn main() -> anyhow::Result<()> {
             "--mxfp4" => args.mxfp4_only = true,
             "--gemv" => args.gemv_only = true,
             "--rows" => args.rows_only = true,
+            "--int4-probe" => args.int4_probe = true,
             "--prefill" => args.prefill_only = true,
             "--grouped" => args.grouped_only = true,
             "--grouped-mxfp4" => args.grouped_mxfp4_only = true,
@@ -227,7 +232,7 @@ fn main() -> anyhow::Result<()> {
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --prefill, --grouped, --grouped-mxfp4, --host-experts, --tail, --cpu-expert, --cpu-expert-host-only, --baseline-int4 FILE)"
+                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --int4-probe, --prefill, --grouped, --grouped-mxfp4, --host-experts, --tail, --cpu-expert, --cpu-expert-host-only, --baseline-int4 FILE)"
                 )
             }
         }
@@ -321,6 +326,9 @@ fn main() -> anyhow::Result<()> {
         host::bench_host_experts(&k, &s, &mut rng, &mut rows)?;
         print_table("host experts", rows);
         return Ok(());
+    }
+    if args.int4_probe {
+        return int4_probe(&k, &s, &mut rng);
     }
     if args.rows_only {
         bench_rows(&k, &s, &mut rng, &mut rows)?;
@@ -1479,6 +1487,39 @@ fn bench_rows(
             rows.push(line);
         }
     }
+    Ok(())
+}
+
+/// `--int4-probe`: the a3b INT4 decode experts at 4 rows (independent
+/// routes), w13 then w2 launched twice, eager: something small for a
+/// profiler to look at (session 20's ncu figures in
+/// `docs/notes/batching-cuda.md`).
+fn int4_probe(k: &Kernels, s: &Arc<CudaStream>, rng: &mut StdRng) -> anyhow::Result<()> {
+    let (h, i, e, topk, m) = (2048usize, 768usize, 128usize, 8usize, 4usize);
+    let layout = Int4Layout::new(h, i, 128).context("INT4 layout")?;
+    let (_buf, table) = random_int4_experts(s, rng, &layout, e)?;
+    let ids = s.clone_htod(&random_routes(rng, m, e, topk))?;
+    let w = s.clone_htod(&vec![0.125f32; m * topk])?;
+    let xb = s.clone_htod(&rand_bf16(rng, m * h))?;
+    let mut act = s.alloc_zeros::<f32>(m * topk * i)?;
+    let mut res = s.alloc_zeros::<f32>(m * h)?;
+    for _ in 0..2 {
+        k.int4_w13_swiglu(
+            s,
+            &xb,
+            &table,
+            &ids,
+            m,
+            topk,
+            &layout,
+            u32::MAX,
+            false,
+            &mut act,
+        )?;
+        k.int4_w2_combine(s, &act, &table, &ids, &w, m, topk, &layout, &mut res)?;
+    }
+    s.synchronize()?;
+    println!("int4 probe done");
     Ok(())
 }
 

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Device orchestration for session 20 (issue 15: the INT4 decode experts at M rows, which ncu
+# showed issue bound; dq8's nibble extraction in one LOP3), over the xz-packed stripped binaries in
+# dist/pack/bins.tar.xz (carry dist/pack, .cache/vocab, .cache/wheels): krasis-runtime,
+# kbench, the kernel test binary gpu-* and the engine test binaries (batching-*, gpu_engine-*,
+# cancel-*, live-*, prefix_cache-*, gpt_oss-*, glm4_moe-*, fault_injection-*).
+#   bash tools/device/session20.sh kernels COMMIT
+#       `kbench --rows` (the INT4 experts at 1/2/4/8 rows, a3b and GLM-Air shapes; the decode
+#       GEMVs), `kbench --grouped` (the prefill grouped INT4 GEMMs, which share dq8), the kernel
+#       tests of the INT4 kernels and of row invariance (int4::, int4_grouped::, rows::, fp16::),
+#       then `bench --decode-rows 1,2,4,8` of a3b-24l (LIMITS="none 6GiB": all resident, 6 GiB).
+#   KBENCH=0 ... skips the kbench runs; TESTS_K=0 the kernel tests. Where the pack holds
+#   krasis-runtime-a / kbench-a (the binaries before the change), `bench` and `kbench --grouped`
+#   also run them.
+#   bash tools/device/session20.sh engine COMMIT
+#       the engine tests batching, gpu_engine, cancel, live; TESTS="..." names others
+#       (prefix_cache gpt_oss glm4_moe fault_injection).
+#   bash tools/device/session20.sh serve COMMIT
+#       `serve` of a3b-24l all resident (context 32,768) with 1/2/4/8 streaming clients
+#       (tools/device/batching.sh parallel), LIMITS="none 6GiB" by default.
+# Results: $OUT/session20-PHASE.txt (the summary) and the logs and archives beside it.
+set -u
+P=${1:?phase}; C=${2:-unknown}
+S=$OUT/session20-$P.txt
+T0=$SECONDS
+rm -rf dist/gpu /tmp/bins
+mkdir -p /tmp/bins dist/gpu && for f in dist/pack/*.tar.xz; do tar xJf "$f" -C /tmp/bins; done
+cp /tmp/bins/*/* dist/gpu/
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
+test_bin() { # name timeout [filter...]
+  local b n=$1 t=$2; shift 2; b=$(ls dist/gpu/$n-* 2>/dev/null | head -1)
+  [ -z "$b" ] && { echo "test $n: binary missing" >> "$S"; return; }
+  timeout "$t" "$b" --test-threads 1 --nocapture "$@" > "$OUT/test-$n.log" 2>&1
+  echo "test $n rc=$? $(grep '^test result' "$OUT/test-$n.log" | tail -1) (t=$((SECONDS-T0))s)" >> "$S"
+  grep -E "panicked|FAILED|SKIPPED" -A2 "$OUT/test-$n.log" | head -20 >> "$S"
+}
+bench_rows() { # LIMIT [binary suffix, e.g. -a for the binary before]
+  local lim=() tag=resident$2
+  [ "$1" != none ] && { lim=(--vram-limit "$1"); tag=$1$2; }
+  timeout 150 dist/gpu/krasis-runtime$2 bench --model /tmp/agent-load/a3b-24l --cache-dir /tmp/agent-load/krasis-cache \
+    --commit "$C" --decode-rows 1,2,4,8 "${lim[@]}" --json "$OUT/bench-rows-$tag.json" > "$OUT/bench-rows-$tag.log" 2>&1
+  echo "bench --decode-rows ($tag) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+  grep -E "^decode [0-9] rows|^decode +[0-9]+ tokens \(graphs on" "$OUT/bench-rows-$tag.log" | cut -c1-400 >> "$S"
+}
+case "$P" in
+  kernels)
+    if [ "${KBENCH:-1}" = 1 ]; then
+      timeout 150 dist/gpu/kbench --rows > "$OUT/kbench-rows.txt" 2>&1
+      echo "kbench --rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "H2048|H4096|Fma" "$OUT/kbench-rows.txt" >> "$S"
+      for kb in kbench kbench-a; do  # kbench-a: the binary before (if packed)
+        [ -x dist/gpu/$kb ] || continue
+        timeout 120 dist/gpu/$kb --grouped > "$OUT/$kb-grouped.txt" 2>&1
+        echo "$kb --grouped rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+        grep -E "mma.sync|wgmma" "$OUT/$kb-grouped.txt" | head -30 >> "$S"
+      done
+    fi
+    [ "${TESTS_K:-1}" = 1 ] && test_bin gpu 240 int4:: int4_grouped:: rows::int4 fp16::
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    echo "prep (t=$((SECONDS-T0))s)" >> "$S"
+    for l in ${LIMITS:-none}; do
+      bench_rows "$l"
+      [ -x dist/gpu/krasis-runtime-a ] && bench_rows "$l" -a
+    done
+    ;;
+  engine)
+    for t in ${TESTS:-batching:200 gpu_engine:90 cancel:80 live:80}; do
+      test_bin "${t%%:*}" "${t##*:}"
+    done
+    ;;
+  serve)
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    for l in ${LIMITS:-none}; do
+      LIMIT=$l CLIENTS=${CLIENTS:-1,2,4,8} BUDGET=$((560 - (SECONDS - T0))) CTX=32768 \
+        bash tools/device/batching.sh parallel "$C" > /dev/null 2>&1
+      echo "parallel $l context 32768 (t=$((SECONDS-T0))s)" >> "$S"
+      cat /tmp/btr-parallel-$l-ctx32768/summary.txt >> "$S"
+    done
+    ;;
+  *) echo "unknown phase $P" >> "$S" ;;
+esac
+echo "done (t=$((SECONDS-T0))s)" >> "$S"
