@@ -12,6 +12,11 @@
 #   KBENCH=0 ... skips the kbench runs; TESTS_K=0 the kernel tests. Where the pack holds
 #   krasis-runtime-a / kbench-a (the binaries before the change), `bench` and `kbench` also run
 #   them. Next session: branch next/dq8-lop3's binaries, with main's as the -a ones.
+#   bash tools/device/session20.sh ncu COMMIT
+#       ncu (launch, occupancy, warp-state and instruction sections, one serialized launch each)
+#       of the INT4 decode experts at 4 rows (`kbench --int4-probe`) and of the qkv and o_proj
+#       GEMVs at 1 and 4 rows (inside `kbench --rows`'s graphs: the first launches of each
+#       entry point are the qkv / o_proj shapes); the binary before too, where packed.
 #   bash tools/device/session20.sh engine COMMIT
 #       the engine tests batching, gpu_engine, cancel, live; TESTS="..." names others
 #       (prefix_cache gpt_oss glm4_moe fault_injection).
@@ -65,6 +70,23 @@ case "$P" in
       bench_rows "$l"
       [ -x dist/gpu/krasis-runtime-a ] && bench_rows "$l" -a
     done
+    ;;
+  ncu)
+    N=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    SEC="--section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+      --section SpeedOfLight --metrics smsp__inst_executed.sum,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_lsu.sum,smsp__inst_executed_pipe_tensor.sum"
+    for kb in kbench kbench-a; do
+      [ -x dist/gpu/$kb ] || continue
+      timeout 150 $N --clock-control none -k regex:int4_w --launch-skip 2 --launch-count 2 $SEC \
+        dist/gpu/$kb --int4-probe > "$OUT/ncu-int4-$kb.txt" 2>&1
+      echo "ncu int4 ($kb) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      for e in gemv_rmsnorm_bf16_r2_m1 gemv_rmsnorm_bf16_r2_m4 gemv_bf16_r1_m1 gemv_bf16_r1_m4; do
+        timeout 100 $N --clock-control none -k regex:"^$e\$" --launch-skip 10 --launch-count 1 $SEC \
+          dist/gpu/$kb --rows > "$OUT/ncu-$e-$kb.txt" 2>&1
+        echo "ncu $e ($kb) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      done
+    done
+    grep -hE "^  [a-z]|Duration|DRAM Throughput|Issued Warp|Eligible Warps|inst_executed" "$OUT"/ncu-*.txt >> "$S"
     ;;
   engine)
     for t in ${TESTS:-batching:200 gpu_engine:90 cancel:80 live:80}; do
