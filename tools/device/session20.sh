@@ -7,7 +7,8 @@
 #   bash tools/device/session20.sh kernels COMMIT
 #       `kbench --rows` (the INT4 experts at 1/2/4/8 rows, a3b and GLM-Air shapes; the decode
 #       GEMVs), `kbench --grouped` (the prefill grouped INT4 GEMMs, which share dq8), the kernel
-#       tests of the INT4 kernels and of row invariance (int4::, int4_grouped::, rows::, fp16::),
+#       tests of the INT4 kernels, the GEMVs and row invariance (KFILTER; by default int4::,
+#       int4_grouped::, rows::, fp16::, gemv::),
 #       then `bench --decode-rows 1,2,4,8` of a3b-24l (LIMITS="none 6GiB": all resident, 6 GiB).
 #   KBENCH=0 ... skips the kbench runs; TESTS_K=0 the kernel tests. Where the pack holds
 #   krasis-runtime-a / kbench-a (the binaries before the change), `bench` and `kbench` also run
@@ -63,7 +64,8 @@ case "$P" in
         grep -E "mma.sync|wgmma" "$OUT/$kb-grouped.txt" | head -30 >> "$S"
       done
     fi
-    [ "${TESTS_K:-1}" = 1 ] && test_bin gpu 240 int4:: int4_grouped:: rows::int4 fp16::
+    # shellcheck disable=SC2086  # KFILTER: several test-name filters
+    [ "${TESTS_K:-1}" = 1 ] && test_bin gpu 330 ${KFILTER:-int4:: int4_grouped:: rows:: fp16:: gemv::}
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     echo "prep (t=$((SECONDS-T0))s)" >> "$S"
     for l in ${LIMITS:-none}; do
