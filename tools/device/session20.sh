@@ -7,8 +7,9 @@
 #   bash tools/device/session20.sh kernels COMMIT
 #       `kbench --rows` (the INT4 experts at 1/2/4/8 rows, a3b and GLM-Air shapes; the decode
 #       GEMVs), `kbench --grouped` (the prefill grouped INT4 GEMMs, which share dq8), the kernel
-#       tests of the INT4 kernels, the GEMVs and row invariance (KFILTER; by default int4::,
-#       int4_grouped::, rows::, fp16::, gemv::),
+#       tests of the INT4 kernels, the GEMVs, the routers, decode attention and row invariance
+#       (KFILTER; by default int4::, int4_grouped::, rows::, fp16::, gemv::, moe::,
+#       attention_decode),
 #       then `bench --decode-rows 1,2,4,8` of a3b-24l (LIMITS="none 6GiB": all resident, 6 GiB).
 #   KBENCH=0 ... skips the kbench runs; TESTS_K=0 the kernel tests. Where the pack holds
 #   krasis-runtime-a / kbench-a (the binaries before the change), `bench` and `kbench` also run
@@ -57,6 +58,12 @@ case "$P" in
         echo "$kb --rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
         grep -E "H2048|H4096|Fma" "$OUT/$kb-rows.txt" | cut -c1-200 >> "$S"
       done
+      for kb in kbench kbench-a; do  # --attn-decode: only binaries that have it
+        [ -x dist/gpu/$kb ] && grep -q -- --attn-decode dist/gpu/$kb || continue
+        timeout 60 dist/gpu/$kb --attn-decode > "$OUT/$kb-attn-decode.txt" 2>&1
+        echo "$kb --attn-decode rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+        grep -E "attn decode" "$OUT/$kb-attn-decode.txt" | cut -c1-160 >> "$S"
+      done
       for kb in kbench kbench-a; do  # kbench-a: the binary before (if packed)
         [ -x dist/gpu/$kb ] || continue
         timeout 120 dist/gpu/$kb --grouped > "$OUT/$kb-grouped.txt" 2>&1
@@ -65,7 +72,7 @@ case "$P" in
       done
     fi
     # shellcheck disable=SC2086  # KFILTER: several test-name filters
-    [ "${TESTS_K:-1}" = 1 ] && test_bin gpu 330 ${KFILTER:-int4:: int4_grouped:: rows:: fp16:: gemv::}
+    [ "${TESTS_K:-1}" = 1 ] && test_bin gpu 360 ${KFILTER:-int4:: int4_grouped:: rows:: fp16:: gemv:: moe:: attention_decode}
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     echo "prep (t=$((SECONDS-T0))s)" >> "$S"
     for l in ${LIMITS:-none}; do
@@ -82,6 +89,11 @@ case "$P" in
       timeout 150 $N --clock-control none -k regex:int4_w --launch-skip 2 --launch-count 2 $SEC \
         dist/gpu/$kb --int4-probe > "$OUT/ncu-int4-$kb.txt" 2>&1
       echo "ncu int4 ($kb) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      if grep -q -- --attn-decode dist/gpu/$kb; then  # the split and combine kernels, 1 row, 1K keys
+        timeout 100 $N --clock-control none -k regex:attn_decode --launch-skip 4 --launch-count 2 $SEC \
+          dist/gpu/$kb --attn-decode > "$OUT/ncu-attn-decode-$kb.txt" 2>&1
+        echo "ncu attn_decode ($kb) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      fi
       for e in gemv_rmsnorm_bf16_r2_m1 gemv_rmsnorm_bf16_r2_m4 gemv_bf16_r1_m1 gemv_bf16_r1_m4; do
         timeout 100 $N --clock-control none -k regex:"^$e\$" --launch-skip 10 --launch-count 1 $SEC \
           dist/gpu/$kb --rows > "$OUT/ncu-$e-$kb.txt" 2>&1
