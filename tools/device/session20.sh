@@ -30,17 +30,9 @@ set -u
 P=${1:?phase}; C=${2:-unknown}
 S=$OUT/session20-$P.txt
 T0=$SECONDS
-rm -rf dist/gpu /tmp/bins
-mkdir -p /tmp/bins dist/gpu && for f in dist/pack/*.tar.xz; do tar xJf "$f" -C /tmp/bins; done
-cp /tmp/bins/*/* dist/gpu/
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$S" 2>&1
-test_bin() { # name timeout [filter...]
-  local b n=$1 t=$2; shift 2; b=$(ls dist/gpu/$n-* 2>/dev/null | head -1)
-  [ -z "$b" ] && { echo "test $n: binary missing" >> "$S"; return; }
-  timeout "$t" "$b" --test-threads 1 --nocapture "$@" > "$OUT/test-$n.log" 2>&1
-  echo "test $n rc=$? $(grep '^test result' "$OUT/test-$n.log" | tail -1) (t=$((SECONDS-T0))s)" >> "$S"
-  grep -E "panicked|FAILED|SKIPPED" -A2 "$OUT/test-$n.log" | head -20 >> "$S"
-}
+# shellcheck source=tools/device/lib.sh
+. tools/device/lib.sh
+unpack_binaries
 bench_rows() { # LIMIT [binary suffix, e.g. -a for the binary before]
   local lim=() tag=resident$2
   [ "$1" != none ] && { lim=(--vram-limit "$1"); tag=$1$2; }
