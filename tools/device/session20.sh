@@ -9,7 +9,8 @@
 #       GEMVs), `kbench --grouped` (the prefill grouped INT4 GEMMs, which share dq8), the kernel
 #       tests of the INT4 kernels, the GEMVs, the routers, decode attention and row invariance
 #       (KFILTER; by default int4::, int4_grouped::, rows::, fp16::, gemv::, moe::,
-#       attention_decode, mxfp4::),
+#       attention_decode, attention_ring, mxfp4::, rope, expert_tail, sampling::: every kernel the
+#       decode step's programmatic dependent launches touch, and the batched sampler),
 #       then `bench --decode-rows 1,2,4,8` of a3b-24l (LIMITS="none 6GiB": all resident, 6 GiB).
 #   KBENCH=0 ... skips the kbench runs; TESTS_K=0 the kernel tests. Where the pack holds
 #   krasis-runtime-a / kbench-a (the binaries before the change), `bench` and `kbench` also run
@@ -64,7 +65,7 @@ case "$P" in
       done
     fi
     # shellcheck disable=SC2086  # KFILTER: several test-name filters
-    [ "${TESTS_K:-1}" = 1 ] && test_bin gpu 360 ${KFILTER:-int4:: int4_grouped:: rows:: fp16:: gemv:: moe:: attention_decode mxfp4::}
+    [ "${TESTS_K:-1}" = 1 ] && test_bin gpu 420 ${KFILTER:-int4:: int4_grouped:: rows:: fp16:: gemv:: moe:: attention_decode attention_ring mxfp4:: rope expert_tail sampling::}
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     echo "prep (t=$((SECONDS-T0))s)" >> "$S"
     for l in ${LIMITS:-none}; do
