@@ -198,7 +198,17 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
         if (c < H / 8) xpre[r] = xrow[c];
     }
     // Then every weight and scale load of this warp, in the order they are
-    // consumed below (group, then gate/up tile).
+    // consumed below (group, then gate/up tile). Addresses are this lane's
+    // first chunk and scale plus offsets that do not depend on the lane:
+    // written per load as row * rb + ..., they cost 64-bit multiplies and
+    // carries for each of the 16 loads (~1/3 of a warp's instructions went
+    // to this prologue, session 20). Scales stay plain loads, not the
+    // read-only path: under HCS the previous kernel may have just written
+    // this slot (and __ldcg cost the one-token w2's 512-thread entry point
+    // more spills).
+    const unsigned char* wl = wq + (u64)(i0 + g) * rb + warp * NCL * 64 + tq * 16;
+    const f16_t* sl = wsc + (u64)(i0 + g) * ng + warp * NCL;
+    const u64 wt = (u64)I * rb, st = (u64)I * ng;  // the up tile's offsets
     uint4 q[2][NCL][2];
     f16_t sh[2][NCL][2];
 #pragma unroll
@@ -210,8 +220,8 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
                 const u32 G = warp * NCL + gg;
                 const u64 row = (u64)tile * I + i0 + g + 8 * h;
                 if (G < ng && (!GEN || G * 4 + tq < nch)) {
-                    q[tile][gg][h] = ld_stream16(wq + row * rb + G * 64 + tq * 16);
-                    if (!GEN) sh[tile][gg][h] = wsc[row * ng + G];
+                    q[tile][gg][h] = ld_stream16(wl + (tile ? wt : 0) + h * 8 * rb + gg * 64);
+                    if (!GEN) sh[tile][gg][h] = sl[(tile ? st : 0) + h * 8 * ng + gg];
                 } else {
                     q[tile][gg][h] = make_uint4(0, 0, 0, 0);
                     if (!GEN) sh[tile][gg][h] = 0;
@@ -390,6 +400,10 @@ __device__ __forceinline__ void w2_load(W2Regs<GPW>& r, const unsigned char* bas
     r.valid = base != nullptr;
     const unsigned char* wq = base + e.oq;
     const f16_t* wsc = (const f16_t*)(base + e.os);
+    // This lane's first chunk and scale of the item, plus lane-free offsets
+    // (as w13's prologue).
+    const unsigned char* wl = wq + (u64)(e.n0 + e.g) * e.rb + kp * GPW * 64 + e.tq * 16;
+    const f16_t* sl = wsc + (u64)(e.n0 + e.g) * e.ng + kp * GPW;
 #pragma unroll
     for (int gg = 0; gg < GPW; ++gg)
 #pragma unroll
@@ -397,8 +411,8 @@ __device__ __forceinline__ void w2_load(W2Regs<GPW>& r, const unsigned char* bas
             const u32 G = kp * GPW + gg;
             const u64 row = e.n0 + e.g + 8 * h;
             if (r.valid && G < e.ng && (!GEN || G * 4 + e.tq < e.nch)) {
-                r.q[gg][h] = ld_stream16(wq + row * e.rb + G * 64 + e.tq * 16);
-                if (!GEN) r.sh[gg][h] = wsc[row * e.ng + G];
+                r.q[gg][h] = ld_stream16(wl + h * 8 * e.rb + gg * 64);
+                if (!GEN) r.sh[gg][h] = sl[h * 8 * e.ng + gg];
             } else {
                 r.q[gg][h] = make_uint4(0, 0, 0, 0);
                 if (!GEN) r.sh[gg][h] = 0;
@@ -481,6 +495,27 @@ __device__ __forceinline__ void w2_stage(const float* __restrict__ act, u32* as_
     }
 }
 
+// Work item i of a w2 block = (tl * top_k + j) * nkp + kp: token tl of
+// the block, expert j, K-part kp, kept as its digits in one register,
+// tl << 16 | j << 8 | kp (each < 256: nkp <= 32, top_k <= 16, tl < 4).
+// A warp of a several-tokens block walks items i, i + nw, ...; stepping
+// the digits (one conditional carry each: the step's digits are below
+// their radices) replaces the ~8 runtime divisions per item that decoding
+// i took (406 of int4_w2_combine_1_mt's 1,984 instructions were IMAD,
+// session 20). One register, not four: the 4-digit form spilled on sm_120.
+__device__ __forceinline__ u32 w2_pos(u32 i, u32 items, u32 nkp) {
+    return (i / items) << 16 | ((i % items) / nkp) << 8 | (i % nkp);
+}
+__device__ __forceinline__ u32 w2_next(u32 p, u32 step, u32 k, u32 nkp) {
+    p += step;  // digit-wise: kp < 2 nkp, j < 2 k, no carry between bytes
+    if ((p & 0xFFu) >= nkp) p += (1u << 8) - nkp;
+    if (((p >> 8) & 0xFFu) >= k) p += (1u << 16) - (k << 8);
+    return p;
+}
+__device__ __forceinline__ u32 w2_tl(u32 p) { return p >> 16; }
+__device__ __forceinline__ u32 w2_j(u32 p) { return (p >> 8) & 0xFFu; }
+__device__ __forceinline__ u32 w2_kp(u32 p) { return p & 0xFFu; }
+
 // Row n of token t: the items' partials (part[j * nkp + kp][r]) summed over
 // kp, weighted, summed over j in order, added once to the residual.
 __device__ __forceinline__ void w2_out(float (*part)[16], const float* __restrict__ w, u32 t, u32 k, u32 nkp, u32 r,
@@ -517,14 +552,11 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
     const u32 items = k * e.nkp, total = nt * items;
     const u32 tok_u32 = k * e.ng * 4 * AS_STRIDE;
     float(*part)[16] = MULTI ? (float(*)[16])(as_ + nt * tok_u32) : part_s;
-    auto base_of = [&](u32 it) {
-        const u32 tl = it / items, j = (it % items) / e.nkp;
-        return expert_base(table, n_table, ids[(u64)(t0 + tl) * k + j]);
-    };
+    auto base_of = [&](u32 p) { return expert_base(table, n_table, ids[(u64)(t0 + w2_tl(p)) * k + w2_j(p)]); };
 
     W2Regs<GPW> ra, rb;
-    u32 it = warp;
-    if (it < total) w2_load<GPW, GEN>(ra, base_of(it), it % e.nkp, e);
+    u32 pa = w2_pos(warp, items, e.nkp);
+    if (w2_tl(pa) < nt) w2_load<GPW, GEN>(ra, base_of(pa), w2_kp(pa), e);
 #if __CUDA_ARCH__ >= 900
     // Launched as a programmatic dependent on sm_90: everything above (ids,
     // table, weights) was ready before the previous kernel started (a
@@ -534,26 +566,28 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
 #endif
     w2_stage<MULTI ? 4 : 1>(act, as_, t0, nt, k, I, e.ng, tok_u32);
     __syncthreads();
-    auto run = [&](const W2Regs<GPW>& r, u32 i) {
-        const u32 tl = i / items, ii = i % items;
-        w2_item<GPW, GEN>(r, as_ + tl * tok_u32, ii / e.nkp, ii % e.nkp, e, part[i]);
+    auto run = [&](const W2Regs<GPW>& r, u32 p) {
+        const u32 tl = w2_tl(p), j = w2_j(p), kp = w2_kp(p);
+        w2_item<GPW, GEN>(r, as_ + tl * tok_u32, j, kp, e, part[(tl * k + j) * e.nkp + kp]);
     };
     if (MULTI) {
-        while (it < total) {  // warp-uniform; two items per pass, static registers
-            const u32 i2 = it + nw;
-            if (i2 < total) w2_load<GPW, GEN>(rb, base_of(i2), i2 % e.nkp, e);
-            run(ra, it);
-            if (i2 >= total) break;
-            const u32 i3 = i2 + nw;
-            if (i3 < total) w2_load<GPW, GEN>(ra, base_of(i3), i3 % e.nkp, e);
-            run(rb, i2);
-            it = i3;
+        const u32 step = w2_pos(nw, items, e.nkp);
+        while (w2_tl(pa) < nt) {  // warp-uniform; two items per pass, static registers
+            const u32 pb = w2_next(pa, step, k, e.nkp);
+            if (w2_tl(pb) < nt) w2_load<GPW, GEN>(rb, base_of(pb), w2_kp(pb), e);
+            run(ra, pa);
+            if (w2_tl(pb) >= nt) break;
+            const u32 pc = w2_next(pb, step, k, e.nkp);
+            if (w2_tl(pc) < nt) w2_load<GPW, GEN>(ra, base_of(pc), w2_kp(pc), e);
+            run(rb, pb);
+            pa = pc;
         }
     } else {
-        while (it < total) {  // warp-uniform
-            run(ra, it);
-            it += nw;
-            if (it < total) w2_load<GPW, GEN>(ra, base_of(it), it % e.nkp, e);
+        // One token (nt = 1, a warp has 1-3 items): the item is decoded.
+        for (u32 it = warp; it < total; it += nw) {  // warp-uniform
+            run(ra, pa);
+            pa = w2_pos(it + nw, items, e.nkp);
+            if (it + nw < total) w2_load<GPW, GEN>(ra, base_of(pa), w2_kp(pa), e);
         }
     }
     __syncthreads();

@@ -155,11 +155,16 @@ fn int4_rows_are_invariant<A: Act16>(
     fmt: &str,
 ) {
     let kr = &g.kernels;
-    // a3b's fast path, and a general (group 32, partial tile) shape.
+    // a3b's fast path, and a general (group 32, partial tile) shape; then
+    // two whose several-tokens w2 blocks have more work items than warps
+    // (top-8 x 4 K-parts, top-16 x 2: 32 items over 24 warps), so a warp's
+    // next item crosses experts (the stepped item digits carry).
     for (h, i, gs, n_exp, k) in [
         (2048usize, 768usize, 128usize, 12usize, 8usize),
         (2880, 1408, 32, 6, 4),
         (1024, 512, 32, 6, 4),
+        (1024, 1024, 128, 10, 8),
+        (1024, 512, 64, 20, 16),
     ] {
         let layout = Int4Layout::new(h, i, gs).unwrap();
         let ex = crate::int4::experts(g, s, rng, &layout, n_exp);
