@@ -34,8 +34,13 @@
 // sums per row: lo halves and hi halves of each weight pair, for ILP,
 // added once at the end), then a fixed xor-shuffle tree across lanes, so
 // results are bit-reproducible; nothing is atomic. M is bucketed to 1, 2, 4
-// or 8 at compile time (accumulators in registers), the real M guarded at
-// run time.
+// or 8 at compile time (accumulators in registers). A bucket row past the
+// real M reads x row M - 1 and is computed but never stored: a run-time
+// guard per row split the inner loop into blocks the compiler could not
+// schedule across (each with its own exposed shared-memory load and its
+// own weight conversions: ~82 instructions per weight vector at M = 4,
+// ~59 without the guard; static SASS, session 21). M = 8 keeps the guard
+// (unguarded, its 8 rows' x loads and addresses spill).
 // Row invariance (continuous batching): row t of an M-row launch runs
 // exactly the FMAs, in the same order, of a one-row launch of that row
 // (the same two partial sums, the same shuffle tree, the same block and
@@ -46,6 +51,10 @@
 // it bit for bit for every M <= 8. Per 16-byte weight vector the M = 1 path costs ~27 instructions
 // per lane (~20% of the SM's issue rate at full HBM speed); at M = 8 the x
 // conversions and FMAs reach ~85% of it, so M > 4 may run below HBM speed.
+// The prologue's row loads (sums of squares, normalization) are issued
+// together, predicated, for the same reason: a loop over a run-time trip
+// count, or a guard per row, put one L2 round trip per iteration or row in
+// series ahead of the first FMA (K / 256 + M of them before, 1-2 now).
 //
 // RMSNorm variant: every block needs the whole normalized x, so every block
 // recomputes the sums of squares of the M residual rows (8 KB each at K 2048,
@@ -172,16 +181,33 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
     if constexpr (NORM) {
         // rmsnorm_row's sum, verbatim per row (same thread count, same
         // order of each row's terms, the same reduction tree).
+        // Bucket rows past m sum row m - 1 again (unguarded, so one
+        // iteration's loads of all rows go out together); unused.
         float ss[MB];
+        const float* rrow[MB];
 #pragma unroll
-        for (int t = 0; t < MB; ++t) ss[t] = 0.0f;
-#pragma unroll 4
-        for (u32 i = threadIdx.x; i < K; i += blockDim.x) {
+        for (int t = 0; t < MB; ++t) {
+            ss[t] = 0.0f;
+            rrow[t] = res + (u64)(MB == 1 ? 0u : min((u32)t, m - 1)) * K;
+        }
+        // NB of a thread's iterations at a time, their loads predicated
+        // rather than behind the loop's exit test, so they go out together
+        // (`#pragma unroll 4` over a runtime trip count left one L2 round
+        // trip per iteration: K / 256 in series). Same terms, same order.
+        constexpr int NB = MB <= 2 ? 8 : (MB == 4 ? 4 : 2);
+        for (u32 i0 = threadIdx.x; i0 < K; i0 += NB * blockDim.x) {
+            float v[NB][MB];
 #pragma unroll
-            for (int t = 0; t < MB; ++t) {
-                if (MB == 1 || (u32)t < m) {
-                    float v = res[(u64)t * K + i];
-                    ss[t] += v * v;
+            for (int b = 0; b < NB; ++b) {
+                const u32 i = i0 + b * blockDim.x;
+#pragma unroll
+                for (int t = 0; t < MB; ++t) v[b][t] = i < K ? rrow[t][i] : 0.0f;
+            }
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                if (i0 + b * blockDim.x < K) {
+#pragma unroll
+                    for (int t = 0; t < MB; ++t) ss[t] += v[b][t] * v[b][t];
                 }
             }
         }
@@ -189,21 +215,33 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
         float inv[MB];
 #pragma unroll
         for (int t = 0; t < MB; ++t) inv[t] = rsqrtf(ss[t] / (float)K + eps);
+        // The rows' loads go out together (TN rows at a time: a guard per
+        // row serialized one L2 round trip per row); stores only for t < m.
         const uint4* g4 = (const uint4*)g;
+        constexpr int TN = MB < 2 ? MB : 2;
         for (u32 c8 = threadIdx.x; c8 < V; c8 += blockDim.x) {
             const uint4 gv = g4[c8];
 #pragma unroll
-            for (int t = 0; t < MB; ++t) {
-                if (MB == 1 || (u32)t < m) {
-                    const float4* r4 = (const float4*)(res + (u64)t * K);
-                    const float4 a = r4[2 * c8], b = r4[2 * c8 + 1];
-                    uint4 o;
-                    o.x = A::pack2(a.x * inv[t] * bf_lo(gv.x), a.y * inv[t] * bf_hi(gv.x));
-                    o.y = A::pack2(a.z * inv[t] * bf_lo(gv.y), a.w * inv[t] * bf_hi(gv.y));
-                    o.z = A::pack2(b.x * inv[t] * bf_lo(gv.z), b.y * inv[t] * bf_hi(gv.z));
-                    o.w = A::pack2(b.z * inv[t] * bf_lo(gv.w), b.w * inv[t] * bf_hi(gv.w));
-                    gemv_xs[t * V + c8] = o;
-                    if (blockIdx.x == 0) ((uint4*)normed)[(u64)t * V + c8] = o;
+            for (int t0 = 0; t0 < MB; t0 += TN) {
+                float4 a[TN], b[TN];
+#pragma unroll
+                for (int tt = 0; tt < TN; ++tt) {
+                    const float4* r4 = (const float4*)rrow[t0 + tt];
+                    a[tt] = r4[2 * c8];
+                    b[tt] = r4[2 * c8 + 1];
+                }
+#pragma unroll
+                for (int tt = 0; tt < TN; ++tt) {
+                    const int t = t0 + tt;
+                    if (MB == 1 || (u32)t < m) {
+                        uint4 o;
+                        o.x = A::pack2(a[tt].x * inv[t] * bf_lo(gv.x), a[tt].y * inv[t] * bf_hi(gv.x));
+                        o.y = A::pack2(a[tt].z * inv[t] * bf_lo(gv.y), a[tt].w * inv[t] * bf_hi(gv.y));
+                        o.z = A::pack2(b[tt].x * inv[t] * bf_lo(gv.z), b[tt].y * inv[t] * bf_hi(gv.z));
+                        o.w = A::pack2(b[tt].z * inv[t] * bf_lo(gv.w), b[tt].w * inv[t] * bf_hi(gv.w));
+                        gemv_xs[t * V + c8] = o;
+                        if (blockIdx.x == 0) ((uint4*)normed)[(u64)t * V + c8] = o;
+                    }
                 }
             }
         }
@@ -236,18 +274,38 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
 #pragma unroll
             for (int p = 0; p < P; ++p) acc[t][i][p] = 0.0f;
 
+    // Bucket rows past the real m read x row m - 1 (staged, inside the
+    // allocation); their sums are never stored. So at MB 2 and 4 the loop
+    // over t has no runtime guard: a guard per (u, t) split the body into
+    // blocks the compiler could not schedule across, each waiting on its own
+    // shared-memory load and redoing the weight conversions (SASS of the m4
+    // entry points: ~41 instructions and one exposed LDS latency per row and
+    // vector). At MB 8 the unguarded body spills (its 8 rows' x addresses
+    // and loads hoisted together), so it keeps the guard. Row t's FMAs and
+    // their order are the same either way.
+    const u32 mlast = m - 1;
     while (grp < ngroups) {  // warp-uniform
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const u32 v = c * CH + u * 32 + lane;
             if (v < V) {
+                if constexpr (MB == 8) {
 #pragma unroll
-                for (int t = 0; t < MB; ++t) {
-                    if (MB == 1 || (u32)t < m) {
-                        const uint4 xv = gemv_xs[t * V + v];
+                    for (int t = 0; t < MB; ++t) {
+                        if ((u32)t < m) {
+                            const uint4 xv = gemv_xs[t * V + v];
 #pragma unroll
-                        for (int i = 0; i < NR; ++i) gemv_dot8<P, A>(acc[t][i], wv[i][u], xv);
+                            for (int i = 0; i < NR; ++i) gemv_dot8<P, A>(acc[t][i], wv[i][u], xv);
+                        }
                     }
+                } else {
+                    uint4 xv[MB];
+#pragma unroll
+                    for (int t = 0; t < MB; ++t) xv[t] = gemv_xs[(MB == 1 ? 0u : min((u32)t, mlast)) * V + v];
+#pragma unroll
+                    for (int t = 0; t < MB; ++t)
+#pragma unroll
+                        for (int i = 0; i < NR; ++i) gemv_dot8<P, A>(acc[t][i], wv[i][u], xv[t]);
                 }
             }
         }
@@ -257,25 +315,25 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
         const u32 nc = last ? 0 : c + 1;
         if (ngrp < ngroups) load(ngrp, nc);
         if (last) {
+            // Every bucket row is reduced (the shuffles stay warp-uniform,
+            // with no guard around them); only the real ones are stored.
 #pragma unroll
             for (int t = 0; t < MB; ++t) {
-                if (MB == 1 || (u32)t < m) {
 #pragma unroll
-                    for (int i = 0; i < NR; ++i) {
-                        const float s = warp_sum(acc[t][i][0] + acc[t][i][1]);
-                        const u32 row = r0 + grp * NR + i;
-                        if (lane == 0 && row < r1) {
-                            const u64 o = (u64)t * n + row;
-                            if (mode == 0) {
-                                ((unsigned short*)y)[o] = A::store(s);
-                            } else {
-                                float* yf = (float*)y;
-                                yf[o] = mode == 2 ? yf[o] + s : s;
-                            }
+                for (int i = 0; i < NR; ++i) {
+                    const float s = warp_sum(acc[t][i][0] + acc[t][i][1]);
+                    const u32 row = r0 + grp * NR + i;
+                    if (lane == 0 && row < r1 && (MB == 1 || (u32)t < m)) {
+                        const u64 o = (u64)t * n + row;
+                        if (mode == 0) {
+                            ((unsigned short*)y)[o] = A::store(s);
+                        } else {
+                            float* yf = (float*)y;
+                            yf[o] = mode == 2 ? yf[o] + s : s;
                         }
-#pragma unroll
-                        for (int p = 0; p < P; ++p) acc[t][i][p] = 0.0f;
                     }
+#pragma unroll
+                    for (int p = 0; p < P; ++p) acc[t][i][p] = 0.0f;
                 }
             }
         }
