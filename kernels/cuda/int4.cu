@@ -30,8 +30,9 @@
 //
 // int4_w13_swiglu_<NCL>: decode gate/up GEMV + SwiGLU. Grid (I/16, pairs);
 // block = ceil(H/128 / NCL) <= 8 warps for 16 gate rows i and the 16 up rows
-// I+i of one pair, warp w owns scale groups [w*NCL, w*NCL+NCL) of K (split-K,
-// NCL = ceil(H/1024)). x (an L2 hit) is loaded before the weights, which
+// I+i of one pair (int4_w13_swiglu_<NCL>_r32, for several tokens: 32 and
+// 32, grid (I/32, pairs), the same arithmetic per row), warp w owns scale
+// groups [w*NCL, w*NCL+NCL) of K (split-K, NCL = ceil(H/1024)). x (an L2 hit) is loaded before the weights, which
 // are issued in the order they are consumed, then staged in shared memory in
 // the permuted layout; per-warp partials are summed in warp order, then
 // silu(g) * u. Pair
@@ -158,12 +159,17 @@ __device__ __forceinline__ float quad_sum(float v) {
 // loads in flight) measured no faster at 2-8 rows (kbench --rows: a3b 4
 // rows 47.4 us one pair per block, 48.6 four): w13 at M rows reads the
 // union of the rows' experts, and that byte count, not the grid, sets it.
-template <int NCL, int MAXH, int MAXW, bool GEN, class A = ActBf16>
+// RT: 16-row tiles of gate (and of up) rows per block, 1 or 2 (the _r32
+// entry points, g = 128 and NCL <= 2 only: their registers). A row's
+// arithmetic does not depend on RT (same loads, same mma chain, partials
+// summed in warp order), so RT is chosen per launch, by the row count.
+template <int NCL, int MAXH, int MAXW, bool GEN, class A = ActBf16, int RT = 1>
 __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                            const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq,
                                            u64 os, u32 slot_mask, u32 gl, float* __restrict__ act) {
     __shared__ __align__(16) u32 xs[MAXH / 32 * XS_STRIDE];
-    __shared__ float part[MAXW][32];
+    __shared__ float part[MAXW][32 * RT];
+    static_assert(RT == 1 || (RT == 2 && !GEN && NCL <= 2), "two row tiles: fast path, NCL <= 2 only");
     // x chunks per thread: H/8 chunks over 32*ceil(H/128/NCL) threads.
     constexpr int XPRE = (NCL + 1) / 2;
 #if __CUDA_ARCH__ >= 900
@@ -180,10 +186,10 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
     const u32 nw = blockDim.x >> 5, ng = GEN ? (H + 127) / 128 : H / 128;
     // GEN: ns scale groups per tile, nsg per row, H / 32 valid 32-chunks.
     const u32 ns = GEN ? 4u >> gl : 1u, nsg = GEN ? H >> (5 + gl) : ng, nch = H / 32;
-    const u32 i0 = blockIdx.x * 16;
+    const u32 i0 = blockIdx.x * 16 * RT;
     const unsigned char* base = expert_base(table, n_table, ids[p]);
     if (base == nullptr) {
-        if (threadIdx.x < 16) act[(u64)p * I + i0 + threadIdx.x] = NAN_F;
+        if (threadIdx.x < 16 * RT) act[(u64)p * I + i0 + threadIdx.x] = NAN_F;
         return;
     }
     const unsigned char* wq = base + oq;
@@ -209,28 +215,31 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
     const unsigned char* wl = wq + (u64)(i0 + g) * rb + warp * NCL * 64 + tq * 16;
     const f16_t* sl = wsc + (u64)(i0 + g) * ng + warp * NCL;
     const u64 wt = (u64)I * rb, st = (u64)I * ng;  // the up tile's offsets
-    uint4 q[2][NCL][2];
-    f16_t sh[2][NCL][2];
+    // tile: gate (0) or up (1) rows; rt: which 16 of the block's rows.
+    uint4 q[RT][2][NCL][2];
+    f16_t sh[RT][2][NCL][2];
 #pragma unroll
     for (int gg = 0; gg < NCL; ++gg)
 #pragma unroll
-        for (int tile = 0; tile < 2; ++tile)
+        for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32 G = warp * NCL + gg;
-                const u64 row = (u64)tile * I + i0 + g + 8 * h;
-                if (G < ng && (!GEN || G * 4 + tq < nch)) {
-                    q[tile][gg][h] = ld_stream16(wl + (tile ? wt : 0) + h * 8 * rb + gg * 64);
-                    if (!GEN) sh[tile][gg][h] = sl[(tile ? st : 0) + h * 8 * ng + gg];
-                } else {
-                    q[tile][gg][h] = make_uint4(0, 0, 0, 0);
-                    if (!GEN) sh[tile][gg][h] = 0;
+            for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const u32 G = warp * NCL + gg;
+                    const u64 row = (u64)tile * I + i0 + g + 8 * h;  // GEN: RT = 1
+                    if (G < ng && (!GEN || G * 4 + tq < nch)) {
+                        q[rt][tile][gg][h] = ld_stream16(wl + (tile ? wt : 0) + (rt * 16 + h * 8) * rb + gg * 64);
+                        if (!GEN) sh[rt][tile][gg][h] = sl[(tile ? st : 0) + (rt * 16 + h * 8) * ng + gg];
+                    } else {
+                        q[rt][tile][gg][h] = make_uint4(0, 0, 0, 0);
+                        if (!GEN) sh[rt][tile][gg][h] = 0;
+                    }
+                    if (GEN) {  // the scale of the group this lane's C columns hold
+                        const u32 sg = G * ns + tq;
+                        sh[rt][tile][gg][h] = (G < ng && tq < ns && sg < nsg) ? wsc[row * nsg + sg] : (f16_t)0;
+                    }
                 }
-                if (GEN) {  // the scale of the group this lane's C columns hold
-                    const u32 sg = G * ns + tq;
-                    sh[tile][gg][h] = (G < ng && tq < ns && sg < nsg) ? wsc[row * nsg + sg] : (f16_t)0;
-                }
-            }
     // Stage x permuted into shared memory (H/8 <= XPRE * blockDim chunks).
 #pragma unroll
     for (int r = 0; r < XPRE; ++r) {
@@ -238,7 +247,11 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
         if (c < H / 8) *(uint4*)&xs[(c >> 2) * XS_STRIDE + (c & 3) * 4] = perm8(xpre[r]);
     }
     __syncthreads();
-    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    float acc[RT][2][2];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int tile = 0; tile < 2; ++tile) acc[rt][tile][0] = acc[rt][tile][1] = 0.0f;
 #pragma unroll
     for (int gg = 0; gg < NCL; ++gg) {
         const u32 G = warp * NCL + gg;
@@ -247,32 +260,39 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
             uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
             if (GEN) mask_b(xv, G * 4 + tq < nch && ((tq * ns) >> 2) == ((g >> 1) & (ns - 1)));
 #pragma unroll
-            for (int tile = 0; tile < 2; ++tile) {
-                float c[4];
-                tile16<A>(q[tile][gg][0], q[tile][gg][1], xv, c);
-                acc[tile][0] += h2f(sh[tile][gg][0]) * c[0];
-                acc[tile][1] += h2f(sh[tile][gg][1]) * c[2];
-            }
+            for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+                for (int tile = 0; tile < 2; ++tile) {
+                    float c[4];
+                    tile16<A>(q[rt][tile][gg][0], q[rt][tile][gg][1], xv, c);
+                    acc[rt][tile][0] += h2f(sh[rt][tile][gg][0]) * c[0];
+                    acc[rt][tile][1] += h2f(sh[rt][tile][gg][1]) * c[2];
+                }
         }
     }
     if (GEN) {  // lanes tq < ns hold one group each, the others 0
 #pragma unroll
         for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) acc[tile][h] = quad_sum(acc[tile][h]);
+            for (int h = 0; h < 2; ++h) acc[0][tile][h] = quad_sum(acc[0][tile][h]);
     }
+    // part[w][32 rt + r]: gate row 16 rt + r; [32 rt + 16 + r]: its up row.
     if (tq == 0) {
-        part[warp][g] = acc[0][0];
-        part[warp][g + 8] = acc[0][1];
-        part[warp][16 + g] = acc[1][0];
-        part[warp][24 + g] = acc[1][1];
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+            part[warp][32 * rt + g] = acc[rt][0][0];
+            part[warp][32 * rt + g + 8] = acc[rt][0][1];
+            part[warp][32 * rt + 16 + g] = acc[rt][1][0];
+            part[warp][32 * rt + 24 + g] = acc[rt][1][1];
+        }
     }
     __syncthreads();
-    if (threadIdx.x < 16) {
+    if (threadIdx.x < 16 * RT) {
+        const u32 r = threadIdx.x & 15, o = 32 * (threadIdx.x >> 4);
         float gs = 0.0f, us = 0.0f;
         for (u32 w = 0; w < nw; ++w) {
-            gs += part[w][threadIdx.x];
-            us += part[w][16 + threadIdx.x];
+            gs += part[w][o + r];
+            us += part[w][o + 16 + r];
         }
         act[(u64)p * I + i0 + threadIdx.x] = silu(gs) * us;
     }
@@ -295,6 +315,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_3(W13_ARGS,
 }
 extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_4(W13_ARGS, float* __restrict__ act) {
     w13_swiglu<4, 4096, 8, false>(W13_PASS, 0, act);
+}
+// The same with 32 rows (two 16-row tiles) per block, for several tokens:
+// the per-block work (pair lookup, x staging, reduction) serves twice the
+// weights (NCL <= 2: H <= 2048).
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_1_r32(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<1, 4096, 8, false, ActBf16, 2>(W13_PASS, 0, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_2_r32(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<2, 4096, 8, false, ActBf16, 2>(W13_PASS, 0, act);
 }
 // Any group (gl = log2(g / 32)), H <= 4096 in <= 8 warps: NCL = ceil(tiles / 8).
 extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_g1(W13_ARGS, u32 gl, float* __restrict__ act) {
@@ -330,6 +359,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_3_f16(W13_A
 }
 extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_4_f16(W13_ARGS, float* __restrict__ act) {
     w13_swiglu<4, 4096, 8, false, ActF16>(W13_PASS, 0, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_1_r32_f16(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<1, 4096, 8, false, ActF16, 2>(W13_PASS, 0, act);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_2_r32_f16(W13_ARGS, float* __restrict__ act) {
+    w13_swiglu<2, 4096, 8, false, ActF16, 2>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 3)
     int4_w13_swiglu_g1_f16(W13_ARGS, u32 gl, float* __restrict__ act) {

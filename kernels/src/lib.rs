@@ -46,6 +46,7 @@ pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvOut};
 pub use ops::int4::{
     INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPED_ROWS,
     INT4_GROUPS, Int4Layout, int4_grouped_supports, int4_grouped_tiles, w2_tokens_per_block,
+    w13_row_tiles,
 };
 pub use ops::kv_blocks::{BlockCopy, KvBlockGeom};
 pub use ops::moe::{ROUTER_MAX_EXPERTS, ROUTER_MAX_TOPK};

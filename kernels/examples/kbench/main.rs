@@ -1484,6 +1484,34 @@ fn bench_rows(
                 t13 * 1e3,
                 t2 * 1e3
             ));
+            // w13 in the other block shape (16 or 32 rows per block; the
+            // same bits), to compare with the wrappers' choice.
+            let rt = krasis_kernels::w13_row_tiles(&layout, m);
+            let other = 3 - rt;
+            let t13o = time_graph_ms(s, 64, |it| {
+                Ok(k.int4_w13_swiglu_tiled(
+                    s,
+                    &xb,
+                    &table,
+                    &sl(it),
+                    m,
+                    topk,
+                    &layout,
+                    u32::MAX,
+                    false,
+                    other,
+                    &mut act,
+                )?)
+            });
+            match t13o {
+                Ok(ms) => line.push_str(&format!(
+                    " (w13 {} rows per block; {} rows: {:.2})",
+                    16 * rt,
+                    16 * other,
+                    ms * 1e3
+                )),
+                Err(e) => line.push_str(&format!(" (w13 {} rows per block; {e})", 16 * rt)),
+            }
             rows.push(line);
         }
     }

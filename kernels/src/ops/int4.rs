@@ -82,9 +82,57 @@ impl Kernels {
         after_tail_fetch: bool,
         act: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        let rt = w13_row_tiles(layout, n_tokens);
+        self.int4_w13_swiglu_tiled(
+            stream,
+            x,
+            table,
+            ids,
+            n_tokens,
+            top_k,
+            layout,
+            slot_mask,
+            after_tail_fetch,
+            rt,
+            act,
+        )
+    }
+
+    /// [`Kernels::int4_w13_swiglu`] with `row_tiles` 16-row tiles per
+    /// block instead of the default choice (every choice gives the same
+    /// bits). `row_tiles = 2` needs the fast path (`g = 128`) with
+    /// `H <= 2048`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn int4_w13_swiglu_tiled<A: Act16>(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<A>,
+        table: &impl DevicePtr<u64>,
+        ids: &impl DevicePtr<u32>,
+        n_tokens: usize,
+        top_k: usize,
+        layout: &Int4Layout,
+        slot_mask: u32,
+        after_tail_fetch: bool,
+        row_tiles: usize,
+        act: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
         layout.check_w13("int4_w13_swiglu_1", top_k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
         let (k, warps, general) = w13_entry(h, layout.group, A::F16);
+        let r32 = w13_r32_entry(layout, A::F16);
+        ensure(
+            k,
+            row_tiles == 1 || (row_tiles == 2 && r32.is_some()),
+            || {
+                format!(
+                    "{row_tiles} row tiles per block: 1, or 2 with group 128 and H <= 2048 \
+                 (H = {h}, I = {i}, group {})",
+                    layout.group
+                )
+            },
+        )?;
+        let k = if row_tiles == 2 { r32.unwrap_or(k) } else { k };
         let warps = warps as u32;
         let n_pairs = n_tokens * top_k;
         check_len(k, "x", x.len(), n_tokens * h)?;
@@ -104,8 +152,8 @@ impl Kernels {
         let (ap, _g4) = act.device_ptr_mut(stream);
         let f = self.func(k)?;
         let gl = layout.gl();
-        // 16 gate + 16 up rows per block, K split over the warps; y = pair.
-        let config = cfg((ii / 16, np, 1), 32 * warps, 0);
+        // 16 gate + 16 up rows per row tile, K split over the warps; y = pair.
+        let config = cfg((ii / (16 * row_tiles as u32), np, 1), 32 * warps, 0);
         if after_tail_fetch && self.compute_capability().0 >= 9 {
             let mut args: Vec<*mut c_void> = vec![
                 &xp as *const u64 as *mut c_void,
@@ -417,6 +465,31 @@ fn w13_entry(h: usize, g: usize, f16: bool) -> (&'static str, usize, bool) {
     }
 }
 
+/// The two-row-tile w13 entry point for `layout`, where there is one:
+/// the fast path (g = 128, so 32 divides I) with NCL <= 2 (H <= 2048).
+fn w13_r32_entry(layout: &Int4Layout, f16: bool) -> Option<&'static str> {
+    const R32: [[&str; 2]; 2] = [
+        ["int4_w13_swiglu_1_r32", "int4_w13_swiglu_2_r32"],
+        ["int4_w13_swiglu_1_r32_f16", "int4_w13_swiglu_2_r32_f16"],
+    ];
+    let h = layout.hidden;
+    let ncl = h.div_ceil(128).div_ceil(8);
+    (layout.group == 128 && h <= 2048).then(|| R32[usize::from(f16)][ncl - 1])
+}
+
+/// Row tiles per w13 block for `n_tokens` rows: one token keeps 16 rows
+/// per block (one wave of small blocks: it is latency bound); several
+/// tokens take 32 where the layout allows, so each block's fixed work
+/// (the pair's lookup, x staging, the reduction) serves twice the
+/// weights (at M rows the kernel is issue bound: session 20).
+pub fn w13_row_tiles(layout: &Int4Layout, n_tokens: usize) -> usize {
+    if n_tokens >= 2 && w13_r32_entry(layout, false).is_some() {
+        2
+    } else {
+        1
+    }
+}
+
 /// The w2 entry point for width `i` and group `g`: (name, tiles per work
 /// item, most warps per block, whether it takes `gl`). Tiles per item grow
 /// with `I` so a block never has more than 64 items (top_k 16 x 4 parts).
@@ -498,6 +571,29 @@ mod tests {
         // One row: the one-token grid, always.
         for l in [&a3b, &glm, &oss] {
             assert_eq!(w2_tokens_per_block(l, 1, 8), 1);
+        }
+        // w13: 16 rows per block for one token; 32 for several where the
+        // fast path has NCL <= 2 (H <= 2048) and 32 divides I.
+        for l in [&a3b, &glm, &oss] {
+            assert_eq!(w13_row_tiles(l, 1), 1);
+        }
+        assert_eq!(w13_row_tiles(&a3b, 2), 2);
+        assert_eq!(w13_row_tiles(&a3b, 8), 2);
+        assert_eq!(w13_row_tiles(&glm, 4), 1);
+        assert_eq!(w13_row_tiles(&oss, 4), 1);
+        assert_eq!(w13_r32_entry(&a3b, true), Some("int4_w13_swiglu_2_r32_f16"));
+        let small = Int4Layout::new(1024, 512, 128).unwrap();
+        assert_eq!(w13_r32_entry(&small, false), Some("int4_w13_swiglu_1_r32"));
+        for f16 in [false, true] {
+            for l in [&a3b, &small] {
+                let name = w13_r32_entry(l, f16).unwrap();
+                assert!(
+                    crate::sources::MODULES
+                        .iter()
+                        .any(|m| m.kernels.contains(&name)),
+                    "{name} not in sources"
+                );
+            }
         }
         // Up to 4 tokens per block within shared memory, only for I <= 1024.
         assert_eq!(w2_tokens_per_block(&a3b, 8, 8), 4);

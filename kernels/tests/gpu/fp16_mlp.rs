@@ -42,8 +42,9 @@ fn assert_rounded_once(what: &str, got: &[f16], f32_y: &[f32]) {
     }
 }
 
-/// Every `int4_w13_swiglu_*_f16` entry point (fast 1-4, general g1-g4,
-/// 16-warp w16_3/4; tiny-glm4-moe's 128 x 128 first) against the f64
+/// Every `int4_w13_swiglu_*_f16` entry point (fast 1-4, the two-row-tile
+/// 1/2_r32 that several tokens take, general g1-g4, 16-warp w16_3/4;
+/// tiny-glm4-moe's 128 x 128 first) against the f64
 /// reference over the f16 x, bit-identical run to run, masked pairs left
 /// untouched; `int4_w2_combine` on its output; `int4_dequant_f16` equal to
 /// the f16 rounding of the exact dequantized value, NaN for an invalid id.
@@ -54,7 +55,9 @@ fn int4_f16_decode_gemv_and_dequant_match_reference() {
     let mut rng = rng(name);
     for (h, i, gs, n_exp, t, k) in [
         (128usize, 128usize, 128usize, 8usize, 1usize, 2usize), // _1_f16 (tiny-glm4-moe)
-        (2048, 768, 128, 16, 2, 8),                             // _2_f16
+        (2048, 768, 128, 16, 1, 8),                             // _2_f16
+        (2048, 768, 128, 16, 2, 8),                             // _2_r32_f16
+        (1024, 256, 128, 6, 3, 4),                              // _1_r32_f16
         (3072, 256, 128, 4, 1, 3),                              // _3_f16
         (4096, 384, 128, 5, 2, 4),                              // _4_f16
         (640, 96, 32, 3, 3, 2),                                 // g1_f16

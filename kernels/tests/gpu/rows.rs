@@ -12,7 +12,7 @@ use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use krasis_kernels::{
     Act16, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvOut, Int4Layout, Kernels, KvBase, KvGeom, QkNormArgs,
-    QkvGeom, StartPos,
+    QkvGeom, StartPos, w13_row_tiles,
 };
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -211,6 +211,31 @@ fn int4_rows_are_invariant<A: Act16>(
             (down(s, &act), down(s, &res))
         };
         let alone: Vec<_> = (0..mt).map(|r| run(1, r, Some(1))).collect();
+        // w13 with 32 rows per block (what several tokens take where the
+        // layout has it) on one token: the same bits as its 16-row launch.
+        if w13_row_tiles(&layout, 2) == 2 {
+            for (r, a) in alone.iter().enumerate() {
+                let mut act: CudaSlice<f32> = poison_f32(s, k * i);
+                kr.int4_w13_swiglu_tiled(
+                    s,
+                    &up(s, &x[r * h..(r + 1) * h]),
+                    &ex.table,
+                    &up(s, &ids[r * k..(r + 1) * k]),
+                    1,
+                    k,
+                    &layout,
+                    u32::MAX,
+                    false,
+                    2,
+                    &mut act,
+                )
+                .unwrap();
+                assert!(
+                    bits32(&down(s, &act)) == bits32(&a.0),
+                    "int4_w13_swiglu {fmt} H={h} I={i}: 32 rows per block differ from 16 (token {r})"
+                );
+            }
+        }
         // Every w2 block shape: one token per block and, where the
         // several-tokens entry point serves I, 2..4 (others are refused).
         let mut shapes = vec![None, Some(1)];
