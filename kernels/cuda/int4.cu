@@ -587,7 +587,25 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
     const u32 items = k * e.nkp, total = nt * items;
     const u32 tok_u32 = k * e.ng * 4 * AS_STRIDE;
     float(*part)[16] = MULTI ? (float(*)[16])(as_ + nt * tok_u32) : part_s;
-    auto base_of = [&](u32 p) { return expert_base(table, n_table, ids[(u64)(t0 + w2_tl(p)) * k + w2_j(p)]); };
+    // Several tokens: the block's expert bases (nt * k <= 64) are looked up
+    // once, up front. Looked up per item, each of a warp's items waited on
+    // its ids -> table round trips before its weight loads could go out,
+    // with the previous item's multiply queued behind that wait.
+    // entries_s[tl][j] (tl < 4, j < k <= 16) holds the raw table entry
+    // (0 past the table); expert_base's checks, the wait on a fresh entry
+    // among them, stay with the warp that uses it.
+    __shared__ u64 entries_s[MULTI ? 4 * 16 : 1];
+    if (MULTI) {
+        if (threadIdx.x < nt * k) {
+            const u32 tl = threadIdx.x / k, j = threadIdx.x % k, id = ids[(u64)t0 * k + threadIdx.x];
+            entries_s[tl * 16 + j] = id < n_table ? table[id] : 0;
+        }
+        __syncthreads();
+    }
+    auto base_of = [&](u32 p) {
+        if (MULTI) return expert_base(&entries_s[w2_tl(p) * 16 + w2_j(p)], 1, 0);
+        return expert_base(table, n_table, ids[(u64)(t0 + w2_tl(p)) * k + w2_j(p)]);
+    };
 
     W2Regs<GPW> ra, rb;
     u32 pa = w2_pos(warp, items, e.nkp);

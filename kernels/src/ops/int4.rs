@@ -261,10 +261,11 @@ impl Kernels {
         let smem = w2_block_smem(per_token, items, tpb);
         ensure(
             k,
-            tpb >= 1 && (tpb == 1 || (multi.is_some() && smem <= W2_MAX_DYN_SMEM)),
+            (1..=W2_MAX_TOKENS_PER_BLOCK).contains(&tpb)
+                && (tpb == 1 || (multi.is_some() && smem <= W2_MAX_DYN_SMEM)),
             || {
                 format!(
-                    "{tpb} tokens per block: needs I <= 1024 (I = {i}) and {smem} bytes of shared memory within {W2_MAX_DYN_SMEM}"
+                    "{tpb} tokens per block: 1..={W2_MAX_TOKENS_PER_BLOCK}, more than one needs I <= 1024 (I = {i}) and {smem} bytes of shared memory within {W2_MAX_DYN_SMEM}"
                 )
             },
         )?;
@@ -524,6 +525,10 @@ fn w2_multi_entry(i: usize, g: usize) -> Option<&'static str> {
     })
 }
 
+/// Most tokens per w2 block (the kernel's item digits and its table of
+/// `tokens x top_k` expert bases are sized for it).
+const W2_MAX_TOKENS_PER_BLOCK: usize = 4;
+
 /// Tokens per w2 block for `n_tokens` rows: up to min(rows, 4), as many
 /// as one block's shared memory holds.
 pub fn w2_tokens_per_block(layout: &Int4Layout, n_tokens: usize, top_k: usize) -> usize {
@@ -535,7 +540,7 @@ pub fn w2_tokens_per_block(layout: &Int4Layout, n_tokens: usize, top_k: usize) -
         return 1;
     };
     let items = w2_items(i, layout.group, top_k);
-    let mut t = n_tokens.min(4);
+    let mut t = n_tokens.min(W2_MAX_TOKENS_PER_BLOCK);
     while t > 1 && w2_block_smem(per_token, items, t) > W2_MAX_DYN_SMEM {
         t -= 1;
     }
