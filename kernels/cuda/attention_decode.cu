@@ -2,10 +2,14 @@
 //
 // attn_decode_split: block (split s, kv head) handles keys
 // [s*chunk, min((s+1)*chunk, pos+1)) for every q head of the GQA group, so
-// each K/V row is read once per group. Keys go in tiles of up to 64 (16 KB
-// of K and of V): (0) all threads stage the tile's K and V rows into shared
-// memory with 16-byte loads, all in flight at once (a latency-bound loop
-// over keys was 20x slower); (1) each lane scores one key for half of the
+// each K/V row is read once per group. The group's q is loaded first as
+// 16-byte vectors, all of a thread's in flight, and kept in shared memory as
+// f32 (group x head_dim <= 2048, checked by the host). Keys go in tiles of
+// up to 64 (16 KB of K and of V): (0) all threads stage the tile's K and V
+// rows into shared memory with cp.async, every 16-byte copy of the tile in
+// flight before the one wait (a latency-bound loop over keys was 20x
+// slower; a loop of loads each stored before the next was issued left 8
+// dependent round trips per tile); (1) each lane scores one key for half of the
 // group's heads (q in shared memory as f32, read as broadcasts; K chunks
 // XOR-swizzled so the row-parallel reads are conflict-free); (2) one warp
 // per head updates the running max/sum (log2 domain) and turns the scores
@@ -120,7 +124,30 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
         }
         return;
     }
-    for (u32 i = threadIdx.x; i < G * d; i += blockDim.x) qs[i] = A::load(qkv[(u64)h0 * d + i]);
+    // q: the group's G * d values (<= 2048) as 16-byte chunks, each
+    // thread's (<= 2) loaded before any is stored. (A loop of 2-byte loads,
+    // each stored before the next was issued, cost ~G * d / 128 dependent
+    // L2 round trips: the qkv row was just written.) The host checks that
+    // qkv is 16-byte aligned; d is a multiple of 64.
+    {
+        const uint4* q4 = (const uint4*)(qkv + (u64)h0 * d);
+        const u32 nqc = G * d / 8;
+        uint4 qv[2];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const u32 c = threadIdx.x + b * blockDim.x;
+            if (c < nqc) qv[b] = q4[c];
+        }
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const u32 c = threadIdx.x + b * blockDim.x;
+            if (c < nqc) {
+                *(float4*)&qs[c * 8] = make_float4(A::lo(qv[b].x), A::hi(qv[b].x), A::lo(qv[b].y), A::hi(qv[b].y));
+                *(float4*)&qs[c * 8 + 4] =
+                    make_float4(A::lo(qv[b].z), A::hi(qv[b].z), A::lo(qv[b].w), A::hi(qv[b].w));
+            }
+        }
+    }
     if (threadIdx.x < 16) {
         m_s[threadIdx.x] = NEG_INF_F;
         l_s[threadIdx.x] = 0.0f;
@@ -139,15 +166,22 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
     for (u32 kb = k0; kb < k1; kb += TK) {
         const u32 nk = min(TK, k1 - kb);
         __syncthreads();  // previous tile fully consumed (and qs/m_s ready)
-        // Stage K and V rows with all loads in flight; chunk c of row r is
-        // stored at c ^ (r & 7) so row-parallel 16-byte reads are conflict-free.
+        // Stage K and V rows with all copies in flight: cp.async, global to
+        // shared with no registers, every chunk of the tile issued before
+        // the wait. (A plain loop stored each chunk before issuing the next
+        // load: 8 dependent DRAM round trips per 64-key tile, ~17 us per
+        // layer at a 1K context, ncu, session 11.) Chunk c of row r is
+        // stored at c ^ (r & 7) so row-parallel 16-byte reads are
+        // conflict-free.
         for (u32 c = threadIdx.x; c < nk * cpr; c += blockDim.x) {
             const u32 r = c / cpr, ch = c - r * cpr;
             const u32 dst = r * cpr + (ch ^ (r & 7));
             const u32 row = RING ? (kb + r) % cap : kb + r;
-            ks[dst] = *(const uint4*)(kbase + (u64)row * d + ch * 8);
-            vs[dst] = *(const uint4*)(vbase + (u64)row * d + ch * 8);
+            cp_async16(&ks[dst], kbase + (u64)row * d + ch * 8);
+            cp_async16(&vs[dst], vbase + (u64)row * d + ch * 8);
         }
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
         // Scores: one key per lane, warps split keys (halves) and heads (parity).
         float dots[8];

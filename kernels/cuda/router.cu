@@ -36,6 +36,31 @@ template <typename T> __device__ __forceinline__ float ld_logit(const T* p, u32 
 template <> __device__ __forceinline__ float ld_logit<float>(const float* p, u32 i) { return p[i]; }
 template <> __device__ __forceinline__ float ld_logit<bf16_t>(const bf16_t* p, u32 i) { return bf2f(p[i]); }
 
+// Row x[0..E) (plus bias, if any, in f32) into p[0..E), lane-strided as
+// the loops below read it. Each lane's loads (8 at a time: 1 batch for E
+// <= 256) are issued, predicated, before any is stored: a loop that
+// stored each value before loading the next cost E / 32 dependent L2 round
+// trips (the logits were just written), most of a ~5 us router top-k.
+template <typename T>
+__device__ __forceinline__ void stage_row(const T* __restrict__ x, const float* __restrict__ bias, float* p, u32 E,
+                                          u32 lane) {
+    for (u32 i0 = lane; i0 < E; i0 += 8 * 32) {
+        float v[8], b[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const u32 i = i0 + 32 * j;
+            v[j] = i < E ? ld_logit<T>(x, i) : 0.0f;
+            b[j] = bias && i < E ? bias[i] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const u32 i = i0 + 32 * j;
+            if (i < E) p[i] = bias ? v[j] + b[j] : v[j];
+        }
+    }
+    __syncwarp();
+}
+
 // Warp arg-max of (bv, bi): larger value, then lower index; every lane
 // ends with the winner.
 __device__ __forceinline__ void warp_argmax(float& bv, u32& bi) {
@@ -59,13 +84,9 @@ __device__ void router_topk(const T* __restrict__ logits, const float* __restric
     if (t >= n_tokens) return;
     const T* x = logits + (u64)t * E;
     float* p = probs[warp];
+    stage_row<T>(x, bias, p, E, lane);
     float mx = NEG_INF_F;
-    for (u32 i = lane; i < E; i += 32) {
-        float v = ld_logit<T>(x, i);
-        if (bias) v += bias[i];
-        p[i] = v;
-        mx = fmaxf(mx, v);
-    }
+    for (u32 i = lane; i < E; i += 32) mx = fmaxf(mx, p[i]);
     mx = warp_max(mx);
     float sum = 0.0f;
     for (u32 i = lane; i < E; i += 32) {
@@ -122,13 +143,9 @@ __device__ void router_topk_then_softmax(const T* __restrict__ logits, const flo
     if (t >= n_tokens) return;
     const T* x = logits + (u64)t * E;
     float* p = vals[warp];
+    stage_row<T>(x, bias, p, E, lane);
     bool nan = false;
-    for (u32 i = lane; i < E; i += 32) {
-        float v = ld_logit<T>(x, i);
-        if (bias) v += bias[i];
-        p[i] = v;
-        nan |= v != v;
-    }
+    for (u32 i = lane; i < E; i += 32) nan |= p[i] != p[i];
     nan = __any_sync(0xffffffffu, nan);
     __syncwarp();
     u32 taken = 0;
@@ -180,8 +197,9 @@ __device__ void router_sigmoid_grouped(const T* __restrict__ logits, const float
     const T* x = logits + (u64)t * E;
     float* s = score[warp];
     float* c = choice[warp];
+    stage_row<T>(x, nullptr, s, E, lane);  // the raw logits, then in place:
     for (u32 i = lane; i < E; i += 32) {
-        const float v = 1.0f / (1.0f + expf(-ld_logit<T>(x, i)));
+        const float v = 1.0f / (1.0f + expf(-s[i]));
         s[i] = v;
         c[i] = sel_bias ? v + sel_bias[i] : v;
     }

@@ -300,6 +300,7 @@ impl Kernels {
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
         let (base_ptr, base_rows, _gb) = base.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr(stream);
+        check_qkv_align(kn, qp)?;
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
         let (kp, vp) = (
@@ -335,6 +336,21 @@ impl Kernels {
     }
 }
 
+/// Most q values of one GQA group (`group * head_dim`) the decode split
+/// kernel stages (its `qs`, 8 KB of f32): Qwen3-235B's 16 x 128 and
+/// Qwen3-Next's 8 x 256 reach it.
+const DECODE_MAX_GROUP_DIM: usize = 2048;
+
+/// Fails unless `qkv` starts 16-byte aligned: the decode split kernels
+/// read a group's q as 16-byte vectors.
+pub(crate) fn check_qkv_align(k: &'static str, ptr: u64) -> Result<()> {
+    ensure(k, ptr.is_multiple_of(16), || {
+        format!(
+            "qkv starts at {ptr:#x}, not 16-byte aligned (a view must start at a multiple of 8 elements of an aligned allocation)"
+        )
+    })
+}
+
 /// Shapes and buffer lengths of a decode launch of `geom.n_tokens` rows
 /// (both variants; the ring one takes one row).
 #[allow(clippy::too_many_arguments)]
@@ -356,6 +372,13 @@ fn check_decode<A: Act16>(
     let group = geom.n_q_heads / geom.n_kv_heads;
     ensure(k, group <= 16, || {
         format!("GQA group {group} > 16 is not supported")
+    })?;
+    ensure(k, group * geom.head_dim <= DECODE_MAX_GROUP_DIM, || {
+        format!(
+            "GQA group {group} x head_dim {} = {} q values exceed the {DECODE_MAX_GROUP_DIM} the decode kernel stages",
+            geom.head_dim,
+            group * geom.head_dim
+        )
     })?;
     check_len(k, "qkv", qkv.len(), geom.len())?;
     check_len(k, "k_cache", k_cache.len(), kv.len())?;

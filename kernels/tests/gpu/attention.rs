@@ -244,6 +244,67 @@ fn decode_matches_reference<A: Act16>(name: &str) {
             5e-3,
         );
     }
+    // A GQA group whose q (group x head_dim values) would not fit the
+    // split kernel's staging is refused before anything runs, and so is a
+    // qkv view that is not 16-byte aligned (its q is read as vectors).
+    let geom = QkvGeom {
+        n_tokens: 1,
+        n_q_heads: 16,
+        n_kv_heads: 1,
+        head_dim: 256,
+    };
+    let c = case::<A>(&mut rng, geom, 10, 64);
+    let (q, k, v) = (up(&s, &c.qkv), up(&s, &c.kc), up(&s, &c.vc));
+    let mut ws = poison_f32(&s, decode_workspace_len(16, 256));
+    let mut out = poison_bf16(&s, 16 * 256);
+    let err = g
+        .kernels
+        .attention_decode(
+            &s,
+            &q,
+            geom,
+            StartPos::Host(10),
+            c.kv,
+            KvBase::Host(0),
+            &k,
+            &v,
+            0.06,
+            &mut ws,
+            &mut out,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("q values"), "{err}");
+    let geom = QkvGeom {
+        n_tokens: 1,
+        n_q_heads: 8,
+        n_kv_heads: 1,
+        head_dim: 64,
+    };
+    let c = case::<A>(&mut rng, geom, 10, 64);
+    let mut padded = vec![c.qkv[0]];
+    padded.extend_from_slice(&c.qkv);
+    let (q, k, v) = (up(&s, &padded), up(&s, &c.kc), up(&s, &c.vc));
+    let mut ws = poison_f32(&s, decode_workspace_len(8, 64));
+    let mut out = poison_bf16(&s, 8 * 64);
+    let err = g
+        .kernels
+        .attention_decode(
+            &s,
+            &q.slice(1..),
+            geom,
+            StartPos::Host(10),
+            c.kv,
+            KvBase::Host(0),
+            &k,
+            &v,
+            0.06,
+            &mut ws,
+            &mut out,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("16-byte aligned"), "{err}");
 }
 
 /// The prefix cache's premise for attention (design header of

@@ -329,6 +329,7 @@ impl Kernels {
         let sl2 = log2_scale(scale);
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr(stream);
+        super::check_qkv_align(kn, qp)?;
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
         let (wp, _g4) = workspace.device_ptr_mut(stream);
