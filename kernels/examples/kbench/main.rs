@@ -181,6 +181,9 @@ struct Args {
     /// Only the BF16 decode GEMVs (and cuBLAS at the same shapes).
     gemv_only: bool,
     rows_only: bool,
+    /// Only decode attention at a3b's geometry, 1K-32K live keys in a 32K
+    /// cache (device positions, graph-timed).
+    attn_decode_only: bool,
     /// The a3b INT4 decode experts at 4 rows, two eager launches of w13
     /// and w2, nothing else (for a profiler: `ncu -k regex:int4_w`).
     int4_probe: bool,
@@ -204,6 +207,7 @@ fn main() -> anyhow::Result<()> {
         mxfp4_only: false,
         gemv_only: false,
         rows_only: false,
+        attn_decode_only: false,
         int4_probe: false,
         prefill_only: false,
         grouped_only: false,
@@ -221,6 +225,7 @@ fn main() -> anyhow::Result<()> {
             "--mxfp4" => args.mxfp4_only = true,
             "--gemv" => args.gemv_only = true,
             "--rows" => args.rows_only = true,
+            "--attn-decode" => args.attn_decode_only = true,
             "--int4-probe" => args.int4_probe = true,
             "--prefill" => args.prefill_only = true,
             "--grouped" => args.grouped_only = true,
@@ -232,7 +237,7 @@ fn main() -> anyhow::Result<()> {
             "--baseline-int4" => args.baseline = Some(it.next().context("--baseline-int4 FILE")?),
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --int4-probe, --prefill, --grouped, --grouped-mxfp4, --host-experts, --tail, --cpu-expert, --cpu-expert-host-only, --baseline-int4 FILE)"
+                    "unknown argument {other} (--int4, --mxfp4, --gemv, --rows, --attn-decode, --int4-probe, --prefill, --grouped, --grouped-mxfp4, --host-experts, --tail, --cpu-expert, --cpu-expert-host-only, --baseline-int4 FILE)"
                 )
             }
         }
@@ -329,6 +334,11 @@ fn main() -> anyhow::Result<()> {
     }
     if args.int4_probe {
         return int4_probe(&k, &s, &mut rng);
+    }
+    if args.attn_decode_only {
+        bench_attn_decode(&k, &s, &mut rng, &mut rows)?;
+        print_table("decode attention", rows);
+        return Ok(());
     }
     if args.rows_only {
         bench_rows(&k, &s, &mut rng, &mut rows)?;
@@ -1513,6 +1523,68 @@ fn bench_rows(
                 Err(e) => line.push_str(&format!(" (w13 {} rows per block; {e})", 16 * rt)),
             }
             rows.push(line);
+        }
+    }
+    Ok(())
+}
+
+/// `--attn-decode`: a3b's decode attention (32 q / 4 kv heads x 128) over
+/// 1K-32K live keys of a 32K cache, one row and four (each row its own
+/// sequence), device positions as the engine runs it, graph-timed.
+fn bench_attn_decode(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    rows: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let (nq, nkv, d, cap, mt) = (32usize, 4usize, 128usize, 32768usize, 4usize);
+    let kv = KvGeom {
+        n_kv_heads: nkv,
+        head_dim: d,
+        capacity: cap,
+    };
+    let kc = s.clone_htod(&rand_bf16(rng, kv.len()))?;
+    let vc = s.clone_htod(&rand_bf16(rng, kv.len()))?;
+    let g4 = QkvGeom {
+        n_tokens: mt,
+        n_q_heads: nq,
+        n_kv_heads: nkv,
+        head_dim: d,
+    };
+    let qkv = s.clone_htod(&rand_bf16(rng, g4.len()))?;
+    let mut ws = s.alloc_zeros::<f32>(mt * decode_workspace_len(nq, d))?;
+    let mut o = s.alloc_zeros::<bf16>(mt * nq * d)?;
+    for ctxlen in [1024usize, 4096, 8192, 32768] {
+        for m in [1usize, mt] {
+            // Row r: its own sequence in KV rows [r * ctxlen / m, ...): the
+            // same keys per row as the engine's batched step reads.
+            let span = ctxlen / m;
+            let pos = s.clone_htod(&vec![span as u32 - 1; m])?;
+            let base: Vec<u32> = (0..m).map(|r| (r * span) as u32).collect();
+            let base = s.clone_htod(&base)?;
+            let g = QkvGeom { n_tokens: m, ..g4 };
+            let q = qkv.slice(0..g.len());
+            let t = time_graph_ms(s, 32, |_| {
+                Ok(k.attention_decode(
+                    s,
+                    &q,
+                    g,
+                    StartPos::Device(&pos),
+                    kv,
+                    KvBase::Device(&base),
+                    &kc,
+                    &vc,
+                    0.088,
+                    &mut ws,
+                    &mut o,
+                )?)
+            })?;
+            let bytes = 2 * m * span * nkv * d * 2;
+            rows.push(format!(
+                "attn decode {m} row(s) x {span:>5} keys (cache {cap}): {:>7.2} us {:>5.0} GB/s",
+                t * 1e3,
+                bytes as f64 / t / 1e6
+            ));
         }
     }
     Ok(())
