@@ -306,13 +306,23 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
     const u32 n0 = blockIdx.x * 16;
     const u64 rb = I / 2;
 
+    // The token's k table entries (0 past the table), read once up front:
+    // looked up per item, a warp's next item waited on its ids -> table
+    // round trips after the current item's multiply. mx_base's checks, the
+    // wait on a fresh entry among them, stay with the warp that uses one.
+    __shared__ u64 entries_s[16];
+    for (u32 j = threadIdx.x; j < k; j += blockDim.x) {
+        const u32 id = ids[(u64)t * k + j];
+        entries_s[j] = id < n_table ? table[id] : 0;
+    }
+    __syncthreads();
     uint4 q[GPW][2];
     u32 sc[GPW][2];
     bool valid = false;
     // Issue the weight and scale loads of work item `it` (expert j, K-part kp).
     auto load = [&](u32 it) {
         const u32 j = it / nkp, kp = it % nkp;
-        const unsigned char* base = mx_base(table, n_table, ids[(u64)t * k + j]);
+        const unsigned char* base = mx_base(entries_s, k, j);
         valid = base != nullptr;
         const unsigned char* wq = base + oq;
         const unsigned char* wsc = base + os;
@@ -333,6 +343,17 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
     };
     u32 it = warp;
     if (it < items) load(it);
+    // The experts' output biases for the epilogue, [j][row], loaded now
+    // (biases were ready before the previous kernel started): in the
+    // epilogue each of the k experts' ids -> table -> bias chain ran after
+    // the last one, 3k dependent round trips.
+    __shared__ float bias_s[16][16];
+    if (has_bias) {
+        for (u32 i = threadIdx.x; i < k * 16; i += blockDim.x) {
+            const unsigned char* base = mx_base(entries_s, k, i >> 4);
+            bias_s[i >> 4][i & 15] = base != nullptr ? bf2f(((const bf16_t*)(base + ob))[n0 + (i & 15)]) : 0.0f;
+        }
+    }
 #if __CUDA_ARCH__ >= 900
     // Launched as a programmatic dependent on sm_90: everything above (ids,
     // table, weights) was ready before the previous kernel started (a
@@ -344,23 +365,37 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
     for (u32 j0 = 0; j0 < k; j0 += jc) {  // block-uniform
         const u32 jn = min(jc, k - j0);
         if (j0 > 0) __syncthreads();  // every warp is done with the last chunk
-        // Stage the chunk's act rows as permuted bf16 hi/lo pairs.
-        for (u32 c = threadIdx.x; c < jn * cpr; c += blockDim.x) {
-            const u32 jl = c / cpr, c8 = c % cpr;
-            u32 hv[4] = {0, 0, 0, 0}, lv[4] = {0, 0, 0, 0};
-            if (c8 < I / 8) {
-                const float4* a4 = (const float4*)(act + ((u64)t * k + j0 + jl) * I + (u64)c8 * 8);
-                const float4 u = a4[0], v = a4[1];
-                const float lo_[4] = {u.x, u.y, u.z, u.w}, hi_[4] = {v.x, v.y, v.z, v.w};
+        // Stage the chunk's act rows as permuted bf16 hi/lo pairs, a
+        // thread's two chunks' loads issued before either is converted (one
+        // at a time was a dependent round trip each).
+        for (u32 c0 = threadIdx.x; c0 < jn * cpr; c0 += 2 * blockDim.x) {
+            float4 u[2], v[2];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    hv[e] = pack_bf2(lo_[e], hi_[e]);
-                    lv[e] = pack_bf2(lo_[e] - bf_lo(hv[e]), hi_[e] - bf_hi(hv[e]));
+            for (int b = 0; b < 2; ++b) {
+                const u32 c = c0 + b * blockDim.x, jl = c / cpr, c8 = c % cpr;
+                if (c < jn * cpr && c8 < I / 8) {
+                    const float4* a4 = (const float4*)(act + ((u64)t * k + j0 + jl) * I + (u64)c8 * 8);
+                    u[b] = a4[0];
+                    v[b] = a4[1];
                 }
             }
-            u32* dst = as_ + ((jl * ng + c8 / 16) * 4 + (c8 % 16) / 4) * MX_AS_STRIDE + (c8 % 4) * 4;
-            *(uint4*)dst = make_uint4(hv[0], hv[1], hv[2], hv[3]);
-            *(uint4*)(dst + 16) = make_uint4(lv[0], lv[1], lv[2], lv[3]);
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                const u32 c = c0 + b * blockDim.x, jl = c / cpr, c8 = c % cpr;
+                if (c >= jn * cpr) continue;
+                u32 hv[4] = {0, 0, 0, 0}, lv[4] = {0, 0, 0, 0};
+                if (c8 < I / 8) {
+                    const float lo_[4] = {u[b].x, u[b].y, u[b].z, u[b].w}, hi_[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        hv[e] = pack_bf2(lo_[e], hi_[e]);
+                        lv[e] = pack_bf2(lo_[e] - bf_lo(hv[e]), hi_[e] - bf_hi(hv[e]));
+                    }
+                }
+                u32* dst = as_ + ((jl * ng + c8 / 16) * 4 + (c8 % 16) / 4) * MX_AS_STRIDE + (c8 % 4) * 4;
+                *(uint4*)dst = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+                *(uint4*)(dst + 16) = make_uint4(lv[0], lv[1], lv[2], lv[3]);
+            }
         }
         __syncthreads();
         const u32 end = (j0 + jn) * nkp;
@@ -395,10 +430,8 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
         for (u32 j = 0; j < k; ++j) {
             float e = 0.0f;
             for (u32 kp = 0; kp < nkp; ++kp) e += part[j * nkp + kp][threadIdx.x];
-            if (has_bias) {
-                const unsigned char* base = mx_base(table, n_table, ids[(u64)t * k + j]);
-                if (base != nullptr) e += bf2f(((const bf16_t*)(base + ob))[n]);
-            }
+            // A missing expert's bias is 0 here, and its partials are NaN.
+            if (has_bias) e += bias_s[j][threadIdx.x];
             sum += w[(u64)t * k + j] * e;
         }
         res[(u64)t * H + n] += sum;
