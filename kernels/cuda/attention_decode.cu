@@ -42,6 +42,12 @@
 // count is the launch's (from the capacity), so a row runs exactly the
 // blocks, chunks and combine order it runs when launched alone: its result
 // does not depend on the other rows.
+// Launch overlap (sm_90, pdl_* in common.cuh): the split kernel launches as
+// a programmatic dependent of the KV append and the combine as one of the
+// split; each waits for the grid before it first and lets its own
+// dependent (the combine; the o_proj GEMV) get scheduled, so each boundary
+// costs the wait, not a drain plus a launch (an empty kernel alone costs
+// ~1.2 us in a graph, int4.cu).
 // Precision: f32 everywhere; one rounding to bf16 at the end.
 // Activation format: the split kernel is a template over A (ActBf16 /
 // ActF16, common.cuh) for how q, K and V are stored; attn_decode_split* is
@@ -96,6 +102,8 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
                                                     const u32* __restrict__ pos_ptr, u32 pos_base,
                                                     const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap,
                                                     u32 chunk, float sl2, u32 window) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ __align__(16) float qs[2048];
     __shared__ __align__(16) uint4 ks[DEC_TILE_ELEMS / 8];
     __shared__ __align__(16) uint4 vs[DEC_TILE_ELEMS / 8];
@@ -297,6 +305,8 @@ __device__ __forceinline__ void attn_decode_combine_t(const float* __restrict__ 
                                                       const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 d,
                                                       u32 n_splits, u32 chunk, const float* __restrict__ sinks,
                                                       u32 window) {
+    pdl_trigger();
+    pdl_wait();
     // Per-split maxima and weights, staged once for the block: a loop of
     // global loads per split, each waiting on the last, made a 64-split
     // combine ~35 us (8K context), ten times the split kernel's writes.

@@ -16,6 +16,31 @@ typedef int i32;
 #define NAN_F __int_as_float(0x7fc00000)
 #define NEG_INF_F __int_as_float(0xff800000)
 
+// Programmatic dependent launch (sm_90+; compiled out below it, where the
+// host launches every kernel plainly). A kernel the host launches as a
+// programmatic dependent (`launch.rs`: `launch_dependent`, `submit_ex`) may
+// start while the kernel before it on the stream is still running:
+// pdl_wait() blocks the thread until that grid has completed and its
+// writes are visible. Every such kernel calls it, in every block that
+// touches memory another kernel writes, before the first such access, so a
+// dependent's completion still implies its predecessors' (a successor that
+// waits on it waits on them). pdl_trigger() lets this grid's own dependent
+// get scheduled once every block has passed it (or exited): its blocks
+// then sit in their pdl_wait while this grid finishes, so the launch and
+// block start-up overlap the tail instead of following it. Both are no-ops
+// in a kernel launched plainly.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 // Position of token (or decode row) t of a launch: from the device array
 // (pos_ptr[t]: each row of a batched decode step is its own sequence's
 // next position; a captured graph reads them at replay), else the host's
@@ -131,9 +156,7 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 __device__ __forceinline__ u64 table_entry(const u64* table, u32 id) {
     u64 b = table[id];
     if (b & TABLE_FRESH) {
-#if __CUDA_ARCH__ >= 900
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+        pdl_wait();
         b &= ~TABLE_FRESH;
     }
     return b;

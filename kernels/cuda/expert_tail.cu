@@ -129,11 +129,9 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ u32 s_at[TAIL_MAX_PAIRS];  // a promoted miss's place in the fetch list
     __shared__ u32 s_warp_stamp[8], s_warp_idx[8];
     __shared__ u32 s_now, s_n_miss, s_useful, s_fetched;
-#if __CUDA_ARCH__ >= 900
     // tail_fetch, launched as a programmatic dependent, may get scheduled
     // now; it waits for this grid before it reads the fetch list.
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    pdl_trigger();
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // mode 0: demand, 1: prefetch, 2: demand whose promotions are not
     // marked fresh (`Fault::UnmarkedFetch`, tests only: the GEMVs then read
@@ -149,9 +147,7 @@ extern "C" __global__ void __launch_bounds__(256)
     u32 clk = 0;
     if (tid == 0) clk = clock[0];
     for (u32 t = tid; t < tail; t += blockDim.x) s_stamp[t] = stamp[t];
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    pdl_wait();
     u32 key = 0, tk = TAIL_NONE;
     u64 at = 0, hm = 0;
     bool hit = false;
@@ -317,10 +313,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // where it meets a fresh entry.
 extern "C" __global__ void __launch_bounds__(256)
     tail_fetch(const u64* __restrict__ fetch, const u32* __restrict__ n_fetch, u64 vecs_per_expert) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    pdl_wait();
+    pdl_trigger();
     const u32 n = n_fetch[0];
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u32 m = 0; m < n; ++m) {

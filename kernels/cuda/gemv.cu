@@ -87,18 +87,6 @@
 
 #define GEMV_WARPS 8
 
-__device__ __forceinline__ void gemv_pdl_trigger() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-
-__device__ __forceinline__ void gemv_pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // a[0] (and a[P-1]) += the 8 products of one weight vector and one x vector,
 // lo halves into a[0], hi halves into a[P-1], in element order.
 template <int P, class A>
@@ -146,7 +134,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
     __shared__ float scratch[MB * 32];
     constexpr int P = 2;  // per row: lo and hi partial sums (header: row invariance)
     constexpr u32 CH = 32u * U;  // vectors of a row per chunk
-    gemv_pdl_trigger();
+    pdl_trigger();
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 V = K >> 3;
     const u32 r0 = (u32)(((u64)n * blockIdx.x) / gridDim.x);
@@ -174,7 +162,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
     if (grp < ngroups) load(grp, 0);
 
     // Everything below may read what the previous kernel wrote.
-    gemv_pdl_wait();
+    pdl_wait();
     // The prologue's global reads are issued together, all rows at once
     // (header: row by row, each row cost a dependent L2 round trip and a
     // block reduction in series). Each row's arithmetic is unchanged.

@@ -50,9 +50,12 @@
 // once to the f32 residual. No float atomics anywhere: bit-reproducible.
 // Launch floor and overlap: an empty kernel costs ~1.2 us in a graph, and
 // w2's ids -> table -> weights chain is latency bound, so on sm_90 the host
-// launches w2 as a programmatic dependent (PDL) of w13: w13 calls
-// griddepcontrol.launch_dependents at its start, w2 issues its weight loads,
-// then griddepcontrol.wait before it touches act or res.
+// launches w2 as a programmatic dependent (PDL) of w13: w13 lets it launch
+// (pdl_trigger, common.cuh) once ids and the table are final (at its start
+// after the tail's fetch; after its own wait when it follows the router
+// top-k), w2 issues its weight loads, then pdl_wait before it touches act
+// or res. w13 itself launches as a dependent too (of the router top-k all
+// resident, of tail_fetch under HCS: see w13_swiglu).
 // Groups below 128 and widths past 4096 / 2048 (the GEN entry points).
 // The tile stays 16 rows x 128 K (4 lanes x 32 K), so with g < 128 one mma
 // sums over ns = 128/g scale groups (lane tq's chunk is group tq*ns/4 of
@@ -166,17 +169,24 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <int NCL, int MAXH, int MAXW, bool GEN, class A = ActBf16, int RT = 1>
 __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                            const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq,
-                                           u64 os, u32 slot_mask, u32 gl, float* __restrict__ act) {
+                                           u64 os, u32 slot_mask, u32 wait_first, u32 gl,
+                                           float* __restrict__ act) {
     __shared__ __align__(16) u32 xs[MAXH / 32 * XS_STRIDE];
     __shared__ float part[MAXW][32 * RT];
     static_assert(RT == 1 || (RT == 2 && !GEN && NCL <= 2), "two row tiles: fast path, NCL <= 2 only");
     // x chunks per thread: H/8 chunks over 32*ceil(H/128/NCL) threads.
     constexpr int XPRE = (NCL + 1) / 2;
-#if __CUDA_ARCH__ >= 900
-    // Let a programmatic dependent (int4_w2_combine) get scheduled early;
-    // it waits for this grid before it reads act.
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    // Launch overlap (sm_90; the host launches this as a programmatic
+    // dependent on every path). After the router top-k (all resident),
+    // wait_first: ids and x come from the grids before it, so wait for them
+    // first, and only then let our dependent (int4_w2_combine, which reads
+    // ids and the table before its own wait) get scheduled. After the
+    // tail's fetch, the lookup has completed before this grid could start
+    // (tail_fetch waits for it before it lets dependents launch), so the
+    // trigger comes at once and only threads that meet a fresh table entry
+    // wait (table_entry), for the copy.
+    if (wait_first) pdl_wait();
+    pdl_trigger();
     const u32 p = blockIdx.y;
     if (p >= n_pairs) return;
     const u32 j = p % k, t = p / k;
@@ -302,8 +312,8 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
 // (NCL = ceil(H / 1024), H <= 4096, <= 8 warps).
 #define W13_ARGS                                                                                                 \
     const bf16_t *__restrict__ x, const u64 *__restrict__ table, u32 n_table, const u32 *__restrict__ ids,       \
-        u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask
-#define W13_PASS x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask
+        u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask, u32 wait_first
+#define W13_PASS x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask, wait_first
 extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_1(W13_ARGS, float* __restrict__ act) {
     w13_swiglu<1, 4096, 8, false>(W13_PASS, 0, act);
 }
@@ -610,13 +620,11 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
     W2Regs<GPW> ra, rb;
     u32 pa = w2_pos(warp, items, e.nkp);
     if (w2_tl(pa) < nt) w2_load<GPW, GEN>(ra, base_of(pa), w2_kp(pa), e);
-#if __CUDA_ARCH__ >= 900
     // Launched as a programmatic dependent on sm_90: everything above (ids,
     // table, weights) was ready before the previous kernel started (a
     // fresh expert's loads waited, `table_entry`); act and res are touched
     // only after that kernel has completed.
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    pdl_wait();
     w2_stage<MULTI ? 4 : 1>(act, as_, t0, nt, k, I, e.ng, tok_u32);
     __syncthreads();
     auto run = [&](const W2Regs<GPW>& r, u32 p) {

@@ -22,6 +22,9 @@
 // the window fits (ops/attention.rs).
 // Separate entry points (one template) so the linear path's code does not
 // change for the ring one.
+// Launch overlap: a programmatic dependent of the RoPE kernel on sm_90
+// (pdl_* in common.cuh): waits for it before reading qkv or writing the
+// cache, after letting the decode attention get scheduled.
 // Both copy 16-bit patterns without converting them, so the same entry
 // points append f16 K and V (ActFormat::F16) to an f16 cache.
 
@@ -30,6 +33,8 @@ __device__ __forceinline__ void kv_append(const bf16_t* __restrict__ qkv, bf16_t
                                           bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr, u32 pos_base,
                                           const u32* __restrict__ kv_base, u32 n_tokens, u32 nq, u32 nkv, u32 d,
                                           u32 cap) {
+    pdl_trigger();
+    pdl_wait();
     u32 t = blockIdx.x, h = blockIdx.y;
     if (t >= n_tokens || h >= nkv) return;
     u32 pos = token_pos(pos_ptr, pos_base, t);

@@ -172,16 +172,16 @@ template <int NCL>
 __device__ __forceinline__ void w13_act(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                         const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os,
                                         u64 ob, u32 has_bias, u32 slot_mask, u32 kind, float limit, float alpha,
-                                        float* __restrict__ act) {
+                                        u32 wait_first, float* __restrict__ act) {
     __shared__ __align__(16) u32 xs[MX_MAX_H / 32 * MX_XS_STRIDE];
     __shared__ float part[MX_W13_MAX_WARPS][32];
     // 8-chunks of x per thread: ng*16 chunks over 32*ceil(ng/NCL) threads.
     constexpr int XPRE = (NCL + 1) / 2;
-#if __CUDA_ARCH__ >= 900
-    // Let a programmatic dependent (mxfp4_w2_combine) get scheduled early;
-    // it waits for this grid before it reads act.
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    // Launch overlap: as int4_w13_swiglu (int4.cu): wait first when
+    // launched after the router top-k, then let mxfp4_w2_combine (which
+    // reads ids and the table before its own wait) get scheduled.
+    if (wait_first) pdl_wait();
+    pdl_trigger();
     const u32 p = blockIdx.y;
     if (p >= n_pairs) return;
     const u32 j = p % k, t = p / k;
@@ -273,8 +273,9 @@ __device__ __forceinline__ void w13_act(const bf16_t* __restrict__ x, const u64*
 #define MX_W13_ARGS                                                                                             \
     const bf16_t *__restrict__ x, const u64 *__restrict__ table, u32 n_table, const u32 *__restrict__ ids,      \
         u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u64 ob, u32 has_bias, u32 slot_mask, u32 kind,        \
-        float limit, float alpha, float *__restrict__ act
-#define MX_W13_PASS x, table, n_table, ids, n_pairs, k, H, I, oq, os, ob, has_bias, slot_mask, kind, limit, alpha, act
+        float limit, float alpha, u32 wait_first, float *__restrict__ act
+#define MX_W13_PASS \
+    x, table, n_table, ids, n_pairs, k, H, I, oq, os, ob, has_bias, slot_mask, kind, limit, alpha, wait_first, act
 
 // One entry point per tiles-per-warp count NCL = min(4, ceil(ng / 8)),
 // ng = ceil(H / 128) <= 64; only NCL 4 uses more than 8 warps.
@@ -354,13 +355,11 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
             bias_s[i >> 4][i & 15] = base != nullptr ? bf2f(((const bf16_t*)(base + ob))[n0 + (i & 15)]) : 0.0f;
         }
     }
-#if __CUDA_ARCH__ >= 900
     // Launched as a programmatic dependent on sm_90: everything above (ids,
     // table, weights) was ready before the previous kernel started (a
     // fresh expert's loads waited, `table_entry`); act and res are touched
     // only after that kernel has completed.
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    pdl_wait();
     const u32 cpr = ng * 16;  // staged 8-chunks per act row (zero past I)
     for (u32 j0 = 0; j0 < k; j0 += jc) {  // block-uniform
         const u32 jn = min(jc, k - j0);

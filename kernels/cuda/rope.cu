@@ -14,6 +14,9 @@
 // Precision: norm, weight multiply and rotation in f32 (precise cosf/sinf);
 // one rounding to bf16 (HF rounds after the norm, after the weight and
 // after the rotation).
+// Launch overlap (every kernel here; pdl_* in common.cuh): launched as
+// programmatic dependents of the QKV projection on sm_90, so each waits for
+// it before touching qkv, after letting the KV append get scheduled.
 // Positions (every kernel here): token t is at pos_ptr[t] when the
 // positions come from the device (each row of a batched decode step its
 // own sequence's position), else at pos_base + t (token_pos, common.cuh).
@@ -22,6 +25,8 @@ extern "C" __global__ void qk_norm_rope_bf16(bf16_t* __restrict__ qkv, const bf1
                                              const bf16_t* __restrict__ kw, const u32* __restrict__ pos_ptr,
                                              u32 pos_base, u32 n_tokens, u32 nq, u32 nkv, u32 d, float theta,
                                              float eps) {
+    pdl_trigger();
+    pdl_wait();
     u32 t = blockIdx.x;
     u32 hh = blockIdx.y * 4 + (threadIdx.x >> 5);
     u32 lane = threadIdx.x & 31;
@@ -92,6 +97,8 @@ template <class A>
 __device__ __forceinline__ void rope_table_t(unsigned short* __restrict__ qkv, const float* __restrict__ inv_freq,
                                              float scale, const u32* __restrict__ pos_ptr, u32 pos_base,
                                              u32 n_tokens, u32 nq, u32 nkv, u32 d) {
+    pdl_trigger();
+    pdl_wait();
     u32 t = blockIdx.x;
     u32 hh = blockIdx.y * 4 + (threadIdx.x >> 5);
     u32 lane = threadIdx.x & 31;
@@ -151,6 +158,8 @@ extern "C" __global__ void rope_partial_bf16(bf16_t* __restrict__ qkv, const bf1
                                              const bf16_t* __restrict__ kw, const float* __restrict__ inv_freq,
                                              float scale, const u32* __restrict__ pos_ptr, u32 pos_base,
                                              u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 rot, float eps) {
+    pdl_trigger();
+    pdl_wait();
     u32 t = blockIdx.x;
     u32 hh = blockIdx.y * 4 + (threadIdx.x >> 5);
     u32 lane = threadIdx.x & 31;

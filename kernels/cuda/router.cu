@@ -22,15 +22,12 @@
 // Precision: f32 throughout, `exp(x - max) / sum` with a fixed reduction
 // order.
 
-// The HCS decode tail's lookup launches as a programmatic dependent of
-// the router on sm_90 (`cuda/expert_tail.cu`): it may be scheduled now and
-// waits for this grid before it reads the ids. Nothing else is launched
-// that way after a router, so for every other launch this is a no-op.
-__device__ __forceinline__ void router_let_dependents_launch() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
+// Launch overlap (sm_90, pdl_* in common.cuh): the host launches these as
+// programmatic dependents of the router GEMV, so every entry point waits
+// for it before reading the logits, after letting its own dependent get
+// scheduled: the HCS decode tail's lookup (`cuda/expert_tail.cu`, which
+// reads its own clock and stamps first and then waits for this grid) or,
+// all resident, the w13 GEMV (which waits first).
 
 template <typename T> __device__ __forceinline__ float ld_logit(const T* p, u32 i);
 template <> __device__ __forceinline__ float ld_logit<float>(const float* p, u32 i) { return p[i]; }
@@ -269,28 +266,32 @@ __device__ void router_sigmoid_grouped(const T* __restrict__ logits, const float
 extern "C" __global__ void router_topk_f32(const float* __restrict__ logits, const float* __restrict__ bias,
                                            u32* __restrict__ ids, float* __restrict__ w, u32 n_tokens, u32 E, u32 k,
                                            u32 norm) {
-    router_let_dependents_launch();
+    pdl_trigger();
+    pdl_wait();
     router_topk<float>(logits, bias, ids, w, n_tokens, E, k, norm);
 }
 
 extern "C" __global__ void router_topk_bf16(const bf16_t* __restrict__ logits, const float* __restrict__ bias,
                                             u32* __restrict__ ids, float* __restrict__ w, u32 n_tokens, u32 E, u32 k,
                                             u32 norm) {
-    router_let_dependents_launch();
+    pdl_trigger();
+    pdl_wait();
     router_topk<bf16_t>(logits, bias, ids, w, n_tokens, E, k, norm);
 }
 
 extern "C" __global__ void router_topk_then_softmax_f32(const float* __restrict__ logits,
                                                         const float* __restrict__ bias, u32* __restrict__ ids,
                                                         float* __restrict__ w, u32 n_tokens, u32 E, u32 k) {
-    router_let_dependents_launch();
+    pdl_trigger();
+    pdl_wait();
     router_topk_then_softmax<float>(logits, bias, ids, w, n_tokens, E, k);
 }
 
 extern "C" __global__ void router_topk_then_softmax_bf16(const bf16_t* __restrict__ logits,
                                                          const float* __restrict__ bias, u32* __restrict__ ids,
                                                          float* __restrict__ w, u32 n_tokens, u32 E, u32 k) {
-    router_let_dependents_launch();
+    pdl_trigger();
+    pdl_wait();
     router_topk_then_softmax<bf16_t>(logits, bias, ids, w, n_tokens, E, k);
 }
 
@@ -298,7 +299,8 @@ extern "C" __global__ void router_sigmoid_grouped_f32(const float* __restrict__ 
                                                       const float* __restrict__ sel_bias, u32* __restrict__ ids,
                                                       float* __restrict__ w, u32 n_tokens, u32 E, u32 k, u32 groups,
                                                       u32 topk_groups, u32 norm, float scale) {
-    router_let_dependents_launch();
+    pdl_trigger();
+    pdl_wait();
     router_sigmoid_grouped<float>(logits, sel_bias, ids, w, n_tokens, E, k, groups, topk_groups, norm, scale);
 }
 
@@ -306,6 +308,7 @@ extern "C" __global__ void router_sigmoid_grouped_bf16(const bf16_t* __restrict_
                                                        const float* __restrict__ sel_bias, u32* __restrict__ ids,
                                                        float* __restrict__ w, u32 n_tokens, u32 E, u32 k, u32 groups,
                                                        u32 topk_groups, u32 norm, float scale) {
-    router_let_dependents_launch();
+    pdl_trigger();
+    pdl_wait();
     router_sigmoid_grouped<bf16_t>(logits, sel_bias, ids, w, n_tokens, E, k, groups, topk_groups, norm, scale);
 }

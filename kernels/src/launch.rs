@@ -2,6 +2,7 @@
 //! checks and launch submission.
 
 use std::ffi::c_void;
+use std::marker::PhantomData;
 
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig, sys};
 use half::bf16;
@@ -165,6 +166,49 @@ pub(crate) fn submit(kernel: &'static str, mut b: LaunchArgs<'_>, cfg: LaunchCon
     Ok(())
 }
 
+/// A kernel's arguments, in parameter order, for [`submit_pdl`] (cudarc's
+/// builder cannot pass a launch attribute). Each is borrowed for as long as
+/// the list lives, so the pointers stay valid until the launch.
+pub(crate) struct KArgs<'a> {
+    ptrs: Vec<*mut c_void>,
+    _borrows: PhantomData<&'a ()>,
+}
+
+impl<'a> KArgs<'a> {
+    pub(crate) fn new() -> Self {
+        KArgs {
+            ptrs: Vec::with_capacity(16),
+            _borrows: PhantomData,
+        }
+    }
+
+    /// Appends `v` (a device pointer or a scalar) as the next argument.
+    pub(crate) fn arg<T: DeviceRepr>(&mut self, v: &'a T) -> &mut Self {
+        self.ptrs.push(v as *const T as *mut c_void);
+        self
+    }
+}
+
+/// Launch `f` with `args` on `stream`: with `pdl` (pass
+/// [`crate::Kernels::pdl`]) as a programmatic dependent of the previous
+/// kernel on the stream, else plainly. Every kernel launched this way must
+/// `pdl_wait()` (`cuda/common.cuh`) before it touches memory that another
+/// kernel writes.
+///
+/// # Safety
+/// `args` must match `f`'s parameters in order and type.
+pub(crate) unsafe fn submit_pdl(
+    kernel: &'static str,
+    stream: &CudaStream,
+    f: &CudaFunction,
+    config: LaunchConfig,
+    mut args: KArgs<'_>,
+    pdl: bool,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller; the borrows in `args` outlive the call.
+    unsafe { launch_ex(kernel, stream, f, config, &mut args.ptrs, pdl) }
+}
+
 /// Launch `f` with programmatic stream serialization (sm_90 programmatic
 /// dependent launch): it may start while the previous kernel on `stream`
 /// is still running and must `griddepcontrol.wait` before reading that
@@ -179,6 +223,23 @@ pub(crate) unsafe fn launch_dependent(
     f: &CudaFunction,
     config: LaunchConfig,
     args: &mut [*mut c_void],
+) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe { launch_ex(kernel, stream, f, config, args, true) }
+}
+
+/// `cuLaunchKernelEx`, with the programmatic-serialization attribute when
+/// `programmatic`.
+///
+/// # Safety
+/// As [`launch_dependent`].
+unsafe fn launch_ex(
+    kernel: &'static str,
+    stream: &CudaStream,
+    f: &CudaFunction,
+    config: LaunchConfig,
+    args: &mut [*mut c_void],
+    programmatic: bool,
 ) -> Result<()> {
     let (gx, gy, gz) = config.grid_dim;
     if gx == 0 || gy == 0 || gz == 0 {
@@ -204,7 +265,7 @@ pub(crate) unsafe fn launch_dependent(
         sharedMemBytes: config.shared_mem_bytes,
         hStream: stream.cu_stream(),
         attrs: &mut attr,
-        numAttrs: 1,
+        numAttrs: u32::from(programmatic),
     };
     // Make the stream's context current, as cudarc's own launches do.
     stream
@@ -271,5 +332,19 @@ mod tests {
         assert_eq!(by_elem::<half::bf16>("a", "b"), "b");
         assert_eq!(by_act::<half::bf16>("a", "b"), "a");
         assert_eq!(by_act::<half::f16>("a", "b"), "b");
+    }
+
+    #[test]
+    fn kernel_args_keep_order_and_addresses() {
+        let (a, b, c) = (7u64, 3u32, 1.5f32);
+        let mut k = KArgs::new();
+        k.arg(&a).arg(&b);
+        k.arg(&c);
+        let want: Vec<*mut c_void> = vec![
+            &a as *const u64 as *mut c_void,
+            &b as *const u32 as *mut c_void,
+            &c as *const f32 as *mut c_void,
+        ];
+        assert_eq!(k.ptrs, want);
     }
 }

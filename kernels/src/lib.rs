@@ -154,6 +154,12 @@ impl Kernels {
         self.compute_capability
     }
 
+    /// Whether launches may be programmatic dependents of the kernel before
+    /// them on the stream (sm_90+: `launch::submit_pdl`).
+    pub(crate) fn pdl(&self) -> bool {
+        self.compute_capability.0 >= 9
+    }
+
     pub fn sm_count(&self) -> u32 {
         self.sm_count
     }

@@ -13,7 +13,9 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, PushKerne
 use half::bf16;
 
 use super::rope::{KvBase, KvGeom, QkvGeom, StartPos, kv_rows_ptr};
-use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
+use crate::launch::{
+    Act16, KArgs, builder, by_act, cfg, check_len, dim_u32, ensure, submit, submit_pdl,
+};
 use crate::{Kernels, Result};
 
 /// Most KV splits one decode launch uses (the workspace holds this many
@@ -309,7 +311,7 @@ impl Kernels {
         );
         let (wp, _g4) = workspace.device_ptr_mut(stream);
         let f = self.func(kn)?;
-        let mut b = builder(stream, f);
+        let mut b = KArgs::new();
         b.arg(&qp)
             .arg(&kp)
             .arg(&vp)
@@ -318,12 +320,23 @@ impl Kernels {
             .arg(&pos_base)
             .arg(&base_ptr);
         b.arg(&nq).arg(&nkv).arg(&d).arg(&cap).arg(&chunk).arg(&sl2);
-        submit(kn, b, cfg((splits, nkv, nrows), 128, 0))?;
+        // SAFETY: the arguments match the kernel's parameters in order and
+        // type; the kernel waits for the grid before it (pdl_wait) first.
+        unsafe {
+            submit_pdl(
+                kn,
+                stream,
+                f,
+                cfg((splits, nkv, nrows), 128, 0),
+                b,
+                self.pdl(),
+            )
+        }?;
 
         const C: &str = "attn_decode_combine";
         let (op, _g5) = out.device_ptr_mut(stream);
         let f = self.func(C)?;
-        let mut b = builder(stream, f);
+        let mut b = KArgs::new();
         b.arg(&wp)
             .arg(&op)
             .arg(&pos_ptr)
@@ -332,7 +345,9 @@ impl Kernels {
             .arg(&d)
             .arg(&splits)
             .arg(&chunk);
-        submit(C, b, cfg((nq, nrows, 1), d, 0))
+        // SAFETY: the arguments match the kernel's parameters in order and
+        // type; the kernel waits for the grid before it (pdl_wait) first.
+        unsafe { submit_pdl(C, stream, f, cfg((nq, nrows, 1), d, 0), b, self.pdl()) }
     }
 }
 

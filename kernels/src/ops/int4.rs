@@ -23,7 +23,8 @@ use std::ffi::c_void;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use crate::launch::{
-    Act16, builder, by_act, cfg, check_len, dim_u32, ensure, launch_dependent, submit,
+    Act16, KArgs, builder, by_act, cfg, check_len, dim_u32, ensure, launch_dependent, submit,
+    submit_pdl,
 };
 use crate::{Kernels, Result};
 
@@ -60,9 +61,11 @@ impl Kernels {
     ///   `u32::MAX` computes every pair.
     /// - `after_tail_fetch`: the kernel launched right before this one on
     ///   `stream` is [`Kernels::tail_fetch`] (HCS decode). On sm_90+ this
-    ///   one then launches as its programmatic dependent: pairs whose table
-    ///   entry is fresh wait for the copy, the others are computed beside
-    ///   it. Otherwise a plain launch.
+    ///   one always launches as a programmatic dependent of the kernel
+    ///   before it: after the fetch, pairs whose table entry is fresh wait
+    ///   for the copy and the others are computed beside it; otherwise the
+    ///   kernel waits for the grids before it first (its launch still
+    ///   overlaps the previous kernel's tail).
     /// - `act`: f32 `[n_tokens*top_k, I]`.
     ///
     /// `H <= 8192` (Qwen3-30B-A3B 2048, gpt-oss 2880, Qwen3-235B 4096,
@@ -154,37 +157,24 @@ impl Kernels {
         let gl = layout.gl();
         // 16 gate + 16 up rows per row tile, K split over the warps; y = pair.
         let config = cfg((ii / (16 * row_tiles as u32), np, 1), 32 * warps, 0);
-        if after_tail_fetch && self.compute_capability().0 >= 9 {
-            let mut args: Vec<*mut c_void> = vec![
-                &xp as *const u64 as *mut c_void,
-                &tp as *const u64 as *mut c_void,
-                &n_table as *const u32 as *mut c_void,
-                &ip as *const u64 as *mut c_void,
-                &np as *const u32 as *mut c_void,
-                &kk as *const u32 as *mut c_void,
-                &hh as *const u32 as *mut c_void,
-                &ii as *const u32 as *mut c_void,
-                &oq as *const u64 as *mut c_void,
-                &os as *const u64 as *mut c_void,
-                &slot_mask as *const u32 as *mut c_void,
-            ];
-            if general {
-                args.push(&gl as *const u32 as *mut c_void);
-            }
-            args.push(&ap as *const u64 as *mut c_void);
-            // SAFETY: the arguments match the kernel's parameter list in
-            // order and type, point to locals that outlive the call, and
-            // the buffer lengths were checked against the dims above.
-            return unsafe { launch_dependent(k, stream, f, config, &mut args) };
-        }
-        let mut b = builder(stream, f);
+        // Wait for the grids before it first unless it follows the tail's
+        // fetch (`cuda/int4.cu`, w13_swiglu).
+        let wait_first = u32::from(!after_tail_fetch);
+        let mut b = KArgs::new();
         b.arg(&xp).arg(&tp).arg(&n_table).arg(&ip).arg(&np).arg(&kk);
-        b.arg(&hh).arg(&ii).arg(&oq).arg(&os).arg(&slot_mask);
+        b.arg(&hh)
+            .arg(&ii)
+            .arg(&oq)
+            .arg(&os)
+            .arg(&slot_mask)
+            .arg(&wait_first);
         if general {
             b.arg(&gl);
         }
         b.arg(&ap);
-        submit(k, b, config)
+        // SAFETY: the arguments match the kernel's parameter list in order
+        // and type, and the buffer lengths were checked against the dims.
+        unsafe { submit_pdl(k, stream, f, config, b, self.pdl()) }
     }
 
     /// Decode down GEMV fused with the weighted combine:

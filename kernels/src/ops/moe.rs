@@ -9,7 +9,9 @@
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
-use crate::launch::{Act16, Elem, builder, by_elem, cfg, check_len, dim_u32, ensure, submit};
+use crate::launch::{
+    Act16, Elem, KArgs, builder, by_elem, cfg, check_len, dim_u32, ensure, submit, submit_pdl,
+};
 use crate::{Kernels, Result};
 
 /// Largest expert count the router kernel handles.
@@ -178,7 +180,7 @@ impl Kernels {
             )),
             _ => None,
         };
-        let mut b = builder(stream, f);
+        let mut b = KArgs::new();
         b.arg(&lp)
             .arg(&bp)
             .arg(&ip)
@@ -193,7 +195,18 @@ impl Kernels {
             b.arg(groups).arg(topk_groups).arg(normalize).arg(scale);
         }
         // One warp per token, 4 tokens per block.
-        submit(k, b, cfg((t.div_ceil(4), 1, 1), 128, 0))
+        // SAFETY: the arguments match the kernel's parameters in order and
+        // type; the kernel waits for the grid before it (pdl_wait) first.
+        unsafe {
+            submit_pdl(
+                k,
+                stream,
+                f,
+                cfg((t.div_ceil(4), 1, 1), 128, 0),
+                b,
+                self.pdl(),
+            )
+        }
     }
 
     /// Group `n_pairs` (token, expert) pairs by expert on the GPU.

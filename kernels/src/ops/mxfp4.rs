@@ -25,7 +25,8 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
 use crate::launch::{
-    Elem, builder, by_elem, cfg, check_len, dim_u32, ensure, launch_dependent, shape_err, submit,
+    Elem, KArgs, builder, by_elem, cfg, check_len, dim_u32, ensure, launch_dependent, shape_err,
+    submit, submit_pdl,
 };
 use crate::{Kernels, Result};
 
@@ -222,8 +223,9 @@ impl Kernels {
     ///   `[n_tokens*top_k]`; `act`: f32 `[n_tokens*top_k, I]`.
     /// - `slot_mask`: as [`Kernels::int4_w13_swiglu`]: a masked-out pair
     ///   reads neither `ids[p]` nor its table entry and leaves its row.
-    /// - `after_tail_fetch`: as [`Kernels::int4_w13_swiglu`] (a programmatic
-    ///   dependent of [`Kernels::tail_fetch`] on sm_90+).
+    /// - `after_tail_fetch`: as [`Kernels::int4_w13_swiglu`] (always a
+    ///   programmatic dependent on sm_90+, waiting first unless it follows
+    ///   [`Kernels::tail_fetch`]).
     ///
     /// `H <= 8192`, `I <= 4096`, `top_k <= 16`. A bad id or base gives NaN.
     #[allow(clippy::too_many_arguments)]
@@ -279,40 +281,17 @@ impl Kernels {
         let f = self.func(k)?;
         // 16 gate + 16 up rows per block, K split over the warps; y = pair.
         let config = cfg((ii / 16, np, 1), 32 * warps, 0);
-        if after_tail_fetch && self.compute_capability().0 >= 9 {
-            let mut args: Vec<*mut c_void> = vec![
-                &xp as *const u64 as *mut c_void,
-                &tp as *const u64 as *mut c_void,
-                &n_table as *const u32 as *mut c_void,
-                &ip as *const u64 as *mut c_void,
-                &np as *const u32 as *mut c_void,
-                &kk as *const u32 as *mut c_void,
-                &hh as *const u32 as *mut c_void,
-                &ii as *const u32 as *mut c_void,
-                &oq as *const u64 as *mut c_void,
-                &os as *const u64 as *mut c_void,
-                &ob as *const u64 as *mut c_void,
-                &hb as *const u32 as *mut c_void,
-                &slot_mask as *const u32 as *mut c_void,
-                &kind as *const u32 as *mut c_void,
-                &limit as *const f32 as *mut c_void,
-                &alpha as *const f32 as *mut c_void,
-                &ap as *const u64 as *mut c_void,
-            ];
-            // SAFETY: the arguments match the kernel's parameter list in
-            // order and type, point to locals that outlive the call, and
-            // the buffer lengths were checked against the dims above.
-            return unsafe { launch_dependent(k, stream, f, config, &mut args) };
-        }
-        let mut b = builder(stream, f);
+        // Wait for the grids before it first unless it follows the tail's
+        // fetch (`cuda/int4.cu`, w13_swiglu).
+        let wait_first = u32::from(!after_tail_fetch);
+        let mut b = KArgs::new();
         b.arg(&xp).arg(&tp).arg(&n_table).arg(&ip).arg(&np).arg(&kk);
         b.arg(&hh).arg(&ii).arg(&oq).arg(&os).arg(&ob).arg(&hb);
-        b.arg(&slot_mask)
-            .arg(&kind)
-            .arg(&limit)
-            .arg(&alpha)
-            .arg(&ap);
-        submit(k, b, config)
+        b.arg(&slot_mask).arg(&kind).arg(&limit).arg(&alpha);
+        b.arg(&wait_first).arg(&ap);
+        // SAFETY: the arguments match the kernel's parameter list in order
+        // and type, and the buffer lengths were checked against the dims.
+        unsafe { submit_pdl(k, stream, f, config, b, self.pdl()) }
     }
 
     /// Decode down GEMV fused with the weighted combine:

@@ -2,10 +2,10 @@
 //! KV-cache append (`cuda/rope.cu`, `cuda/kv_cache.cu`), plus the geometry
 //! types shared with the attention wrappers.
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use half::bf16;
 
-use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, shape_err, submit};
+use crate::launch::{Act16, KArgs, by_act, cfg, check_len, dim_u32, ensure, shape_err, submit_pdl};
 use crate::{Kernels, Result};
 
 /// Shape of the fused QKV projection output, bf16 or f16 ([`Act16`])
@@ -233,11 +233,22 @@ impl Kernels {
         let (qp, _g1) = qkv.device_ptr_mut(stream);
         let (qn, _g2) = q_norm.device_ptr(stream);
         let (kn, _g3) = k_norm.device_ptr(stream);
-        let mut b = builder(stream, f);
+        let mut b = KArgs::new();
         b.arg(&qp).arg(&qn).arg(&kn).arg(&pos_ptr).arg(&pos_base);
         b.arg(&t).arg(&nq).arg(&nkv).arg(&d).arg(&theta).arg(&eps);
         // x = token, y = group of 4 heads (one warp each).
-        submit(K, b, cfg((t, heads.div_ceil(4), 1), 128, 0))
+        // SAFETY: the arguments match the kernel's parameters in order and
+        // type; the kernel waits for the grid before it (pdl_wait) first.
+        unsafe {
+            submit_pdl(
+                K,
+                stream,
+                f,
+                cfg((t, heads.div_ceil(4), 1), 128, 0),
+                b,
+                self.pdl(),
+            )
+        }
     }
 
     /// In place on the q and k heads of `qkv` (no norm): RoPE (HF
@@ -281,11 +292,22 @@ impl Kernels {
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr_mut(stream);
         let (fp, _g2) = inv_freq.device_ptr(stream);
-        let mut b = builder(stream, f);
+        let mut b = KArgs::new();
         b.arg(&qp).arg(&fp).arg(&scale).arg(&pos_ptr).arg(&pos_base);
         b.arg(&t).arg(&nq).arg(&nkv).arg(&d);
         // x = token, y = group of 4 heads (one warp each).
-        submit(kn, b, cfg((t, heads.div_ceil(4), 1), 128, 0))
+        // SAFETY: the arguments match the kernel's parameters in order and
+        // type; the kernel waits for the grid before it (pdl_wait) first.
+        unsafe {
+            submit_pdl(
+                kn,
+                stream,
+                f,
+                cfg((t, heads.div_ceil(4), 1), 128, 0),
+                b,
+                self.pdl(),
+            )
+        }
     }
 
     /// Copy the k and v heads of `qkv` (after [`Kernels::qk_norm_rope`]) into
@@ -331,11 +353,13 @@ impl Kernels {
             kv_rows_ptr(kp, rows, geom.head_dim),
             kv_rows_ptr(vp, rows, geom.head_dim),
         );
-        let mut b = builder(stream, f);
+        let mut b = KArgs::new();
         b.arg(&qp).arg(&kp).arg(&vp).arg(&pos_ptr).arg(&pos_base);
         b.arg(&base_ptr);
         b.arg(&t).arg(&nq).arg(&nkv).arg(&d).arg(&cap);
-        submit(K, b, cfg((t, nkv, 1), 64, 0))
+        // SAFETY: the arguments match the kernel's parameters in order and
+        // type; the kernel waits for the grid before it (pdl_wait) first.
+        unsafe { submit_pdl(K, stream, f, cfg((t, nkv, 1), 64, 0), b, self.pdl()) }
     }
 }
 
@@ -418,12 +442,23 @@ impl Kernels {
             }
             None => ((0, None), (0, None)),
         };
-        let mut b = builder(stream, f);
+        let mut b = KArgs::new();
         b.arg(&qp).arg(&qn).arg(&kn).arg(&fp).arg(&scale);
         b.arg(&pos_ptr).arg(&pos_base).arg(&t).arg(&nq).arg(&nkv);
         b.arg(&d).arg(&rot).arg(&eps);
         // x = token, y = group of 4 heads (one warp each).
-        submit(K, b, cfg((t, heads.div_ceil(4), 1), 128, 0))
+        // SAFETY: the arguments match the kernel's parameters in order and
+        // type; the kernel waits for the grid before it (pdl_wait) first.
+        unsafe {
+            submit_pdl(
+                K,
+                stream,
+                f,
+                cfg((t, heads.div_ceil(4), 1), 128, 0),
+                b,
+                self.pdl(),
+            )
+        }
     }
 }
 

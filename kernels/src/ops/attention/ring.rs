@@ -26,7 +26,9 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelA
 use half::bf16;
 
 use super::{PREFILL_BLOCK_M, PrefillArgs, PrefillMma, check_decode, log2_scale};
-use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, shape_err, submit};
+use crate::launch::{
+    Act16, KArgs, builder, by_act, cfg, check_len, dim_u32, ensure, shape_err, submit, submit_pdl,
+};
 use crate::ops::rope::{KvGeom, QkvGeom, StartPos};
 use crate::{Kernels, Result};
 
@@ -139,10 +141,12 @@ impl Kernels {
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr_mut(stream);
         let (vp, _g3) = v_cache.device_ptr_mut(stream);
-        let mut b = builder(stream, f);
+        let mut b = KArgs::new();
         b.arg(&qp).arg(&kp).arg(&vp).arg(&pos_ptr).arg(&pos_base);
         b.arg(&t).arg(&nq).arg(&nkv).arg(&d).arg(&cap);
-        submit(K, b, cfg((t, nkv, 1), 64, 0))
+        // SAFETY: the arguments match the kernel's parameters in order and
+        // type; the kernel waits for the grid before it (pdl_wait) first.
+        unsafe { submit_pdl(K, stream, f, cfg((t, nkv, 1), 64, 0), b, self.pdl()) }
     }
 
     /// [`Kernels::attention_prefill`] for a gpt-oss layer (module docs):
@@ -334,7 +338,7 @@ impl Kernels {
         let (vp, _g3) = v_cache.device_ptr(stream);
         let (wp, _g4) = workspace.device_ptr_mut(stream);
         let f = self.func(kn)?;
-        let mut b = builder(stream, f);
+        let mut b = KArgs::new();
         b.arg(&qp)
             .arg(&kp)
             .arg(&vp)
@@ -348,13 +352,15 @@ impl Kernels {
             .arg(&chunk)
             .arg(&sl2)
             .arg(&window);
-        submit(kn, b, cfg((splits, nkv, 1), 128, 0))?;
+        // SAFETY: the arguments match the kernel's parameters in order and
+        // type; the kernel waits for the grid before it (pdl_wait) first.
+        unsafe { submit_pdl(kn, stream, f, cfg((splits, nkv, 1), 128, 0), b, self.pdl()) }?;
 
         const C: &str = "attn_decode_combine_ring";
         let (op, _g5) = out.device_ptr_mut(stream);
         let (sp, _g6) = sinks_ptr(attn.sinks, stream);
         let f = self.func(C)?;
-        let mut b = builder(stream, f);
+        let mut b = KArgs::new();
         b.arg(&wp)
             .arg(&op)
             .arg(&pos_ptr)
@@ -365,7 +371,9 @@ impl Kernels {
             .arg(&chunk)
             .arg(&sp)
             .arg(&window);
-        submit(C, b, cfg((nq, 1, 1), d, 0))
+        // SAFETY: the arguments match the kernel's parameters in order and
+        // type; the kernel waits for the grid before it (pdl_wait) first.
+        unsafe { submit_pdl(C, stream, f, cfg((nq, 1, 1), d, 0), b, self.pdl()) }
     }
 }
 
