@@ -22,7 +22,10 @@ typedef int i32;
 // start while the kernel before it on the stream is still running:
 // pdl_wait() blocks the thread until that grid has completed and its
 // writes are visible. Every such kernel calls it, in every block that
-// touches memory another kernel writes, before the first such access, so a
+// touches memory another kernel writes, before the first such access (the
+// exceptions, documented where they are: a GEMV's weight loads, w2's ids,
+// table and weights, the tail lookup's own state, w13 after the tail's
+// fetch), and at least one block of every such grid calls it, so a
 // dependent's completion still implies its predecessors' (a successor that
 // waits on it waits on them). pdl_trigger() lets this grid's own dependent
 // get scheduled once every block has passed it (or exited): its blocks
@@ -222,4 +225,8 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, u
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+// "memory": shared-memory reads of the staged data must not move above the
+// wait (the callers' __syncthreads also orders them; this does not rely on it).
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}

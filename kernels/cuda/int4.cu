@@ -167,10 +167,10 @@ __device__ __forceinline__ float quad_sum(float v) {
 // arithmetic does not depend on RT (same loads, same mma chain, partials
 // summed in warp order), so RT is chosen per launch, by the row count.
 template <int NCL, int MAXH, int MAXW, bool GEN, class A = ActBf16, int RT = 1>
-__device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x, const u64* __restrict__ table, u32 n_table,
-                                           const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq,
-                                           u64 os, u32 slot_mask, u32 wait_first, u32 gl,
-                                           float* __restrict__ act) {
+__device__ __forceinline__ void w13_swiglu_body(const unsigned short* __restrict__ x, const u64* __restrict__ table,
+                                                u32 n_table, const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H,
+                                                u32 I, u64 oq, u64 os, u32 slot_mask, u32 wait_first, u32 gl,
+                                                float* __restrict__ act) {
     __shared__ __align__(16) u32 xs[MAXH / 32 * XS_STRIDE];
     __shared__ float part[MAXW][32 * RT];
     static_assert(RT == 1 || (RT == 2 && !GEN && NCL <= 2), "two row tiles: fast path, NCL <= 2 only");
@@ -306,6 +306,29 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
         }
         act[(u64)p * I + i0 + threadIdx.x] = silu(gs) * us;
     }
+}
+
+// Block (0, 0) waits for the grid before it on its way out, whatever path
+// it took. After the tail's fetch (wait_first 0) a block that meets no
+// fresh entry never waits, so without this the grid could complete while
+// the fetch still copies (when the prior's reload has since pointed the
+// table away from the promoted slot: tail_home), and the kernels after it,
+// all programmatic dependents, would no longer be ordered after the copy
+// (the next lookup could reuse the fetch list or the slot). One block
+// suffices (the grid completes when its last block does) and costs one
+// slot: if every block waited, finished blocks would hold their slots until
+// the copies end and the next wave of resident experts could not start,
+// which is the overlap this mode exists for. (The act rows written before
+// any wait in that mode were last read by the previous layer's w2, which
+// completed before the lookup did.)
+template <int NCL, int MAXH, int MAXW, bool GEN, class A = ActBf16, int RT = 1>
+__device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x, const u64* __restrict__ table, u32 n_table,
+                                           const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq,
+                                           u64 os, u32 slot_mask, u32 wait_first, u32 gl,
+                                           float* __restrict__ act) {
+    w13_swiglu_body<NCL, MAXH, MAXW, GEN, A, RT>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask,
+                                                 wait_first, gl, act);
+    if (blockIdx.x == 0 && blockIdx.y == 0) pdl_wait();
 }
 
 // The g = 128 fast path, one entry point per tiles-per-warp count

@@ -169,7 +169,7 @@ __device__ __forceinline__ uint4 mx_perm8(uint4 u) {
 #define MX_W13_MAX_WARPS 16
 
 template <int NCL>
-__device__ __forceinline__ void w13_act(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
+__device__ __forceinline__ void w13_act_body(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                         const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os,
                                         u64 ob, u32 has_bias, u32 slot_mask, u32 kind, float limit, float alpha,
                                         u32 wait_first, float* __restrict__ act) {
@@ -268,6 +268,18 @@ __device__ __forceinline__ void w13_act(const bf16_t* __restrict__ x, const u64*
         }
         act[(u64)p * I + i0 + threadIdx.x] = expert_act(gs, us, kind, limit, alpha);
     }
+}
+
+// Block (0, 0) waits for the grid before it on its way out (why, and why
+// only one: w13_swiglu, int4.cu).
+template <int NCL>
+__device__ __forceinline__ void w13_act(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
+                                        const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os,
+                                        u64 ob, u32 has_bias, u32 slot_mask, u32 kind, float limit, float alpha,
+                                        u32 wait_first, float* __restrict__ act) {
+    w13_act_body<NCL>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, ob, has_bias, slot_mask, kind, limit, alpha,
+                      wait_first, act);
+    if (blockIdx.x == 0 && blockIdx.y == 0) pdl_wait();
 }
 
 #define MX_W13_ARGS                                                                                             \

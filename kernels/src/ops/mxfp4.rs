@@ -25,8 +25,8 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
 use crate::launch::{
-    Elem, KArgs, builder, by_elem, cfg, check_len, dim_u32, ensure, launch_dependent, shape_err,
-    submit, submit_pdl,
+    Elem, KArgs, allow_smem, builder, by_elem, cfg, check_len, dim_u32, ensure, launch_dependent,
+    shape_err, submit, submit_pdl,
 };
 use crate::{Kernels, Result};
 
@@ -52,8 +52,6 @@ const W2_SMEM_BUDGET: usize = 160 * 1024;
 const W2_SMEM_PER_TILE: usize = 4 * 36 * 4;
 /// Most work items (expert, K-part) of one down-GEMV block.
 const W2_MAX_ITEMS: usize = 128;
-/// The down GEMV's static shared memory: f32 partials [128 items][16 rows].
-const W2_STATIC_SMEM: usize = W2_MAX_ITEMS * 16 * 4;
 
 /// The expert activation fused into [`Kernels::mxfp4_w13_act`] and
 /// [`Kernels::bias_act_rows`], applied to `gate`, `up` (bias included).
@@ -353,18 +351,11 @@ impl Kernels {
         let (oq, os, ob) = (layout.w2_q as u64, layout.w2_s as u64, layout.w2_b as u64);
         let hb = u32::from(layout.has_bias);
         let f = self.func(k)?;
-        // The kernel has 8 KB of static shared memory (its partials), and a
-        // block may hold only 48 KB in all without opting in.
-        if smem + W2_STATIC_SMEM > 48 * 1024 {
-            use cudarc::driver::sys::CUfunction_attribute_enum as A;
-            f.set_attribute(
-                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(crate::KernelError::driver(format!(
-                "`{k}`: {smem} bytes of shared memory"
-            )))?;
-        }
+        // Past 48 KB of static (partials, table entries, biases) plus
+        // dynamic shared memory a block must opt in; `allow_smem` reads the
+        // kernel's own static size (a constant here went stale when the
+        // entries and biases joined the partials).
+        allow_smem(k, f, smem as u32)?;
         let (ap, _g1) = act.device_ptr(stream);
         let (tp, _g2) = table.device_ptr(stream);
         let (ip, _g3) = ids.device_ptr(stream);
