@@ -39,9 +39,15 @@
 // from qkv row z, its position from pos_ptr[z] (token_pos, common.cuh),
 // its sequence's KV from row kv_base[z] on (plain kernels; 0 without
 // kv_base), uses workspace block z and writes output row z. The split
-// count is the launch's (from the capacity), so a row runs exactly the
-// blocks, chunks and combine order it runs when launched alone: its result
-// does not depend on the other rows.
+// count n_splits is the launch's (from the capacity), so a row runs exactly
+// the splits, chunks and combine order it runs when launched alone: its
+// result does not depend on the other rows. A block runs splits
+// blockIdx.x, + gridDim.x, ... (the host launches ceil(n_splits / rows)
+// per kv head and row): which block runs a split changes nothing in its
+// arithmetic, and the launch keeps about the one-row block count instead
+// of n_splits x rows mostly empty blocks at short contexts (2,048 blocks
+// for a3b at 4 rows, 256 of them with keys at a 1K context); the group's q
+// is staged once per block for all of its splits.
 // Launch overlap (sm_90, pdl_* in common.cuh): the split kernel launches as
 // a programmatic dependent of the KV append and the combine as one of the
 // split; each waits for the grid before it first and lets its own
@@ -101,7 +107,7 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
                                                     const bf16_t* __restrict__ vc, float* __restrict__ ws,
                                                     const u32* __restrict__ pos_ptr, u32 pos_base,
                                                     const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap,
-                                                    u32 chunk, float sl2, u32 window) {
+                                                    u32 chunk, u32 n_splits, float sl2, u32 window) {
     pdl_trigger();
     pdl_wait();
     __shared__ __align__(16) float qs[2048];
@@ -109,7 +115,7 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
     __shared__ __align__(16) uint4 vs[DEC_TILE_ELEMS / 8];
     __shared__ float sc[16][64];
     __shared__ float m_s[16], l_s[16], a_s[16];
-    const u32 s = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+    const u32 kvh = blockIdx.y, z = blockIdx.z;
     const u32 G = nq / nkv;
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 pos = token_pos(pos_ptr, pos_base, z);
@@ -118,17 +124,20 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
     const u32 row0 = kv_base ? kv_base[z] : 0u;  // the sequence's first KV row
     u32 kfirst, n_keys;
     decode_span<RING>(pos, cap, window, kfirst, n_keys);
-    chunk = decode_chunk(chunk, n_keys, gridDim.x);
-    const u32 k0 = kfirst + s * chunk;
-    const u32 k1 = min(k0 + chunk, kfirst + n_keys);
+    chunk = decode_chunk(chunk, n_keys, n_splits);
     float* o_part = ws;
     float* m_part = ws + (u64)DEC_MAX_SPLITS * nq * d;
     float* l_part = m_part + DEC_MAX_SPLITS * nq;
     const u32 h0 = kvh * G;
-    if (k0 >= k1) {
-        if (threadIdx.x < G) {
-            m_part[s * nq + h0 + threadIdx.x] = NEG_INF_F;
-            l_part[s * nq + h0 + threadIdx.x] = 0.0f;
+    // Split s covers keys [s * chunk, (s + 1) * chunk) of the live span;
+    // this block runs splits blockIdx.x, + gridDim.x, ... (splits past the
+    // keys write m = -inf, l = 0). Once one is empty every later one is.
+    if (blockIdx.x * chunk >= n_keys) {
+        for (u32 s = blockIdx.x; s < n_splits; s += gridDim.x) {
+            if (threadIdx.x < G) {
+                m_part[s * nq + h0 + threadIdx.x] = NEG_INF_F;
+                l_part[s * nq + h0 + threadIdx.x] = 0.0f;
+            }
         }
         return;
     }
@@ -156,10 +165,6 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
             }
         }
     }
-    if (threadIdx.x < 16) {
-        m_s[threadIdx.x] = NEG_INF_F;
-        l_s[threadIdx.x] = 0.0f;
-    }
     const bf16_t* kbase = kc + ((u64)kvh * cap + row0) * d;
     const bf16_t* vbase = vc + ((u64)kvh * cap + row0) * d;
     const u32 cpr = d / 8;                       // 16-byte chunks per row
@@ -167,6 +172,21 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
     const u32 od = (d + 127) / 128;               // output dims per thread
     const u32 kl = (warp & 1) * 32 + lane;        // this lane's key in the tile
     const u32 gstart = warp >> 1;                 // heads gstart, gstart+2, ...
+    for (u32 s = blockIdx.x; s < n_splits; s += gridDim.x) {  // block-uniform
+    const u32 k0 = kfirst + s * chunk;
+    const u32 k1 = min(k0 + chunk, kfirst + n_keys);
+    if (k0 >= k1) {
+        if (threadIdx.x < G) {
+            m_part[s * nq + h0 + threadIdx.x] = NEG_INF_F;
+            l_part[s * nq + h0 + threadIdx.x] = 0.0f;
+        }
+        continue;
+    }
+    __syncthreads();  // the previous split's m_s / l_s are written out
+    if (threadIdx.x < 16) {
+        m_s[threadIdx.x] = NEG_INF_F;
+        l_s[threadIdx.x] = 0.0f;
+    }
     float acc[16][2];
 #pragma unroll
     for (int g = 0; g < 16; ++g) acc[g][0] = acc[g][1] = 0.0f;
@@ -266,21 +286,25 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
         m_part[s * nq + h0 + threadIdx.x] = m_s[threadIdx.x];
         l_part[s * nq + h0 + threadIdx.x] = l_s[threadIdx.x];
     }
+    }  // splits
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
                       float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base,
-                      const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2) {
-    attn_decode_split_t<ActBf16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, kv_base, nq, nkv, d, cap, chunk, sl2, 0);
+                      const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, u32 n_splits,
+                      float sl2) {
+    attn_decode_split_t<ActBf16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, kv_base, nq, nkv, d, cap, chunk, n_splits,
+                                        sl2, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_ring(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                            const bf16_t* __restrict__ vc, float* __restrict__ ws, const u32* __restrict__ pos_ptr,
-                           u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2, u32 window) {
-    attn_decode_split_t<ActBf16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nullptr, nq, nkv, d, cap, chunk, sl2,
-                                       window);
+                           u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, u32 n_splits, float sl2,
+                           u32 window) {
+    attn_decode_split_t<ActBf16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nullptr, nq, nkv, d, cap, chunk, n_splits,
+                                       sl2, window);
 }
 
 // FP16 variants (ActFormat::F16): q, K and V read as f16; the partial
@@ -288,16 +312,19 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc, const f16_t* __restrict__ vc,
                           float* __restrict__ ws, const u32* __restrict__ pos_ptr, u32 pos_base,
-                          const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2) {
-    attn_decode_split_t<ActF16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, kv_base, nq, nkv, d, cap, chunk, sl2, 0);
+                          const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, u32 n_splits,
+                          float sl2) {
+    attn_decode_split_t<ActF16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, kv_base, nq, nkv, d, cap, chunk, n_splits,
+                                       sl2, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_ring_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
                                const f16_t* __restrict__ vc, float* __restrict__ ws, const u32* __restrict__ pos_ptr,
-                               u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, float sl2, u32 window) {
-    attn_decode_split_t<ActF16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nullptr, nq, nkv, d, cap, chunk, sl2,
-                                      window);
+                               u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, u32 n_splits, float sl2,
+                               u32 window) {
+    attn_decode_split_t<ActF16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nullptr, nq, nkv, d, cap, chunk, n_splits,
+                                      sl2, window);
 }
 
 template <bool RING>

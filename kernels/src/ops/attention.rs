@@ -246,8 +246,9 @@ impl Kernels {
     /// (`start`), over the rows from `base[t]` on (`base`), so one launch
     /// decodes a step of several sequences (continuous batching); with
     /// host positions, one token. Flash-decoding: the keys are split into
-    /// chunks, each block (chunk, kv head, row) computes a partial softmax
-    /// for the whole GQA group into the row's part of `workspace`, then a
+    /// chunks, each split (chunk, kv head, row) a partial softmax for the
+    /// whole GQA group into the row's part of `workspace` (a block runs
+    /// every [`splits_grid`]-th split of its kv head and row), then a
     /// combine kernel merges the splits in a fixed order. The split count
     /// is the launch's, so a row's result is bit-identical to a launch of
     /// that row alone (with the same capacity), whatever the other rows.
@@ -319,7 +320,18 @@ impl Kernels {
             .arg(&pos_ptr)
             .arg(&pos_base)
             .arg(&base_ptr);
-        b.arg(&nq).arg(&nkv).arg(&d).arg(&cap).arg(&chunk).arg(&sl2);
+        b.arg(&nq)
+            .arg(&nkv)
+            .arg(&d)
+            .arg(&cap)
+            .arg(&chunk)
+            .arg(&splits);
+        b.arg(&sl2);
+        // Each block runs splits x, x + grid, ... of its (kv head, row), so
+        // the blocks stay at about the one-row count whatever the rows (a
+        // grid of every split for every row launched mostly empty blocks
+        // at short contexts: 2,048 at 4 rows for a3b, 256 with keys at 1K).
+        let grid = splits_grid(splits, nrows);
         // SAFETY: the arguments match the kernel's parameters in order and
         // type; the kernel waits for the grid before it (pdl_wait) first.
         unsafe {
@@ -327,7 +339,7 @@ impl Kernels {
                 kn,
                 stream,
                 f,
-                cfg((splits, nkv, nrows), 128, 0),
+                cfg((grid, nkv, nrows), 128, 0),
                 b,
                 self.pdl(),
             )
@@ -349,6 +361,14 @@ impl Kernels {
         // type; the kernel waits for the grid before it (pdl_wait) first.
         unsafe { submit_pdl(C, stream, f, cfg((nq, nrows, 1), d, 0), b, self.pdl()) }
     }
+}
+
+/// Blocks per (kv head, row) of a decode split launch of `splits` splits
+/// over `rows` rows: `splits / rows` rounded up, so a launch keeps about the
+/// one-row block count (each block runs every `grid`-th split; a row's
+/// splits, and so its result, do not depend on it).
+pub(crate) fn splits_grid(splits: u32, rows: u32) -> u32 {
+    splits.div_ceil(rows.max(1))
 }
 
 /// Most q values of one GQA group (`group * head_dim`) the decode split

@@ -350,11 +350,14 @@ impl Kernels {
             .arg(&d)
             .arg(&cap)
             .arg(&chunk)
+            .arg(&splits)
             .arg(&sl2)
             .arg(&window);
+        // One row: a block per split (`splits_grid`).
+        let grid = super::splits_grid(splits, 1);
         // SAFETY: the arguments match the kernel's parameters in order and
         // type; the kernel waits for the grid before it (pdl_wait) first.
-        unsafe { submit_pdl(kn, stream, f, cfg((splits, nkv, 1), 128, 0), b, self.pdl()) }?;
+        unsafe { submit_pdl(kn, stream, f, cfg((grid, nkv, 1), 128, 0), b, self.pdl()) }?;
 
         const C: &str = "attn_decode_combine_ring";
         let (op, _g5) = out.device_ptr_mut(stream);
