@@ -102,6 +102,30 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_bf16(const bf16_t* __r
 
 #define PREP_MAX_BLOCKS 256  // = SAMPLE_PREP_BLOCKS in kernels/src/ops/sampling.rs
 #define SAMPLE_NONFINITE 0xffffffffu  // = SAMPLE_NONFINITE there
+#define SAMPLE_MAX_ROWS 8  // = SAMPLE_MAX_ROWS there
+
+// Rows: one launch pair samples every row of a decode step (prepare: grid
+// y = row; select: one block per row), each row with its own settings,
+// counts row and mask row, so a step of M rows costs two launches whose
+// blocks run side by side instead of 2M launches one after another (the
+// select pass is one block, ~10 passes over the vocabulary when sampling).
+// The settings travel by value in the kernel parameters (SampleRows, the
+// layout of SampleRowsArg in ops/sampling.rs): nothing is written to the
+// device per step. A row's arithmetic is the single-row kernels': its
+// result does not depend on the other rows.
+struct SampleRow {
+    u64 seed;
+    u64 step;     // Philox counter
+    u32 slot;     // the row's counts row and mask row
+    u32 masked;   // 1: mask row `slot` applies
+    u32 greedy;   // 1: temperature 0
+    u32 top_k;    // 0: off (the host clears k >= V)
+    float presence, frequency, inv_t, top_p, min_p;
+    u32 pad;
+};
+struct SampleRows {
+    SampleRow r[SAMPLE_MAX_ROWS];
+};
 
 template <typename T>
 __device__ void sample_prepare(const T* __restrict__ logits, const u32* __restrict__ counts,
@@ -135,15 +159,30 @@ __device__ void sample_prepare(const T* __restrict__ logits, const u32* __restri
     }
 }
 
-extern "C" __global__ void sample_prepare_f32(const float* __restrict__ l, const u32* __restrict__ counts,
-                                              const u32* __restrict__ mask, u32* __restrict__ ws, u32 V,
-                                              float pres, float freq, float inv_t) {
-    sample_prepare<float>(l, counts, mask, ws, V, pres, freq, inv_t);
+// Row blockIdx.y of a launch: its logits, counts, mask and workspace rows.
+template <typename T>
+__device__ __forceinline__ void sample_prepare_row(const T* __restrict__ l, u32 l_stride,
+                                                   const u32* __restrict__ counts, u32 c_stride,
+                                                   const u32* __restrict__ masks, u32 m_stride, u32* __restrict__ ws,
+                                                   u32 ws_stride, u32 V, const SampleRows& rows) {
+    const u32 row = blockIdx.y;
+    const SampleRow& r = rows.r[row];
+    const u32* mask = masks && r.masked ? masks + (u64)r.slot * m_stride : nullptr;
+    sample_prepare<T>(l + (u64)row * l_stride, counts + (u64)r.slot * c_stride, mask, ws + (u64)row * ws_stride, V,
+                      r.presence, r.frequency, r.inv_t);
 }
-extern "C" __global__ void sample_prepare_bf16(const bf16_t* __restrict__ l, const u32* __restrict__ counts,
-                                               const u32* __restrict__ mask, u32* __restrict__ ws, u32 V,
-                                               float pres, float freq, float inv_t) {
-    sample_prepare<bf16_t>(l, counts, mask, ws, V, pres, freq, inv_t);
+
+extern "C" __global__ void sample_prepare_f32(const float* __restrict__ l, u32 l_stride,
+                                              const u32* __restrict__ counts, u32 c_stride,
+                                              const u32* __restrict__ masks, u32 m_stride, u32* __restrict__ ws,
+                                              u32 ws_stride, u32 V, SampleRows rows) {
+    sample_prepare_row<float>(l, l_stride, counts, c_stride, masks, m_stride, ws, ws_stride, V, rows);
+}
+extern "C" __global__ void sample_prepare_bf16(const bf16_t* __restrict__ l, u32 l_stride,
+                                               const u32* __restrict__ counts, u32 c_stride,
+                                               const u32* __restrict__ masks, u32 m_stride, u32* __restrict__ ws,
+                                               u32 ws_stride, u32 V, SampleRows rows) {
+    sample_prepare_row<bf16_t>(l, l_stride, counts, c_stride, masks, m_stride, ws, ws_stride, V, rows);
 }
 
 __device__ void philox(u64 seed, u64 ctr, u32* out) {
@@ -199,9 +238,18 @@ __device__ u64 block_scan_u64(u64 v, u64* sh, u64* total) {
 #define W_ONE 16777216.0f
 #define W_MAX 16777215u
 
+// One row (the block's: blockIdx.x) of a launch.
 extern "C" __global__ void __launch_bounds__(1024)
-    sample_select(u32* __restrict__ ws, u32* __restrict__ counts, u32* __restrict__ out, u32 V, u32 nblocks,
-                  u32 greedy, u32 top_k, float top_p, float min_p, u64 seed, u64 step) {
+    sample_select(u32* __restrict__ ws, u32 ws_stride, u32* __restrict__ counts, u32 c_stride, u32* __restrict__ out,
+                  u32 V, u32 nblocks, SampleRows rows) {
+    const u32 row = blockIdx.x;
+    const SampleRow& rr = rows.r[row];
+    ws += (u64)row * ws_stride;
+    counts += (u64)rr.slot * c_stride;
+    out += row;
+    const u32 greedy = rr.greedy, top_k = rr.top_k;
+    const float top_p = rr.top_p, min_p = rr.min_p;
+    const u64 seed = rr.seed, step = rr.step;
     __shared__ float sv[32];
     __shared__ u32 si[32];
     __shared__ u32 hist[256];

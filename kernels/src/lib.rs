@@ -52,7 +52,8 @@ pub use ops::kv_blocks::{BlockCopy, KvBlockGeom};
 pub use ops::moe::{ROUTER_MAX_EXPERTS, ROUTER_MAX_TOPK};
 pub use ops::rope::{KvBase, KvGeom, QkNormArgs, QkvGeom, StartPos};
 pub use ops::sampling::{
-    SAMPLE_NONFINITE, SAMPLE_PREP_BLOCKS, SamplingParams, sample_workspace_len,
+    SAMPLE_MAX_ROWS, SAMPLE_NONFINITE, SAMPLE_PREP_BLOCKS, SampleRow, SamplingParams,
+    sample_workspace_len,
 };
 
 /// All kernels, loaded into one CUDA context. Cheap to share (`Arc`), and

@@ -349,3 +349,150 @@ fn sample_refuses_non_finite_logits() {
         }
     }
 }
+
+/// A decode step's rows sampled in one `sample_rows` launch pair (strided
+/// logits and counts rows, counts slots out of order, masks on some rows,
+/// every kind of setting) give each row exactly what `sample` gives it
+/// alone: the same token, the same counts row; the other slots and the
+/// padding past each row's vocabulary stay untouched.
+#[test]
+fn sample_rows_match_each_row_alone() {
+    let name = "sample_rows_match_each_row_alone";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let (v, ls, cs) = (50_000usize, 50_064usize, 50_032usize);
+    let words = v.div_ceil(32);
+    let ms = words + 3;
+    let slots = 8usize;
+    let base = SamplingParams {
+        temperature: 0.8,
+        seed: rng.random(),
+        ..Default::default()
+    };
+    let rows = [
+        (
+            5usize,
+            false,
+            SamplingParams {
+                temperature: 0.0,
+                presence_penalty: 1.5,
+                frequency_penalty: 0.5,
+                ..base
+            },
+        ),
+        (0, true, SamplingParams { top_k: 40, ..base }),
+        (3, false, SamplingParams { top_p: 0.9, ..base }),
+        (
+            7,
+            false,
+            SamplingParams {
+                min_p: 0.05,
+                ..base
+            },
+        ),
+        (1, true, SamplingParams::default()),
+        (
+            2,
+            false,
+            SamplingParams {
+                temperature: 1.3,
+                top_k: 50,
+                top_p: 0.8,
+                ..base
+            },
+        ),
+    ];
+    let n = rows.len();
+    let logits = randn(&mut rng, n * ls, 2.0);
+    let counts: Vec<u32> = (0..slots * cs)
+        .map(|_| {
+            if rng.random_range(0..8) == 0 {
+                rng.random_range(1..4)
+            } else {
+                0
+            }
+        })
+        .collect();
+    // Random words: each mask allows about half the tokens (never none);
+    // the words past a row's vocabulary are noise the kernel never reads.
+    let masks: Vec<u32> = (0..slots * ms).map(|_| rng.random()).collect();
+    let samples: Vec<krasis_kernels::SampleRow> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, &(slot, masked, params))| krasis_kernels::SampleRow {
+            params,
+            step: 11 + i as u64,
+            slot,
+            masked,
+        })
+        .collect();
+    let mut d_counts = up(&s, &counts);
+    let d_masks = up(&s, &masks);
+    let mut ws = poison_u32(&s, n * sample_workspace_len(v));
+    let mut out = poison_u32(&s, n);
+    g.kernels
+        .sample_rows::<f32>(
+            &s,
+            &up(&s, &logits),
+            ls,
+            v,
+            &samples,
+            &mut d_counts,
+            cs,
+            Some((&d_masks, ms)),
+            &mut ws,
+            &mut out,
+        )
+        .unwrap();
+    let got = down(&s, &out);
+    let got_counts = down(&s, &d_counts);
+    let mut want_counts = counts.clone();
+    for (r, sr) in samples.iter().enumerate() {
+        let row_counts = &counts[sr.slot * cs..][..v];
+        let mut d1 = up(&s, row_counts);
+        let mask1 = up(&s, &masks[sr.slot * ms..][..words]);
+        let mut ws1 = poison_u32(&s, sample_workspace_len(v));
+        let mut out1 = poison_u32(&s, 1);
+        g.kernels
+            .sample::<f32>(
+                &s,
+                &up(&s, &logits[r * ls..][..v]),
+                v,
+                &sr.params,
+                sr.step,
+                sr.masked
+                    .then_some(&mask1 as &dyn cudarc::driver::DevicePtr<u32>),
+                &mut d1,
+                &mut ws1,
+                &mut out1,
+            )
+            .unwrap();
+        let alone = down(&s, &out1)[0];
+        assert_eq!(got[r], alone, "row {r} (slot {}): token", sr.slot);
+        assert!((alone as usize) < v, "row {r}: token {alone}");
+        want_counts[sr.slot * cs..][..v].copy_from_slice(&down(&s, &d1));
+    }
+    assert!(
+        got_counts == want_counts,
+        "counts: a row's slot differs from its lone run, or another slot or the padding changed"
+    );
+    // Two rows on one counts slot would both increment it: refused.
+    let mut dup = samples.clone();
+    dup[1].slot = dup[0].slot;
+    let err = g
+        .kernels
+        .sample_rows::<f32>(
+            &s,
+            &up(&s, &logits),
+            ls,
+            v,
+            &dup,
+            &mut d_counts,
+            cs,
+            Some((&d_masks, ms)),
+            &mut ws,
+            &mut out,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("share counts slot"), "{err}");
+}

@@ -705,7 +705,13 @@ impl CudaEngine {
             let s = self.seq(id);
             (s.slot, s.params)
         };
-        self.launch_sample(row, slot, &params, step, masked)?;
+        let sample = krasis_kernels::SampleRow {
+            params,
+            step,
+            slot,
+            masked,
+        };
+        self.launch_samples(row, &[sample])?;
         let m = &mut self.model;
         let mut out = [0u32; 1];
         m.gpu

@@ -120,6 +120,8 @@ pub const GEMV_MAX_TOKENS: usize = 8;
 /// Most sequences one decode step can run together: the decode kernels
 /// take at most this many rows (`GEMV_MAX_TOKENS`).
 pub const MAX_PARALLEL: usize = GEMV_MAX_TOKENS;
+// A decode step's rows are sampled in one launch.
+const _: () = assert!(MAX_PARALLEL <= krasis_kernels::SAMPLE_MAX_ROWS);
 
 /// KV rows per sequence the default parallelism plans for: an arena of
 /// `rows` rows runs `rows / DEFAULT_ROWS_PER_SEQUENCE` sequences at once by

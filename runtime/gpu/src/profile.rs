@@ -178,24 +178,32 @@ impl CudaEngine {
         self.gpu().sync("the profiled decode step")?;
         // SAFETY: as above.
         let _ = unsafe { cudarc::driver::sys::cuProfilerStop() };
-        let params = krasis_kernels::SamplingParams::default();
+        // The step's rows sampled as decode samples them: one launch pair,
+        // each row with its own counts slot (greedy).
+        let rows: Vec<krasis_kernels::SampleRow> = (0..m)
+            .map(|r| krasis_kernels::SampleRow {
+                params: krasis_kernels::SamplingParams::default(),
+                step: 0,
+                slot: r,
+                masked: false,
+            })
+            .collect();
         b.sample_ms = timer.median_ms(self, &mut |e| {
             let model = e.model_mut();
             let v = model.geometry.vocab_size;
             let sc = &mut model.scratch;
-            for r in 0..m {
-                model.kernels.sample::<f32>(
-                    &model.gpu.stream,
-                    &sc.logits.slice(r * v..(r + 1) * v),
-                    v,
-                    &params,
-                    0,
-                    None,
-                    &mut sc.counts.slice_mut(0..v),
-                    &mut sc.sample_ws,
-                    &mut sc.ids.slice_mut(r..r + 1),
-                )?;
-            }
+            model.kernels.sample_rows::<f32>(
+                &model.gpu.stream,
+                &sc.logits.slice(0..m * v),
+                v,
+                v,
+                &rows,
+                &mut sc.counts,
+                v,
+                None,
+                &mut sc.sample_ws,
+                &mut sc.ids.slice_mut(0..m),
+            )?;
             Ok(())
         })?;
         // The timed steps' tail lookups are no request's traffic.

@@ -56,7 +56,8 @@ pub struct Scratch {
     /// f32 `[LOGIT_ROWS, V]`.
     pub logits: CudaSlice<f32>,
     /// Sampling state: u32 `[seqs, V]` token counts, one row per sequence
-    /// slot (its presence/frequency penalties), and the sampler workspace.
+    /// slot (its presence/frequency penalties), and the sampler workspace,
+    /// one row per decode row (`SeqLens::sample_ws`).
     pub counts: CudaSlice<u32>,
     pub sample_ws: CudaSlice<u32>,
     /// u32 `[seqs, ceil(V / 32)]`: each sequence slot's grammar mask for
@@ -347,7 +348,6 @@ pub struct ScratchLens {
     pub topk: usize,
     pub act: usize,
     pub logits: usize,
-    pub sample_ws: usize,
     pub grouped: Option<GroupedLens>,
     /// `(gate_up, act)` of the dense MLP and the shared expert.
     pub dense: Option<(usize, usize)>,
@@ -411,7 +411,6 @@ impl ScratchLens {
             topk: cap * k.max(1),
             act: gemv_tokens.min(cap) * k.max(1) * i.max(1),
             logits: LOGIT_ROWS * g.vocab_size,
-            sample_ws: krasis_kernels::sample_workspace_len(g.vocab_size),
             grouped,
             dense,
         }
@@ -421,7 +420,7 @@ impl ScratchLens {
     /// BF16 ones, which are 2).
     pub fn bytes(&self) -> usize {
         let f32s = self.residual + self.qkv_f32 + self.router + self.topk + self.act + self.logits;
-        let u32s = self.ids + self.topk + self.sample_ws;
+        let u32s = self.ids + self.topk;
         let bf16s = self.normed + self.qkv + self.attn;
         let mut b = 4 * (f32s + u32s) + 2 * bf16s;
         if let Some(gr) = &self.grouped {
@@ -500,8 +499,8 @@ impl ScratchLens {
 /// Element counts of the per-sequence decode state for `seqs` sequences
 /// (what [`Scratch::new`] allocates besides [`ScratchLens`], and the plan's
 /// item for it): each decode row's position and KV base, its attention
-/// split workspace, its sequence's sampling counts, and its row of the
-/// next layer's predicted routes ([`Prediction`]).
+/// split workspace, its sequence's sampling counts and sampler workspace,
+/// and its row of the next layer's predicted routes ([`Prediction`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqLens {
     pub seqs: usize,
@@ -514,6 +513,9 @@ pub struct SeqLens {
     pub counts: usize,
     /// u32 `[seqs, ceil(V / 32)]`.
     pub masks: usize,
+    /// u32 `[min(seqs, SAMPLE_MAX_ROWS), sample_workspace_len(V)]`: a
+    /// decode step's rows are sampled in one launch, each in its own row.
+    pub sample_ws: usize,
     /// [`Prediction`]: 16-bit `[seqs, H]`, f32 `[seqs, E]`, u32 and f32
     /// `[seqs, top_k]`.
     pub predict_normed: usize,
@@ -531,6 +533,8 @@ impl SeqLens {
             attn_ws: seqs * decode_workspace_len(g.num_heads, g.head_dim),
             counts: seqs * g.vocab_size,
             masks: seqs * g.vocab_size.div_ceil(32),
+            sample_ws: seqs.min(krasis_kernels::SAMPLE_MAX_ROWS)
+                * krasis_kernels::sample_workspace_len(g.vocab_size),
             predict_normed: seqs * g.hidden,
             predict_logits: seqs * g.num_experts.max(1),
             predict_topk: seqs * g.top_k.max(1),
@@ -544,6 +548,7 @@ impl SeqLens {
             + self.attn_ws
             + self.counts
             + self.masks
+            + self.sample_ws
             + self.predict_logits
             + 2 * self.predict_topk)
             + 2 * self.predict_normed
@@ -618,7 +623,7 @@ impl Scratch {
             act: gpu.alloc(n.act, "expert activations")?,
             logits: gpu.alloc(n.logits, "logits")?,
             counts: gpu.alloc_zeros(sq.counts, "sampling token counts")?,
-            sample_ws: gpu.alloc(n.sample_ws, "sampler workspace")?,
+            sample_ws: gpu.alloc(sq.sample_ws, "sampler workspace")?,
             // Zeroed: a row's words past the tokenizer's are never written.
             masks: gpu.alloc_zeros(sq.masks, "grammar masks")?,
             predict: Prediction {

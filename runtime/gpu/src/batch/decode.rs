@@ -9,38 +9,43 @@ use crate::engine::{CudaEngine, DecodeGraph, sampled_token};
 use crate::error::{GpuError, Result};
 use crate::forward::Positions;
 use cudarc::driver::{CudaGraph, sys};
+use krasis_kernels::SampleRow;
 use krasis_model::batch::finish_after_token;
 
 impl CudaEngine {
-    /// The sampler over logits row `row` with counts row `slot` (and,
-    /// when `masked`, the slot's grammar mask), into `scratch.ids[row]`.
-    pub(super) fn launch_sample(
-        &mut self,
-        row: usize,
-        slot: usize,
-        params: &krasis_kernels::SamplingParams,
-        step: u64,
-        masked: bool,
-    ) -> Result<()> {
+    /// The sampler over logits rows `first..first + rows.len()`, row
+    /// `first + r` with `rows[r]`'s counts slot, settings, step and (when
+    /// `masked`) its slot's grammar mask, into `scratch.ids[first + r]`:
+    /// one launch pair for every row (`Kernels::sample_rows`).
+    pub(super) fn launch_samples(&mut self, first: usize, rows: &[SampleRow]) -> Result<()> {
         #[cfg(any(test, feature = "fault-injection"))]
-        let masked = masked && self.model.fault != crate::forward::Fault::IgnoreMask;
+        let ignore_mask = self.model.fault == crate::forward::Fault::IgnoreMask;
+        #[cfg(not(any(test, feature = "fault-injection")))]
+        let ignore_mask = false;
+        let rows: Vec<SampleRow> = rows
+            .iter()
+            .map(|r| SampleRow {
+                masked: r.masked && !ignore_mask,
+                ..*r
+            })
+            .collect();
         let m = &mut self.model;
-        let (v, vocab) = (self.sampleable, m.geometry.vocab_size);
+        let (v, vocab, n) = (self.sampleable, m.geometry.vocab_size, rows.len());
         let sc = &mut m.scratch;
-        let w = vocab.div_ceil(32);
-        let mask = sc.masks.slice(slot * w..(slot + 1) * w);
-        m.kernels.sample::<f32>(
+        let words = vocab.div_ceil(32);
+        m.kernels.sample_rows::<f32>(
             &m.gpu.stream,
-            &sc.logits.slice(row * vocab..row * vocab + v),
+            &sc.logits.slice(first * vocab..(first + n) * vocab),
+            vocab,
             v,
-            params,
-            step,
-            masked.then_some(&mask as &dyn cudarc::driver::DevicePtr<u32>),
-            &mut sc.counts.slice_mut(slot * vocab..slot * vocab + v),
+            &rows,
+            &mut sc.counts,
+            vocab,
+            Some((&sc.masks as &dyn cudarc::driver::DevicePtr<u32>, words)),
             &mut sc
                 .sample_ws
-                .slice_mut(0..krasis_kernels::sample_workspace_len(v)),
-            &mut sc.ids.slice_mut(row..row + 1),
+                .slice_mut(0..n * krasis_kernels::sample_workspace_len(v)),
+            &mut sc.ids.slice_mut(first..first + n),
         )?;
         Ok(())
     }
@@ -154,13 +159,20 @@ impl CudaEngine {
                 h.read_counters(&md.gpu)?;
             }
         }
-        for (r, &id) in rows.iter().enumerate() {
-            let (slot, params, step) = {
+        let samples: Vec<SampleRow> = rows
+            .iter()
+            .zip(&masked)
+            .map(|(&id, &masked)| {
                 let s = self.seq(id);
-                (s.slot, s.params, (s.stats.generated_tokens + ahead) as u64)
-            };
-            self.launch_sample(r, slot, &params, step, masked[r])?;
-        }
+                SampleRow {
+                    params: s.params,
+                    step: (s.stats.generated_tokens + ahead) as u64,
+                    slot: s.slot,
+                    masked,
+                }
+            })
+            .collect();
+        self.launch_samples(0, &samples)?;
         self.stats.decode_steps += 1;
         Ok(graph)
     }
