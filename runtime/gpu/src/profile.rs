@@ -209,9 +209,9 @@ impl CudaEngine {
         // The timed steps' tail lookups are no request's traffic.
         let model = self.model_mut();
         if let Some(h) = model.hcs.as_mut() {
-            h.read_counters(&model.gpu)?;
+            let set = h.read_counters(&model.gpu)?;
             model.gpu.sync("reading the decode tail counters")?;
-            h.tally_step();
+            h.tally_step(set);
             h.take_stats();
         }
         Ok(b)

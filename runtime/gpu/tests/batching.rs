@@ -767,7 +767,9 @@ fn ring_models_run_one_sequence() {
 /// is left past it); the engine counts the steps that went ahead, and the
 /// arena's rows all come back. Greedy and seeded sampling with penalties
 /// (a step ahead samples with the next step index and the counts the step
-/// before updated on the device).
+/// before updated on the device). All resident, then under HCS (the tail's
+/// lookups, copies and prefetch on the device, its counters read back into
+/// alternating sets), against the all-resident runs.
 #[test]
 fn decode_ahead_gives_the_tokens_of_steps_waited_for() {
     if !gpu_or_skip("decode_ahead_gives_the_tokens_of_steps_waited_for") {
@@ -785,8 +787,30 @@ fn decode_ahead_gives_the_tokens_of_steps_waited_for() {
     let stop = want[1].tokens[3];
     let stop_len = want[1].tokens.iter().position(|&t| t == stop).unwrap() + 1;
     reqs[1].stop_token_ids = vec![stop];
-    for (label, jobs) in [("alone", 1), ("beside others", reqs.len())] {
-        let before = ahead(&e);
+    decode_ahead_runs("all resident", &mut e, &reqs, &want, stop_len);
+    drop(e);
+    let mut h = load(&model, &hcs_options(&cache, 8));
+    assert!(h.hcs_active(), "HCS was not forced on");
+    decode_ahead_runs("HCS", &mut h, &reqs, &want, stop_len);
+    let s = h.hcs_stats().expect("HCS stats");
+    assert!(
+        s.cold_experts_per_token > 0.0 && s.hit_rate < 1.0,
+        "HCS: the decode tail was not exercised by the steps ahead: {s:?}"
+    );
+}
+
+/// `decode_ahead_gives_the_tokens_of_steps_waited_for`'s runs on `e`.
+fn decode_ahead_runs(
+    engine: &str,
+    e: &mut CudaEngine,
+    reqs: &[GenerateRequest],
+    want: &[Run],
+    stop_len: usize,
+) {
+    let ahead = |e: &CudaEngine| e.stats().expect("engine stats").decode_steps_ahead;
+    for (what, jobs) in [("alone", 1), ("beside others", reqs.len())] {
+        let label = format!("{engine}, {what}");
+        let before = ahead(e);
         let mut ids = Vec::new();
         for r in &reqs[..jobs] {
             match e.admit(r.clone()).expect("admit") {
@@ -833,7 +857,7 @@ fn decode_ahead_gives_the_tokens_of_steps_waited_for() {
         if jobs > 2 {
             assert!(got[2].len() >= 5 && got[2].len() < want[2].tokens.len());
         }
-        let went = ahead(&e) - before;
+        let went = ahead(e) - before;
         assert!(went > 0, "{label}: no decode step went ahead");
         eprintln!("{label}: ok, {went} decode steps went ahead");
         assert_eq!(e.kv_rows_used().0, 0, "{label}: rows still reserved");

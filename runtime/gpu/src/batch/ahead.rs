@@ -22,11 +22,16 @@
 //! counts are cleared before a later sequence uses the slot (at that
 //! sequence's first prefill chunk, on the same stream).
 //!
+//! Under HCS too: the step's tail lookups and copies run on the device
+//! from the device's own state (`hcs/tail.rs`), and its counters come back
+//! into one of two pinned sets in turn (`Tail::read_counters`), tallied
+//! when the step's tokens are read; a prefill, which lends the tail's
+//! memory, only starts once the step in flight has been read (below).
+//!
 //! When a step is not queued ahead, the step waits for its tokens as
-//! before: with HCS (the tail's counters are read back with each step), a
-//! grammar (a row's next mask depends on its token), logits recording,
-//! step timing, or while a prompt waits to be prefilled (its prefill runs
-//! in the next step first).
+//! before: with a grammar (a row's next mask depends on its token), logits
+//! recording, step timing, or while a prompt waits to be prefilled (its
+//! prefill runs in the next step first).
 
 use super::{Phase, SeqEvent, SeqId};
 use crate::engine::CudaEngine;
@@ -39,6 +44,9 @@ pub(crate) struct Ahead {
     rows: Vec<SeqId>,
     /// The pinned set its ids are copied into.
     buf: usize,
+    /// The set its HCS tail counters are read back into (`None` without
+    /// HCS), tallied when its ids are read.
+    counters: Option<usize>,
 }
 
 /// Page-locked host rows of the steps queued ahead: two sets, so the step
@@ -95,7 +103,6 @@ impl CudaEngine {
     /// engine step to read (see the module docs for what may not).
     pub(super) fn may_leave_ahead(&self, rows: &[SeqId]) -> bool {
         !rows.is_empty()
-            && self.model.hcs.is_none()
             && self.batch.timing.is_none()
             && rows.iter().all(|&id| {
                 let s = self.seq(id);
@@ -118,7 +125,7 @@ impl CudaEngine {
     /// pinned set; leaves it for the next engine step to read.
     pub(super) fn queue_ahead(&mut self, rows: &[SeqId], ahead: usize) -> Result<Ahead> {
         self.pinned_rows()?;
-        self.queue_decode(rows, ahead)?;
+        let q = self.queue_decode(rows, ahead)?;
         let buf = self.pinned_next();
         let m = rows.len();
         let md = &self.model;
@@ -132,6 +139,7 @@ impl CudaEngine {
         Ok(Ahead {
             rows: rows.to_vec(),
             buf,
+            counters: q.counters,
         })
     }
 
@@ -172,7 +180,18 @@ impl CudaEngine {
                 .map_err(GpuError::driver("reading the sampled tokens"))?;
             ids[..a.rows.len()].to_vec()
         };
-        self.take_tokens(&a.rows, &out, events)
+        // The counters' read-back was queued before the ids' copy, which
+        // the wait above has seen land.
+        self.tally_counters(a.counters);
+        self.take_tokens(&a.rows, &out, events)?;
+        if self.batch.seqs.is_empty()
+            && let Some(h) = self.model.hcs.as_mut()
+        {
+            // A step that went ahead of its sequences' ends is no request's
+            // traffic: the next request's figures are its own.
+            h.take_stats();
+        }
+        Ok(())
     }
 
     fn pinned_next(&self) -> usize {

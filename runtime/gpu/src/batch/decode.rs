@@ -12,6 +12,15 @@ use cudarc::driver::{CudaGraph, sys};
 use krasis_kernels::SampleRow;
 use krasis_model::batch::finish_after_token;
 
+/// A decode step queued on the stream.
+pub(super) struct Queued {
+    /// Whether it replayed a captured graph.
+    pub graph: bool,
+    /// The set its HCS tail counters are read back into (`None` without
+    /// HCS); tallied once the host has read the step's tokens.
+    pub counters: Option<usize>,
+}
+
 impl CudaEngine {
     /// The sampler over logits rows `first..first + rows.len()`, row
     /// `first + r` with `rows[r]`'s counts slot, settings, step and (when
@@ -76,7 +85,7 @@ impl CudaEngine {
         events: &mut Vec<SeqEvent>,
     ) -> Result<bool> {
         let m = rows.len();
-        let graph = self.queue_decode(rows, 0)?;
+        let q = self.queue_decode(rows, 0)?;
         let mut out = vec![0u32; m];
         {
             let md = &self.model;
@@ -85,12 +94,18 @@ impl CudaEngine {
                 .memcpy_dtoh(&md.scratch.ids.slice(0..m), &mut out)
                 .map_err(GpuError::driver("reading the sampled tokens"))?;
         }
-        if let Some(h) = self.model.hcs.as_mut() {
-            // The synchronous read above has passed the counters' copy.
-            h.tally_step();
-        }
+        // The synchronous read above has passed the counters' copy.
+        self.tally_counters(q.counters);
         self.take_tokens(rows, &out, events)?;
-        Ok(graph)
+        Ok(q.graph)
+    }
+
+    /// Adds a step's HCS tail counters (the set its read-back went to) to
+    /// the request's figures, once the stream has passed that read-back.
+    pub(super) fn tally_counters(&mut self, set: Option<usize>) {
+        if let (Some(h), Some(set)) = (self.model.hcs.as_mut(), set) {
+            h.tally_step(set);
+        }
     }
 
     /// The host's inputs of a decode step of `rows`: the token each row
@@ -130,8 +145,7 @@ impl CudaEngine {
     /// the host, or with `ahead` only the positions: the ids are the
     /// samples the step in flight writes to `scratch.ids` and the KV bases
     /// are unchanged), the forward pass, LM head and each row's sampler.
-    /// Returns whether it replayed a captured graph.
-    pub(super) fn queue_decode(&mut self, rows: &[SeqId], ahead: usize) -> Result<bool> {
+    pub(super) fn queue_decode(&mut self, rows: &[SeqId], ahead: usize) -> Result<Queued> {
         let m = rows.len();
         let (ids, pos, base) = self.row_inputs(rows, ahead);
         if ahead == 0 {
@@ -152,13 +166,14 @@ impl CudaEngine {
         for &id in rows {
             masked.push(self.upload_mask(id)?);
         }
-        {
-            // The tail's counters come back with the sampled tokens.
+        // The tail's counters come back with the sampled tokens.
+        let counters = {
             let md = &mut self.model;
-            if let Some(h) = md.hcs.as_mut() {
-                h.read_counters(&md.gpu)?;
+            match md.hcs.as_mut() {
+                Some(h) => Some(h.read_counters(&md.gpu)?),
+                None => None,
             }
-        }
+        };
         let samples: Vec<SampleRow> = rows
             .iter()
             .zip(&masked)
@@ -174,7 +189,7 @@ impl CudaEngine {
             .collect();
         self.launch_samples(0, &samples)?;
         self.stats.decode_steps += 1;
-        Ok(graph)
+        Ok(Queued { graph, counters })
     }
 
     /// The sampled ids `out` of a decode step of `rows`: each row's token

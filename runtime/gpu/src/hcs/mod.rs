@@ -524,16 +524,18 @@ impl Hcs {
     }
 
     /// Queues the read-back of the tail's counters after a decode step on
-    /// the compute stream; [`Hcs::tally_step`] counts them once the stream
-    /// has passed this point (the caller's read of the sampled tokens).
-    pub fn read_counters(&mut self, gpu: &Gpu) -> Result<()> {
+    /// the compute stream and returns its set; [`Hcs::tally_step`] of that
+    /// set counts them once the stream has passed this point (the caller's
+    /// read of the sampled tokens).
+    pub fn read_counters(&mut self, gpu: &Gpu) -> Result<usize> {
         self.tail.read_counters(gpu)
     }
 
-    /// Adds the step read by [`Hcs::read_counters`] to the request's
-    /// counters; the compute stream must have passed that copy.
-    pub fn tally_step(&mut self) {
-        let d = self.tail.take_delta();
+    /// Adds the step read into `set` by [`Hcs::read_counters`] to the
+    /// request's counters; the compute stream must have passed that copy.
+    /// Steps are tallied in the order they ran.
+    pub fn tally_step(&mut self, set: usize) {
+        let d = self.tail.take_delta(set);
         let c = &mut self.res.counters;
         c.lookups += d.lookups;
         c.hits += d.hits;

@@ -98,7 +98,12 @@ pub struct Tail {
     pf_fetch: CudaSlice<u64>,
     pf_n_fetch: CudaSlice<u32>,
     counters: CudaSlice<u64>,
-    counters_host: PinnedBuf<u64>,
+    /// Two read-back sets, used in turn: a decode step queued ahead
+    /// (`batch/ahead.rs`) copies its counters into one while the host
+    /// reads the step before it from the other.
+    counters_host: [PinnedBuf<u64>; 2],
+    /// The set the next [`Tail::read_counters`] copies into.
+    counters_next: usize,
     /// The counters at the last [`Tail::take_delta`].
     seen: [u64; TAIL_COUNTERS],
     slots: usize,
@@ -163,7 +168,11 @@ impl Tail {
             pf_fetch: gpu.alloc_zeros::<u64>(2 * max_pairs, "decode tail: prefetch list")?,
             pf_n_fetch: gpu.alloc_zeros::<u32>(1, "decode tail: prefetch count")?,
             counters: gpu.alloc_zeros::<u64>(TAIL_COUNTERS, "decode tail: counters")?,
-            counters_host: PinnedBuf::new(&gpu.ctx, TAIL_COUNTERS, "decode tail counters")?,
+            counters_host: [
+                PinnedBuf::new(&gpu.ctx, TAIL_COUNTERS, "decode tail counters")?,
+                PinnedBuf::new(&gpu.ctx, TAIL_COUNTERS, "decode tail counters")?,
+            ],
+            counters_next: 0,
             seen: [0; TAIL_COUNTERS],
             slots: slots.len(),
             layers: host.len() / experts,
@@ -194,9 +203,9 @@ impl Tail {
             + TAIL_COUNTERS * 8
     }
 
-    /// Page-locked bytes of the counters' read-back buffer.
+    /// Page-locked bytes of the counters' read-back sets.
     pub fn pinned_bytes(&self) -> usize {
-        self.counters_host.bytes()
+        self.counters_host.iter().map(|b| b.bytes()).sum()
     }
 
     /// Empties the tail (ordered on the compute stream): after the decode
@@ -302,27 +311,34 @@ impl Tail {
         }
     }
 
-    /// Queues the read-back of the counters on the compute stream;
-    /// [`Tail::take_delta`] reads them once the stream has passed it.
-    pub fn read_counters(&mut self, gpu: &Gpu) -> Result<()> {
-        // SAFETY: counters_host holds TAIL_COUNTERS pinned u64 and is not read on the
-        // host before the stream has passed this copy (take_delta's
+    /// Queues the read-back of the counters on the compute stream into
+    /// the next of the two sets, and returns it; [`Tail::take_delta`] of
+    /// that set reads them once the stream has passed the copy. The sets
+    /// alternate, so a set is rewritten two read-backs later: the caller
+    /// reads each set before it queues the read-back after the next.
+    pub fn read_counters(&mut self, gpu: &Gpu) -> Result<usize> {
+        let set = self.counters_next;
+        self.counters_next ^= 1;
+        // SAFETY: the set holds TAIL_COUNTERS pinned u64 and is not read on
+        // the host before the stream has passed this copy (take_delta's
         // contract).
         unsafe {
             cudarc::driver::result::memcpy_dtoh_async(
-                self.counters_host.as_mut_slice(),
+                self.counters_host[set].as_mut_slice(),
                 addr(&self.counters, &gpu.stream),
                 gpu.stream.cu_stream(),
             )
         }
-        .map_err(GpuError::driver("reading the decode tail counters"))
+        .map_err(GpuError::driver("reading the decode tail counters"))?;
+        Ok(set)
     }
 
-    /// What the counters read by [`Tail::read_counters`] add since the last
-    /// call; the compute stream must have passed that copy.
-    pub fn take_delta(&mut self) -> TailDelta {
-        let now: [u64; TAIL_COUNTERS] = self
-            .counters_host
+    /// What the counters read into `set` by [`Tail::read_counters`] add
+    /// since the last call; the compute stream must have passed that copy.
+    /// Sets are taken in the order they were read (the counters are
+    /// cumulative).
+    pub fn take_delta(&mut self, set: usize) -> TailDelta {
+        let now: [u64; TAIL_COUNTERS] = self.counters_host[set & 1]
             .as_slice()
             .try_into()
             .unwrap_or(self.seen);
