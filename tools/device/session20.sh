@@ -35,9 +35,9 @@ T0=$SECONDS
 . tools/device/lib.sh
 unpack_binaries
 bench_rows() { # LIMIT [binary suffix, e.g. -a for the binary before]
-  local lim=() tag=resident$2
-  [ "$1" != none ] && { lim=(--vram-limit "$1"); tag=$1$2; }
-  timeout 150 dist/gpu/krasis-runtime$2 bench --model /tmp/agent-load/a3b-24l --cache-dir /tmp/agent-load/krasis-cache \
+  local lim=() tag=resident${2:-}
+  [ "$1" != none ] && { lim=(--vram-limit "$1"); tag=$1${2:-}; }
+  timeout 150 dist/gpu/krasis-runtime${2:-} bench --model /tmp/agent-load/a3b-24l --cache-dir /tmp/agent-load/krasis-cache \
     --commit "$C" --decode-rows 1,2,4,8 "${lim[@]}" --json "$OUT/bench-rows-$tag.json" > "$OUT/bench-rows-$tag.log" 2>&1
   echo "bench --decode-rows ($tag) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
   grep -E "^decode [0-9] rows|^decode +[0-9]+ tokens \(graphs on" "$OUT/bench-rows-$tag.log" | cut -c1-400 >> "$S"
