@@ -6,7 +6,8 @@
 # 19's 557.3 on main): is the context-dependent part (decode attention, its launches) slower?
 #   bash tools/device/session23.sh ab COMMIT
 #       a3b-24l all resident: `bench --decode-rows` at 32, 1,000 and 16,000-token prompts for
-#       each binary packed (rows 1 and 4 below 16K, 1 at 16K), then `kbench --attn-decode`.
+#       each binary packed (rows 1 and 4 below 16K, 1 at 16K), then `kbench --attn-decode`;
+#       first the kernel tests fp16_mlp:: of the branch.
 # Carry dist/pack (xz-packed stripped binaries), .cache/vocab. Results: $OUT/session23-ab.txt.
 set -u
 P=${1:?phase}; C=${2:-unknown}
@@ -20,6 +21,9 @@ echo "prep (t=$((SECONDS-T0))s)" >> "$S"
 M=(--model /tmp/agent-load/a3b-24l --cache-dir /tmp/agent-load/krasis-cache --prompt-tokens 1000)
 case "$P" in
   ab)
+    # The FP16 expert entry points (_r32_f16 among them): session 23's first kernel-test runs
+    # filtered fp16:: and missed fp16_mlp::.
+    test_bin gpu 100 fp16_mlp::
     for ctx in 32:50:1,4 1000:128:1,4 16000:64:1; do
       IFS=: read -r pt dt rows <<< "$ctx"
       for v in "" -a -c; do
