@@ -7,7 +7,8 @@
 #   bash tools/device/session23.sh ab COMMIT
 #       a3b-24l all resident: `bench --decode-rows` at 32, 1,000 and 16,000-token prompts for
 #       each binary packed (rows 1 and 4 below 16K, 1 at 16K), then `kbench --attn-decode`;
-#       first the kernel tests fp16_mlp:: of the branch.
+#       first the kernel tests fp16_mlp:: of the branch; after the benches the variant's rows::
+#       and batching tests (gpuc-*, batchingc-*).
 # Carry dist/pack (xz-packed stripped binaries), .cache/vocab. Results: $OUT/session23-ab.txt.
 set -u
 P=${1:?phase}; C=${2:-unknown}
@@ -23,7 +24,7 @@ case "$P" in
   ab)
     # The FP16 expert entry points (_r32_f16 among them): session 23's first kernel-test runs
     # filtered fp16:: and missed fp16_mlp::.
-    test_bin gpu 100 fp16_mlp::
+    test_bin gpu 60 fp16_mlp::
     for ctx in 32:50:1,4 1000:128:1,4 16000:64:1; do
       IFS=: read -r pt dt rows <<< "$ctx"
       for v in "" -a -c; do
@@ -34,6 +35,9 @@ case "$P" in
         grep -E "^decode [0-9] rows" "$OUT/bench-$pt$v.log" | cut -c1-330 >> "$S"
       done
     done
+    # The variant's own test binaries (gpuc-*, batchingc-*): row invariance and batching.
+    test_bin gpuc 90 rows::
+    test_bin batchingc 45
     for v in "" -c; do
       [ -x dist/gpu/kbench$v ] || continue
       timeout 60 dist/gpu/kbench$v --attn-decode > "$OUT/kbench$v-attn-decode.txt" 2>&1
