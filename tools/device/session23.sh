@@ -24,8 +24,8 @@ case "$P" in
   ab)
     # The FP16 expert entry points (_r32_f16 among them): session 23's first kernel-test runs
     # filtered fp16:: and missed fp16_mlp::.
-    test_bin gpu 60 fp16_mlp::
-    for ctx in 32:50:1,4 1000:128:1,4 16000:64:1; do
+    test_bin gpu 45 fp16_mlp::
+    for ctx in 1000:128:1,4 16000:64:1 32:50:1,4; do
       IFS=: read -r pt dt rows <<< "$ctx"
       for v in "" -a -c; do
         b=dist/gpu/krasis-runtime$v; [ -x "$b" ] || continue
