@@ -108,8 +108,8 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
                                                     const u32* __restrict__ pos_ptr, u32 pos_base,
                                                     const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap,
                                                     u32 chunk, u32 n_splits, float sl2, u32 window) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     __shared__ __align__(16) float qs[2048];
     __shared__ __align__(16) uint4 ks[DEC_TILE_ELEMS / 8];
     __shared__ __align__(16) uint4 vs[DEC_TILE_ELEMS / 8];
@@ -332,8 +332,8 @@ __device__ __forceinline__ void attn_decode_combine_t(const float* __restrict__ 
                                                       const u32* __restrict__ pos_ptr, u32 pos_base, u32 nq, u32 d,
                                                       u32 n_splits, u32 chunk, const float* __restrict__ sinks,
                                                       u32 window) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     // Per-split maxima and weights, staged once for the block: a loop of
     // global loads per split, each waiting on the last, made a 64-split
     // combine ~35 us (8K context), ten times the split kernel's writes.

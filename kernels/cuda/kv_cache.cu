@@ -33,8 +33,8 @@ __device__ __forceinline__ void kv_append(const bf16_t* __restrict__ qkv, bf16_t
                                           bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr, u32 pos_base,
                                           const u32* __restrict__ kv_base, u32 n_tokens, u32 nq, u32 nkv, u32 d,
                                           u32 cap) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     u32 t = blockIdx.x, h = blockIdx.y;
     if (t >= n_tokens || h >= nkv) return;
     u32 pos = token_pos(pos_ptr, pos_base, t);

@@ -25,8 +25,8 @@ extern "C" __global__ void qk_norm_rope_bf16(bf16_t* __restrict__ qkv, const bf1
                                              const bf16_t* __restrict__ kw, const u32* __restrict__ pos_ptr,
                                              u32 pos_base, u32 n_tokens, u32 nq, u32 nkv, u32 d, float theta,
                                              float eps) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     u32 t = blockIdx.x;
     u32 hh = blockIdx.y * 4 + (threadIdx.x >> 5);
     u32 lane = threadIdx.x & 31;
@@ -97,8 +97,8 @@ template <class A>
 __device__ __forceinline__ void rope_table_t(unsigned short* __restrict__ qkv, const float* __restrict__ inv_freq,
                                              float scale, const u32* __restrict__ pos_ptr, u32 pos_base,
                                              u32 n_tokens, u32 nq, u32 nkv, u32 d) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     u32 t = blockIdx.x;
     u32 hh = blockIdx.y * 4 + (threadIdx.x >> 5);
     u32 lane = threadIdx.x & 31;
@@ -158,8 +158,8 @@ extern "C" __global__ void rope_partial_bf16(bf16_t* __restrict__ qkv, const bf1
                                              const bf16_t* __restrict__ kw, const float* __restrict__ inv_freq,
                                              float scale, const u32* __restrict__ pos_ptr, u32 pos_base,
                                              u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 rot, float eps) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     u32 t = blockIdx.x;
     u32 hh = blockIdx.y * 4 + (threadIdx.x >> 5);
     u32 lane = threadIdx.x & 31;

@@ -266,32 +266,32 @@ __device__ void router_sigmoid_grouped(const T* __restrict__ logits, const float
 extern "C" __global__ void router_topk_f32(const float* __restrict__ logits, const float* __restrict__ bias,
                                            u32* __restrict__ ids, float* __restrict__ w, u32 n_tokens, u32 E, u32 k,
                                            u32 norm) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     router_topk<float>(logits, bias, ids, w, n_tokens, E, k, norm);
 }
 
 extern "C" __global__ void router_topk_bf16(const bf16_t* __restrict__ logits, const float* __restrict__ bias,
                                             u32* __restrict__ ids, float* __restrict__ w, u32 n_tokens, u32 E, u32 k,
                                             u32 norm) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     router_topk<bf16_t>(logits, bias, ids, w, n_tokens, E, k, norm);
 }
 
 extern "C" __global__ void router_topk_then_softmax_f32(const float* __restrict__ logits,
                                                         const float* __restrict__ bias, u32* __restrict__ ids,
                                                         float* __restrict__ w, u32 n_tokens, u32 E, u32 k) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     router_topk_then_softmax<float>(logits, bias, ids, w, n_tokens, E, k);
 }
 
 extern "C" __global__ void router_topk_then_softmax_bf16(const bf16_t* __restrict__ logits,
                                                          const float* __restrict__ bias, u32* __restrict__ ids,
                                                          float* __restrict__ w, u32 n_tokens, u32 E, u32 k) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     router_topk_then_softmax<bf16_t>(logits, bias, ids, w, n_tokens, E, k);
 }
 
@@ -299,8 +299,8 @@ extern "C" __global__ void router_sigmoid_grouped_f32(const float* __restrict__ 
                                                       const float* __restrict__ sel_bias, u32* __restrict__ ids,
                                                       float* __restrict__ w, u32 n_tokens, u32 E, u32 k, u32 groups,
                                                       u32 topk_groups, u32 norm, float scale) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     router_sigmoid_grouped<float>(logits, sel_bias, ids, w, n_tokens, E, k, groups, topk_groups, norm, scale);
 }
 
@@ -308,7 +308,7 @@ extern "C" __global__ void router_sigmoid_grouped_bf16(const bf16_t* __restrict_
                                                        const float* __restrict__ sel_bias, u32* __restrict__ ids,
                                                        float* __restrict__ w, u32 n_tokens, u32 E, u32 k, u32 groups,
                                                        u32 topk_groups, u32 norm, float scale) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     router_sigmoid_grouped<bf16_t>(logits, sel_bias, ids, w, n_tokens, E, k, groups, topk_groups, norm, scale);
 }
