@@ -88,6 +88,8 @@ pub struct CudaEngine {
     cache: Option<Arc<krasis_cache::ExpertCache>>,
     /// HCS traffic of the last request.
     pub(crate) last_hcs: Option<krasis_common::status::HcsStats>,
+    /// HCS traffic summed over every collection (`stats.rs`).
+    pub(crate) hcs_totals: crate::stats::HcsTotals,
     /// KV of prompt prefixes kept for reuse (`prefix.rs`).
     pub(crate) prefix: Option<crate::prefix::TieredPrefix>,
     /// The running sequences (continuous batching, `batch.rs`).
@@ -234,6 +236,7 @@ impl CudaEngine {
             min_free: None,
             cache: cache.clone(),
             last_hcs: None,
+            hcs_totals: Default::default(),
             prefix: None,
             batch: crate::batch::Sequences::new(parallel, rows),
         };

@@ -62,7 +62,80 @@ fn traffic(c: &Counters, copies: &CopyStats) -> HcsStats {
     }
 }
 
+/// HCS decode traffic summed over every collection since the engine
+/// loaded. Why: with several sequences decoding together, a collection
+/// covers only the steps since the previous sequence ended (the last
+/// sequence of a batched run collects its last few, mostly single-row,
+/// steps), so `bench --decode-rows` takes these totals before and after a
+/// run and reports the difference: the traffic of every step of the run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HcsTotals {
+    counters: Counters,
+    copies: CopyStats,
+}
+
+impl HcsTotals {
+    fn add(&mut self, c: &Counters, copies: &CopyStats) {
+        let t = &mut self.counters;
+        t.lookups += c.lookups;
+        t.hits += c.hits;
+        t.steps += c.steps;
+        let t = &mut self.copies;
+        t.decode_cold_reads += copies.decode_cold_reads;
+        t.decode_bytes += copies.decode_bytes;
+        t.decode_promotions += copies.decode_promotions;
+        t.prefetched += copies.prefetched;
+        t.prefetch_used += copies.prefetch_used;
+        t.prefetch_wasted += copies.prefetch_wasted;
+        t.prefill_bytes += copies.prefill_bytes;
+        t.reload_bytes += copies.reload_bytes;
+        t.decode_tokens += copies.decode_tokens;
+    }
+
+    /// Decode steps tallied in these totals.
+    pub fn steps(&self) -> u64 {
+        self.counters.steps
+    }
+
+    /// The traffic since `before` (totals taken earlier from the same
+    /// engine), per decode step.
+    pub fn since(&self, before: &HcsTotals) -> HcsStats {
+        let (a, b) = (&self.counters, &before.counters);
+        let c = Counters {
+            lookups: a.lookups - b.lookups,
+            hits: a.hits - b.hits,
+            steps: a.steps - b.steps,
+        };
+        let (a, b) = (&self.copies, &before.copies);
+        let copies = CopyStats {
+            decode_cold_reads: a.decode_cold_reads - b.decode_cold_reads,
+            decode_bytes: a.decode_bytes - b.decode_bytes,
+            decode_promotions: a.decode_promotions - b.decode_promotions,
+            prefetched: a.prefetched - b.prefetched,
+            prefetch_used: a.prefetch_used - b.prefetch_used,
+            prefetch_wasted: a.prefetch_wasted - b.prefetch_wasted,
+            prefill_bytes: a.prefill_bytes - b.prefill_bytes,
+            reload_bytes: a.reload_bytes - b.reload_bytes,
+            decode_tokens: a.decode_tokens - b.decode_tokens,
+        };
+        traffic(&c, &copies)
+    }
+}
+
 impl CudaEngine {
+    /// HCS decode traffic since load (every collection so far), for a
+    /// caller that measures a span of several requests
+    /// ([`HcsTotals::since`]).
+    pub fn hcs_totals(&self) -> HcsTotals {
+        self.hcs_totals.clone()
+    }
+
+    /// The HCS decision with the traffic since `before` as its per-step
+    /// figures; `None` when HCS is off.
+    pub fn hcs_stats_since(&self, before: &HcsTotals) -> Option<HcsStats> {
+        self.hcs_stats_with(Some(&self.hcs_totals.since(before)))
+    }
+
     /// Turns the HCS counters since the last collection (the request just
     /// finished, and the steps it shared with others) into per-step figures
     /// for the stats endpoint and bench, and resets them.
@@ -74,6 +147,7 @@ impl CudaEngine {
     pub(crate) fn collect_hcs(&mut self) {
         if let Some(h) = self.model.hcs.as_mut() {
             let (c, copies) = h.take_stats();
+            self.hcs_totals.add(&c, &copies);
             let idle = c.steps == 0 && copies.prefill_bytes == 0 && copies.reload_bytes == 0;
             if idle && self.last_hcs.is_some() {
                 return;

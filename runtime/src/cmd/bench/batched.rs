@@ -41,8 +41,9 @@ pub struct BatchedResult {
     pub bound_tok_s: f64,
     /// Where one step's device time goes (parts run on their own).
     pub breakdown: krasis_gpu::profile::DecodeBreakdown,
-    /// Under HCS: the expert traffic of the last timed run's steps (its
-    /// `cold_experts_per_token` is per step of M rows), which is what
+    /// Under HCS: the expert traffic of every step of the step-timed run
+    /// (its `cold_experts_per_token` is per step: steps of M rows, and the
+    /// few of fewer rows while the sequences start and end), which is what
     /// bounds M rows at a VRAM limit.
     pub hcs: Option<krasis_common::status::HcsStats>,
 }
@@ -148,10 +149,17 @@ pub fn measure(
             text.len()
         );
         let stats = RunStats::measure(repeats, || Ok(run_once(e, text, m, prompt, d)?.0))?;
-        let hcs = e.hcs_stats().filter(|_| e.hcs_active());
+        // The traffic of every step of the step-timed run (the engine's
+        // per-request figures would give only the steps after the
+        // second-to-last sequence ended).
+        let before = e.hcs_totals();
         e.set_step_timing(true)?;
         let (_, step_ms) = run_once(e, text, m, prompt, d)?;
         e.set_step_timing(false)?;
+        let run_steps = e.hcs_totals().steps() - before.steps();
+        let hcs = e
+            .hcs_stats_since(&before)
+            .filter(|_| e.hcs_active() && run_steps > 0);
         let step_device_ms = super::stats::median(&step_ms);
         let breakdown = e
             .decode_breakdown(prompt + d / 2, m, 20)
@@ -182,7 +190,8 @@ pub fn measure(
         );
         if let Some(h) = &hcs {
             eprintln!(
-                "  HCS: hit rate {:.3}, {:.1} cold experts ({:.1} MB) per step of {m} rows over PCIe",
+                "  HCS: hit rate {:.3}, {:.1} cold experts ({:.1} MB) per step over PCIe ({run_steps} \
+                 steps of up to {m} rows)",
                 h.hit_rate,
                 h.cold_experts_per_token,
                 h.cold_bytes_per_token / 1e6

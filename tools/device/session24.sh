@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Device orchestration for session 24 (issue 15), over the xz-packed stripped binaries in
+# dist/pack/*.tar.xz (carry dist/pack, .cache/vocab, .cache/wheels): krasis-runtime, kbench and
+# the kernel test binary gpu-*.
+#   bash tools/device/session24.sh a COMMIT
+#       the kernel tests main has not run on a GPU (`fp16_mlp::`: the `_r32_f16` w13 entry
+#       points; `attention_decode` and `rope` with the wait-first dependents), the a3b-24l prep,
+#       then `bench --decode-rows 1,2,4,8` at the serve shape (1,000-token prompts, 128 tokens,
+#       context 32,768) at 6 GiB and all resident, whose HCS line now counts every step of the
+#       run (the engine's totals) instead of the steps after the second-to-last sequence ended.
+#   bash tools/device/session20.sh serve COMMIT   (the serve runs; LIMITS, CLIENTS)
+# Results: $OUT/session24-PHASE.txt (the summary) and the logs beside it.
+set -u
+P=${1:?phase}; C=${2:-unknown}
+S=$OUT/session24-$P.txt
+T0=$SECONDS
+# shellcheck source=tools/device/lib.sh
+. tools/device/lib.sh
+unpack_binaries
+case "$P" in
+  a)
+    # shellcheck disable=SC2086  # KFILTER: several test-name filters
+    test_bin gpu "${KTIME:-200}" ${KFILTER:-fp16_mlp:: attention_decode rope}
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    echo "prep (t=$((SECONDS-T0))s)" >> "$S"
+    for l in ${LIMITS:-6GiB none}; do
+      lim=(); tag=resident; [ "$l" != none ] && { lim=(--vram-limit "$l"); tag=$l; }
+      timeout 150 dist/gpu/krasis-runtime bench --model /tmp/agent-load/a3b-24l \
+        --cache-dir /tmp/agent-load/krasis-cache --commit "$C" --prompt-tokens 1000 \
+        --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,2,4,8 \
+        --context-length 32768 "${lim[@]}" --json "$OUT/bench-serve-shape-$tag.json" \
+        > "$OUT/bench-serve-shape-$tag.log" 2>&1
+      echo "bench serve shape ($tag) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^experts:|^decode [0-9] rows|HCS: hit" "$OUT/bench-serve-shape-$tag.log" | cut -c1-420 >> "$S"
+    done
+    ;;
+  *) echo "unknown phase $P" >> "$S" ;;
+esac
+echo "done (t=$((SECONDS-T0))s)" >> "$S"
