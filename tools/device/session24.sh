@@ -34,6 +34,29 @@ case "$P" in
       grep -E "^experts:|^decode [0-9] rows|HCS: hit" "$OUT/bench-serve-shape-$tag.log" | cut -c1-420 >> "$S"
     done
     ;;
+  b)
+    # The shared-expert w13 (one block per expert for the tokens routed to it): its kernel
+    # tests (row invariance with shared experts, the CPU reference, masked pairs, the f16
+    # entry points), the engine's batching invariance, then bench at 1,000-token prompts
+    # for it and for the binary before (krasis-runtime-a), all resident and 6 GiB.
+    # shellcheck disable=SC2086
+    test_bin gpu "${KTIME:-300}" ${KFILTER:-rows:: int4:: fp16_mlp::}
+    grep -q "test result: ok" "$OUT/test-gpu.log" || { echo "kernel tests failed: no bench" >> "$S"; exit 0; }
+    test_bin batching 120
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    echo "prep (t=$((SECONDS-T0))s)" >> "$S"
+    for l in ${LIMITS:-none}; do
+      for v in "" -a; do
+        lim=(); tag=resident$v; [ "$l" != none ] && { lim=(--vram-limit "$l"); tag=$l$v; }
+        timeout 120 dist/gpu/krasis-runtime$v bench --model /tmp/agent-load/a3b-24l \
+          --cache-dir /tmp/agent-load/krasis-cache --commit "$C$v" --prompt-tokens 1000 \
+          --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,2,4,8 "${lim[@]}" \
+          --json "$OUT/bench-1k-$tag.json" > "$OUT/bench-1k-$tag.log" 2>&1
+        echo "bench 1k ($tag) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+        grep -E "^decode [0-9] rows|HCS: hit" "$OUT/bench-1k-$tag.log" | cut -c1-330 >> "$S"
+      done
+    done
+    ;;
   *) echo "unknown phase $P" >> "$S" ;;
 esac
 echo "done (t=$((SECONDS-T0))s)" >> "$S"
