@@ -57,6 +57,23 @@ case "$P" in
       done
     done
     ;;
+  c)
+    # The shared-expert w13 with 16-row blocks at every row count (krasis-runtime-b) beside
+    # its 32-row blocks at several rows (krasis-runtime) and the binary before (-a): all
+    # resident, 1,000-token prompts, 1 and 4 rows, the order rotated so no binary always
+    # runs first.
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    echo "prep (t=$((SECONDS-T0))s)" >> "$S"
+    for v in -b "" -a -b "" -a; do
+      [ -x dist/gpu/krasis-runtime$v ] || continue
+      timeout 90 dist/gpu/krasis-runtime$v bench --model /tmp/agent-load/a3b-24l \
+        --cache-dir /tmp/agent-load/krasis-cache --commit "$C$v" --prompt-tokens 1000 \
+        --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
+        > "$OUT/bench-c$v.log" 2>&1
+      echo "bench ($v) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^decode [0-9] rows" "$OUT/bench-c$v.log" | cut -c1-330 >> "$S"
+    done
+    ;;
   *) echo "unknown phase $P" >> "$S" ;;
 esac
 echo "done (t=$((SECONDS-T0))s)" >> "$S"

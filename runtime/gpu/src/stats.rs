@@ -252,4 +252,45 @@ mod tests {
         c.steps = 0;
         assert_eq!(traffic(&c, &copies).cold_bytes_per_token, 400.0);
     }
+
+    /// A batched run's collections (one per sequence that ended) summed,
+    /// then the span between two snapshots: every step of the span, not
+    /// only the last collection's.
+    #[test]
+    fn totals_cover_every_collection_of_a_span() {
+        let col = |lookups, hits, steps, cold| {
+            (
+                Counters {
+                    lookups,
+                    hits,
+                    steps,
+                },
+                CopyStats {
+                    decode_cold_reads: cold,
+                    decode_bytes: cold * 100,
+                    ..Default::default()
+                },
+            )
+        };
+        let mut t = HcsTotals::default();
+        let (c, k) = col(16, 16, 2, 0); // an earlier request
+        t.add(&c, &k);
+        let before = t.clone();
+        // Four rows: the first sequence to end collects 126 steps of four
+        // rows, the others the few steps after it.
+        for (c, k) in [
+            col(4032, 3500, 126, 12_000),
+            col(32, 30, 2, 4),
+            col(0, 0, 0, 0),
+        ] {
+            t.add(&c, &k);
+        }
+        let s = t.since(&before);
+        assert_eq!(t.steps() - before.steps(), 128);
+        assert_eq!(s.hit_rate, 3530.0 / 4064.0);
+        assert_eq!(s.cold_experts_per_token, 12_004.0 / 128.0);
+        assert_eq!(s.cold_bytes_per_token, 1_200_400.0 / 128.0);
+        // Nothing since: no step, no traffic.
+        assert_eq!(t.since(&t).cold_experts_per_token, 0.0);
+    }
 }
