@@ -152,67 +152,16 @@ __device__ __forceinline__ float quad_sum(float v) {
 // Shared x layout: 32-element chunk c32 (group G = c32/4, lane tq = c32%4)
 // at u32 offset c32*20 (16 used + 4 pad: the 4 tq of a warp hit distinct banks).
 #define XS_STRIDE 20
-// Tokens that share one expert in one w13 block (the fast path's B
-// columns, below). 4 keeps the block's shared memory at <= 45 KB for H
-// 4096 and ~21 KB for H 2048, so consumer parts (100 KB per SM) still fit
-// three 256-thread blocks of the NCL 1/2 entry points.
-#define W13_COLS 4
-
-// Sharing an expert between tokens (GEN = false, continuous batching).
-// The members of pair p are the pairs q of this launch that routed to the
-// same expert (ids[q] == ids[p], slot bit set), in q order; a token routes
-// to an expert at most once, so at M rows there are at most M. The block
-// of pair p runs only if p's rank among its members is a multiple of CM,
-// and then computes the CM members from p on (mq[0] = p) in one pass: the
-// expert's weights are dequantized once and multiplied with up to CM
-// tokens, token c in mma B column c (the g = 128 path fills all 8 columns
-// with one x and reads only column 0). The other pairs' blocks return.
-// Every warp finds the members itself (ballots over ids, no barrier).
-// Why: at M rows the decode GEMVs are issue bound (session 20), and one
-// pair per block dequantized a shared expert once per token; a3b-24l's 4
-// rows route their 32 pairs to ~11 experts per layer. Exact and row
-// invariant: a tensor core's output element (row, column) depends only on
-// that row of A and that column of B, so token c's column holds the bits
-// the one-token launch computes in its column 0 (kernel tests rows::,
-// int4::). Returns false if this block has nothing to do.
-template <int CM>
-__device__ __forceinline__ bool w13_members(const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 slot_mask, u32 p,
-                                            u32 id, u32 lane, u32* mq, u32& nm) {
-    u32 below = 0, from_p = 0;
-    for (u32 b = 0; b < n_pairs; b += 32) {  // warp-uniform
-        const u32 q = b + lane;
-        bool is = false;
-        if (q < n_pairs) {
-            const u32 jq = q % k;
-            is = jq < 32 && ((slot_mask >> jq) & 1u) != 0 && ids[q] == id;
-        }
-        u32 m = __ballot_sync(0xFFFFFFFFu, is);
-        while (m != 0) {  // warp-uniform: members in q order
-            const u32 qq = b + (u32)(__ffs(m) - 1);
-            m &= m - 1;
-            if (qq < p) {
-                ++below;
-            } else {
-#pragma unroll
-                for (int c = 0; c < CM; ++c)
-                    if (from_p == (u32)c) mq[c] = qq;
-                ++from_p;
-            }
-        }
-    }
-    nm = from_p < (u32)CM ? from_p : (u32)CM;
-    return below % CM == 0;
-}
 
 // GEN = false: the g = 128 fast path (H a multiple of 128, one scale per
-// tile; the code the a3b decode was measured with), with the tokens that
-// share the block's expert in its B columns (w13_members). GEN = true: any
-// group gl = log2(g / 32) and a partial last tile, as described in the
-// header; its B columns separate scale groups, so one pair per block.
+// tile; the code the a3b decode was measured with). GEN = true: any group
+// gl = log2(g / 32) and a partial last tile, as described in the header.
 // A: the format of x (and of the dequantized weights in the mma).
-// Several pairs of one token per block (two register sets per warp, the
-// next pair's loads in flight) measured no faster at 2-8 rows (kbench
-// --rows: a3b 4 rows 47.4 us one pair per block, 48.6 four).
+// One pair per block (grid y = pair), at every row count: several pairs
+// of one token per block (two register sets per warp, the next pair's
+// loads in flight) measured no faster at 2-8 rows (kbench --rows: a3b 4
+// rows 47.4 us one pair per block, 48.6 four): w13 at M rows reads the
+// union of the rows' experts, and that byte count, not the grid, sets it.
 // RT: 16-row tiles of gate (and of up) rows per block, 1 or 2 (the _r32
 // entry points, g = 128 and NCL <= 2 only: their registers). A row's
 // arithmetic does not depend on RT (same loads, same mma chain, partials
@@ -222,14 +171,8 @@ __device__ __forceinline__ void w13_swiglu_body(const unsigned short* __restrict
                                                 u32 n_table, const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H,
                                                 u32 I, u64 oq, u64 os, u32 slot_mask, u32 wait_first, u32 gl,
                                                 float* __restrict__ act) {
-    constexpr int CM = GEN ? 1 : W13_COLS;
-    // One token's staged x; +16 u32 between tokens puts token c + 1's
-    // chunks on the banks token c leaves free (lanes g = c, c + 1 share a
-    // quarter-warp of a 16-byte load).
-    constexpr u32 XCS = MAXH / 32 * XS_STRIDE + (CM > 1 ? 16 : 0);
-    __shared__ __align__(16) u32 xs[CM * XCS];
-    __shared__ float part[MAXW][CM][32 * RT];
-    __shared__ u32 smq[CM];
+    __shared__ __align__(16) u32 xs[MAXH / 32 * XS_STRIDE];
+    __shared__ float part[MAXW][32 * RT];
     static_assert(RT == 1 || (RT == 2 && !GEN && NCL <= 2), "two row tiles: fast path, NCL <= 2 only");
     // x chunks per thread: H/8 chunks over 32*ceil(H/128/NCL) threads.
     constexpr int XPRE = (NCL + 1) / 2;
@@ -254,29 +197,15 @@ __device__ __forceinline__ void w13_swiglu_body(const unsigned short* __restrict
     // GEN: ns scale groups per tile, nsg per row, H / 32 valid 32-chunks.
     const u32 ns = GEN ? 4u >> gl : 1u, nsg = GEN ? H >> (5 + gl) : ng, nch = H / 32;
     const u32 i0 = blockIdx.x * 16 * RT;
-    const u32 id = ids[p];
-    u32 mq[CM], nm = 1;
-    mq[0] = p;
-    if constexpr (CM > 1) {
-        if (!w13_members<CM>(ids, n_pairs, k, slot_mask, p, id, lane, mq, nm)) return;  // block-uniform
-        if (threadIdx.x == 0) {
-#pragma unroll
-            for (int c = 0; c < CM; ++c) smq[c] = mq[c];
-        }
-    }
-    const unsigned char* base = expert_base(table, n_table, id);
+    const unsigned char* base = expert_base(table, n_table, ids[p]);
     if (base == nullptr) {
-#pragma unroll
-        for (int c = 0; c < CM; ++c)
-            if ((u32)c < nm && threadIdx.x < 16 * RT) act[(u64)mq[c] * I + i0 + threadIdx.x] = NAN_F;
+        if (threadIdx.x < 16 * RT) act[(u64)p * I + i0 + threadIdx.x] = NAN_F;
         return;
     }
     const unsigned char* wq = base + oq;
     const f16_t* wsc = (const f16_t*)(base + os);
     const u64 rb = H / 2;
-    // x first (an L2 hit that would otherwise queue behind the weights):
-    // this pair's token; the other members' after the weights, so their
-    // registers are not held while the weights are in flight.
+    // x first (an L2 hit that would otherwise queue behind the weights).
     const uint4* xrow = (const uint4*)(x + (u64)t * H);
     uint4 xpre[XPRE];
 #pragma unroll
@@ -321,41 +250,23 @@ __device__ __forceinline__ void w13_swiglu_body(const unsigned short* __restrict
                         sh[rt][tile][gg][h] = (G < ng && tq < ns && sg < nsg) ? wsc[row * nsg + sg] : (f16_t)0;
                     }
                 }
-    // Stage x permuted into shared memory (H/8 <= XPRE * blockDim chunks),
-    // token c of the members at xs[c * XCS].
+    // Stage x permuted into shared memory (H/8 <= XPRE * blockDim chunks).
 #pragma unroll
     for (int r = 0; r < XPRE; ++r) {
         const u32 c = threadIdx.x + r * blockDim.x;
         if (c < H / 8) *(uint4*)&xs[(c >> 2) * XS_STRIDE + (c & 3) * 4] = perm8(xpre[r]);
     }
-#pragma unroll
-    for (int m = 1; m < CM; ++m) {
-        if ((u32)m < nm) {  // block-uniform
-            const uint4* xr = (const uint4*)(x + (u64)(mq[m] / k) * H);
-#pragma unroll
-            for (int r = 0; r < XPRE; ++r) {
-                const u32 c = threadIdx.x + r * blockDim.x;
-                if (c < H / 8) *(uint4*)&xs[m * XCS + (c >> 2) * XS_STRIDE + (c & 3) * 4] = perm8(xr[c]);
-            }
-        }
-    }
     __syncthreads();
-    // B column g carries member g (columns past the members repeat member 0;
-    // their results are not read).
-    const u32 xcol = (CM > 1 && g < nm) ? g * XCS : 0;
-    // acc[rt][tile][h][cc]: rows g (h 0) and g + 8 (h 1), C columns 2tq + cc.
-    float acc[RT][2][2][2];
+    float acc[RT][2][2];
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-        for (int tile = 0; tile < 2; ++tile)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) acc[rt][tile][h][0] = acc[rt][tile][h][1] = 0.0f;
+        for (int tile = 0; tile < 2; ++tile) acc[rt][tile][0] = acc[rt][tile][1] = 0.0f;
 #pragma unroll
     for (int gg = 0; gg < NCL; ++gg) {
         const u32 G = warp * NCL + gg;
         if (G < ng) {  // warp-uniform
-            const uint4* xp = (const uint4*)&xs[xcol + (G * 4 + tq) * XS_STRIDE];
+            const uint4* xp = (const uint4*)&xs[(G * 4 + tq) * XS_STRIDE];
             uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
             if (GEN) mask_b(xv, G * 4 + tq < nch && ((tq * ns) >> 2) == ((g >> 1) & (ns - 1)));
 #pragma unroll
@@ -364,11 +275,8 @@ __device__ __forceinline__ void w13_swiglu_body(const unsigned short* __restrict
                 for (int tile = 0; tile < 2; ++tile) {
                     float c[4];
                     tile16<A>(q[rt][tile][gg][0], q[rt][tile][gg][1], xv, c);
-#pragma unroll
-                    for (int cc = 0; cc < (CM > 1 ? 2 : 1); ++cc) {
-                        acc[rt][tile][0][cc] += h2f(sh[rt][tile][gg][0]) * c[cc];
-                        acc[rt][tile][1][cc] += h2f(sh[rt][tile][gg][1]) * c[2 + cc];
-                    }
+                    acc[rt][tile][0] += h2f(sh[rt][tile][gg][0]) * c[0];
+                    acc[rt][tile][1] += h2f(sh[rt][tile][gg][1]) * c[2];
                 }
         }
     }
@@ -376,34 +284,27 @@ __device__ __forceinline__ void w13_swiglu_body(const unsigned short* __restrict
 #pragma unroll
         for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) acc[0][tile][h][0] = quad_sum(acc[0][tile][h][0]);
+            for (int h = 0; h < 2; ++h) acc[0][tile][h] = quad_sum(acc[0][tile][h]);
     }
-    // part[w][m][32 rt + r]: member m's gate row 16 rt + r; [32 rt + 16 + r]:
-    // its up row. Member m is C column m: lane tq = m / 2, cc = m % 2.
+    // part[w][32 rt + r]: gate row 16 rt + r; [32 rt + 16 + r]: its up row.
+    if (tq == 0) {
 #pragma unroll
-    for (int cc = 0; cc < 2; ++cc) {
-        const u32 m = 2 * tq + cc;
-        if ((CM == 1 && tq == 0 && cc == 0) || (CM > 1 && m < nm)) {
-#pragma unroll
-            for (int rt = 0; rt < RT; ++rt) {
-                part[warp][m][32 * rt + g] = acc[rt][0][0][cc];
-                part[warp][m][32 * rt + g + 8] = acc[rt][0][1][cc];
-                part[warp][m][32 * rt + 16 + g] = acc[rt][1][0][cc];
-                part[warp][m][32 * rt + 24 + g] = acc[rt][1][1][cc];
-            }
+        for (int rt = 0; rt < RT; ++rt) {
+            part[warp][32 * rt + g] = acc[rt][0][0];
+            part[warp][32 * rt + g + 8] = acc[rt][0][1];
+            part[warp][32 * rt + 16 + g] = acc[rt][1][0];
+            part[warp][32 * rt + 24 + g] = acc[rt][1][1];
         }
     }
     __syncthreads();
-    for (u32 i = threadIdx.x; i < 16 * RT * nm; i += blockDim.x) {  // small H: fewer threads than rows
-        const u32 m = i / (16 * RT), rr = i % (16 * RT);
-        const u32 r = rr & 15, o = 32 * (rr >> 4);
+    if (threadIdx.x < 16 * RT) {
+        const u32 r = threadIdx.x & 15, o = 32 * (threadIdx.x >> 4);
         float gs = 0.0f, us = 0.0f;
         for (u32 w = 0; w < nw; ++w) {
-            gs += part[w][m][o + r];
-            us += part[w][m][o + 16 + r];
+            gs += part[w][o + r];
+            us += part[w][o + 16 + r];
         }
-        const u32 pm = CM > 1 ? smq[m] : p;
-        act[(u64)pm * I + i0 + rr] = silu(gs) * us;
+        act[(u64)p * I + i0 + threadIdx.x] = silu(gs) * us;
     }
 }
 
@@ -437,13 +338,13 @@ __device__ __forceinline__ void w13_swiglu(const unsigned short* __restrict__ x,
         u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os, u32 slot_mask, u32 wait_first
 #define W13_PASS x, table, n_table, ids, n_pairs, k, H, I, oq, os, slot_mask, wait_first
 extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_1(W13_ARGS, float* __restrict__ act) {
-    w13_swiglu<1, 1024, 8, false>(W13_PASS, 0, act);
+    w13_swiglu<1, 4096, 8, false>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_2(W13_ARGS, float* __restrict__ act) {
-    w13_swiglu<2, 2048, 8, false>(W13_PASS, 0, act);
+    w13_swiglu<2, 4096, 8, false>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_3(W13_ARGS, float* __restrict__ act) {
-    w13_swiglu<3, 3072, 8, false>(W13_PASS, 0, act);
+    w13_swiglu<3, 4096, 8, false>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_4(W13_ARGS, float* __restrict__ act) {
     w13_swiglu<4, 4096, 8, false>(W13_PASS, 0, act);
@@ -452,10 +353,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_4(W13_ARGS,
 // the per-block work (pair lookup, x staging, reduction) serves twice the
 // weights (NCL <= 2: H <= 2048).
 extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_1_r32(W13_ARGS, float* __restrict__ act) {
-    w13_swiglu<1, 1024, 8, false, ActBf16, 2>(W13_PASS, 0, act);
+    w13_swiglu<1, 4096, 8, false, ActBf16, 2>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_2_r32(W13_ARGS, float* __restrict__ act) {
-    w13_swiglu<2, 2048, 8, false, ActBf16, 2>(W13_PASS, 0, act);
+    w13_swiglu<2, 4096, 8, false, ActBf16, 2>(W13_PASS, 0, act);
 }
 // Any group (gl = log2(g / 32)), H <= 4096 in <= 8 warps: NCL = ceil(tiles / 8).
 extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_g1(W13_ARGS, u32 gl, float* __restrict__ act) {
@@ -481,22 +382,22 @@ extern "C" __global__ void __launch_bounds__(512, 1) int4_w13_swiglu_w16_4(W13_A
 
 // The same with an f16 x (FP16 MLP blocks): <name>_f16.
 extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_1_f16(W13_ARGS, float* __restrict__ act) {
-    w13_swiglu<1, 1024, 8, false, ActF16>(W13_PASS, 0, act);
+    w13_swiglu<1, 4096, 8, false, ActF16>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 3) int4_w13_swiglu_2_f16(W13_ARGS, float* __restrict__ act) {
-    w13_swiglu<2, 2048, 8, false, ActF16>(W13_PASS, 0, act);
+    w13_swiglu<2, 4096, 8, false, ActF16>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_3_f16(W13_ARGS, float* __restrict__ act) {
-    w13_swiglu<3, 3072, 8, false, ActF16>(W13_PASS, 0, act);
+    w13_swiglu<3, 4096, 8, false, ActF16>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_4_f16(W13_ARGS, float* __restrict__ act) {
     w13_swiglu<4, 4096, 8, false, ActF16>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_1_r32_f16(W13_ARGS, float* __restrict__ act) {
-    w13_swiglu<1, 1024, 8, false, ActF16, 2>(W13_PASS, 0, act);
+    w13_swiglu<1, 4096, 8, false, ActF16, 2>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) int4_w13_swiglu_2_r32_f16(W13_ARGS, float* __restrict__ act) {
-    w13_swiglu<2, 2048, 8, false, ActF16, 2>(W13_PASS, 0, act);
+    w13_swiglu<2, 4096, 8, false, ActF16, 2>(W13_PASS, 0, act);
 }
 extern "C" __global__ void __launch_bounds__(256, 3)
     int4_w13_swiglu_g1_f16(W13_ARGS, u32 gl, float* __restrict__ act) {
