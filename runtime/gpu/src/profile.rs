@@ -71,7 +71,8 @@ pub struct DecodeBreakdown {
     /// Rows of the step (1: one sequence).
     pub rows: usize,
     /// Distinct experts the rows routed to in the timed MoE layer (the
-    /// union a step reads; `top_k` for one row).
+    /// step's last, with the routes the step gave it: the union a step
+    /// reads there; `top_k` for one row).
     pub distinct_experts: usize,
     /// Embedding + every layer (eager launches).
     pub layers_ms: f64,
@@ -138,17 +139,20 @@ impl CudaEngine {
             let (cx, sc, kv) = e.model_mut().split();
             attention(&cx, sc, kv, 0, m, Positions::Decode)
         })?;
+        // The last MoE layer, with the routes the timed layers just gave it
+        // (the router leaves them in the scratch): the experts this step's
+        // rows really share. Routing the first MoE layer again over the
+        // step's final hidden rows, as this did until session 24, gave 4
+        // rows 10-12 distinct experts, which the step's own layers do not
+        // share (a w13 that computed shared experts once gained 6 us here
+        // and nothing in the step).
         let moe = self
             .model_mut()
             .weights
             .layers
             .iter()
-            .position(|l| matches!(l.mlp, MlpWeights::Moe { .. }));
+            .rposition(|l| matches!(l.mlp, MlpWeights::Moe { .. }));
         if let Some(l) = moe {
-            b.router_layer_ms = timer.median_ms(self, &mut |e| {
-                let (cx, sc, _) = e.model_mut().split();
-                crate::moe::router(&cx, sc, l, m, Positions::Decode, false)
-            })?;
             let model = self.model_mut();
             let k = model.geometry.top_k;
             let ids = model
@@ -164,6 +168,12 @@ impl CudaEngine {
                     return Ok(());
                 };
                 crate::moe::routed_experts(&cx, sc, moe_index, m, Positions::Decode)
+            })?;
+            // Last: it routes the final hidden rows, which rewrites the ids
+            // (its own work does not depend on them).
+            b.router_layer_ms = timer.median_ms(self, &mut |e| {
+                let (cx, sc, _) = e.model_mut().split();
+                crate::moe::router(&cx, sc, l, m, Positions::Decode, false)
             })?;
         }
         // One more eager step of the `m` rows (layers and LM head) between
