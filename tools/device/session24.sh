@@ -74,6 +74,21 @@ case "$P" in
       grep -E "^decode [0-9] rows" "$OUT/bench-c$v.log" | cut -c1-330 >> "$S"
     done
     ;;
+  d)
+    # bench's decode breakdown with the experts timed in the step's last MoE layer on the
+    # routes the step gave it: all resident and 6 GiB, 1,000-token prompts, 1 and 4 rows.
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    echo "prep (t=$((SECONDS-T0))s)" >> "$S"
+    for l in none 6GiB; do
+      lim=(); tag=resident; [ "$l" != none ] && { lim=(--vram-limit "$l"); tag=$l; }
+      timeout 90 dist/gpu/krasis-runtime bench --model /tmp/agent-load/a3b-24l \
+        --cache-dir /tmp/agent-load/krasis-cache --commit "$C" --prompt-tokens 1000 \
+        --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 "${lim[@]}" \
+        --json "$OUT/bench-d-$tag.json" > "$OUT/bench-d-$tag.log" 2>&1
+      echo "bench ($tag) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^decode [0-9] rows|HCS: hit rate .* per step" "$OUT/bench-d-$tag.log" | cut -c1-420 >> "$S"
+    done
+    ;;
   *) echo "unknown phase $P" >> "$S" ;;
 esac
 echo "done (t=$((SECONDS-T0))s)" >> "$S"
