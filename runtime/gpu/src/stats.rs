@@ -75,21 +75,33 @@ pub struct HcsTotals {
 }
 
 impl HcsTotals {
+    /// Field by field `f(a, b)` of two tallies (`+` adds a collection,
+    /// `-` takes a span): one list of the fields, which the struct
+    /// literals keep complete.
+    fn zip(a: &HcsTotals, c: &Counters, k: &CopyStats, f: fn(u64, u64) -> u64) -> HcsTotals {
+        let (ac, ak) = (&a.counters, &a.copies);
+        HcsTotals {
+            counters: Counters {
+                lookups: f(ac.lookups, c.lookups),
+                hits: f(ac.hits, c.hits),
+                steps: f(ac.steps, c.steps),
+            },
+            copies: CopyStats {
+                decode_cold_reads: f(ak.decode_cold_reads, k.decode_cold_reads),
+                decode_bytes: f(ak.decode_bytes, k.decode_bytes),
+                decode_promotions: f(ak.decode_promotions, k.decode_promotions),
+                prefetched: f(ak.prefetched, k.prefetched),
+                prefetch_used: f(ak.prefetch_used, k.prefetch_used),
+                prefetch_wasted: f(ak.prefetch_wasted, k.prefetch_wasted),
+                prefill_bytes: f(ak.prefill_bytes, k.prefill_bytes),
+                reload_bytes: f(ak.reload_bytes, k.reload_bytes),
+                decode_tokens: f(ak.decode_tokens, k.decode_tokens),
+            },
+        }
+    }
+
     fn add(&mut self, c: &Counters, copies: &CopyStats) {
-        let t = &mut self.counters;
-        t.lookups += c.lookups;
-        t.hits += c.hits;
-        t.steps += c.steps;
-        let t = &mut self.copies;
-        t.decode_cold_reads += copies.decode_cold_reads;
-        t.decode_bytes += copies.decode_bytes;
-        t.decode_promotions += copies.decode_promotions;
-        t.prefetched += copies.prefetched;
-        t.prefetch_used += copies.prefetch_used;
-        t.prefetch_wasted += copies.prefetch_wasted;
-        t.prefill_bytes += copies.prefill_bytes;
-        t.reload_bytes += copies.reload_bytes;
-        t.decode_tokens += copies.decode_tokens;
+        *self = Self::zip(self, c, copies, |a, b| a + b);
     }
 
     /// Decode steps tallied in these totals.
@@ -100,25 +112,8 @@ impl HcsTotals {
     /// The traffic since `before` (totals taken earlier from the same
     /// engine), per decode step.
     pub fn since(&self, before: &HcsTotals) -> HcsStats {
-        let (a, b) = (&self.counters, &before.counters);
-        let c = Counters {
-            lookups: a.lookups - b.lookups,
-            hits: a.hits - b.hits,
-            steps: a.steps - b.steps,
-        };
-        let (a, b) = (&self.copies, &before.copies);
-        let copies = CopyStats {
-            decode_cold_reads: a.decode_cold_reads - b.decode_cold_reads,
-            decode_bytes: a.decode_bytes - b.decode_bytes,
-            decode_promotions: a.decode_promotions - b.decode_promotions,
-            prefetched: a.prefetched - b.prefetched,
-            prefetch_used: a.prefetch_used - b.prefetch_used,
-            prefetch_wasted: a.prefetch_wasted - b.prefetch_wasted,
-            prefill_bytes: a.prefill_bytes - b.prefill_bytes,
-            reload_bytes: a.reload_bytes - b.reload_bytes,
-            decode_tokens: a.decode_tokens - b.decode_tokens,
-        };
-        traffic(&c, &copies)
+        let d = Self::zip(self, &before.counters, &before.copies, |a, b| a - b);
+        traffic(&d.counters, &d.copies)
     }
 }
 
