@@ -255,6 +255,20 @@ impl Capabilities {
                 ));
             }
         }
+        if let Some(path) = &opts.prefix_cache_file
+            && !arch.prefix_cache_backends.iter().any(|b| b == backend)
+        {
+            return Err(OptionError::new(
+                "prefix_cache_file",
+                format!(
+                    "{}: the '{backend}' backend has no prefix cache for '{model_type}' in this \
+                     runtime, so there is nothing to keep in a file (it has one on: {}); drop \
+                     the file",
+                    path.display(),
+                    join(arch.prefix_cache_backends.iter().map(|s| s.as_str()))
+                ),
+            ));
+        }
         if opts.hcs && !arch.hcs {
             return Err(OptionError::new(
                 "hcs",
@@ -504,6 +518,14 @@ mod tests {
         o.model = "m".into();
         o.prefix_cache = size;
         c.check_options(&o, "qwen3_moe").unwrap();
+        // A file for a cache the backend does not have for the family.
+        let mut filed = at(Backend::Cuda, PrefixCacheChoice::Auto);
+        filed.prefix_cache_file = Some("/tmp/p.krspc".into());
+        let e = c.check_options(&filed, "gpt_oss").unwrap_err();
+        assert_eq!(e.option, "prefix_cache_file");
+        filed.backend = Backend::Reference;
+        filed.hcs = false;
+        c.check_options(&filed, "gpt_oss").unwrap();
     }
 
     #[test]

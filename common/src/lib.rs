@@ -39,5 +39,6 @@ pub use status::{
 /// 6: the prefix cache's RAM tier
 /// and block size (`prefix_cache_host`, `prefix_block`: `--prefix-cache-host`,
 /// `--prefix-block`; `0` is a size, not `off`), `/v1/stats` `prefix_cache`
-/// with `tiers` and `demotions`.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// with `tiers` and `demotions`. 7: the prefix cache's file
+/// (`prefix_cache_file`: `--prefix-cache-file`).
+pub const PROTOCOL_VERSION: u32 = 7;

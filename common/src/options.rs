@@ -216,6 +216,11 @@ pub struct LaunchOptions {
     pub prefix_cache_host: PrefixCacheChoice,
     /// Prompt tokens per prefix cache block (a multiple of 64).
     pub prefix_block: u32,
+    /// File the prefix cache is written to at a graceful shutdown and
+    /// loaded from at startup, so cached prompt prefixes survive a restart
+    /// (`None`: kept in memory only). A file written by another model,
+    /// setting, block size, device or build is refused at startup.
+    pub prefix_cache_file: Option<PathBuf>,
     /// Browser origins allowed to call the API cross-origin (CORS), each
     /// `scheme://host[:port]`, or `*` for any. Empty: loopback origins only.
     pub cors_origins: Vec<String>,
@@ -249,10 +254,16 @@ impl Default for LaunchOptions {
             prefix_cache: PrefixCacheChoice::Auto,
             prefix_cache_host: PrefixCacheChoice::Auto,
             prefix_block: DEFAULT_PREFIX_BLOCK,
+            prefix_cache_file: None,
             cors_origins: Vec::new(),
         }
     }
 }
+
+/// How long a stopping server waits for its engine to write the prefix
+/// cache's file (`prefix_cache_file`) before it exits without it (the
+/// previous file stays: it is replaced atomically). A few GiB take seconds.
+pub const PREFIX_FILE_SAVE_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The most requests any engine decodes together (`parallel`): the CUDA
 /// decode kernels take at most 8 rows.
@@ -524,6 +535,16 @@ impl LaunchOptions {
             return Err(OptionError::new("kv_tokens", "must be at least 1"));
         }
         check_prefix_block(self.prefix_block)?;
+        if let (PrefixCacheChoice::Off, Some(p)) = (self.prefix_cache, &self.prefix_cache_file) {
+            return Err(OptionError::new(
+                "prefix_cache_file",
+                format!(
+                    "{} with the prefix cache off: there is nothing to keep in it; turn the \
+                     cache on (prefix_cache auto) or drop the file",
+                    p.display()
+                ),
+            ));
+        }
         if let (PrefixCacheChoice::Off, PrefixCacheChoice::Bytes(b @ 1..)) =
             (self.prefix_cache, self.prefix_cache_host)
         {
@@ -536,6 +557,16 @@ impl LaunchOptions {
             ));
         }
         Ok(())
+    }
+
+    /// How long a launcher waits for the runtime it stops (SIGTERM) before
+    /// killing it: `base`, plus [`PREFIX_FILE_SAVE_LIMIT`] when the runtime
+    /// writes the prefix cache's file on its way out.
+    pub fn shutdown_grace(&self, base: std::time::Duration) -> std::time::Duration {
+        match self.prefix_cache_file {
+            Some(_) => base + PREFIX_FILE_SAVE_LIMIT,
+            None => base,
+        }
     }
 
     /// The API key these options give the server: the in-memory key, else
@@ -599,6 +630,10 @@ impl LaunchOptions {
             self.prefix_block.to_string(),
             "--progress-json".into(),
         ];
+        if let Some(p) = &self.prefix_cache_file {
+            a.push("--prefix-cache-file".into());
+            a.push(p.display().to_string());
+        }
         if let Some(p) = &self.api_key_file {
             a.push("--api-key-file".into());
             a.push(p.display().to_string());
@@ -893,6 +928,33 @@ mod tests {
             };
             o.validate().unwrap();
         }
+        // A file for a cache that is off holds nothing: refused. With the
+        // cache on it goes to the runtime, and the launcher waits for the
+        // save when it stops it.
+        let filed = LaunchOptions {
+            prefix_cache_file: Some("/tmp/p.krspc".into()),
+            ..base.clone()
+        };
+        filed.validate().unwrap();
+        let args = filed.to_serve_args();
+        assert!(
+            args.windows(2)
+                .any(|w| w[0] == "--prefix-cache-file" && w[1] == "/tmp/p.krspc"),
+            "{args:?}"
+        );
+        let base_grace = std::time::Duration::from_secs(10);
+        assert_eq!(base.shutdown_grace(base_grace), base_grace);
+        assert_eq!(
+            filed.shutdown_grace(base_grace),
+            base_grace + PREFIX_FILE_SAVE_LIMIT
+        );
+        let off = LaunchOptions {
+            prefix_cache: PrefixCacheChoice::Off,
+            ..filed
+        };
+        let e = off.validate().unwrap_err();
+        assert_eq!(e.option, "prefix_cache_file");
+        assert!(e.reason.contains("nothing to keep"), "{}", e.reason);
     }
 
     #[test]

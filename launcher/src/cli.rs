@@ -232,6 +232,11 @@ pub struct OptionFlags {
     /// Prompt tokens per prefix cache block (a multiple of 64).
     #[arg(long, value_name = "TOKENS")]
     pub prefix_block: Option<u32>,
+    /// Keep the prefix cache across restarts in this file (written when
+    /// the runtime stops, loaded when it starts), or `off` to keep it in
+    /// memory only.
+    #[arg(long, value_name = "PATH|off")]
+    pub prefix_cache_file: Option<PathBuf>,
 }
 
 impl OptionFlags {
@@ -336,6 +341,9 @@ impl OptionFlags {
             krasis_common::options::check_prefix_block(v)?;
             base.prefix_block = v;
         }
+        if let Some(p) = &self.prefix_cache_file {
+            base.prefix_cache_file = (p.as_os_str() != "off").then(|| p.clone());
+        }
         Ok(())
     }
 }
@@ -401,6 +409,27 @@ mod tests {
             panic!()
         };
         s.opts
+    }
+
+    /// A file sets the option; `off` clears a profile's.
+    #[test]
+    fn the_prefix_cache_file_is_set_or_cleared() {
+        let mut o = LaunchOptions::default();
+        serve_flags(&["--prefix-cache-file", "/var/krasis/p.krspc"])
+            .apply_with_env(&mut o, None)
+            .unwrap();
+        assert_eq!(
+            o.prefix_cache_file,
+            Some(PathBuf::from("/var/krasis/p.krspc"))
+        );
+        serve_flags(&["--port", "9000"])
+            .apply_with_env(&mut o, None)
+            .unwrap();
+        assert!(o.prefix_cache_file.is_some(), "kept when not given");
+        serve_flags(&["--prefix-cache-file", "off"])
+            .apply_with_env(&mut o, None)
+            .unwrap();
+        assert_eq!(o.prefix_cache_file, None);
     }
 
     #[test]

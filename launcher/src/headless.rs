@@ -269,7 +269,8 @@ pub fn run_headless(
     let mut bar: Option<(String, indicatif::ProgressBar)> = None;
     loop {
         if signals::stop_requested() {
-            return Ok(stop_on_signal(&mut sup, bar.take().map(|(_, b)| b)));
+            let grace = opts.shutdown_grace(SHUTDOWN_GRACE);
+            return Ok(stop_on_signal(&mut sup, grace, bar.take().map(|(_, b)| b)));
         }
         let Some(ev) = sup.next_event(Duration::from_millis(200)) else {
             continue;
@@ -345,15 +346,19 @@ pub fn run_headless(
 
 /// SIGINT, SIGTERM or SIGHUP arrived: stop the runtime and say how it ended.
 /// Success only when it stopped cleanly; a runtime that had to be killed
-/// after [`SHUTDOWN_GRACE`], or died of another signal, fails the launcher.
+/// after `grace` ([`LaunchOptions::shutdown_grace`]), or died of another signal, fails the launcher.
 /// Nothing here may panic on a terminal that hung up (hence no `println!`).
-fn stop_on_signal(sup: &mut Supervisor, bar: Option<indicatif::ProgressBar>) -> ExitCode {
+fn stop_on_signal(
+    sup: &mut Supervisor,
+    grace: Duration,
+    bar: Option<indicatif::ProgressBar>,
+) -> ExitCode {
     use std::io::Write;
     if let Some(b) = bar {
         b.abandon();
     }
     let _ = writeln!(std::io::stdout(), "stopping the runtime ...");
-    let how = sup.shutdown(SHUTDOWN_GRACE);
+    let how = sup.shutdown(grace);
     if how.clean {
         let _ = writeln!(std::io::stdout(), "runtime {how}");
         ExitCode::SUCCESS

@@ -9,16 +9,22 @@ prefill gives (greedy); `cache_prompt: false` (llama.cpp's request field)
 bypasses the cache. With a first tier of two blocks, another conversation
 demotes the first one's blocks to the RAM tier (`--prefix-cache-host`),
 from which its next turn restores them, still exact; a RAM tier too small
-for everything evicts, and every request is still served.
+for everything evicts, and every request is still served. With
+`--prefix-cache-file` the cache survives a restart: the server writes it at
+SIGTERM and the next one serves the same conversation from it, exactly; a
+file written with another block size, or damaged, is refused at startup
+with a message that names why, and left as it was.
 """
 
 import json
+import subprocess
+import time
 import urllib.request
 
 import openai
 import pytest
 
-from conftest import start_serve
+from conftest import free_port, start_serve
 
 CONTEXT = 2048
 BLOCK = 64
@@ -175,3 +181,65 @@ def test_a_full_cache_evicts_and_every_request_is_served(tiered_server):
     s = stats(tiered_server)["prefix_cache"]
     assert s["evictions"] > 0, s
     assert s["blocks_held"] <= 10
+
+
+def logged(server, text, timeout=10):
+    """Whether `text` reaches the server's stderr within `timeout` seconds
+    (its lines are read by another thread)."""
+    deadline = time.monotonic() + timeout
+    while text not in "".join(server.stderr_lines):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_the_cache_survives_a_restart_through_its_file(runtime_bin, tiny_model, pytestconfig,
+                                                        tmp_path):
+    path = tmp_path / "prefix.krspc"
+    tiers = ("--prefix-cache", 2 * BLOCK_BYTES, "--prefix-cache-host", 8 * BLOCK_BYTES,
+             "--prefix-cache-file", path)
+    msgs = conversation("This conversation outlives its server.")
+    s = server(runtime_bin, tiny_model, pytestconfig, *tiers)
+    try:
+        first = chat(client(s), msgs)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert not path.exists(), "written only at shutdown"
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.stderr()
+    assert logged(s, "prefix cache saved"), s.stderr()
+    saved = path.read_bytes()
+
+    s = server(runtime_bin, tiny_model, pytestconfig, *tiers)
+    try:
+        assert logged(s, "blocks loaded"), s.stderr()
+        again = chat(client(s), msgs)
+        want = (first.usage.prompt_tokens - 1) // BLOCK * BLOCK
+        assert again.usage.prompt_tokens_details.cached_tokens == want > 0
+        cold = chat(client(s), msgs, extra_body={"cache_prompt": False})
+        assert cold.usage.prompt_tokens_details.cached_tokens == 0
+        assert again.choices[0].message.content == cold.choices[0].message.content
+        assert again.choices[0].message.content == first.choices[0].message.content
+    finally:
+        s.stop()
+
+    # Refused at startup, the file left as it was: another block size, and
+    # a damaged file.
+    def refused(block, contents):
+        path.write_bytes(contents)
+        p = subprocess.run(
+            [str(a) for a in [runtime_bin, "serve", "--model", tiny_model,
+                              "--backend", pytestconfig.getoption("--backend"),
+                              "--port", free_port(), "--context-length", CONTEXT,
+                              "--prefill-chunk", CHUNK, "--prefix-block", block, *tiers]],
+            capture_output=True, text=True, timeout=300)
+        assert p.returncode != 0, p.stderr[-3000:]
+        assert path.read_bytes() == contents
+        return p.stderr
+    err = refused(2 * BLOCK, saved)
+    assert "written for a different block tokens (--prefix-block)" in err, err[-3000:]
+    damaged = bytearray(saved)
+    damaged[len(saved) // 2] ^= 1
+    err = refused(BLOCK, bytes(damaged))
+    assert "is damaged" in err and "checksum" in err, err[-3000:]

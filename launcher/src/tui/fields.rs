@@ -31,11 +31,12 @@ pub enum Field {
     KvTokens,
     PrefixCacheHost,
     PrefixBlock,
+    PrefixCacheFile,
 }
 
 /// In form order. GPU, the prefix cache and the batching fields come last
 /// so the rows above keep their places (the tmux flow test counts them).
-pub const FIELDS: [Field; 22] = [
+pub const FIELDS: [Field; 23] = [
     Field::Backend,
     Field::ExpertPrecision,
     Field::AttentionPrecision,
@@ -58,6 +59,7 @@ pub const FIELDS: [Field; 22] = [
     Field::KvTokens,
     Field::PrefixCacheHost,
     Field::PrefixBlock,
+    Field::PrefixCacheFile,
 ];
 
 /// What availability and choices are derived from: the runtime's report
@@ -94,6 +96,7 @@ impl Field {
             Field::KvTokens => "KV budget (tokens)",
             Field::PrefixCacheHost => "Prefix cache host tier",
             Field::PrefixBlock => "Prefix block (tokens)",
+            Field::PrefixCacheFile => "Prefix cache file",
         }
     }
 
@@ -168,6 +171,10 @@ impl Field {
                 PrefixCacheChoice::Bytes(b) => fmt_bytes(b),
             },
             Field::PrefixBlock => o.prefix_block.to_string(),
+            Field::PrefixCacheFile => o
+                .prefix_cache_file
+                .as_ref()
+                .map_or("none (memory only)".into(), |p| p.display().to_string()),
         }
     }
 
@@ -182,6 +189,11 @@ impl Field {
             Field::ApiKey => o.api_key.clone().unwrap_or_default(),
             Field::ApiKeyFile => o
                 .api_key_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            Field::PrefixCacheFile => o
+                .prefix_cache_file
                 .as_ref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
@@ -255,6 +267,11 @@ impl Field {
             }
             Field::Heatmap => {
                 o.heatmap = HeatmapChoice::parse(if t.is_empty() { "auto" } else { t })
+            }
+            // Empty (or `off`): the cache is kept in memory only.
+            Field::PrefixCacheFile => {
+                o.prefix_cache_file =
+                    (!t.is_empty() && t != "off").then(|| std::path::PathBuf::from(t))
             }
             Field::Host => o.host = t.to_string(),
             Field::Port => {

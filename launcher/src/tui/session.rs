@@ -81,6 +81,9 @@ pub struct Session {
     store: Store,
     /// Wait this long after SIGTERM before the runtime is killed.
     grace: Duration,
+    /// `grace` for the running runtime's options (longer when it writes
+    /// the prefix cache's file on its way out).
+    run_grace: Duration,
     sup: Option<Supervisor>,
     poller: Option<StatsPoller>,
     generation: u64,
@@ -105,6 +108,7 @@ impl Session {
             runtime,
             store,
             grace,
+            run_grace: grace,
             sup: None,
             poller: None,
             generation: 0,
@@ -244,6 +248,7 @@ impl Session {
     pub fn launch(&mut self, app: &mut App, o: &LaunchOptions) {
         // An earlier runtime that ended by itself is replaced, not stopped.
         self.sup = None;
+        self.run_grace = o.shutdown_grace(self.grace);
         let started = match &self.runtime {
             Ok(path) => {
                 let (args, env) = serve_command(o);
@@ -279,7 +284,7 @@ impl Session {
         };
         app.run.status = RunStatus::Stopping;
         self.draw(app, term);
-        let how = s.shutdown(self.grace);
+        let how = s.shutdown(self.run_grace);
         while let Some(e) = s.next_event(Duration::ZERO) {
             if let SupEvent::Log(l) = e {
                 app.update(Event::Runtime(SupEvent::Log(l)));
@@ -289,7 +294,7 @@ impl Session {
             success: how.clean,
             description: format!("stopped: {how}"),
         };
-        if how == Stopped::killed_after(self.grace) {
+        if how == Stopped::killed_after(self.run_grace) {
             self.forced_kills.push(how.clone());
         }
         self.last_end = Some(how);

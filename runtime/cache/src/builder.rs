@@ -5,7 +5,6 @@
 //! gets its magic bytes last, so an interrupted build never leaves a file
 //! that looks valid; the next build (under the lock) deletes leftovers.
 
-use crate::atomic::TempFile;
 use crate::error::CacheError;
 use crate::format::{
     DATA_ALIGN, FORMAT_VERSION, HASH_PLACEHOLDER, Header, LayerEntry, PREAMBLE_BYTES, align_up,
@@ -15,6 +14,7 @@ use crate::lock::{CacheLock, LockWait};
 use crate::quant::QUANTIZER_VERSION;
 use crate::source::ModelSource;
 use krasis_common::events::{ByteProgress, EventSink, task};
+use krasis_model::atomic::TempFile;
 use rayon::prelude::*;
 use std::fs::{File, OpenOptions};
 use std::io::IsTerminal;

@@ -24,9 +24,9 @@
 //! a value is detected. Files are written to a temp file in the target
 //! directory, fsync'ed, renamed into place and the directory fsync'ed.
 
-use crate::atomic::TempFile;
 use crate::cache::ExpertCache;
 use crate::format::SourceIdentity;
+use krasis_model::atomic::TempFile;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fs::{File, OpenOptions};

@@ -14,7 +14,6 @@
 //! - [`pinned`]: page-locked host backing for GPU copies.
 //! - [`heatmap`]: [`Heatmap`], versioned route counts bound to a cache (the HCS prior).
 
-mod atomic;
 pub mod builder;
 pub mod cache;
 pub mod ensure;

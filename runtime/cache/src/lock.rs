@@ -5,6 +5,7 @@
 //! different inodes.
 
 use crate::error::CacheError;
+use krasis_model::atomic::sibling;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 
@@ -22,12 +23,6 @@ pub enum LockWait {
 pub struct CacheLock {
     _file: File,
     path: PathBuf,
-}
-
-pub(crate) fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(suffix);
-    path.with_file_name(name)
 }
 
 impl CacheLock {

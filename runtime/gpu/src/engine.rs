@@ -134,6 +134,11 @@ impl CudaEngine {
         let kernels = Kernels::new(&gpu.ctx, &opts.kernel_cache)?;
         let ckpt = Checkpoint::open(model_dir)?;
         let weights = ModelWeights::upload(&gpu, &ckpt, &config, progress)?;
+        // What a prefix cache file is bound to (read only for one).
+        let model_identity = match &opts.prefix_cache_file {
+            Some(_) => Some(ckpt.content_identity()?),
+            None => None,
+        };
         drop(ckpt);
         let (experts, ffn, cache) = if g.num_moe_layers() > 0 {
             let cache = Arc::new(krasis_cache::ensure_cache_reporting(
@@ -253,6 +258,10 @@ impl CudaEngine {
                 .free_in_budget()?
                 .saturating_sub(opts.safety_margin);
             engine.setup_prefix(opts, Some(spare))?;
+        }
+        if let (Some(path), Some(model)) = (&opts.prefix_cache_file, model_identity) {
+            let l = engine.load_prefix_file(path, &model)?;
+            eprintln!("prefix cache file {}: {}", path.display(), l.describe());
         }
         engine.report.load_seconds = t0.elapsed().as_secs_f64();
         tracing::info!(report = ?engine.report, device = %engine.model.gpu.info.name, "CUDA engine loaded");
@@ -569,13 +578,13 @@ impl CudaEngine {
     /// block size (fixed at load): a planted fault, the planted per-shape
     /// GEMM choice.
     #[cfg(any(test, feature = "fault-injection"))]
-    fn prefix_binding(&self) -> u64 {
+    pub(crate) fn prefix_binding(&self) -> u64 {
         let per_shape = self.model.gpu.blas.selection() == crate::blas::Selection::PerShape;
         self.model.fault as u64 + 1 + (u64::from(per_shape) << 32)
     }
 
     #[cfg(not(any(test, feature = "fault-injection")))]
-    fn prefix_binding(&self) -> u64 {
+    pub(crate) fn prefix_binding(&self) -> u64 {
         0
     }
 
@@ -870,6 +879,18 @@ impl Engine for CudaEngine {
 
     fn stats(&self) -> Option<EngineStats> {
         Some(self.engine_stats(self.last_hcs.as_ref()))
+    }
+
+    fn save_prefix_cache(
+        &mut self,
+    ) -> Result<Option<krasis_model::prefix_cache::persist::Saved>, EngineError> {
+        if self.batch.active() > 0 {
+            return Err(EngineError::InvalidRequest(format!(
+                "the prefix cache is saved on an idle engine; {} sequence(s) are running",
+                self.batch.active()
+            )));
+        }
+        self.save_prefix_file().map_err(EngineError::from)
     }
 
     fn batch(&mut self) -> Option<&mut dyn krasis_model::batch::Batch> {

@@ -70,6 +70,8 @@ pub enum GpuError {
     #[error("unsupported: {0}")]
     Unsupported(String),
     #[error(transparent)]
+    PrefixFile(#[from] krasis_model::prefix_cache::persist::PersistError),
+    #[error(transparent)]
     Engine(#[from] EngineError),
 }
 

@@ -51,6 +51,10 @@ pub struct CudaEngineOptions {
     /// construction whatever the GEMMs do (a resumed prefill runs exactly
     /// a cold prefill's chunks); no CLI option, the GPU tests use it.
     pub whole_chunk_reuse: bool,
+    /// The prefix cache's file (`serve --prefix-cache-file`): loaded at
+    /// load, written at [`krasis_model::Engine::save_prefix_cache`]
+    /// (`prefix/file.rs`). Needs the cache on.
+    pub prefix_cache_file: Option<std::path::PathBuf>,
     /// Caps the HCS reclaimable prior at this many slots (`None`: the whole
     /// prior); the rest stays empty, so more decode lookups miss into the
     /// recency tail. No CLI option: the GPU tests use it to exercise the
@@ -98,6 +102,7 @@ impl Default for CudaEngineOptions {
             prefix_cache_host: krasis_common::options::PrefixCacheChoice::Off,
             prefix_block: krasis_common::options::DEFAULT_PREFIX_BLOCK as usize,
             whole_chunk_reuse: false,
+            prefix_cache_file: None,
             hcs_prior_cap: None,
             hcs_tail_slots: None,
             hcs_prefetch: 0,

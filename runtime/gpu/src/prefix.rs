@@ -42,6 +42,8 @@ use krasis_model::arch::AttentionKind;
 use krasis_model::prefix_cache::{Demotion, Hit, PrefixCache, Tier};
 use std::sync::Arc;
 
+mod file;
+
 /// Bytes of one block of `block_tokens` positions of every layer's K and V.
 pub fn block_bytes(g: &Geometry, block_tokens: usize) -> u64 {
     (g.num_layers * 2 * g.num_kv_heads * block_tokens * g.head_dim * 2) as u64
@@ -200,6 +202,12 @@ pub(crate) struct TieredPrefix {
     /// (read once the stream has passed them).
     restore_ev: [Option<(CudaEvent, CudaEvent)>; 2],
     store_ev: Option<(CudaEvent, CudaEvent)>,
+    /// The file the cache is saved to and loaded from, with what the KV is
+    /// computed by (`file.rs`).
+    file: Option<(
+        std::path::PathBuf,
+        krasis_model::prefix_cache::persist::KvIdentity,
+    )>,
 }
 
 /// The two tiers' sizes and the block, as decided at load.
@@ -259,6 +267,7 @@ impl TieredPrefix {
             pairs: gpu.alloc_zeros::<u32>(4 * max_pairs, "prefix cache block list")?,
             restore_ev: [None, None],
             store_ev: None,
+            file: None,
         })
     }
 

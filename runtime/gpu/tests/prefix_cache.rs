@@ -466,3 +466,71 @@ fn whole_chunk_reuse_when_asked_any_block_by_default() {
     pair.served("400 tokens sharing 200 (any block)", &long[..400], 3 * B);
     pair.served("450 tokens sharing 400 (any block)", &long[..450], 6 * B);
 }
+
+/// A restart through the cache's file (`serve --prefix-cache-file`): an
+/// all-resident engine saves blocks of both tiers (some demoted to the
+/// host tier); a fresh engine under HCS with streamed prefill loads them
+/// and its hits are bit-identical to a cold prefill; a smaller cache takes
+/// the most recent conversation; another block size is refused by name.
+#[test]
+fn a_restart_through_the_file_is_bit_identical() {
+    if !gpu_or_skip("a_restart_through_the_file_is_bit_identical") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, cache) = tiny(tmp.path());
+    let file = tmp.path().join("prefix.krspc");
+    let with_file = |opts: CudaEngineOptions| CudaEngineOptions {
+        prefix_cache_file: Some(file.clone()),
+        ..opts
+    };
+    let first = with_file(with_tiers(&model, all_resident(&cache), 3, 16));
+    let mut p = Pair::new(&model, &cache, first);
+    let vocab = p.cold.info().vocab_size;
+    let (a, b) = (tokens(330, vocab, 51), tokens(330, vocab, 52)); // 5 blocks each
+    p.served("a, cold", &a, 0);
+    p.served("b, cold", &b, 0);
+    let s = p.report("before the restart");
+    assert!(s.demotions > 0 && s.blocks_held == 10, "{s:?}");
+    let saved = p
+        .cached
+        .save_prefix_cache()
+        .expect("saved")
+        .expect("a file");
+    assert_eq!(saved.blocks, 10);
+    assert!(file.exists());
+
+    let streamed = with_file(with_tiers(
+        &model,
+        no_resident_options(&cache, CONTEXT, CHUNK),
+        3,
+        16,
+    ));
+    p.cached = load(&model, &streamed);
+    assert!(p.cached.hcs_active());
+    assert_eq!(p.report("after the restart").blocks_held, 10);
+    p.served("a after the restart", &a, 320);
+    p.served("b after the restart", &b, 320);
+    let mut next = a.clone();
+    next.extend(tokens(100, vocab, 53));
+    p.served("a's conversation goes on", &next, 320);
+    p.served("and again", &next, 384);
+
+    // Room for one conversation: the most recent (b) is the one kept.
+    p.cached = load(
+        &model,
+        &with_file(with_tiers(&model, all_resident(&cache), 0, 5)),
+    );
+    assert_eq!(p.report("a smaller cache").blocks_held, 5);
+    p.served("b in the smaller cache", &b, 320);
+    p.served("a in the smaller cache", &a, 0);
+
+    let other_block = CudaEngineOptions {
+        prefix_block: 128,
+        ..with_file(with_tiers(&model, all_resident(&cache), 3, 16))
+    };
+    let err = CudaEngine::load(&model, &other_block)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("--prefix-block"), "{err}");
+}

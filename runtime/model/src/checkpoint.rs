@@ -13,6 +13,8 @@
 //! bytes for a format decoder such as [`crate::formats::mxfp4`].
 
 use crate::error::ModelError;
+
+mod identity;
 use half::{bf16, f16};
 use memmap2::Mmap;
 use std::collections::{BTreeMap, HashMap};

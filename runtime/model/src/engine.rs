@@ -250,6 +250,15 @@ pub trait Engine: Send {
         None
     }
 
+    /// Writes the prefix cache to its file (`serve --prefix-cache-file`),
+    /// when the engine has one; the server calls it at a graceful shutdown
+    /// (never after a fault). `None`: no file.
+    fn save_prefix_cache(
+        &mut self,
+    ) -> Result<Option<crate::prefix_cache::persist::Saved>, EngineError> {
+        Ok(None)
+    }
+
     /// The engine's continuous-batching interface, when it has one: the
     /// server then runs several requests together through it
     /// ([`crate::batch`]); without one it runs them one at a time through

@@ -4,6 +4,7 @@
 //! engine is checked against).
 
 pub mod arch;
+pub mod atomic;
 pub mod batch;
 pub mod chat_template;
 pub mod checkpoint;

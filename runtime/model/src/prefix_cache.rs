@@ -311,6 +311,16 @@ impl PrefixCache {
         self.tiers[tier.index()].held()
     }
 
+    /// The binding the held blocks were computed under (none bound yet).
+    pub fn bound(&self) -> Option<u64> {
+        self.binding
+    }
+
+    /// Bytes of one block in the engine's pools.
+    pub fn block_bytes(&self) -> u64 {
+        self.block_bytes
+    }
+
     /// Drops every entry when `binding` differs from the last one bound
     /// (true then). The first bind of a fresh cache drops nothing.
     pub fn bind(&mut self, binding: u64) -> bool {
@@ -715,6 +725,8 @@ impl PrefixCache {
         }
     }
 }
+
+pub mod persist;
 
 #[cfg(test)]
 mod tests;

@@ -93,6 +93,7 @@ pub async fn serve(
         Stopped::Shutdown => tracing::info!("shutting down: cancelling requests in flight"),
         Stopped::EngineFault(r) => tracing::error!("engine fault, exiting: {r}"),
     }
+    let stop_started = tokio::time::Instant::now();
     state.stop();
     let _ = drain_tx.send(());
     let deadline = tokio::time::Instant::now() + DRAIN;
@@ -106,7 +107,8 @@ pub async fn serve(
             server.abort();
         }
     }
-    if tokio::time::timeout_at(deadline, state.engine_stopped())
+    let engine_deadline = deadline.max(stop_started + state.config.stop_limit);
+    if tokio::time::timeout_at(engine_deadline, state.engine_stopped())
         .await
         .is_err()
     {

@@ -41,6 +41,10 @@ pub struct ServerConfig {
     /// defence). [`ServerConfig::needs_host_check`] says when: a keyless
     /// server bound to a loopback address.
     pub check_host: bool,
+    /// How long a shutdown waits for the engine thread once requests are
+    /// cancelled ([`crate::DRAIN`]; longer when the engine writes the
+    /// prefix cache's file on its way out).
+    pub stop_limit: std::time::Duration,
 }
 
 impl Default for ServerConfig {
@@ -54,6 +58,7 @@ impl Default for ServerConfig {
             default_sampling: SamplingParams::default(),
             cors_origins: Vec::new(),
             check_host: true,
+            stop_limit: crate::DRAIN,
         }
     }
 }

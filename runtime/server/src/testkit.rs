@@ -58,6 +58,8 @@ pub struct ScriptedEngine {
     pub produced: Arc<AtomicUsize>,
     /// Prefill chunks run, across all requests.
     pub prefill_chunks: Arc<AtomicUsize>,
+    /// `save_prefix_cache` calls on an idle engine.
+    pub saves: Arc<AtomicUsize>,
 }
 
 impl ScriptedEngine {
@@ -79,6 +81,7 @@ impl ScriptedEngine {
             next_seq: 0,
             produced: Arc::new(AtomicUsize::new(0)),
             prefill_chunks: Arc::new(AtomicUsize::new(0)),
+            saves: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -452,6 +455,21 @@ impl Engine for ScriptedEngine {
     fn stats(&self) -> Option<EngineStats> {
         self.cache_figures
             .then(|| cache_figures(LAST_HIT_RATE, TOTAL_BYTES, Some(PINNED_BYTES)))
+    }
+
+    /// Counts the call; refused while sequences run (as the CUDA engine
+    /// does), so a save before the scheduler drained them shows.
+    fn save_prefix_cache(
+        &mut self,
+    ) -> Result<Option<krasis_model::prefix_cache::persist::Saved>, EngineError> {
+        if !self.seqs.is_empty() {
+            return Err(EngineError::InvalidRequest(format!(
+                "saved with {} sequence(s) running",
+                self.seqs.len()
+            )));
+        }
+        self.saves.fetch_add(1, Ordering::Relaxed);
+        Ok(None)
     }
 
     fn batch(&mut self) -> Option<&mut dyn Batch> {

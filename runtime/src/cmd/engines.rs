@@ -85,6 +85,11 @@ pub struct EngineArgs {
     /// Not a flag of this group: `serve` sets it.
     #[arg(skip)]
     pub parallel: Option<u32>,
+    /// The prefix cache's file (`serve --prefix-cache-file`): loaded now,
+    /// written when the server stops. Not a flag of this group: only
+    /// `serve` saves it.
+    #[arg(skip)]
+    pub prefix_cache_file: Option<PathBuf>,
 }
 
 /// The reference engine's prefix cache tiers under `auto`: host memory.
@@ -119,6 +124,7 @@ impl EngineArgs {
             kv_rows: self
                 .kv_tokens
                 .map(|t| usize::try_from(t).unwrap_or(usize::MAX)),
+            prefix_cache_file: self.prefix_cache_file.clone(),
             ..krasis_gpu::CudaEngineOptions::default()
         }
     }
@@ -211,6 +217,11 @@ pub fn load_engine_reporting(
                 engine.set_prefill_chunk(c);
             }
             set_reference_prefix_cache(&mut engine, args)?;
+            if let Some(path) = &args.prefix_cache_file {
+                let model = krasis_model::Checkpoint::open(&args.model)?.content_identity()?;
+                let l = engine.set_prefix_file(path, &model)?;
+                eprintln!("prefix cache file {}: {}", path.display(), l.describe());
+            }
             if let Some(t) = args.kv_tokens {
                 engine.set_kv_tokens(usize::try_from(t).unwrap_or(usize::MAX));
             }

@@ -57,6 +57,13 @@ pub struct Args {
     /// can run is refused.
     #[arg(long, value_name = "N")]
     pub parallel: Option<u32>,
+    /// Keep the prefix cache across restarts: write its blocks to this file
+    /// at a graceful shutdown (SIGINT/SIGTERM; atomically, within two
+    /// minutes) and load them at startup. A file written by another model,
+    /// setting, block size, GPU, driver or build is refused (remove it to
+    /// start empty); so is a damaged one.
+    #[arg(long, value_name = "PATH")]
+    pub prefix_cache_file: Option<PathBuf>,
     /// Write JSON-lines progress events to stdout (logs stay on stderr).
     #[arg(long)]
     pub progress_json: bool,
@@ -122,6 +129,7 @@ impl Args {
                 .engine
                 .prefix_block
                 .unwrap_or(krasis_common::options::DEFAULT_PREFIX_BLOCK),
+            prefix_cache_file: self.prefix_cache_file.clone(),
             cors_origins: self.cors_origins.clone(),
         }
     }
@@ -411,6 +419,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         default_sampling: default_sampling(&args.engine.model)?,
         cors_origins: args.cors_origins.clone(),
         check_host: ServerConfig::needs_host_check(local.ip(), args.api_key.as_deref()),
+        stop_limit: match args.prefix_cache_file {
+            Some(_) => krasis_common::options::PREFIX_FILE_SAVE_LIMIT,
+            None => krasis_server::DRAIN,
+        },
     };
     let model_name = config.model_id.clone();
     let state = AppState::new(config);
@@ -438,6 +450,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let load_state = state.clone();
     let mut engine_args = args.engine.clone();
     engine_args.parallel = args.parallel;
+    engine_args.prefix_cache_file = args.prefix_cache_file.clone();
     let loading = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         // Byte progress of the load's long steps, for the launcher's bar.
         let sink = |e: ProgressEvent| emit(progress, e);
@@ -557,6 +570,7 @@ mod tests {
             kv_tokens: Some(65_536),
             gpu: 1,
             safety_margin_mib: 700,
+            prefix_cache_file: Some("/var/cache/krasis/prefix.krspc".into()),
             cors_origins: vec![
                 "https://chat.example".into(),
                 "http://localhost:3000".into(),

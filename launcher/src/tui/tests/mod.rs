@@ -238,13 +238,13 @@ fn summary_shows_estimate_and_launches() {
     let mut a = app(true);
     keys(&mut a, &[KeyCode::Enter, KeyCode::Enter, KeyCode::Tab]);
     assert_eq!(a.screen, Screen::Summary);
-    // 38 rows: the form's 22 fields, the model's lines and the estimate.
+    // 38 rows: the form's 23 fields, the model's lines and the estimate.
     let s = screen_text(&a, 160, 38);
     assert!(s.contains("host RAM for the INT4 expert cache"), "{s}");
     assert!(s.contains("HCS:") && s.contains("coverage"), "{s}");
     assert!(s.contains("Valid. Press Enter to launch."), "{s}");
     // Too short for the options too: they give way to the estimate.
-    assert!(s.contains("22 options: the Options tab lists them"), "{s}");
+    assert!(s.contains("23 options: the Options tab lists them"), "{s}");
     let tall = screen_text(&a, 160, 48);
     assert!(
         tall.contains("Parallel requests") && tall.contains("Valid."),

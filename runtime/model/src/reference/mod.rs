@@ -619,6 +619,13 @@ impl Engine for ReferenceEngine {
         Ok(rows)
     }
 
+    fn save_prefix_cache(
+        &mut self,
+    ) -> Result<Option<crate::prefix_cache::persist::Saved>, EngineError> {
+        self.save_prefix_file()
+            .map_err(|e| EngineError::Backend(e.to_string()))
+    }
+
     fn stats(&self) -> Option<krasis_common::status::EngineStats> {
         let prefix_cache = self.prefix_cache_stats()?;
         Some(krasis_common::status::EngineStats {

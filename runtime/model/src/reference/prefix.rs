@@ -14,7 +14,8 @@
 
 use super::ReferenceEngine;
 use super::kv::KvCache;
-use crate::prefix_cache::{Demotion, Hit, PrefixCache, Tier};
+use crate::prefix_cache::persist::{self, BlockBytes, KvIdentity, Loaded, PersistError, Saved};
+use crate::prefix_cache::{Demotion, Hit, Place, PrefixCache, Tier};
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
@@ -30,6 +31,39 @@ pub(super) struct HostPrefix {
     pub index: PrefixCache,
     /// One vector per slot and tier, allocated when first stored into.
     pools: [Vec<Vec<f32>>; 2],
+    /// The file the cache is saved to and loaded from, with what this
+    /// engine's KV is computed by besides its binding
+    /// ([`ReferenceEngine::set_prefix_file`]).
+    file: Option<(std::path::PathBuf, KvIdentity)>,
+}
+
+/// The pools' bytes, as the cache's file moves them (native-endian f32:
+/// the file is bound to the executable).
+struct Pools<'a>(&'a mut [Vec<Vec<f32>>; 2]);
+
+impl BlockBytes for Pools<'_> {
+    fn read(&mut self, place: Place, out: &mut [u8]) -> Result<(), String> {
+        let block = &self.0[pool(place.tier)][place.slot];
+        let bytes: &[u8] = bytemuck::cast_slice(block);
+        if bytes.len() != out.len() {
+            return Err(format!(
+                "{:?} slot {} holds {} bytes, not a block's {}",
+                place.tier,
+                place.slot,
+                bytes.len(),
+                out.len()
+            ));
+        }
+        out.copy_from_slice(bytes);
+        Ok(())
+    }
+    fn write(&mut self, place: Place, bytes: &[u8]) -> Result<(), String> {
+        self.0[pool(place.tier)][place.slot] = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        Ok(())
+    }
 }
 
 fn pool(tier: Tier) -> usize {
@@ -52,6 +86,7 @@ impl HostPrefix {
                 ("host-ram", s),
             ),
             pools: [vec![Vec::new(); p], vec![Vec::new(); s]],
+            file: None,
         }
     }
 
@@ -129,6 +164,66 @@ impl ReferenceEngine {
         let on = sizes.primary_bytes > 0 || sizes.secondary_bytes > 0;
         let g = &self.geometry;
         self.prefix = on.then(|| HostPrefix::new(sizes, g.num_layers, g.kv_dim()));
+    }
+
+    /// Binds the prefix cache to `path` (`serve --prefix-cache-file`):
+    /// loads the blocks it holds now (the most recent that fit; none when
+    /// there is no file yet) and writes them there at
+    /// [`crate::Engine::save_prefix_cache`]. `model` is the content identity
+    /// of the model and its expert source (`Checkpoint::content_identity`).
+    /// A file written for another model, setting, block, executable or
+    /// engine is refused, as is a damaged one; so is a file without the
+    /// cache on.
+    pub fn set_prefix_file(
+        &mut self,
+        path: &std::path::Path,
+        model: &str,
+    ) -> Result<Loaded, PersistError> {
+        let binding = self.prefix_binding();
+        let g = &self.geometry;
+        let Some(p) = self.prefix.as_mut() else {
+            return Err(PersistError::Engine {
+                path: path.to_path_buf(),
+                reason: "the prefix cache is off, so there is nothing to keep in a file; turn \
+                         it on (--prefix-cache) or drop --prefix-cache-file"
+                    .into(),
+            });
+        };
+        let identity = KvIdentity {
+            engine: "reference".into(),
+            model: model.into(),
+            formats: format!("f32 KV, {} layers x {} KV dims", g.num_layers, g.kv_dim()),
+            device: format!("cpu ({})", std::env::consts::ARCH),
+            build: persist::build_identity().map_err(|source| PersistError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?,
+            block_tokens: p.index.block_tokens() as u64,
+            block_bytes: p.index.block_bytes(),
+            binding,
+        };
+        p.index.bind(binding);
+        let loaded = persist::load(&mut p.index, &mut Pools(&mut p.pools), &identity, path)?;
+        p.file = Some((path.to_path_buf(), identity));
+        Ok(loaded)
+    }
+
+    /// Writes the prefix cache to its file, when it has one.
+    pub fn save_prefix_file(&mut self) -> Result<Option<Saved>, PersistError> {
+        let binding = self.prefix_binding();
+        let Some(p) = self.prefix.as_mut() else {
+            return Ok(None);
+        };
+        let Some((path, identity)) = &p.file else {
+            return Ok(None);
+        };
+        // The blocks held were computed under the binding last bound (a
+        // changed setting drops them at the next request).
+        let identity = KvIdentity {
+            binding: p.index.bound().unwrap_or(binding),
+            ..identity.clone()
+        };
+        persist::save(&p.index, &mut Pools(&mut p.pools), &identity, path).map(Some)
     }
 
     /// The prefix cache's figures, when it is on.

@@ -80,8 +80,14 @@ pub(super) fn schedule(
     stats.set_kv(batch(engine).kv_usage());
     let mut disconnected = false;
     loop {
-        // Block only when there is nothing to do.
-        if s.active.is_empty() && s.waiting.is_empty() && !disconnected {
+        // Block only when there is nothing to do. A halt whose `Stop` was
+        // taken while jobs ran is not waited for again: the engine thread
+        // would sleep through the shutdown (and never save the prefix cache).
+        if s.active.is_empty()
+            && s.waiting.is_empty()
+            && !disconnected
+            && control.lock().halt.is_none()
+        {
             match rx.recv() {
                 Ok(Msg::Job(q)) => s.waiting.push_back(*q),
                 Ok(Msg::Stop) => {}

@@ -51,6 +51,10 @@ pub(super) fn engine_thread(
     drop(rx);
     if let Some(reason) = fault {
         on_fault(reason);
+    } else if halted {
+        // A graceful stop: the prefix cache goes to its file, if it has one
+        // (never after a fault: the engine's state is unknown then).
+        save_prefix_cache(engine.as_mut());
     }
     control.stopped.send_replace(true);
     if halted {
@@ -58,6 +62,24 @@ pub(super) fn engine_thread(
         // fail or hang in the driver, and releasing gigabytes of pinned
         // memory takes seconds that a shutdown should not wait for.
         std::mem::forget(engine);
+    }
+}
+
+/// Writes the engine's prefix cache file and logs what happened; a failure
+/// (or a panic) is logged, and the previous file stays.
+fn save_prefix_cache(engine: &mut dyn Engine) {
+    match catch_unwind(AssertUnwindSafe(|| engine.save_prefix_cache())) {
+        Ok(Ok(None)) => {}
+        Ok(Ok(Some(s))) => tracing::info!(
+            "prefix cache saved: {} blocks ({:.2} GiB) in {:.0} ms",
+            s.blocks,
+            s.bytes as f64 / (1u64 << 30) as f64,
+            s.ms
+        ),
+        Ok(Err(e)) => {
+            tracing::error!("the prefix cache was not saved (the previous file stays): {e}")
+        }
+        Err(_) => tracing::error!("saving the prefix cache panicked (the previous file stays)"),
     }
 }
 

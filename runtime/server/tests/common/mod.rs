@@ -88,6 +88,8 @@ pub struct Harness {
     pub state: Arc<AppState>,
     pub produced: Arc<AtomicUsize>,
     pub prefill_chunks: Arc<AtomicUsize>,
+    /// Prefix cache saves the engine was asked for.
+    pub saves: Arc<AtomicUsize>,
 }
 
 /// `reply(prompt_text) -> model output text`; the output is tokenized with
@@ -139,6 +141,7 @@ pub fn try_harness(
     }
     let produced = engine.produced.clone();
     let prefill_chunks = engine.prefill_chunks.clone();
+    let saves = engine.saves.clone();
     let state = AppState::new(ServerConfig {
         model_id: MODEL.into(),
         backend: "scripted".into(),
@@ -148,6 +151,7 @@ pub fn try_harness(
         default_sampling: SamplingParams::greedy(),
         cors_origins: opts.cors_origins,
         check_host: opts.check_host,
+        ..ServerConfig::default()
     });
     state
         .install(Box::new(engine), model_tok, opts.template)
@@ -156,6 +160,7 @@ pub fn try_harness(
         state,
         produced,
         prefill_chunks,
+        saves,
     })
 }
 

@@ -271,3 +271,63 @@ fn restored_blocks_are_read_by_the_prefill() {
     assert_eq!(cached, 32);
     assert_ne!(logits, cold_last(&p));
 }
+
+/// A restart through the cache's file: the next engine finds every block
+/// of both tiers and its hits are bit-identical to a cold prefill; a
+/// smaller cache takes the most recent conversation; a changed setting's
+/// file, a damaged file and a file without the cache are refused.
+#[test]
+fn a_restart_through_the_file_is_bit_identical_to_cold() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("prefix.krspc");
+    let model = "test model";
+    let (a, b) = (text(70, 31), text(70, 32)); // 4 whole blocks each
+    {
+        let mut e = tiered_engine(2, 8);
+        assert_eq!(e.set_prefix_file(&path, model).unwrap().in_file, 0);
+        served(&mut e, &a, 0);
+        served(&mut e, &b, 0);
+        let saved = e.save_prefix_file().unwrap().unwrap();
+        assert_eq!(saved.blocks, 8);
+    }
+    let mut e = tiered_engine(2, 8);
+    let loaded = e.set_prefix_file(&path, model).unwrap();
+    assert_eq!((loaded.in_file, loaded.blocks), (8, 8));
+    served(&mut e, &a, 64);
+    served(&mut e, &b, 64);
+    let mut next = b.clone();
+    next.extend(text(40, 33));
+    served(&mut e, &next, 64);
+    // The restored bytes are the ones read: a corrupted file's blocks
+    // change the logits (the file's own checksum is bypassed here).
+    e.prefix.as_mut().unwrap().corrupt_for_test();
+    let (logits, cached) = e.prefill_logits(&a, true).unwrap();
+    assert_eq!(cached, 64);
+    assert_ne!(logits, cold_last(&a));
+
+    // Room for one conversation: the most recent (b) is the one kept.
+    let mut small = tiered_engine(0, 4);
+    assert_eq!(small.set_prefix_file(&path, model).unwrap().blocks, 4);
+    served(&mut small, &b, 64);
+    served(&mut small, &a, 0);
+
+    // Another model, another setting, no cache: refused, by name.
+    let err = tiered_engine(2, 8)
+        .set_prefix_file(&path, "another model")
+        .unwrap_err();
+    assert!(err.to_string().contains("different model"), "{err}");
+    let mut bf16 = tiered_engine(2, 8);
+    bf16.set_activations(Activations::Bf16);
+    let err = bf16.set_prefix_file(&path, model).unwrap_err();
+    assert!(err.to_string().contains("different binding"), "{err}");
+    let err = engine(512).set_prefix_file(&path, model).unwrap_err();
+    assert!(err.to_string().contains("prefix cache is off"), "{err}");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    let mut damaged = tiered_engine(2, 8);
+    let err = damaged.set_prefix_file(&path, model).unwrap_err();
+    assert!(err.to_string().contains("damaged"), "{err}");
+    assert_eq!(damaged.prefix_cache_stats().unwrap().blocks_held, 0);
+}

@@ -1,14 +1,22 @@
-//! Crash-safe replacement of a file, shared by the cache builder and
-//! heatmaps: write `<name>.tmp.<pid>` beside the target, fsync it, rename it
-//! over the target, fsync the directory. A process killed at any point
-//! leaves either the old file or the new one, never a partial one under the
-//! real name; the temp file is removed unless it was renamed into place.
+//! Crash-safe replacement of a file, shared by the expert cache builder,
+//! heatmaps and the prefix cache's file: write `<name>.tmp.<pid>` beside the
+//! target, fsync it, rename it over the target, fsync the directory. A
+//! process killed at any point leaves either the old file or the new one,
+//! never a partial one under the real name; the temp file is removed unless
+//! it was renamed into place.
 
-use crate::lock::sibling;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-pub(crate) struct TempFile {
+/// `path` with `suffix` appended to its file name (`cache.bin` ->
+/// `cache.bin.lock`).
+pub fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    path.with_file_name(name)
+}
+
+pub struct TempFile {
     pub path: PathBuf,
     keep: bool,
 }
