@@ -266,3 +266,26 @@ fn a_failed_save_keeps_the_previous_file() {
     let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(names.len(), 1, "the temp file is gone");
 }
+
+/// A save cut short by a kill leaves `<name>.tmp.<pid>`; the next save
+/// removes those of dead processes, not a live one's, nor other files.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_save_removes_the_temp_files_of_killed_saves() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p");
+    // A pid far above pid_max is no running process.
+    let dead = dir.path().join("p.tmp.999999999");
+    let live = dir
+        .path()
+        .join(format!("p.tmp.{}", std::os::unix::process::parent_id()));
+    let other = dir.path().join("q.tmp.999999999");
+    for f in [&dead, &live, &other] {
+        std::fs::write(f, b"partial").unwrap();
+    }
+    let (mut c, mut pools) = (cache(2, 2), Pools::default());
+    serve(&mut c, &mut pools, &prompt(0, 2, false));
+    save(&c, &mut pools, &identity(), &path).unwrap();
+    assert!(!dead.exists(), "a dead process's temp file is removed");
+    assert!(live.exists() && other.exists());
+}
