@@ -173,7 +173,6 @@ impl CudaEngine {
 
     /// Writes the prefix cache to its file, when it has one.
     pub(crate) fn save_prefix_file(&mut self) -> Result<Option<Saved>> {
-        let binding = self.prefix_binding();
         let gpu = &self.model.gpu;
         let Some(p) = self.prefix.as_mut() else {
             return Ok(None);
@@ -182,12 +181,7 @@ impl CudaEngine {
         let Some((path, identity)) = &p.file else {
             return Ok(None);
         };
-        // The blocks held were computed under the binding last bound.
-        let identity = KvIdentity {
-            binding: p.index.bound().unwrap_or(binding),
-            ..identity.clone()
-        };
         let mut bytes = p.pools(gpu);
-        Ok(Some(persist::save(&p.index, &mut bytes, &identity, path)?))
+        Ok(Some(persist::save(&p.index, &mut bytes, identity, path)?))
     }
 }

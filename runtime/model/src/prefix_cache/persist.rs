@@ -319,7 +319,8 @@ impl PrefixCache {
 }
 
 /// Writes every held block of `cache` (its bytes read through `bytes`) to
-/// `path`, replacing it atomically.
+/// `path`, replacing it atomically. The file's binding is the one the held
+/// blocks were computed under (the cache's last bound), else `identity`'s.
 pub fn save(
     cache: &PrefixCache,
     bytes: &mut dyn BlockBytes,
@@ -339,7 +340,10 @@ pub fn save(
         .collect();
     let header = Header {
         format_version: FORMAT_VERSION,
-        identity: identity.clone(),
+        identity: KvIdentity {
+            binding: cache.bound().unwrap_or(identity.binding),
+            ..identity.clone()
+        },
         blocks: order
             .iter()
             .map(|&i| {
@@ -385,48 +389,12 @@ pub fn save(
     file.sync_all().map_err(io)?;
     drop(file);
     tmp.persist(path).map_err(io)?;
-    remove_stale_temps(path);
+    crate::atomic::TempFile::remove_dead_beside(path);
     Ok(Saved {
         blocks: order.len(),
         bytes: order.len() as u64 * cache.block_bytes,
         ms: t.elapsed().as_secs_f64() * 1e3,
     })
-}
-
-/// Removes the temp files of saves to `path` that were killed before
-/// their rename (`<name>.tmp.<pid>` of a process that no longer runs: a
-/// save cut short by SIGKILL leaves gigabytes behind). Only where a
-/// process's liveness can be read (`/proc`); a temp file of a live process
-/// (another server saving to the same file) is left alone.
-fn remove_stale_temps(path: &Path) {
-    let proc = Path::new("/proc/self");
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return;
-    };
-    if !proc.exists() {
-        return;
-    }
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    let prefix = format!("{}.tmp.", name.to_string_lossy());
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let file = e.file_name();
-        let Some(pid) = file.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
-            continue;
-        };
-        let alive = pid.parse::<u32>().is_ok_and(|p| {
-            p == std::process::id() || Path::new("/proc").join(p.to_string()).exists()
-        });
-        if !alive && pid.chars().all(|c| c.is_ascii_digit()) {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
 }
 
 /// Reads `path` into the empty `cache` (the bytes of the blocks it takes

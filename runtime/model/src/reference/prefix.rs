@@ -210,20 +210,13 @@ impl ReferenceEngine {
 
     /// Writes the prefix cache to its file, when it has one.
     pub fn save_prefix_file(&mut self) -> Result<Option<Saved>, PersistError> {
-        let binding = self.prefix_binding();
         let Some(p) = self.prefix.as_mut() else {
             return Ok(None);
         };
         let Some((path, identity)) = &p.file else {
             return Ok(None);
         };
-        // The blocks held were computed under the binding last bound (a
-        // changed setting drops them at the next request).
-        let identity = KvIdentity {
-            binding: p.index.bound().unwrap_or(binding),
-            ..identity.clone()
-        };
-        persist::save(&p.index, &mut Pools(&mut p.pools), &identity, path).map(Some)
+        persist::save(&p.index, &mut Pools(&mut p.pools), identity, path).map(Some)
     }
 
     /// The prefix cache's figures, when it is on.

@@ -125,37 +125,13 @@ fn temp_dir_for(out: &Path) -> Result<PathBuf, SynthError> {
 }
 
 /// Removes temp dirs of earlier runs for the same `out` whose process is
-/// gone (a killed synth), so they do not pile up. Only where liveness can be
-/// checked through /proc.
+/// gone (a killed synth), so they do not pile up.
 fn remove_stale_temp_dirs(out: &Path) {
-    if !cfg!(target_os = "linux") {
-        return;
-    }
-    let (Some(name), Some(parent)) = (out.file_name(), out.parent()) else {
-        return;
-    };
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
-    };
-    let prefix = format!(".{}.synth-tmp-", name.to_string_lossy());
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let file_name = e.file_name().to_string_lossy().into_owned();
-        let Some(rest) = file_name.strip_prefix(&prefix) else {
-            continue;
-        };
-        let pid = rest.split('-').next().unwrap_or("");
-        if !pid.is_empty()
-            && pid.bytes().all(|b| b.is_ascii_digit())
-            && !Path::new("/proc").join(pid).exists()
-        {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
+    let name = out.file_name().unwrap_or_default().to_string_lossy();
+    crate::atomic::remove_dead_temps(
+        out.parent().unwrap_or(Path::new("")),
+        &format!(".{name}.synth-tmp-"),
+    );
 }
 
 /// Writes the checkpoint described by `opts` to `out` (which must not exist
