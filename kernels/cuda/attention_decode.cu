@@ -62,7 +62,11 @@
 //
 // gpt-oss variants (attn_decode_split_ring / attn_decode_combine_ring; the
 // same templates with RING set, so the plain entry points keep their code):
-// - Ring cache: key position p lives in row p % capacity (kv_cache.cu).
+// - Ring cache: key position p of the sequence whose rows start at
+//   kv_base[z] (0 without kv_base) lives in row kv_base[z] + p % ring, or
+//   kv_base[z] + p with ring == 0 (a full layer's linear rows; kv_cache.cu).
+//   Rows, splits and the combine order are the plain kernels', so a row's
+//   result does not depend on the other rows of the launch here either.
 // - Sliding window (window > 0): the token at pos sees keys
 //   [max(0, pos + 1 - window), pos]; the splits divide those live keys, not
 //   the context, so a sliding layer's decode cost is bounded by the window
@@ -107,7 +111,7 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
                                                     const bf16_t* __restrict__ vc, float* __restrict__ ws,
                                                     const u32* __restrict__ pos_ptr, u32 pos_base,
                                                     const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap,
-                                                    u32 chunk, u32 n_splits, float sl2, u32 window) {
+                                                    u32 chunk, u32 n_splits, float sl2, u32 window, u32 ring) {
     pdl_wait();
     pdl_trigger();
     __shared__ __align__(16) float qs[2048];
@@ -204,7 +208,7 @@ __device__ __forceinline__ void attn_decode_split_t(const bf16_t* __restrict__ q
         for (u32 c = threadIdx.x; c < nk * cpr; c += blockDim.x) {
             const u32 r = c / cpr, ch = c - r * cpr;
             const u32 dst = r * cpr + (ch ^ (r & 7));
-            const u32 row = RING ? (kb + r) % cap : kb + r;
+            const u32 row = RING && ring ? (kb + r) % ring : kb + r;
             cp_async16(&ks[dst], kbase + (u64)row * d + ch * 8);
             cp_async16(&vs[dst], vbase + (u64)row * d + ch * 8);
         }
@@ -295,16 +299,16 @@ extern "C" __global__ void __launch_bounds__(128)
                       const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, u32 n_splits,
                       float sl2) {
     attn_decode_split_t<ActBf16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, kv_base, nq, nkv, d, cap, chunk, n_splits,
-                                        sl2, 0);
+                                        sl2, 0, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_ring(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                            const bf16_t* __restrict__ vc, float* __restrict__ ws, const u32* __restrict__ pos_ptr,
-                           u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, u32 n_splits, float sl2,
-                           u32 window) {
-    attn_decode_split_t<ActBf16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nullptr, nq, nkv, d, cap, chunk, n_splits,
-                                       sl2, window);
+                           u32 pos_base, const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap,
+                           u32 chunk, u32 n_splits, float sl2, u32 window, u32 ring) {
+    attn_decode_split_t<ActBf16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, kv_base, nq, nkv, d, cap, chunk, n_splits,
+                                       sl2, window, ring);
 }
 
 // FP16 variants (ActFormat::F16): q, K and V read as f16; the partial
@@ -315,16 +319,16 @@ extern "C" __global__ void __launch_bounds__(128)
                           const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, u32 n_splits,
                           float sl2) {
     attn_decode_split_t<ActF16, false>(qkv, kc, vc, ws, pos_ptr, pos_base, kv_base, nq, nkv, d, cap, chunk, n_splits,
-                                       sl2, 0);
+                                       sl2, 0, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_decode_split_ring_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
                                const f16_t* __restrict__ vc, float* __restrict__ ws, const u32* __restrict__ pos_ptr,
-                               u32 pos_base, u32 nq, u32 nkv, u32 d, u32 cap, u32 chunk, u32 n_splits, float sl2,
-                               u32 window) {
-    attn_decode_split_t<ActF16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, nullptr, nq, nkv, d, cap, chunk, n_splits,
-                                      sl2, window);
+                               u32 pos_base, const u32* __restrict__ kv_base, u32 nq, u32 nkv, u32 d, u32 cap,
+                               u32 chunk, u32 n_splits, float sl2, u32 window, u32 ring) {
+    attn_decode_split_t<ActF16, true>(qkv, kc, vc, ws, pos_ptr, pos_base, kv_base, nq, nkv, d, cap, chunk, n_splits,
+                                      sl2, window, ring);
 }
 
 template <bool RING>

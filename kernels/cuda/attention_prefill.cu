@@ -55,9 +55,12 @@
 // way, so that does not change the bits (checked on the device by
 // attention_prefill_rows_are_chunk_invariant in kernels/tests/gpu). The
 // SIMT kernel walks 32-key groups from key 0 for each row alone. The ring
-// variants start at the window start of the query tile's first row, which
-// depends on the chunk: the prefix cache refuses sliding-window models on
-// the CUDA engine.
+// variants start at the tile holding the window start of the query tile's
+// first row (which depends on the chunk), still an absolute multiple of BN:
+// the tiles they walk before row p's own window are wholly masked for p
+// (-inf scores), an exact no-op as above (the running max stays, alpha =
+// 1, P = 0), so row p's result is chunk-invariant there too (checked by
+// attention_prefill_ring_rows_are_chunk_invariant).
 //
 // KV cache layout: [n_kv_heads][capacity][head_dim] bf16 per layer (f16 for
 // the _f16 entry points).
@@ -69,10 +72,12 @@
 //
 // gpt-oss variants (entry points *_ring; the same templates with RING set,
 // so the plain causal entry points compile to the code they had before):
-// - Ring cache: key position p lives in row p % capacity (kv_cache.cu). A
-//   chunk of n tokens is appended before it attends, so every query's window
-//   is present iff capacity >= window + n - 1 (checked by the wrappers);
-//   full layers pass capacity >= context, where p % capacity == p.
+// - Ring cache: key position p lives in row p % ring of the sequence's rows
+//   (the host offsets kc / vc to the sequence's first row, as for the plain
+//   kernels; continuous batching gives each sequence its own ring). A chunk
+//   of n tokens is appended before it attends, so every query's window is
+//   present iff ring >= window + n - 1 (checked by the wrappers); full
+//   layers pass ring 0: row p, their linear rows.
 // - Sliding window (window > 0): query at position pos sees keys j with
 //   0 <= pos - j < window (window 0: all j <= pos). The mma kernel starts at
 //   the key tile holding the window start of the query tile's first row, so
@@ -156,9 +161,10 @@ __device__ __forceinline__ void pf_stage(uint4* dst, const bf16_t* src, u64 src_
 }
 
 // Ring cache: tile row r is key position n0 + r, stored in row
-// (n0 + r) % cap; positions outside [lo, hi) are zero-filled.
+// (n0 + r) % ring (row n0 + r with ring == 0: a full layer's linear rows);
+// positions outside [lo, hi) are zero-filled.
 template <int D, int ROWS>
-__device__ __forceinline__ void pf_stage_ring(uint4* dst, const bf16_t* base, u32 n0, u32 lo, u32 hi, u32 cap) {
+__device__ __forceinline__ void pf_stage_ring(uint4* dst, const bf16_t* base, u32 n0, u32 lo, u32 hi, u32 ring) {
     constexpr u32 CH = D / 8;
     static_assert((ROWS * CH) % PF_THREADS == 0, "tile chunks must split evenly over the block");
 #pragma unroll
@@ -167,7 +173,7 @@ __device__ __forceinline__ void pf_stage_ring(uint4* dst, const bf16_t* base, u3
         const u32 r = i / CH, c = i % CH;
         const u32 p = n0 + r;
         uint4* d = &dst[r * CH + (c ^ (r & 7))];
-        if (p >= lo && p < hi) cp_async16(d, base + (u64)(p % cap) * D + c * 8);
+        if (p >= lo && p < hi) cp_async16(d, base + (u64)(ring ? p % ring : p) * D + c * 8);
         else *d = make_uint4(0, 0, 0, 0);
     }
 }
@@ -178,7 +184,7 @@ template <class A, int D, int BN, bool QS, bool RING>
 __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                                                  const bf16_t* __restrict__ vc, bf16_t* __restrict__ out,
                                                  u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
-                                                 const float* __restrict__ sinks, u32 window) {
+                                                 const float* __restrict__ sinks, u32 window, u32 ring = 0) {
     constexpr u32 CH = D / 8;  // 16-byte chunks per row of Q, K and V
     constexpr int KT = D / 16; // k-steps of S = Q K^T
     constexpr int NJ = BN / 8; // 8-key column tiles of S
@@ -221,7 +227,7 @@ __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv,
 
     // Prologue: Q (QS) and K tile 0 in one commit group.
     if constexpr (QS) pf_stage<D, PF_BM>(Qs, qbase + (u64)m0 * stride, stride, n_tokens - min(m0, n_tokens));
-    if constexpr (RING) pf_stage_ring<D, BN>(Ks, kbase, kt0, kstart, kend, cap);
+    if constexpr (RING) pf_stage_ring<D, BN>(Ks, kbase, kt0, kstart, kend, ring);
     else pf_stage<D, BN>(Ks, kbase, D, kend);
     cp_async_commit();
 
@@ -256,7 +262,7 @@ __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv,
     for (u32 nt = 0; nt < ntiles; ++nt) {
         const u32 n0 = kt0 + nt * BN;
         __syncthreads(); // every warp is done reading Vs (tile nt - 1)
-        if constexpr (RING) pf_stage_ring<D, BN>(Vs, vbase, n0, kstart, kend, cap);
+        if constexpr (RING) pf_stage_ring<D, BN>(Vs, vbase, n0, kstart, kend, ring);
         else pf_stage<D, BN>(Vs, vbase + (u64)n0 * D, D, kend - n0);
         cp_async_commit();
         cp_async_wait<1>(); // K tile nt (and Q) landed; V tile nt may be in flight
@@ -333,7 +339,7 @@ __device__ __forceinline__ void attn_prefill_mma(const bf16_t* __restrict__ qkv,
         cp_async_wait<0>();
         __syncthreads(); // V tile nt visible; every warp is done reading Ks
         if (nt + 1 < ntiles) {
-            if constexpr (RING) pf_stage_ring<D, BN>(Ks, kbase, n0 + BN, kstart, kend, cap);
+            if constexpr (RING) pf_stage_ring<D, BN>(Ks, kbase, n0 + BN, kstart, kend, ring);
             else pf_stage<D, BN>(Ks, kbase + (u64)(n0 + BN) * D, D, kend - (n0 + BN));
         }
         cp_async_commit(); // possibly empty: keeps the group count fixed
@@ -397,26 +403,31 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_ring_d64(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                               const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
-                              u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window) {
-    attn_prefill_mma<ActBf16, 64, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks, window);
+                              u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window,
+                              u32 ring) {
+    attn_prefill_mma<ActBf16, 64, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks,
+                                                   window, ring);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_ring_d128(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                                const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
-                               u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window) {
-    attn_prefill_mma<ActBf16, 128, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks, window);
+                               u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window,
+                               u32 ring) {
+    attn_prefill_mma<ActBf16, 128, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks,
+                                                    window, ring);
 }
 
 // SIMT: RING starts at the first row's window start (kb), reads rows
-// modulo capacity and starts each row's softmax from its sink (as above).
+// modulo the ring and starts each row's softmax from its sink (as above).
 // Every 32-key group holds its first key kb <= pos, so a row's max is never
 // -inf after the first group.
 template <class A, bool RING>
 __device__ __forceinline__ void attn_prefill_simt_t(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                                                     const bf16_t* __restrict__ vc, bf16_t* __restrict__ out,
                                                     u32 n_tokens, u32 start, u32 nq, u32 nkv, u32 cap, float sl2,
-                                                    u32 d, const float* __restrict__ sinks, u32 window) {
+                                                    u32 d, const float* __restrict__ sinks, u32 window,
+                                                    u32 ring = 0) {
     __shared__ float qs[4][256];
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const u32 t = blockIdx.x * 4 + warp, h = blockIdx.y;
@@ -445,7 +456,7 @@ __device__ __forceinline__ void attn_prefill_simt_t(const bf16_t* __restrict__ q
         u32 key = kb + lane;
         float sc = NEG_INF_F;
         if (key <= pos) {
-            const uint4* kr = (const uint4*)(kbase + (u64)(RING ? key % cap : key) * d);
+            const uint4* kr = (const uint4*)(kbase + (u64)(RING && ring ? key % ring : key) * d);
             float dot = 0.0f;
             for (u32 c = 0; c < d / 8; ++c) {
                 uint4 v = kr[c];
@@ -464,7 +475,7 @@ __device__ __forceinline__ void attn_prefill_simt_t(const bf16_t* __restrict__ q
         u32 nk = min(32u, pos + 1 - kb);
         for (u32 k2 = 0; k2 < nk; ++k2) {
             float pk = __shfl_sync(0xffffffffu, p, k2);
-            const bf16_t* vr = vbase + (u64)(RING ? (kb + k2) % cap : kb + k2) * d;
+            const bf16_t* vr = vbase + (u64)(RING && ring ? (kb + k2) % ring : kb + k2) * d;
 #pragma unroll
             for (int j = 0; j < 8; ++j)
                 if ((u32)j < nd) o[j] += pk * A::load(vr[lane + 32 * j]);
@@ -488,8 +499,10 @@ extern "C" __global__ void __launch_bounds__(128)
 extern "C" __global__ void __launch_bounds__(128)
     attn_prefill_simt_ring(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ kc,
                            const bf16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start, u32 nq,
-                           u32 nkv, u32 cap, float sl2, u32 d, const float* __restrict__ sinks, u32 window) {
-    attn_prefill_simt_t<ActBf16, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, sinks, window);
+                           u32 nkv, u32 cap, float sl2, u32 d, const float* __restrict__ sinks, u32 window,
+                           u32 ring) {
+    attn_prefill_simt_t<ActBf16, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, sinks, window,
+                                       ring);
 }
 
 // FP16 variants (ActFormat::F16, gpt-oss): the same templates with ActF16,
@@ -525,17 +538,19 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS)
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_ring_d64_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
                                   const f16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
-                                  u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window) {
-    attn_prefill_mma<ActF16, 64, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks, window);
+                                  u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks, u32 window,
+                                  u32 ring) {
+    attn_prefill_mma<ActF16, 64, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks,
+                                                  window, ring);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_mma_ring_d128_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
                                    const f16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
                                    u32 nq, u32 nkv, u32 cap, float sl2, const float* __restrict__ sinks,
-                                   u32 window) {
+                                   u32 window, u32 ring) {
     attn_prefill_mma<ActF16, 128, 64, false, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, sinks,
-                                                   window);
+                                                   window, ring);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
@@ -549,6 +564,6 @@ extern "C" __global__ void __launch_bounds__(128)
     attn_prefill_simt_ring_f16(const f16_t* __restrict__ qkv, const f16_t* __restrict__ kc,
                                const f16_t* __restrict__ vc, bf16_t* __restrict__ out, u32 n_tokens, u32 start,
                                u32 nq, u32 nkv, u32 cap, float sl2, u32 d, const float* __restrict__ sinks,
-                               u32 window) {
-    attn_prefill_simt_t<ActF16, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, sinks, window);
+                               u32 window, u32 ring) {
+    attn_prefill_simt_t<ActF16, true>(qkv, kc, vc, out, n_tokens, start, nq, nkv, cap, sl2, d, sinks, window, ring);
 }

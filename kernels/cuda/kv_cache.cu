@@ -13,13 +13,15 @@
 // sequence instead). A row >= capacity (possible only when positions or
 // bases are read from device memory) is skipped rather than written out of
 // bounds. Token t's position: pos_ptr[t] from the device, else pos_base + t.
-// kv_append_ring_bf16 (ring cache, gpt-oss sliding layers; one sequence, so
-// no kv_base): position p lives in row p % capacity, so a sliding layer keeps only the rows its window can
-// still see and a later position overwrites the oldest. With capacity >= the
-// context this is the linear layout (p % capacity == p), which is how full
-// layers of the same model use it. The host checks n_tokens <= capacity (a
-// chunk must not overwrite its own keys); the attention wrappers check that
-// the window fits (ops/attention.rs).
+// kv_append_ring_bf16 (gpt-oss): a sequence's rows start at b (kv_base as
+// above) and hold a ring of `ring` rows: position p lives in row
+// b + p % ring, so a sliding layer keeps only the rows its window can still
+// see and a later position overwrites the oldest. ring == 0 is the linear
+// layout (row b + p), which is how the full layers of the same model use
+// it (their sinks still need the ring attention kernels). Continuous
+// batching gives every sequence its own ring (b = its slot x ring). The
+// host checks n_tokens <= ring (a chunk must not overwrite its own keys);
+// the attention wrappers check that the window fits (ops/attention/ring.rs).
 // Separate entry points (one template) so the linear path's code does not
 // change for the ring one.
 // Launch overlap: a programmatic dependent of the RoPE kernel on sm_90
@@ -32,17 +34,17 @@ template <bool RING>
 __device__ __forceinline__ void kv_append(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,
                                           bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr, u32 pos_base,
                                           const u32* __restrict__ kv_base, u32 n_tokens, u32 nq, u32 nkv, u32 d,
-                                          u32 cap) {
+                                          u32 cap, u32 ring) {
     pdl_wait();
     pdl_trigger();
     u32 t = blockIdx.x, h = blockIdx.y;
     if (t >= n_tokens || h >= nkv) return;
     u32 pos = token_pos(pos_ptr, pos_base, t);
-    if constexpr (RING) pos %= cap;
-    else {
-        pos += kv_base ? kv_base[t] : 0u;
-        if (pos >= cap) return;
+    if constexpr (RING) {
+        if (ring) pos %= ring;
     }
+    pos += kv_base ? kv_base[t] : 0u;
+    if (pos >= cap) return;
     u32 stride = (nq + 2 * nkv) * d;
     const uint4* ksrc = (const uint4*)(qkv + (u64)t * stride + (u64)(nq + h) * d);
     const uint4* vsrc = (const uint4*)(qkv + (u64)t * stride + (u64)(nq + nkv + h) * d);
@@ -59,11 +61,12 @@ extern "C" __global__ void kv_append_bf16(const bf16_t* __restrict__ qkv, bf16_t
                                           bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr, u32 pos_base,
                                           const u32* __restrict__ kv_base, u32 n_tokens, u32 nq, u32 nkv, u32 d,
                                           u32 cap) {
-    kv_append<false>(qkv, kc, vc, pos_ptr, pos_base, kv_base, n_tokens, nq, nkv, d, cap);
+    kv_append<false>(qkv, kc, vc, pos_ptr, pos_base, kv_base, n_tokens, nq, nkv, d, cap, 0);
 }
 
 extern "C" __global__ void kv_append_ring_bf16(const bf16_t* __restrict__ qkv, bf16_t* __restrict__ kc,
                                                bf16_t* __restrict__ vc, const u32* __restrict__ pos_ptr,
-                                               u32 pos_base, u32 n_tokens, u32 nq, u32 nkv, u32 d, u32 cap) {
-    kv_append<true>(qkv, kc, vc, pos_ptr, pos_base, nullptr, n_tokens, nq, nkv, d, cap);
+                                               u32 pos_base, const u32* __restrict__ kv_base, u32 n_tokens, u32 nq,
+                                               u32 nkv, u32 d, u32 cap, u32 ring) {
+    kv_append<true>(qkv, kc, vc, pos_ptr, pos_base, kv_base, n_tokens, nq, nkv, d, cap, ring);
 }

@@ -1322,15 +1322,26 @@ fn bench_attn_gptoss(
         let attn = RingAttn {
             sinks: Some(&sinks),
             window,
+            ring: if window == 0 { 0 } else { capacity },
         };
         let keys = if window == 0 { ctxlen } else { window };
         let bytes = 2 * nkv * keys * d * 2;
-        let mut run =
-            |sp: StartPos<'_>| -> anyhow::Result<()> {
-                Ok(k.attention_decode_ring(
-                    s, &q1, g1, sp, kv, &kc, &vc, scale, attn, &mut ws, &mut o,
-                )?)
-            };
+        let mut run = |sp: StartPos<'_>| -> anyhow::Result<()> {
+            Ok(k.attention_decode_ring(
+                s,
+                &q1,
+                g1,
+                sp,
+                kv,
+                krasis_kernels::KvBase::Host(0),
+                &kc,
+                &vc,
+                scale,
+                attn,
+                &mut ws,
+                &mut o,
+            )?)
+        };
         let th = time_ms(s, 100, |_| run(StartPos::Host(pos)))?;
         let td = time_ms(s, 100, |_| run(StartPos::Device(&pos_buf)))?;
         let tg = time_graph_ms(s, 32, |_| run(StartPos::Device(&pos_buf)))?;

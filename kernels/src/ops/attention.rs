@@ -478,25 +478,40 @@ impl PrefillArgs {
         k_cache: &impl DevicePtr<A>,
         v_cache: &impl DevicePtr<A>,
         out: &impl DeviceSlice<bf16>,
-        window: Option<usize>,
+        ring: Option<(usize, usize)>,
     ) -> Result<Self> {
         geom.validate(k)?;
         kv.validate(k, &geom)?;
-        match window {
-            // Linear cache, or a full layer over a ring cache (p % capacity
-            // == p): every position up to the last query is a row.
-            None | Some(0) => ensure(k, base + start_pos + geom.n_tokens <= kv.capacity, || {
+        let linear = || {
+            ensure(k, base + start_pos + geom.n_tokens <= kv.capacity, || {
                 format!(
                     "positions {start_pos}..{} of a sequence at KV row {base} exceed the KV capacity {}",
                     start_pos + geom.n_tokens,
                     kv.capacity
                 )
-            })?,
-            Some(w) => {
-                ensure(k, base == 0, || {
-                    format!("a ring KV cache holds one sequence (KV row {base} asked for)")
+            })
+        };
+        match ring {
+            // Linear rows from `base` (a plain layer, or a ring layer with
+            // ring 0): every position up to the last query is a row.
+            None | Some((_, 0)) => linear()?,
+            Some((window, rows)) => {
+                ensure(k, base + rows <= kv.capacity, || {
+                    format!(
+                        "a ring of {rows} rows at KV row {base} exceeds the KV capacity {}",
+                        kv.capacity
+                    )
                 })?;
-                ring::check_window_fits(k, w, geom.n_tokens, kv.capacity)?
+                match window {
+                    // A full layer in a ring: p % rows == p for every position.
+                    0 => ensure(k, start_pos + geom.n_tokens <= rows, || {
+                        format!(
+                            "positions {start_pos}..{} of a full layer exceed its ring of {rows} rows",
+                            start_pos + geom.n_tokens
+                        )
+                    })?,
+                    w => ring::check_window_fits(k, w, geom.n_tokens, rows)?,
+                }
             }
         }
         check_len(k, "qkv", qkv.len(), geom.len())?;

@@ -3,7 +3,8 @@
 //! launch must be bit-identical to a one-row launch of that row alone,
 //! for every `m <= GEMV_MAX_TOKENS`, whatever the other rows hold. This is
 //! what makes a sequence's tokens and logits independent of which
-//! sequences decode beside it. Each kernel is checked in both 16-bit
+//! sequences decode beside it (the INT4 and MXFP4 experts included). Each
+//! kernel is checked in both 16-bit
 //! activation formats where it has both. The per-sequence parts of a
 //! step (positions for RoPE and the KV append, each row's own KV rows in
 //! shared buffers for attention) are checked the same way.
@@ -268,6 +269,84 @@ fn int4_decode_rows_are_batch_invariant() {
     let mut rng = rng(name);
     int4_rows_are_invariant::<bf16>(g, &s, &mut rng, "bf16");
     int4_rows_are_invariant::<f16>(g, &s, &mut rng, "f16");
+    sync(&s);
+}
+
+/// MXFP4 decode experts (gpt-oss): `mxfp4_w13_act` (every pair) and
+/// `mxfp4_w2_combine` over `m` tokens against each token alone, at
+/// gpt-oss-20b's shape (biases, clamped SwiGLU, partial 128-K tiles) and
+/// one with plain SwiGLU and no biases; tokens share experts and each has
+/// its own routes, weights and residual.
+#[test]
+fn mxfp4_decode_rows_are_batch_invariant() {
+    use krasis_kernels::ops::mxfp4::{ExpertActivation, Mxfp4Layout};
+    let name = "mxfp4_decode_rows_are_batch_invariant";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let kr = &g.kernels;
+    for (h, i, bias, n_exp, k, a) in [
+        (
+            2880usize,
+            2880usize,
+            true,
+            8usize,
+            4usize,
+            crate::mxfp4::GPT_OSS,
+        ),
+        (1024, 768, false, 12, 8, ExpertActivation::Swiglu),
+    ] {
+        let layout = Mxfp4Layout::new(h, i, bias).unwrap();
+        let ex = crate::mxfp4::experts(&s, &mut rng, &layout, n_exp, 118..=123u8);
+        let mt = GEMV_MAX_TOKENS;
+        let mut ids = Vec::new();
+        for _ in 0..mt {
+            let mut all: Vec<u32> = (0..n_exp as u32).collect();
+            all.shuffle(&mut rng);
+            ids.extend_from_slice(&all[..k]);
+        }
+        let weights: Vec<f32> = (0..mt * k).map(|_| rng.random_range(0.0..1.0)).collect();
+        let x = randn_bf16(&mut rng, mt * h, 1.0);
+        let res0 = randn(&mut rng, mt * h, 1.0);
+        let run = |t: usize, first: usize| {
+            let dx = up(&s, &x[first * h..(first + t) * h]);
+            let dids = up(&s, &ids[first * k..(first + t) * k]);
+            let dw = up(&s, &weights[first * k..(first + t) * k]);
+            let mut act: CudaSlice<f32> = poison_f32(&s, t * k * i);
+            let mut res = up(&s, &res0[first * h..(first + t) * h]);
+            kr.mxfp4_w13_act(
+                &s,
+                &dx,
+                &ex.table,
+                &dids,
+                t,
+                k,
+                &layout,
+                u32::MAX,
+                false,
+                a,
+                &mut act,
+            )
+            .unwrap();
+            kr.mxfp4_w2_combine(&s, &act, &ex.table, &dids, &dw, t, k, &layout, &mut res)
+                .unwrap();
+            (down(&s, &act), down(&s, &res))
+        };
+        let alone: Vec<_> = (0..mt).map(|r| run(1, r)).collect();
+        for m in 1..=mt {
+            let tag = format!("H={h} I={i} bias={bias} m={m}");
+            let (act, res) = run(m, 0);
+            for r in 0..m {
+                assert!(
+                    bits32(&act[r * k * i..(r + 1) * k * i]) == bits32(&alone[r].0),
+                    "mxfp4_w13_act {tag}: token {r} differs from its one-token launch"
+                );
+                assert!(
+                    bits32(&res[r * h..(r + 1) * h]) == bits32(&alone[r].1),
+                    "mxfp4_w2_combine {tag}: token {r} differs from its one-token launch"
+                );
+            }
+        }
+    }
     sync(&s);
 }
 

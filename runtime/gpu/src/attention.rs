@@ -67,8 +67,9 @@ pub(crate) fn input_norm(cx: &Ctx<'_>, sc: &mut Scratch, l: usize, t: usize) -> 
 /// A prefill chunk is one sequence's, in its KV rows from `base` on; a
 /// decode step has `t` rows of different sequences, each at its own
 /// position and in its own KV rows (`scratch.pos`, `scratch.kv_base`).
-/// Ring caches hold one sequence (`options::single_sequence`): base 0 and
-/// one decode row.
+/// Sliding layers keep a ring per sequence (`scratch::KvCache`): the
+/// sequence's slot's, from `slot * ring` on (`scratch.ring_base` for a
+/// decode row).
 pub(crate) fn attention(
     cx: &Ctx<'_>,
     sc: &mut Scratch,
@@ -83,6 +84,7 @@ pub(crate) fn attention(
     let lw = &cx.w.layers[l];
     let decode = matches!(at, Positions::Decode);
     let kvg = kv.geoms[l];
+    let ring = kv.layer_ring(g, l);
     let (theta, eps) = (g.rope.theta as f32, g.rms_norm_eps);
     let nq = q + 2 * g.kv_dim();
     let no_rope =
@@ -102,7 +104,7 @@ pub(crate) fn attention(
                 let (r0, len, at) = segment(sc, at, t, i);
                 let geom = cx.qkv_geom(len);
                 let sp = start_pos(at, &sc.pos)?;
-                let base = kv_base(at, &sc.kv_base);
+                let base = kv_base(at, (&sc.kv_base, &sc.ring_base), ring);
                 let mut qkv = sc.qkv.slice_mut(r0 * nq..(r0 + len) * nq);
                 match (&lw.qk_norm, &cx.w.rope) {
                     // Partial rotary (glm4_moe): its own kernel, with or without norm.
@@ -139,7 +141,7 @@ pub(crate) fn attention(
                     (sp, base),
                     geom,
                     &qkv,
-                    kvg,
+                    (kvg, ring),
                     &mut kv.k[l],
                     &mut kv.v[l],
                     &mut sc.attn_ws,
@@ -153,7 +155,7 @@ pub(crate) fn attention(
                 let (r0, len, at) = segment(sc, at, t, i);
                 let geom = cx.qkv_geom(len);
                 let sp = start_pos(at, &sc.pos)?;
-                let base = kv_base(at, &sc.kv_base);
+                let base = kv_base(at, (&sc.kv_base, &sc.ring_base), ring);
                 let mut all = as_f16(&mut sc.qkv);
                 let mut qkv = all.slice_mut(r0 * nq..(r0 + len) * nq);
                 match (&lw.qk_norm, &cx.w.rope) {
@@ -182,7 +184,7 @@ pub(crate) fn attention(
                     (sp, base),
                     geom,
                     &qkv,
-                    kvg,
+                    (kvg, ring),
                     &mut kc,
                     &mut vc,
                     &mut sc.attn_ws,
@@ -227,6 +229,7 @@ fn segment(sc: &Scratch, at: Positions, t: usize, i: usize) -> (usize, usize, Po
             let at = Positions::Prefill {
                 start: p.start,
                 base: p.base,
+                slot: p.slot,
             };
             (p.row, p.len, at)
         }
@@ -252,13 +255,21 @@ fn packed_whole() -> GpuError {
     GpuError::Unsupported("a packed prefill's positions are per segment".into())
 }
 
-/// Where a launch's sequences' KV rows start: the prefill's sequence, or
-/// decode's device-side bases, one per row.
-fn kv_base(at: Positions, base: &CudaSlice<u32>) -> KvBase<'_> {
-    match at {
-        Positions::Prefill { base, .. } => KvBase::Host(base),
-        // Never reached: start_pos refuses a whole packed pass first.
-        Positions::Decode | Positions::Packed => KvBase::Device(base),
+/// Where a launch's sequences' KV rows start in a layer whose sequences
+/// hold rings of `ring` rows (0: linear arena rows): the prefill's
+/// sequence, or decode's device-side bases, one per row (the scratch's
+/// arena and ring bases).
+fn kv_base<'a>(
+    at: Positions,
+    (arena, rings): (&'a CudaSlice<u32>, &'a CudaSlice<u32>),
+    ring: usize,
+) -> KvBase<'a> {
+    match (at, ring) {
+        (Positions::Prefill { base, .. }, 0) => KvBase::Host(base),
+        (Positions::Prefill { slot, .. }, r) => KvBase::Host(slot * r),
+        // A packed pass never gets here whole: start_pos refuses it first.
+        (Positions::Decode | Positions::Packed, 0) => KvBase::Device(arena),
+        (Positions::Decode | Positions::Packed, _) => KvBase::Device(rings),
     }
 }
 
@@ -382,7 +393,8 @@ fn project_f16(
 }
 
 /// The KV append and the attention of layer `l` over q/k/v (RoPE done)
-/// and a KV cache in format `A`, into the BF16 `attn`.
+/// and a KV cache in format `A` whose sequences hold rings of `ring` rows
+/// (0: linear rows), into the BF16 `attn`.
 #[allow(clippy::too_many_arguments)]
 fn attend<A: Act16>(
     cx: &Ctx<'_>,
@@ -391,7 +403,7 @@ fn attend<A: Act16>(
     (sp, base): (StartPos<'_>, KvBase<'_>),
     geom: QkvGeom,
     qkv: &impl DevicePtr<A>,
-    kvg: KvGeom,
+    (kvg, ring): (KvGeom, usize),
     kc: &mut (impl DevicePtrMut<A> + DevicePtr<A>),
     vc: &mut (impl DevicePtrMut<A> + DevicePtr<A>),
     attn_ws: &mut CudaSlice<f32>,
@@ -408,12 +420,12 @@ fn attend<A: Act16>(
     if window == 0 && lw.sinks.is_none() {
         kn.kv_append(s, qkv, geom, sp, kvg, base, kc, vc)?;
         match at {
-            Positions::Prefill { start, base }
+            Positions::Prefill { start, base, .. }
                 if cx.prefill_kernels.hopper_attention::<A>(geom.head_dim) =>
             {
                 kn.attention_prefill_wgmma(s, qkv, geom, start, kvg, base, kc, vc, scale, attn)?
             }
-            Positions::Prefill { start, base } => {
+            Positions::Prefill { start, base, .. } => {
                 kn.attention_prefill(s, qkv, geom, start, kvg, base, kc, vc, scale, attn)?
             }
             Positions::Decode => {
@@ -422,31 +434,27 @@ fn attend<A: Act16>(
             Positions::Packed => return Err(packed_whole()),
         }
     } else {
-        // A ring cache holds one sequence, at row 0, one decode row.
-        let one = match at {
-            Positions::Prefill { base, .. } => base == 0,
-            Positions::Decode => geom.n_tokens == 1,
-            Positions::Packed => false,
-        };
-        if !one {
-            return Err(GpuError::Unsupported(format!(
-                "layer {l}'s ring KV cache (sliding window or sinks) holds one sequence: {}",
-                crate::options::single_sequence(g).unwrap_or_default()
-            )));
-        }
-        let ring = RingAttn {
+        // Sinks or a window: the ring kernels, over the sequence's ring
+        // (sliding layers) or its linear arena rows (full layers, ring 0).
+        let ra = RingAttn {
             sinks: lw.sinks.as_ref(),
             window,
+            ring,
         };
-        kn.kv_append_ring(s, qkv, geom, sp, kvg, kc, vc)?;
-        match at {
-            Positions::Prefill { start, .. } => {
-                kn.attention_prefill_ring(s, qkv, geom, start, kvg, kc, vc, scale, ring, attn)?
+        kn.kv_append_ring(s, qkv, geom, sp, kvg, base, ring, kc, vc)?;
+        match (at, base) {
+            (Positions::Prefill { start, .. }, KvBase::Host(b)) => {
+                kn.attention_prefill_ring(s, qkv, geom, start, kvg, b, kc, vc, scale, ra, attn)?
             }
-            Positions::Decode => {
-                kn.attention_decode_ring(s, qkv, geom, sp, kvg, kc, vc, scale, ring, attn_ws, attn)?
+            (Positions::Decode, _) => kn.attention_decode_ring(
+                s, qkv, geom, sp, kvg, base, kc, vc, scale, ra, attn_ws, attn,
+            )?,
+            (Positions::Prefill { .. }, KvBase::Device(_)) => {
+                return Err(GpuError::Unsupported(
+                    "a prefill chunk's KV rows start at one host row".into(),
+                ));
             }
-            Positions::Packed => return Err(packed_whole()),
+            (Positions::Packed, _) => return Err(packed_whole()),
         }
     }
     Ok(())

@@ -438,7 +438,13 @@ impl CudaEngine {
     /// `Some((tokens prefilled, the first token once the prompt is done))`,
     /// `None` when cancelled.
     fn prefill_work(&mut self, id: SeqId) -> Result<Option<(usize, Option<u32>)>> {
-        let base = self.seq(id).base;
+        let kv = {
+            let s = self.seq(id);
+            crate::forward::SeqKv {
+                base: s.base,
+                slot: s.slot,
+            }
+        };
         self.begin_prefill(id)?;
         let (prompt, next, cancel, live) = {
             let s = self.seq(id);
@@ -458,7 +464,7 @@ impl CudaEngine {
         let cap = self.model.scratch.cap;
         let last_chunk_start = next + (n - 1 - next) / cap * cap;
         let reached =
-            self.prefill_cancellable(&prompt, (next, 1), base, &cancel, &live, |m, start, _| {
+            self.prefill_cancellable(&prompt, (next, 1), kv, &cancel, &live, |m, start, _| {
                 if start == last_chunk_start {
                     m.lm_head(n - 1 - start, 1)?;
                 }
@@ -550,6 +556,11 @@ impl CudaEngine {
             (None, _) => usize::MAX,
             (Some(_), span) => span.unwrap_or(self.context).min(self.context),
         };
+        // MXFP4 prompts that dequantize their experts are never packed: the
+        // per-expert GEMMs pick their kernels by each expert's row count,
+        // so a row would depend on the other prompts of its pass. Those
+        // that compute them in place (row-invariant) pack together.
+        let mxfp4 = matches!(m.ffn, Some(crate::expert_ffn::ExpertFfn::Mxfp4 { .. }));
         let mut total = 0usize;
         let ids: Vec<SeqId> = self
             .batch
@@ -557,6 +568,7 @@ impl CudaEngine {
             .iter()
             .filter(|s| matches!(s.phase, Phase::Queued | Phase::Prefill { .. }))
             .filter(|s| s.req.prompt.len() > m.gemv_tokens && !s.req.cancel.is_cancelled())
+            .filter(|s| !mxfp4 || self.mxfp4_in_place_for(s.req.prompt.len()))
             .take_while(|s| {
                 total += s.req.prompt.len();
                 total <= limit
@@ -626,6 +638,7 @@ impl CudaEngine {
                 len: take,
                 start: next,
                 base: s.base,
+                slot: s.slot,
             });
             members.push((id, next, take, n));
             tokens.extend_from_slice(&s.req.prompt[next..next + take]);
@@ -635,16 +648,18 @@ impl CudaEngine {
         if segs.len() >= 2 && self.model.fault == crate::forward::Fault::PackedBase {
             segs[1].base = segs[0].base;
         }
+        // Every member's prompt is longer than `gemv_tokens` and, for MXFP4
+        // experts, computes them in place (`packable`): the pass takes the
+        // path each would take alone.
+        let in_place = members.iter().all(|&(.., n)| self.mxfp4_in_place_for(n));
         let m = &mut self.model;
         m.gpu
             .stream
             .memcpy_htod(&tokens, &mut m.scratch.ids.slice_mut(0..rows))
             .map_err(GpuError::driver("copying prompt tokens to the GPU"))?;
         m.scratch.packed = segs.clone();
-        // Every member's prompt is longer than `gemv_tokens` (`packable`);
-        // rows of several prompts take the one path every prompt can.
         m.grouped_prefill = true;
-        m.mxfp4_in_place = false;
+        m.mxfp4_in_place = in_place;
         m.forward_layers(rows, crate::forward::Positions::Packed)?;
         for (&(id, next, take, n), seg) in members.iter().zip(&segs) {
             let at = next + take;

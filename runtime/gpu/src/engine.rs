@@ -172,18 +172,19 @@ impl CudaEngine {
             (None, None, None)
         };
         // Sliding layers' ring buffers hold the window of the largest chunk
-        // asked for; the budget may then choose a smaller one.
+        // asked for, one per sequence that may run; the budget may then
+        // choose a smaller chunk and so fewer sequences (never more).
         let want = opts.prefill_chunk.min(context);
         // Refused values fail here, before the KV is allocated; the chunk
         // the budget allows may lower the default parallelism below.
-        let (_, rows) =
-            crate::options::batching(opts, &g, context, want).map_err(GpuError::Unsupported)?;
-        let kv = KvCache::new(&gpu, &g, rows, want)?;
+        let (most, rows) =
+            crate::options::batching(opts, context, want).map_err(GpuError::Unsupported)?;
+        let kv = KvCache::new(&gpu, &g, rows, want, most)?;
         // Without MoE layers there is no grouped scratch, whichever path.
         let path = ffn.map_or(crate::scratch::GroupedPath::InPlace, |f| f.grouped_path());
         let cap = crate::scratch::chunk_for_budget(&gpu, &g, want, path)?;
         let (parallel, _) =
-            crate::options::batching(opts, &g, context, cap).map_err(GpuError::Unsupported)?;
+            crate::options::batching(opts, context, cap).map_err(GpuError::Unsupported)?;
         let scratch = Scratch::new(&gpu, &g, cap, GEMV_MAX_TOKENS, parallel, path)?;
         gpu.sync("loading weights")?;
         let prefill_kernels = crate::prefill_kernels::PrefillKernels::for_device(&kernels);
@@ -388,6 +389,7 @@ impl CudaEngine {
             | Fault::NoSharedExpert
             | Fault::SwapRowPositions
             | Fault::ShiftRowKv
+            | Fault::SwapRowRings
             | Fault::PackedBase
             | Fault::StaleTail
             | Fault::StalePrefetch
@@ -502,7 +504,7 @@ impl CudaEngine {
             };
         }
         // One context's KV (`auto`'s measure), whatever the arena holds.
-        let kv = crate::scratch::kv_bytes(g, self.context, self.model.scratch.cap) as u64;
+        let kv = crate::scratch::kv_bytes(g, self.context, self.model.scratch.cap, 1) as u64;
         let vram = crate::prefix::pool_bytes(opts.prefix_cache, g, block, kv, spare)?;
         let available = crate::prefix::host_available();
         let host = crate::prefix::host_bytes(opts.prefix_cache_host, g, block, kv, available)?;
@@ -714,7 +716,7 @@ impl CudaEngine {
         self.prefill_cancellable(
             tokens,
             (0, usize::MAX),
-            0,
+            crate::forward::SeqKv { base: 0, slot: 0 },
             &CancelToken::default(),
             &LiveProgress::default(),
             after,
@@ -722,8 +724,20 @@ impl CudaEngine {
         .map(|_| ())
     }
 
+    /// Whether a prompt of `n` tokens computes MXFP4 experts in place
+    /// (`expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS`). The choice is the
+    /// prompt's length alone, so its rows are computed the same way in
+    /// every chunking and beside any other prompt of the same choice (the
+    /// in-place kernels are row-invariant; prompts that dequantize are
+    /// never packed with others: `batch.rs`, `packable`). Never with the
+    /// prefix cache: a suffix resumed after a hit would choose by its own
+    /// length, not the whole prompt's. Other formats ignore it.
+    pub(crate) fn mxfp4_in_place_for(&self, n: usize) -> bool {
+        self.prefix.is_none() && n <= crate::expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS
+    }
+
     /// [`CudaEngine::prefill`] of `tokens[from..]` into the sequence's KV
-    /// rows from `base` on (the KV holds positions `0..from`; `from` is any
+    /// (`kv`: its arena rows and ring; the KV holds positions `0..from`; `from` is any
     /// position, a prefix cache block boundary on a hit, and the chunks are
     /// counted from it: the prefill is chunk invariant, so every row comes
     /// out as in a prefill from 0), at most `chunks` chunks of it (all
@@ -743,23 +757,20 @@ impl CudaEngine {
         &mut self,
         tokens: &[u32],
         (from, chunks): (usize, usize),
-        base: usize,
+        kv: crate::forward::SeqKv,
         cancel: &CancelToken,
         live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
     ) -> Result<Option<usize>> {
-        // The expert path is the prompt's, not the chunk's (`moe.rs`). A
-        // short prompt computes MXFP4 experts in place where no row of it is
-        // shared with another prompt's computation (one sequence at a time,
-        // no prefix cache): its own chunks are then all it is compared with.
-        let alone = self.parallel() == 1 && self.prefix.is_none();
+        // The expert path is the prompt's, not the chunk's (`moe.rs`).
+        let in_place = self.mxfp4_in_place_for(tokens.len());
         let m = &mut self.model;
         m.grouped_prefill = tokens.len() > m.gemv_tokens && m.scratch.grouped.is_some();
-        m.mxfp4_in_place = alone && tokens.len() <= crate::expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS;
+        m.mxfp4_in_place = in_place;
         if self.model.hcs.is_some() {
             let done = self
                 .model
-                .prefill_streamed(tokens, from, base, cancel, live, after)?;
+                .prefill_streamed(tokens, from, kv, cancel, live, after)?;
             return Ok(done.then_some(tokens.len()));
         }
         let cap = self.model.scratch.cap;
@@ -774,7 +785,8 @@ impl CudaEngine {
                 .stream
                 .memcpy_htod(chunk, &mut m.scratch.ids.slice_mut(0..chunk.len()))
                 .map_err(GpuError::driver("copying prompt tokens to the GPU"))?;
-            m.forward_layers(chunk.len(), Positions::Prefill { start, base })?;
+            let (base, slot) = (kv.base, kv.slot);
+            m.forward_layers(chunk.len(), Positions::Prefill { start, base, slot })?;
             after(m, start, chunk.len())?;
             at = start + chunk.len();
             live.set_prefilled(at);

@@ -47,9 +47,8 @@ use krasis_model::arch::{ActFormat, Activation};
 /// crossover of the two on the H200 lies between 1K (in place 1.45x) and
 /// 2K tokens (0.88x), ~1.7K by interpolation. The choice is the prompt's,
 /// never the chunk's, so a prompt's rows are computed the same way however
-/// it is chunked; it is made only where no row is shared across prompts
-/// (one sequence at a time and no prefix cache: gpt-oss's ring layers
-/// allow neither), see `CudaEngine::prefill_cancellable`.
+/// it is chunked or packed (`CudaEngine::mxfp4_in_place_for`: not with the
+/// prefix cache; prompts that dequantize are never packed).
 pub const MXFP4_IN_PLACE_MAX_TOKENS: usize = 1536;
 
 /// How one routed expert is stored on the device and computed.

@@ -146,6 +146,12 @@ pub enum Fault {
     /// its last row's KV one row past its sequence's first row (a wrong KV
     /// slice offset). Not in [`Fault::ALL`].
     ShiftRowKv,
+    /// Batching only, sliding-window models: a decode step of two or more
+    /// rows gives rows 0 and 1 each other's rings in the sliding layers
+    /// (a wrong ring base). Not in [`Fault::ALL`] nor [`Fault::BATCH`]
+    /// (a model without sliding layers has no rings); the gpt-oss
+    /// batching test sees it.
+    SwapRowRings,
     /// Batching only: a packed prefill pass of two or more sequences gives
     /// its second segment the first segment's KV rows (a wrong segment
     /// base). Not in [`Fault::ALL`].
@@ -210,6 +216,7 @@ impl Fault {
                 Fault::NoSharedExpert => g.num_moe_layers() > 0 && g.shared_intermediate.is_some(),
                 Fault::SwapRowPositions
                 | Fault::ShiftRowKv
+                | Fault::SwapRowRings
                 | Fault::PackedBase
                 | Fault::StaleTail
                 | Fault::StalePrefetch
@@ -242,10 +249,16 @@ fn drop_last_expert(cx: &Ctx<'_>, sc: &mut Scratch, t: usize) -> Result<()> {
 pub enum Positions {
     /// A prefill chunk of one sequence: its first token at absolute
     /// position `start`, the sequence's KV rows starting at row `base` of
-    /// the arena (`arena.rs`).
-    Prefill { start: usize, base: usize },
+    /// the arena (`arena.rs`) and, in sliding layers, the ring of its
+    /// sampler slot `slot` (`scratch::KvCache`).
+    Prefill {
+        start: usize,
+        base: usize,
+        slot: usize,
+    },
     /// A decode step: row r at the position in `scratch.pos[r]`, its
-    /// sequence's KV rows from `scratch.kv_base[r]` on.
+    /// sequence's KV rows from `scratch.kv_base[r]` on (sliding layers:
+    /// from `scratch.ring_base[r]`).
     Decode,
     /// Prefill chunks of several sequences in one pass (`scratch.packed`:
     /// each segment's rows, first position and KV base). The GEMMs, norms,
@@ -255,6 +268,15 @@ pub enum Positions {
     /// prefill chunk. Continuous batching's packed prefill (`batch.rs`),
     /// all resident or streamed (`streamed.rs`).
     Packed,
+}
+
+/// Where one sequence's KV lives: its rows of the arena from `base` on
+/// (full layers, `arena.rs`) and the ring of its sampler slot `slot`
+/// (sliding layers, `scratch::KvCache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqKv {
+    pub base: usize,
+    pub slot: usize,
 }
 
 /// One sequence's rows of a [`Positions::Packed`] pass.
@@ -268,6 +290,8 @@ pub struct PackedSegment {
     pub start: usize,
     /// The sequence's first KV row in the arena.
     pub base: usize,
+    /// The sequence's sampler slot, whose ring it holds in sliding layers.
+    pub slot: usize,
 }
 
 /// `(first row, rows)` of the GEMV launches covering `m` rows of `k`

@@ -137,40 +137,18 @@ pub const DEFAULT_ROWS_PER_SEQUENCE: usize = 512;
 /// The default of [`CudaEngineOptions::parallel`]: `rows /
 /// DEFAULT_ROWS_PER_SEQUENCE` sequences, at least 1, at most
 /// [`MAX_PARALLEL`] and at most the prefill chunk (a decode step's rows
-/// share the chunk's scratch); 1 for a model whose ring KV caches
-/// (sliding-window or sink attention) hold one sequence ([`single_sequence`]).
-pub fn default_parallel(g: &krasis_model::Geometry, rows: usize, chunk: usize) -> usize {
-    if single_sequence(g).is_some() {
-        return 1;
-    }
+/// share the chunk's scratch). Sliding-window layers keep a ring per
+/// sequence (`scratch::KvCache`), so every family batches.
+pub fn default_parallel(rows: usize, chunk: usize) -> usize {
     (rows / DEFAULT_ROWS_PER_SEQUENCE).clamp(1, MAX_PARALLEL.min(chunk.max(1)))
 }
 
-/// Why this model's sequences cannot share decode steps on the CUDA engine,
-/// if they cannot: its sliding-window and sink layers keep their KV in ring
-/// buffers of one sequence (`attention/ring.rs`), which have no rows for a
-/// second one.
-pub fn single_sequence(g: &krasis_model::Geometry) -> Option<String> {
-    let ring = g.layers.iter().any(|l| {
-        matches!(
-            l.attention,
-            krasis_model::arch::AttentionKind::Sliding { .. }
-        )
-    }) || g.attention.sinks;
-    ring.then(|| {
-        "the cuda backend runs one sequence at a time for models with sliding-window or sink \
-         attention layers (their ring KV caches hold one sequence)"
-            .to_string()
-    })
-}
-
-/// The parallelism and arena rows a load gets from `opts` for a model of
-/// geometry `g` with a `context`-position context and `chunk`-token prefill
+/// The parallelism and arena rows a load gets from `opts` for a
+/// `context`-position context and `chunk`-token prefill
 /// chunks, or why they are refused (fail closed: a value the engine cannot
 /// run is an error naming it, never lowered quietly).
 pub fn batching(
     opts: &CudaEngineOptions,
-    g: &krasis_model::Geometry,
     context: usize,
     chunk: usize,
 ) -> Result<(usize, usize), String> {
@@ -182,17 +160,11 @@ pub fn batching(
         ));
     }
     let parallel = match opts.parallel {
-        None => default_parallel(g, rows, chunk),
+        None => default_parallel(rows, chunk),
         Some(0) => return Err("parallel must be at least 1".into()),
         Some(p) if p > MAX_PARALLEL => {
             return Err(format!(
                 "parallel {p} exceeds {MAX_PARALLEL}, the most rows the decode kernels take"
-            ));
-        }
-        Some(p) if p > 1 && single_sequence(g).is_some() => {
-            return Err(format!(
-                "parallel {p}: {}; use parallel 1",
-                single_sequence(g).unwrap_or_default()
             ));
         }
         Some(p) if p > chunk => {
@@ -209,48 +181,35 @@ pub fn batching(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use krasis_model::synth::preset_geometry;
 
     #[test]
     fn the_default_runs_a_sequence_per_512_rows_up_to_eight() {
-        let g = preset_geometry("a3b").unwrap();
         let opts = CudaEngineOptions::default();
-        assert_eq!(batching(&opts, &g, 8016, 4008), Ok((8, 8016)));
-        assert_eq!(batching(&opts, &g, 2048, 2048), Ok((4, 2048)));
-        assert_eq!(batching(&opts, &g, 300, 300), Ok((1, 300)));
+        assert_eq!(batching(&opts, 8016, 4008), Ok((8, 8016)));
+        assert_eq!(batching(&opts, 2048, 2048), Ok((4, 2048)));
+        assert_eq!(batching(&opts, 300, 300), Ok((1, 300)));
         // Never more rows than the chunk's scratch holds.
-        assert_eq!(batching(&opts, &g, 8192, 4), Ok((4, 8192)));
+        assert_eq!(batching(&opts, 8192, 4), Ok((4, 8192)));
         // More arena rows, more sequences (still at most 8).
         let more = CudaEngineOptions {
             kv_rows: Some(3000),
             ..opts.clone()
         };
-        assert_eq!(batching(&more, &g, 1024, 1024), Ok((5, 3000)));
+        assert_eq!(batching(&more, 1024, 1024), Ok((5, 3000)));
     }
 
     #[test]
     fn values_the_engine_cannot_run_are_refused_by_name() {
-        let g = preset_geometry("a3b").unwrap();
         let with = |parallel, kv_rows| CudaEngineOptions {
             parallel,
             kv_rows,
             ..CudaEngineOptions::default()
         };
-        let err = |o: CudaEngineOptions, chunk| batching(&o, &g, 4096, chunk).unwrap_err();
+        let err = |o: CudaEngineOptions, chunk| batching(&o, 4096, chunk).unwrap_err();
         assert!(err(with(Some(0), None), 512).contains("at least 1"));
         assert!(err(with(Some(9), None), 512).contains("exceeds 8"));
         assert!(err(with(Some(4), None), 2).contains("prefill chunk"));
         assert!(err(with(None, Some(4095)), 512).contains("fewer than the context"));
-        assert_eq!(batching(&with(Some(3), None), &g, 4096, 512), Ok((3, 4096)));
-        // gpt-oss's ring KV holds one sequence: parallel > 1 is refused
-        // naming why, and the default is 1.
-        let oss = preset_geometry("gpt-oss-20b").unwrap();
-        let e = batching(&with(Some(2), None), &oss, 4096, 512).unwrap_err();
-        assert!(e.contains("sliding-window or sink"), "{e}");
-        assert_eq!(batching(&with(None, None), &oss, 4096, 512), Ok((1, 4096)));
-        assert_eq!(
-            batching(&with(Some(1), None), &oss, 4096, 512),
-            Ok((1, 4096))
-        );
+        assert_eq!(batching(&with(Some(3), None), 4096, 512), Ok((3, 4096)));
     }
 }

@@ -120,18 +120,26 @@ pub fn plan_cuda(
         }
     }
     // Sliding layers' ring caches are sized for the largest chunk asked
-    // for, which bounds the chunk the budget then allows (as at load).
+    // for, which bounds the chunk the budget then allows, and kept for as
+    // many sequences as that chunk allows (as at load; a refused option is
+    // noted below).
     let want = opts.prefill_chunk.min(context);
     let rows = opts.kv_rows.unwrap_or(context);
+    let most = crate::options::batching(opts, context, want).map_or(1, |(p, _)| p);
+    let rings = match crate::scratch::ring_rows(g, want) {
+        0 => String::new(),
+        r => format!(", sliding layers {most} ring(s) of {r}"),
+    };
     items.push(PlanItem::exact(
         &if rows == context {
-            format!("KV cache (bf16, {context} positions)")
+            format!("KV cache (bf16, {context} positions{rings})")
         } else {
             format!(
-                "KV cache (bf16, an arena of {rows} positions for a {context}-position context)"
+                "KV cache (bf16, an arena of {rows} positions for a {context}-position \
+                 context{rings})"
             )
         },
-        kv_bytes(g, rows, want) as u64,
+        kv_bytes(g, rows, want, most) as u64,
     ));
     let used = |items: &[PlanItem]| items.iter().map(|i| i.bytes).sum::<u64>();
     let path = crate::scratch::GroupedPath::int4(g);
@@ -146,7 +154,7 @@ pub fn plan_cuda(
     ));
     // The engine refuses at load what `batching` refuses; the plan notes it
     // and plans one sequence.
-    let parallel = match crate::options::batching(opts, g, context, cap) {
+    let parallel = match crate::options::batching(opts, context, cap) {
         Ok((p, _)) => p,
         Err(e) => {
             notes.push(format!("the engine refuses these options: {e}"));
@@ -211,7 +219,7 @@ pub fn plan_cuda(
         };
         let experts = if hcs { all_bytes } else { 0 };
         let spare = bud.checked_sub(used(&items) + floor + experts);
-        let kv = kv_bytes(g, context, want) as u64;
+        let kv = kv_bytes(g, context, want, 1) as u64;
         let block = opts.prefix_block;
         match crate::prefix::pool_bytes(opts.prefix_cache, g, block, kv, spare) {
             Ok(0) => {}
@@ -345,7 +353,7 @@ mod tests {
         // KV: 2 * 48 layers * 512 * 32768 * 2 bytes = 3 GiB exactly.
         let kv = p.items.iter().find(|i| i.name.starts_with("KV")).unwrap();
         assert_eq!(kv.bytes, 3 << 30);
-        assert_eq!(kv.bytes, kv_bytes(&g, 32768, opts.prefill_chunk) as u64);
+        assert_eq!(kv.bytes, kv_bytes(&g, 32768, opts.prefill_chunk, 8) as u64);
         let w = &p.items[1];
         assert_eq!(w.bytes, weight_bytes(&g).device as u64);
         assert!(p.experts.coverage() > 0.3 && p.experts.coverage() < 1.0);
@@ -416,8 +424,9 @@ mod tests {
     }
 
     /// gpt-oss-20b's plan counts its sliding layers' rings (sized for the
-    /// chunk asked for), its biases and sinks (weight_bytes) and its MXFP4
-    /// experts at their stride.
+    /// chunk asked for, one per sequence of the default parallelism: 8 at
+    /// 16K), its biases and sinks (weight_bytes) and its MXFP4 experts at
+    /// their stride.
     #[test]
     fn gpt_oss_kv_is_planned_per_layer() {
         let g = preset_geometry("gpt-oss-20b").unwrap();
@@ -436,9 +445,10 @@ mod tests {
         };
         let (p, _) = plan_cuda(&g, stride, &opts, dev(139 << 30));
         let kv = p.items.iter().find(|i| i.name.starts_with("KV")).unwrap();
-        assert_eq!(kv.bytes, kv_bytes(&g, 16384, 2048) as u64);
+        assert_eq!(kv.bytes, kv_bytes(&g, 16384, 2048, 8) as u64);
         let per_pos = (2 * g.kv_dim() * 2) as u64;
-        assert_eq!(kv.bytes, 12 * (16384 + 128 + 2048 - 1) * per_pos);
+        assert_eq!(kv.bytes, 12 * (16384 + 8 * (128 + 2048 - 1)) * per_pos);
+        assert!(kv.name.contains("8 ring(s) of 2175"), "{}", kv.name);
         assert_eq!(p.items[1].bytes, weight_bytes(&g).device as u64);
         assert_eq!(p.experts.placement, Placement::AllResident);
         assert_eq!(p.experts.all_bytes, (24 * 32 * stride) as u64);

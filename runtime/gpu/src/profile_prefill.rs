@@ -82,6 +82,7 @@ impl CudaEngine {
                 Positions::Prefill {
                     start: c * cap,
                     base: 0,
+                    slot: 0,
                 },
             );
             let m = self.model_mut();

@@ -30,6 +30,10 @@ pub struct Scratch {
     /// u32 `[seqs]`: each decode row's first KV row, its sequence's place
     /// in the arena (`KvBase::Device`, `arena.rs`).
     pub kv_base: CudaSlice<u32>,
+    /// u32 `[seqs]`: each decode row's first row in the sliding layers,
+    /// its sequence's ring (`KvCache::ring` x its slot); unused by models
+    /// without sliding layers.
+    pub ring_base: CudaSlice<u32>,
     /// f32 `[cap, H]` residual stream.
     pub residual: CudaSlice<f32>,
     /// 16-bit `[cap, H]` normalized hidden state (GEMM input), in the
@@ -160,47 +164,92 @@ pub struct DenseScratch {
 
 /// One K and one V buffer per layer, each `[n_kv][capacity][head_dim]` bf16;
 /// the capacity is per layer ([`kv_capacity`]): a full layer's rows are the
-/// arena the running sequences share (`arena.rs`), a sliding layer's a ring
-/// of one sequence.
+/// arena the running sequences share (`arena.rs`), a sliding layer's one
+/// ring of [`KvCache::ring`] rows per sequence that can run at once (a
+/// sequence's ring is the one of its sampler slot: rows `slot * ring ..
+/// (slot + 1) * ring`, whatever its arena rows).
 pub struct KvCache {
     /// Each layer's buffer shape.
     pub geoms: Vec<KvGeom>,
     pub k: Vec<CudaSlice<bf16>>,
     pub v: Vec<CudaSlice<bf16>>,
+    /// Rows of one sequence's ring in every sliding layer ([`ring_rows`]);
+    /// 0 without sliding layers.
+    pub ring: usize,
+    /// Rings per sliding layer: the most sequences that run at once.
+    pub rings: usize,
 }
 
 impl KvCache {
     /// The cache of a model whose full layers hold `rows` positions (the
-    /// arena; one context without batching) and whose prefill chunks hold
-    /// at most `max_chunk` tokens.
-    pub fn new(gpu: &Gpu, g: &Geometry, rows: usize, max_chunk: usize) -> Result<Self> {
+    /// arena; one context without batching), whose prefill chunks hold at
+    /// most `max_chunk` tokens and which runs up to `seqs` sequences at
+    /// once (a ring each in the sliding layers).
+    pub fn new(
+        gpu: &Gpu,
+        g: &Geometry,
+        rows: usize,
+        max_chunk: usize,
+        seqs: usize,
+    ) -> Result<Self> {
         let mut k = Vec::with_capacity(g.num_layers);
         let mut v = Vec::with_capacity(g.num_layers);
         let mut geoms = Vec::with_capacity(g.num_layers);
         for l in 0..g.num_layers {
-            let geom = kv_geom(g, kv_capacity(g, l, rows, max_chunk));
+            let geom = kv_geom(g, kv_capacity(g, l, rows, max_chunk, seqs));
             k.push(gpu.alloc_zeros(geom.len(), &format!("K cache of layer {l}"))?);
             v.push(gpu.alloc_zeros(geom.len(), &format!("V cache of layer {l}"))?);
             geoms.push(geom);
         }
-        Ok(KvCache { geoms, k, v })
+        Ok(KvCache {
+            geoms,
+            k,
+            v,
+            ring: ring_rows(g, max_chunk),
+            rings: seqs.max(1),
+        })
     }
 
     pub fn bytes(&self) -> usize {
         self.geoms.iter().map(|g| 2 * g.len() * 2).sum()
     }
+
+    /// Rows of one sequence's ring in layer `l` (0: a full layer, whose
+    /// sequences hold linear rows of the arena).
+    pub fn layer_ring(&self, g: &Geometry, l: usize) -> usize {
+        match g.layers[l].attention {
+            AttentionKind::Full => 0,
+            AttentionKind::Sliding { .. } => self.ring,
+        }
+    }
+}
+
+/// Rows of one sequence's ring in every sliding layer of `g`: what the
+/// largest window needs when prefill chunks hold up to `max_chunk` tokens
+/// (a chunk's keys are appended before its first query looks `window - 1`
+/// keys back), whatever the context; 0 for a model without sliding layers.
+/// One size for every sliding layer, so a decode row's ring base (its slot
+/// times this) serves them all.
+pub fn ring_rows(g: &Geometry, max_chunk: usize) -> usize {
+    g.layers
+        .iter()
+        .filter_map(|l| match l.attention {
+            AttentionKind::Sliding { window } => Some(ring_min_capacity(window, max_chunk)),
+            AttentionKind::Full => None,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Positions layer `l`'s KV buffers hold: a full layer the arena's `rows`
-/// (the context without batching); a sliding layer only the ring its window
-/// needs when prefill chunks hold up to `max_chunk` tokens (a chunk's keys
-/// are appended before its first query looks `window - 1` keys back),
-/// whatever the context. The ring is used even where it exceeds a short
-/// context, so the ring kernels' bound always holds.
-pub fn kv_capacity(g: &Geometry, l: usize, rows: usize, max_chunk: usize) -> usize {
+/// (the context without batching); a sliding layer a ring of
+/// [`ring_rows`] for each of the `seqs` sequences that can run at once.
+/// The ring is used even where it exceeds a short context, so the ring
+/// kernels' bound always holds.
+pub fn kv_capacity(g: &Geometry, l: usize, rows: usize, max_chunk: usize, seqs: usize) -> usize {
     match g.layers[l].attention {
         AttentionKind::Full => rows,
-        AttentionKind::Sliding { window } => ring_min_capacity(window, max_chunk),
+        AttentionKind::Sliding { .. } => seqs.max(1) * ring_rows(g, max_chunk),
     }
 }
 
@@ -214,10 +263,11 @@ pub fn kv_geom(g: &Geometry, capacity: usize) -> KvGeom {
 }
 
 /// Device bytes of the KV cache [`KvCache::new`] allocates: K and V, BF16,
-/// every layer at its [`kv_capacity`] for an arena of `rows`.
-pub fn kv_bytes(g: &Geometry, rows: usize, max_chunk: usize) -> usize {
+/// every layer at its [`kv_capacity`] for an arena of `rows` and `seqs`
+/// sequences at once.
+pub fn kv_bytes(g: &Geometry, rows: usize, max_chunk: usize, seqs: usize) -> usize {
     (0..g.num_layers)
-        .map(|l| 2 * kv_geom(g, kv_capacity(g, l, rows, max_chunk)).len() * 2)
+        .map(|l| 2 * kv_geom(g, kv_capacity(g, l, rows, max_chunk, seqs)).len() * 2)
         .sum()
 }
 
@@ -504,9 +554,11 @@ impl ScratchLens {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqLens {
     pub seqs: usize,
-    /// u32 `[seqs]` each: positions and KV bases.
+    /// u32 `[seqs]` each: positions, KV bases (arena rows) and ring bases
+    /// (sliding layers' rows).
     pub pos: usize,
     pub kv_base: usize,
+    pub ring_base: usize,
     /// f32 `[seqs, decode_workspace_len]`.
     pub attn_ws: usize,
     /// u32 `[seqs, V]`.
@@ -530,6 +582,7 @@ impl SeqLens {
             seqs,
             pos: seqs,
             kv_base: seqs,
+            ring_base: seqs,
             attn_ws: seqs * decode_workspace_len(g.num_heads, g.head_dim),
             counts: seqs * g.vocab_size,
             masks: seqs * g.vocab_size.div_ceil(32),
@@ -545,6 +598,7 @@ impl SeqLens {
     pub fn bytes(&self) -> usize {
         4 * (self.pos
             + self.kv_base
+            + self.ring_base
             + self.attn_ws
             + self.counts
             + self.masks
@@ -608,6 +662,7 @@ impl Scratch {
             ids: gpu.alloc_zeros(n.ids, "token ids")?,
             pos: gpu.alloc_zeros(sq.pos, "decode positions")?,
             kv_base: gpu.alloc_zeros(sq.kv_base, "decode rows' KV bases")?,
+            ring_base: gpu.alloc_zeros(sq.ring_base, "decode rows' ring bases")?,
             residual: gpu.alloc(n.residual, "residual stream")?,
             normed: gpu.alloc(n.normed, "normalized hidden state")?,
             qkv: gpu.alloc(n.qkv, "q/k/v projections")?,
@@ -706,34 +761,39 @@ mod tests {
     use krasis_model::synth::preset_geometry;
 
     /// gpt-oss's sliding layers keep a ring of window + chunk - 1
-    /// positions, its full layers the context; a model without sliding
-    /// layers keeps the context everywhere, whatever the chunk.
+    /// positions per sequence that runs at once, its full layers the arena;
+    /// a model without sliding layers keeps the arena everywhere, whatever
+    /// the chunk and the sequences.
     #[test]
-    fn sliding_layers_keep_only_their_ring() {
+    fn sliding_layers_keep_only_their_rings() {
         let g = preset_geometry("gpt-oss-20b").unwrap();
         let (ctx, chunk) = (32768, 512);
         let per_pos = 2 * g.kv_dim() * 2;
-        let mut want = 0;
-        for l in 0..g.num_layers {
-            let cap = kv_capacity(&g, l, ctx, chunk);
-            match g.layers[l].attention {
-                AttentionKind::Full => assert_eq!(cap, ctx, "layer {l}"),
-                AttentionKind::Sliding { window } => {
-                    assert_eq!(window, 128);
-                    assert_eq!(cap, 128 + 512 - 1, "layer {l}");
+        assert_eq!(ring_rows(&g, chunk), 128 + 512 - 1);
+        for seqs in [1, 4] {
+            let mut want = 0;
+            for l in 0..g.num_layers {
+                let cap = kv_capacity(&g, l, ctx, chunk, seqs);
+                match g.layers[l].attention {
+                    AttentionKind::Full => assert_eq!(cap, ctx, "layer {l}"),
+                    AttentionKind::Sliding { window } => {
+                        assert_eq!(window, 128);
+                        assert_eq!(cap, seqs * (128 + 512 - 1), "layer {l}");
+                    }
                 }
+                want += cap * per_pos;
             }
-            want += cap * per_pos;
+            assert_eq!(kv_bytes(&g, ctx, chunk, seqs), want);
+            // 12 full layers of 32768 and 12 layers of `seqs` rings of 639.
+            assert_eq!(want, 12 * (32768 + seqs * 639) * per_pos);
         }
-        assert_eq!(kv_bytes(&g, ctx, chunk), want);
-        // 12 full layers of 32768 and 12 rings of 639 positions.
-        assert_eq!(want, 12 * (32768 + 639) * per_pos);
         // The ring holds a chunk's window even past a short context.
-        assert_eq!(kv_capacity(&g, 0, 100, 512), 639);
+        assert_eq!(kv_capacity(&g, 0, 100, 512, 1), 639);
         let a3b = preset_geometry("a3b").unwrap();
+        assert_eq!(ring_rows(&a3b, 512), 0);
         for chunk in [1, 512, 8192] {
             assert_eq!(
-                kv_bytes(&a3b, 4096, chunk),
+                kv_bytes(&a3b, 4096, chunk, 8),
                 2 * a3b.num_layers * a3b.kv_dim() * 4096 * 2
             );
         }

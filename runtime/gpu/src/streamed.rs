@@ -38,7 +38,7 @@
 //! bit-identical to all resident.
 
 use crate::error::{GpuError, Result};
-use crate::forward::{Model, PackedSegment, Positions};
+use crate::forward::{Model, PackedSegment, Positions, SeqKv};
 use crate::scratch::Scratch;
 use cudarc::driver::CudaSlice;
 use krasis_model::{CancelToken, LiveProgress};
@@ -75,7 +75,7 @@ impl Model {
 
     /// Streams `tokens[from..]` through the layer groups (positions
     /// `0..from` are in the KV; chunks and spans counted from `from`) into
-    /// the sequence's KV rows from `base` on; `Ok(false)` when `cancel`
+    /// the sequence's KV (`kv`); `Ok(false)` when `cancel`
     /// stopped it. `live` counts progress (see the module comment);
     /// `after(m, start, len)` runs for each chunk once the last group is
     /// done, with its hidden states in `scratch.residual`.
@@ -84,7 +84,7 @@ impl Model {
         &mut self,
         tokens: &[u32],
         from: usize,
-        base: usize,
+        kv: crate::forward::SeqKv,
         cancel: &CancelToken,
         live: &LiveProgress,
         mut after: impl FnMut(&mut Model, usize, usize) -> Result<()>,
@@ -100,11 +100,12 @@ impl Model {
             let prompt = PassPrompt {
                 tokens: &tokens[..start + len],
                 from: start,
-                base,
+                base: kv.base,
+                slot: kv.slot,
                 cancel,
                 live,
             };
-            let chunks = pass_chunks(&[(start, start + len, base)], cap);
+            let chunks = pass_chunks(&[(start, start + len, kv)], cap);
             // Only this allocation is retried: nothing has been computed,
             // staged or reported for the span yet.
             let mut bufs = match alloc_hidden(&self.gpu, &chunks, h) {
@@ -165,9 +166,15 @@ impl Model {
         mut after: impl FnMut(&mut Model, &PassChunk) -> Result<()>,
     ) -> Result<Option<bool>> {
         let (cap, h) = (self.scratch.cap, self.geometry.hidden);
-        let spans: Vec<(usize, usize, usize)> = prompts
+        let spans: Vec<(usize, usize, SeqKv)> = prompts
             .iter()
-            .map(|p| (p.from, p.tokens.len(), p.base))
+            .map(|p| {
+                let kv = SeqKv {
+                    base: p.base,
+                    slot: p.slot,
+                };
+                (p.from, p.tokens.len(), kv)
+            })
             .collect();
         let chunks = pass_chunks(&spans, cap);
         let mut bufs = match alloc_hidden(&self.gpu, &chunks, h) {
@@ -219,6 +226,7 @@ impl Model {
             return Positions::Prefill {
                 start: s.start,
                 base: s.base,
+                slot: s.slot,
             };
         }
         self.scratch.packed = c.segs.iter().map(|&(_, s)| s).collect();
@@ -301,11 +309,13 @@ impl Model {
 
 /// One prompt of a streamed pass: its tokens up to where this pass ends
 /// (positions `0..from` are already in its KV rows, which start at arena
-/// row `base`), its cancel token and its live progress.
+/// row `base`, and its slot's rings), its cancel token and its live
+/// progress.
 pub(crate) struct PassPrompt<'a> {
     pub tokens: &'a [u32],
     pub from: usize,
     pub base: usize,
+    pub slot: usize,
     pub cancel: &'a CancelToken,
     pub live: &'a LiveProgress,
 }
@@ -324,13 +334,13 @@ impl PassChunk {
     }
 }
 
-/// The chunks of `cap` rows that cover each prompt's `(from, end, base)`
+/// The chunks of `cap` rows that cover each prompt's `(from, end, kv)`
 /// tokens in order, every chunk full but the last.
-fn pass_chunks(prompts: &[(usize, usize, usize)], cap: usize) -> Vec<PassChunk> {
+fn pass_chunks(prompts: &[(usize, usize, SeqKv)], cap: usize) -> Vec<PassChunk> {
     let cap = cap.max(1);
     let mut chunks: Vec<PassChunk> = Vec::new();
     let mut rows = cap;
-    for (p, &(from, end, base)) in prompts.iter().enumerate() {
+    for (p, &(from, end, kv)) in prompts.iter().enumerate() {
         let mut start = from;
         while start < end {
             if rows == cap {
@@ -342,7 +352,8 @@ fn pass_chunks(prompts: &[(usize, usize, usize)], cap: usize) -> Vec<PassChunk> 
                 row: rows,
                 len,
                 start,
-                base,
+                base: kv.base,
+                slot: kv.slot,
             };
             chunks.last_mut().expect("a chunk").segs.push((p, seg));
             rows += len;
@@ -406,20 +417,23 @@ mod tests {
             .map(|c| {
                 assert_eq!(c.segs.len(), 1);
                 let s = c.segs[0].1;
-                assert_eq!((s.row, s.base), (0, 9));
+                assert_eq!((s.row, s.base, s.slot), (0, 9, 2));
                 (s.start, s.len)
             })
             .collect()
     }
 
+    /// A sequence at arena row 9 in slot 2.
+    const KV: SeqKv = SeqKv { base: 9, slot: 2 };
+
     #[test]
     fn chunks_of_a_span_cover_it_exactly_with_absolute_positions() {
         assert_eq!(
-            spans(&pass_chunks(&[(4096, 6596, 9)], 1024)),
+            spans(&pass_chunks(&[(4096, 6596, KV)], 1024)),
             vec![(4096, 1024), (5120, 1024), (6144, 452)]
         );
-        assert_eq!(spans(&pass_chunks(&[(0, 10, 9)], 1024)), vec![(0, 10)]);
-        let c = spans(&pass_chunks(&[(100, 7877, 9)], 512));
+        assert_eq!(spans(&pass_chunks(&[(0, 10, KV)], 1024)), vec![(0, 10)]);
+        let c = spans(&pass_chunks(&[(100, 7877, KV)], 512));
         assert_eq!(c.first().unwrap().0, 100);
         assert_eq!(c.iter().map(|x| x.1).sum::<usize>(), 7777);
         assert!(c.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
@@ -429,9 +443,18 @@ mod tests {
     fn packed_chunks_fill_every_row_in_prompt_order() {
         // Three prompts (one resuming at 256 after a cached prefix) in
         // chunks of 1,000 rows: full chunks but the last, a prompt split
-        // across chunks at its own positions, each segment at its KV base.
-        let c = pass_chunks(&[(0, 700, 0), (256, 1256, 5000), (0, 900, 9000)], 1000);
-        let seg = |p, row, len, start, base| {
+        // across chunks at its own positions, each segment at its KV base
+        // and slot (prompt p in slot 3 - p here).
+        let kv = |base, slot| SeqKv { base, slot };
+        let c = pass_chunks(
+            &[
+                (0, 700, kv(0, 3)),
+                (256, 1256, kv(5000, 2)),
+                (0, 900, kv(9000, 1)),
+            ],
+            1000,
+        );
+        let seg = |p: usize, row, len, start, base| {
             (
                 p,
                 PackedSegment {
@@ -439,6 +462,7 @@ mod tests {
                     len,
                     start,
                     base,
+                    slot: 3 - p,
                 },
             )
         };
@@ -461,7 +485,7 @@ mod tests {
             [1000, 1000, 600]
         );
         // A prompt with nothing left adds no segment.
-        assert_eq!(pass_chunks(&[(5, 5, 0)], 8), Vec::<PassChunk>::new());
+        assert_eq!(pass_chunks(&[(5, 5, KV)], 8), Vec::<PassChunk>::new());
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! ends; cancelling one sequence mid-prefill or mid-decode (or ending it)
 //! leaves the others untouched and gives its rows back; a prefix-cache hit
 //! restored into a sequence's rows is bit-identical to a cold prefill; each
-//! planted batching fault breaks the invariance. On a machine without an
+//! planted batching fault breaks the invariance; gpt_oss (rings per
+//! sequence in its sliding layers, MXFP4 experts) batches the same way. On a machine without an
 //! NVIDIA driver every test prints `SKIPPED (no CUDA device): <name> (no
 //! NVIDIA driver)`.
 
@@ -726,35 +727,70 @@ fn planted_batch_faults_break_invariance() {
     }
 }
 
-/// A ring-KV model (gpt_oss's sliding and sink layers) runs one sequence at
-/// a time and refuses more by name.
+/// gpt_oss (tiny-gpt-oss: sliding layers of window 16 in rings of 47 rows
+/// per sequence, sink attention in every layer, MXFP4 experts, FP16
+/// attention): a request's tokens and logits are bit-identical alone and
+/// beside 1..3 others, admitted together (packed prefill, the MXFP4 experts
+/// in place) and while others decode, all resident and under HCS with
+/// streamed prefill (against the all-resident runs). The prompts (5-92
+/// tokens) and their decodes wrap the rings. Each planted batching fault,
+/// and rows given each other's rings (`Fault::SwapRowRings`), leaves a
+/// request alone unchanged and breaks the invariance.
 #[test]
-fn ring_models_run_one_sequence() {
-    if !gpu_or_skip("ring_models_run_one_sequence") {
+fn gpt_oss_batch_invariance() {
+    if !gpu_or_skip("gpt_oss_batch_invariance") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
     let model = krasis_model::testutil::tiny_gpt_oss_checkpoint();
     let cache = tmp.path().join("cache");
-    let e = load(
-        &model,
-        &CudaEngineOptions {
-            hcs: false,
-            ..cuda_options(&cache, CONTEXT, CHUNK)
-        },
-    );
-    assert_eq!(e.capacity(), 1);
-    let err = CudaEngine::load(
-        &model,
-        &CudaEngineOptions {
-            hcs: false,
-            parallel: Some(2),
-            ..cuda_options(&cache, CONTEXT, CHUNK)
-        },
-    )
-    .err()
-    .expect("parallel 2 refused");
-    assert!(err.to_string().contains("sliding-window or sink"), "{err}");
+    let mut e = load(&model, &options(&cache, 4));
+    assert_eq!(e.capacity(), 4);
+    let reqs: Vec<GenerateRequest> = requests(e.info().vocab_size)[..4].to_vec();
+    let want = alone(&mut e, &reqs);
+    invariant("gpt-oss all resident", &mut e, &reqs, &want);
+    let greedy: Vec<GenerateRequest> = reqs
+        .iter()
+        .map(|r| GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            ..r.clone()
+        })
+        .collect();
+    let greedy_want = alone(&mut e, &greedy);
+    let jobs: Vec<Job> = greedy
+        .iter()
+        .map(|r| Job {
+            req: r.clone(),
+            at: 0,
+        })
+        .collect();
+    for fault in Fault::BATCH.into_iter().chain([Fault::SwapRowRings]) {
+        e.set_fault(fault).unwrap();
+        let faulty_alone = alone(&mut e, &greedy[..1]);
+        assert!(
+            same(
+                &format!("gpt-oss {fault:?} alone"),
+                &faulty_alone[0],
+                &greedy_want[0]
+            ),
+            "gpt-oss: {fault:?} changed a request alone"
+        );
+        let (runs, _) = run_batch(&mut e, &jobs, |_, _, _| {});
+        let differ = differing(&runs, &greedy_want);
+        eprintln!(
+            "gpt-oss: {fault:?}: {differ} of {} requests differ from alone",
+            runs.len()
+        );
+        assert!(
+            differ > 0,
+            "gpt-oss: {fault:?} did not break batch invariance: the test cannot fail"
+        );
+    }
+    e.set_fault(Fault::None).unwrap();
+    drop(e);
+    let mut h = load(&model, &hcs_options(&cache, 4));
+    assert!(h.hcs_active());
+    invariant("gpt-oss HCS", &mut h, &reqs, &want);
 }
 
 /// Decode ahead (`batch/ahead.rs`): sequences admitted without logits

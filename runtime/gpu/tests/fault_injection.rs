@@ -40,6 +40,7 @@ fn ref_fault(f: Fault) -> RefFault {
         // these tests' engines have every expert resident (no tail).
         Fault::SwapRowPositions
         | Fault::ShiftRowKv
+        | Fault::SwapRowRings
         | Fault::PackedBase
         | Fault::StaleTail
         | Fault::StalePrefetch

@@ -32,10 +32,9 @@ pub fn report() -> Capabilities {
 /// architectures are the registry's, never restated.
 pub fn of_this_build(runtime_version: &str, cuda: Result<(), String>) -> Capabilities {
     let mut c = Capabilities::new(runtime_version, cuda, registry::caps());
-    // Both engines batch (`Engine::batch`) and take a KV budget (the
-    // reference's KV tokens, the CUDA engine's KV arena rows). The CUDA
-    // engine refuses more than one sequence by name for a model whose ring
-    // KV holds one (`krasis_gpu::options::single_sequence`).
+    // Both engines batch (`Engine::batch`), every family (the CUDA
+    // engine's sliding layers keep a ring per sequence), and take a KV
+    // budget (the reference's KV tokens, the CUDA engine's KV arena rows).
     let reference = krasis_model::reference::BATCH_CAPACITY as u32;
     c.set_batching(krasis_common::Backend::Reference, reference, true);
     let cuda = krasis_gpu::options::MAX_PARALLEL as u32;

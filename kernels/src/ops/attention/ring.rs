@@ -4,10 +4,15 @@
 //!
 //! The contract, shared by the kernels, these wrappers and the CPU
 //! reference (`reference::attention_ring`):
-//! - Ring cache: key position `p` lives in row `p % capacity` of the usual
-//!   `[n_kv_heads][capacity][head_dim]` buffers. A sliding layer keeps only
-//!   [`ring_min_capacity`] rows (or more); a full layer keeps the whole
-//!   context, where `p % capacity == p`.
+//! - Ring cache: a sequence's rows start at row `b` of the usual
+//!   `[n_kv_heads][capacity][head_dim]` buffers (its [`KvBase`]) and hold a
+//!   ring of `ring` rows: key position `p` lives in row `b + p % ring`. A
+//!   sliding layer keeps only [`ring_min_capacity`] rows (or more) per
+//!   sequence; `ring == 0` is the linear layout (row `b + p`), a full
+//!   layer's, which still needs these kernels for its sinks. Continuous
+//!   batching gives each running sequence its own ring (`b` = its slot x
+//!   `ring`), and a row of a launch reads only its own sequence's rows, so
+//!   its result does not depend on the others.
 //! - Window (`window > 0`): the query at `pos` sees keys `j` with
 //!   `0 <= pos - j < window`; `window == 0` is plain causal attention.
 //! - Sinks: one logit per q head (in the units of the scaled scores
@@ -16,8 +21,8 @@
 //! A prefill chunk appends its `n` keys first ([`Kernels::kv_append_ring`])
 //! and then attends, so the oldest key its first query needs is `n - 1`
 //! positions older than the newest key written: every query's window is in
-//! the ring iff `capacity >= window + n - 1`. The wrappers refuse launches
-//! that break this.
+//! the ring iff `ring >= window + n - 1`. The wrappers refuse launches
+//! that break this, and rings that leave the buffers.
 //!
 //! Separate entry points (not runtime flags in the plain kernels) keep the
 //! qwen3 path's generated code unchanged.
@@ -29,7 +34,7 @@ use super::{PREFILL_BLOCK_M, PrefillArgs, PrefillMma, check_decode, log2_scale};
 use crate::launch::{
     Act16, KArgs, builder, by_act, cfg, check_len, dim_u32, ensure, shape_err, submit, submit_pdl,
 };
-use crate::ops::rope::{KvGeom, QkvGeom, StartPos};
+use crate::ops::rope::{KvBase, KvGeom, QkvGeom, StartPos, kv_rows_ptr};
 use crate::{Kernels, Result};
 
 /// The attention of one gpt-oss layer. `Default` is plain causal attention
@@ -41,6 +46,9 @@ pub struct RingAttn<'a> {
     pub sinks: Option<&'a CudaSlice<f32>>,
     /// Keys a query sees, itself included; 0 for full causal attention.
     pub window: usize,
+    /// Rows of one sequence's ring (key position `p` in row `base + p %
+    /// ring`); 0: linear rows from the sequence's base (a full layer).
+    pub ring: usize,
 }
 
 /// Fewest ring rows a sliding layer with `window` needs when prefill chunks
@@ -100,10 +108,33 @@ impl RingAttn<'_> {
     }
 }
 
+/// Fails unless the rows a launch of `n_tokens` at `start` touches are in
+/// a buffer of `capacity` rows: a ring's `ring` rows from a host base, or
+/// (ring 0) the linear rows as [`KvBase::check`] has them. A device base
+/// is checked for its length (one per token) and read by the kernels,
+/// which skip a row past the capacity.
+fn check_rows(
+    k: &'static str,
+    base: &KvBase<'_>,
+    start: &StartPos<'_>,
+    n_tokens: usize,
+    ring: usize,
+    capacity: usize,
+) -> Result<()> {
+    match (ring, base) {
+        (0, _) | (_, KvBase::Device(_)) => base.check(k, start, n_tokens, capacity),
+        (r, KvBase::Host(b)) => ensure(k, b + r <= capacity, || {
+            format!("a ring of {r} rows at KV row {b} exceeds the KV capacity {capacity}")
+        }),
+    }
+}
+
 impl Kernels {
-    /// [`Kernels::kv_append`] into a ring cache: token `t` goes to row
-    /// `(start + t) % capacity`. Any position is valid; a chunk may not be
-    /// longer than the ring (it would overwrite its own keys).
+    /// [`Kernels::kv_append`] into ring caches: token `t` at position `p`
+    /// goes to row `b + p % ring` of its sequence's rows (`base`: the
+    /// launch's, or one per decode row), `b + p` with `ring == 0`. Any
+    /// position is valid in a ring; a chunk may not be longer than the ring
+    /// (it would overwrite its own keys).
     #[allow(clippy::too_many_arguments)]
     pub fn kv_append_ring<A: Act16>(
         &self,
@@ -112,6 +143,8 @@ impl Kernels {
         geom: QkvGeom,
         start: StartPos<'_>,
         kv: KvGeom,
+        base: KvBase<'_>,
+        ring: usize,
         k_cache: &mut impl DevicePtrMut<A>,
         v_cache: &mut impl DevicePtrMut<A>,
     ) -> Result<()> {
@@ -122,28 +155,36 @@ impl Kernels {
         check_len(K, "qkv", qkv.len(), geom.len())?;
         check_len(K, "k_cache", k_cache.len(), kv.len())?;
         check_len(K, "v_cache", v_cache.len(), kv.len())?;
-        ensure(K, geom.n_tokens <= kv.capacity, || {
+        ensure(K, ring == 0 || geom.n_tokens <= ring, || {
             format!(
-                "a chunk of {} tokens would overwrite its own keys in a ring of {} rows",
-                geom.n_tokens, kv.capacity
+                "a chunk of {} tokens would overwrite its own keys in a ring of {ring} rows",
+                geom.n_tokens
             )
         })?;
-        let (t, nq, nkv, d, cap) = (
+        start.check(K, geom.n_tokens)?;
+        check_rows(K, &base, &start, geom.n_tokens, ring, kv.capacity)?;
+        let (t, nq, nkv, d, cap, ring) = (
             dim_u32(K, "n_tokens", geom.n_tokens)?,
             geom.n_q_heads as u32,
             geom.n_kv_heads as u32,
             geom.head_dim as u32,
             dim_u32(K, "capacity", kv.capacity)?,
+            dim_u32(K, "ring", ring)?,
         );
-        start.check(K, geom.n_tokens)?;
         let f = self.func(K)?;
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
+        let (base_ptr, base_rows, _gb) = base.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr_mut(stream);
         let (vp, _g3) = v_cache.device_ptr_mut(stream);
+        let (kp, vp) = (
+            kv_rows_ptr(kp, base_rows, geom.head_dim),
+            kv_rows_ptr(vp, base_rows, geom.head_dim),
+        );
         let mut b = KArgs::new();
         b.arg(&qp).arg(&kp).arg(&vp).arg(&pos_ptr).arg(&pos_base);
-        b.arg(&t).arg(&nq).arg(&nkv).arg(&d).arg(&cap);
+        b.arg(&base_ptr);
+        b.arg(&t).arg(&nq).arg(&nkv).arg(&d).arg(&cap).arg(&ring);
         // SAFETY: the arguments match the kernel's parameters in order and
         // type; the kernel waits for the grid before it (pdl_wait) first.
         unsafe { submit_pdl(K, stream, f, cfg((t, nkv, 1), 64, 0), b, self.pdl()) }
@@ -151,12 +192,13 @@ impl Kernels {
 
     /// [`Kernels::attention_prefill`] for a gpt-oss layer (module docs):
     /// query `t` at `start_pos + t` attends the keys of its window (all
-    /// `0..=start_pos + t` with `window == 0`) read from ring rows, with the
-    /// head's sink in its softmax. The chunk's keys must already be
-    /// appended ([`Kernels::kv_append_ring`]). `window > 0` needs
-    /// `capacity >= window + n_tokens - 1`; `window == 0` needs
-    /// `start_pos + n_tokens <= capacity`. Head dims 64 and 128 use tensor
-    /// cores; others [`Kernels::attention_prefill_simt_ring`].
+    /// `0..=start_pos + t` with `window == 0`) read from the ring rows of
+    /// the sequence whose rows start at `base`, with the head's sink in its
+    /// softmax. The chunk's keys must already be appended
+    /// ([`Kernels::kv_append_ring`]). `window > 0` needs `attn.ring >=
+    /// window + n_tokens - 1`; `window == 0` needs `start_pos + n_tokens`
+    /// rows (of the ring, or from `base` with ring 0). Head dims 64 and 128
+    /// use tensor cores; others [`Kernels::attention_prefill_simt_ring`].
     #[allow(clippy::too_many_arguments)]
     pub fn attention_prefill_ring<A: Act16>(
         &self,
@@ -165,6 +207,7 @@ impl Kernels {
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
+        base: usize,
         k_cache: &impl DevicePtr<A>,
         v_cache: &impl DevicePtr<A>,
         scale: f32,
@@ -176,7 +219,7 @@ impl Kernels {
             .find(|m| m.head_dim == geom.head_dim)
         else {
             return self.attention_prefill_simt_ring(
-                stream, qkv, geom, start_pos, kv, k_cache, v_cache, scale, attn, out,
+                stream, qkv, geom, start_pos, kv, base, k_cache, v_cache, scale, attn, out,
             );
         };
         let kn = mma.entry::<A>();
@@ -186,20 +229,25 @@ impl Kernels {
             geom,
             start_pos,
             kv,
-            0,
+            base,
             k_cache,
             v_cache,
             out,
-            Some(attn.window),
+            Some((attn.window, attn.ring)),
         )?;
         attn.check_sinks(kn, geom.n_q_heads)?;
         let window = attn.window_u32(kn)?;
+        let ring = dim_u32(kn, "ring", attn.ring)?;
         let f = self.func(kn)?;
         let smem = mma.smem_bytes();
         crate::launch::allow_smem(kn, f, smem)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
+        let (kp, vp) = (
+            kv_rows_ptr(kp, base, geom.head_dim),
+            kv_rows_ptr(vp, base, geom.head_dim),
+        );
         let (op, _g4) = out.device_ptr_mut(stream);
         let (sp, _g5) = sinks_ptr(attn.sinks, stream);
         let sl2 = log2_scale(scale);
@@ -212,7 +260,8 @@ impl Kernels {
             .arg(&args.cap)
             .arg(&sl2)
             .arg(&sp)
-            .arg(&window);
+            .arg(&window)
+            .arg(&ring);
         let m_tiles = geom.n_tokens.div_ceil(PREFILL_BLOCK_M) as u32;
         submit(kn, b, cfg((m_tiles, args.nq, 1), 128, smem))
     }
@@ -227,6 +276,7 @@ impl Kernels {
         geom: QkvGeom,
         start_pos: usize,
         kv: KvGeom,
+        base: usize,
         k_cache: &impl DevicePtr<A>,
         v_cache: &impl DevicePtr<A>,
         scale: f32,
@@ -240,18 +290,23 @@ impl Kernels {
             geom,
             start_pos,
             kv,
-            0,
+            base,
             k_cache,
             v_cache,
             out,
-            Some(attn.window),
+            Some((attn.window, attn.ring)),
         )?;
         attn.check_sinks(kn, geom.n_q_heads)?;
         let window = attn.window_u32(kn)?;
+        let ring = dim_u32(kn, "ring", attn.ring)?;
         let f = self.func(kn)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
+        let (kp, vp) = (
+            kv_rows_ptr(kp, base, geom.head_dim),
+            kv_rows_ptr(vp, base, geom.head_dim),
+        );
         let (op, _g4) = out.device_ptr_mut(stream);
         let (sp, _g5) = sinks_ptr(attn.sinks, stream);
         let sl2 = log2_scale(scale);
@@ -266,17 +321,22 @@ impl Kernels {
             .arg(&sl2)
             .arg(&d)
             .arg(&sp)
-            .arg(&window);
+            .arg(&window)
+            .arg(&ring);
         submit(kn, b, cfg((args.t.div_ceil(4), args.nq, 1), 128, 0))
     }
 
     /// [`Kernels::attention_decode`] for a gpt-oss layer: the splits divide
     /// the window's live keys (at most `window`, so a sliding layer's cost
-    /// does not grow with the context), rows are read modulo capacity, and
-    /// the combine kernel enters each head's sink once. `window > 0` needs
-    /// `capacity >= window`; `window == 0` with a host position needs
-    /// `pos < capacity` (a device position cannot be checked: past the
-    /// capacity a full layer would read overwritten rows).
+    /// does not grow with the context), rows are read from the sequence's
+    /// ring (`base`, `attn.ring`: module docs), and the combine kernel
+    /// enters each head's sink once. Row `t` of the launch is its own
+    /// sequence, as in [`Kernels::attention_decode`] (device positions and
+    /// bases, one per row), and runs the splits it runs alone. `window > 0`
+    /// needs a ring of at least `window` rows (or linear rows); `window ==
+    /// 0` with a host position needs the position's row in the buffer (a
+    /// device position cannot be checked: past its rows a full layer would
+    /// read another sequence's or overwritten rows).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_decode_ring<A: Act16>(
         &self,
@@ -285,6 +345,7 @@ impl Kernels {
         geom: QkvGeom,
         start: StartPos<'_>,
         kv: KvGeom,
+        base: KvBase<'_>,
         k_cache: &impl DevicePtr<A>,
         v_cache: &impl DevicePtr<A>,
         scale: f32,
@@ -293,27 +354,35 @@ impl Kernels {
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         let kn = by_act::<A>("attn_decode_split_ring", "attn_decode_split_ring_f16");
+        let rows = geom.n_tokens;
         check_decode(kn, qkv, geom, kv, k_cache, v_cache, workspace, out)?;
-        // One sequence per ring cache, one token per launch.
-        ensure(kn, geom.n_tokens == 1, || {
-            format!(
-                "ring decode takes one token, got n_tokens = {}",
-                geom.n_tokens
-            )
-        })?;
-        start.check(kn, 1)?;
+        start.check(kn, rows)?;
+        if let StartPos::Host(_) = start {
+            ensure(kn, rows == 1, || {
+                format!("{rows} decode rows need device positions (one each)")
+            })?;
+        }
+        check_rows(kn, &base, &start, rows, attn.ring, kv.capacity)?;
         attn.check_sinks(kn, geom.n_q_heads)?;
         let window = attn.window_u32(kn)?;
         let span = match (attn.window, start) {
             (0, StartPos::Host(p)) => {
-                ensure(kn, (p as usize) < kv.capacity, || {
-                    format!("position {p} is outside the KV capacity {}", kv.capacity)
-                })?;
+                if attn.ring > 0 {
+                    ensure(kn, (p as usize) < attn.ring, || {
+                        format!(
+                            "position {p} of a full layer is outside its ring of {} rows",
+                            attn.ring
+                        )
+                    })?;
+                }
                 p as usize + 1
             }
+            (0, StartPos::Device(_)) if attn.ring > 0 => attn.ring,
             (0, StartPos::Device(_)) => kv.capacity,
             (w, start) => {
-                check_window_fits(kn, w, 1, kv.capacity)?;
+                if attn.ring > 0 {
+                    check_window_fits(kn, w, 1, attn.ring)?;
+                }
                 match start {
                     StartPos::Host(p) => (p as usize + 1).min(w),
                     StartPos::Device(_) => w,
@@ -324,18 +393,25 @@ impl Kernels {
             return Err(shape_err(kn, "no keys to attend"));
         }
         let (splits, chunk) = self.decode_splits(&start, geom.n_kv_heads, span);
-        let (nq, nkv, d, cap) = (
+        let (nq, nkv, d, cap, ring) = (
             geom.n_q_heads as u32,
             geom.n_kv_heads as u32,
             geom.head_dim as u32,
             kv.capacity as u32,
+            dim_u32(kn, "ring", attn.ring)?,
         );
+        let nrows = dim_u32(kn, "rows", rows)?;
         let sl2 = log2_scale(scale);
         let (pos_ptr, pos_base, _gp) = start.kernel_args(stream);
+        let (base_ptr, base_rows, _gb) = base.kernel_args(stream);
         let (qp, _g1) = qkv.device_ptr(stream);
         super::check_qkv_align(kn, qp)?;
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);
+        let (kp, vp) = (
+            kv_rows_ptr(kp, base_rows, geom.head_dim),
+            kv_rows_ptr(vp, base_rows, geom.head_dim),
+        );
         let (wp, _g4) = workspace.device_ptr_mut(stream);
         let f = self.func(kn)?;
         let mut b = KArgs::new();
@@ -344,7 +420,8 @@ impl Kernels {
             .arg(&vp)
             .arg(&wp)
             .arg(&pos_ptr)
-            .arg(&pos_base);
+            .arg(&pos_base)
+            .arg(&base_ptr);
         b.arg(&nq)
             .arg(&nkv)
             .arg(&d)
@@ -352,12 +429,23 @@ impl Kernels {
             .arg(&chunk)
             .arg(&splits)
             .arg(&sl2)
-            .arg(&window);
-        // One row: a block per split (`splits_grid`).
-        let grid = super::splits_grid(splits, 1);
+            .arg(&window)
+            .arg(&ring);
+        // As attention_decode: blocks run every grid-th split of their
+        // (kv head, row).
+        let grid = super::splits_grid(splits, nrows);
         // SAFETY: the arguments match the kernel's parameters in order and
         // type; the kernel waits for the grid before it (pdl_wait) first.
-        unsafe { submit_pdl(kn, stream, f, cfg((grid, nkv, 1), 128, 0), b, self.pdl()) }?;
+        unsafe {
+            submit_pdl(
+                kn,
+                stream,
+                f,
+                cfg((grid, nkv, nrows), 128, 0),
+                b,
+                self.pdl(),
+            )
+        }?;
 
         const C: &str = "attn_decode_combine_ring";
         let (op, _g5) = out.device_ptr_mut(stream);
@@ -376,7 +464,7 @@ impl Kernels {
             .arg(&window);
         // SAFETY: the arguments match the kernel's parameters in order and
         // type; the kernel waits for the grid before it (pdl_wait) first.
-        unsafe { submit_pdl(C, stream, f, cfg((nq, 1, 1), d, 0), b, self.pdl()) }
+        unsafe { submit_pdl(C, stream, f, cfg((nq, nrows, 1), d, 0), b, self.pdl()) }
     }
 }
 

@@ -4,7 +4,9 @@
 
 use half::{bf16, f16};
 use krasis_kernels::ops::attention::{RingAttn, ring_min_capacity};
-use krasis_kernels::{Act16, KvGeom, QkvGeom, StartPos, decode_workspace_len, reference as cpu};
+use krasis_kernels::{
+    Act16, KvBase, KvGeom, QkvGeom, StartPos, decode_workspace_len, reference as cpu,
+};
 use rand::Rng;
 
 use crate::common::*;
@@ -172,9 +174,12 @@ fn ring_matches_reference<A: Act16>(name: &str) {
                 let sink_vals = sinks(&mut rng);
                 let sinks_host = with_sinks.then_some(&sink_vals[..]);
                 let sinks_dev = up(&s, &sink_vals);
+                // The full layer in linear rows (ring 0), as the engine
+                // has it; the sliding ones in a ring of the whole buffer.
                 let attn = RingAttn {
                     sinks: with_sinks.then_some(&sinks_dev),
                     window,
+                    ring: if window == 0 { 0 } else { cap },
                 };
                 run_layer::<A>(g, &s, &mut rng, &what, d, cap, attn, sinks_host);
             }
@@ -213,8 +218,18 @@ fn run_layer<A: Act16>(
         } else {
             StartPos::Device(&pos_buf)
         };
-        k.kv_append_ring(s, &q, geo, sp, m.kv, &mut kc, &mut vc)
-            .unwrap();
+        k.kv_append_ring(
+            s,
+            &q,
+            geo,
+            sp,
+            m.kv,
+            KvBase::Host(0),
+            attn.ring,
+            &mut kc,
+            &mut vc,
+        )
+        .unwrap();
         let (gk, gv) = (down(s, &kc), down(s, &vc));
         let same = |a: &[A], b: &[A]| {
             a.iter()
@@ -229,7 +244,7 @@ fn run_layer<A: Act16>(
         let want = m.want(&qkv, geo, start, sinks_host, attn.window);
         let here = format!("{what} chunk {i} (n={n} at {start})");
         let mut out = poison_bf16(s, n * NQ * d);
-        k.attention_prefill_ring(s, &q, geo, start, m.kv, &kc, &vc, sc, attn, &mut out)
+        k.attention_prefill_ring(s, &q, geo, start, m.kv, 0, &kc, &vc, sc, attn, &mut out)
             .unwrap();
         assert_close(
             &format!("prefill mma {here}"),
@@ -238,7 +253,7 @@ fn run_layer<A: Act16>(
             1e-2,
         );
         let mut out = poison_bf16(s, n * NQ * d);
-        k.attention_prefill_simt_ring(s, &q, geo, start, m.kv, &kc, &vc, sc, attn, &mut out)
+        k.attention_prefill_simt_ring(s, &q, geo, start, m.kv, 0, &kc, &vc, sc, attn, &mut out)
             .unwrap();
         assert_close(
             &format!("prefill simt {here}"),
@@ -255,7 +270,18 @@ fn run_layer<A: Act16>(
                 };
                 let mut out = poison_bf16(s, NQ * d);
                 k.attention_decode_ring(
-                    s, &q, geo, sp, m.kv, &kc, &vc, sc, attn, &mut ws, &mut out,
+                    s,
+                    &q,
+                    geo,
+                    sp,
+                    m.kv,
+                    KvBase::Host(0),
+                    &kc,
+                    &vc,
+                    sc,
+                    attn,
+                    &mut ws,
+                    &mut out,
                 )
                 .unwrap();
                 assert_close(
@@ -299,6 +325,7 @@ fn decode_ring_wraps<A: Act16>(name: &str) {
         let attn = RingAttn {
             sinks: Some(&sinks_dev),
             window: WINDOW,
+            ring: cap,
         };
         let geo = geom(1, d);
         for pos in 0..650usize {
@@ -312,6 +339,8 @@ fn decode_ring_wraps<A: Act16>(name: &str) {
                 geo,
                 StartPos::Device(&pos_buf),
                 m.kv,
+                KvBase::Host(0),
+                cap,
                 &mut kc,
                 &mut vc,
             )
@@ -333,6 +362,7 @@ fn decode_ring_wraps<A: Act16>(name: &str) {
                     geo,
                     sp,
                     m.kv,
+                    KvBase::Host(0),
                     &kc,
                     &vc,
                     scale(d),
@@ -364,20 +394,50 @@ fn attention_ring_refuses_a_ring_too_small_for_the_window() {
     let need = ring_min_capacity(WINDOW, n);
     let geo = geom(n, d);
     let q = up(&s, &vec![bf16::ZERO; geo.len()]);
-    let attn = RingAttn {
-        sinks: None,
-        window: WINDOW,
-    };
     let mut out = poison_bf16(&s, n * NQ * d);
     for (cap, ok) in [(need, true), (need - 1, false)] {
         let m = Mirror::new(d, cap);
         let (kc, vc) = (up(&s, &m.kc), up(&s, &m.vc));
-        let r = k.attention_prefill_ring(&s, &q, geo, 1000, m.kv, &kc, &vc, 0.1, attn, &mut out);
+        let attn = RingAttn {
+            sinks: None,
+            window: WINDOW,
+            ring: cap,
+        };
+        let r = k.attention_prefill_ring(&s, &q, geo, 1000, m.kv, 0, &kc, &vc, 0.1, attn, &mut out);
         assert_eq!(r.is_ok(), ok, "prefill n={n} cap={cap}: {r:?}");
-        let r =
-            k.attention_prefill_simt_ring(&s, &q, geo, 1000, m.kv, &kc, &vc, 0.1, attn, &mut out);
+        let r = k
+            .attention_prefill_simt_ring(&s, &q, geo, 1000, m.kv, 0, &kc, &vc, 0.1, attn, &mut out);
         assert_eq!(r.is_ok(), ok, "simt n={n} cap={cap}: {r:?}");
     }
+    // A ring that fits the window but not the buffer from its base.
+    let m = Mirror::new(d, 2 * need);
+    let (kc, vc) = (up(&s, &m.kc), up(&s, &m.vc));
+    let attn = RingAttn {
+        sinks: None,
+        window: WINDOW,
+        ring: need,
+    };
+    let r = k.attention_prefill_ring(&s, &q, geo, 1000, m.kv, need, &kc, &vc, 0.1, attn, &mut out);
+    assert!(r.is_ok(), "the second ring of two: {r:?}");
+    let r = k.attention_prefill_ring(
+        &s,
+        &q,
+        geo,
+        1000,
+        m.kv,
+        need + 1,
+        &kc,
+        &vc,
+        0.1,
+        attn,
+        &mut out,
+    );
+    assert!(r.is_err(), "a ring one row past the buffer: {r:?}");
+    let attn = RingAttn {
+        sinks: None,
+        window: WINDOW,
+        ring: WINDOW - 1,
+    };
     // Decode needs the window.
     let m = Mirror::new(d, WINDOW - 1);
     let (kc, vc) = (up(&s, &m.kc), up(&s, &m.vc));
@@ -391,6 +451,7 @@ fn attention_ring_refuses_a_ring_too_small_for_the_window() {
         g1,
         StartPos::Host(500),
         m.kv,
+        KvBase::Host(0),
         &kc,
         &vc,
         0.1,
@@ -405,7 +466,17 @@ fn attention_ring_refuses_a_ring_too_small_for_the_window() {
     // A chunk longer than the ring would overwrite its own keys.
     let m = Mirror::new(d, n - 1);
     let (mut kc, mut vc) = (up(&s, &m.kc), up(&s, &m.vc));
-    let r = k.kv_append_ring(&s, &q, geo, StartPos::Host(0), m.kv, &mut kc, &mut vc);
+    let r = k.kv_append_ring(
+        &s,
+        &q,
+        geo,
+        StartPos::Host(0),
+        m.kv,
+        KvBase::Host(0),
+        n - 1,
+        &mut kc,
+        &mut vc,
+    );
     assert!(
         r.is_err(),
         "a {n}-token chunk into a {}-row ring: {r:?}",
@@ -413,7 +484,329 @@ fn attention_ring_refuses_a_ring_too_small_for_the_window() {
     );
     let m = Mirror::new(d, n);
     let (mut kc, mut vc) = (up(&s, &m.kc), up(&s, &m.vc));
-    k.kv_append_ring(&s, &q, geo, StartPos::Host(0), m.kv, &mut kc, &mut vc)
-        .unwrap();
+    k.kv_append_ring(
+        &s,
+        &q,
+        geo,
+        StartPos::Host(0),
+        m.kv,
+        KvBase::Host(0),
+        n,
+        &mut kc,
+        &mut vc,
+    )
+    .unwrap();
     sync(&s);
+}
+
+/// Continuous batching's layout (module docs of `ops/attention/ring.rs`):
+/// three sequences share one sliding layer's buffer, each in its own ring
+/// of `ring` rows at its slot's base, and one full layer's buffer, each in
+/// its own linear rows at an arena base. Every prefill chunk runs at the
+/// sequence's host base; then decode steps append and attend all three
+/// rows in one launch (device positions and bases). Each sequence's rows
+/// must equal its own CPU reference ring bit for bit (rows outside every
+/// sequence keep their NaN poison), each batched row's output must be
+/// bit-identical to a one-row launch of that row, and close to the CPU
+/// reference of the sequence alone.
+#[test]
+fn attention_ring_rows_at_their_bases_match_each_alone() {
+    rows_at_bases::<bf16>("attention_ring_rows_at_their_bases_match_each_alone");
+}
+
+/// The same with the FP16 entry points (gpt-oss's `ActFormat::F16`).
+#[test]
+fn attention_ring_f16_rows_at_their_bases_match_each_alone() {
+    rows_at_bases::<f16>("attention_ring_f16_rows_at_their_bases_match_each_alone");
+}
+
+fn rows_at_bases<A: Act16>(name: &str) {
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let k = &g.kernels;
+    let d = 64;
+    // Prompts of different lengths and chunkings, then decode together.
+    let prompts: [&[usize]; 3] = [&[100, 77, 150], &[5], &[150, 150, 30]];
+    let steps = 40;
+    let max_chunk = 150;
+    let ring = ring_min_capacity(WINDOW, max_chunk).next_multiple_of(64);
+    let lens: Vec<usize> = prompts
+        .iter()
+        .map(|c| c.iter().sum::<usize>() + steps)
+        .collect();
+    // Full layer: arena bases with gaps (poisoned rows between).
+    let mut full_base = Vec::new();
+    let mut at = 3;
+    for l in &lens {
+        full_base.push(at);
+        at += l + 5;
+    }
+    let n = prompts.len();
+    let sink_vals = sinks(&mut rng);
+    let sinks_dev = up(&s, &sink_vals);
+    for (window, rows, bases) in [
+        (
+            WINDOW,
+            n * ring + 7,
+            (0..n).map(|i| i * ring).collect::<Vec<_>>(),
+        ),
+        (0, at, full_base.clone()),
+    ] {
+        let attn = RingAttn {
+            sinks: Some(&sinks_dev),
+            window,
+            ring: if window == 0 { 0 } else { ring },
+        };
+        let what = format!("window={window} f16={}", A::F16);
+        let shared = Mirror::<A>::new(d, rows);
+        let (mut kc, mut vc) = (up(&s, &shared.kc), up(&s, &shared.vc));
+        // Each sequence alone on the CPU: its own ring (or linear rows).
+        let mut alone: Vec<Mirror<A>> = lens
+            .iter()
+            .map(|&l| Mirror::new(d, if window == 0 { l } else { ring }))
+            .collect();
+        let mut ws = poison_f32(&s, n * decode_workspace_len(NQ, d));
+        let sc = scale(d);
+        let mut pos = vec![0usize; n];
+        for (i, chunks) in prompts.iter().enumerate() {
+            for &c in chunks.iter() {
+                let geo = geom(c, d);
+                let qkv = randn_act::<A>(&mut rng, geo.len(), 1.0);
+                let q = up(&s, &qkv);
+                alone[i].append(&qkv, geo, pos[i]);
+                let sp = StartPos::Host(pos[i] as u32);
+                k.kv_append_ring(
+                    &s,
+                    &q,
+                    geo,
+                    sp,
+                    shared.kv,
+                    KvBase::Host(bases[i]),
+                    attn.ring,
+                    &mut kc,
+                    &mut vc,
+                )
+                .unwrap();
+                let want = alone[i].want(&qkv, geo, pos[i], Some(&sink_vals), window);
+                let mut out = poison_bf16(&s, c * NQ * d);
+                k.attention_prefill_ring(
+                    &s, &q, geo, pos[i], shared.kv, bases[i], &kc, &vc, sc, attn, &mut out,
+                )
+                .unwrap();
+                assert_close(
+                    &format!("{what} prefill of sequence {i} at {}", pos[i]),
+                    &f32s(&down(&s, &out)),
+                    &want,
+                    1e-2,
+                );
+                pos[i] += c;
+            }
+        }
+        let base_dev = up(&s, &bases.iter().map(|&b| b as u32).collect::<Vec<_>>());
+        for step in 0..steps {
+            let geo = geom(n, d);
+            let qkv = randn_act::<A>(&mut rng, geo.len(), 1.0);
+            let q = up(&s, &qkv);
+            let pos_dev = up(&s, &pos.iter().map(|&p| p as u32).collect::<Vec<_>>());
+            let rs = geo.row_stride();
+            let g1 = geom(1, d);
+            for i in 0..n {
+                alone[i].append(&qkv[i * rs..(i + 1) * rs], g1, pos[i]);
+            }
+            k.kv_append_ring(
+                &s,
+                &q,
+                geo,
+                StartPos::Device(&pos_dev),
+                shared.kv,
+                KvBase::Device(&base_dev),
+                attn.ring,
+                &mut kc,
+                &mut vc,
+            )
+            .unwrap();
+            let mut out = poison_bf16(&s, n * NQ * d);
+            k.attention_decode_ring(
+                &s,
+                &q,
+                geo,
+                StartPos::Device(&pos_dev),
+                shared.kv,
+                KvBase::Device(&base_dev),
+                &kc,
+                &vc,
+                sc,
+                attn,
+                &mut ws,
+                &mut out,
+            )
+            .unwrap();
+            let batched = down(&s, &out);
+            let row = NQ * d;
+            for i in 0..n {
+                let q1 = up(&s, &qkv[i * rs..(i + 1) * rs]);
+                let p1 = up(&s, &[pos[i] as u32]);
+                let b1 = up(&s, &[bases[i] as u32]);
+                let mut o1 = poison_bf16(&s, row);
+                k.attention_decode_ring(
+                    &s,
+                    &q1,
+                    g1,
+                    StartPos::Device(&p1),
+                    shared.kv,
+                    KvBase::Device(&b1),
+                    &kc,
+                    &vc,
+                    sc,
+                    attn,
+                    &mut ws,
+                    &mut o1,
+                )
+                .unwrap();
+                let one = down(&s, &o1);
+                let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<u16>>();
+                assert_eq!(
+                    bits(&batched[i * row..(i + 1) * row]),
+                    bits(&one),
+                    "{what} step {step}: row {i} of the batched launch differs from its one-row launch"
+                );
+                let want = alone[i].want(
+                    &qkv[i * rs..(i + 1) * rs],
+                    g1,
+                    pos[i],
+                    Some(&sink_vals),
+                    window,
+                );
+                assert_close(
+                    &format!("{what} decode step {step} of sequence {i} at {}", pos[i]),
+                    &f32s(&one),
+                    &want,
+                    5e-3,
+                );
+            }
+            for p in pos.iter_mut() {
+                *p += 1;
+            }
+        }
+        // Each sequence's rows are its own ring's, bit for bit; every other
+        // row of the shared buffers still holds the poison.
+        let (gk, gv) = (down(&s, &kc), down(&s, &vc));
+        let bits = |x: &A| x.to_f32().to_bits();
+        let mut owned = vec![false; rows];
+        for i in 0..n {
+            let own = alone[i].kv.capacity;
+            for h in 0..NKV {
+                for r in 0..own {
+                    owned[bases[i] + r] = true;
+                    let at = (h * rows + bases[i] + r) * d;
+                    let me = (h * own + r) * d;
+                    for e in 0..d {
+                        assert_eq!(
+                            (bits(&gk[at + e]), bits(&gv[at + e])),
+                            (bits(&alone[i].kc[me + e]), bits(&alone[i].vc[me + e])),
+                            "{what}: sequence {i}'s head {h} row {r} differs from its own ring"
+                        );
+                    }
+                }
+            }
+        }
+        for h in 0..NKV {
+            for r in (0..rows).filter(|&r| !owned[r]) {
+                let at = (h * rows + r) * d;
+                assert!(
+                    gk[at..at + d].iter().all(|x| x.to_f32().is_nan()),
+                    "{what}: row {r} of head {h} belongs to no sequence but was written"
+                );
+            }
+        }
+    }
+}
+
+/// The prefix cache resumes a prompt at a block boundary, so a ring
+/// prefill row must not depend on the chunk it is in (the kernel's header:
+/// the tiles before the row's window are exact no-ops). A 400-token prompt
+/// in one chunk and in several chunkings, over a ring that holds the
+/// longest chunk's window: every output row bit-identical, for the mma and
+/// SIMT kernels, sliding (window 128) and full (ring 0) layers, sinks on
+/// and off.
+#[test]
+fn attention_prefill_ring_rows_are_chunk_invariant() {
+    let name = "attention_prefill_ring_rows_are_chunk_invariant";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let k = &g.kernels;
+    let t = 400usize;
+    let chunkings: [&[usize]; 4] = [
+        &[0, 128, 256, 384, 400],
+        &[0, 37, 100, 163, 290, 400],
+        &[0, 1, 2, 127, 128, 129, 260, 261, 399, 400],
+        &[0, 256, 399, 400],
+    ];
+    let sink_vals = sinks(&mut rng);
+    let sinks_dev = up(&s, &sink_vals);
+    for d in [64usize, 128] {
+        let full = geom(t, d);
+        let qkv = randn_bf16(&mut rng, full.len(), 1.0);
+        let rs = full.row_stride();
+        let row = NQ * d;
+        for (window, ring) in [(WINDOW, ring_min_capacity(WINDOW, t)), (0, 0)] {
+            for with_sinks in [true, false] {
+                let attn = RingAttn {
+                    sinks: with_sinks.then_some(&sinks_dev),
+                    window,
+                    ring,
+                };
+                for simt in [false, true] {
+                    let what = format!("d={d} window={window} sinks={with_sinks} simt={simt}");
+                    let run = |bounds: &[usize]| {
+                        let m = Mirror::<bf16>::new(d, ring.max(t));
+                        let (mut kc, mut vc) = (up(&s, &m.kc), up(&s, &m.vc));
+                        let mut got = Vec::with_capacity(t * row);
+                        for w in bounds.windows(2) {
+                            let (a, b) = (w[0], w[1]);
+                            let geo = geom(b - a, d);
+                            let q = up(&s, &qkv[a * rs..b * rs]);
+                            k.kv_append_ring(
+                                &s,
+                                &q,
+                                geo,
+                                StartPos::Host(a as u32),
+                                m.kv,
+                                KvBase::Host(0),
+                                ring,
+                                &mut kc,
+                                &mut vc,
+                            )
+                            .unwrap();
+                            let mut out = poison_bf16(&s, (b - a) * row);
+                            let sc = scale(d);
+                            if simt {
+                                k.attention_prefill_simt_ring(
+                                    &s, &q, geo, a, m.kv, 0, &kc, &vc, sc, attn, &mut out,
+                                )
+                            } else {
+                                k.attention_prefill_ring(
+                                    &s, &q, geo, a, m.kv, 0, &kc, &vc, sc, attn, &mut out,
+                                )
+                            }
+                            .unwrap();
+                            got.extend(down(&s, &out).iter().map(|x| x.to_bits()));
+                        }
+                        got
+                    };
+                    let whole = run(&[0, t]);
+                    for bounds in chunkings {
+                        let got = run(bounds);
+                        let first = (0..t).find(|&r| {
+                            got[r * row..(r + 1) * row] != whole[r * row..(r + 1) * row]
+                        });
+                        assert!(
+                            first.is_none(),
+                            "{what}: chunks {bounds:?}: row {first:?} differs from the one-chunk prefill"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

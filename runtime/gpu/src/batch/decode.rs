@@ -13,6 +13,14 @@ use krasis_kernels::SampleRow;
 use krasis_model::batch::finish_after_token;
 
 /// A decode step queued on the stream.
+/// What the host writes for a decode step's rows ([`CudaEngine::row_inputs`]).
+pub(super) struct RowInputs {
+    pub ids: Vec<u32>,
+    pub pos: Vec<u32>,
+    pub base: Vec<u32>,
+    pub ring_base: Vec<u32>,
+}
+
 pub(super) struct Queued {
     /// Whether it replayed a captured graph.
     pub graph: bool,
@@ -110,35 +118,40 @@ impl CudaEngine {
 
     /// The host's inputs of a decode step of `rows`: the token each row
     /// feeds back, its position plus `ahead` (1 for a step queued before
-    /// the host has read the step in flight, `ahead.rs`) and its KV base,
-    /// with the planted batching faults applied.
-    pub(super) fn row_inputs(
-        &self,
-        rows: &[SeqId],
-        ahead: usize,
-    ) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    /// the host has read the step in flight, `ahead.rs`), its KV base and
+    /// its ring base (its slot's ring in the sliding layers; empty for a
+    /// model without them), with the planted batching faults applied.
+    pub(super) fn row_inputs(&self, rows: &[SeqId], ahead: usize) -> RowInputs {
         let m = rows.len();
-        let mut ids = Vec::with_capacity(m);
-        let mut pos = Vec::with_capacity(m);
-        let mut base = Vec::with_capacity(m);
+        let ring = self.model.kv.ring;
+        let mut r = RowInputs {
+            ids: Vec::with_capacity(m),
+            pos: Vec::with_capacity(m),
+            base: Vec::with_capacity(m),
+            ring_base: Vec::with_capacity(if ring > 0 { m } else { 0 }),
+        };
         for &id in rows {
             let s = self.seq(id);
             let Phase::Decode { token, pos: p } = s.phase else {
                 unreachable!("decoding")
             };
-            ids.push(token);
-            pos.push((p + ahead) as u32);
-            base.push(s.base as u32);
+            r.ids.push(token);
+            r.pos.push((p + ahead) as u32);
+            r.base.push(s.base as u32);
+            if ring > 0 {
+                r.ring_base.push((s.slot * ring) as u32);
+            }
         }
         #[cfg(any(test, feature = "fault-injection"))]
         if m >= 2 {
             match self.model.fault {
-                crate::forward::Fault::SwapRowPositions => pos.swap(0, 1),
-                crate::forward::Fault::ShiftRowKv => base[m - 1] += 1,
+                crate::forward::Fault::SwapRowPositions => r.pos.swap(0, 1),
+                crate::forward::Fault::ShiftRowKv => r.base[m - 1] += 1,
+                crate::forward::Fault::SwapRowRings if ring > 0 => r.ring_base.swap(0, 1),
                 _ => {}
             }
         }
-        (ids, pos, base)
+        r
     }
 
     /// Queues a decode step of `rows`: its inputs written (all three from
@@ -147,7 +160,12 @@ impl CudaEngine {
     /// are unchanged), the forward pass, LM head and each row's sampler.
     pub(super) fn queue_decode(&mut self, rows: &[SeqId], ahead: usize) -> Result<Queued> {
         let m = rows.len();
-        let (ids, pos, base) = self.row_inputs(rows, ahead);
+        let RowInputs {
+            ids,
+            pos,
+            base,
+            ring_base,
+        } = self.row_inputs(rows, ahead);
         if ahead == 0 {
             let md = &mut self.model;
             let s = &md.gpu.stream;
@@ -155,6 +173,10 @@ impl CudaEngine {
             s.memcpy_htod(&ids, &mut sc.ids.slice_mut(0..m))
                 .and_then(|_| s.memcpy_htod(&pos, &mut sc.pos.slice_mut(0..m)))
                 .and_then(|_| s.memcpy_htod(&base, &mut sc.kv_base.slice_mut(0..m)))
+                .and_then(|_| match ring_base.len() {
+                    0 => Ok(()),
+                    n => s.memcpy_htod(&ring_base, &mut sc.ring_base.slice_mut(0..n)),
+                })
                 .map_err(GpuError::driver("writing the decode rows"))?;
         } else {
             self.upload_positions_ahead(&pos)?;

@@ -17,6 +17,7 @@ struct Member {
     prompt: Vec<u32>,
     next: usize,
     base: usize,
+    slot: usize,
     cancel: CancelToken,
     live: LiveProgress,
 }
@@ -49,6 +50,7 @@ impl CudaEngine {
                     prompt: s.req.prompt.clone(),
                     next,
                     base: s.base,
+                    slot: s.slot,
                     cancel: s.req.cancel.clone(),
                     live: s.req.live.clone(),
                 }
@@ -60,20 +62,25 @@ impl CudaEngine {
                 tokens: &m.prompt,
                 from: m.next,
                 base: m.base,
+                slot: m.slot,
                 cancel: &m.cancel,
                 live: &m.live,
             })
             .collect();
+        // Every member's prompt is longer than `gemv_tokens` and, for MXFP4
+        // experts, computes them in place (`packable`): the pass takes the
+        // path each would take alone.
+        let in_place = members
+            .iter()
+            .all(|m| self.mxfp4_in_place_for(m.prompt.len()));
         let h = self.model.geometry.hidden;
         let md = &mut self.model;
         let mut last = md.gpu.alloc::<f32>(
             members.len() * h,
             "the last hidden rows of a packed streamed prefill",
         )?;
-        // Every member's prompt is longer than `gemv_tokens` (`packable`);
-        // rows of several prompts take the one path every prompt can.
         md.grouped_prefill = true;
-        md.mxfp4_in_place = false;
+        md.mxfp4_in_place = in_place;
         let done = md.prefill_streamed_packed(&prompts, |m, chunk| {
             for &(p, seg) in &chunk.segs {
                 if seg.start + seg.len == prompts[p].tokens.len() {
