@@ -97,11 +97,20 @@ pub(crate) fn attention(
         Positions::Packed => sc.packed.len(),
         _ => 1,
     };
+    // A sliding layer's ring holds the window of at most `piece` new keys
+    // (`scratch::ring_rows`), so its prefill segments run in pieces of that
+    // many tokens, each appended and then attended. The ring kernels' rows
+    // are chunk-invariant, so the pieces give a whole segment's bits.
+    let piece = match (g.layers[l].attention, decode) {
+        (AttentionKind::Sliding { window }, false) if ring > 0 => ring + 1 - window,
+        _ => usize::MAX,
+    };
     match &lw.qkv {
         Weight16::Bf16(w) => {
             project_bf16(cx, sc, l, t, decode, w)?;
-            for i in 0..n_segments {
-                let (r0, len, at) = segment(sc, at, t, i);
+            for (r0, len, at) in
+                (0..n_segments).flat_map(|i| pieces(segment(&sc.packed, at, t, i), piece))
+            {
                 let geom = cx.qkv_geom(len);
                 let sp = start_pos(at, &sc.pos)?;
                 let base = kv_base(at, (&sc.kv_base, &sc.ring_base), ring);
@@ -151,8 +160,9 @@ pub(crate) fn attention(
         }
         Weight16::F16(w) => {
             project_f16(cx, sc, l, t, decode, w)?;
-            for i in 0..n_segments {
-                let (r0, len, at) = segment(sc, at, t, i);
+            for (r0, len, at) in
+                (0..n_segments).flat_map(|i| pieces(segment(&sc.packed, at, t, i), piece))
+            {
                 let geom = cx.qkv_geom(len);
                 let sp = start_pos(at, &sc.pos)?;
                 let base = kv_base(at, (&sc.kv_base, &sc.ring_base), ring);
@@ -221,11 +231,16 @@ pub(crate) fn attention(
 }
 
 /// Segment `i` of a pass of `t` rows at `at`: (first row, rows, positions);
-/// the whole pass unless it is packed.
-fn segment(sc: &Scratch, at: Positions, t: usize, i: usize) -> (usize, usize, Positions) {
+/// the whole pass unless it is packed (`packed`: the scratch's segments).
+fn segment(
+    packed: &[crate::forward::PackedSegment],
+    at: Positions,
+    t: usize,
+    i: usize,
+) -> (usize, usize, Positions) {
     match at {
         Positions::Packed => {
-            let p = sc.packed[i];
+            let p = packed[i];
             let at = Positions::Prefill {
                 start: p.start,
                 base: p.base,
@@ -235,6 +250,26 @@ fn segment(sc: &Scratch, at: Positions, t: usize, i: usize) -> (usize, usize, Po
         }
         _ => (0, t, at),
     }
+}
+
+/// The pieces of at most `piece` rows of a segment `(first row, rows,
+/// positions)`, each at its own positions; the segment itself when it has
+/// no more rows (always for decode). No allocation.
+fn pieces(
+    (r0, len, at): (usize, usize, Positions),
+    piece: usize,
+) -> impl Iterator<Item = (usize, usize, Positions)> {
+    (0..len.max(1)).step_by(piece.max(1)).map(move |a| {
+        let at = match at {
+            Positions::Prefill { start, base, slot } => Positions::Prefill {
+                start: start + a,
+                base,
+                slot,
+            },
+            other => other,
+        };
+        (r0 + a, piece.min(len - a), at)
+    })
 }
 
 /// Where a launch's positions come from: the prefill chunk's start, or

@@ -172,8 +172,9 @@ impl CudaEngine {
             (None, None, None)
         };
         // Sliding layers' ring buffers hold the window of the largest chunk
-        // asked for, one per sequence that may run; the budget may then
-        // choose a smaller chunk and so fewer sequences (never more).
+        // asked for (of its pieces: `scratch::ring_rows`), one per sequence
+        // that may run; the budget may then choose a smaller chunk and so
+        // fewer sequences (never more).
         let want = opts.prefill_chunk.min(context);
         // Refused values fail here, before the KV is allocated; the chunk
         // the budget allows may lower the default parallelism below.

@@ -120,7 +120,7 @@ pub fn plan_cuda(
         }
     }
     // Sliding layers' ring caches are sized for the largest chunk asked
-    // for, which bounds the chunk the budget then allows, and kept for as
+    // for (its pieces: `scratch::ring_rows`), and kept for as
     // many sequences as that chunk allows (as at load; a refused option is
     // noted below).
     let want = opts.prefill_chunk.min(context);
@@ -423,10 +423,10 @@ mod tests {
         assert_eq!(decide(5, 10, 80, 20, 4), Decision::Hcs { want: 0 });
     }
 
-    /// gpt-oss-20b's plan counts its sliding layers' rings (sized for the
-    /// chunk asked for, one per sequence of the default parallelism: 8 at
-    /// 16K), its biases and sinks (weight_bytes) and its MXFP4 experts at
-    /// their stride.
+    /// gpt-oss-20b's plan counts its sliding layers' rings (sized for
+    /// 512-token pieces of the chunk asked for, one per sequence of the
+    /// default parallelism: 8 at 16K), its biases and sinks (weight_bytes)
+    /// and its MXFP4 experts at their stride.
     #[test]
     fn gpt_oss_kv_is_planned_per_layer() {
         let g = preset_geometry("gpt-oss-20b").unwrap();
@@ -447,8 +447,9 @@ mod tests {
         let kv = p.items.iter().find(|i| i.name.starts_with("KV")).unwrap();
         assert_eq!(kv.bytes, kv_bytes(&g, 16384, 2048, 8) as u64);
         let per_pos = (2 * g.kv_dim() * 2) as u64;
-        assert_eq!(kv.bytes, 12 * (16384 + 8 * (128 + 2048 - 1)) * per_pos);
-        assert!(kv.name.contains("8 ring(s) of 2175"), "{}", kv.name);
+        // Rings for 512-token pieces, whatever the chunk.
+        assert_eq!(kv.bytes, 12 * (16384 + 8 * (128 + 512 - 1)) * per_pos);
+        assert!(kv.name.contains("8 ring(s) of 639"), "{}", kv.name);
         assert_eq!(p.items[1].bytes, weight_bytes(&g).device as u64);
         assert_eq!(p.experts.placement, Placement::AllResident);
         assert_eq!(p.experts.all_bytes, (24 * 32 * stride) as u64);

@@ -224,17 +224,26 @@ impl KvCache {
     }
 }
 
+/// Most new keys a sliding layer's prefill appends before it attends: a
+/// longer segment runs in pieces of this many tokens (`attention.rs`), so
+/// a ring holds `window + 511` rows whatever the prefill chunk. (Sized by
+/// the chunk, gpt-oss-120b's rings at the default 8,192-token chunk would
+/// take 2.4 GiB for 8 sequences; pieces cost only launches: the ring
+/// kernels' rows are chunk-invariant.)
+pub const RING_PIECE_TOKENS: usize = 512;
+
 /// Rows of one sequence's ring in every sliding layer of `g`: what the
-/// largest window needs when prefill chunks hold up to `max_chunk` tokens
-/// (a chunk's keys are appended before its first query looks `window - 1`
-/// keys back), whatever the context; 0 for a model without sliding layers.
-/// One size for every sliding layer, so a decode row's ring base (its slot
-/// times this) serves them all.
+/// largest window needs when prefill appends up to `max_chunk` (at most
+/// [`RING_PIECE_TOKENS`]) keys before it attends (the first of them looks
+/// `window - 1` keys back), whatever the context; 0 for a model without
+/// sliding layers. One size for every sliding layer, so a decode row's
+/// ring base (its slot times this) serves them all.
 pub fn ring_rows(g: &Geometry, max_chunk: usize) -> usize {
+    let piece = max_chunk.min(RING_PIECE_TOKENS);
     g.layers
         .iter()
         .filter_map(|l| match l.attention {
-            AttentionKind::Sliding { window } => Some(ring_min_capacity(window, max_chunk)),
+            AttentionKind::Sliding { window } => Some(ring_min_capacity(window, piece)),
             AttentionKind::Full => None,
         })
         .max()
@@ -770,6 +779,10 @@ mod tests {
         let (ctx, chunk) = (32768, 512);
         let per_pos = 2 * g.kv_dim() * 2;
         assert_eq!(ring_rows(&g, chunk), 128 + 512 - 1);
+        // Longer chunks run their sliding attention in 512-token pieces;
+        // shorter ones need less.
+        assert_eq!(ring_rows(&g, 8192), 128 + 512 - 1);
+        assert_eq!(ring_rows(&g, 100), 128 + 100 - 1);
         for seqs in [1, 4] {
             let mut want = 0;
             for l in 0..g.num_layers {

@@ -215,9 +215,8 @@ fn gpt_oss_decode_graphs_equal_eager() {
 
 /// A prompt prefilled in 37-token chunks (every sliding layer's 52-row ring
 /// wraps) and in one chunk (no wrap) gives the same logits within the
-/// criterion. (cuBLAS picks its GEMM kernels by shape and the attention
-/// tiles differ, so the bits need not be equal; a wrong ring row would be
-/// far outside it.)
+/// criterion (a wrong ring row would be far outside it; the bits are
+/// compared by `gpt_oss_sliding_pieces_are_bit_identical_to_any_chunking`).
 #[test]
 fn gpt_oss_chunked_prefill_equals_one_chunk() {
     if !gpu_or_skip("gpt_oss_chunked_prefill_equals_one_chunk") {
@@ -236,6 +235,44 @@ fn gpt_oss_chunked_prefill_equals_one_chunk() {
     let b = whole.prompt_logits(&toks).expect("one chunk");
     let rep = check("tiny-gpt-oss 37-token chunks vs one chunk", &a, &b);
     assert!(rep.passed(), "{}", rep.line());
+}
+
+/// A sliding layer's prefill runs in pieces of at most 512 tokens
+/// (`scratch::RING_PIECE_TOKENS`: its ring is window + 511 rows, not the
+/// chunk's). A 1,200-token prompt (experts in place) prefilled in 37-token
+/// chunks (no pieces), 1,024-token chunks (pieces of 512, 512 and 176) and
+/// one 2,048-token chunk (three pieces) gives bit-identical logits: every
+/// GEMM is row-invariant (`blas.rs`), the in-place MXFP4 kernels and the
+/// ring attention's rows are chunk-invariant, so the pieces change no bit.
+#[test]
+fn gpt_oss_sliding_pieces_are_bit_identical_to_any_chunking() {
+    if !gpu_or_skip("gpt_oss_sliding_pieces_are_bit_identical_to_any_chunking") {
+        return;
+    }
+    const LONG_CONTEXT: usize = 2048;
+    let model = model();
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let mut runs = Vec::new();
+    for chunk in [37, 1024, LONG_CONTEXT] {
+        let mut e = load(&model, &cuda_options(&cache, LONG_CONTEXT, chunk));
+        assert_eq!(e.load_report().prefill_chunk, chunk);
+        let toks = tokens(1200, e.info().vocab_size, 11);
+        runs.push((chunk, e.prompt_logits(&toks).expect("prompt logits")));
+    }
+    let (_, first) = &runs[0];
+    for (chunk, logits) in &runs[1..] {
+        let same = logits.len() == first.len()
+            && logits.iter().zip(first).all(|(a, b)| {
+                a.iter()
+                    .map(|x| x.to_bits())
+                    .eq(b.iter().map(|x| x.to_bits()))
+            });
+        assert!(
+            same,
+            "{chunk}-token chunks (sliding layers in pieces) differ from 37-token chunks"
+        );
+    }
 }
 
 /// With HCS forced on and nothing resident (streamed prefill through the
