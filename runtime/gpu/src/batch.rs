@@ -556,19 +556,23 @@ impl CudaEngine {
             (None, _) => usize::MAX,
             (Some(_), span) => span.unwrap_or(self.context).min(self.context),
         };
-        // MXFP4 prompts that dequantize their experts are never packed: the
-        // per-expert GEMMs pick their kernels by each expert's row count,
-        // so a row would depend on the other prompts of its pass. Those
-        // that compute them in place (row-invariant) pack together.
+        // A pass computes MXFP4 experts one way (in place or dequantized),
+        // and a prompt's rows always take its own way
+        // (`mxfp4_in_place_for`): the leader packs only with prompts of
+        // its way. (Both ways are row-invariant.)
         let mxfp4 = matches!(m.ffn, Some(crate::expert_ffn::ExpertFfn::Mxfp4 { .. }));
-        let mut total = 0usize;
-        let ids: Vec<SeqId> = self
+        let way = |s: &Seq| mxfp4 && self.mxfp4_in_place_for(s.req.prompt.len());
+        let mut candidates = self
             .batch
             .seqs
             .iter()
             .filter(|s| matches!(s.phase, Phase::Queued | Phase::Prefill { .. }))
             .filter(|s| s.req.prompt.len() > m.gemv_tokens && !s.req.cancel.is_cancelled())
-            .filter(|s| !mxfp4 || self.mxfp4_in_place_for(s.req.prompt.len()))
+            .peekable();
+        let lead = candidates.peek().map(|&s| way(s));
+        let mut total = 0usize;
+        let ids: Vec<SeqId> = candidates
+            .filter(|&s| Some(way(s)) == lead)
             .take_while(|s| {
                 total += s.req.prompt.len();
                 total <= limit
@@ -648,9 +652,9 @@ impl CudaEngine {
         if segs.len() >= 2 && self.model.fault == crate::forward::Fault::PackedBase {
             segs[1].base = segs[0].base;
         }
-        // Every member's prompt is longer than `gemv_tokens` and, for MXFP4
-        // experts, computes them in place (`packable`): the pass takes the
-        // path each would take alone.
+        // Every member's prompt is longer than `gemv_tokens` and takes the
+        // same MXFP4 way (`packable`): the pass takes the way each would
+        // take alone.
         let in_place = members.iter().all(|&(.., n)| self.mxfp4_in_place_for(n));
         let m = &mut self.model;
         m.gpu

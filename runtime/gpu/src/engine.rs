@@ -728,11 +728,11 @@ impl CudaEngine {
     /// Whether a prompt of `n` tokens computes MXFP4 experts in place
     /// (`expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS`). The choice is the
     /// prompt's length alone, so its rows are computed the same way in
-    /// every chunking and beside any other prompt of the same choice (the
-    /// in-place kernels are row-invariant; prompts that dequantize are
-    /// never packed with others: `batch.rs`, `packable`). Never with the
-    /// prefix cache: a suffix resumed after a hit would choose by its own
-    /// length, not the whole prompt's. Other formats ignore it.
+    /// every chunking and beside any other prompt of the same choice (both
+    /// ways are row-invariant, and a packed pass holds prompts of one way:
+    /// `batch.rs`, `packable`). Never with the prefix cache: a suffix
+    /// resumed after a hit would choose by its own length, not the whole
+    /// prompt's. Other formats ignore it.
     pub(crate) fn mxfp4_in_place_for(&self, n: usize) -> bool {
         self.prefix.is_none() && n <= crate::expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS
     }

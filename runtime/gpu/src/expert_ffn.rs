@@ -48,7 +48,7 @@ use krasis_model::arch::{ActFormat, Activation};
 /// 2K tokens (0.88x), ~1.7K by interpolation. The choice is the prompt's,
 /// never the chunk's, so a prompt's rows are computed the same way however
 /// it is chunked or packed (`CudaEngine::mxfp4_in_place_for`: not with the
-/// prefix cache; prompts that dequantize are never packed).
+/// prefix cache; a packed pass holds prompts of one choice).
 pub const MXFP4_IN_PLACE_MAX_TOKENS: usize = 1536;
 
 /// How one routed expert is stored on the device and computed.

@@ -106,7 +106,8 @@ impl CudaEngine {
         self.model_mut().settle_experts()?;
         let m = rows.max(1);
         {
-            // `m` rows at `pos`, their KV from row 0, distinct tokens.
+            // `m` rows at `pos`, their KV from row 0 (sliding layers: the
+            // first ring), distinct tokens.
             let model = self.model_mut();
             if m > model.scratch.seqs {
                 return Err(GpuError::Unsupported(format!(
@@ -121,6 +122,7 @@ impl CudaEngine {
             let (s, sc) = (&model.gpu.stream, &mut model.scratch);
             s.memcpy_htod(&vec![pos as u32; m], &mut sc.pos.slice_mut(0..m))
                 .and_then(|_| s.memcpy_htod(&vec![0u32; m], &mut sc.kv_base.slice_mut(0..m)))
+                .and_then(|_| s.memcpy_htod(&vec![0u32; m], &mut sc.ring_base.slice_mut(0..m)))
                 .and_then(|_| s.memcpy_htod(&ids, &mut sc.ids.slice_mut(0..m)))
                 .map_err(GpuError::driver("writing the decode rows"))?;
         }

@@ -793,6 +793,39 @@ fn gpt_oss_batch_invariance() {
     invariant("gpt-oss HCS", &mut h, &reqs, &want);
 }
 
+/// gpt_oss prompts on both MXFP4 ways: two past
+/// `MXFP4_IN_PLACE_MAX_TOKENS` (their experts dequantized, per-expert
+/// GEMMs) and one short (in place), admitted together and staggered. A
+/// packed pass holds prompts of one way, so each request's tokens and
+/// logits are bit-identical to its run alone; the long prompts' sliding
+/// layers run in 512-token pieces of 1,024-token chunks.
+#[test]
+fn gpt_oss_both_expert_ways_batch_invariance() {
+    if !gpu_or_skip("gpt_oss_both_expert_ways_batch_invariance") {
+        return;
+    }
+    const LONG_CONTEXT: usize = 4096;
+    let tmp = tempfile::tempdir().unwrap();
+    let model = krasis_model::testutil::tiny_gpt_oss_checkpoint();
+    let cache = tmp.path().join("cache");
+    let opts = CudaEngineOptions {
+        hcs: false,
+        parallel: Some(3),
+        kv_rows: Some(3 * LONG_CONTEXT),
+        ..cuda_options(&cache, LONG_CONTEXT, 1024)
+    };
+    let mut e = load(&model, &opts);
+    let vocab = e.info().vocab_size;
+    let long = krasis_gpu::expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS;
+    let reqs: Vec<GenerateRequest> = [(long + 64, 8), (long + 200, 10), (300, 12)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, new))| greedy_request(&tokens(n, vocab, 500 + i as u64), new))
+        .collect();
+    let want = alone(&mut e, &reqs);
+    invariant("gpt-oss both expert ways", &mut e, &reqs, &want);
+}
+
 /// Decode ahead (`batch/ahead.rs`): sequences admitted without logits
 /// recording, with step timing off, queue each decode step before the host
 /// has read the one in flight. Their tokens are those of the recorded runs

@@ -67,9 +67,9 @@ impl CudaEngine {
                 live: &m.live,
             })
             .collect();
-        // Every member's prompt is longer than `gemv_tokens` and, for MXFP4
-        // experts, computes them in place (`packable`): the pass takes the
-        // path each would take alone.
+        // Every member's prompt is longer than `gemv_tokens` and takes the
+        // same MXFP4 way (`packable`): the pass takes the way each would
+        // take alone.
         let in_place = members
             .iter()
             .all(|m| self.mxfp4_in_place_for(m.prompt.len()));
