@@ -480,11 +480,19 @@ mod tests {
     }
 
     /// A prefix cache size is refused on a backend without one for the
-    /// family (gpt_oss's ring KV on the cuda backend); auto and off pass.
+    /// family (here gpt_oss's entry without the cuda backend's cache, as
+    /// it was until its rings were cached); auto and off pass.
     #[test]
     fn a_prefix_cache_size_needs_the_backends_cache() {
         use crate::options::PrefixCacheChoice;
-        let c = caps(true);
+        let mut c = caps(true);
+        for a in c
+            .architectures
+            .iter_mut()
+            .filter(|a| a.model_type == "gpt_oss")
+        {
+            a.prefix_cache_backends = vec!["reference".into()];
+        }
         let at = |backend, prefix_cache| LaunchOptions {
             model: "m".into(),
             backend,

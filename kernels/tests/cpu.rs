@@ -1304,6 +1304,7 @@ fn kv_blocks_reference_layout_and_round_trip() {
         head_dim: 8,
         block_tokens: 2,
         capacity: 6,
+        ring: 0,
     };
     let n = g.heads * g.capacity * g.head_dim;
     // Element value = its coordinates: layer, K/V, head, position, dim.
@@ -1375,6 +1376,57 @@ fn kv_blocks_reference_layout_and_round_trip() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The block copy's reference on a ring (gpt-oss's sliding layers): the
+/// sequence's rows from its base hold 2 blocks, so prompt block 3 is ring
+/// block 1 (rows base + 2, base + 3) and block 4 ring block 0; a layer
+/// without a cache (another launch's) is left alone.
+#[test]
+fn kv_blocks_reference_maps_blocks_into_a_ring() {
+    use krasis_kernels::{BlockCopy, KvBlockGeom, reference::kv_blocks_copy};
+    let g = KvBlockGeom {
+        layers: 2,
+        heads: 1,
+        head_dim: 8,
+        block_tokens: 2,
+        capacity: 8,
+        ring: 4,
+    };
+    assert_eq!(
+        (g.ring_blocks(), g.blocks_after(4), g.blocks_after(5)),
+        (2, 2, 0)
+    );
+    let n = g.capacity * g.head_dim;
+    // Layer 0's element value = its row; layer 1 has no cache here.
+    let rows: Vec<u16> = (0..n).map(|i| (i / g.head_dim) as u16).collect();
+    let (mut k, mut v) = (vec![rows.clone(), vec![]], vec![rows, vec![]]);
+    let mut pool = vec![0u16; 2 * g.slot_elems()];
+    kv_blocks_copy(
+        &mut k,
+        &mut v,
+        g,
+        4,
+        &mut pool,
+        &[(0, 3), (1, 4)],
+        BlockCopy::ToPool,
+    );
+    let run = g.run();
+    // Slot 0 layer 0 K and V: rows 6, 7; slot 1: rows 4, 5; layer 1's
+    // parts untouched (zero).
+    let slot = |s: usize, part: usize| &pool[s * g.slot_elems() + part * run..][..run];
+    for (s, first) in [(0usize, 6u16), (1, 4)] {
+        for part in 0..2 {
+            let want: Vec<u16> = (0..run).map(|i| first + (i / g.head_dim) as u16).collect();
+            assert_eq!(slot(s, part), &want[..], "slot {s} part {part}");
+        }
+        for part in 2..4 {
+            assert!(
+                slot(s, part).iter().all(|&x| x == 0),
+                "slot {s} part {part}"
+            );
         }
     }
 }

@@ -8,7 +8,11 @@ use crate::{Kernels, Result};
 
 /// The block layout both sides share: `layers` layers of `heads` KV heads
 /// of `head_dim`, blocks of `block_tokens` positions, a KV cache of
-/// `capacity` positions per head (`[head][capacity][head_dim]`).
+/// `capacity` positions per head (`[head][capacity][head_dim]`) in which a
+/// sequence's rows from its base are linear (`ring == 0`: block `b` at
+/// rows `b * B ..`) or a ring of `ring` rows, a whole number of blocks
+/// (block `b` at ring block `b % (ring / B)`: gpt-oss's sliding layers,
+/// `ops/attention/ring.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvBlockGeom {
     pub layers: usize,
@@ -16,6 +20,7 @@ pub struct KvBlockGeom {
     pub head_dim: usize,
     pub block_tokens: usize,
     pub capacity: usize,
+    pub ring: usize,
 }
 
 impl KvBlockGeom {
@@ -34,9 +39,20 @@ impl KvBlockGeom {
         self.blocks_after(0)
     }
 
-    /// Whole blocks a sequence whose rows start at row `base` can hold.
+    /// Whole blocks a sequence whose rows start at row `base` can hold
+    /// (a ring: its blocks, if it lies in the cache).
     pub fn blocks_after(&self, base: usize) -> usize {
-        self.capacity.saturating_sub(base) / self.block_tokens.max(1)
+        let b = self.block_tokens.max(1);
+        match self.ring {
+            0 => self.capacity.saturating_sub(base) / b,
+            r if base + r <= self.capacity => r / b,
+            _ => 0,
+        }
+    }
+
+    /// Blocks of one sequence's ring (0: linear rows).
+    pub fn ring_blocks(&self) -> usize {
+        self.ring / self.block_tokens.max(1)
     }
 }
 
@@ -52,8 +68,10 @@ pub enum BlockCopy {
 impl Kernels {
     /// Moves `n_pairs` blocks: pair `i` (`pairs[2i]`, `pairs[2i + 1]`) =
     /// (pool slot, block index), between positions `block * B ..` of the
-    /// sequence whose rows start at row `base` of every layer's K and V (`layer_k[l]`, `layer_v[l]`: device addresses of
-    /// 16-bit `[heads][capacity][head_dim]` buffers) and slot `slot` of the
+    /// sequence whose rows start at row `base` (in its ring, with
+    /// `geom.ring`) of every layer's K and V (`layer_k[l]`, `layer_v[l]`:
+    /// device addresses of 16-bit `[heads][capacity][head_dim]` buffers; a
+    /// layer at address 0 is left alone) and slot `slot` of the
     /// pool at address `pool` (`pool_slots` slots of
     /// [`KvBlockGeom::slot_elems`], device memory or page-locked host
     /// memory mapped into the device; 16-byte aligned). Bits are copied, so
@@ -85,6 +103,11 @@ impl Kernels {
         })?;
         ensure(
             K,
+            g.ring.is_multiple_of(g.block_tokens.max(1)) && g.blocks_after(base) > 0,
+            || format!("{g:?} at row {base}: a ring of whole blocks inside the cache"),
+        )?;
+        ensure(
+            K,
             base < g.capacity && (base * g.head_dim).is_multiple_of(8),
             || {
                 format!(
@@ -101,13 +124,14 @@ impl Kernels {
         })?;
         let head_stride = (g.capacity * g.head_dim) as u64;
         let seq_offset = (base * g.head_dim) as u64;
-        let (slots, n, layers, heads, run, bph) = (
+        let (slots, n, layers, heads, run, bph, ring_blocks) = (
             dim_u32(K, "pool_slots", pool_slots)?,
             dim_u32(K, "n_pairs", n_pairs)?,
             dim_u32(K, "layers", g.layers)?,
             dim_u32(K, "heads", g.heads)?,
             dim_u32(K, "block_tokens * head_dim", g.run())?,
             dim_u32(K, "blocks per head", g.blocks_after(base))?,
+            dim_u32(K, "ring blocks", g.ring_blocks())?,
         );
         let to_pool = u32::from(dir == BlockCopy::ToPool);
         let f = self.func(K)?;
@@ -126,7 +150,8 @@ impl Kernels {
             .arg(&layers)
             .arg(&heads)
             .arg(&run)
-            .arg(&bph);
+            .arg(&bph)
+            .arg(&ring_blocks);
         b.arg(&to_pool);
         submit(K, b, cfg((grid as u32, 1, 1), 256, 0))
     }

@@ -4,8 +4,10 @@
 use crate::ops::kv_blocks::{BlockCopy, KvBlockGeom};
 
 /// [`crate::Kernels::kv_blocks_copy`] on host buffers: `k[l]`, `v[l]` are
-/// layer `l`'s `[heads][capacity][head_dim]` caches, `pool` the slots,
-/// `pairs` (slot, block) pairs of the sequence whose rows start at `base`.
+/// layer `l`'s `[heads][capacity][head_dim]` caches (empty: a layer the
+/// launch leaves alone, address 0 on the device), `pool` the slots,
+/// `pairs` (slot, block) pairs of the sequence whose rows start at `base`
+/// (its ring's, with `geom.ring`).
 pub fn kv_blocks_copy(
     k: &mut [Vec<u16>],
     v: &mut [Vec<u16>],
@@ -19,14 +21,21 @@ pub fn kv_blocks_copy(
     let run = g.run();
     for &(slot, block) in pairs {
         let (slot, block) = (slot as usize, block as usize);
+        let row_block = match g.ring_blocks() {
+            0 => block,
+            rb => block % rb,
+        };
         assert!(
-            base + (block + 1) * g.block_tokens <= g.capacity,
+            row_block < g.blocks_after(base),
             "block {block} past the cache"
         );
         for l in 0..g.layers {
             for (w, cache) in [&mut k[l], &mut v[l]].into_iter().enumerate() {
+                if cache.is_empty() {
+                    continue;
+                }
                 for h in 0..g.heads {
-                    let s = (h * g.capacity + base) * g.head_dim + block * run;
+                    let s = (h * g.capacity + base) * g.head_dim + row_block * run;
                     let p = slot * g.slot_elems() + ((l * 2 + w) * g.heads + h) * run;
                     for e in 0..run {
                         match dir {

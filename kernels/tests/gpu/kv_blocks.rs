@@ -1,7 +1,8 @@
 //! `kv_blocks_copy` against its CPU reference: storing and restoring blocks
-//! between random per-layer caches and a pool in device memory and in
-//! page-locked host memory mapped into the device, bit for bit, with pools
-//! and caches poisoned where nothing may be written.
+//! between random per-layer caches (linear rows, or a sequence's ring) and
+//! a pool in device memory and in page-locked host memory mapped into the
+//! device, bit for bit, with a layer the launch must leave alone, and
+//! pools and caches poisoned where nothing may be written.
 
 use cudarc::driver::{DevicePtr, sys};
 use krasis_kernels::{BlockCopy, KvBlockGeom, reference as cpu};
@@ -15,8 +16,9 @@ fn kv_blocks_copy_matches_reference() {
         return;
     };
     let mut rng = rng("kv_blocks_copy_matches_reference");
-    // (geometry, pool slots, pairs, the sequence's first KV row)
-    for (geom, slots, pairs, base) in [
+    // (geometry, pool slots, pairs, the sequence's first KV row, a layer
+    // the launch leaves alone)
+    for (geom, slots, pairs, base, skip) in [
         (
             KvBlockGeom {
                 layers: 3,
@@ -24,10 +26,12 @@ fn kv_blocks_copy_matches_reference() {
                 head_dim: 128,
                 block_tokens: 64,
                 capacity: 512,
+                ring: 0,
             },
             5usize,
             vec![(3u32, 0u32), (0, 7), (4, 2)],
             0usize,
+            None,
         ),
         // A batched sequence's rows start off any block boundary.
         (
@@ -37,10 +41,12 @@ fn kv_blocks_copy_matches_reference() {
                 head_dim: 64,
                 block_tokens: 64,
                 capacity: 640,
+                ring: 0,
             },
             3,
             vec![(2, 7), (0, 1)],
             72,
+            None,
         ),
         (
             KvBlockGeom {
@@ -49,10 +55,29 @@ fn kv_blocks_copy_matches_reference() {
                 head_dim: 64,
                 block_tokens: 256,
                 capacity: 1024,
+                ring: 0,
             },
             2,
             vec![(1, 3), (0, 0)],
             0,
+            Some(1),
+        ),
+        // The second of three rings of 4 blocks (sliding layers): prompt
+        // blocks 9 and 4 at ring blocks 1 and 0, the middle layer (a full
+        // one) left alone.
+        (
+            KvBlockGeom {
+                layers: 3,
+                heads: 2,
+                head_dim: 64,
+                block_tokens: 64,
+                capacity: 3 * 256,
+                ring: 256,
+            },
+            3,
+            vec![(2, 9), (0, 4)],
+            256,
+            Some(1),
         ),
     ] {
         let n = geom.heads * geom.capacity * geom.head_dim;
@@ -70,8 +95,15 @@ fn kv_blocks_copy_matches_reference() {
                 let kd: Vec<_> = k.iter().map(|x| up(&s, x)).collect();
                 let vd: Vec<_> = v.iter().map(|x| up(&s, x)).collect();
                 let addr = |b: &cudarc::driver::CudaSlice<u16>| b.device_ptr(&s).0;
-                let lk = up(&s, &kd.iter().map(addr).collect::<Vec<u64>>());
-                let lv = up(&s, &vd.iter().map(addr).collect::<Vec<u64>>());
+                // A skipped layer's address is 0 (the reference: no cache).
+                let table = |bufs: &[cudarc::driver::CudaSlice<u16>]| {
+                    let mut t: Vec<u64> = bufs.iter().map(addr).collect();
+                    if let Some(l) = skip {
+                        t[l] = 0;
+                    }
+                    up(&s, &t)
+                };
+                let (lk, lv) = (table(&kd), table(&vd));
                 let pool_dev = up(&s, &pool0);
                 let mut host = HostPool::new(&pool0);
                 let pool = if mapped { host.dev } else { addr(&pool_dev) };
@@ -91,7 +123,15 @@ fn kv_blocks_copy_matches_reference() {
                     .unwrap();
                 s.synchronize().unwrap();
                 let (mut kw, mut vw, mut pw) = (k.clone(), v.clone(), pool0.clone());
+                if let Some(l) = skip {
+                    kw[l].clear();
+                    vw[l].clear();
+                }
                 cpu::kv_blocks_copy(&mut kw, &mut vw, geom, base, &mut pw, &pairs, dir);
+                if let Some(l) = skip {
+                    kw[l] = k[l].clone();
+                    vw[l] = v[l].clone();
+                }
                 let got_pool = if mapped {
                     host.read()
                 } else {

@@ -500,11 +500,15 @@ impl CudaEngine {
             Phase::Prefill { hit, .. } => hit,
             _ => None,
         };
-        let (prompt, base) = {
+        let (prompt, kv) = {
             let s = self.seq(id);
-            (s.req.prompt.clone(), s.base)
+            let kv = crate::forward::SeqKv {
+                base: s.base,
+                slot: s.slot,
+            };
+            (s.req.prompt.clone(), kv)
         };
-        self.store_prefix(&prompt, hit.as_ref(), base)?;
+        self.store_prefix(&prompt, hit.as_ref(), kv)?;
         Ok(token)
     }
 
@@ -530,7 +534,8 @@ impl CudaEngine {
             let s = self.seq(id);
             (s.req.prompt.clone(), s.req.cache_prompt)
         };
-        let hit = self.reuse_prefix(&prompt, use_cache, base)?;
+        let kv = crate::forward::SeqKv { base, slot };
+        let hit = self.reuse_prefix(&prompt, use_cache, kv)?;
         let from = hit.as_ref().map_or(0, |h| h.tokens);
         let s = self.seq_mut(id);
         s.stats.cached_tokens = from;

@@ -180,7 +180,7 @@ impl CudaEngine {
         // the budget allows may lower the default parallelism below.
         let (most, rows) =
             crate::options::batching(opts, context, want).map_err(GpuError::Unsupported)?;
-        let kv = KvCache::new(&gpu, &g, rows, want, most)?;
+        let kv = KvCache::new(&gpu, &g, opts.kv_shape(&g, context, want, most))?;
         // Without MoE layers there is no grouped scratch, whichever path.
         let path = ffn.map_or(crate::scratch::GroupedPath::InPlace, |f| f.grouped_path());
         let cap = crate::scratch::chunk_for_budget(&gpu, &g, want, path)?;
@@ -391,6 +391,7 @@ impl CudaEngine {
             | Fault::SwapRowPositions
             | Fault::ShiftRowKv
             | Fault::SwapRowRings
+            | Fault::SkipRingRestore
             | Fault::PackedBase
             | Fault::StaleTail
             | Fault::StalePrefetch
@@ -505,7 +506,7 @@ impl CudaEngine {
             };
         }
         // One context's KV (`auto`'s measure), whatever the arena holds.
-        let kv = crate::scratch::kv_bytes(g, self.context, self.model.scratch.cap, 1) as u64;
+        let kv = opts.context_kv_bytes(g, self.context, self.model.scratch.cap);
         let vram = crate::prefix::pool_bytes(opts.prefix_cache, g, block, kv, spare)?;
         let available = crate::prefix::host_available();
         let host = crate::prefix::host_bytes(opts.prefix_cache_host, g, block, kv, available)?;
@@ -578,12 +579,18 @@ impl CudaEngine {
     }
 
     /// What the cached KV depends on besides the loaded model and the
-    /// block size (fixed at load): a planted fault, the planted per-shape
-    /// GEMM choice.
+    /// block size (fixed at load): a planted fault (but one in the restore
+    /// alone, which computes and stores nothing differently), the planted
+    /// per-shape GEMM choice.
     #[cfg(any(test, feature = "fault-injection"))]
     pub(crate) fn prefix_binding(&self) -> u64 {
+        use crate::forward::Fault;
         let per_shape = self.model.gpu.blas.selection() == crate::blas::Selection::PerShape;
-        self.model.fault as u64 + 1 + (u64::from(per_shape) << 32)
+        let fault = match self.model.fault {
+            Fault::SkipRingRestore => Fault::None,
+            f => f,
+        };
+        fault as u64 + 1 + (u64::from(per_shape) << 32)
     }
 
     #[cfg(not(any(test, feature = "fault-injection")))]
@@ -598,7 +605,7 @@ impl CudaEngine {
         &mut self,
         prompt: &[u32],
         use_cache: bool,
-        base: usize,
+        kv: crate::forward::SeqKv,
     ) -> Result<Option<krasis_model::prefix_cache::Hit>> {
         let binding = self.prefix_binding();
         let Some(p) = self.prefix.as_mut() else {
@@ -609,22 +616,28 @@ impl CudaEngine {
             return Ok(None);
         }
         p.index.bind(binding);
-        let hit = p.index.lookup(prompt);
-        p.restore(&self.model.gpu, &self.model.kernels, base, &hit)?;
+        let hit = p.lookup(prompt);
+        #[cfg(any(test, feature = "fault-injection"))]
+        {
+            p.skip_ring_restore = self.model.fault == crate::forward::Fault::SkipRingRestore;
+        }
+        let at = (kv.base, kv.slot);
+        p.restore(&self.model.gpu, &self.model.kernels, at, &hit)?;
         Ok(Some(hit))
     }
 
-    /// After `prompt`'s prefill (into the rows from `base` on) completed:
+    /// After `prompt`'s prefill (into the sequence's KV `kv`) completed:
     /// queues the store of its new whole blocks.
     pub(crate) fn store_prefix(
         &mut self,
         prompt: &[u32],
         hit: Option<&krasis_model::prefix_cache::Hit>,
-        base: usize,
+        kv: crate::forward::SeqKv,
     ) -> Result<()> {
         match (self.prefix.as_mut(), hit) {
             (Some(p), Some(hit)) => {
-                p.store(&self.model.gpu, &self.model.kernels, base, prompt, hit)
+                let at = (kv.base, kv.slot);
+                p.store(&self.model.gpu, &self.model.kernels, at, prompt, hit)
             }
             _ => Ok(()),
         }

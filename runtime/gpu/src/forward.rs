@@ -152,6 +152,11 @@ pub enum Fault {
     /// (a model without sliding layers has no rings); the gpt-oss
     /// batching test sees it.
     SwapRowRings,
+    /// Prefix cache, sliding-window models: a hit restores its blocks into
+    /// the full layers but not the window before its end into the
+    /// sequence's rings (they keep what the slot's last sequence left).
+    /// Not in [`Fault::ALL`]; the gpt-oss prefix cache test sees it.
+    SkipRingRestore,
     /// Batching only: a packed prefill pass of two or more sequences gives
     /// its second segment the first segment's KV rows (a wrong segment
     /// base). Not in [`Fault::ALL`].
@@ -217,6 +222,7 @@ impl Fault {
                 Fault::SwapRowPositions
                 | Fault::ShiftRowKv
                 | Fault::SwapRowRings
+                | Fault::SkipRingRestore
                 | Fault::PackedBase
                 | Fault::StaleTail
                 | Fault::StalePrefetch

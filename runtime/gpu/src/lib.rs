@@ -29,6 +29,7 @@ pub mod options;
 pub mod plan;
 pub mod prefill_kernels;
 pub mod prefix;
+mod prefix_window;
 pub mod profile;
 pub mod profile_prefill;
 pub mod scratch;

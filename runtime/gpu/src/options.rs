@@ -112,6 +112,48 @@ impl Default for CudaEngineOptions {
     }
 }
 
+impl CudaEngineOptions {
+    /// What a sliding layer's ring is rounded up to (`scratch::KvShape`):
+    /// the prefix cache's block when the cache may be on, so every block
+    /// lies contiguous in a ring (`prefix.rs`), else 1.
+    pub fn ring_block(&self) -> usize {
+        if self.prefix_cache.is_on() {
+            self.prefix_block.max(1)
+        } else {
+            1
+        }
+    }
+
+    /// The KV cache a load of `context` positions with prefill chunks of
+    /// at most `max_chunk` tokens and `seqs` sequences at once allocates.
+    pub fn kv_shape(
+        &self,
+        g: &krasis_model::Geometry,
+        context: usize,
+        max_chunk: usize,
+        seqs: usize,
+    ) -> crate::scratch::KvShape {
+        let rows = self.kv_rows.unwrap_or(context);
+        crate::scratch::KvShape::new(g, rows, max_chunk, seqs, self.ring_block())
+    }
+
+    /// One context's KV (one sequence's: `context` rows and one ring),
+    /// what the prefix cache's `auto` sizes are measured in
+    /// (`prefix::pool_bytes`, `prefix::host_bytes`).
+    pub fn context_kv_bytes(
+        &self,
+        g: &krasis_model::Geometry,
+        context: usize,
+        max_chunk: usize,
+    ) -> u64 {
+        let one = crate::scratch::KvShape {
+            rows: context,
+            ..self.kv_shape(g, context, max_chunk, 1)
+        };
+        one.bytes(g) as u64
+    }
+}
+
 /// The prefill of a prompt of at most this many tokens runs its routed
 /// experts through the expert GEMV kernels (no host sync, no
 /// dequantization); a longer prompt's chunks (all of them, also a short

@@ -1,7 +1,7 @@
 //! The pre-flight memory plan of the CUDA engine, from the size functions
 //! [`CudaEngine::load`](crate::CudaEngine::load) itself allocates by: the
 //! weights ([`weight_bytes`]), the expert pointer table, the KV cache
-//! ([`kv_bytes`]), the prefill chunk ([`chunk_for_free`]) and its scratch
+//! (`scratch::KvShape`), the prefill chunk ([`chunk_for_free`]) and its scratch
 //! ([`ScratchLens`]), the HCS staging region ([`staging_group`],
 //! [`Hcs::staging_bytes`]) and the all-resident-or-HCS decision
 //! ([`decide`]). The load path calls the same functions, so the plan can only
@@ -14,7 +14,7 @@ use crate::device::BLAS_WORKSPACE_BYTES;
 use crate::experts::pointer_table_bytes;
 use crate::hcs::Hcs;
 use crate::options::{CudaEngineOptions, GEMV_MAX_TOKENS};
-use crate::scratch::{ScratchLens, SeqLens, chunk_for_free, kv_bytes};
+use crate::scratch::{ScratchLens, SeqLens, chunk_for_free};
 use crate::weights::weight_bytes;
 use krasis_common::plan::{DeviceBudget, ExpertPlan, GpuPlan, Placement, PlanItem, Verdict};
 use krasis_common::size::format_size as b;
@@ -126,7 +126,8 @@ pub fn plan_cuda(
     let want = opts.prefill_chunk.min(context);
     let rows = opts.kv_rows.unwrap_or(context);
     let most = crate::options::batching(opts, context, want).map_or(1, |(p, _)| p);
-    let rings = match crate::scratch::ring_rows(g, want) {
+    let shape = opts.kv_shape(g, context, want, most);
+    let rings = match shape.ring {
         0 => String::new(),
         r => format!(", sliding layers {most} ring(s) of {r}"),
     };
@@ -139,7 +140,7 @@ pub fn plan_cuda(
                  context{rings})"
             )
         },
-        kv_bytes(g, rows, want, most) as u64,
+        shape.bytes(g) as u64,
     ));
     let used = |items: &[PlanItem]| items.iter().map(|i| i.bytes).sum::<u64>();
     let path = crate::scratch::GroupedPath::int4(g);
@@ -219,7 +220,7 @@ pub fn plan_cuda(
         };
         let experts = if hcs { all_bytes } else { 0 };
         let spare = bud.checked_sub(used(&items) + floor + experts);
-        let kv = kv_bytes(g, context, want, 1) as u64;
+        let kv = opts.context_kv_bytes(g, context, want);
         let block = opts.prefix_block;
         match crate::prefix::pool_bytes(opts.prefix_cache, g, block, kv, spare) {
             Ok(0) => {}
@@ -353,7 +354,10 @@ mod tests {
         // KV: 2 * 48 layers * 512 * 32768 * 2 bytes = 3 GiB exactly.
         let kv = p.items.iter().find(|i| i.name.starts_with("KV")).unwrap();
         assert_eq!(kv.bytes, 3 << 30);
-        assert_eq!(kv.bytes, kv_bytes(&g, 32768, opts.prefill_chunk, 8) as u64);
+        assert_eq!(
+            kv.bytes,
+            opts.kv_shape(&g, 32768, opts.prefill_chunk, 8).bytes(&g) as u64
+        );
         let w = &p.items[1];
         assert_eq!(w.bytes, weight_bytes(&g).device as u64);
         assert!(p.experts.coverage() > 0.3 && p.experts.coverage() < 1.0);
@@ -445,11 +449,20 @@ mod tests {
         };
         let (p, _) = plan_cuda(&g, stride, &opts, dev(139 << 30));
         let kv = p.items.iter().find(|i| i.name.starts_with("KV")).unwrap();
-        assert_eq!(kv.bytes, kv_bytes(&g, 16384, 2048, 8) as u64);
+        assert_eq!(kv.bytes, opts.kv_shape(&g, 16384, 2048, 8).bytes(&g) as u64);
         let per_pos = (2 * g.kv_dim() * 2) as u64;
         // Rings for 512-token pieces, whatever the chunk.
         assert_eq!(kv.bytes, 12 * (16384 + 8 * (128 + 512 - 1)) * per_pos);
         assert!(kv.name.contains("8 ring(s) of 639"), "{}", kv.name);
+        // With the prefix cache on, rings of whole 256-token blocks.
+        let cached = CudaEngineOptions {
+            prefix_cache: krasis_common::options::PrefixCacheChoice::Auto,
+            ..opts.clone()
+        };
+        let (p, _) = plan_cuda(&g, stride, &cached, dev(139 << 30));
+        let kv = p.items.iter().find(|i| i.name.starts_with("KV")).unwrap();
+        assert_eq!(kv.bytes, 12 * (16384 + 8 * 768) * per_pos);
+        assert!(kv.name.contains("8 ring(s) of 768"), "{}", kv.name);
         assert_eq!(p.items[1].bytes, weight_bytes(&g).device as u64);
         assert_eq!(p.experts.placement, Placement::AllResident);
         assert_eq!(p.experts.all_bytes, (24 * 32 * stride) as u64);

@@ -16,12 +16,20 @@
 //! copy that wrote it, and a slot is overwritten only after the copies that
 //! read it.
 //!
+//! Sliding-window layers (gpt-oss) keep each sequence's keys in a ring
+//! (`scratch::KvCache`), so a block holds their KV only when the prompt
+//! that stored it still had it in its ring; their copies are separate
+//! launches over the rings, and a prompt resumes only where the window
+//! before the hit's end is held (`prefix_window.rs`: the rules).
+//!
 //! Exactness: the prefill is chunk-boundary invariant (`blas.rs`,
-//! `attention_prefill.cu`, `moe::routed_experts`), so a prompt resumed at
-//! any block boundary after its restored blocks computes every row as a
-//! cold prefill of the whole prompt does, over bit-identical KV, and its
-//! logits are bit-identical. Decode's KV is never stored (decode kernels
-//! differ from prefill's).
+//! `attention_prefill.cu`, `moe::routed_experts`; the ring attention's rows
+//! too), so a prompt resumed at any block boundary after its restored
+//! blocks computes every row as a cold prefill of the whole prompt does,
+//! over bit-identical KV (a sliding layer reads only the restored window),
+//! and its logits are bit-identical. Decode's KV is never stored (decode
+//! kernels differ from prefill's). gpt-oss's MXFP4 experts take one way for
+//! every prompt while the cache is on (`CudaEngine::mxfp4_in_place_for`).
 //!
 //! Sizes ([`pool_bytes`], [`host_bytes`]): the VRAM pool is allocated at
 //! load after calibration and before the expert placement; `auto` gives it
@@ -33,13 +41,14 @@
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::forward::ptr;
+use crate::prefix_window::WindowKeep;
 use crate::scratch::KvCache;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, result, sys};
 use krasis_common::options::PrefixCacheChoice;
 use krasis_kernels::{BlockCopy, KvBlockGeom};
 use krasis_model::Geometry;
 use krasis_model::arch::AttentionKind;
-use krasis_model::prefix_cache::{Demotion, Hit, PrefixCache, Tier};
+use krasis_model::prefix_cache::{Demotion, Hit, Place, PrefixCache, Tier};
 use std::sync::Arc;
 
 mod file;
@@ -49,17 +58,14 @@ pub fn block_bytes(g: &Geometry, block_tokens: usize) -> u64 {
     (g.num_layers * 2 * g.num_kv_heads * block_tokens * g.head_dim * 2) as u64
 }
 
-/// Why this model cannot have the cache on this engine, if it cannot.
+/// Why this model cannot have the cache on this engine, if it cannot: a
+/// layer kind whose KV the blocks do not hold. Every attention kind is
+/// handled (the match is exhaustive, so a new kind must be decided here):
+/// full layers' linear rows, and sliding layers' rings (`RingPart`).
 pub fn unsupported(g: &Geometry) -> Option<String> {
-    g.layers
-        .iter()
-        .any(|l| matches!(l.attention, AttentionKind::Sliding { .. }))
-        .then(|| {
-            "the cuda backend's prefix cache does not handle sliding-window attention layers \
-             (their ring KV overwrites a prompt's early blocks during prefill, and the ring \
-             attention kernels' tiles start at a chunk's window start); pass --prefix-cache off"
-                .to_string()
-        })
+    g.layers.iter().find_map(|l| match l.attention {
+        AttentionKind::Full | AttentionKind::Sliding { .. } => None::<String>,
+    })
 }
 
 /// Whole blocks of `bytes`; an explicit size of less than a block is
@@ -189,14 +195,20 @@ impl Drop for HostPool {
 
 pub(crate) struct TieredPrefix {
     pub index: PrefixCache,
+    /// The full layers' blocks (linear arena rows).
     geom: KvBlockGeom,
+    /// Whether the model has full layers (else only `ring` launches run).
+    full: bool,
     vram: Option<CudaSlice<u16>>,
     host: Option<HostPool>,
-    /// Device addresses of every layer's K and V cache.
+    /// Device addresses of every full layer's K and V cache (0 for a
+    /// sliding layer: `ring`'s).
     layer_k: CudaSlice<u64>,
     layer_v: CudaSlice<u64>,
-    /// (slot, block) pairs of one launch; room for two launches of a whole
-    /// context each (restore: VRAM then host; store: the same).
+    /// The sliding layers' side, for a model that has them.
+    ring: Option<RingPart>,
+    /// (slot, block) pairs of one launch; room for the launches of one
+    /// restore or store (a whole context per tier, and the rings' blocks).
     pairs: CudaSlice<u32>,
     /// Timing events around the last restore per tier and the last store
     /// (read once the stream has passed them).
@@ -208,6 +220,41 @@ pub(crate) struct TieredPrefix {
         std::path::PathBuf,
         krasis_model::prefix_cache::persist::KvIdentity,
     )>,
+    /// Planted fault (tests): a hit's ring blocks are not restored.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub skip_ring_restore: bool,
+}
+
+/// The sliding layers' side of the cache (gpt-oss): a block's positions of
+/// a sliding layer live in the sequence's ring (`scratch::KvCache`, whole
+/// blocks: block `b` at ring block `b % (ring / B)`), so only some blocks
+/// keep their sliding KV, and a prompt resumes only where the window
+/// before the hit's end is kept (`prefix_window.rs`: the rules).
+struct RingPart {
+    /// Blocks in the sliding layers' buffers (`ring` rows per sequence).
+    geom: KvBlockGeom,
+    /// Device addresses of every sliding layer's K and V (0: full layer).
+    layer_k: CudaSlice<u64>,
+    layer_v: CudaSlice<u64>,
+    /// Which slots' blocks keep their sliding KV.
+    keep: WindowKeep,
+}
+
+/// `(slot, block)` of the `(tier, slot, block)` entries in `tier`.
+fn in_tier(list: &[(Tier, usize, usize)], tier: Tier) -> Vec<(usize, usize)> {
+    list.iter()
+        .filter(|e| e.0 == tier)
+        .map(|e| (e.1, e.2))
+        .collect()
+}
+
+/// Which layers a block copy moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The full layers, linear rows from the sequence's arena base.
+    Full,
+    /// The sliding layers, the sequence's ring.
+    Ring,
 }
 
 /// The two tiers' sizes and the block, as decided at load.
@@ -226,23 +273,41 @@ fn tier_index(t: Tier) -> usize {
 }
 
 impl TieredPrefix {
-    /// Pools of `sizes` over the blocks of `kv` (every layer of one
-    /// capacity, a whole number of blocks per layer).
+    /// Pools of `sizes` over the blocks of `kv`: its full layers of one
+    /// capacity (the arena), its sliding layers (if any) rings of whole
+    /// blocks.
     pub fn new(gpu: &Gpu, g: &Geometry, kv: &KvCache, sizes: Sizes) -> Result<Self> {
-        let capacity = kv.geoms.first().map_or(0, |k| k.capacity);
-        if kv.geoms.iter().any(|k| k.capacity != capacity) {
-            return Err(GpuError::Unsupported(
-                "a prefix cache over layers of different KV capacities (ring layers)".into(),
-            ));
-        }
+        let bt = sizes.block_tokens;
+        let sliding: Vec<bool> = g
+            .layers
+            .iter()
+            .map(|l| matches!(l.attention, AttentionKind::Sliding { .. }))
+            .collect();
+        let capacity_of = |want_sliding: bool| -> Result<Option<usize>> {
+            let mut caps = kv
+                .geoms
+                .iter()
+                .zip(&sliding)
+                .filter(|&(_, &s)| s == want_sliding)
+                .map(|(k, _)| k.capacity);
+            let first = caps.next();
+            if caps.any(|c| Some(c) != first) {
+                return Err(GpuError::Unsupported(
+                    "a prefix cache over layers of one kind with different KV capacities".into(),
+                ));
+            }
+            Ok(first)
+        };
+        let full_capacity = capacity_of(false)?;
         let geom = KvBlockGeom {
             layers: g.num_layers,
             heads: g.num_kv_heads,
             head_dim: g.head_dim,
-            block_tokens: sizes.block_tokens,
-            capacity,
+            block_tokens: bt,
+            capacity: full_capacity.unwrap_or(0),
+            ring: 0,
         };
-        let block = block_bytes(g, sizes.block_tokens);
+        let block = block_bytes(g, bt);
         let (vs, hs) = (
             (sizes.vram_bytes / block) as usize,
             (sizes.host_bytes / block) as usize,
@@ -253,21 +318,55 @@ impl TieredPrefix {
         let host = (hs > 0)
             .then(|| HostPool::new(&gpu.stream, hs * block as usize))
             .transpose()?;
-        let addrs = |bufs: &[CudaSlice<half::bf16>]| {
-            bufs.iter().map(|b| ptr(gpu, b, 0)).collect::<Vec<u64>>()
+        // Addresses of the layers of one kind, 0 for the others.
+        let table = |bufs: &[CudaSlice<half::bf16>], want_sliding: bool| {
+            let a: Vec<u64> = bufs
+                .iter()
+                .zip(&sliding)
+                .map(|(b, &s)| if s == want_sliding { ptr(gpu, b, 0) } else { 0 })
+                .collect();
+            gpu.upload(&a, "prefix cache layer table")
         };
-        let max_pairs = (capacity / sizes.block_tokens.max(1)).max(1);
+        let ring = match capacity_of(true)? {
+            None => None,
+            Some(capacity) => {
+                if kv.ring == 0 || !kv.ring.is_multiple_of(bt.max(1)) {
+                    return Err(GpuError::Unsupported(format!(
+                        "the sliding layers' rings of {} rows are not whole {bt}-token prefix \
+                         blocks (a load with the prefix cache on rounds them to --prefix-block)",
+                        kv.ring
+                    )));
+                }
+                let back = crate::scratch::max_window(g).saturating_sub(1);
+                Some(RingPart {
+                    geom: KvBlockGeom {
+                        capacity,
+                        ring: kv.ring,
+                        ..geom
+                    },
+                    layer_k: table(&kv.k, true)?,
+                    layer_v: table(&kv.v, true)?,
+                    keep: WindowKeep::new(bt, back, kv.ring, (vs, hs)),
+                })
+            }
+        };
+        let max_pairs =
+            (geom.capacity / bt.max(1)).max(1) + ring.as_ref().map_or(0, |r| r.geom.ring_blocks());
         Ok(TieredPrefix {
-            index: PrefixCache::new(sizes.block_tokens, block, ("vram", vs), ("host", hs)),
+            index: PrefixCache::new(bt, block, ("vram", vs), ("host", hs)),
             geom,
+            full: full_capacity.is_some(),
             vram,
             host,
-            layer_k: gpu.upload(&addrs(&kv.k), "prefix cache layer table")?,
-            layer_v: gpu.upload(&addrs(&kv.v), "prefix cache layer table")?,
+            layer_k: table(&kv.k, false)?,
+            layer_v: table(&kv.v, false)?,
+            ring,
             pairs: gpu.alloc_zeros::<u32>(4 * max_pairs, "prefix cache block list")?,
             restore_ev: [None, None],
             store_ev: None,
             file: None,
+            #[cfg(any(test, feature = "fault-injection"))]
+            skip_ring_restore: false,
         })
     }
 
@@ -291,26 +390,54 @@ impl TieredPrefix {
         }
     }
 
-    /// Queues one launch moving `pairs` (slot, block) of `tier` for the
-    /// sequence whose KV rows start at `base`, its list at `offset` pairs
-    /// into the pair buffer.
+    /// The rows of `part` of the sequence whose arena rows start at `base`
+    /// and whose ring is its sampler slot `slot`'s: (geometry, first row).
+    fn part_rows(&self, part: Part, (base, slot): (usize, usize)) -> Result<(KvBlockGeom, usize)> {
+        match (part, &self.ring) {
+            (Part::Full, _) => Ok((self.geom, base)),
+            (Part::Ring, Some(r)) => Ok((r.geom, slot * r.geom.ring)),
+            (Part::Ring, None) => Err(GpuError::Unsupported(
+                "a prefix cache ring copy on a model without sliding layers".into(),
+            )),
+        }
+    }
+
+    /// The longest held chain starting `prompt` that this engine can
+    /// resume after (`PrefixCache::lookup_where`): with sliding layers,
+    /// one whose last window's blocks keep their sliding KV ([`RingPart`]).
+    pub fn lookup(&mut self, prompt: &[u32]) -> Hit {
+        let TieredPrefix { index, ring, .. } = self;
+        match ring {
+            None => index.lookup(prompt),
+            Some(r) => index.lookup_where(prompt, &mut |chain: &[Place]| r.keep.resumable(chain)),
+        }
+    }
+
+    /// Queues one launch moving `pairs` (slot, block) of `tier` for `part`
+    /// of the sequence at `at` (arena base, slot), its list at `offset`
+    /// pairs into the pair buffer.
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
         gpu: &Gpu,
         kernels: &krasis_kernels::Kernels,
-        tier: Tier,
-        base: usize,
+        (tier, part): (Tier, Part),
+        at: (usize, usize),
         pairs: &[(usize, usize)],
         offset: usize,
         dir: BlockCopy,
     ) -> Result<()> {
-        let blocks = self.geom.blocks_after(base);
+        let (geom, base) = self.part_rows(part, at)?;
+        let blocks = geom.blocks_after(base);
         let slots = self.index.capacity(tier);
-        if let Some(&(s, b)) = pairs.iter().find(|&&(s, b)| s >= slots || b >= blocks) {
+        let row = |b: usize| match geom.ring_blocks() {
+            0 => b,
+            rb => b % rb,
+        };
+        if let Some(&(s, b)) = pairs.iter().find(|&&(s, b)| s >= slots || row(b) >= blocks) {
             return Err(GpuError::Unsupported(format!(
                 "prefix cache copy of slot {s} (of {slots}) and block {b} (of the {blocks} after \
-                 KV row {base})"
+                 KV row {base}, {part:?} layers)"
             )));
         }
         let pool = self.pool_addr(gpu, tier).ok_or_else(|| {
@@ -325,11 +452,15 @@ impl TieredPrefix {
             .memcpy_htod(&flat, &mut dst)
             .map_err(GpuError::driver("copying a prefix cache block list"))?;
         let list = self.pairs.slice(2 * offset..2 * (offset + pairs.len()));
+        let (lk, lv) = match (part, &self.ring) {
+            (Part::Ring, Some(r)) => (&r.layer_k, &r.layer_v),
+            _ => (&self.layer_k, &self.layer_v),
+        };
         Ok(kernels.kv_blocks_copy(
             &gpu.stream,
-            &self.layer_k,
-            &self.layer_v,
-            self.geom,
+            lk,
+            lv,
+            geom,
             base,
             pool,
             slots,
@@ -340,50 +471,66 @@ impl TieredPrefix {
     }
 
     /// Queues the copies of the hit's blocks into positions `0..hit.tokens`
-    /// of the sequence whose KV rows start at `base`: one launch per tier
-    /// holding any of them.
+    /// of the sequence at `at` (its arena base and slot): one launch per
+    /// tier and layer kind holding any of them (the sliding layers: only
+    /// the window before the hit's end, into the sequence's ring).
     pub fn restore(
         &mut self,
         gpu: &Gpu,
         kernels: &krasis_kernels::Kernels,
-        base: usize,
+        at: (usize, usize),
         hit: &Hit,
     ) -> Result<()> {
         // The timings of earlier copies are read first (several sequences'
         // prefills interleave, each restoring and storing).
         self.collect_timing()?;
+        let window: Vec<(Tier, usize, usize)> = match &self.ring {
+            Some(r) => r.keep.window(hit).collect(),
+            None => Vec::new(),
+        };
+        #[cfg(any(test, feature = "fault-injection"))]
+        let window = if self.skip_ring_restore {
+            Vec::new()
+        } else {
+            window
+        };
         let mut offset = 0;
         for tier in Tier::ALL {
-            let pairs: Vec<(usize, usize)> = hit.in_tier(tier).map(|(b, s)| (s, b)).collect();
-            if pairs.is_empty() {
+            let full: Vec<(usize, usize)> = match self.full {
+                true => hit.in_tier(tier).map(|(b, s)| (s, b)).collect(),
+                false => Vec::new(),
+            };
+            let ring = in_tier(&window, tier);
+            if full.is_empty() && ring.is_empty() {
                 continue;
             }
             let a = timing_event(gpu)?;
-            self.launch(
-                gpu,
-                kernels,
-                tier,
-                base,
-                &pairs,
-                offset,
-                BlockCopy::ToSequence,
-            )?;
+            for (part, pairs) in [(Part::Full, &full), (Part::Ring, &ring)] {
+                if !pairs.is_empty() {
+                    let dir = BlockCopy::ToSequence;
+                    self.launch(gpu, kernels, (tier, part), at, pairs, offset, dir)?;
+                    offset += pairs.len();
+                }
+            }
             let b = timing_event(gpu)?;
             self.restore_ev[tier_index(tier)] = Some((a, b));
-            offset += pairs.len();
         }
         Ok(())
     }
 
     /// Queues the demotions a store needs and the copies of `prompt`'s new
-    /// whole blocks (prefilled to its end in the KV rows of the sequence
-    /// starting at `base`) into the pools, and publishes them: every later
-    /// read is ordered after these copies on the same stream.
+    /// whole blocks (prefilled to its end in the KV of the sequence at
+    /// `at`: its arena base and slot) into the pools, and publishes them:
+    /// every later read is ordered after these copies on the same stream.
+    /// A sliding layer's ring holds only the prompt's last ring's worth of
+    /// positions: the blocks wholly inside it keep their sliding KV, new
+    /// ones and held ones past the hit that lacked it (`StorePlan::held`:
+    /// the same bytes, from any prompt that starts with their tokens).
     pub fn store(
         &mut self,
         gpu: &Gpu,
         kernels: &krasis_kernels::Kernels,
-        base: usize,
+        at: (usize, usize),
         prompt: &[u32],
         hit: &Hit,
     ) -> Result<()> {
@@ -396,7 +543,9 @@ impl TieredPrefix {
         );
         let mut failed = None;
         let stream = gpu.stream.cu_stream();
-        let plan = self.index.plan_store(prompt, hit, &mut |d: Demotion| {
+        let TieredPrefix { index, ring, .. } = self;
+        let mut keep = ring.as_mut().map(|r| &mut r.keep);
+        let plan = index.plan_store(prompt, hit, &mut |d: Demotion| {
             let (Some(v), Some(h)) = (vram, host) else {
                 return false;
             };
@@ -413,7 +562,13 @@ impl TieredPrefix {
             }
             .result();
             match r {
-                Ok(()) => true,
+                Ok(()) => {
+                    // The slot's bytes moved, its sliding KV with them.
+                    if let Some(k) = keep.as_deref_mut() {
+                        k.demoted(d);
+                    }
+                    true
+                }
                 Err(e) => {
                     failed.get_or_insert(e);
                     false
@@ -426,17 +581,29 @@ impl TieredPrefix {
                 source: e,
             });
         }
+        // The blocks whose sliding KV the sequence's ring still holds.
+        let window = match self.ring.as_mut() {
+            Some(r) => r.keep.stored(&plan, prompt.len()),
+            None => Vec::new(),
+        };
         let mut offset = 0;
         for tier in Tier::ALL {
-            let pairs: Vec<(usize, usize)> = plan
-                .blocks
-                .iter()
-                .filter(|s| s.place.tier == tier)
-                .map(|s| (s.place.slot, s.block))
-                .collect();
-            if !pairs.is_empty() {
-                self.launch(gpu, kernels, tier, base, &pairs, offset, BlockCopy::ToPool)?;
-                offset += pairs.len();
+            let full: Vec<(usize, usize)> = match self.full {
+                true => plan
+                    .blocks
+                    .iter()
+                    .filter(|s| s.place.tier == tier)
+                    .map(|s| (s.place.slot, s.block))
+                    .collect(),
+                false => Vec::new(),
+            };
+            let ring = in_tier(&window, tier);
+            for (part, pairs) in [(Part::Full, &full), (Part::Ring, &ring)] {
+                if !pairs.is_empty() {
+                    let dir = BlockCopy::ToPool;
+                    self.launch(gpu, kernels, (tier, part), at, pairs, offset, dir)?;
+                    offset += pairs.len();
+                }
             }
         }
         let b = timing_event(gpu)?;
@@ -560,20 +727,18 @@ mod tests {
         }
     }
 
+    /// Sliding-window models have the cache: auto sizes and explicit ones
+    /// as for any model.
     #[test]
-    fn sliding_window_models_have_no_cache_on_this_engine() {
+    fn sliding_window_models_have_the_cache_on_this_engine() {
         let g = preset_geometry("gpt-oss-20b").unwrap();
-        assert!(unsupported(&g).is_some());
+        assert!(unsupported(&g).is_none());
+        let block = block_bytes(&g, 256);
         let auto = PrefixCacheChoice::Auto;
-        assert_eq!(
-            pool_bytes(auto, &g, 256, 1 << 30, Some(1 << 40)).unwrap(),
-            0
-        );
-        assert_eq!(host_bytes(auto, &g, 256, 1 << 30, 1 << 40).unwrap(), 0);
-        let size = PrefixCacheChoice::Bytes(1 << 30);
-        let e = pool_bytes(size, &g, 256, 1 << 30, Some(1 << 40)).unwrap_err();
-        assert!(e.to_string().contains("--prefix-cache off"), "{e}");
-        assert!(host_bytes(size, &g, 256, 1 << 30, 1 << 40).is_err());
-        assert!(unsupported(&preset_geometry("a3b").unwrap()).is_none());
+        let kv = 64 * block;
+        assert_eq!(pool_bytes(auto, &g, 256, kv, Some(1 << 40)).unwrap(), kv);
+        assert_eq!(host_bytes(auto, &g, 256, kv, 1 << 40).unwrap(), 4 * kv);
+        let size = PrefixCacheChoice::Bytes(3 * block);
+        assert_eq!(pool_bytes(size, &g, 256, kv, None).unwrap(), 3 * block);
     }
 }

@@ -181,22 +181,14 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// The cache of a model whose full layers hold `rows` positions (the
-    /// arena; one context without batching), whose prefill chunks hold at
-    /// most `max_chunk` tokens and which runs up to `seqs` sequences at
-    /// once (a ring each in the sliding layers).
-    pub fn new(
-        gpu: &Gpu,
-        g: &Geometry,
-        rows: usize,
-        max_chunk: usize,
-        seqs: usize,
-    ) -> Result<Self> {
+    /// The cache of `shape` (a ring per sequence that may run in each
+    /// sliding layer, the arena's rows in the full ones).
+    pub fn new(gpu: &Gpu, g: &Geometry, shape: KvShape) -> Result<Self> {
         let mut k = Vec::with_capacity(g.num_layers);
         let mut v = Vec::with_capacity(g.num_layers);
         let mut geoms = Vec::with_capacity(g.num_layers);
         for l in 0..g.num_layers {
-            let geom = kv_geom(g, kv_capacity(g, l, rows, max_chunk, seqs));
+            let geom = kv_geom(g, shape.capacity(g, l));
             k.push(gpu.alloc_zeros(geom.len(), &format!("K cache of layer {l}"))?);
             v.push(gpu.alloc_zeros(geom.len(), &format!("V cache of layer {l}"))?);
             geoms.push(geom);
@@ -205,8 +197,8 @@ impl KvCache {
             geoms,
             k,
             v,
-            ring: ring_rows(g, max_chunk),
-            rings: seqs.max(1),
+            ring: shape.ring,
+            rings: shape.rings,
         })
     }
 
@@ -225,12 +217,71 @@ impl KvCache {
 }
 
 /// Most new keys a sliding layer's prefill appends before it attends: a
-/// longer segment runs in pieces of this many tokens (`attention.rs`), so
-/// a ring holds `window + 511` rows whatever the prefill chunk. (Sized by
-/// the chunk, gpt-oss-120b's rings at the default 8,192-token chunk would
-/// take 2.4 GiB for 8 sequences; pieces cost only launches: the ring
-/// kernels' rows are chunk-invariant.)
+/// longer segment runs in pieces (`attention.rs`), so a ring holds about
+/// `window + 511` rows whatever the prefill chunk. (Sized by the chunk,
+/// gpt-oss-120b's rings at the default 8,192-token chunk would take 2.4 GiB
+/// for 8 sequences; pieces cost only launches: the ring kernels' rows are
+/// chunk-invariant.)
 pub const RING_PIECE_TOKENS: usize = 512;
+
+/// The shape of a load's KV cache ([`KvCache::new`] allocates it; the plan
+/// counts [`KvShape::bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    /// Positions of a full layer: the arena the running sequences share.
+    pub rows: usize,
+    /// Rows of one sequence's ring in every sliding layer (0: none).
+    pub ring: usize,
+    /// Rings per sliding layer: the most sequences that run at once.
+    pub rings: usize,
+}
+
+impl KvShape {
+    /// The cache of an arena of `rows`, prefill chunks of at most
+    /// `max_chunk` tokens and up to `seqs` sequences at once, its rings
+    /// whole multiples of `ring_block` rows (the prefix cache's block, so
+    /// a block is contiguous in a ring; 1: no rounding). With blocks, a
+    /// ring also holds a window more than a block, so at a prompt's end it
+    /// still holds the window before its last whole block (what a later
+    /// prompt resumes after: `prefix.rs`).
+    pub fn new(
+        g: &Geometry,
+        rows: usize,
+        max_chunk: usize,
+        seqs: usize,
+        ring_block: usize,
+    ) -> Self {
+        let b = ring_block.max(1);
+        let ring = match ring_rows(g, max_chunk) {
+            0 => 0,
+            r if b > 1 => r.max(b + max_window(g) - 1).next_multiple_of(b),
+            r => r,
+        };
+        KvShape {
+            rows,
+            ring,
+            rings: seqs.max(1),
+        }
+    }
+
+    /// Positions layer `l`'s KV buffers hold: a full layer the arena's
+    /// rows; a sliding layer a ring for each sequence that can run at once.
+    /// The ring is used even where it exceeds a short context, so the ring
+    /// kernels' bound always holds.
+    pub fn capacity(&self, g: &Geometry, l: usize) -> usize {
+        match g.layers[l].attention {
+            AttentionKind::Full => self.rows,
+            AttentionKind::Sliding { .. } => self.rings * self.ring,
+        }
+    }
+
+    /// Device bytes of the cache: K and V, 16-bit, every layer.
+    pub fn bytes(&self, g: &Geometry) -> usize {
+        (0..g.num_layers)
+            .map(|l| 2 * kv_geom(g, self.capacity(g, l)).len() * 2)
+            .sum()
+    }
+}
 
 /// Rows of one sequence's ring in every sliding layer of `g`: what the
 /// largest window needs when prefill appends up to `max_chunk` (at most
@@ -239,27 +290,22 @@ pub const RING_PIECE_TOKENS: usize = 512;
 /// sliding layers. One size for every sliding layer, so a decode row's
 /// ring base (its slot times this) serves them all.
 pub fn ring_rows(g: &Geometry, max_chunk: usize) -> usize {
-    let piece = max_chunk.min(RING_PIECE_TOKENS);
+    match max_window(g) {
+        0 => 0,
+        w => ring_min_capacity(w, max_chunk.min(RING_PIECE_TOKENS)),
+    }
+}
+
+/// The largest sliding window of `g` (0: no sliding layer).
+pub fn max_window(g: &Geometry) -> usize {
     g.layers
         .iter()
         .filter_map(|l| match l.attention {
-            AttentionKind::Sliding { window } => Some(ring_min_capacity(window, piece)),
+            AttentionKind::Sliding { window } => Some(window),
             AttentionKind::Full => None,
         })
         .max()
         .unwrap_or(0)
-}
-
-/// Positions layer `l`'s KV buffers hold: a full layer the arena's `rows`
-/// (the context without batching); a sliding layer a ring of
-/// [`ring_rows`] for each of the `seqs` sequences that can run at once.
-/// The ring is used even where it exceeds a short context, so the ring
-/// kernels' bound always holds.
-pub fn kv_capacity(g: &Geometry, l: usize, rows: usize, max_chunk: usize, seqs: usize) -> usize {
-    match g.layers[l].attention {
-        AttentionKind::Full => rows,
-        AttentionKind::Sliding { .. } => seqs.max(1) * ring_rows(g, max_chunk),
-    }
 }
 
 /// The shape of one K (or V) buffer of `capacity` positions.
@@ -269,15 +315,6 @@ pub fn kv_geom(g: &Geometry, capacity: usize) -> KvGeom {
         head_dim: g.head_dim,
         capacity,
     }
-}
-
-/// Device bytes of the KV cache [`KvCache::new`] allocates: K and V, BF16,
-/// every layer at its [`kv_capacity`] for an arena of `rows` and `seqs`
-/// sequences at once.
-pub fn kv_bytes(g: &Geometry, rows: usize, max_chunk: usize, seqs: usize) -> usize {
-    (0..g.num_layers)
-        .map(|l| 2 * kv_geom(g, kv_capacity(g, l, rows, max_chunk, seqs)).len() * 2)
-        .sum()
 }
 
 /// Bytes the prefill path may spend on dequantized (16-bit) experts at once.
@@ -784,9 +821,10 @@ mod tests {
         assert_eq!(ring_rows(&g, 8192), 128 + 512 - 1);
         assert_eq!(ring_rows(&g, 100), 128 + 100 - 1);
         for seqs in [1, 4] {
+            let shape = KvShape::new(&g, ctx, chunk, seqs, 1);
             let mut want = 0;
             for l in 0..g.num_layers {
-                let cap = kv_capacity(&g, l, ctx, chunk, seqs);
+                let cap = shape.capacity(&g, l);
                 match g.layers[l].attention {
                     AttentionKind::Full => assert_eq!(cap, ctx, "layer {l}"),
                     AttentionKind::Sliding { window } => {
@@ -796,17 +834,25 @@ mod tests {
                 }
                 want += cap * per_pos;
             }
-            assert_eq!(kv_bytes(&g, ctx, chunk, seqs), want);
+            assert_eq!(shape.bytes(&g), want);
             // 12 full layers of 32768 and 12 layers of `seqs` rings of 639.
             assert_eq!(want, 12 * (32768 + seqs * 639) * per_pos);
         }
         // The ring holds a chunk's window even past a short context.
-        assert_eq!(kv_capacity(&g, 0, 100, 512, 1), 639);
+        assert_eq!(KvShape::new(&g, 100, 512, 1, 1).capacity(&g, 0), 639);
+        // With the prefix cache, a ring is whole blocks, and at least a
+        // block and a window (tiny-gpt-oss: window 16, 32-token chunks).
+        let blocks = KvShape::new(&g, ctx, 8192, 2, 256);
+        assert_eq!((blocks.ring, blocks.rings), (768, 2));
+        let tiny = preset_geometry("tiny-gpt-oss").unwrap();
+        assert_eq!(ring_rows(&tiny, 32), 16 + 32 - 1);
+        assert_eq!(KvShape::new(&tiny, 1024, 32, 1, 64).ring, 128);
+        assert_eq!(KvShape::new(&tiny, 1024, 32, 1, 1).ring, 47);
         let a3b = preset_geometry("a3b").unwrap();
         assert_eq!(ring_rows(&a3b, 512), 0);
         for chunk in [1, 512, 8192] {
             assert_eq!(
-                kv_bytes(&a3b, 4096, chunk, 8),
+                KvShape::new(&a3b, 4096, chunk, 8, 256).bytes(&a3b),
                 2 * a3b.num_layers * a3b.kv_dim() * 4096 * 2
             );
         }

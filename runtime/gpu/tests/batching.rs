@@ -609,56 +609,59 @@ fn cancel_and_end_leave_the_others_untouched() {
 }
 
 /// A prompt served from the prefix cache into a sequence's rows (not row
-/// 0: another sequence holds those) is bit-identical to a cold prefill.
+/// 0: another sequence holds those; for gpt_oss, not the first ring
+/// either: its sliding layers' window goes into the second slot's ring)
+/// is bit-identical to a cold prefill (an engine whose cache the request
+/// bypasses: gpt_oss's MXFP4 experts then take the cached engine's way).
 #[test]
 fn a_prefix_hit_into_a_sequences_rows_is_exact() {
     if !gpu_or_skip("a_prefix_hit_into_a_sequences_rows_is_exact") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let model = synth(tmp.path(), "tiny");
     let cache = tmp.path().join("cache");
-    let g = ModelConfig::load(&model).unwrap().geometry();
-    // 64-token blocks: a 230-token prompt stores 3 whole blocks.
-    const BLOCK: usize = 64;
-    let pool = 64 * krasis_gpu::prefix::block_bytes(&g, BLOCK);
-    for base in [options(&cache, 4), hcs_options(&cache, 4)] {
-        let mut e = load(
-            &model,
-            &CudaEngineOptions {
-                prefix_cache: PrefixCacheChoice::Bytes(pool),
-                prefix_block: BLOCK,
-                ..base
-            },
-        );
-        let mut cold = load(&model, &options(&cache, 4));
-        let vocab = e.info().vocab_size;
-        let prompt = tokens(230, vocab, 21);
-        let mut req = greedy_request(&prompt, 10);
-        req.cache_prompt = true;
-        let want = alone(&mut cold, std::slice::from_ref(&req));
-        // Store the prompt's blocks.
-        alone(&mut e, std::slice::from_ref(&req));
-        // Another sequence first (it takes the arena's first rows), then
-        // the prompt again, from the cache.
-        let other = greedy_request(&tokens(90, vocab, 22), 20);
-        let (runs, _) = run_batch(
-            &mut e,
-            &[
-                Job { req: other, at: 0 },
-                Job {
-                    req: req.clone(),
-                    at: 2,
-                },
-            ],
-            |_, _, _| {},
-        );
-        assert_eq!(runs[1].outcome.stats.cached_tokens, 3 * BLOCK);
-        assert!(same(
-            "prefix hit into a sequence's rows",
-            &runs[1],
-            &want[0]
-        ));
+    for model in [
+        synth(tmp.path(), "tiny"),
+        krasis_model::testutil::tiny_gpt_oss_checkpoint(),
+    ] {
+        let g = ModelConfig::load(&model).unwrap().geometry();
+        // 64-token blocks: a 230-token prompt stores 3 whole blocks.
+        const BLOCK: usize = 64;
+        let pool = 64 * krasis_gpu::prefix::block_bytes(&g, BLOCK);
+        let cached = |base| CudaEngineOptions {
+            prefix_cache: PrefixCacheChoice::Bytes(pool),
+            prefix_block: BLOCK,
+            ..base
+        };
+        for base in [options(&cache, 4), hcs_options(&cache, 4)] {
+            let mut e = load(&model, &cached(base));
+            let mut cold = load(&model, &cached(options(&cache, 4)));
+            let vocab = e.info().vocab_size;
+            let prompt = tokens(230, vocab, 21);
+            let mut req = greedy_request(&prompt, 10);
+            req.cache_prompt = false;
+            let want = alone(&mut cold, std::slice::from_ref(&req));
+            req.cache_prompt = true;
+            // Store the prompt's blocks.
+            alone(&mut e, std::slice::from_ref(&req));
+            // Another sequence first (it takes the arena's first rows and
+            // the first slot), then the prompt again, from the cache.
+            let other = greedy_request(&tokens(90, vocab, 22), 20);
+            let (runs, _) = run_batch(
+                &mut e,
+                &[
+                    Job { req: other, at: 0 },
+                    Job {
+                        req: req.clone(),
+                        at: 2,
+                    },
+                ],
+                |_, _, _| {},
+            );
+            let label = format!("{}: prefix hit into a sequence's rows", model.display());
+            assert_eq!(runs[1].outcome.stats.cached_tokens, 3 * BLOCK, "{label}");
+            assert!(same(&label, &runs[1], &want[0]), "{label}");
+        }
     }
 }
 

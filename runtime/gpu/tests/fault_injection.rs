@@ -41,6 +41,7 @@ fn ref_fault(f: Fault) -> RefFault {
         Fault::SwapRowPositions
         | Fault::ShiftRowKv
         | Fault::SwapRowRings
+        | Fault::SkipRingRestore
         | Fault::PackedBase
         | Fault::StaleTail
         | Fault::StalePrefetch

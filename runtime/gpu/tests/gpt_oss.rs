@@ -312,9 +312,10 @@ fn gpt_oss_kv_is_allocated_per_layer() {
     let r = gpu.load_report();
     // (The budget keeps the chunk asked for on the H200, so the rings are
     // the load's parallelism.)
+    let opts = cuda_options(&tmp.path().join("cache"), CONTEXT, 37);
     assert_eq!(
         r.kv_bytes,
-        krasis_gpu::scratch::kv_bytes(&g, CONTEXT, 37, r.parallel)
+        opts.kv_shape(&g, CONTEXT, 37, r.parallel).bytes(&g)
     );
     assert!(r.kv_bytes < 2 * g.num_layers * g.kv_dim() * CONTEXT * 2);
     assert_eq!(

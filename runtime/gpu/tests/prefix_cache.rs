@@ -9,7 +9,9 @@
 //! from the page-locked host tier and with a chain spanning both tiers, all
 //! resident and under HCS with streamed prefill); a cancelled prefill
 //! stores nothing; a bypassing request neither reads nor stores; a planted
-//! fault invalidates the blocks. On a machine without an NVIDIA driver
+//! fault invalidates the blocks; gpt_oss's sliding layers resume where
+//! their window was kept (and a hit without its window restored differs).
+//! On a machine without an NVIDIA driver
 //! every test prints `SKIPPED (no CUDA device): <name> (no NVIDIA driver)`.
 
 mod support;
@@ -59,18 +61,26 @@ struct Pair {
 
 impl Pair {
     fn new(model: &Path, cache: &Path, cached: CudaEngineOptions) -> Self {
+        let cold = CudaEngineOptions {
+            hcs: false,
+            ..cuda_options(cache, CONTEXT, COLD_CHUNK)
+        };
+        let p = Self::with_cold(model, cached, cold);
+        assert!(p.cold.prefix_cache_stats().is_none());
+        p
+    }
+
+    /// [`Pair::new`] with the cold engine's options given: gpt_oss's cold
+    /// engine has a cache too (its MXFP4 experts take the way every
+    /// prompt takes with the cache on: `CudaEngine::mxfp4_in_place_for`),
+    /// which its cold prefills bypass (`greedy_logits`).
+    fn with_cold(model: &Path, cached: CudaEngineOptions, cold: CudaEngineOptions) -> Self {
         let cached = load(model, &cached);
-        let cold = load(
-            model,
-            &CudaEngineOptions {
-                hcs: false,
-                ..cuda_options(cache, CONTEXT, COLD_CHUNK)
-            },
-        );
+        let cold = load(model, &cold);
         assert_eq!(cached.load_report().prefill_chunk, CHUNK);
+        assert_eq!(cold.load_report().prefill_chunk, COLD_CHUNK);
         assert_eq!(cached.load_report().prefix_block_tokens, B);
         assert!(cached.prefix_cache_stats().is_some(), "no prefix cache");
-        assert!(cold.prefix_cache_stats().is_none());
         Pair { cached, cold }
     }
 
@@ -254,6 +264,159 @@ fn the_host_tier_alone_serves_hits_under_streamed_prefill() {
     hits_are_exact("host tier only", &mut p);
     let s = p.report("host tier only");
     assert_eq!((s.location.as_str(), s.demotions), ("host", 0));
+}
+
+/// gpt_oss (tiny-gpt-oss: sliding window 16 in rings of 128 rows, two
+/// 64-token blocks per sequence; sinks; MXFP4 experts): a block keeps its
+/// sliding layers' KV where the prompt that stored it (or a later one that
+/// passed it) still had it in its ring at its end, and a prompt resumes
+/// only after a chain whose last block keeps it. So a conversation that
+/// goes on hits its whole previous prompt, the same prompt hits again, a
+/// prompt ending inside another's blocks hits once a prompt ending there
+/// completed them, and a second conversation sharing a 150-token system
+/// prompt reuses nothing (the first ended elsewhere). Every served prompt's
+/// prefill and decode logits are bit-identical to a cold prefill (one
+/// chunk; that engine has a cache too, bypassed, so its experts take the
+/// way the cached one's do). `expect`: cached tokens of each step.
+fn gpt_oss_hits_are_exact(what: &str, p: &mut Pair) {
+    let vocab = p.cold.info().vocab_size;
+    let prompt = tokens(330, vocab, 1); // 5 blocks + 10 tokens
+    let mut q = prompt[..150].to_vec();
+    q.extend(tokens(90, vocab, 2));
+    let mut next = prompt.clone();
+    next.extend(tokens(150, vocab, 3));
+    let system = tokens(150, vocab, 4);
+    let conv = |seed| {
+        let mut c = system.clone();
+        c.extend(tokens(70, vocab, seed));
+        c
+    };
+    let steps: [(&[u32], usize); 11] = [
+        (&prompt, 0),
+        // Its last block keeps the window: the whole prompt again.
+        (&prompt, 320),
+        // Ends in block 4: block 3 lacks the window until this prompt,
+        // whose ring holds it at its end, completes it.
+        (&prompt[..320], 0),
+        (&prompt[..320], 256),
+        (&prompt[..257], 256),
+        // Blocks 0 and 1 match, and neither keeps the window.
+        (&q, 0),
+        // The conversation goes on, twice.
+        (&next, 320),
+        (&next, 448),
+        (&conv(5), 0),
+        (&conv(6), 0),
+        (&conv(5), 192),
+    ];
+    for (i, (prompt, want)) in steps.into_iter().enumerate() {
+        p.served(&format!("{what} step {i}"), prompt, want);
+    }
+    let s = p.report(what);
+    assert!(s.restore_ms > 0.0, "{what}: restores were not timed");
+}
+
+fn gpt_oss_pair(model: &Path, cache: &Path, cached: CudaEngineOptions) -> Pair {
+    let cold = with_tiers(
+        model,
+        CudaEngineOptions {
+            hcs: false,
+            ..cuda_options(cache, CONTEXT, COLD_CHUNK)
+        },
+        64,
+        0,
+    );
+    let p = Pair::with_cold(model, cached, cold);
+    // Each sequence's ring is two whole blocks.
+    assert_eq!(
+        p.cached.load_report().kv_bytes,
+        {
+            let g = ModelConfig::load(model).unwrap().geometry();
+            let sliding = g
+                .layers
+                .iter()
+                .filter(|l| {
+                    matches!(
+                        l.attention,
+                        krasis_model::arch::AttentionKind::Sliding { .. }
+                    )
+                })
+                .count();
+            let per_pos = 2 * g.kv_dim() * 2;
+            let seqs = p.cached.load_report().parallel;
+            ((g.num_layers - sliding) * CONTEXT + sliding * seqs * 2 * B) * per_pos
+        },
+        "KV bytes: full layers' context and rings of 128 rows"
+    );
+    p
+}
+
+#[test]
+fn gpt_oss_prefix_hits_are_bit_identical() {
+    if !gpu_or_skip("gpt_oss_prefix_hits_are_bit_identical") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = krasis_model::testutil::tiny_gpt_oss_checkpoint();
+    let cache = tmp.path().join("cache");
+    for (what, base, vram, host) in [
+        ("gpt-oss all resident", all_resident(&cache), 64, 0),
+        ("gpt-oss host tier", all_resident(&cache), 2, 32),
+        (
+            "gpt-oss host tier, streamed prefill",
+            no_resident_options(&cache, CONTEXT, CHUNK),
+            2,
+            32,
+        ),
+    ] {
+        let mut p = gpt_oss_pair(&model, &cache, with_tiers(&model, base, vram, host));
+        gpt_oss_hits_are_exact(what, &mut p);
+        if host > 0 {
+            assert!(p.report(what).demotions > 0, "{what}: nothing was demoted");
+        }
+    }
+}
+
+/// The window restore is what makes a gpt_oss hit exact: with it skipped
+/// (`Fault::SkipRingRestore`), a hit after another prompt ran in the same
+/// slot (its ring holds that prompt's keys) differs from a cold prefill;
+/// without the fault the same steps are bit-identical.
+#[test]
+fn gpt_oss_prefix_hits_need_the_window_restored() {
+    if !gpu_or_skip("gpt_oss_prefix_hits_need_the_window_restored") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = krasis_model::testutil::tiny_gpt_oss_checkpoint();
+    let cache = tmp.path().join("cache");
+    let mut p = gpt_oss_pair(
+        &model,
+        &cache,
+        with_tiers(&model, all_resident(&cache), 64, 0),
+    );
+    let vocab = p.cold.info().vocab_size;
+    let prompt = tokens(330, vocab, 31);
+    let other = tokens(330, vocab, 32);
+    p.served("store", &prompt, 0);
+    p.served("another prompt in the slot", &other, 0);
+    p.cached
+        .set_fault(krasis_gpu::forward::Fault::SkipRingRestore)
+        .unwrap();
+    let (_, l, cached) = p
+        .cached
+        .greedy_logits_cached(&prompt, N, true)
+        .expect("cached greedy");
+    assert_eq!(cached, 320);
+    let (_, cl) = p.cold.greedy_logits(&prompt, N).expect("cold greedy");
+    assert!(
+        bits(&l) != bits(&cl),
+        "a hit without its window restored equals a cold prefill: the test cannot fail"
+    );
+    p.cached
+        .set_fault(krasis_gpu::forward::Fault::None)
+        .unwrap();
+    p.served("another prompt again", &other, 320);
+    p.served("the window restored", &prompt, 320);
 }
 
 #[test]

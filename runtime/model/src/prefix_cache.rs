@@ -105,6 +105,12 @@ impl Hit {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StorePlan {
     pub blocks: Vec<StoreBlock>,
+    /// The prompt's blocks past the hit that were held already (before the
+    /// first new one), with their places: an engine that keeps part of a
+    /// block's KV only for some blocks may complete them (the CUDA
+    /// engine's sliding layers); their bytes are the same for every prompt
+    /// that starts with their tokens.
+    pub held: Vec<StoreBlock>,
     id: u64,
 }
 
@@ -354,6 +360,20 @@ impl PrefixCache {
     /// The longest chain of held blocks starting `prompt` that leaves at
     /// least one token to prefill; the chain becomes the most recently used.
     pub fn lookup(&mut self, prompt: &[u32]) -> Hit {
+        self.lookup_where(prompt, &mut |_| true)
+    }
+
+    /// [`Self::lookup`] for an engine that can resume a prompt only after
+    /// some chains: the longest chain (in whole granules) whose places
+    /// satisfy `resumable` (the CUDA engine keeps gpt-oss's sliding-window
+    /// KV only for the blocks at the end of each prompt it stored, and a
+    /// resumed prefill needs the window before the hit's end). Blocks past
+    /// it are neither used nor touched.
+    pub fn lookup_where(
+        &mut self,
+        prompt: &[u32],
+        resumable: &mut dyn FnMut(&[Place]) -> bool,
+    ) -> Hit {
         self.reclaim_pending();
         self.tick += 1;
         let b = self.block_tokens;
@@ -364,16 +384,23 @@ impl PrefixCache {
             let Some(i) = self.find(parent, block) else {
                 break;
             };
-            self.touch(i);
             let e = self.entry(i);
             parent = e.uid;
             hit.blocks.push(e.place);
             hit.chain.push((i, e.uid));
         }
-        // A chain that ends inside a granule is used up to its start.
-        let whole = hit.blocks.len() * b / self.granule * self.granule / b;
+        // A chain that ends inside a granule is used up to its start, and
+        // only as far as the engine can resume.
+        let per = (self.granule / b).max(1);
+        let mut whole = hit.blocks.len() / per * per;
+        while whole > 0 && !resumable(&hit.blocks[..whole]) {
+            whole -= per;
+        }
         hit.blocks.truncate(whole);
         hit.chain.truncate(whole);
+        for &(i, _) in &hit.chain {
+            self.touch(i);
+        }
         hit.tokens = hit.blocks.len() * b;
         self.counters.lookups += 1;
         if hit.blocks.is_empty() {
@@ -412,6 +439,7 @@ impl PrefixCache {
             // The cache was cleared or rebound since the lookup.
             return StorePlan {
                 blocks: Vec::new(),
+                held: Vec::new(),
                 id,
             };
         }
@@ -421,6 +449,7 @@ impl PrefixCache {
         // The chain the new blocks hang from must stay where it is.
         let mut keep: HashSet<usize> = hit.chain.iter().map(|c| c.0).collect();
         let mut blocks = Vec::new();
+        let mut held = Vec::new();
         let complete = prompt.len() / self.granule * self.granule;
         for (i, block) in prompt[..complete]
             .chunks_exact(b)
@@ -436,6 +465,10 @@ impl PrefixCache {
                 keep.insert(e);
                 parent_uid = self.entry(e).uid;
                 parent = Some(e);
+                held.push(StoreBlock {
+                    block: i,
+                    place: self.entry(e).place,
+                });
                 continue;
             }
             let Some(place) = self.take_place(&keep, demote) else {
@@ -456,7 +489,7 @@ impl PrefixCache {
             parent_uid = uid;
             parent = None;
         }
-        StorePlan { blocks, id }
+        StorePlan { blocks, held, id }
     }
 
     /// Makes the blocks of `plan` visible (their bytes are in the pools).

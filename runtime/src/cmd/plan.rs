@@ -160,7 +160,7 @@ pub fn plan(a: &Args) -> anyhow::Result<Plan> {
             // The prefix cache's host tier, by the rule `serve` applies.
             if opts.prefix_cache.is_on() {
                 let chunk = opts.prefill_chunk.min(context);
-                let kv = krasis_gpu::scratch::kv_bytes(&g, context, chunk, 1) as u64;
+                let kv = opts.context_kv_bytes(&g, context, chunk);
                 let block = opts.prefix_block;
                 let avail = krasis_gpu::prefix::host_available();
                 match krasis_gpu::prefix::host_bytes(opts.prefix_cache_host, &g, block, kv, avail) {
@@ -236,7 +236,7 @@ mod tests {
         );
         assert_eq!(
             item("KV cache"),
-            krasis_gpu::scratch::kv_bytes(&g, 512, 512, 1) as u64
+            krasis_gpu::scratch::KvShape::new(&g, 512, 512, 1, 1).bytes(&g) as u64
         );
         let cap = gpu.prefill_chunk as usize;
         assert_eq!(

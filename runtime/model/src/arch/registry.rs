@@ -61,9 +61,9 @@ pub const GPT_OSS: Architecture = Architecture {
         kv_formats: &["fp16"],
         mlp_precisions: &["bf16"],
         hcs: true,
-        // The CUDA engine's prefix cache does not handle ring (sliding
-        // window) KV yet (`krasis_gpu::prefix::unsupported`).
-        prefix_cache_backends: &[Backend::Reference],
+        // The CUDA engine's cache keeps the sliding layers' window with the
+        // blocks at a prompt's end (`krasis_gpu::prefix`, `RingPart`).
+        prefix_cache_backends: &[Backend::Reference, Backend::Cuda],
         pruning_modes: &["off"],
         multi_gpu_modes: &["single"],
         defaults: OptionDefaults {

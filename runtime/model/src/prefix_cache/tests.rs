@@ -340,3 +340,52 @@ fn a_reuse_granule_bounds_hits_and_stores_to_whole_granules() {
 fn a_reuse_granule_must_be_whole_blocks() {
     one_tier(4, 100).set_reuse_granule(B + 1);
 }
+
+/// `lookup_where` keeps the longest chain the engine can resume after
+/// (here: one ending on an even slot) and counts only that as cached.
+#[test]
+fn a_lookup_stops_where_the_engine_cannot_resume() {
+    let mut c = one_tier(4, 100);
+    let p = toks(0..13); // 3 whole blocks + 1 token
+    serve(&mut c, &p);
+    let slots = |h: &Hit| h.blocks.iter().map(|pl| pl.slot).collect::<Vec<_>>();
+    // Stored in slots 0, 1, 2; resumable only after a chain ending on an
+    // even slot: blocks 0..3 end on slot 2.
+    let even = &mut |pl: &[Place]| pl.last().is_some_and(|l| l.slot % 2 == 0);
+    let hit = c.lookup_where(&p, even);
+    assert_eq!((hit.tokens, slots(&hit)), (12, vec![0, 1, 2]));
+    // Ending on an odd slot: back to block 0 (slot 0).
+    let odd_last = &mut |pl: &[Place]| pl.len() != 3 && pl.last().is_some_and(|l| l.slot % 2 == 0);
+    let hit = c.lookup_where(&p, odd_last);
+    assert_eq!((hit.tokens, slots(&hit)), (4, vec![0]));
+    // Nothing resumable: a miss, counted as one.
+    let misses = c.stats().misses;
+    let hit = c.lookup_where(&p, &mut |_| false);
+    assert_eq!(hit.tokens, 0);
+    assert_eq!(c.stats().misses, misses + 1);
+    // The truncated hits counted only their blocks.
+    assert_eq!(c.stats().cached_tokens, 12 + 4);
+}
+
+/// A store after a hit shorter than the held chain lists the held blocks
+/// it passed (with their places) before the new ones, so an engine can
+/// complete them.
+#[test]
+fn a_store_lists_the_held_blocks_past_the_hit() {
+    let mut c = one_tier(8, 100);
+    let p = toks(0..13); // 3 whole blocks + 1 token
+    let (_, stored) = serve(&mut c, &p);
+    let mut q = p.clone();
+    q.extend(toks(50..58)); // 5 whole blocks + 1 token
+    let hit = c.lookup_where(&q, &mut |pl| pl.len() == 1);
+    assert_eq!(hit.tokens, 4);
+    let plan = c.plan_store(&q, &hit, &mut |_| true);
+    let held: Vec<(usize, Place)> = plan.held.iter().map(|s| (s.block, s.place)).collect();
+    let want: Vec<(usize, Place)> = stored[1..].iter().map(|s| (s.block, s.place)).collect();
+    assert_eq!(held, want);
+    assert_eq!(
+        plan.blocks.iter().map(|s| s.block).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    assert!(c.publish(plan));
+}
