@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Device orchestration for session 25 (issue 15: gpt_oss batching and prefix cache, written
+# without a GPU), over the xz-packed stripped binaries in dist/pack/*.tar.xz (carry dist/pack,
+# .cache/vocab, .cache/wheels): krasis-runtime, the kernel test binary gpu-* and the engine
+# test binaries gpt_oss-*, batching-*, prefix_cache-*, gpu_engine-*, fault_injection-*,
+# row_invariance-*.
+#   bash tools/device/session25.sh t COMMIT
+#       the new kernel tests (rings at per-sequence bases, batched ring decode, ring prefill
+#       chunk invariance, kv_blocks_copy over rings and skipped layers, MXFP4 decode rows), the
+#       kernel families whose entry points changed, then the engine's gpt_oss tests (sliding
+#       pieces bit-identical to any chunking), gpt_oss batching (invariance all resident and
+#       HCS, both MXFP4 ways, SwapRowRings) and the prefix cache (gpt_oss hits, the window
+#       restore fault, and every earlier test).
+#   bash tools/device/session25.sh r COMMIT
+#       the regressions of the paths touched: batching (all), gpu_engine, fault_injection,
+#       row_invariance.
+#   bash tools/device/session25.sh o COMMIT
+#       gpt-oss-20b (synth + MXFP4 cache), `serve --parallel 8` all resident at context 32,768:
+#       agent_load parallel 1/2/4/8 clients (~1,000-token prompts, 128 tokens) and the agent
+#       loop (24K-token context, 6 turns: later turns' TTFT against the cold turn's).
+# Results: $OUT/session25-PHASE.txt (the summary) and the logs beside it.
+set -u
+P=${1:?phase}; C=${2:-unknown}
+S=$OUT/session25-$P.txt
+T0=$SECONDS
+# shellcheck source=tools/device/lib.sh
+. tools/device/lib.sh
+unpack_binaries
+case "$P" in
+  t)
+    # shellcheck disable=SC2086  # KFILTER: several test-name filters
+    test_bin gpu "${KTIME:-240}" ${KFILTER:-ring kv_blocks rows:: attention_prefill attention_decode}
+    test_bin gpt_oss 150
+    test_bin batching 150 gpt_oss_ a_prefix_hit
+    test_bin prefix_cache 200
+    grep -E "gpt-oss.*(cached|differ)|SwapRowRings|requests differ" "$OUT/test-batching.log" \
+      "$OUT/test-prefix_cache.log" | head -30 >> "$S"
+    ;;
+  r)
+    test_bin batching 240
+    test_bin gpu_engine 120
+    test_bin fault_injection 120
+    test_bin row_invariance 120
+    ;;
+  o)
+    py=/opt/torch/.venv/bin/python3; kr=$(realpath dist/gpu/krasis-runtime); T=/tmp/oss-load
+    mkdir -p "$T"
+    if ! "$py" -c "import openai" 2> /dev/null && [ -d .cache/wheels ]; then
+      "$py" -m pip install -q --no-index --find-links .cache/wheels --target "$T/pydeps" openai \
+        > "$OUT/pip.log" 2>&1
+      export PYTHONPATH="$T/pydeps"
+    fi
+    [ -f "$T/g20/config.json" ] || timeout 150 "$kr" synth --preset gpt-oss-20b --seed 1 \
+      --out "$T/g20" --vocab .cache/vocab/o200k_base.tiktoken > "$OUT/synth.log" 2>&1
+    echo "synth rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    timeout 150 "$kr" build-cache --model "$T/g20" --cache-dir "$T/kc" > "$OUT/cache.log" 2>&1
+    echo "build-cache rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    port=18096; url=http://127.0.0.1:$port
+    KRASIS_LOG=warn "$kr" serve --model "$T/g20" --cache-dir "$T/kc" --backend cuda \
+      --context-length 32768 --parallel 8 --port $port > "$OUT/serve.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 1 900); do
+      curl -sf "$url/health" > /dev/null 2>&1 && break
+      kill -0 "$spid" 2>/dev/null || { echo "serve exited: $(tail -3 "$OUT/serve.log")" >> "$S"; exit 0; }
+      sleep 0.2
+    done
+    echo "serving (t=$((SECONDS-T0))s): $(curl -s "$url/health")" >> "$S"
+    grep -iE "parallel|prefix|KV|ring" "$OUT/serve.log" | head -8 >> "$S"
+    al() { # name args...
+      local name=$1; shift
+      timeout $((560-(SECONDS-T0))) "$py" benchmarks/agent_load.py "$@" --url "$url" --commit "$C" \
+        --runtime-bin "$kr" --json "$OUT/$name.json" --markdown "$OUT/$name.md" > "$OUT/$name.log" 2>&1
+      echo "$name rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^PASS|^FAIL|aggregate|TTFT" "$OUT/$name.log" | head -12 >> "$S"
+    }
+    al oss-parallel parallel --clients 1,2,4,8 --requests 2 --prompt-tokens 1000 --max-tokens 128
+    al oss-agent agent --context-tokens 24000 --turns 6 --append-tokens 256 --reply-tokens 64
+    curl -s "$url/v1/stats" > "$OUT/stats.json"
+    kill -TERM "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+    ;;
+  *) echo "unknown phase $P" >> "$S" ;;
+esac
+echo "done (t=$((SECONDS-T0))s)" >> "$S"
