@@ -15,7 +15,8 @@
 #       the regressions of the paths touched: batching (all), gpu_engine, fault_injection,
 #       row_invariance.
 #   bash tools/device/session25.sh o COMMIT
-#       gpt-oss-20b (synth + MXFP4 cache), `serve --parallel 8` all resident at context 32,768:
+#       gpt-oss-20b (synth + MXFP4 cache), `bench --decode-rows 1,2,4,8` at the serve shape,
+#       then `serve --parallel 8` all resident at context 32,768:
 #       agent_load parallel 1/2/4/8 clients (~1,000-token prompts, 128 tokens) and the agent
 #       loop (24K-token context, 6 turns: later turns' TTFT against the cold turn's).
 # Results: $OUT/session25-PHASE.txt (the summary) and the logs beside it.
@@ -55,6 +56,12 @@ case "$P" in
     echo "synth rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     timeout 150 "$kr" build-cache --model "$T/g20" --cache-dir "$T/kc" > "$OUT/cache.log" 2>&1
     echo "build-cache rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    # Batched decode at the serve shape (one sequence per row, rings per sequence).
+    timeout 120 "$kr" bench --model "$T/g20" --cache-dir "$T/kc" --commit "$C" --prompt-tokens 1000 \
+      --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,2,4,8 --context-length 32768 \
+      --json "$OUT/bench-g20-rows.json" > "$OUT/bench-g20-rows.log" 2>&1
+    echo "bench decode rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "^decode [0-9] rows|^prefill" "$OUT/bench-g20-rows.log" | cut -c1-300 >> "$S"
     port=18096; url=http://127.0.0.1:$port
     KRASIS_LOG=warn "$kr" serve --model "$T/g20" --cache-dir "$T/kc" --backend cuda \
       --context-length 32768 --parallel 8 --port $port > "$OUT/serve.log" 2>&1 &
