@@ -10,7 +10,8 @@
 #       kernel families whose entry points changed, then the engine's gpt_oss tests (sliding
 #       pieces bit-identical to any chunking), gpt_oss batching (invariance all resident and
 #       HCS, both MXFP4 ways, SwapRowRings) and the prefix cache (gpt_oss hits, the window
-#       restore fault, and every earlier test).
+#       restore fault, and every earlier test), then tests/e2e/test_oss_serving.py with
+#       --backend cuda (pytest from .cache/wheels).
 #   bash tools/device/session25.sh r COMMIT
 #       the regressions of the paths touched: batching (all), gpu_engine, fault_injection,
 #       row_invariance.
@@ -36,6 +37,14 @@ case "$P" in
     test_bin prefix_cache 200
     grep -E "gpt-oss.*(cached|differ)|SwapRowRings|requests differ" "$OUT/test-batching.log" \
       "$OUT/test-prefix_cache.log" | head -30 >> "$S"
+    # gpt-oss through the official openai client on the CUDA engine: a second turn's cached
+    # tokens and cold-equal answer, parallel streams equal to their solo outputs.
+    py=/opt/torch/.venv/bin/python3
+    "$py" -m pip install -q --no-index --find-links .cache/wheels --target /tmp/e2e-deps openai \
+      pytest > "$OUT/pip-e2e.log" 2>&1
+    PYTHONPATH=/tmp/e2e-deps timeout 200 "$py" -m pytest -q tests/e2e/test_oss_serving.py \
+      --backend cuda --runtime dist/gpu/krasis-runtime > "$OUT/e2e-oss.log" 2>&1
+    echo "e2e oss (cuda) rc=$? $(tail -1 "$OUT/e2e-oss.log") (t=$((SECONDS-T0))s)" >> "$S"
     ;;
   r)
     test_bin batching 240
