@@ -20,6 +20,10 @@
 #       then `serve --parallel 8` all resident at context 32,768:
 #       agent_load parallel 1/2/4/8 clients (~1,000-token prompts, 128 tokens) and the agent
 #       loop (24K-token context, 6 turns: later turns' TTFT against the cold turn's).
+#   bash tools/device/session25.sh i COMMIT
+#       the agent loop (4 turns) with gpt-oss's MXFP4 experts dequantized for every prompt while
+#       the cache is on (krasis-runtime) and in place for every prompt (krasis-runtime-i):
+#       which way serves agents better (the cold turn against the later ones).
 # Results: $OUT/session25-PHASE.txt (the summary) and the logs beside it.
 set -u
 P=${1:?phase}; C=${2:-unknown}
@@ -52,47 +56,64 @@ case "$P" in
     test_bin fault_injection 120
     test_bin row_invariance 120
     ;;
-  o)
-    py=/opt/torch/.venv/bin/python3; kr=$(realpath dist/gpu/krasis-runtime); T=/tmp/oss-load
+  o|i)
+    py=/opt/torch/.venv/bin/python3; T=/tmp/oss-load
     mkdir -p "$T"
     if ! "$py" -c "import openai" 2> /dev/null && [ -d .cache/wheels ]; then
       "$py" -m pip install -q --no-index --find-links .cache/wheels --target "$T/pydeps" openai \
         > "$OUT/pip.log" 2>&1
       export PYTHONPATH="$T/pydeps"
     fi
-    [ -f "$T/g20/config.json" ] || timeout 150 "$kr" synth --preset gpt-oss-20b --seed 1 \
+    kr0=$(realpath dist/gpu/krasis-runtime)
+    [ -f "$T/g20/config.json" ] || timeout 150 "$kr0" synth --preset gpt-oss-20b --seed 1 \
       --out "$T/g20" --vocab .cache/vocab/o200k_base.tiktoken > "$OUT/synth.log" 2>&1
     echo "synth rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    timeout 150 "$kr" build-cache --model "$T/g20" --cache-dir "$T/kc" > "$OUT/cache.log" 2>&1
+    [ -d "$T/kc" ] || timeout 150 "$kr0" build-cache --model "$T/g20" --cache-dir "$T/kc" \
+      > "$OUT/cache.log" 2>&1
     echo "build-cache rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    # Batched decode at the serve shape (one sequence per row, rings per sequence).
-    timeout 120 "$kr" bench --model "$T/g20" --cache-dir "$T/kc" --commit "$C" --prompt-tokens 1000 \
-      --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,2,4,8 --context-length 32768 \
-      --json "$OUT/bench-g20-rows.json" > "$OUT/bench-g20-rows.log" 2>&1
-    echo "bench decode rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    grep -E "^decode [0-9] rows|^prefill" "$OUT/bench-g20-rows.log" | cut -c1-300 >> "$S"
     port=18096; url=http://127.0.0.1:$port
-    KRASIS_LOG=warn "$kr" serve --model "$T/g20" --cache-dir "$T/kc" --backend cuda \
-      --context-length 32768 --parallel 8 --port $port > "$OUT/serve.log" 2>&1 &
-    spid=$!
-    for _ in $(seq 1 900); do
-      curl -sf "$url/health" > /dev/null 2>&1 && break
-      kill -0 "$spid" 2>/dev/null || { echo "serve exited: $(tail -3 "$OUT/serve.log")" >> "$S"; exit 0; }
-      sleep 0.2
-    done
-    echo "serving (t=$((SECONDS-T0))s): $(curl -s "$url/health")" >> "$S"
-    grep -iE "parallel|prefix|KV|ring" "$OUT/serve.log" | head -8 >> "$S"
-    al() { # name args...
-      local name=$1; shift
+    serve() { # binary tag: serve --parallel 8, all resident, context 32,768
+      KRASIS_LOG=warn "$1" serve --model "$T/g20" --cache-dir "$T/kc" --backend cuda \
+        --context-length 32768 --parallel 8 --port $port > "$OUT/serve-$2.log" 2>&1 &
+      spid=$!
+      for _ in $(seq 1 900); do
+        curl -sf "$url/health" > /dev/null 2>&1 && break
+        kill -0 "$spid" 2>/dev/null || { echo "serve $2 exited: $(tail -3 "$OUT/serve-$2.log")" >> "$S"; return 1; }
+        sleep 0.2
+      done
+      echo "serving $2 (t=$((SECONDS-T0))s): $(curl -s "$url/health")" >> "$S"
+      grep -iE "parallel|prefix|KV" "$OUT/serve-$2.log" | head -6 >> "$S"
+    }
+    stop() { curl -s "$url/v1/stats" > "$OUT/stats-$1.json"; kill -TERM "$spid" 2>/dev/null; wait "$spid" 2>/dev/null; }
+    al() { # name binary args...
+      local name=$1 bin=$2; shift 2
       timeout $((560-(SECONDS-T0))) "$py" benchmarks/agent_load.py "$@" --url "$url" --commit "$C" \
-        --runtime-bin "$kr" --json "$OUT/$name.json" --markdown "$OUT/$name.md" > "$OUT/$name.log" 2>&1
+        --runtime-bin "$bin" --json "$OUT/$name.json" --markdown "$OUT/$name.md" > "$OUT/$name.log" 2>&1
       echo "$name rc=$? (t=$((SECONDS-T0))s)" >> "$S"
       grep -E "^PASS|^FAIL|aggregate|TTFT" "$OUT/$name.log" | head -12 >> "$S"
     }
-    al oss-parallel parallel --clients 1,2,4,8 --requests 2 --prompt-tokens 1000 --max-tokens 128
-    al oss-agent agent --context-tokens 24000 --turns 6 --append-tokens 256 --reply-tokens 64
-    curl -s "$url/v1/stats" > "$OUT/stats.json"
-    kill -TERM "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+    if [ "$P" = o ]; then
+      # Batched decode at the serve shape (one sequence per row, rings per sequence).
+      timeout 120 "$kr0" bench --model "$T/g20" --cache-dir "$T/kc" --commit "$C" --prompt-tokens 1000 \
+        --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,2,4,8 --context-length 32768 \
+        --json "$OUT/bench-g20-rows.json" > "$OUT/bench-g20-rows.log" 2>&1
+      echo "bench decode rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^decode [0-9] rows|^prefill" "$OUT/bench-g20-rows.log" | cut -c1-300 >> "$S"
+      serve "$kr0" main || exit 0
+      al oss-parallel "$kr0" parallel --clients 1,2,4,8 --requests 2 --prompt-tokens 1000 --max-tokens 128
+      al oss-agent "$kr0" agent --context-tokens 24000 --turns 6 --append-tokens 256 --reply-tokens 64
+      stop main
+    else
+      # The MXFP4 way while the cache is on: dequantized for every prompt (krasis-runtime) or
+      # in place for every prompt (krasis-runtime-i, a build of the same commit with
+      # `mxfp4_in_place_for` true under the cache): the agent loop's cold and later turns.
+      for v in "" -i; do
+        b=$(realpath "dist/gpu/krasis-runtime$v" 2>/dev/null) || { echo "no krasis-runtime$v" >> "$S"; continue; }
+        serve "$b" "way$v" || continue
+        al "oss-agent-way$v" "$b" agent --context-tokens 24000 --turns 4 --append-tokens 256 --reply-tokens 64
+        stop "way$v"
+      done
+    fi
     ;;
   *) echo "unknown phase $P" >> "$S" ;;
 esac
