@@ -300,11 +300,19 @@ fn kv_base<'a>(
     ring: usize,
 ) -> KvBase<'a> {
     match (at, ring) {
-        (Positions::Prefill { base, .. }, 0) => KvBase::Host(base),
-        (Positions::Prefill { slot, .. }, r) => KvBase::Host(slot * r),
+        (Positions::Prefill { base, slot, .. }, _) => KvBase::Host(prefill_row(base, slot, ring)),
         // A packed pass never gets here whole: start_pos refuses it first.
         (Positions::Decode | Positions::Packed, 0) => KvBase::Device(arena),
         (Positions::Decode | Positions::Packed, _) => KvBase::Device(rings),
+    }
+}
+
+/// A prefill chunk's first KV row in a layer of rings of `ring` rows: its
+/// sequence's arena base (a full layer, ring 0) or its slot's ring.
+fn prefill_row(base: usize, slot: usize, ring: usize) -> usize {
+    match ring {
+        0 => base,
+        r => slot * r,
     }
 }
 
@@ -493,4 +501,46 @@ fn attend<A: Act16>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sliding layer's prefill segment in pieces: every row once, in
+    /// order, each piece at its own first position and the sequence's KV;
+    /// a decode step (or a piece size past the rows) stays whole.
+    #[test]
+    fn pieces_cover_a_segment_at_their_own_positions() {
+        let at = Positions::Prefill {
+            start: 1000,
+            base: 64,
+            slot: 3,
+        };
+        let got: Vec<(usize, usize, usize)> = pieces((5, 1300, at), 512)
+            .map(|(r0, len, at)| match at {
+                Positions::Prefill { start, base, slot } => {
+                    assert_eq!((base, slot), (64, 3));
+                    (r0, len, start)
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![(5, 512, 1000), (517, 512, 1512), (1029, 276, 2024)]
+        );
+        assert_eq!(pieces((0, 300, at), usize::MAX).count(), 1);
+        let decode: Vec<_> = pieces((0, 4, Positions::Decode), usize::MAX).collect();
+        assert!(matches!(decode[..], [(0, 4, Positions::Decode)]));
+    }
+
+    /// A prefill chunk's KV rows: the arena's for a full layer, the slot's
+    /// ring for a sliding one.
+    #[test]
+    fn a_prefill_reads_its_arena_rows_or_its_slots_ring() {
+        assert_eq!(prefill_row(700, 2, 0), 700);
+        assert_eq!(prefill_row(700, 2, 768), 2 * 768);
+        assert_eq!(prefill_row(700, 0, 768), 0);
+    }
 }
