@@ -152,12 +152,20 @@ mod tests {
 
     /// tiny-gpt-oss in `runtime/gpu/tests/prefix_cache.rs`
     /// (`gpt_oss_hits_are_exact`): window 16 (15 back), 64-token blocks,
-    /// rings of 128 rows. The cached tokens of each step are what the GPU
-    /// test expects, and each restore writes the last block only.
+    /// rings of 128 rows, the tiers that test uses (64 VRAM blocks; 2 VRAM
+    /// and 32 host blocks, which demotes). The cached tokens of each step
+    /// are what the GPU test expects, and each restore writes the last
+    /// block only.
     #[test]
     fn the_gpu_tests_steps_resume_where_the_window_is_kept() {
-        let mut c = PrefixCache::new(64, 10, ("vram", 64), ("host", 0));
-        let mut k = WindowKeep::new(64, 15, 128, (64, 0));
+        for (vram, host) in [(64, 0), (2, 32)] {
+            steps_of_the_gpu_test(vram, host);
+        }
+    }
+
+    fn steps_of_the_gpu_test(vram: usize, host: usize) {
+        let mut c = PrefixCache::new(64, 10, ("vram", vram), ("host", host));
+        let mut k = WindowKeep::new(64, 15, 128, (vram, host));
         let prompt = toks(330, 1);
         let mut q = prompt[..150].to_vec();
         q.extend(toks(90, 2));
@@ -184,9 +192,16 @@ mod tests {
         ];
         for (i, (p, want)) in steps.into_iter().enumerate() {
             let (got, window) = serve(&mut c, &mut k, p);
-            assert_eq!(got, want, "step {i}");
+            assert_eq!(got, want, "tiers {vram}+{host}, step {i}");
             let last: Vec<usize> = (want / 64).checked_sub(1).into_iter().collect();
-            assert_eq!(window, last, "step {i}: the ring blocks restored");
+            assert_eq!(
+                window, last,
+                "tiers {vram}+{host}, step {i}: the ring blocks restored"
+            );
+        }
+        if host > 0 {
+            assert!(c.stats().demotions > 0, "nothing was demoted");
+            assert_eq!(c.stats().evictions, 0);
         }
     }
 
