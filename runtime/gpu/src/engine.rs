@@ -743,9 +743,10 @@ impl CudaEngine {
     /// prompt's length alone, so its rows are computed the same way in
     /// every chunking and beside any other prompt of the same choice (both
     /// ways are row-invariant, and a packed pass holds prompts of one way:
-    /// `batch.rs`, `packable`). Never with the prefix cache: a suffix
-    /// resumed after a hit would choose by its own length, not the whole
-    /// prompt's. Other formats ignore it.
+    /// `batch.rs`, `packable`). Never with the prefix cache: a prompt
+    /// resumed after a hit reads blocks that another prompt, of another
+    /// length and so perhaps the other way, computed. Other formats ignore
+    /// it.
     pub(crate) fn mxfp4_in_place_for(&self, n: usize) -> bool {
         self.prefix.is_none() && n <= crate::expert_ffn::MXFP4_IN_PLACE_MAX_TOKENS
     }
