@@ -98,6 +98,16 @@ struct Seq {
     mask_error: Option<EngineError>,
 }
 
+impl Seq {
+    /// Where its KV lives: its arena rows and its slot's rings.
+    fn kv(&self) -> crate::forward::SeqKv {
+        crate::forward::SeqKv {
+            base: self.base,
+            slot: self.slot,
+        }
+    }
+}
+
 /// Device time of the parts of the last step, from CUDA events (when
 /// [`CudaEngine::set_step_timing`] is on).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
@@ -438,13 +448,7 @@ impl CudaEngine {
     /// `Some((tokens prefilled, the first token once the prompt is done))`,
     /// `None` when cancelled.
     fn prefill_work(&mut self, id: SeqId) -> Result<Option<(usize, Option<u32>)>> {
-        let kv = {
-            let s = self.seq(id);
-            crate::forward::SeqKv {
-                base: s.base,
-                slot: s.slot,
-            }
-        };
+        let kv = self.seq(id).kv();
         self.begin_prefill(id)?;
         let (prompt, next, cancel, live) = {
             let s = self.seq(id);
@@ -502,11 +506,7 @@ impl CudaEngine {
         };
         let (prompt, kv) = {
             let s = self.seq(id);
-            let kv = crate::forward::SeqKv {
-                base: s.base,
-                slot: s.slot,
-            };
-            (s.req.prompt.clone(), kv)
+            (s.req.prompt.clone(), s.kv())
         };
         self.store_prefix(&prompt, hit.as_ref(), kv)?;
         Ok(token)
@@ -520,10 +520,8 @@ impl CudaEngine {
         if !matches!(self.seq(id).phase, Phase::Queued) {
             return Ok(());
         }
-        let (base, slot) = {
-            let s = self.seq(id);
-            (s.base, s.slot)
-        };
+        let kv = self.seq(id).kv();
+        let slot = kv.slot;
         let v = self.model.geometry.vocab_size;
         let m = &mut self.model;
         m.gpu
@@ -534,7 +532,6 @@ impl CudaEngine {
             let s = self.seq(id);
             (s.req.prompt.clone(), s.req.cache_prompt)
         };
-        let kv = crate::forward::SeqKv { base, slot };
         let hit = self.reuse_prefix(&prompt, use_cache, kv)?;
         let from = hit.as_ref().map_or(0, |h| h.tokens);
         let s = self.seq_mut(id);

@@ -265,13 +265,6 @@ pub struct Sizes {
     pub block_tokens: usize,
 }
 
-fn tier_index(t: Tier) -> usize {
-    match t {
-        Tier::Primary => 0,
-        Tier::Secondary => 1,
-    }
-}
-
 impl TieredPrefix {
     /// Pools of `sizes` over the blocks of `kv`: its full layers of one
     /// capacity (the arena), its sliding layers (if any) rings of whole
@@ -513,7 +506,7 @@ impl TieredPrefix {
                 }
             }
             let b = timing_event(gpu)?;
-            self.restore_ev[tier_index(tier)] = Some((a, b));
+            self.restore_ev[tier.index()] = Some((a, b));
         }
         Ok(())
     }
@@ -623,7 +616,7 @@ impl TieredPrefix {
                 .map_err(GpuError::driver("waiting for prefix cache copies"))?;
         }
         for tier in Tier::ALL {
-            if let Some((a, b)) = self.restore_ev[tier_index(tier)].take() {
+            if let Some((a, b)) = self.restore_ev[tier.index()].take() {
                 let ms = a
                     .elapsed_ms(&b)
                     .map_err(GpuError::driver("reading prefix restore timing"))?;

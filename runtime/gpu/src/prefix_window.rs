@@ -44,13 +44,6 @@ pub(crate) struct WindowKeep {
     kept: [Vec<bool>; 2],
 }
 
-fn tier_index(t: Tier) -> usize {
-    match t {
-        Tier::Primary => 0,
-        Tier::Secondary => 1,
-    }
-}
-
 impl WindowKeep {
     /// Marks for pools of `slots` (primary, secondary) blocks of
     /// `block_tokens`, sliding windows reading `back` positions before a
@@ -70,7 +63,7 @@ impl WindowKeep {
     }
 
     fn is_kept(&self, p: &Place) -> bool {
-        self.kept[tier_index(p.tier)][p.slot]
+        self.kept[p.tier.index()][p.slot]
     }
 
     /// Whether a prompt can resume after `chain` (the places of its first
@@ -108,14 +101,14 @@ impl WindowKeep {
         let inside = |b: usize| b * self.block_tokens >= lo;
         let mut copy = Vec::new();
         for s in &plan.blocks {
-            let t = tier_index(s.place.tier);
+            let t = s.place.tier.index();
             self.kept[t][s.place.slot] = inside(s.block);
             if inside(s.block) {
                 copy.push((s.place.tier, s.place.slot, s.block));
             }
         }
         for s in &plan.held {
-            let t = tier_index(s.place.tier);
+            let t = s.place.tier.index();
             if inside(s.block) && !self.kept[t][s.place.slot] {
                 self.kept[t][s.place.slot] = true;
                 copy.push((s.place.tier, s.place.slot, s.block));

@@ -100,8 +100,7 @@ impl Model {
             let prompt = PassPrompt {
                 tokens: &tokens[..start + len],
                 from: start,
-                base: kv.base,
-                slot: kv.slot,
+                kv,
                 cancel,
                 live,
             };
@@ -168,13 +167,7 @@ impl Model {
         let (cap, h) = (self.scratch.cap, self.geometry.hidden);
         let spans: Vec<(usize, usize, SeqKv)> = prompts
             .iter()
-            .map(|p| {
-                let kv = SeqKv {
-                    base: p.base,
-                    slot: p.slot,
-                };
-                (p.from, p.tokens.len(), kv)
-            })
+            .map(|p| (p.from, p.tokens.len(), p.kv))
             .collect();
         let chunks = pass_chunks(&spans, cap);
         let mut bufs = match alloc_hidden(&self.gpu, &chunks, h) {
@@ -308,14 +301,12 @@ impl Model {
 }
 
 /// One prompt of a streamed pass: its tokens up to where this pass ends
-/// (positions `0..from` are already in its KV rows, which start at arena
-/// row `base`, and its slot's rings), its cancel token and its live
-/// progress.
+/// (positions `0..from` are already in its KV, `kv`), its cancel token and
+/// its live progress.
 pub(crate) struct PassPrompt<'a> {
     pub tokens: &'a [u32],
     pub from: usize,
-    pub base: usize,
-    pub slot: usize,
+    pub kv: SeqKv,
     pub cancel: &'a CancelToken,
     pub live: &'a LiveProgress,
 }

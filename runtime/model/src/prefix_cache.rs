@@ -61,7 +61,8 @@ pub enum Tier {
 impl Tier {
     pub const ALL: [Tier; 2] = [Tier::Primary, Tier::Secondary];
 
-    fn index(self) -> usize {
+    /// The tier's position in [`Tier::ALL`] (per-tier tables index by it).
+    pub fn index(self) -> usize {
         match self {
             Tier::Primary => 0,
             Tier::Secondary => 1,

@@ -16,8 +16,7 @@ struct Member {
     id: SeqId,
     prompt: Vec<u32>,
     next: usize,
-    base: usize,
-    slot: usize,
+    kv: crate::forward::SeqKv,
     cancel: CancelToken,
     live: LiveProgress,
 }
@@ -49,8 +48,7 @@ impl CudaEngine {
                     id,
                     prompt: s.req.prompt.clone(),
                     next,
-                    base: s.base,
-                    slot: s.slot,
+                    kv: s.kv(),
                     cancel: s.req.cancel.clone(),
                     live: s.req.live.clone(),
                 }
@@ -61,8 +59,7 @@ impl CudaEngine {
             .map(|m| PassPrompt {
                 tokens: &m.prompt,
                 from: m.next,
-                base: m.base,
-                slot: m.slot,
+                kv: m.kv,
                 cancel: &m.cancel,
                 live: &m.live,
             })
