@@ -580,24 +580,34 @@ impl TieredPrefix {
             None => Vec::new(),
         };
         let mut offset = 0;
-        for tier in Tier::ALL {
-            let full: Vec<(usize, usize)> = match self.full {
-                true => plan
-                    .blocks
-                    .iter()
-                    .filter(|s| s.place.tier == tier)
-                    .map(|s| (s.place.slot, s.block))
-                    .collect(),
-                false => Vec::new(),
-            };
-            let ring = in_tier(&window, tier);
-            for (part, pairs) in [(Part::Full, &full), (Part::Ring, &ring)] {
-                if !pairs.is_empty() {
-                    let dir = BlockCopy::ToPool;
-                    self.launch(gpu, kernels, (tier, part), at, pairs, offset, dir)?;
-                    offset += pairs.len();
+        let mut copies = || -> Result<()> {
+            for tier in Tier::ALL {
+                let full: Vec<(usize, usize)> = match self.full {
+                    true => plan
+                        .blocks
+                        .iter()
+                        .filter(|s| s.place.tier == tier)
+                        .map(|s| (s.place.slot, s.block))
+                        .collect(),
+                    false => Vec::new(),
+                };
+                let ring = in_tier(&window, tier);
+                for (part, pairs) in [(Part::Full, &full), (Part::Ring, &ring)] {
+                    if !pairs.is_empty() {
+                        let dir = BlockCopy::ToPool;
+                        self.launch(gpu, kernels, (tier, part), at, pairs, offset, dir)?;
+                        offset += pairs.len();
+                    }
                 }
             }
+            Ok(())
+        };
+        if let Err(e) = copies() {
+            // `stored` marked held blocks as keeping their window before
+            // the copies that give it to them: drop every block rather
+            // than leave a mark without its bytes.
+            self.index.clear();
+            return Err(e);
         }
         let b = timing_event(gpu)?;
         self.store_ev = Some((a, b));

@@ -724,24 +724,32 @@ fn rows_at_bases<A: Act16>(name: &str) {
 
 /// The prefix cache resumes a prompt at a block boundary, so a ring
 /// prefill row must not depend on the chunk it is in (the kernel's header:
-/// the tiles before the row's window are exact no-ops). A 400-token prompt
-/// in one chunk and in several chunkings, over a ring that holds the
-/// longest chunk's window: every output row bit-identical, for the mma and
-/// SIMT kernels, sliding (window 128) and full (ring 0) layers, sinks on
-/// and off.
+/// the tiles before the row's window are exact no-ops), nor on the ring's
+/// size (engines size rings by their own chunk). A 1,000-token prompt in
+/// one chunk over a ring that never wraps, and in chunkings of at most 256
+/// tokens over the smallest ring that holds such a chunk's window (383
+/// rows: positions wrap more than twice, and every chunk reads rows
+/// written before the wrap): every output row bit-identical, for the mma
+/// and SIMT kernels, sliding (window 128) and full (ring 0) layers, sinks
+/// on and off.
 #[test]
 fn attention_prefill_ring_rows_are_chunk_invariant() {
     let name = "attention_prefill_ring_rows_are_chunk_invariant";
     let Some((g, s)) = gpu(name) else { return };
     let mut rng = rng(name);
     let k = &g.kernels;
-    let t = 400usize;
+    let t = 1000usize;
+    let max_chunk = 256usize;
+    let even: Vec<usize> = (0..t).step_by(128).chain([t]).collect();
     let chunkings: [&[usize]; 4] = [
-        &[0, 128, 256, 384, 400],
-        &[0, 37, 100, 163, 290, 400],
-        &[0, 1, 2, 127, 128, 129, 260, 261, 399, 400],
-        &[0, 256, 399, 400],
+        &even,
+        &[0, 37, 100, 163, 290, 400, 511, 512, 513, 700, 900, 1000],
+        &[0, 1, 2, 127, 128, 129, 260, 261, 399, 400, 600, 800, 999, 1000],
+        &[0, 256, 512, 768, 999, 1000],
     ];
+    for bounds in chunkings {
+        assert!(bounds.windows(2).all(|w| w[1] - w[0] <= max_chunk));
+    }
     let sink_vals = sinks(&mut rng);
     let sinks_dev = up(&s, &sink_vals);
     for d in [64usize, 128] {
@@ -749,17 +757,26 @@ fn attention_prefill_ring_rows_are_chunk_invariant() {
         let qkv = randn_bf16(&mut rng, full.len(), 1.0);
         let rs = full.row_stride();
         let row = NQ * d;
-        for (window, ring) in [(WINDOW, ring_min_capacity(WINDOW, t)), (0, 0)] {
+        // (window, the one-chunk ring, the chunked runs' ring).
+        let layers = [
+            (
+                WINDOW,
+                ring_min_capacity(WINDOW, t),
+                ring_min_capacity(WINDOW, max_chunk),
+            ),
+            (0, 0, 0),
+        ];
+        for (window, whole_ring, chunk_ring) in layers {
             for with_sinks in [true, false] {
-                let attn = RingAttn {
-                    sinks: with_sinks.then_some(&sinks_dev),
-                    window,
-                    ring,
-                };
                 for simt in [false, true] {
                     let what = format!("d={d} window={window} sinks={with_sinks} simt={simt}");
-                    let run = |bounds: &[usize]| {
-                        let m = Mirror::<bf16>::new(d, ring.max(t));
+                    let run = |bounds: &[usize], ring: usize| {
+                        let attn = RingAttn {
+                            sinks: with_sinks.then_some(&sinks_dev),
+                            window,
+                            ring,
+                        };
+                        let m = Mirror::<bf16>::new(d, if ring > 0 { ring } else { t });
                         let (mut kc, mut vc) = (up(&s, &m.kc), up(&s, &m.vc));
                         let mut got = Vec::with_capacity(t * row);
                         for w in bounds.windows(2) {
@@ -794,9 +811,9 @@ fn attention_prefill_ring_rows_are_chunk_invariant() {
                         }
                         got
                     };
-                    let whole = run(&[0, t]);
+                    let whole = run(&[0, t], whole_ring);
                     for bounds in chunkings {
-                        let got = run(bounds);
+                        let got = run(bounds, chunk_ring);
                         let first = (0..t).find(|&r| {
                             got[r * row..(r + 1) * row] != whole[r * row..(r + 1) * row]
                         });
