@@ -375,6 +375,13 @@ fn gpt_oss_prefix_hits_are_bit_identical() {
             assert!(p.report(what).demotions > 0, "{what}: nothing was demoted");
         }
     }
+    // The file does not carry which blocks keep their window: refused.
+    let filed = CudaEngineOptions {
+        prefix_cache_file: Some(tmp.path().join("prefix.krspc")),
+        ..with_tiers(&model, all_resident(&cache), 64, 0)
+    };
+    let err = CudaEngine::load(&model, &filed).err().expect("refused");
+    assert!(err.to_string().contains("sliding-window layers"), "{err}");
 }
 
 /// The window restore is what makes a gpt_oss hit exact: with it skipped

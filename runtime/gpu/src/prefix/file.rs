@@ -160,6 +160,17 @@ impl CudaEngine {
                 path.display()
             )));
         };
+        if p.ring.is_some() {
+            // A block's sliding-layer KV is usable only where the prompt
+            // that stored it still held its window (`prefix_window.rs`);
+            // the file does not carry those marks yet.
+            return Err(GpuError::Unsupported(format!(
+                "--prefix-cache-file {}: the cuda engine does not save the prefix cache of a \
+                 model with sliding-window layers yet (which blocks keep their window is not \
+                 in the file); drop --prefix-cache-file (the cache itself works)",
+                path.display()
+            )));
+        }
         let identity = self.kv_identity(p, model)?;
         let binding = self.prefix_binding();
         let gpu = &self.model.gpu;
