@@ -10,8 +10,9 @@
 #       kernel families whose entry points changed, then the engine's gpt_oss tests (sliding
 #       pieces bit-identical to any chunking), gpt_oss batching (invariance all resident and
 #       HCS, both MXFP4 ways, SwapRowRings) and the prefix cache (gpt_oss hits, the window
-#       restore fault, and every earlier test), then tests/e2e/test_oss_serving.py with
-#       --backend cuda (pytest from .cache/wheels).
+#       restore fault, the prefix cache file across a restart, and every earlier test), then
+#       tests/e2e/test_oss_serving.py and test_prefix_cache.py with --backend cuda (pytest
+#       from .cache/wheels).
 #   bash tools/device/session25.sh r COMMIT
 #       the regressions of the paths touched: batching (all), gpu_engine, fault_injection,
 #       row_invariance.
@@ -49,6 +50,11 @@ case "$P" in
     PYTHONPATH=/tmp/e2e-deps timeout 200 "$py" -m pytest -q tests/e2e/test_oss_serving.py \
       --backend cuda --runtime dist/gpu/krasis-runtime > "$OUT/e2e-oss.log" 2>&1
     echo "e2e oss (cuda) rc=$? $(tail -1 "$OUT/e2e-oss.log") (t=$((SECONDS-T0))s)" >> "$S"
+    # The prefix cache through the server on the CUDA engine, its file across a restart
+    # (session 26) among it.
+    PYTHONPATH=/tmp/e2e-deps timeout 150 "$py" -m pytest -q tests/e2e/test_prefix_cache.py \
+      --backend cuda --runtime dist/gpu/krasis-runtime > "$OUT/e2e-prefix.log" 2>&1
+    echo "e2e prefix (cuda) rc=$? $(tail -1 "$OUT/e2e-prefix.log") (t=$((SECONDS-T0))s)" >> "$S"
     ;;
   r)
     test_bin batching 240
