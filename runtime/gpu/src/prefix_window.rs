@@ -62,8 +62,14 @@ impl WindowKeep {
         (blocks * self.block_tokens).saturating_sub(self.back) / self.block_tokens
     }
 
-    fn is_kept(&self, p: &Place) -> bool {
+    /// Whether the block at `p` holds its sliding layers' KV.
+    pub fn is_kept(&self, p: &Place) -> bool {
         self.kept[p.tier.index()][p.slot]
+    }
+
+    /// Marks the block at `p` (loaded from the prefix cache's file).
+    pub fn set_kept(&mut self, p: &Place, kept: bool) {
+        self.kept[p.tier.index()][p.slot] = kept;
     }
 
     /// Whether a prompt can resume after `chain` (the places of its first

@@ -375,13 +375,28 @@ fn gpt_oss_prefix_hits_are_bit_identical() {
             assert!(p.report(what).demotions > 0, "{what}: nothing was demoted");
         }
     }
-    // The file does not carry which blocks keep their window: refused.
+    // A restart through the prefix cache file keeps which blocks hold
+    // their window: the whole prompt resumes (all marks lost would give 0),
+    // a prompt ending in block 4 does not (all marks set would give 256:
+    // block 3's window was never stored), every output exact.
     let filed = CudaEngineOptions {
         prefix_cache_file: Some(tmp.path().join("prefix.krspc")),
-        ..with_tiers(&model, all_resident(&cache), 64, 0)
+        ..with_tiers(&model, all_resident(&cache), 2, 32)
     };
-    let err = CudaEngine::load(&model, &filed).err().expect("refused");
-    assert!(err.to_string().contains("sliding-window layers"), "{err}");
+    let mut p = gpt_oss_pair(&model, &cache, filed.clone());
+    let vocab = p.cold.info().vocab_size;
+    let prompt = tokens(330, vocab, 61);
+    p.served("gpt-oss before the restart", &prompt, 0);
+    let saved = p
+        .cached
+        .save_prefix_cache()
+        .expect("saved")
+        .expect("a file");
+    assert_eq!(saved.blocks, 5);
+    p.cached = load(&model, &filed);
+    p.served("gpt-oss after the restart", &prompt, 320);
+    p.served("gpt-oss, block 3 without its window", &prompt[..320], 0);
+    p.served("gpt-oss, block 3 now with it", &prompt[..320], 256);
 }
 
 /// The window restore is what makes a gpt_oss hit exact: with it skipped

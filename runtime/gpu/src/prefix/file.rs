@@ -5,6 +5,10 @@
 //! synchronous copies do (after the compute stream has finished every
 //! store and demotion it queued).
 //!
+//! A gpt-oss block's sliding layers' KV is usable only where the prompt
+//! that stored it still held its window (`prefix_window.rs`): that mark is
+//! the block's tag in the file, restored with it.
+//!
 //! The identity binds the KV to the model's content and its expert cache,
 //! the attention and MLP formats, the reuse granule, the GPU, driver, NVRTC
 //! and cuBLASLt (a GEMM algorithm chosen on another card or library can
@@ -14,18 +18,21 @@ use super::TieredPrefix;
 use crate::device::Gpu;
 use crate::engine::CudaEngine;
 use crate::error::{GpuError, Result};
+use crate::prefix_window::WindowKeep;
 use cudarc::driver::sys;
 use krasis_model::prefix_cache::persist::{self, BlockBytes, KvIdentity, Loaded, Saved};
-use krasis_model::prefix_cache::{Place, Tier};
+use krasis_model::prefix_cache::{Place, PrefixCache, Tier};
 use std::path::Path;
 
-/// The pools' bytes, moved by synchronous copies.
+/// The pools' bytes, moved by synchronous copies, and each block's mark of
+/// holding its sliding layers' KV (its tag: 1 kept, 0 not).
 struct PoolBytes<'a> {
     gpu: &'a Gpu,
     vram: Option<u64>,
     host: Option<*mut u8>,
     slot_bytes: usize,
     synced: bool,
+    keep: Option<&'a mut WindowKeep>,
 }
 
 impl PoolBytes<'_> {
@@ -89,18 +96,31 @@ impl BlockBytes for PoolBytes<'_> {
             (t, ..) => Err(format!("a block in the absent {t:?} tier")),
         }
     }
+
+    fn tag(&self, place: Place) -> u8 {
+        self.keep.as_ref().is_some_and(|k| k.is_kept(&place)) as u8
+    }
+
+    fn set_tag(&mut self, place: Place, tag: u8) {
+        if let Some(k) = self.keep.as_deref_mut() {
+            k.set_kept(&place, tag == 1);
+        }
+    }
 }
 
 impl TieredPrefix {
-    /// The pools of this cache, for the file's copies.
-    fn pools<'a>(&self, gpu: &'a Gpu) -> PoolBytes<'a> {
-        PoolBytes {
+    /// The pools of this cache and its window marks, for the file.
+    fn pools<'a>(&'a mut self, gpu: &'a Gpu) -> (&'a mut PrefixCache, PoolBytes<'a>) {
+        let bytes = PoolBytes {
             gpu,
             vram: self.pool_addr(gpu, Tier::Primary),
             host: self.host.as_ref().map(|h| h.host),
             slot_bytes: self.slot_bytes() as usize,
             synced: false,
-        }
+            keep: None,
+        };
+        let keep = self.ring.as_mut().map(|r| &mut r.keep);
+        (&mut self.index, PoolBytes { keep, ..bytes })
     }
 }
 
@@ -160,24 +180,13 @@ impl CudaEngine {
                 path.display()
             )));
         };
-        if p.ring.is_some() {
-            // A block's sliding-layer KV is usable only where the prompt
-            // that stored it still held its window (`prefix_window.rs`);
-            // the file does not carry those marks yet.
-            return Err(GpuError::Unsupported(format!(
-                "--prefix-cache-file {}: the cuda engine does not save the prefix cache of a \
-                 model with sliding-window layers yet (which blocks keep their window is not \
-                 in the file); drop --prefix-cache-file (the cache itself works)",
-                path.display()
-            )));
-        }
         let identity = self.kv_identity(p, model)?;
         let binding = self.prefix_binding();
         let gpu = &self.model.gpu;
         let p = self.prefix.as_mut().expect("checked above");
         p.index.bind(binding);
-        let mut bytes = p.pools(gpu);
-        let loaded = persist::load(&mut p.index, &mut bytes, &identity, path)?;
+        let (index, mut bytes) = p.pools(gpu);
+        let loaded = persist::load(index, &mut bytes, &identity, path)?;
         p.file = Some((path.to_path_buf(), identity));
         Ok(loaded)
     }
@@ -192,7 +201,9 @@ impl CudaEngine {
         let Some((path, identity)) = &p.file else {
             return Ok(None);
         };
-        let mut bytes = p.pools(gpu);
-        Ok(Some(persist::save(&p.index, &mut bytes, identity, path)?))
+        // `pools` borrows the whole cache (its index and window marks).
+        let (path, identity) = (path.clone(), identity.clone());
+        let (index, mut bytes) = p.pools(gpu);
+        Ok(Some(persist::save(index, &mut bytes, &identity, &path)?))
     }
 }

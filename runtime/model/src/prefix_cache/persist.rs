@@ -20,8 +20,8 @@
 //!   RAM tier, in the same order of recency.
 //!
 //! Layout: `KRSPFXC\0`, the format version (u32 LE), the header's length
-//! (u64 LE), the header (JSON: version, identity, each block's parent and
-//! tokens), every block's bytes in header order, and the blake3 (32 bytes)
+//! (u64 LE), the header (JSON: version, identity, each block's parent,
+//! tokens and engine tag), every block's bytes in header order, and the blake3 (32 bytes)
 //! of all that precedes it.
 
 use super::{Entry, Place, PrefixCache, Tier, key_hash};
@@ -104,6 +104,14 @@ pub trait BlockBytes {
     fn read(&mut self, place: Place, out: &mut [u8]) -> Result<(), String>;
     /// Copies `bytes` into the block at `place`.
     fn write(&mut self, place: Place, bytes: &[u8]) -> Result<(), String>;
+    /// A byte the engine keeps beside the block at `place`, saved with it
+    /// (the CUDA engine's mark of a block that holds its sliding layers'
+    /// KV, `prefix_window.rs`); 0 for engines that keep none.
+    fn tag(&self, _place: Place) -> u8 {
+        0
+    }
+    /// Sets the byte beside the block at `place` (loaded with it).
+    fn set_tag(&mut self, _place: Place, _tag: u8) {}
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -180,6 +188,13 @@ struct SavedBlock {
     /// one), none for a prompt's first block.
     parent: Option<u32>,
     tokens: Vec<u32>,
+    /// [`BlockBytes::tag`] (absent: 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    tag: u8,
+}
+
+fn is_zero(t: &u8) -> bool {
+    *t == 0
 }
 
 /// A writer that hashes what passes through it.
@@ -351,6 +366,7 @@ pub fn save(
                 SavedBlock {
                     parent: e.parent.filter(|_| e.parent_uid != 0).map(|p| pos[&p]),
                     tokens: e.tokens.to_vec(),
+                    tag: bytes.tag(e.place),
                 }
             })
             .collect(),
@@ -510,7 +526,7 @@ fn read_into(
     }
     let places = cache.take_saved(&header.blocks);
     let mut block = vec![0u8; bb as usize];
-    for place in &places {
+    for (place, saved) in places.iter().zip(&header.blocks) {
         r.read_exact(&mut block).map_err(short)?;
         if let Some(place) = place {
             bytes
@@ -519,6 +535,7 @@ fn read_into(
                     path: path.to_path_buf(),
                     reason: format!("writing a block into the cache: {reason}"),
                 })?;
+            bytes.set_tag(*place, saved.tag);
         }
     }
     let digest = r.hash.finalize();

@@ -12,8 +12,14 @@ const BB: u64 = 16;
 
 /// Pools as a map; a block's bytes are derived from its prompt's tokens,
 /// so a restored block can be checked against the prompt it serves.
+/// Each block carries a tag (the engine's byte beside it): its first byte
+/// with the low bit set, so a tag that strays from its block shows.
 #[derive(Default)]
-struct Pools(HashMap<Place, Vec<u8>>);
+struct Pools(HashMap<Place, Vec<u8>>, HashMap<Place, u8>);
+
+fn tag_of(bytes: &[u8]) -> u8 {
+    bytes[0] | 1
+}
 
 impl BlockBytes for Pools {
     fn read(&mut self, place: Place, out: &mut [u8]) -> Result<(), String> {
@@ -23,6 +29,12 @@ impl BlockBytes for Pools {
     fn write(&mut self, place: Place, bytes: &[u8]) -> Result<(), String> {
         self.0.insert(place, bytes.to_vec());
         Ok(())
+    }
+    fn tag(&self, place: Place) -> u8 {
+        self.1.get(&place).copied().unwrap_or(0)
+    }
+    fn set_tag(&mut self, place: Place, tag: u8) {
+        self.1.insert(place, tag);
     }
 }
 
@@ -51,26 +63,29 @@ fn serve(c: &mut PrefixCache, pools: &mut Pools, prompt: &[u32]) -> Hit {
             tier: Tier::Primary,
             slot: d.from,
         };
+        let to = Place {
+            tier: Tier::Secondary,
+            slot: d.to,
+        };
         let b = pools.0.remove(&from).expect("a demoted block is held");
-        pools.0.insert(
-            Place {
-                tier: Tier::Secondary,
-                slot: d.to,
-            },
-            b,
-        );
+        let t = pools.1.remove(&from).expect("a demoted block is tagged");
+        pools.0.insert(to, b);
+        pools.1.insert(to, t);
     }
     for s in &plan.blocks {
-        pools.0.insert(s.place, bytes_of(prompt, s.block));
+        let b = bytes_of(prompt, s.block);
+        pools.1.insert(s.place, tag_of(&b));
+        pools.0.insert(s.place, b);
     }
     assert!(c.publish(plan));
     hit
 }
 
-/// Every block of `hit` holds `prompt`'s bytes.
+/// Every block of `hit` holds `prompt`'s bytes and their tag.
 fn check_bytes(pools: &Pools, prompt: &[u32], hit: &Hit) {
     for (i, p) in hit.blocks.iter().enumerate() {
         assert_eq!(pools.0[p], bytes_of(prompt, i), "block {i} at {p:?}");
+        assert_eq!(pools.1[p], tag_of(&pools.0[p]), "block {i}'s tag at {p:?}");
     }
 }
 
