@@ -61,16 +61,20 @@ pub struct KvIdentity {
 }
 
 impl KvIdentity {
-    /// The first field that differs: (name, this file's, the engine's).
+    /// The first field that differs: (name, this file's, the engine's), the
+    /// setting a user changes most likely named before what follows from it.
     fn difference(&self, engine: &KvIdentity) -> Option<(&'static str, String, String)> {
         let fields = |k: &KvIdentity| {
             [
                 ("engine", k.engine.clone()),
                 ("model", k.model.clone()),
+                // Before the formats: an engine's reuse granule (in its
+                // formats) follows from the block, so a changed
+                // `--prefix-block` is named as itself.
+                ("block tokens (--prefix-block)", k.block_tokens.to_string()),
                 ("formats", k.formats.clone()),
                 ("device", k.device.clone()),
                 ("build", k.build.clone()),
-                ("block tokens (--prefix-block)", k.block_tokens.to_string()),
                 ("block bytes", k.block_bytes.to_string()),
                 ("binding", k.binding.to_string()),
             ]

@@ -192,11 +192,18 @@ fn a_file_of_another_identity_is_refused_naming_the_field() {
     serve(&mut c, &mut pools, &prompt(0, 2, false));
     save(&c, &mut pools, &identity(), &path).unwrap();
     type Change = fn(&mut KvIdentity);
-    let changes: [(&str, Change); 5] = [
+    let changes: [(&str, Change); 7] = [
         ("model", |k| k.model = "other".into()),
+        ("formats", |k| k.formats = "other".into()),
         ("device", |k| k.device = "other".into()),
         ("build", |k| k.build = "other".into()),
         ("block tokens (--prefix-block)", |k| k.block_tokens = 8),
+        // The CUDA engine's formats name its reuse granule, which follows
+        // from the block: the user's setting is the one named.
+        ("block tokens (--prefix-block)", |k| {
+            k.block_tokens = 8;
+            k.formats = "reuse granule 8".into();
+        }),
         ("binding", |k| k.binding = 8),
     ];
     for (field, change) in changes {
