@@ -111,9 +111,16 @@ def test_agent(load_server, tmp_path):
     for t in ag["per_turn"]:
         assert_spread(t["ttft_s"])
         assert t["cached_tokens"] == "not reported" or isinstance(t["cached_tokens"], dict)
-    [target] = rep["targets"]
-    assert target["target"].startswith("agent turns 2+ TTFT <= 10%")
-    assert "| turn | prompt tokens | TTFT |" in md
+    # The server's own TTFT per turn, from its log: taken before the first
+    # token reached the client, so never after the client's.
+    for run in ag["runs"]:
+        for t in run["turns"]:
+            assert 0 < t["server_ttft_s"] <= t["ttft_s"], t
+    client, engine = rep["targets"]
+    assert client["target"].startswith("agent turns 2+ TTFT <= 10%")
+    assert engine["target"].startswith("agent turns 2+ server TTFT (first token sampled")
+    assert engine["value"] is not None and engine["runs_left_out"] == 0
+    assert "| turn | prompt tokens | TTFT | TTFT / cold turn 1 | server TTFT |" in md
 
 
 def test_chaos(load_server, tmp_path):
@@ -298,3 +305,26 @@ def test_agent_target_leaves_out_runs_with_no_visible_text(agent_load):
     assert t["pass"] and t["runs_left_out"] == 0 and "left out" not in t["detail"]
     [t] = agent_load.targets(report([[None, 0.1, 0.1]]))
     assert t["value"] is None and not t["pass"]
+
+
+def test_server_ttft_is_matched_to_turns_past_the_evicting_requests(agent_load):
+    """The server's log holds turn 1, the evicting requests, then turns 2
+    on: each turn gets its own record's TTFT, and the engine-side target is
+    computed from them (a client-side TTFT that is missing does not hide
+    it)."""
+    def run(server_ttfts, client):
+        r = {"server_check": {"compared": True, "server_ttft_s": server_ttfts},
+             "turns": [{"turn": i + 1, "ttft_s": c} for i, c in enumerate(client)]}
+        agent_load.add_server_ttft(r, 2)
+        return r
+    r = run([1.0, 9.0, 9.0, 0.05, 0.08], [None, None, None])
+    assert [t["server_ttft_s"] for t in r["turns"]] == [1.0, 0.05, 0.08]
+    ag = {"turns": 3, "evict_requests": 0, "runs": [r, run([2.0, 9.0, 9.0, 0.3, 0.1], [2, 1, 1])]}
+    client, engine = agent_load.targets({"scenarios": {"agent": ag}})
+    assert client["value"] == pytest.approx(0.5) and client["runs_left_out"] == 1
+    assert engine["value"] == pytest.approx((0.08 + 0.15) / 2) and engine["runs_left_out"] == 0
+    assert not engine["pass"]
+    # No log to compare against: no server figure, and no target made of none.
+    r = {"server_check": {"compared": False}, "turns": [{"turn": 1, "ttft_s": 1.0}]}
+    agent_load.add_server_ttft(r, 0)
+    assert r["turns"][0]["server_ttft_s"] is None
