@@ -51,9 +51,9 @@ case "$P" in
       --backend cuda --runtime dist/gpu/krasis-runtime > "$OUT/e2e-oss.log" 2>&1
     echo "e2e oss (cuda) rc=$? $(tail -1 "$OUT/e2e-oss.log") (t=$((SECONDS-T0))s)" >> "$S"
     # The prefix cache through the server on the CUDA engine, its file across a restart
-    # (session 26) among it.
+    # (session 26) among it; on the tiny model with the head_dim the CUDA engine runs.
     PYTHONPATH=/tmp/e2e-deps timeout 150 "$py" -m pytest -q tests/e2e/test_prefix_cache.py \
-      --backend cuda --runtime dist/gpu/krasis-runtime > "$OUT/e2e-prefix.log" 2>&1
+      --backend cuda --runtime dist/gpu/krasis-runtime --synth-set head_dim=64 > "$OUT/e2e-prefix.log" 2>&1
     echo "e2e prefix (cuda) rc=$? $(tail -1 "$OUT/e2e-prefix.log") (t=$((SECONDS-T0))s)" >> "$S"
     ;;
   r)
