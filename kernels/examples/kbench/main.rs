@@ -8,7 +8,7 @@
 //! batched decode step at 1/2/4/8 rows (BF16 GEMVs; INT4 w13 + w2 with
 //! independent routes per row, for each w2 tokens-per-block choice);
 //! `--int4` times only the INT4 decode GEMVs; `--mxfp4` times only the
-//! MXFP4 decode GEMVs (gpt-oss-20b shape); `--prefill` times only prefill
+//! MXFP4 decode GEMVs (gpt-oss-20b shape, 1/2/4/8 rows routed independently); `--prefill` times only prefill
 //! attention (d128 with the portable and, on Hopper, the wgmma kernel;
 //! d256); `--grouped` times a prefill chunk's routed
 //! experts (gate/up + SwiGLU + down of every (token, expert) pair, rows
@@ -1206,70 +1206,86 @@ fn bench_mxfp4(
     };
     let layout = Mxfp4Layout::new(h, i, true).context("MXFP4 layout")?;
     let (_buf, table) = mxfp4_grouped::random_mxfp4_experts(s, rng, &layout, e)?;
-    let n_sets = 64;
-    let mut ids = Vec::new();
-    for _ in 0..n_sets {
-        let mut all: Vec<u32> = (0..e as u32).collect();
-        for j in 0..topk {
-            let r = rng.random_range(j..e);
-            all.swap(j, r);
-        }
-        ids.extend_from_slice(&all[..topk]);
-    }
-    let ids = s.clone_htod(&ids)?;
-    let w = s.clone_htod(&vec![0.25f32; topk])?;
-    let x = s.clone_htod(&rand_bf16(rng, h))?;
-    let mut act = s.alloc_zeros::<f32>(topk * i)?;
-    let mut res = s.alloc_zeros::<f32>(h)?;
     let w13_bytes = i * h + 2 * i * h / 32 + 2 * i * 2;
     let w2_bytes = h * i / 2 + h * i / 32 + h * 2;
-    let gbs = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
-    let sl = |it: usize| ids.slice((it % n_sets) * topk..(it % n_sets + 1) * topk);
-    let g13 = time_graph_ms(s, 64, |it| {
-        Ok(k.mxfp4_w13_act(
-            s,
-            &x,
-            &table,
-            &sl(it),
-            1,
-            topk,
-            &layout,
-            u32::MAX,
-            false,
-            a,
-            &mut act,
-        )?)
-    })?;
-    let g2 = time_graph_ms(s, 64, |it| {
-        Ok(k.mxfp4_w2_combine(s, &act, &table, &sl(it), &w, 1, topk, &layout, &mut res)?)
-    })?;
-    let gl = time_graph_ms(s, 64, |it| {
-        k.mxfp4_w13_act(
-            s,
-            &x,
-            &table,
-            &sl(it),
-            1,
-            topk,
-            &layout,
-            u32::MAX,
-            false,
-            a,
-            &mut act,
-        )?;
-        Ok(k.mxfp4_w2_combine(s, &act, &table, &sl(it), &w, 1, topk, &layout, &mut res)?)
-    })?;
-    let (b13, b2) = (topk * w13_bytes, topk * w2_bytes);
-    rows.push(format!(
-        "mxfp4 oss-20b H{h} I{i} top{topk} M1: graph-timed w13 {:.2} us {:.0} GB/s, w2 {:.2} us {:.0} GB/s, layer (w13+w2 in one graph) {:.2} us {:.0} GB/s ({} bytes)",
-        g13 * 1e3,
-        gbs(b13, g13),
-        g2 * 1e3,
-        gbs(b2, g2),
-        gl * 1e3,
-        gbs(b13 + b2, gl),
-        b13 + b2
-    ));
+    let gbs = |bytes: f64, ms: f64| bytes / ms / 1e6;
+    // A batched decode step's rows route independently (top-4 of 32 each),
+    // so M rows read between 4 and 4M distinct experts: the GB/s are of the
+    // distinct experts' bytes (what HBM must deliver), the pairs' bytes are
+    // what the kernels request (a pair reads its expert whatever the rows).
+    for m in [1usize, 2, 4, 8] {
+        let n_sets = 64;
+        let (mut ids, mut distinct) = (Vec::new(), 0usize);
+        for _ in 0..n_sets {
+            let mut set = Vec::new();
+            for _ in 0..m {
+                let mut all: Vec<u32> = (0..e as u32).collect();
+                for j in 0..topk {
+                    let r = rng.random_range(j..e);
+                    all.swap(j, r);
+                }
+                set.extend_from_slice(&all[..topk]);
+            }
+            let mut d = set.clone();
+            d.sort_unstable();
+            d.dedup();
+            distinct += d.len();
+            ids.extend_from_slice(&set);
+        }
+        let distinct = distinct as f64 / n_sets as f64;
+        let pairs = m * topk;
+        let ids = s.clone_htod(&ids)?;
+        let w = s.clone_htod(&vec![0.25f32; pairs])?;
+        let x = s.clone_htod(&rand_bf16(rng, m * h))?;
+        let mut act = s.alloc_zeros::<f32>(pairs * i)?;
+        let mut res = s.alloc_zeros::<f32>(m * h)?;
+        let sl = |it: usize| ids.slice((it % n_sets) * pairs..(it % n_sets + 1) * pairs);
+        let g13 = time_graph_ms(s, 64, |it| {
+            Ok(k.mxfp4_w13_act(
+                s,
+                &x,
+                &table,
+                &sl(it),
+                m,
+                topk,
+                &layout,
+                u32::MAX,
+                false,
+                a,
+                &mut act,
+            )?)
+        })?;
+        let g2 = time_graph_ms(s, 64, |it| {
+            Ok(k.mxfp4_w2_combine(s, &act, &table, &sl(it), &w, m, topk, &layout, &mut res)?)
+        })?;
+        let gl = time_graph_ms(s, 64, |it| {
+            k.mxfp4_w13_act(
+                s,
+                &x,
+                &table,
+                &sl(it),
+                m,
+                topk,
+                &layout,
+                u32::MAX,
+                false,
+                a,
+                &mut act,
+            )?;
+            Ok(k.mxfp4_w2_combine(s, &act, &table, &sl(it), &w, m, topk, &layout, &mut res)?)
+        })?;
+        let (d13, d2) = (distinct * w13_bytes as f64, distinct * w2_bytes as f64);
+        rows.push(format!(
+            "mxfp4 oss-20b H{h} I{i} top{topk} M{m} ({pairs} pairs, {distinct:.1} distinct experts): graph-timed w13 {:.2} us {:.0} GB/s, w2 {:.2} us {:.0} GB/s, layer (w13+w2 in one graph) {:.2} us {:.0} GB/s of distinct experts ({:.0} GB/s requested by the pairs)",
+            g13 * 1e3,
+            gbs(d13, g13),
+            g2 * 1e3,
+            gbs(d2, g2),
+            gl * 1e3,
+            gbs(d13 + d2, gl),
+            gbs((pairs * (w13_bytes + w2_bytes)) as f64, gl),
+        ));
+    }
     Ok(())
 }
 
