@@ -165,32 +165,9 @@ mod tests {
     fn steps_of_the_gpu_test(vram: usize, host: usize) {
         let mut c = PrefixCache::new(64, 10, ("vram", vram), ("host", host));
         let mut k = WindowKeep::new(64, 15, 128, (vram, host));
-        let prompt = toks(330, 1);
-        let mut q = prompt[..150].to_vec();
-        q.extend(toks(90, 2));
-        let mut next = prompt.clone();
-        next.extend(toks(150, 3));
-        let system = toks(150, 4);
-        let conv = |seed| {
-            let mut c = system.clone();
-            c.extend(toks(70, seed));
-            c
-        };
-        let steps: [(&[u32], usize); 11] = [
-            (&prompt, 0),
-            (&prompt, 320),
-            (&prompt[..320], 0),
-            (&prompt[..320], 256),
-            (&prompt[..257], 256),
-            (&q, 0),
-            (&next, 320),
-            (&next, 448),
-            (&conv(5), 0),
-            (&conv(6), 0),
-            (&conv(5), 192),
-        ];
+        let steps = krasis_model::testutil::gpt_oss_window_steps(toks);
         for (i, (p, want)) in steps.into_iter().enumerate() {
-            let (got, window) = serve(&mut c, &mut k, p);
+            let (got, window) = serve(&mut c, &mut k, &p);
             assert_eq!(got, want, "tiers {vram}+{host}, step {i}");
             let last: Vec<usize> = (want / 64).checked_sub(1).into_iter().collect();
             assert_eq!(

@@ -277,40 +277,14 @@ fn the_host_tier_alone_serves_hits_under_streamed_prefill() {
 /// prompt reuses nothing (the first ended elsewhere). Every served prompt's
 /// prefill and decode logits are bit-identical to a cold prefill (one
 /// chunk; that engine has a cache too, bypassed, so its experts take the
-/// way the cached one's do). `expect`: cached tokens of each step.
+/// way the cached one's do). The steps and their cached tokens:
+/// `krasis_model::testutil::gpt_oss_window_steps`.
 fn gpt_oss_hits_are_exact(what: &str, p: &mut Pair) {
     let vocab = p.cold.info().vocab_size;
-    let prompt = tokens(330, vocab, 1); // 5 blocks + 10 tokens
-    let mut q = prompt[..150].to_vec();
-    q.extend(tokens(90, vocab, 2));
-    let mut next = prompt.clone();
-    next.extend(tokens(150, vocab, 3));
-    let system = tokens(150, vocab, 4);
-    let conv = |seed| {
-        let mut c = system.clone();
-        c.extend(tokens(70, vocab, seed));
-        c
-    };
-    let steps: [(&[u32], usize); 11] = [
-        (&prompt, 0),
-        // Its last block keeps the window: the whole prompt again.
-        (&prompt, 320),
-        // Ends in block 4: block 3 lacks the window until this prompt,
-        // whose ring holds it at its end, completes it.
-        (&prompt[..320], 0),
-        (&prompt[..320], 256),
-        (&prompt[..257], 256),
-        // Blocks 0 and 1 match, and neither keeps the window.
-        (&q, 0),
-        // The conversation goes on, twice.
-        (&next, 320),
-        (&next, 448),
-        (&conv(5), 0),
-        (&conv(6), 0),
-        (&conv(5), 192),
-    ];
-    for (i, (prompt, want)) in steps.into_iter().enumerate() {
-        p.served(&format!("{what} step {i}"), prompt, want);
+    let steps =
+        krasis_model::testutil::gpt_oss_window_steps(|n, seed| tokens(n, vocab, seed.into()));
+    for (i, (prompt, want)) in steps.iter().enumerate() {
+        p.served(&format!("{what} step {i}"), prompt, *want);
     }
     let s = p.report(what);
     assert!(s.restore_ms > 0.0, "{what}: restores were not timed");

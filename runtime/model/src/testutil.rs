@@ -250,3 +250,44 @@ pub fn witness_hd64(preset: &str, variant: &str) -> (PathBuf, PathBuf) {
     );
     (fixture, ckpt)
 }
+
+/// The prompts of the gpt-oss prefix-cache steps (64-token blocks, a
+/// sliding window of 16 in rings of 128 rows: tiny-gpt-oss) with the
+/// cached tokens each one must get: the CUDA engine's GPU test
+/// (`runtime/gpu/tests/prefix_cache.rs`) serves them, and the CPU test of
+/// the window rules (`runtime/gpu/src/prefix_window.rs`) runs the same
+/// steps through the real index, so the two cannot drift apart.
+/// `tokens(n, seed)`: n token ids, distinct streams for distinct seeds.
+pub fn gpt_oss_window_steps(tokens: impl Fn(usize, u32) -> Vec<u32>) -> Vec<(Vec<u32>, usize)> {
+    let prompt = tokens(330, 1); // 5 blocks + 10 tokens
+    let mut q = prompt[..150].to_vec();
+    q.extend(tokens(90, 2));
+    let mut next = prompt.clone();
+    next.extend(tokens(150, 3));
+    let system = tokens(150, 4);
+    let conv = |seed| {
+        let mut c = system.clone();
+        c.extend(tokens(70, seed));
+        c
+    };
+    vec![
+        (prompt.clone(), 0),
+        // Its last block keeps the window: the whole prompt again.
+        (prompt.clone(), 320),
+        // Ends in block 4: block 3 lacks the window until this prompt,
+        // whose ring holds it at its end, completes it.
+        (prompt[..320].to_vec(), 0),
+        (prompt[..320].to_vec(), 256),
+        (prompt[..257].to_vec(), 256),
+        // Blocks 0 and 1 match, and neither keeps the window.
+        (q, 0),
+        // The conversation goes on, twice.
+        (next.clone(), 320),
+        (next, 448),
+        // A second conversation sharing only a system prompt reuses
+        // nothing of the first (which ended elsewhere); its own goes on.
+        (conv(5), 0),
+        (conv(6), 0),
+        (conv(5), 192),
+    ]
+}
