@@ -42,7 +42,9 @@
 // int4_w2_combine_<NCLI>: decode down GEMV fused with the router-weighted
 // combine. Grid (H/16, tokens); one block covers 16 output rows of one token
 // for all top_k experts: warp items (j, K-part of 2*NCLI groups); the _mt
-// entry points take up to 4 tokens per block (w2_combine, MULTI). act is f32,
+// entry points take up to 4 tokens per block (w2_combine, MULTI; at g = 128
+// the block's pairs grouped by expert, each expert's rows dequantized once
+// for all its tokens: W2Groups). act is f32,
 // so the block first stages it in shared memory as bf16 hi + lo (hi =
 // bf16(a), lo = bf16(a - hi); 16 significant bits) in the permuted layout;
 // even B columns carry hi, odd carry lo, so C col 0 + col 1 = W2 row . act.
@@ -597,6 +599,115 @@ __device__ __forceinline__ void w2_out(float (*part)[16], const float* __restric
     res[(u64)t * H + n] += sum;
 }
 
+// Several tokens, g = 128 (SHARE): the block's pairs grouped by expert.
+// A pair is (token tl, slot j), coded tl << 4 | j (j < 16, tl < 4). An
+// expert routed from m tokens of the block is one group of m members in
+// token order (m <= 4: a token routes to an expert at most once; see
+// w2_group for repeated ids); its
+// work items (group, K-part) load and dequantize the expert's 16 rows once
+// and multiply them with every member's act at once: the mma's 8 B columns
+// are 4 (hi, lo) pairs, member c in columns 2c and 2c + 1, where one token
+// alone fills all four pairs with copies of its act. An output element of
+// the mma depends on its A row and its B column only, so each member's
+// partial has the bits of its own item (the rows:: tests compare every
+// token of an M-token launch with its launch alone). At 4 rows a3b-24l's
+// last MoE layer routes its 32 pairs to 18 experts (session 28), so a
+// block's items fall from 96 to ~54 there; w2 at M rows was issue bound
+// (session 20), its instructions per item unchanged by the grouping.
+#define W2_MAX_PAIRS 64
+struct W2Groups {
+    unsigned char mem[W2_MAX_PAIRS][4];  // members' pair codes
+    unsigned char nmem[W2_MAX_PAIRS];
+    u32 n;                               // groups
+};
+
+// The block's groups, in static shared memory only where SHARE uses them.
+__device__ __forceinline__ W2Groups* w2_groups_smem() {
+    __shared__ W2Groups g;
+    return &g;
+}
+
+// Groups the nt * k pairs whose ids are ids_s[tl * k + j] (warp 0; the
+// caller syncs after): pairs of one id in pair order, four to a group (a
+// well-formed route has at most one per token; more only from repeated
+// ids, which then take several groups). Group leaders are the pairs whose
+// rank among their id's pairs is a multiple of 4; groups are numbered in
+// leader order.
+__device__ __forceinline__ void w2_group(const u32* ids_s, u32 nt, u32 k, W2Groups& gr) {
+    const u32 lane = threadIdx.x & 31, np = nt * k;
+    u32 lead[2], rank[2] = {0, 0}, first[2] = {0, 0}, size[2] = {0, 0};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 p = lane + 32 * h;
+        if (p < np) {
+            const u32 id = ids_s[p];
+            u32 r = 0, n = 0;
+            for (u32 q = 0; q < np; ++q) {
+                if (ids_s[q] != id) continue;
+                r += q < p;
+                ++n;
+            }
+            // The leader: this id's pair of rank 4 * (r / 4).
+            const u32 r0 = r & ~3u;
+            u32 c = 0, f = p;
+            for (u32 q = 0; q < np; ++q) {
+                if (ids_s[q] != id) continue;
+                if (c == r0) f = q;
+                ++c;
+            }
+            rank[h] = r;
+            first[h] = f;
+            size[h] = min(n - r0, 4u);
+        }
+        lead[h] = __ballot_sync(0xFFFFFFFFu, p < np && (rank[h] & 3u) == 0);
+    }
+    // Group of the pair led by q: the leaders before q.
+    auto group_of = [&](u32 q) {
+        return q < 32 ? __popc(lead[0] & ((1u << q) - 1u)) : __popc(lead[0]) + __popc(lead[1] & ((1u << (q - 32)) - 1u));
+    };
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 p = lane + 32 * h;
+        if (p < np) {
+            const u32 d = group_of(first[h]);
+            gr.mem[d][rank[h] & 3u] = (unsigned char)((p / k) << 4 | (p % k));
+            if ((rank[h] & 3u) == 0) gr.nmem[d] = (unsigned char)size[h];
+        }
+    }
+    if (lane == 0) gr.n = __popc(lead[0]) + __popc(lead[1]);
+}
+
+// One shared work item (group d, K-part kp): the group's expert's loads in
+// r, each member's partial of the 16 rows into part[(tl * k + j) * nkp + kp].
+template <int GPW>
+__device__ __forceinline__ void w2_item_shared(const W2Regs<GPW>& r, const u32* as_, u32 tok_u32, const W2Groups& gr,
+                                               u32 d, u32 kp, u32 k, const W2Geo& e, float (*part)[16]) {
+    const u32 nm = gr.nmem[d], m = e.g >> 1;
+    const u32 mc = gr.mem[d][m < nm ? m : 0];
+    const u32* arow = as_ + (mc >> 4) * tok_u32 + (mc & 15) * e.ng * 4 * AS_STRIDE + (e.g & 1) * 16;
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+    for (int gg = 0; gg < GPW; ++gg) {
+        const u32 G = kp * GPW + gg;
+        if (G < e.ng) {
+            const uint4* xp = (const uint4*)(arow + (G * 4 + e.tq) * AS_STRIDE);
+            uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+            mask_b(xv, m < nm);
+            float c[4];
+            tile16(r.q[gg][0], r.q[gg][1], xv, c);
+            acc0 += h2f(r.sh[gg][0]) * (c[0] + c[1]);
+            acc1 += h2f(r.sh[gg][1]) * (c[2] + c[3]);
+        }
+    }
+    if (!r.valid) acc0 = acc1 = NAN_F;
+    if (e.tq < nm) {  // lane tq holds member tq's columns
+        const u32 mt = gr.mem[d][e.tq];
+        float* prow = part[((mt >> 4) * k + (mt & 15)) * e.nkp + kp];
+        prow[e.g] = acc0;
+        prow[e.g + 8] = acc1;
+    }
+}
+
 // Grid (H/16, ceil(tokens / tpb)): block y takes tokens [y * tpb, + tpb),
 // warps take work items (token, expert j, K-part) round robin. tpb = 1 is
 // the one-token decode; with tpb > 1 (a batched step, MULTI) a warp
@@ -610,6 +721,7 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
                                            const u32* __restrict__ ids, const float* __restrict__ w, u32 n_tokens,
                                            u32 k, u32 H, u32 I, u64 oq, u64 os, u32 gl, u32 tpb,
                                            float* __restrict__ res) {
+    constexpr bool SHARE = MULTI && !GEN;
     extern __shared__ __align__(16) u32 as_[];
     __shared__ float part_s[MULTI ? 1 : W2_MAX_ITEMS][16];
     const u32 t0 = blockIdx.y * tpb;
@@ -628,21 +740,46 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
     // (0 past the table); expert_base's checks, the wait on a fresh entry
     // among them, stay with the warp that uses it.
     __shared__ u64 entries_s[MULTI ? 4 * 16 : 1];
+    __shared__ u32 ids_s[SHARE ? W2_MAX_PAIRS : 1];
+    W2Groups* gr = nullptr;
     if (MULTI) {
         if (threadIdx.x < nt * k) {
             const u32 tl = threadIdx.x / k, j = threadIdx.x % k, id = ids[(u64)t0 * k + threadIdx.x];
             entries_s[tl * 16 + j] = id < n_table ? table[id] : 0;
+            if (SHARE) ids_s[threadIdx.x] = id;
         }
         __syncthreads();
+        if constexpr (SHARE) {
+            gr = w2_groups_smem();
+            if (warp == 0) w2_group(ids_s, nt, k, *gr);
+            __syncthreads();
+        }
     }
     auto base_of = [&](u32 p) {
         if (MULTI) return expert_base(&entries_s[w2_tl(p) * 16 + w2_j(p)], 1, 0);
         return expert_base(table, n_table, ids[(u64)(t0 + w2_tl(p)) * k + w2_j(p)]);
     };
+    // SHARE: an item is group d, K-part kp, coded d << 8 | kp, stepped as
+    // w2_next steps its digits (no carry out of d: groups < 256).
+    const u32 ng_items = SHARE ? gr->n : 0;
+    auto sh_first = [&](u32 i) { return (i / e.nkp) << 8 | (i % e.nkp); };
+    auto sh_next = [&](u32 p, u32 step) {
+        p += step;
+        if ((p & 0xFFu) >= e.nkp) p += (1u << 8) - e.nkp;
+        return p;
+    };
+    auto sh_base = [&](u32 p) {
+        const u32 c = gr->mem[p >> 8][0];
+        return expert_base(&entries_s[(c >> 4) * 16 + (c & 15)], 1, 0);
+    };
 
     W2Regs<GPW> ra, rb;
-    u32 pa = w2_pos(warp, items, e.nkp);
-    if (w2_tl(pa) < nt) w2_load<GPW, GEN>(ra, base_of(pa), w2_kp(pa), e);
+    u32 pa = SHARE ? sh_first(warp) : w2_pos(warp, items, e.nkp);
+    if constexpr (SHARE) {
+        if ((pa >> 8) < ng_items) w2_load<GPW, GEN>(ra, sh_base(pa), pa & 0xFFu, e);
+    } else {
+        if (w2_tl(pa) < nt) w2_load<GPW, GEN>(ra, base_of(pa), w2_kp(pa), e);
+    }
     // Launched as a programmatic dependent on sm_90: everything above (ids,
     // table, weights) was ready before the previous kernel started (a
     // fresh expert's loads waited, `table_entry`); act and res are touched
@@ -654,7 +791,22 @@ __device__ __forceinline__ void w2_combine(const float* __restrict__ act, const 
         const u32 tl = w2_tl(p), j = w2_j(p), kp = w2_kp(p);
         w2_item<GPW, GEN>(r, as_ + tl * tok_u32, j, kp, e, part[(tl * k + j) * e.nkp + kp]);
     };
-    if (MULTI) {
+    if constexpr (SHARE) {
+        const u32 step = sh_first(nw);
+        auto run_sh = [&](const W2Regs<GPW>& r, u32 p) {
+            w2_item_shared<GPW>(r, as_, tok_u32, *gr, p >> 8, p & 0xFFu, k, e, part);
+        };
+        while ((pa >> 8) < ng_items) {  // warp-uniform; two items per pass, static registers
+            const u32 pb = sh_next(pa, step);
+            if ((pb >> 8) < ng_items) w2_load<GPW, GEN>(rb, sh_base(pb), pb & 0xFFu, e);
+            run_sh(ra, pa);
+            if ((pb >> 8) >= ng_items) break;
+            const u32 pc = sh_next(pb, step);
+            if ((pc >> 8) < ng_items) w2_load<GPW, GEN>(ra, sh_base(pc), pc & 0xFFu, e);
+            run_sh(rb, pb);
+            pa = pc;
+        }
+    } else if (MULTI) {
         const u32 step = w2_pos(nw, items, e.nkp);
         while (w2_tl(pa) < nt) {  // warp-uniform; two items per pass, static registers
             const u32 pb = w2_next(pa, step, k, e.nkp);

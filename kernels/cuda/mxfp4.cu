@@ -58,6 +58,10 @@
 // partials reduced in (j, K-part) order, the expert's down bias added,
 // weighted, summed in j order and added once to the f32 residual. PDL
 // dependent of w13 on sm_90. No float atomics anywhere: bit-reproducible.
+// A warp's items stream through a two-slot ring in shared memory (after
+// the staged act): the next item's blocks are in flight while the current
+// one is multiplied (`mx_ring_at`; the host sizes warps, ring and act
+// chunks to the device's shared memory, `w2_plan` in ops/mxfp4.rs).
 // The grouped GEMMs of mxfp4_gemm.cu (compiled in this module after this
 // file, on these helpers) read the experts in place for prefill; until they
 // pass on the device the engine's prefill runs the per-expert GEMM path
@@ -303,6 +307,21 @@ extern "C" __global__ void __launch_bounds__(512, 1) mxfp4_w13_act_4(MX_W13_ARGS
 #define MX_AS_STRIDE 36
 #define MX_W2_MAX_ITEMS 128
 
+// Weight ring (dynamic shared memory, after the staged act): per warp two
+// slots of one work item, GPW x 2 rows (h) x 32 lanes of 16-byte blocks;
+// lane l's block of (slot s, tile gg, row half h) at
+// ((s * GPW + gg) * 2 + h) * 32 + l. A lane reads back only the blocks it
+// copied, so `cp.async.wait_group` alone orders them (no barrier).
+// Why a ring: with the item's blocks in registers, a warp's next item was
+// loaded only after the current one was multiplied, so a block of
+// gpt-oss-20b's 48 items over 24 warps took two HBM round trips in series
+// after staging act, and w2 ran at 0.8 TB/s against w13's 1.5 (kbench
+// --mxfp4, H100, session 28). Two items in flight per warp in registers
+// would take ~20 more than the 85 registers of a 768-thread block.
+__device__ __forceinline__ uint4* mx_ring_at(uint4* ring, u32 s, u32 gg, u32 h, u32 lane, u32 gpw) {
+    return ring + ((s * gpw + gg) * 2 + h) * 32 + lane;
+}
+
 template <int GPW>
 __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, const u64* __restrict__ table,
                                               u32 n_table, const u32* __restrict__ ids, const float* __restrict__ w,
@@ -318,6 +337,7 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
     const u32 nkp = (ng + GPW - 1) / GPW, items = k * nkp;
     const u32 n0 = blockIdx.x * 16;
     const u64 rb = I / 2;
+    uint4* ring = (uint4*)(as_ + jc * ng * 4 * MX_AS_STRIDE) + (u64)warp * (2 * GPW * 2 * 32);
 
     // The token's k table entries (0 past the table), read once up front:
     // looked up per item, a warp's next item waited on its ids -> table
@@ -329,11 +349,14 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
         entries_s[j] = id < n_table ? table[id] : 0;
     }
     __syncthreads();
-    uint4 q[GPW][2];
-    u32 sc[GPW][2];
-    bool valid = false;
-    // Issue the weight and scale loads of work item `it` (expert j, K-part kp).
-    auto load = [&](u32 it) {
+    // Per slot: the item's scale bytes and whether its expert is valid, in
+    // registers (each lambda call below names one slot's, so the indices
+    // are static; NVRTC takes no generic lambdas in device code).
+    u32 sc0[GPW][2], sc1[GPW][2];
+    bool valid0 = false, valid1 = false;
+    // Copy work item `it` (expert j, K-part kp) into slot s (its blocks by
+    // cp.async, zeros past I or for a bad expert) and load its scales.
+    auto load = [&](u32 it, u32 s, u32 (&sc)[GPW][2], bool& valid) {
         const u32 j = it / nkp, kp = it % nkp;
         const unsigned char* base = mx_base(entries_s, k, j);
         valid = base != nullptr;
@@ -345,17 +368,24 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
             for (int h = 0; h < 2; ++h) {
                 const u32 blk = (kp * GPW + gg) * 4 + tq;
                 const u64 row = n0 + g + 8 * h;
+                uint4* dst = mx_ring_at(ring, s, gg, h, lane, GPW);
                 if (valid && blk < nb) {
-                    q[gg][h] = ld_stream16(wq + row * rb + blk * 16);
+                    cp_async16(dst, wq + row * rb + blk * 16);
                     sc[gg][h] = wsc[row * nb + blk];
                 } else {
-                    q[gg][h] = make_uint4(0, 0, 0, 0);
+                    *dst = make_uint4(0, 0, 0, 0);
                     sc[gg][h] = 127;
                 }
             }
     };
+    // Slot 0 holds items warp, warp + 2 nw, ...; slot 1 the others. One
+    // commit group per item (empty past the last), so with the current and
+    // the next item outstanding, wait_group 1 means the current one landed.
     u32 it = warp;
-    if (it < items) load(it);
+    if (it < items) load(it, 0, sc0, valid0);
+    cp_async_commit();
+    if (it + nw < items) load(it + nw, 1, sc1, valid1);
+    cp_async_commit();
     // The experts' output biases for the epilogue, [j][row], loaded now
     // (biases were ready before the previous kernel started): in the
     // epilogue each of the k experts' ids -> table -> bias chain ran after
@@ -373,6 +403,35 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
     // only after that kernel has completed.
     pdl_wait();
     const u32 cpr = ng * 16;  // staged 8-chunks per act row (zero past I)
+    // Multiply the item in slot S, then refill S with the item two ahead.
+    auto step = [&](u32 j0, u32 s, u32 (&sc)[GPW][2], bool& valid) {
+        cp_async_wait<1>();
+        const u32 jl = it / nkp - j0, kp = it % nkp;
+        float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+        for (int gg = 0; gg < GPW; ++gg) {
+            const u32 G = kp * GPW + gg;
+            if (G < ng) {
+                const uint4* xp = (const uint4*)(as_ + ((jl * ng + G) * 4 + tq) * MX_AS_STRIDE + (g & 1) * 16);
+                const uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
+                float c[4];
+                mx_tile16(*mx_ring_at(ring, s, gg, 0, lane, GPW), *mx_ring_at(ring, s, gg, 1, lane, GPW),
+                          sc[gg][0], sc[gg][1], xv, c);
+                acc0 += c[0] + c[1];
+                acc1 += c[2] + c[3];
+            }
+        }
+        if (!valid) acc0 = acc1 = NAN_F;
+        if (tq == 0) {
+            part[it][g] = acc0;
+            part[it][g + 8] = acc1;
+        }
+        // The slot's blocks are in registers and used above: refill it.
+        if (it + 2 * nw < items) load(it + 2 * nw, s, sc, valid);
+        cp_async_commit();
+        it += nw;
+    };
+    bool odd = false;  // the current item is in slot 1
     for (u32 j0 = 0; j0 < k; j0 += jc) {  // block-uniform
         const u32 jn = min(jc, k - j0);
         if (j0 > 0) __syncthreads();  // every warp is done with the last chunk
@@ -411,27 +470,11 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
         __syncthreads();
         const u32 end = (j0 + jn) * nkp;
         while (it < end) {  // warp-uniform
-            const u32 jl = it / nkp - j0, kp = it % nkp;
-            float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll
-            for (int gg = 0; gg < GPW; ++gg) {
-                const u32 G = kp * GPW + gg;
-                if (G < ng) {
-                    const uint4* xp = (const uint4*)(as_ + ((jl * ng + G) * 4 + tq) * MX_AS_STRIDE + (g & 1) * 16);
-                    const uint4 xv[4] = {xp[0], xp[1], xp[2], xp[3]};
-                    float c[4];
-                    mx_tile16(q[gg][0], q[gg][1], sc[gg][0], sc[gg][1], xv, c);
-                    acc0 += c[0] + c[1];
-                    acc1 += c[2] + c[3];
-                }
-            }
-            if (!valid) acc0 = acc1 = NAN_F;
-            if (tq == 0) {
-                part[it][g] = acc0;
-                part[it][g + 8] = acc1;
-            }
-            it += nw;
-            if (it < items) load(it);
+            if (odd)
+                step(j0, 1, sc1, valid1);
+            else
+                step(j0, 0, sc0, valid0);
+            odd = !odd;
         }
     }
     __syncthreads();

@@ -63,6 +63,32 @@ fn sources_export_exactly_the_listed_kernels() {
     }
 }
 
+/// The device compiles these sources with its own NVRTC, which may be older
+/// than the one a developer checks them with: NVRTC 13.0 (the H200 device's)
+/// refuses a generic lambda (`[&](auto x)`) in device code as a host
+/// function in JIT mode, which 13.5 accepted (session 28 lost a device run
+/// to it). Catch the construct here, where CI runs.
+#[test]
+fn sources_have_no_generic_lambdas() {
+    for m in MODULES {
+        for (n, line) in m.source.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if let Some(at) = code.find("](") {
+                let params = &code[at + 2..];
+                let first = params.split([',', ')']).next().unwrap_or("").trim_start();
+                assert!(
+                    !first.starts_with("auto ")
+                        && !first.starts_with("auto&")
+                        && !first.starts_with("const auto"),
+                    "module `{}` line {}: a generic lambda (older NVRTC refuses it in device code): {line}",
+                    m.name,
+                    n + 1
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn kernel_name_parser_handles_launch_bounds() {
     let src = "extern \"C\" __global__ void __launch_bounds__(128) foo(int a) {}\n\

@@ -24,6 +24,8 @@ use std::ffi::c_void;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
+use crate::error::KernelError;
+
 use crate::launch::{
     Elem, KArgs, allow_smem, builder, by_elem, cfg, check_len, dim_u32, ensure, launch_dependent,
     shape_err, submit, submit_pdl,
@@ -52,6 +54,51 @@ const W2_SMEM_BUDGET: usize = 160 * 1024;
 const W2_SMEM_PER_TILE: usize = 4 * 36 * 4;
 /// Most work items (expert, K-part) of one down-GEMV block.
 const W2_MAX_ITEMS: usize = 128;
+/// Shared bytes of a down-GEMV warp's weight ring per 128-K tile of its
+/// work item: 2 slots x 2 row halves x 32 lanes x 16 bytes (`cuda/mxfp4.cu`).
+const W2_RING_PER_TILE: usize = 2 * 2 * 32 * 16;
+
+/// A down-GEMV block's shape: its warps, the experts whose activations it
+/// stages per chunk, and its dynamic shared memory (the staged activations,
+/// then one weight ring per warp).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct W2Plan {
+    warps: usize,
+    jc: usize,
+    smem: usize,
+}
+
+/// The most warps (up to `max_warps`, one per work item at most) whose
+/// rings fit `room` shared bytes beside at least one expert's activations,
+/// the rest of `room` (up to [`W2_SMEM_BUDGET`]) staging as many experts as
+/// fit. `None` when not even one warp fits. The warp count changes which
+/// warp runs an item, never an item's arithmetic or the reduction order.
+fn w2_plan(
+    items: usize,
+    max_warps: usize,
+    gpw: usize,
+    ng: usize,
+    top_k: usize,
+    room: usize,
+) -> Option<W2Plan> {
+    let per_expert = ng * W2_SMEM_PER_TILE;
+    let mut warps = items.min(max_warps).max(1);
+    loop {
+        let ring = warps * gpw * W2_RING_PER_TILE;
+        if ring + per_expert <= room {
+            let jc = ((room - ring).min(W2_SMEM_BUDGET) / per_expert).clamp(1, top_k);
+            return Some(W2Plan {
+                warps,
+                jc,
+                smem: jc * per_expert + ring,
+            });
+        }
+        if warps == 1 {
+            return None;
+        }
+        warps = warps.div_ceil(2);
+    }
+}
 
 /// The expert activation fused into [`Kernels::mxfp4_w13_act`] and
 /// [`Kernels::bias_act_rows`], applied to `gate`, `up` (bias included).
@@ -320,7 +367,12 @@ impl Kernels {
     ) -> Result<()> {
         const NAMES: [&str; 2] = ["mxfp4_w2_combine_2", "mxfp4_w2_combine_4"];
         const GPW: [usize; 2] = [2, 4];
-        const MAX_WARPS: [usize; 2] = [24, 16];
+        // 12 warps with 2-tile items: two blocks fit an SM (gpt-oss-20b: 62
+        // KB of act and rings each, ~73 registers), so its 180 blocks per
+        // token run in one wave instead of two; 24 warps a block (one per
+        // SM) measured 22.1 -> 18.0 us at one token, 61.3 -> 50.4 at four
+        // with 12 (kbench --mxfp4, H100, session 28).
+        const MAX_WARPS: [usize; 2] = [12, 16];
         layout.common_decode_checks(NAMES[0], top_k)?;
         let (h, i) = (layout.hidden, layout.intermediate);
         let ng = i.div_ceil(128);
@@ -331,10 +383,25 @@ impl Kernels {
         ensure(k, items <= W2_MAX_ITEMS, || {
             format!("{items} work items exceed {W2_MAX_ITEMS}")
         })?;
-        let warps = items.min(MAX_WARPS[v]) as u32;
-        // Experts staged per shared-memory chunk.
-        let jc = (W2_SMEM_BUDGET / (ng * W2_SMEM_PER_TILE)).clamp(1, top_k);
-        let smem = jc * ng * W2_SMEM_PER_TILE;
+        let f = self.func(k)?;
+        // What a block may hold besides its static arrays (partials, table
+        // entries, biases).
+        let static_bytes = f.shared_size_bytes().map_err(KernelError::driver(format!(
+            "`{k}`: reading its static shared memory"
+        )))? as usize;
+        let room = (self.smem_optin() as usize).saturating_sub(static_bytes);
+        let plan = w2_plan(items, MAX_WARPS[v], GPW[v], ng, top_k, room);
+        let Some(W2Plan { warps, jc, smem }) = plan else {
+            return Err(shape_err(
+                k,
+                format!(
+                    "one expert's staged activations ({} bytes) and a one-warp weight ring do \
+                     not fit the {room} bytes of shared memory a block may use on this device",
+                    ng * W2_SMEM_PER_TILE
+                ),
+            ));
+        };
+        let warps = warps as u32;
         let n_pairs = n_tokens * top_k;
         check_len(k, "act", act.len(), n_pairs * i)?;
         check_len(k, "ids", ids.len(), n_pairs)?;
@@ -350,7 +417,6 @@ impl Kernels {
         );
         let (oq, os, ob) = (layout.w2_q as u64, layout.w2_s as u64, layout.w2_b as u64);
         let hb = u32::from(layout.has_bias);
-        let f = self.func(k)?;
         // Past 48 KB of static (partials, table entries, biases) plus
         // dynamic shared memory a block must opt in; `allow_smem` reads the
         // kernel's own static size (a constant here went stale when the
@@ -508,6 +574,34 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_down_gemv_fits_its_ring_and_activations_to_the_device() {
+        // gpt-oss (I 2880: 23 tiles, 48 items of 2 tiles, top-4) on sm_90:
+        // 12 warps, every expert staged at once, two blocks an SM.
+        let sm90 = 232_448 - 9_344;
+        let per_expert = 23 * W2_SMEM_PER_TILE;
+        let p = w2_plan(48, 12, 2, 23, 4, sm90).unwrap();
+        assert_eq!((p.warps, p.jc), (12, 4));
+        assert_eq!(p.smem, 4 * per_expert + 12 * 2 * W2_RING_PER_TILE);
+        assert!(2 * (p.smem + 9_344) <= 233_472, "two blocks per SM");
+        // 24 warps where asked: the rings take 96 KB.
+        let p = w2_plan(48, 24, 2, 23, 4, sm90).unwrap();
+        assert_eq!((p.warps, p.jc), (24, 4));
+        assert!(p.smem <= sm90);
+        // A 99 KB device: the rings shrink to 12 warps, 3 experts a chunk.
+        let sm89 = 101_376 - 9_344;
+        let p = w2_plan(48, 24, 2, 23, 4, sm89).unwrap();
+        assert_eq!((p.warps, p.jc), (12, 3));
+        assert!(p.smem <= sm89);
+        // Never more warps than items, and the act budget caps the chunk.
+        let p = w2_plan(3, 24, 2, 1, 2, sm90).unwrap();
+        assert_eq!((p.warps, p.jc), (3, 2));
+        let p = w2_plan(128, 16, 4, 32, 16, sm90).unwrap();
+        assert!(p.jc * 32 * W2_SMEM_PER_TILE <= W2_SMEM_BUDGET && p.smem <= sm90);
+        // Nothing fits: refused, not launched.
+        assert_eq!(w2_plan(48, 24, 2, 23, 4, 14_000), None);
+    }
 
     #[test]
     fn layout_follows_the_v2_contract() {

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Device orchestration for session 28 (issue 15), over the xz-packed stripped binaries in
+# dist/pack/*.tar.xz (carry dist/pack, .cache/vocab, .cache/wheels).
+#   bash tools/device/session28.sh m COMMIT
+#       kbench --mxfp4 (gpt-oss's MXFP4 decode experts at 1/2/4/8 rows, w13 and w2 apart);
+#       the a3b-24l prep; bench all resident at the serve shape (1,000-token prompts, 128
+#       tokens, 1 and 4 rows) with the decode breakdown's experts timed on the step's own routes
+#       and the prefill's parts at 512 / 1,000 / 4,000 tokens (--prefill-breakdown); the same
+#       decode at 6 GiB.
+#   bash tools/device/session28.sh x COMMIT
+#       the MXFP4 down GEMV with its weight ring and the int4 several-tokens down GEMV grouped
+#       by expert (s28.tar.xz: gpu-mx, kbench-B with 24-warp MXFP4 w2 blocks, kbench-C with 12,
+#       krasis-runtime-mx) against main's (kbench, krasis-runtime): the kernel tests, kbench
+#       --mxfp4 of each, then a3b-24l's and gpt-oss-20b's decode at 1 and 4 rows through bench
+#       with each runtime, alternating.
+# Results: $OUT/session28-PHASE.txt (the summary) and the logs beside it.
+set -u
+P=${1:?phase}; C=${2:-unknown}
+S=$OUT/session28-$P.txt
+T0=$SECONDS
+# shellcheck source=tools/device/lib.sh
+. tools/device/lib.sh
+unpack_binaries
+M=/tmp/agent-load/a3b-24l; K=/tmp/agent-load/krasis-cache
+case "$P" in
+  m)
+    timeout 100 dist/gpu/kbench --mxfp4 > "$OUT/kbench-mxfp4.log" 2>&1
+    echo "kbench --mxfp4 rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    echo "prep (t=$((SECONDS-T0))s)" >> "$S"
+    timeout 150 dist/gpu/krasis-runtime bench --model $M --cache-dir $K --commit "$C" \
+      --prompt-tokens 512,1000,4000 --prefill-breakdown --decode-prompt-tokens 1000 \
+      --decode-tokens 128 --decode-rows 1,4 --json "$OUT/bench-resident.json" \
+      > "$OUT/bench-resident.log" 2>&1
+    echo "bench resident rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "^prefill|breakdown|parts|^decode [0-9] rows" "$OUT/bench-resident.log" | cut -c1-420 >> "$S"
+    timeout 90 dist/gpu/krasis-runtime bench --model $M --cache-dir $K --commit "$C" \
+      --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
+      --vram-limit 6GiB --json "$OUT/bench-6GiB.json" > "$OUT/bench-6GiB.log" 2>&1
+    echo "bench 6GiB rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "^decode [0-9] rows|HCS: hit rate .* per step" "$OUT/bench-6GiB.log" | cut -c1-420 >> "$S"
+    ;;
+  x)
+    T=/tmp/oss-load; mkdir -p $T
+    kr0=$(realpath dist/gpu/krasis-runtime)
+    { [ -f "$T/g20/config.json" ] || timeout 200 "$kr0" synth --preset gpt-oss-20b --seed 1 \
+        --out "$T/g20" --vocab .cache/vocab/o200k_base.tiktoken > "$OUT/synth.log" 2>&1
+      [ -d "$T/kc" ] || timeout 200 "$kr0" build-cache --model "$T/g20" --cache-dir "$T/kc" \
+        > "$OUT/cache.log" 2>&1; } &
+    g20pid=$!
+    # Kernel tests: MXFP4 decode (reference, rows), int4 decode (reference, rows with every w2
+    # block shape: the grouped several-tokens w2 against each token alone).
+    timeout 150 dist/gpu/gpu-mx --test-threads 1 mxfp4:: mxfp4_decode_rows int4:: int4_decode_rows \
+      > "$OUT/test-gpu-mx.log" 2>&1
+    echo "test gpu-mx rc=$? $(grep '^test result' "$OUT/test-gpu-mx.log") (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "panicked|FAILED" -A3 "$OUT/test-gpu-mx.log" | head -20 >> "$S"
+    for v in "" -B -C; do
+      timeout 60 dist/gpu/kbench$v --mxfp4 > "$OUT/kb.log" 2>&1
+      echo "kbench$v rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep "^mxfp4" "$OUT/kb.log" | sed "s/^/[$v] /" >> "$OUT/kbench-ab.log"
+    done
+    # a3b-24l at the serve shape, 1 and 4 rows: main's runtime against the new one, twice.
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    echo "prep (t=$((SECONDS-T0))s)" >> "$S"
+    for v in -mx "" -mx ""; do
+      [ $((SECONDS-T0)) -gt 200 ] && break
+      timeout 60 dist/gpu/krasis-runtime$v bench --model $M --cache-dir $K --commit "$C$v" \
+        --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
+        --context-length 32768 --json "$OUT/bench-a3b$v.json" > "$OUT/bench.log" 2>&1
+      echo "bench a3b ($v) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^decode [0-9] rows" "$OUT/bench.log" | cut -c1-400 >> "$S"
+    done
+    # gpt-oss-20b, the same (its checkpoint and cache made in the background from the start).
+    wait "$g20pid"
+    echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    for v in -mx "" -mx ""; do
+      [ $((SECONDS-T0)) -gt 330 ] && break
+      timeout 60 dist/gpu/krasis-runtime$v bench --model $T/g20 --cache-dir $T/kc --commit "$C$v" \
+        --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
+        --context-length 32768 --json "$OUT/bench-g20$v.json" > "$OUT/bench.log" 2>&1
+      echo "bench g20 ($v) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^decode [0-9] rows" "$OUT/bench.log" | cut -c1-400 >> "$S"
+    done
+    ;;
+  *) echo "unknown phase $P" >> "$S" ;;
+esac
+echo "done (t=$((SECONDS-T0))s)" >> "$S"
