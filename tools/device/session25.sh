@@ -113,7 +113,9 @@ case "$P" in
       # The MXFP4 way while the cache is on: dequantized for every prompt (krasis-runtime) or
       # in place for every prompt (krasis-runtime-i, a build of the same commit with
       # `mxfp4_in_place_for` true under the cache): the agent loop's cold and later turns.
-      for v in "" -i; do
+      # The same commit with and without the in-place switch (dist/pack/COMMIT: -old and -i).
+      # shellcheck disable=SC2086  # IWAYS: several suffixes
+      for v in ${IWAYS:--old -i}; do
         b=$(realpath "dist/gpu/krasis-runtime$v" 2>/dev/null) || { echo "no krasis-runtime$v" >> "$S"; continue; }
         serve "$b" "way$v" || continue
         al "oss-agent-way$v" "$b" agent --context-tokens 24000 --turns 4 --append-tokens 256 --reply-tokens 64

@@ -13,6 +13,14 @@
 #       krasis-runtime-mx) against main's (kbench, krasis-runtime): the kernel tests, kbench
 #       --mxfp4 of each, then a3b-24l's and gpt-oss-20b's decode at 1 and 4 rows through bench
 #       with each runtime, alternating.
+#   For the next device session (dist/pack as packed at the end of session 28, COMMIT says what):
+#   bash tools/device/session28.sh t COMMIT
+#       kernel tests of main (`rows:: int4:: mxfp4:: fp16_mlp::`) and of branch next/w13-smem
+#       (gpuw-bin: `rows::int4 int4:: fp16_mlp::`), then main's engine `batching` and `gpt_oss`.
+#   bash tools/device/session28.sh b COMMIT
+#       a3b-24l at the serve shape, 1 and 4 rows: main against the branch (krasis-runtime-w),
+#       alternating; gpt-oss-20b: main (12-warp MXFP4 w2) against krasis-runtime-old (2e34b53).
+#   bash tools/device/session20.sh serve COMMIT   (the serve ratio of main, all resident)
 # Results: $OUT/session28-PHASE.txt (the summary) and the logs beside it.
 set -u
 P=${1:?phase}; C=${2:-unknown}
@@ -75,6 +83,43 @@ case "$P" in
     echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     for v in -mx "" -mx ""; do
       [ $((SECONDS-T0)) -gt 330 ] && break
+      timeout 60 dist/gpu/krasis-runtime$v bench --model $T/g20 --cache-dir $T/kc --commit "$C$v" \
+        --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
+        --context-length 32768 --json "$OUT/bench-g20$v.json" > "$OUT/bench.log" 2>&1
+      echo "bench g20 ($v) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^decode [0-9] rows" "$OUT/bench.log" | cut -c1-400 >> "$S"
+    done
+    ;;
+  t)
+    # shellcheck disable=SC2086
+    test_bin gpu 300 ${KFILTER:-rows:: int4:: mxfp4:: fp16_mlp::}
+    timeout 240 dist/gpu/gpuw-bin --test-threads 1 rows::int4 int4:: fp16_mlp:: > "$OUT/test-gpuw.log" 2>&1
+    echo "test gpuw rc=$? $(grep '^test result' "$OUT/test-gpuw.log") (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "panicked|FAILED" -A3 "$OUT/test-gpuw.log" | head -20 >> "$S"
+    test_bin batching 240
+    test_bin gpt_oss 150
+    ;;
+  b)
+    T=/tmp/oss-load; mkdir -p $T
+    kr0=$(realpath dist/gpu/krasis-runtime)
+    { [ -f "$T/g20/config.json" ] || timeout 200 "$kr0" synth --preset gpt-oss-20b --seed 1 \
+        --out "$T/g20" --vocab .cache/vocab/o200k_base.tiktoken > "$OUT/synth.log" 2>&1
+      [ -d "$T/kc" ] || timeout 200 "$kr0" build-cache --model "$T/g20" --cache-dir "$T/kc" \
+        > "$OUT/cache.log" 2>&1; } &
+    g20pid=$!
+    BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
+    echo "prep (t=$((SECONDS-T0))s)" >> "$S"
+    for v in -w "" -w ""; do
+      timeout 60 dist/gpu/krasis-runtime$v bench --model $M --cache-dir $K --commit "$C$v" \
+        --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
+        --context-length 32768 --json "$OUT/bench-a3b$v.json" > "$OUT/bench.log" 2>&1
+      echo "bench a3b ($v) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep -E "^decode [0-9] rows" "$OUT/bench.log" | cut -c1-400 >> "$S"
+    done
+    wait "$g20pid"
+    echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    for v in "" -old "" -old; do
+      [ $((SECONDS-T0)) -gt 480 ] && break
       timeout 60 dist/gpu/krasis-runtime$v bench --model $T/g20 --cache-dir $T/kc --commit "$C$v" \
         --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
         --context-length 32768 --json "$OUT/bench-g20$v.json" > "$OUT/bench.log" 2>&1
