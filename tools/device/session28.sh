@@ -18,8 +18,9 @@
 #       kernel tests of main (`rows:: int4:: mxfp4:: fp16_mlp::`) and of branch next/w13-smem
 #       (gpuw-bin: `rows::int4 int4:: fp16_mlp::`), then main's engine `batching` and `gpt_oss`.
 #   bash tools/device/session28.sh b COMMIT
-#       a3b-24l at the serve shape, 1 and 4 rows: main against the branch (krasis-runtime-w),
-#       alternating; gpt-oss-20b: main (12-warp MXFP4 w2) against krasis-runtime-old (2e34b53).
+#       kbench --mxfp4 of main and of the branch; a3b-24l at the serve shape, 1 and 4 rows: main
+#       against the branch (krasis-runtime-w), alternating; gpt-oss-20b: main (12-warp MXFP4 w2),
+#       the branch (its w13 staged too) and krasis-runtime-old (2e34b53).
 #   bash tools/device/session20.sh serve COMMIT   (the serve ratio of main, all resident)
 # Results: $OUT/session28-PHASE.txt (the summary) and the logs beside it.
 set -u
@@ -93,7 +94,8 @@ case "$P" in
   t)
     # shellcheck disable=SC2086
     test_bin gpu 300 ${KFILTER:-rows:: int4:: mxfp4:: fp16_mlp::}
-    timeout 240 dist/gpu/gpuw-bin --test-threads 1 rows::int4 int4:: fp16_mlp:: > "$OUT/test-gpuw.log" 2>&1
+    timeout 240 dist/gpu/gpuw-bin --test-threads 1 rows::int4 rows::mxfp4 int4:: mxfp4:: fp16_mlp:: \
+      > "$OUT/test-gpuw.log" 2>&1
     echo "test gpuw rc=$? $(grep '^test result' "$OUT/test-gpuw.log") (t=$((SECONDS-T0))s)" >> "$S"
     grep -E "panicked|FAILED" -A3 "$OUT/test-gpuw.log" | head -20 >> "$S"
     test_bin batching 240
@@ -107,6 +109,11 @@ case "$P" in
       [ -d "$T/kc" ] || timeout 200 "$kr0" build-cache --model "$T/g20" --cache-dir "$T/kc" \
         > "$OUT/cache.log" 2>&1; } &
     g20pid=$!
+    for v in "" -w; do
+      timeout 60 dist/gpu/kbench$v --mxfp4 > "$OUT/kb.log" 2>&1
+      echo "kbench$v rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+      grep "^mxfp4" "$OUT/kb.log" | sed "s/^/[$v] /" >> "$OUT/kbench-w.log"
+    done
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     echo "prep (t=$((SECONDS-T0))s)" >> "$S"
     for v in -w "" -w ""; do
@@ -118,7 +125,7 @@ case "$P" in
     done
     wait "$g20pid"
     echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    for v in "" -old "" -old; do
+    for v in "" -w -old "" -w -old; do
       [ $((SECONDS-T0)) -gt 480 ] && break
       timeout 60 dist/gpu/krasis-runtime$v bench --model $T/g20 --cache-dir $T/kc --commit "$C$v" \
         --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
