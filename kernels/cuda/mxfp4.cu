@@ -426,7 +426,10 @@ __device__ __forceinline__ void w2_combine_mx(const float* __restrict__ act, con
             part[it][g] = acc0;
             part[it][g + 8] = acc1;
         }
-        // The slot's blocks are in registers and used above: refill it.
+        // The slot's blocks were read above: refill it. cp.async's asm
+        // names no memory, so a compiler barrier keeps those shared loads
+        // ahead of the copies that overwrite them.
+        asm volatile("" ::: "memory");
         if (it + 2 * nw < items) load(it + 2 * nw, s, sc, valid);
         cp_async_commit();
         it += nw;
