@@ -114,6 +114,9 @@ case "$P" in
       echo "kbench$v rc=$? (t=$((SECONDS-T0))s)" >> "$S"
       grep "^mxfp4" "$OUT/kb.log" | sed "s/^/[$v] /" >> "$OUT/kbench-w.log"
     done
+    # The branch's 32-row w13 staged against in registers, in one binary (kbench --rows).
+    timeout 60 dist/gpu/kbench-w --rows > "$OUT/kbench-w-rows.log" 2>&1
+    echo "kbench-w --rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     echo "prep (t=$((SECONDS-T0))s)" >> "$S"
     for v in -w "" -w ""; do
