@@ -16,7 +16,9 @@
 #   For the next device session (dist/pack as packed at the end of session 28, COMMIT says what):
 #   bash tools/device/session28.sh t COMMIT
 #       kernel tests of main (`rows:: int4:: mxfp4:: fp16_mlp::`) and of branch next/w13-smem
-#       (gpuw-bin: `rows::int4 int4:: fp16_mlp::`), then main's engine `batching` and `gpt_oss`.
+#       (gpuw-bin: `rows::int4 rows::mxfp4 int4:: mxfp4:: fp16_mlp::`).
+#   bash tools/device/session28.sh e COMMIT
+#       main's engine tests `batching`, `gpt_oss`, `row_invariance`.
 #   bash tools/device/session28.sh b COMMIT
 #       kbench --mxfp4 of main and of the branch; a3b-24l at the serve shape, 1 and 4 rows: main
 #       against the branch (krasis-runtime-w), alternating; gpt-oss-20b: main (12-warp MXFP4 w2),
@@ -93,13 +95,16 @@ case "$P" in
     ;;
   t)
     # shellcheck disable=SC2086
-    test_bin gpu 300 ${KFILTER:-rows:: int4:: mxfp4:: fp16_mlp::}
-    timeout 240 dist/gpu/gpuw-bin --test-threads 1 rows::int4 rows::mxfp4 int4:: mxfp4:: fp16_mlp:: \
+    test_bin gpu 280 ${KFILTER:-rows:: int4:: mxfp4:: fp16_mlp::}
+    timeout 220 dist/gpu/gpuw-bin --test-threads 1 rows::int4 rows::mxfp4 int4:: mxfp4:: fp16_mlp:: \
       > "$OUT/test-gpuw.log" 2>&1
     echo "test gpuw rc=$? $(grep '^test result' "$OUT/test-gpuw.log") (t=$((SECONDS-T0))s)" >> "$S"
     grep -E "panicked|FAILED" -A3 "$OUT/test-gpuw.log" | head -20 >> "$S"
-    test_bin batching 240
+    ;;
+  e)
+    test_bin batching 260
     test_bin gpt_oss 150
+    test_bin row_invariance 120
     ;;
   b)
     T=/tmp/oss-load; mkdir -p $T
