@@ -66,6 +66,10 @@ pub struct Kernels {
     /// Shared memory one block may opt in to (static + dynamic): 227 KB on
     /// sm_90, 163 KB on sm_80, 99 KB on sm_86/89/120.
     smem_optin: u32,
+    /// Each loaded kernel's static shared memory, read once at load: the
+    /// launch paths that size dynamic memory against the device's limit
+    /// (`ops/mxfp4.rs`, w2) need it per launch.
+    static_smem: HashMap<&'static str, u32>,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -146,12 +150,23 @@ impl Kernels {
                 funcs.insert(name, f);
             }
         }
+        let static_smem = funcs
+            .iter()
+            .map(|(&name, f)| {
+                f.shared_size_bytes()
+                    .map(|b| (name, b.max(0) as u32))
+                    .map_err(KernelError::driver(format!(
+                        "`{name}`: reading its static shared memory"
+                    )))
+            })
+            .collect::<Result<_>>()?;
         Ok(Kernels {
             ctx: ctx.clone(),
             funcs,
             compute_capability: cc,
             sm_count,
             smem_optin,
+            static_smem,
         })
     }
 
@@ -176,6 +191,12 @@ impl Kernels {
     /// Shared memory one block may opt in to, static and dynamic together.
     pub fn smem_optin(&self) -> u32 {
         self.smem_optin
+    }
+
+    /// Static shared memory of kernel `name` (read at load).
+    pub(crate) fn static_smem(&self, name: &'static str) -> Result<u32> {
+        self.func(name)?;
+        Ok(self.static_smem.get(name).copied().unwrap_or(0))
     }
 
     /// Whether entry point `name` is loaded (an architecture-specific

@@ -33,6 +33,34 @@ T0=$SECONDS
 . tools/device/lib.sh
 unpack_binaries
 M=/tmp/agent-load/a3b-24l; K=/tmp/agent-load/krasis-cache
+T=/tmp/oss-load
+# gpt-oss-20b's checkpoint and MXFP4 cache in $T, made in the background (g20pid).
+g20_prep() {
+  local kr0; kr0=$(realpath dist/gpu/krasis-runtime); mkdir -p $T
+  { [ -f "$T/g20/config.json" ] || timeout 200 "$kr0" synth --preset gpt-oss-20b --seed 1 \
+      --out "$T/g20" --vocab .cache/vocab/o200k_base.tiktoken > "$OUT/synth.log" 2>&1
+    [ -d "$T/kc" ] || timeout 200 "$kr0" build-cache --model "$T/g20" --cache-dir "$T/kc" \
+      > "$OUT/cache.log" 2>&1; } &
+  g20pid=$!
+}
+# bench at the serve shape (1,000-token prompts, 128 tokens, 1 and 4 rows, context 32,768) with
+# dist/gpu/krasis-runtime$SUFFIX, its decode lines into the summary.
+bench_rows() { # tag model cache-dir suffix
+  timeout 60 "dist/gpu/krasis-runtime$4" bench --model "$2" --cache-dir "$3" --commit "$C$4" \
+    --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
+    --context-length 32768 --json "$OUT/bench-$1$4.json" > "$OUT/bench.log" 2>&1
+  echo "bench $1 ($4) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+  grep -E "^decode [0-9] rows" "$OUT/bench.log" | cut -c1-400 >> "$S"
+}
+# kbench --mxfp4 with each suffix's binary, tagged lines into $OUT/LOG.
+kbench_mx() { # log suffix...
+  local log=$1 v; shift
+  for v in "$@"; do
+    timeout 60 "dist/gpu/kbench$v" --mxfp4 > "$OUT/kb.log" 2>&1
+    echo "kbench$v rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    grep "^mxfp4" "$OUT/kb.log" | sed "s/^/[$v] /" >> "$OUT/$log"
+  done
+}
 case "$P" in
   m)
     timeout 100 dist/gpu/kbench --mxfp4 > "$OUT/kbench-mxfp4.log" 2>&1
@@ -52,45 +80,27 @@ case "$P" in
     grep -E "^decode [0-9] rows|HCS: hit rate .* per step" "$OUT/bench-6GiB.log" | cut -c1-420 >> "$S"
     ;;
   x)
-    T=/tmp/oss-load; mkdir -p $T
-    kr0=$(realpath dist/gpu/krasis-runtime)
-    { [ -f "$T/g20/config.json" ] || timeout 200 "$kr0" synth --preset gpt-oss-20b --seed 1 \
-        --out "$T/g20" --vocab .cache/vocab/o200k_base.tiktoken > "$OUT/synth.log" 2>&1
-      [ -d "$T/kc" ] || timeout 200 "$kr0" build-cache --model "$T/g20" --cache-dir "$T/kc" \
-        > "$OUT/cache.log" 2>&1; } &
-    g20pid=$!
+    g20_prep
     # Kernel tests: MXFP4 decode (reference, rows), int4 decode (reference, rows with every w2
     # block shape: the grouped several-tokens w2 against each token alone).
     timeout 150 dist/gpu/gpu-mx --test-threads 1 mxfp4:: mxfp4_decode_rows int4:: int4_decode_rows \
       > "$OUT/test-gpu-mx.log" 2>&1
     echo "test gpu-mx rc=$? $(grep '^test result' "$OUT/test-gpu-mx.log") (t=$((SECONDS-T0))s)" >> "$S"
     grep -E "panicked|FAILED" -A3 "$OUT/test-gpu-mx.log" | head -20 >> "$S"
-    for v in "" -B -C; do
-      timeout 60 dist/gpu/kbench$v --mxfp4 > "$OUT/kb.log" 2>&1
-      echo "kbench$v rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-      grep "^mxfp4" "$OUT/kb.log" | sed "s/^/[$v] /" >> "$OUT/kbench-ab.log"
-    done
+    kbench_mx kbench-ab.log "" -B -C
     # a3b-24l at the serve shape, 1 and 4 rows: main's runtime against the new one, twice.
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     echo "prep (t=$((SECONDS-T0))s)" >> "$S"
     for v in -mx "" -mx ""; do
       [ $((SECONDS-T0)) -gt 200 ] && break
-      timeout 60 dist/gpu/krasis-runtime$v bench --model $M --cache-dir $K --commit "$C$v" \
-        --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
-        --context-length 32768 --json "$OUT/bench-a3b$v.json" > "$OUT/bench.log" 2>&1
-      echo "bench a3b ($v) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-      grep -E "^decode [0-9] rows" "$OUT/bench.log" | cut -c1-400 >> "$S"
+      bench_rows a3b $M $K "$v"
     done
     # gpt-oss-20b, the same (its checkpoint and cache made in the background from the start).
     wait "$g20pid"
     echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     for v in -mx "" -mx ""; do
       [ $((SECONDS-T0)) -gt 330 ] && break
-      timeout 60 dist/gpu/krasis-runtime$v bench --model $T/g20 --cache-dir $T/kc --commit "$C$v" \
-        --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
-        --context-length 32768 --json "$OUT/bench-g20$v.json" > "$OUT/bench.log" 2>&1
-      echo "bench g20 ($v) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-      grep -E "^decode [0-9] rows" "$OUT/bench.log" | cut -c1-400 >> "$S"
+      bench_rows g20 $T/g20 $T/kc "$v"
     done
     ;;
   t)
@@ -107,39 +117,21 @@ case "$P" in
     test_bin row_invariance 120
     ;;
   b)
-    T=/tmp/oss-load; mkdir -p $T
-    kr0=$(realpath dist/gpu/krasis-runtime)
-    { [ -f "$T/g20/config.json" ] || timeout 200 "$kr0" synth --preset gpt-oss-20b --seed 1 \
-        --out "$T/g20" --vocab .cache/vocab/o200k_base.tiktoken > "$OUT/synth.log" 2>&1
-      [ -d "$T/kc" ] || timeout 200 "$kr0" build-cache --model "$T/g20" --cache-dir "$T/kc" \
-        > "$OUT/cache.log" 2>&1; } &
-    g20pid=$!
-    for v in "" -w; do
-      timeout 60 dist/gpu/kbench$v --mxfp4 > "$OUT/kb.log" 2>&1
-      echo "kbench$v rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-      grep "^mxfp4" "$OUT/kb.log" | sed "s/^/[$v] /" >> "$OUT/kbench-w.log"
-    done
+    g20_prep
+    kbench_mx kbench-w.log "" -w
     # The branch's 32-row w13 staged against in registers, in one binary (kbench --rows).
     timeout 60 dist/gpu/kbench-w --rows > "$OUT/kbench-w-rows.log" 2>&1
     echo "kbench-w --rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     echo "prep (t=$((SECONDS-T0))s)" >> "$S"
     for v in -w "" -w ""; do
-      timeout 60 dist/gpu/krasis-runtime$v bench --model $M --cache-dir $K --commit "$C$v" \
-        --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
-        --context-length 32768 --json "$OUT/bench-a3b$v.json" > "$OUT/bench.log" 2>&1
-      echo "bench a3b ($v) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-      grep -E "^decode [0-9] rows" "$OUT/bench.log" | cut -c1-400 >> "$S"
+      bench_rows a3b $M $K "$v"
     done
     wait "$g20pid"
     echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     for v in "" -w -old "" -w -old; do
       [ $((SECONDS-T0)) -gt 480 ] && break
-      timeout 60 dist/gpu/krasis-runtime$v bench --model $T/g20 --cache-dir $T/kc --commit "$C$v" \
-        --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
-        --context-length 32768 --json "$OUT/bench-g20$v.json" > "$OUT/bench.log" 2>&1
-      echo "bench g20 ($v) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-      grep -E "^decode [0-9] rows" "$OUT/bench.log" | cut -c1-400 >> "$S"
+      bench_rows g20 $T/g20 $T/kc "$v"
     done
     ;;
   *) echo "unknown phase $P" >> "$S" ;;

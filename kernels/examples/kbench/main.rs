@@ -1217,15 +1217,7 @@ fn bench_mxfp4(
         let n_sets = 64;
         let (mut ids, mut distinct) = (Vec::new(), 0usize);
         for _ in 0..n_sets {
-            let mut set = Vec::new();
-            for _ in 0..m {
-                let mut all: Vec<u32> = (0..e as u32).collect();
-                for j in 0..topk {
-                    let r = rng.random_range(j..e);
-                    all.swap(j, r);
-                }
-                set.extend_from_slice(&all[..topk]);
-            }
+            let set = random_routes(rng, m, e, topk);
             let mut d = set.clone();
             d.sort_unstable();
             d.dedup();

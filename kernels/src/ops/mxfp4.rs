@@ -24,8 +24,6 @@ use std::ffi::c_void;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::error::KernelError;
-
 use crate::launch::{
     Elem, KArgs, allow_smem, builder, by_elem, cfg, check_len, dim_u32, ensure, launch_dependent,
     shape_err, submit, submit_pdl,
@@ -386,10 +384,7 @@ impl Kernels {
         let f = self.func(k)?;
         // What a block may hold besides its static arrays (partials, table
         // entries, biases).
-        let static_bytes = f.shared_size_bytes().map_err(KernelError::driver(format!(
-            "`{k}`: reading its static shared memory"
-        )))? as usize;
-        let room = (self.smem_optin() as usize).saturating_sub(static_bytes);
+        let room = self.smem_optin().saturating_sub(self.static_smem(k)?) as usize;
         let plan = w2_plan(items, MAX_WARPS[v], GPW[v], ng, top_k, room);
         let Some(W2Plan { warps, jc, smem }) = plan else {
             return Err(shape_err(
