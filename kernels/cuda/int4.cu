@@ -640,24 +640,20 @@ __device__ __forceinline__ void w2_group(const u32* ids_s, u32 nt, u32 k, W2Grou
     for (int h = 0; h < 2; ++h) {
         const u32 p = lane + 32 * h;
         if (p < np) {
+            // One pass over the id's pairs: p's rank r, their count n, and
+            // its leader f, the last pair up to p whose rank is a multiple
+            // of 4 (the one of rank 4 * (r / 4)).
             const u32 id = ids_s[p];
-            u32 r = 0, n = 0;
+            u32 r = 0, n = 0, f = p;
             for (u32 q = 0; q < np; ++q) {
                 if (ids_s[q] != id) continue;
+                if (q <= p && (n & 3u) == 0) f = q;
                 r += q < p;
                 ++n;
             }
-            // The leader: this id's pair of rank 4 * (r / 4).
-            const u32 r0 = r & ~3u;
-            u32 c = 0, f = p;
-            for (u32 q = 0; q < np; ++q) {
-                if (ids_s[q] != id) continue;
-                if (c == r0) f = q;
-                ++c;
-            }
             rank[h] = r;
             first[h] = f;
-            size[h] = min(n - r0, 4u);
+            size[h] = min(n - (r & ~3u), 4u);
         }
         lead[h] = __ballot_sync(0xFFFFFFFFu, p < np && (rank[h] & 3u) == 0);
     }
