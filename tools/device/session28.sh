@@ -134,6 +134,40 @@ case "$P" in
       bench_rows g20 $T/g20 $T/kc "$v"
     done
     ;;
+  a)
+    # Session 29, one call: the branch's kernel tests (its existing entry points are main's,
+    # unchanged), kbench --mxfp4 of main and the branch, the branch's 32-row w13 staged against
+    # in registers, a3b-24l at the serve shape, main against the branch, alternating. The a3b
+    # prep (CPU and disk) runs beside the tests, which time nothing.
+    BUDGET=150 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1 &
+    prep=$!
+    timeout 240 dist/gpu/gpuw-bin --test-threads 1 rows::int4 rows::mxfp4 int4:: mxfp4:: fp16_mlp:: \
+      > "$OUT/test-gpuw.log" 2>&1
+    echo "test gpuw rc=$? $(grep '^test result' "$OUT/test-gpuw.log") (t=$((SECONDS-T0))s)" >> "$S"
+    grep -E "panicked|FAILED" -A3 "$OUT/test-gpuw.log" | head -20 >> "$S"
+    wait $prep
+    echo "prep (t=$((SECONDS-T0))s)" >> "$S"
+    kbench_mx kbench-w.log "" -w
+    timeout 60 dist/gpu/kbench-w --rows > "$OUT/kbench-w-rows.log" 2>&1
+    echo "kbench-w --rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    for v in -w "" -w "" -w ""; do
+      [ $((SECONDS-T0)) -gt 540 ] && break
+      bench_rows a3b $M $K "$v"
+    done
+    ;;
+  c)
+    # Session 29: main's engine tests, then gpt-oss-20b main / branch / old, alternating.
+    g20_prep
+    test_bin batching 200
+    test_bin gpt_oss 120
+    test_bin row_invariance 100
+    wait "$g20pid"
+    echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
+    for v in "" -w -old "" -w -old; do
+      [ $((SECONDS-T0)) -gt 520 ] && break
+      bench_rows g20 $T/g20 $T/kc "$v"
+    done
+    ;;
   *) echo "unknown phase $P" >> "$S" ;;
 esac
 echo "done (t=$((SECONDS-T0))s)" >> "$S"
