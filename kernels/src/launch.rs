@@ -288,31 +288,36 @@ unsafe fn launch_ex(
 }
 
 /// Opts `f` in to more than 48 KB of dynamic shared memory when needed.
-pub(crate) fn allow_smem(kernel: &'static str, f: &CudaFunction, bytes: u32) -> Result<()> {
-    // The 48 KB default bounds static + dynamic shared memory: a kernel
-    // with static arrays (gemv_rmsnorm's 128-byte scratch) needs the
-    // opt-in below 48 KB of dynamic memory (on the H200, gemv_rmsnorm with
-    // exactly 48 KB of staged rows failed to launch with
-    // CUDA_ERROR_INVALID_VALUE until this counted its static bytes). Small
-    // launches skip the query (no kernel here has 16 KB of static memory).
-    let static_bytes = if bytes > 32 * 1024 {
-        f.shared_size_bytes().map_err(KernelError::driver(format!(
-            "`{kernel}`: reading its static shared memory"
-        )))? as u32
-    } else {
-        0
-    };
-    if bytes + static_bytes > 48 * 1024 {
-        use cudarc::driver::sys::CUfunction_attribute_enum as A;
-        f.set_attribute(
-            A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes as i32,
-        )
-        .map_err(KernelError::driver(format!(
-            "`{kernel}`: {bytes} bytes of shared memory"
-        )))?;
+impl crate::Kernels {
+    /// Lets `kernel` (function `f`) launch with `bytes` of dynamic shared
+    /// memory: the 48 KB default bounds static + dynamic shared memory, so
+    /// a kernel past it, counting its static arrays (read at load:
+    /// [`crate::Kernels::static_smem`]), needs the opt-in even with little
+    /// dynamic memory (on the H200, gemv_rmsnorm with exactly 48 KB of staged
+    /// rows failed to launch with CUDA_ERROR_INVALID_VALUE until this counted
+    /// its static bytes). Every launch counts it: this once queried it only
+    /// past 32 KB of dynamic memory, which held only while no kernel with
+    /// 16 KB of static arrays took less (the grouped INT4 kernels have 32 KB
+    /// of them; the decode GEMVs on branch `next/gemv-tc` 29 KB).
+    pub(crate) fn allow_smem(
+        &self,
+        kernel: &'static str,
+        f: &CudaFunction,
+        bytes: u32,
+    ) -> Result<()> {
+        let static_bytes = self.static_smem(kernel)?;
+        if bytes + static_bytes > 48 * 1024 {
+            use cudarc::driver::sys::CUfunction_attribute_enum as A;
+            f.set_attribute(
+                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(KernelError::driver(format!(
+                "`{kernel}`: {bytes} bytes of shared memory"
+            )))?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

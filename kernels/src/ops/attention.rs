@@ -172,7 +172,7 @@ impl Kernels {
             kn, qkv, geom, start_pos, kv, base, k_cache, v_cache, out, None,
         )?;
         let f = self.func(kn)?;
-        crate::launch::allow_smem(kn, f, smem)?;
+        self.allow_smem(kn, f, smem)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);

@@ -23,9 +23,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 
-use crate::launch::{
-    Act16, allow_smem, builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit,
-};
+use crate::launch::{Act16, builder, cfg, check_len, dim_u32, ensure, launch_dependent, submit};
 
 /// The output element types of a GEMV whose weight and input are in `A`:
 /// f32, or `A` itself (rounded once).
@@ -235,7 +233,7 @@ impl Kernels {
         let osz = std::mem::size_of::<O>();
         check_disjoint(kn, ("y", yp, m * n * osz), ("x", xp, m * k * 2))?;
         let config = launch_cfg(self, n, m, k);
-        allow_smem(kn, f, config.shared_mem_bytes)?;
+        self.allow_smem(kn, f, config.shared_mem_bytes)?;
         let (mm, nn, kk, md) = (m as u32, n as u32, k as u32, mode(O::WIDE, accumulate));
         if self.compute_capability().0 >= 9 {
             let mut args: [*mut c_void; 7] = [
@@ -319,7 +317,7 @@ impl Kernels {
         check_disjoint(kn, ("normed", np, m * k * 2), ("residual", rp, m * k * 4))?;
         check_disjoint(kn, ("y", yp, ybytes), ("normed", np, m * k * 2))?;
         let config = launch_cfg(self, n, m, k);
-        allow_smem(kn, f, config.shared_mem_bytes)?;
+        self.allow_smem(kn, f, config.shared_mem_bytes)?;
         let (mm, nn, kk, md) = (m as u32, n as u32, k as u32, mode(O::WIDE, accumulate));
         if self.compute_capability().0 >= 9 {
             let mut args: [*mut c_void; 10] = [

@@ -25,8 +25,8 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
 use crate::launch::{
-    Elem, KArgs, allow_smem, builder, by_elem, cfg, check_len, dim_u32, ensure, launch_dependent,
-    shape_err, submit, submit_pdl,
+    Elem, KArgs, builder, by_elem, cfg, check_len, dim_u32, ensure, launch_dependent, shape_err,
+    submit, submit_pdl,
 };
 use crate::{Kernels, Result};
 
@@ -416,7 +416,7 @@ impl Kernels {
         // dynamic shared memory a block must opt in; `allow_smem` reads the
         // kernel's own static size (a constant here went stale when the
         // entries and biases joined the partials).
-        allow_smem(k, f, smem as u32)?;
+        self.allow_smem(k, f, smem as u32)?;
         let (ap, _g1) = act.device_ptr(stream);
         let (tp, _g2) = table.device_ptr(stream);
         let (ip, _g3) = ids.device_ptr(stream);

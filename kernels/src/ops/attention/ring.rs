@@ -240,7 +240,7 @@ impl Kernels {
         let ring = dim_u32(kn, "ring", attn.ring)?;
         let f = self.func(kn)?;
         let smem = mma.smem_bytes();
-        crate::launch::allow_smem(kn, f, smem)?;
+        self.allow_smem(kn, f, smem)?;
         let (qp, _g1) = qkv.device_ptr(stream);
         let (kp, _g2) = k_cache.device_ptr(stream);
         let (vp, _g3) = v_cache.device_ptr(stream);

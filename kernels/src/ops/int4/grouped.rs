@@ -9,7 +9,7 @@
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::Int4Layout;
-use crate::launch::{Act16, allow_smem, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
+use crate::launch::{Act16, builder, by_act, cfg, check_len, dim_u32, ensure, submit};
 use crate::ops::grouped::{GROUPED_ROWS, GroupedDims, grouped_tiles};
 use crate::{Kernels, Result};
 
@@ -207,7 +207,7 @@ impl Kernels {
         let (tp, _g3) = table.device_ptr(stream);
         let f = self.func(k)?;
         if smem > 0 {
-            allow_smem(k, f, smem)?;
+            self.allow_smem(k, f, smem)?;
         }
         let mut b = builder(stream, f);
         b.arg(&xp)
