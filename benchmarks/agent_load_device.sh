@@ -31,6 +31,12 @@ finish() {
 trap finish EXIT
 export KRASIS_LOG=warn
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt" 2>&1
+# The prep (model, cache, heatmap) needs no client: bench-only device calls need not carry it.
+if [ "$phase" = prep ]; then
+  KRASIS_DEVICE_TMP=$T timeout "$(left)" bash benchmarks/run_device.sh "$R/rd" "$C" heatmap-a3b-24l \
+    > "$R/prep.log" 2>&1
+  log "prep rc=$?"; exit 0
+fi
 # The device has no network and its Python no openai client: install the wheels carried in
 # .cache/wheels (fetched here with `pip download --python-version 3.12 --only-binary=:all:
 # --platform manylinux2014_x86_64 openai -d .cache/wheels`) into a directory of their own.
@@ -42,11 +48,6 @@ fi
 "$py" -c "import openai; print('openai', openai.__version__)" >> "$R/summary.txt" 2>&1 \
   || { log "no openai client in $py"; exit 1; }
 
-if [ "$phase" = prep ]; then
-  KRASIS_DEVICE_TMP=$T timeout "$(left)" bash benchmarks/run_device.sh "$R/rd" "$C" heatmap-a3b-24l \
-    > "$R/prep.log" 2>&1
-  log "prep rc=$?"; exit 0
-fi
 [ -f "$T/a3b-24l/config.json" ] || { log "run the prep phase first"; exit 1; }
 
 port=18095; url=http://127.0.0.1:$port
