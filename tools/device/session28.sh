@@ -43,15 +43,6 @@ g20_prep() {
       > "$OUT/cache.log" 2>&1; } &
   g20pid=$!
 }
-# bench at the serve shape (1,000-token prompts, 128 tokens, 1 and 4 rows, context 32,768) with
-# dist/gpu/krasis-runtime$SUFFIX, its decode lines into the summary.
-bench_rows() { # tag model cache-dir suffix
-  timeout 60 "dist/gpu/krasis-runtime$4" bench --model "$2" --cache-dir "$3" --commit "$C$4" \
-    --prompt-tokens 1000 --decode-prompt-tokens 1000 --decode-tokens 128 --decode-rows 1,4 \
-    --context-length 32768 --json "$OUT/bench-$1$4.json" > "$OUT/bench.log" 2>&1
-  echo "bench $1 ($4) rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-  grep -E "^decode [0-9] rows" "$OUT/bench.log" | cut -c1-400 >> "$S"
-}
 # kbench --mxfp4 with each suffix's binary, tagged lines into $OUT/LOG.
 kbench_mx() { # log suffix...
   local log=$1 v; shift
@@ -83,33 +74,27 @@ case "$P" in
     g20_prep
     # Kernel tests: MXFP4 decode (reference, rows), int4 decode (reference, rows with every w2
     # block shape: the grouped several-tokens w2 against each token alone).
-    timeout 150 dist/gpu/gpu-mx --test-threads 1 mxfp4:: mxfp4_decode_rows int4:: int4_decode_rows \
-      > "$OUT/test-gpu-mx.log" 2>&1
-    echo "test gpu-mx rc=$? $(grep '^test result' "$OUT/test-gpu-mx.log") (t=$((SECONDS-T0))s)" >> "$S"
-    grep -E "panicked|FAILED" -A3 "$OUT/test-gpu-mx.log" | head -20 >> "$S"
+    test_bin gpu-mx 150 mxfp4:: mxfp4_decode_rows int4:: int4_decode_rows
     kbench_mx kbench-ab.log "" -B -C
     # a3b-24l at the serve shape, 1 and 4 rows: main's runtime against the new one, twice.
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     echo "prep (t=$((SECONDS-T0))s)" >> "$S"
     for v in -mx "" -mx ""; do
       [ $((SECONDS-T0)) -gt 200 ] && break
-      bench_rows a3b $M $K "$v"
+      bench_serve_shape a3b $M $K "$v"
     done
     # gpt-oss-20b, the same (its checkpoint and cache made in the background from the start).
     wait "$g20pid"
     echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     for v in -mx "" -mx ""; do
       [ $((SECONDS-T0)) -gt 330 ] && break
-      bench_rows g20 $T/g20 $T/kc "$v"
+      bench_serve_shape g20 $T/g20 $T/kc "$v"
     done
     ;;
   t)
     # shellcheck disable=SC2086
     test_bin gpu 280 ${KFILTER:-rows:: int4:: mxfp4:: fp16_mlp::}
-    timeout 220 dist/gpu/gpuw-bin --test-threads 1 rows::int4 rows::mxfp4 int4:: mxfp4:: fp16_mlp:: \
-      > "$OUT/test-gpuw.log" 2>&1
-    echo "test gpuw rc=$? $(grep '^test result' "$OUT/test-gpuw.log") (t=$((SECONDS-T0))s)" >> "$S"
-    grep -E "panicked|FAILED" -A3 "$OUT/test-gpuw.log" | head -20 >> "$S"
+    test_bin gpuw-bin 220 rows::int4 rows::mxfp4 int4:: mxfp4:: fp16_mlp::
     ;;
   e)
     test_bin batching 260
@@ -125,13 +110,13 @@ case "$P" in
     BUDGET=100 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1
     echo "prep (t=$((SECONDS-T0))s)" >> "$S"
     for v in -w "" -w ""; do
-      bench_rows a3b $M $K "$v"
+      bench_serve_shape a3b $M $K "$v"
     done
     wait "$g20pid"
     echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     for v in "" -w -old "" -w -old; do
       [ $((SECONDS-T0)) -gt 480 ] && break
-      bench_rows g20 $T/g20 $T/kc "$v"
+      bench_serve_shape g20 $T/g20 $T/kc "$v"
     done
     ;;
   a)
@@ -141,10 +126,7 @@ case "$P" in
     # prep (CPU and disk) runs beside the tests, which time nothing.
     BUDGET=150 bash tools/device/batching.sh prep "$C" > /dev/null 2>&1 &
     prep=$!
-    timeout 240 dist/gpu/gpuw-bin --test-threads 1 rows::int4 rows::mxfp4 int4:: mxfp4:: fp16_mlp:: \
-      > "$OUT/test-gpuw.log" 2>&1
-    echo "test gpuw rc=$? $(grep '^test result' "$OUT/test-gpuw.log") (t=$((SECONDS-T0))s)" >> "$S"
-    grep -E "panicked|FAILED" -A3 "$OUT/test-gpuw.log" | head -20 >> "$S"
+    test_bin gpuw-bin 240 rows::int4 rows::mxfp4 int4:: mxfp4:: fp16_mlp::
     wait $prep
     echo "prep (t=$((SECONDS-T0))s)" >> "$S"
     kbench_mx kbench-w.log "" -w
@@ -152,7 +134,7 @@ case "$P" in
     echo "kbench-w --rows rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     for v in -w "" -w "" -w ""; do
       [ $((SECONDS-T0)) -gt 540 ] && break
-      bench_rows a3b $M $K "$v"
+      bench_serve_shape a3b $M $K "$v"
     done
     ;;
   c)
@@ -165,7 +147,7 @@ case "$P" in
     echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
     for v in "" -w -old "" -w -old; do
       [ $((SECONDS-T0)) -gt 520 ] && break
-      bench_rows g20 $T/g20 $T/kc "$v"
+      bench_serve_shape g20 $T/g20 $T/kc "$v"
     done
     ;;
   *) echo "unknown phase $P" >> "$S" ;;
