@@ -122,6 +122,23 @@ struct ActF16 {
     static __device__ __forceinline__ float hi(u32 v) { return h_hi(v); }
 };
 
+// c += A(16x16) * B(16x8) in format A (bf16 or f16), f32 accumulate
+// (mma.sync.m16n8k16: the INT4 expert kernels and the LM head GEMV).
+template <class A = ActBf16>
+__device__ __forceinline__ void mma16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    if constexpr (A::F16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -234,4 +251,102 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // wait (the callers' __syncthreads also orders them; this does not rely on it).
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// block_sum (above) of MB values at once: each value takes exactly
+// block_sum's tree (warp_sum, then the warps' sums in warp order through
+// shared memory, then warp_sum), with one pair of barriers for all.
+template <int MB>
+__device__ __forceinline__ void block_sum_rows(float* v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int t = 0; t < MB; ++t) v[t] = warp_sum(v[t]);
+    __syncthreads();
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < MB; ++t) scratch[t * 32 + warp] = v[t];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < MB; ++t) v[t] = warp_sum((lane < nw) ? scratch[t * 32 + lane] : 0.0f);
+}
+
+// The fused RMSNorm prologue of both decode GEMV forms (gemv.cu, gemv_tc.cu):
+// x[t] = A(res[t] * rsqrt(mean(res[t]^2) + eps) * g) for the M rows, into the
+// block's staged rows xs (row stride rs 16-byte vectors) and, from block 0,
+// into normed. Each row's arithmetic is rmsnorm_f32's (its thread count,
+// term order and reduction tree), so every block computes the same bits and
+// normed equals rmsnorm_f32's output. The global reads of all rows are
+// issued together (row by row, each row cost a dependent L2 round trip and
+// a block reduction in series).
+template <int MB, class A>
+__device__ __forceinline__ void gemv_norm_rows(const float* res, const bf16_t* __restrict__ g, float eps, u32 m,
+                                               u32 K, u32 rs, uint4* xs, unsigned short* normed, float* scratch) {
+    const u32 V = K >> 3;
+    // rmsnorm_row's sum, verbatim per row (same thread count, same
+    // order of each row's terms, the same reduction tree).
+    // Bucket rows past m sum row m - 1 again (unguarded, so one
+    // iteration's loads of all rows go out together); unused.
+    float ss[MB];
+    const float* rrow[MB];
+#pragma unroll
+    for (int t = 0; t < MB; ++t) {
+        ss[t] = 0.0f;
+        rrow[t] = res + (u64)(MB == 1 ? 0u : min((u32)t, m - 1)) * K;
+    }
+    // NB of a thread's iterations at a time, their loads predicated
+    // rather than behind the loop's exit test, so they go out together
+    // (`#pragma unroll 4` over a runtime trip count left one L2 round
+    // trip per iteration: K / 256 in series). Same terms, same order.
+    constexpr int NB = MB <= 2 ? 8 : (MB == 4 ? 4 : 2);
+    for (u32 i0 = threadIdx.x; i0 < K; i0 += NB * blockDim.x) {
+        float v[NB][MB];
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            const u32 i = i0 + b * blockDim.x;
+#pragma unroll
+            for (int t = 0; t < MB; ++t) v[b][t] = i < K ? rrow[t][i] : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            if (i0 + b * blockDim.x < K) {
+#pragma unroll
+                for (int t = 0; t < MB; ++t) ss[t] += v[b][t] * v[b][t];
+            }
+        }
+    }
+    block_sum_rows<MB>(ss, scratch);
+    float inv[MB];
+#pragma unroll
+    for (int t = 0; t < MB; ++t) inv[t] = rsqrtf(ss[t] / (float)K + eps);
+    // The rows' loads go out together (TN rows at a time: a guard per
+    // row serialized one L2 round trip per row); stores only for t < m.
+    const uint4* g4 = (const uint4*)g;
+    constexpr int TN = MB < 2 ? MB : 2;
+    for (u32 c8 = threadIdx.x; c8 < V; c8 += blockDim.x) {
+        const uint4 gv = g4[c8];
+#pragma unroll
+        for (int t0 = 0; t0 < MB; t0 += TN) {
+            float4 a[TN], b[TN];
+#pragma unroll
+            for (int tt = 0; tt < TN; ++tt) {
+                const float4* r4 = (const float4*)rrow[t0 + tt];
+                a[tt] = r4[2 * c8];
+                b[tt] = r4[2 * c8 + 1];
+            }
+#pragma unroll
+            for (int tt = 0; tt < TN; ++tt) {
+                const int t = t0 + tt;
+                if (MB == 1 || (u32)t < m) {
+                    uint4 o;
+                    o.x = A::pack2(a[tt].x * inv[t] * bf_lo(gv.x), a[tt].y * inv[t] * bf_hi(gv.x));
+                    o.y = A::pack2(a[tt].z * inv[t] * bf_lo(gv.y), a[tt].w * inv[t] * bf_hi(gv.y));
+                    o.z = A::pack2(b[tt].x * inv[t] * bf_lo(gv.z), b[tt].y * inv[t] * bf_hi(gv.z));
+                    o.w = A::pack2(b[tt].z * inv[t] * bf_lo(gv.w), b[tt].w * inv[t] * bf_hi(gv.w));
+                    xs[t * rs + c8] = o;
+                    if (blockIdx.x == 0) ((uint4*)normed)[(u64)t * V + c8] = o;
+                }
+            }
+        }
+    }
 }

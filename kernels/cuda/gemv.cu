@@ -101,24 +101,6 @@ __device__ __forceinline__ void gemv_dot8(float* a, const uint4 w, const uint4 x
     a[P - 1] = fmaf(A::hi(w.w), A::hi(x.w), a[P - 1]);
 }
 
-// block_sum (common.cuh) of MB values at once: each value takes exactly
-// block_sum's tree (warp_sum, then the warps' sums in warp order through
-// shared memory, then warp_sum), with one pair of barriers for all.
-template <int MB>
-__device__ __forceinline__ void block_sum_rows(float* v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-#pragma unroll
-    for (int t = 0; t < MB; ++t) v[t] = warp_sum(v[t]);
-    __syncthreads();
-    if (lane == 0) {
-#pragma unroll
-        for (int t = 0; t < MB; ++t) scratch[t * 32 + warp] = v[t];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int t = 0; t < MB; ++t) v[t] = warp_sum((lane < nw) ? scratch[t * 32 + lane] : 0.0f);
-}
-
 // mode: 0 = 16-bit y (format A), 1 = f32 y, 2 = f32 y += result.
 // MB: compile-time bound on m (1, 2, 4, 8). NR x U: rows x vectors per lane
 // of one weight group (NR * U = 16). NORM: x from residual + norm weight.
@@ -167,72 +149,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
     // (header: row by row, each row cost a dependent L2 round trip and a
     // block reduction in series). Each row's arithmetic is unchanged.
     if constexpr (NORM) {
-        // rmsnorm_row's sum, verbatim per row (same thread count, same
-        // order of each row's terms, the same reduction tree).
-        // Bucket rows past m sum row m - 1 again (unguarded, so one
-        // iteration's loads of all rows go out together); unused.
-        float ss[MB];
-        const float* rrow[MB];
-#pragma unroll
-        for (int t = 0; t < MB; ++t) {
-            ss[t] = 0.0f;
-            rrow[t] = res + (u64)(MB == 1 ? 0u : min((u32)t, m - 1)) * K;
-        }
-        // NB of a thread's iterations at a time, their loads predicated
-        // rather than behind the loop's exit test, so they go out together
-        // (`#pragma unroll 4` over a runtime trip count left one L2 round
-        // trip per iteration: K / 256 in series). Same terms, same order.
-        constexpr int NB = MB <= 2 ? 8 : (MB == 4 ? 4 : 2);
-        for (u32 i0 = threadIdx.x; i0 < K; i0 += NB * blockDim.x) {
-            float v[NB][MB];
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                const u32 i = i0 + b * blockDim.x;
-#pragma unroll
-                for (int t = 0; t < MB; ++t) v[b][t] = i < K ? rrow[t][i] : 0.0f;
-            }
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                if (i0 + b * blockDim.x < K) {
-#pragma unroll
-                    for (int t = 0; t < MB; ++t) ss[t] += v[b][t] * v[b][t];
-                }
-            }
-        }
-        block_sum_rows<MB>(ss, scratch);
-        float inv[MB];
-#pragma unroll
-        for (int t = 0; t < MB; ++t) inv[t] = rsqrtf(ss[t] / (float)K + eps);
-        // The rows' loads go out together (TN rows at a time: a guard per
-        // row serialized one L2 round trip per row); stores only for t < m.
-        const uint4* g4 = (const uint4*)g;
-        constexpr int TN = MB < 2 ? MB : 2;
-        for (u32 c8 = threadIdx.x; c8 < V; c8 += blockDim.x) {
-            const uint4 gv = g4[c8];
-#pragma unroll
-            for (int t0 = 0; t0 < MB; t0 += TN) {
-                float4 a[TN], b[TN];
-#pragma unroll
-                for (int tt = 0; tt < TN; ++tt) {
-                    const float4* r4 = (const float4*)rrow[t0 + tt];
-                    a[tt] = r4[2 * c8];
-                    b[tt] = r4[2 * c8 + 1];
-                }
-#pragma unroll
-                for (int tt = 0; tt < TN; ++tt) {
-                    const int t = t0 + tt;
-                    if (MB == 1 || (u32)t < m) {
-                        uint4 o;
-                        o.x = A::pack2(a[tt].x * inv[t] * bf_lo(gv.x), a[tt].y * inv[t] * bf_hi(gv.x));
-                        o.y = A::pack2(a[tt].z * inv[t] * bf_lo(gv.y), a[tt].w * inv[t] * bf_hi(gv.y));
-                        o.z = A::pack2(b[tt].x * inv[t] * bf_lo(gv.z), b[tt].y * inv[t] * bf_hi(gv.z));
-                        o.w = A::pack2(b[tt].z * inv[t] * bf_lo(gv.w), b[tt].w * inv[t] * bf_hi(gv.w));
-                        gemv_xs[t * V + c8] = o;
-                        if (blockIdx.x == 0) ((uint4*)normed)[(u64)t * V + c8] = o;
-                    }
-                }
-            }
-        }
+        gemv_norm_rows<MB, A>(res, g, eps, m, K, V, gemv_xs, normed, scratch);
     } else {
         // Up to 4 vectors per thread in flight before any is stored (the
         // weight group's 64 registers are live here).

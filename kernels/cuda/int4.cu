@@ -102,22 +102,6 @@ __device__ __forceinline__ float nib(u32 word, int shift) {
     return __uint_as_float(0x4B000000u | ((word >> shift) & 0xFu)) - (MAGIC_F + 8.0f);
 }
 
-// c += A(16x16) * B(16x8) in format A (bf16 or f16), f32 accumulate.
-template <class A = ActBf16>
-__device__ __forceinline__ void mma16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    if constexpr (A::F16) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-}
-
 // One 16-row x 128-K tile: qa/qb = this lane's 16 bytes of rows g / g+8,
 // xv = the matching 32 permuted B values (4 x (x[j], x[j+4]) per 8-chunk)
 // in format A. Returns C (c[0..1]: row g, cols 2tq..; c[2..3]: row g+8).

@@ -6,9 +6,9 @@
 // (sources.rs), whose helpers it uses: dq8 (8 nibbles -> 4 exact (q - 8)
 // pairs in format A), perm8 (8 16-bit values -> the pairs (x[j], x[j+4])
 // dq8's order needs) and expert_base (table lookup, null when the entry is
-// missing or misaligned) from int4_common.cuh, mma16 (m16n8k16, f32
-// accumulate) from int4.cu; the tile lookup, grouped_find_tile, is
-// common.cuh's (mxfp4_gemm.cu shares it). int4_gemm_sm90.cu is this
+// missing or misaligned) from int4_common.cuh; mma16 (m16n8k16, f32
+// accumulate) and the tile lookup, grouped_find_tile, are common.cuh's
+// (mxfp4_gemm.cu shares the lookup). int4_gemm_sm90.cu is this
 // kernel's Hopper (wgmma) form, with the same arguments and contract.
 //
 // Why. Prefill used to dequantize each expert of a layer to 16-bit in

@@ -50,7 +50,14 @@
 // 128-K tiles [w*NCL, w*NCL+NCL) of both the 16 gate and the 16 up rows;
 // partials summed in warp order; then bias (if any) and Swiglu or
 // ClampedSwiglu. Slot mask, PDL trigger and NaN on a bad expert exactly as
-// int4_w13_swiglu.
+// int4_w13_swiglu. mxfp4_w13_act_3s is NCL 3 (gpt-oss, H 2880) with each
+// warp's weights staged in shared memory by cp.async instead of registers,
+// so three blocks fit an SM instead of two; the host takes it only where
+// three fit (228 KB per SM on sm_90). The same arithmetic in the same order
+// as mxfp4_w13_act_3 (only where the weights wait differs; the rows test
+// compares the two bit for bit). On an H100 (kbench --mxfp4, session 30)
+// w13 at 4 rows 75.1 -> 66.4 us, at 8 143.6 -> 122.9; gpt-oss-20b's decode
+// +1.2% at one row, +3.9% at four.
 // mxfp4_w2_combine_<GPW>: down GEMV fused with the router-weighted combine,
 // int4_w2_combine's contract: grid (H/16, tokens), warp items (j, K-part of
 // GPW tiles), act staged in shared memory as bf16 hi + lo; in chunks of `jc`
@@ -172,7 +179,7 @@ __device__ __forceinline__ uint4 mx_perm8(uint4 u) {
 #define MX_MAX_H 8192
 #define MX_W13_MAX_WARPS 16
 
-template <int NCL>
+template <int NCL, bool STG = false>
 __device__ __forceinline__ void w13_act_body(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                         const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os,
                                         u64 ob, u32 has_bias, u32 slot_mask, u32 kind, float limit, float alpha,
@@ -211,7 +218,17 @@ __device__ __forceinline__ void w13_act_body(const bf16_t* __restrict__ x, const
         xpre[r] = c < H / 8 ? xrow[c] : make_uint4(0, 0, 0, 0);
     }
     // Then every weight and scale load of this warp, in consumption order.
-    uint4 q[2][NCL][2];
+    // STG (mxfp4_w13_act_3s, gpt-oss: H 2880) stages the weights in dynamic
+    // shared memory by cp.async instead of registers: their 48 registers
+    // held the block to two per SM, so a token's 180 blocks x 4 experts ran
+    // in ~2.7 waves (w13 at 1.49 TB/s against w2's 1.0 after session 28);
+    // with 48 KB a block, three fit an SM of 228 KB. Where they do not (100
+    // KB per SM) the host keeps the register form. Lane l's chunk of (tile,
+    // gg, h) is wst[((tile * NCL + gg) * 2 + h) * 32] of its warp's slice; a
+    // lane reads back only what it copied. Same arithmetic either way.
+    extern __shared__ __align__(16) uint4 mx_w13_ws[];
+    uint4* wst = mx_w13_ws + (STG ? warp * (2 * NCL * 2 * 32) + lane : 0);
+    uint4 q[2][STG ? 1 : NCL][2];
     u32 sc[2][NCL][2];
 #pragma unroll
     for (int gg = 0; gg < NCL; ++gg)
@@ -221,11 +238,18 @@ __device__ __forceinline__ void w13_act_body(const bf16_t* __restrict__ x, const
             for (int h = 0; h < 2; ++h) {
                 const u32 blk = (warp * NCL + gg) * 4 + tq;
                 const u64 row = (u64)tile * I + i0 + g + 8 * h;
+                uint4* dst = wst + ((tile * NCL + gg) * 2 + h) * 32;
                 if (blk < nb) {
-                    q[tile][gg][h] = ld_stream16(wq + row * rb + blk * 16);
+                    if constexpr (STG)
+                        cp_async16(dst, wq + row * rb + blk * 16);
+                    else
+                        q[tile][gg][h] = ld_stream16(wq + row * rb + blk * 16);
                     sc[tile][gg][h] = wsc[row * nb + blk];
                 } else {
-                    q[tile][gg][h] = make_uint4(0, 0, 0, 0);
+                    if constexpr (STG)
+                        *dst = make_uint4(0, 0, 0, 0);
+                    else
+                        q[tile][gg][h] = make_uint4(0, 0, 0, 0);
                     sc[tile][gg][h] = 127;
                 }
             }
@@ -234,6 +258,10 @@ __device__ __forceinline__ void w13_act_body(const bf16_t* __restrict__ x, const
     for (int r = 0; r < XPRE; ++r) {
         const u32 c = threadIdx.x + r * blockDim.x;
         if (c < ng * 16) *(uint4*)&xs[(c >> 2) * MX_XS_STRIDE + (c & 3) * 4] = mx_perm8(xpre[r]);
+    }
+    if constexpr (STG) {
+        cp_async_commit();
+        cp_async_wait<0>();
     }
     __syncthreads();
     float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
@@ -246,7 +274,12 @@ __device__ __forceinline__ void w13_act_body(const bf16_t* __restrict__ x, const
 #pragma unroll
             for (int tile = 0; tile < 2; ++tile) {
                 float c[4];
-                mx_tile16(q[tile][gg][0], q[tile][gg][1], sc[tile][gg][0], sc[tile][gg][1], xv, c);
+                if constexpr (STG) {
+                    const uint4* w = wst + ((tile * NCL + gg) * 2) * 32;
+                    mx_tile16(w[0], w[32], sc[tile][gg][0], sc[tile][gg][1], xv, c);
+                } else {
+                    mx_tile16(q[tile][gg][0], q[tile][gg][1], sc[tile][gg][0], sc[tile][gg][1], xv, c);
+                }
                 acc[tile][0] += c[0];
                 acc[tile][1] += c[2];
             }
@@ -276,12 +309,12 @@ __device__ __forceinline__ void w13_act_body(const bf16_t* __restrict__ x, const
 
 // Block (0, 0) waits for the grid before it on its way out (why, and why
 // only one: w13_swiglu, int4.cu).
-template <int NCL>
+template <int NCL, bool STG = false>
 __device__ __forceinline__ void w13_act(const bf16_t* __restrict__ x, const u64* __restrict__ table, u32 n_table,
                                         const u32* __restrict__ ids, u32 n_pairs, u32 k, u32 H, u32 I, u64 oq, u64 os,
                                         u64 ob, u32 has_bias, u32 slot_mask, u32 kind, float limit, float alpha,
                                         u32 wait_first, float* __restrict__ act) {
-    w13_act_body<NCL>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, ob, has_bias, slot_mask, kind, limit, alpha,
+    w13_act_body<NCL, STG>(x, table, n_table, ids, n_pairs, k, H, I, oq, os, ob, has_bias, slot_mask, kind, limit, alpha,
                       wait_first, act);
     if (blockIdx.x == 0 && blockIdx.y == 0) pdl_wait();
 }
@@ -298,6 +331,9 @@ __device__ __forceinline__ void w13_act(const bf16_t* __restrict__ x, const u64*
 extern "C" __global__ void __launch_bounds__(256, 3) mxfp4_w13_act_1(MX_W13_ARGS) { w13_act<1>(MX_W13_PASS); }
 extern "C" __global__ void __launch_bounds__(256, 3) mxfp4_w13_act_2(MX_W13_ARGS) { w13_act<2>(MX_W13_PASS); }
 extern "C" __global__ void __launch_bounds__(256, 2) mxfp4_w13_act_3(MX_W13_ARGS) { w13_act<3>(MX_W13_PASS); }
+// NCL 3 with its weights staged in shared memory (three blocks per SM where
+// they fit: the host's choice, Kernels::mxfp4_w13_act).
+extern "C" __global__ void __launch_bounds__(256, 3) mxfp4_w13_act_3s(MX_W13_ARGS) { w13_act<3, true>(MX_W13_PASS); }
 extern "C" __global__ void __launch_bounds__(512, 1) mxfp4_w13_act_4(MX_W13_ARGS) { w13_act<4>(MX_W13_PASS); }
 
 // Shared act layout (dynamic): for (local expert jl, tile G, lane tq) a

@@ -42,7 +42,7 @@ pub use ops::attention::{DECODE_MAX_SPLITS, decode_workspace_len};
 pub use ops::expert_tail::{
     ExpertTail, TABLE_FRESH, TAIL_COUNTERS, TAIL_MAX_PAIRS, TAIL_MAX_SLOTS, TAIL_NONE, TailMode,
 };
-pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvOut};
+pub use ops::gemv::{GEMV_MAX_K, GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvForm, GemvOut};
 pub use ops::int4::{
     INT4_DECODE_MAX_HIDDEN, INT4_DECODE_MAX_INTER, INT4_DECODE_MAX_TOPK, INT4_GROUPED_ROWS,
     INT4_GROUPS, Int4Layout, int4_grouped_supports, int4_grouped_tiles, w2_tokens_per_block,
@@ -70,6 +70,9 @@ pub struct Kernels {
     /// launch paths that size dynamic memory against the device's limit
     /// (`ops/mxfp4.rs`, w2) need it per launch.
     static_smem: HashMap<&'static str, u32>,
+    /// Shared memory of one SM, all its blocks together (228 KB on sm_90,
+    /// 164 KB on sm_80, 100 KB on sm_86/89/120).
+    smem_per_sm: u32,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -102,6 +105,10 @@ impl Kernels {
         let smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(KernelError::driver("querying shared memory per block"))?
+            .max(0) as u32;
+        let smem_per_sm = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+            .map_err(KernelError::driver("querying shared memory per SM"))?
             .max(0) as u32;
         let cache_dir = cache.resolve();
         // Modules compile independently; NVRTC is thread-safe per program,
@@ -167,6 +174,7 @@ impl Kernels {
             sm_count,
             smem_optin,
             static_smem,
+            smem_per_sm,
         })
     }
 
@@ -197,6 +205,19 @@ impl Kernels {
     pub(crate) fn static_smem(&self, name: &'static str) -> Result<u32> {
         self.func(name)?;
         Ok(self.static_smem.get(name).copied().unwrap_or(0))
+    }
+
+    /// Whether `blocks` blocks of kernel `name` with `dynamic` bytes of
+    /// dynamic shared memory each fit one SM's shared memory (each block
+    /// also holds its static arrays and the 1 KB the driver reserves).
+    pub(crate) fn blocks_fit_sm(
+        &self,
+        name: &'static str,
+        blocks: u32,
+        dynamic: u32,
+    ) -> Result<bool> {
+        let static_bytes = self.static_smem(name)?;
+        Ok(blocks * (dynamic + static_bytes + 1024) <= self.smem_per_sm)
     }
 
     /// Whether entry point `name` is loaded (an architecture-specific

@@ -262,6 +262,7 @@ pub const MODULES: &[Module] = &[
             "mxfp4_w13_act_1",
             "mxfp4_w13_act_2",
             "mxfp4_w13_act_3",
+            "mxfp4_w13_act_3s",
             "mxfp4_w13_act_4",
             "mxfp4_w2_combine_2",
             "mxfp4_w2_combine_4",
@@ -309,6 +310,17 @@ pub const MODULES: &[Module] = &[
             "gemv_f16_r1_m2",
             "gemv_f16_r1_m4",
             "gemv_f16_r1_m8",
+        ],
+    },
+    Module {
+        name: "gemv_tc",
+        source: include_str!("../cuda/gemv_tc.cu"),
+        target: Target::Portable,
+        kernels: &[
+            "gemv_tc_rmsnorm_bf16_m1",
+            "gemv_tc_rmsnorm_bf16_m2",
+            "gemv_tc_rmsnorm_bf16_m4",
+            "gemv_tc_rmsnorm_bf16_m8",
         ],
     },
     Module {

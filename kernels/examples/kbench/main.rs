@@ -38,7 +38,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 use krasis_kernels::{
-    CacheDir, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
+    CacheDir, GemvForm, Int4Layout, Kernels, KvBase, KvGeom, QkvGeom, SamplingParams, StartPos,
     decode_workspace_len, sample_workspace_len,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -1036,6 +1036,7 @@ fn bench_gemv(
                 false,
                 out_f32,
                 acc,
+                GemvForm::CudaCores,
                 &mut yf,
                 &mut yb,
             )
@@ -1049,6 +1050,7 @@ fn bench_gemv(
                 true,
                 out_f32,
                 acc,
+                GemvForm::CudaCores,
                 &mut yf,
                 &mut yb,
             )
@@ -1389,11 +1391,17 @@ fn bench_rows(
 ) -> anyhow::Result<()> {
     let mut gi = GemvInputs::new(s, rng)?;
     rows.push("bf16 GEMV at M rows, graph-timed, us (x one row)".to_string());
-    for (label, n, kk, norm, acc) in [
-        ("qkv +norm", 5120usize, 2048usize, true, false),
-        ("o_proj +=", 2048, 4096, false, true),
-        ("router +norm", 128, 2048, true, false),
-        ("lm_head +norm", 151_936, 2048, true, false),
+    // The LM head in both forms: the engine's is the tensor-core one
+    // (`LM_HEAD_FORM`), the others run on the CUDA cores.
+    let (cc, tc) = (GemvForm::CudaCores, GemvForm::TensorCores);
+    for (label, n, kk, norm, acc, form) in [
+        ("qkv +norm", 5120usize, 2048usize, true, false, cc),
+        ("o_proj +=", 2048, 4096, false, true, cc),
+        ("router +norm", 128, 2048, true, false, cc),
+        ("lm_head +norm", 151_936, 2048, true, false, cc),
+        ("lm_head tc", 151_936, 2048, true, false, tc),
+        ("lm_head oss", 201_088, 2880, true, false, cc),
+        ("lm_head oss tc", 201_088, 2880, true, false, tc),
     ] {
         let wr = Rotated::new(s, rng, n, kk)?;
         let mut one = 0.0;
@@ -1413,6 +1421,7 @@ fn bench_rows(
                     norm,
                     out_f32,
                     acc,
+                    form,
                     &mut yf,
                     &mut yb,
                 )
@@ -1712,6 +1721,7 @@ impl GemvInputs {
         norm: bool,
         out_f32: bool,
         acc: bool,
+        form: GemvForm,
         yf: &mut CudaSlice<f32>,
         yb: &mut CudaSlice<bf16>,
     ) -> anyhow::Result<()> {
@@ -1719,7 +1729,7 @@ impl GemvInputs {
         match (norm, out_f32) {
             (false, true) => k.gemv::<bf16, f32>(s, &self.x, w, m, n, kk, acc, yf)?,
             (false, false) => k.gemv::<bf16, bf16>(s, &self.x, w, m, n, kk, false, yb)?,
-            (true, true) => k.gemv_rmsnorm::<bf16, f32>(
+            (true, true) => k.gemv_rmsnorm_form::<bf16, f32>(
                 s,
                 res,
                 gw,
@@ -1729,10 +1739,11 @@ impl GemvInputs {
                 n,
                 kk,
                 acc,
+                form,
                 &mut self.normed,
                 yf,
             )?,
-            (true, false) => k.gemv_rmsnorm::<bf16, bf16>(
+            (true, false) => k.gemv_rmsnorm_form::<bf16, bf16>(
                 s,
                 res,
                 gw,
@@ -1742,6 +1753,7 @@ impl GemvInputs {
                 n,
                 kk,
                 false,
+                form,
                 &mut self.normed,
                 yb,
             )?,

@@ -111,16 +111,43 @@ const NORM: [[&str; 4]; 2] = [
     ],
 ];
 
-/// Entry point for (`k`, `m`): row shape by `k`, token bucket 1/2/4/8 by `m`.
-fn entry(names: &[[&'static str; 4]; 2], m: usize, k: usize) -> &'static str {
-    let shape = usize::from(k > R2_MAX_K);
-    let bucket = match m {
+/// The tensor-core form's entry points (`cuda/gemv_tc.cu`), by token bucket.
+const NORM_TC: [&str; 4] = [
+    "gemv_tc_rmsnorm_bf16_m1",
+    "gemv_tc_rmsnorm_bf16_m2",
+    "gemv_tc_rmsnorm_bf16_m4",
+    "gemv_tc_rmsnorm_bf16_m8",
+];
+/// Padding of a staged `x` row in the tensor-core form, in bytes.
+const TC_ROW_PAD_BYTES: usize = 64;
+
+/// Token bucket 1/2/4/8 of `m` rows.
+fn bucket(m: usize) -> usize {
+    match m {
         0 | 1 => 0,
         2 => 1,
         3 | 4 => 2,
         _ => 3,
-    };
-    names[shape][bucket]
+    }
+}
+
+/// Entry point for (`k`, `m`): row shape by `k`, token bucket 1/2/4/8 by `m`.
+fn entry(names: &[[&'static str; 4]; 2], m: usize, k: usize) -> &'static str {
+    names[usize::from(k > R2_MAX_K)][bucket(m)]
+}
+
+/// How a GEMV computes its dot products. Both forms are row invariant (a
+/// row's bits do not depend on which rows run beside it), but they round
+/// differently, so a call site keeps one form for every row count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvForm {
+    /// `cuda/gemv.cu`: FMAs on the CUDA cores. Fastest at one row; its
+    /// work per weight byte grows with the rows.
+    CudaCores,
+    /// `cuda/gemv_tc.cu`: `mma.sync` over all 8 row slots at once, the same
+    /// work for 1 and 8 rows; ~1 us slower at one row, so only for long
+    /// weight streams (the LM head). BF16, with the RMSNorm fused, only.
+    TensorCores,
 }
 
 /// Checks the dims shared by both GEMVs (`wide`: an f32 output);
@@ -177,10 +204,11 @@ fn check_disjoint(
     })
 }
 
-/// Grid: `min(n, 2 * SMs)` blocks, each owning an even share of the rows.
-fn launch_cfg(kernels: &Kernels, n: usize, m: usize, k: usize) -> LaunchConfig {
+/// Grid: `min(n, 2 * SMs)` blocks, each owning an even share of the rows;
+/// `smem` bytes of staged `x`.
+fn launch_cfg(kernels: &Kernels, n: usize, smem: usize) -> LaunchConfig {
     let blocks = (n as u64).min(u64::from(kernels.sm_count() * BLOCKS_PER_SM)) as u32;
-    cfg((blocks, 1, 1), THREADS, (2 * m * k) as u32)
+    cfg((blocks, 1, 1), THREADS, smem as u32)
 }
 
 /// Output mode argument of the kernels: 0 16-bit, 1 f32, 2 f32 accumulate.
@@ -232,7 +260,7 @@ impl Kernels {
         check_align(kn, "w", wp)?;
         let osz = std::mem::size_of::<O>();
         check_disjoint(kn, ("y", yp, m * n * osz), ("x", xp, m * k * 2))?;
-        let config = launch_cfg(self, n, m, k);
+        let config = launch_cfg(self, n, 2 * m * k);
         self.allow_smem(kn, f, config.shared_mem_bytes)?;
         let (mm, nn, kk, md) = (m as u32, n as u32, k as u32, mode(O::WIDE, accumulate));
         if self.compute_capability().0 >= 9 {
@@ -293,7 +321,56 @@ impl Kernels {
         normed: &mut impl DevicePtrMut<A>,
         y: &mut impl DevicePtrMut<O>,
     ) -> Result<()> {
-        let kn = entry(if A::F16 { &NORM_F16 } else { &NORM }, m, k);
+        self.gemv_rmsnorm_form(
+            stream,
+            residual,
+            norm_w,
+            eps,
+            w,
+            m,
+            n,
+            k,
+            accumulate,
+            GemvForm::CudaCores,
+            normed,
+            y,
+        )
+    }
+
+    /// [`Kernels::gemv_rmsnorm`] in the given [`GemvForm`]. The same
+    /// `normed` bits either way; `y` rounds differently between the forms
+    /// (each row invariant), so a call site keeps one form. The tensor-core
+    /// form takes bf16 only.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_rmsnorm_form<A: Act16, O: GemvOut<A>>(
+        &self,
+        stream: &CudaStream,
+        residual: &impl DevicePtr<f32>,
+        norm_w: &impl DevicePtr<bf16>,
+        eps: f32,
+        w: &impl DevicePtr<A>,
+        m: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+        form: GemvForm,
+        normed: &mut impl DevicePtrMut<A>,
+        y: &mut impl DevicePtrMut<O>,
+    ) -> Result<()> {
+        let (kn, smem) = match form {
+            GemvForm::CudaCores => (
+                entry(if A::F16 { &NORM_F16 } else { &NORM }, m, k),
+                2 * m * k,
+            ),
+            GemvForm::TensorCores => {
+                let kn = NORM_TC[bucket(m)];
+                ensure(kn, !A::F16, || {
+                    "the tensor-core GEMV has bf16 entry points only; use GemvForm::CudaCores for f16"
+                        .to_string()
+                })?;
+                (kn, m * (2 * k + TC_ROW_PAD_BYTES))
+            }
+        };
         if !check_dims(kn, m, n, k, accumulate, O::WIDE)? {
             return Ok(());
         }
@@ -316,7 +393,7 @@ impl Kernels {
         check_disjoint(kn, ("y", yp, ybytes), ("residual", rp, m * k * 4))?;
         check_disjoint(kn, ("normed", np, m * k * 2), ("residual", rp, m * k * 4))?;
         check_disjoint(kn, ("y", yp, ybytes), ("normed", np, m * k * 2))?;
-        let config = launch_cfg(self, n, m, k);
+        let config = launch_cfg(self, n, smem);
         self.allow_smem(kn, f, config.shared_mem_bytes)?;
         let (mm, nn, kk, md) = (m as u32, n as u32, k as u32, mode(O::WIDE, accumulate));
         if self.compute_capability().0 >= 9 {
@@ -362,7 +439,10 @@ mod tests {
         assert_eq!(entry(&NORM, 2, 4096), "gemv_rmsnorm_bf16_r1_m2");
         assert_eq!(entry(&NORM_F16, 1, 2880), "gemv_rmsnorm_f16_r1_m1");
         assert_eq!(entry(&PLAIN_F16, 1, 1408), "gemv_f16_r2_m1");
-        for names in [PLAIN, NORM, NORM_F16, PLAIN_F16] {
+        assert_eq!(NORM_TC[bucket(1)], "gemv_tc_rmsnorm_bf16_m1");
+        assert_eq!(NORM_TC[bucket(3)], "gemv_tc_rmsnorm_bf16_m4");
+        assert_eq!(NORM_TC[bucket(8)], "gemv_tc_rmsnorm_bf16_m8");
+        for names in [PLAIN, NORM, NORM_F16, PLAIN_F16, [NORM_TC, NORM_TC]] {
             for row in names {
                 for name in row {
                     assert!(

@@ -286,6 +286,43 @@ impl Kernels {
         activation: ExpertActivation,
         act: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        self.mxfp4_w13_act_form(
+            stream,
+            x,
+            table,
+            ids,
+            n_tokens,
+            top_k,
+            layout,
+            slot_mask,
+            after_tail_fetch,
+            activation,
+            None,
+            act,
+        )
+    }
+
+    /// [`Kernels::mxfp4_w13_act`] with the NCL 3 form chosen by the caller:
+    /// `staged` `Some(true)` takes the entry point that stages the weights in
+    /// shared memory (refused where the layout is not NCL 3 or three blocks do
+    /// not fit an SM), `Some(false)` the register form, `None` the wrapper's
+    /// choice. Both forms compute the same bits; the kernel tests compare them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mxfp4_w13_act_form(
+        &self,
+        stream: &CudaStream,
+        x: &impl DevicePtr<bf16>,
+        table: &impl DevicePtr<u64>,
+        ids: &impl DevicePtr<u32>,
+        n_tokens: usize,
+        top_k: usize,
+        layout: &Mxfp4Layout,
+        slot_mask: u32,
+        after_tail_fetch: bool,
+        activation: ExpertActivation,
+        staged: Option<bool>,
+        act: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
         const NAMES: [&str; 4] = [
             "mxfp4_w13_act_1",
             "mxfp4_w13_act_2",
@@ -297,8 +334,24 @@ impl Kernels {
         // NCL = 128-K tiles per warp; <= 16 warps split K.
         let ng = h.div_ceil(128);
         let ncl = ng.div_ceil(8).min(4);
-        let k = NAMES[ncl - 1];
         let warps = ng.div_ceil(ncl) as u32;
+        // NCL 3 stages each warp's weights in shared memory where three such
+        // blocks fit an SM (`cuda/mxfp4.cu`, w13_act_body): gate/up x 3 tiles
+        // x 2 row halves x 32 lanes x 16 bytes. The same bits either way.
+        let stage_bytes = warps * (2 * 3 * 2 * 32 * 16);
+        let fits = ncl == 3 && self.blocks_fit_sm("mxfp4_w13_act_3s", 3, stage_bytes)?;
+        ensure("mxfp4_w13_act_3s", staged != Some(true) || fits, || {
+            format!(
+                "the staged form needs NCL 3 (H {h} gives {ncl}) and three blocks of {stage_bytes} \
+                 bytes of shared memory per SM; use the register form"
+            )
+        })?;
+        let staged = staged.unwrap_or(fits);
+        let (k, smem) = if staged {
+            ("mxfp4_w13_act_3s", stage_bytes)
+        } else {
+            (NAMES[ncl - 1], 0)
+        };
         let (kind, limit, alpha) = activation.args(k)?;
         let n_pairs = n_tokens * top_k;
         check_len(k, "x", x.len(), n_tokens * h)?;
@@ -322,8 +375,11 @@ impl Kernels {
         let (ip, _g3) = ids.device_ptr(stream);
         let (ap, _g4) = act.device_ptr_mut(stream);
         let f = self.func(k)?;
+        if smem > 0 {
+            self.allow_smem(k, f, smem)?;
+        }
         // 16 gate + 16 up rows per block, K split over the warps; y = pair.
-        let config = cfg((ii / 16, np, 1), 32 * warps, 0);
+        let config = cfg((ii / 16, np, 1), 32 * warps, smem);
         // Wait for the grids before it first unless it follows the tail's
         // fetch (`cuda/int4.cu`, w13_swiglu).
         let wait_first = u32::from(!after_tail_fetch);

@@ -1,6 +1,6 @@
 use cudarc::driver::CudaSlice;
 use half::bf16;
-use krasis_kernels::{GEMV_MAX_MK, GEMV_MAX_TOKENS, reference as cpu};
+use krasis_kernels::{GEMV_MAX_MK, GEMV_MAX_TOKENS, GemvForm, reference as cpu};
 
 use crate::common::*;
 
@@ -43,8 +43,29 @@ fn abs_scale(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
 /// adds its rounding, 2^-9 |y| (doubled). Elementwise, so a single output
 /// (n = 1) whose sum happens to cancel does not make a flaky test.
 fn assert_gemv_close(what: &str, got: &[f32], want: &[f32], scale: &[f32], k: usize, bf16: bool) {
+    assert_gemv_close_form(what, got, want, scale, k, bf16, GemvForm::CudaCores);
+}
+
+/// [`assert_gemv_close`] for either form. The tensor core adds each k16
+/// step's exact products to the f32 running sum with at most one ulp of
+/// error (its rounding is not specified to be to nearest): k/16 steps, then
+/// up to 32 slice sums (more only for K past 8,192), so (k/16 + 8) in place
+/// of (k/32 + 8).
+fn assert_gemv_close_form(
+    what: &str,
+    got: &[f32],
+    want: &[f32],
+    scale: &[f32],
+    k: usize,
+    bf16: bool,
+    form: GemvForm,
+) {
     assert_eq!(got.len(), want.len(), "{what}: length");
-    let acc_tol = 2.0 * (k as f64 / 32.0 + 8.0) * 2f64.powi(-24);
+    let per = match form {
+        GemvForm::CudaCores => 32.0,
+        GemvForm::TensorCores => 16.0,
+    };
+    let acc_tol = 2.0 * (k as f64 / per + 8.0) * 2f64.powi(-24);
     let (mut worst, mut wi) = (0f64, 0usize);
     for (i, ((&g, &w), &sc)) in got.iter().zip(want).zip(scale).enumerate() {
         assert!(
@@ -166,6 +187,8 @@ fn gemv_matches_reference() {
     sync(&s);
 }
 
+/// Both forms of the fused norm + GEMV (`GemvForm`): the CUDA-core one of
+/// every projection and the tensor-core one of the LM head.
 #[test]
 fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
     let name = "gemv_rmsnorm_matches_rmsnorm_then_gemv";
@@ -173,7 +196,10 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
     let mut rng = rng(name);
     let kr = &g.kernels;
     let eps = 1e-6f32;
-    for (n, k) in shapes() {
+    for ((n, k), form) in shapes()
+        .into_iter()
+        .flat_map(|nk| [(nk, GemvForm::CudaCores), (nk, GemvForm::TensorCores)])
+    {
         let mt = max_tokens(k);
         let w = randn_bf16(&mut rng, n * k, 0.05);
         let wf = f32s(&w);
@@ -184,7 +210,7 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
             if m > mt {
                 continue;
             }
-            let tag = format!("m={m} n={n} k={k}");
+            let tag = format!("m={m} n={n} k={k} {form:?}");
             // The real rmsnorm_f32 kernel on the same input.
             let mut nref = poison_bf16(&s, m * k);
             kr.rmsnorm::<f32>(&s, &dres, &dg, m, k, eps, &mut nref)
@@ -208,7 +234,7 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
                           acc: bool| {
                 let mut normed = poison_bf16(&s, m * k + 8);
                 if f32_out {
-                    kr.gemv_rmsnorm::<bf16, f32>(
+                    kr.gemv_rmsnorm_form::<bf16, f32>(
                         &s,
                         &dres,
                         &dg,
@@ -218,11 +244,12 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
                         n,
                         k,
                         acc,
+                        form,
                         &mut normed,
                         yf,
                     )
                 } else {
-                    kr.gemv_rmsnorm::<bf16, bf16>(
+                    kr.gemv_rmsnorm_form::<bf16, bf16>(
                         &s,
                         &dres,
                         &dg,
@@ -232,6 +259,7 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
                         n,
                         k,
                         false,
+                        form,
                         &mut normed,
                         yb,
                     )
@@ -253,7 +281,15 @@ fn gemv_rmsnorm_matches_rmsnorm_then_gemv() {
             assert_tail_nan_bf16(&format!("norm bf16 y {tag}"), &got_b[m * n..]);
             assert_tail_nan_f32(&format!("norm f32 y {tag}"), &got_f[m * n..]);
             let got_f = &got_f[..m * n];
-            assert_gemv_close(&format!("norm f32 y {tag}"), got_f, &dot, &scale, k, false);
+            assert_gemv_close_form(
+                &format!("norm f32 y {tag}"),
+                got_f,
+                &dot,
+                &scale,
+                k,
+                false,
+                form,
+            );
             let rounded: Vec<u16> = got_f.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
             assert_eq!(
                 bits16(&got_b[..m * n]),
@@ -426,6 +462,31 @@ fn gemv_rejects_bad_launches() {
         "accumulate into bf16",
         "accumulate",
     );
+
+    // The tensor-core form has bf16 entry points only.
+    {
+        use half::f16;
+        let wh = up(&s, &vec![f16::ONE; n * k + 8]);
+        let mut nh = up(&s, &vec![f16::ZERO; m * k + 8]);
+        err(
+            kr.gemv_rmsnorm_form::<f16, f32>(
+                &s,
+                &res,
+                &gw,
+                1e-6,
+                &wh,
+                m,
+                n,
+                k,
+                false,
+                GemvForm::TensorCores,
+                &mut nh,
+                &mut y,
+            ),
+            "f16 on the tensor-core form",
+            "bf16 entry points only",
+        );
+    }
 
     // Alignment: views starting 1 and 4 elements in.
     err(

@@ -145,6 +145,74 @@ fn gemv_rows_are_batch_invariant() {
     sync(&s);
 }
 
+/// The LM head's GEMV (`GemvForm::TensorCores`, bf16 with the norm fused):
+/// the `m`-row launch's row `r` (its logits and its normed row) against the
+/// one-row launch of row `r`, for every `m`. The work split differs by
+/// shape (figures for 132 SMs): 3 tiles x 8 slices at 5120 x 2048, 1 x 16
+/// at 2048 x 4096, one row per block and a partial last chunk at 151 x 2880
+/// and 300 x 264, 19 tiles of one slice (the whole K, as a real vocabulary's
+/// head) at 40000 x 1024 and 72 at 151936 x 2048 (a3b's head); 12288 allows
+/// two rows per launch only.
+#[test]
+fn gemv_tensor_core_rows_are_batch_invariant() {
+    use krasis_kernels::GemvForm;
+    let name = "gemv_tensor_core_rows_are_batch_invariant";
+    let Some((g, s)) = gpu(name) else { return };
+    let mut rng = rng(name);
+    let kr = &g.kernels;
+    for (n, k) in [
+        (5120usize, 2048usize),
+        (2048, 4096),
+        (151, 2880),
+        (300, 264),
+        (40000, 1024),
+        (151936, 2048),
+        (40, 12288),
+    ] {
+        let mt = max_rows(k);
+        let w = up(&s, &randn_bf16(&mut rng, n * k, 0.05));
+        let res = randn(&mut rng, mt * k, 3.0);
+        let gw = up(&s, &randn_bf16(&mut rng, k, 1.0));
+        let run = |m: usize, first: usize| {
+            let dres = up(&s, &res[first * k..(first + m) * k]);
+            let mut normed = up(&s, &vec![bf16::ZERO; m * k]);
+            let mut y = poison_f32(&s, m * n);
+            kr.gemv_rmsnorm_form::<bf16, f32>(
+                &s,
+                &dres,
+                &gw,
+                1e-6,
+                &w,
+                m,
+                n,
+                k,
+                false,
+                GemvForm::TensorCores,
+                &mut normed,
+                &mut y,
+            )
+            .unwrap();
+            (down(&s, &normed), down(&s, &y))
+        };
+        let alone: Vec<_> = (0..mt).map(|r| run(1, r)).collect();
+        for m in 1..=mt {
+            let (normed, y) = run(m, 0);
+            for r in 0..m {
+                let nb = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
+                assert!(
+                    nb(&normed[r * k..(r + 1) * k]) == nb(&alone[r].0),
+                    "gemv_tc_rmsnorm n={n} k={k} m={m}: normed row {r} differs from its one-row launch"
+                );
+                assert!(
+                    bits32(&y[r * n..(r + 1) * n]) == bits32(&alone[r].1),
+                    "gemv_tc_rmsnorm n={n} k={k} m={m}: row {r} differs from its one-row launch"
+                );
+            }
+        }
+    }
+    sync(&s);
+}
+
 /// INT4 decode experts: `int4_w13_swiglu` (every pair) and
 /// `int4_w2_combine` over `m` tokens against each token alone, with x in
 /// format `A`; tokens share experts (as sequences routed to the same
@@ -344,6 +412,42 @@ fn mxfp4_decode_rows_are_batch_invariant() {
                     bits32(&res[r * h..(r + 1) * h]) == bits32(&alone[r].1),
                     "mxfp4_w2_combine {tag}: token {r} differs from its one-token launch"
                 );
+            }
+        }
+        // Both NCL 3 forms (gpt-oss: weights in registers, or staged in
+        // shared memory where three blocks fit an SM, as on every sm_90) give
+        // the same bits for all mt tokens; elsewhere the staged form refuses.
+        if h.div_ceil(128).div_ceil(8) == 3 {
+            let dx = up(&s, &x[..mt * h]);
+            let dids = up(&s, &ids[..mt * k]);
+            let form = |staged: bool| {
+                let mut act: CudaSlice<f32> = poison_f32(&s, mt * k * i);
+                let r = kr.mxfp4_w13_act_form(
+                    &s,
+                    &dx,
+                    &ex.table,
+                    &dids,
+                    mt,
+                    k,
+                    &layout,
+                    u32::MAX,
+                    false,
+                    a,
+                    Some(staged),
+                    &mut act,
+                );
+                r.map(|()| down(&s, &act))
+            };
+            let registers = form(false).unwrap();
+            match form(true) {
+                Ok(staged) => assert!(
+                    bits32(&staged) == bits32(&registers),
+                    "mxfp4_w13_act H={h} I={i}: the staged form differs from the register form"
+                ),
+                Err(e) => assert!(
+                    kr.compute_capability().0 != 9,
+                    "mxfp4_w13_act H={h} I={i}: the staged form refused on sm_90: {e}"
+                ),
             }
         }
     }

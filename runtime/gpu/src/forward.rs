@@ -51,8 +51,15 @@ use crate::scratch::{KvCache, LOGIT_ROWS, Scratch};
 use crate::weights::{Embedding, MlpWeights, ModelWeights};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr};
 use half::bf16;
-use krasis_kernels::{Act16, GemvOut, Kernels, QkvGeom};
+use krasis_kernels::{Act16, GemvForm, GemvOut, Kernels, QkvGeom};
 use krasis_model::Geometry;
+
+/// The form of every LM head GEMV (decode rows and a prefill's last token):
+/// on tensor cores its time is flat in the rows (an 8-row step's head cost
+/// 2.5x a one-row one on the CUDA cores) for ~1 us more at one row of a
+/// ~150-270 us stream (`kernels/cuda/gemv_tc.cu`). One form for every row
+/// count keeps a sequence's logits independent of the batch.
+pub(crate) const LM_HEAD_FORM: GemvForm = GemvForm::TensorCores;
 
 /// Everything resident on the device for one model.
 pub struct Model {
@@ -419,9 +426,26 @@ impl Ctx<'_> {
         normed: &mut CudaViewMut<'_, A>,
         y: &mut CudaViewMut<'_, O>,
     ) -> Result<()> {
+        self.norm_gemv_form(residual, norm, w, m, n, GemvForm::CudaCores, normed, y)
+    }
+
+    /// [`Ctx::norm_gemv`] in the given form (the LM head's is
+    /// [`LM_HEAD_FORM`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn norm_gemv_form<A: Act16, O: GemvOut<A>>(
+        &self,
+        residual: &CudaSlice<f32>,
+        norm: &CudaSlice<bf16>,
+        w: &impl DevicePtr<A>,
+        m: usize,
+        n: usize,
+        form: GemvForm,
+        normed: &mut CudaViewMut<'_, A>,
+        y: &mut CudaViewMut<'_, O>,
+    ) -> Result<()> {
         let (h, eps) = (self.g.hidden, self.g.rms_norm_eps);
         for (r0, rows) in gemv_rows(m, h) {
-            self.kn.gemv_rmsnorm::<A, O>(
+            self.kn.gemv_rmsnorm_form::<A, O>(
                 &self.gpu.stream,
                 &residual.slice(r0 * h..),
                 norm,
@@ -431,6 +455,7 @@ impl Ctx<'_> {
                 n,
                 h,
                 false,
+                form,
                 &mut normed.slice_mut(r0 * h..),
                 &mut y.slice_mut(r0 * n..),
             )?;
@@ -642,12 +667,13 @@ impl Model {
             )));
         }
         let g = cx.g;
-        cx.norm_gemv::<bf16, f32>(
+        cx.norm_gemv_form::<bf16, f32>(
             &sc.residual,
             &cx.w.final_norm,
             cx.w.lm_head(),
             rows,
             g.vocab_size,
+            LM_HEAD_FORM,
             &mut sc.normed.slice_mut(..),
             &mut sc.logits.slice_mut(..),
         )
@@ -670,8 +696,10 @@ impl Model {
         if rows == 1 {
             // One row (a prefill's last token): the GEMV streams the head
             // faster than cuBLAS (144.6 vs 150.5 us for 151,936 x 2048 on
-            // an H200) and takes the final norm with it.
-            return Ok(cx.kn.gemv_rmsnorm::<bf16, f32>(
+            // an H200) and takes the final norm with it; in the decode
+            // steps' form, so a token's logits come from the same kernel
+            // whichever path produced them.
+            return Ok(cx.kn.gemv_rmsnorm_form::<bf16, f32>(
                 &cx.gpu.stream,
                 &src,
                 &cx.w.final_norm,
@@ -681,6 +709,7 @@ impl Model {
                 g.vocab_size,
                 h,
                 false,
+                LM_HEAD_FORM,
                 &mut sc.normed,
                 &mut sc.logits,
             )?);
