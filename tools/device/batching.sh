@@ -28,15 +28,16 @@
 #       ~1000-token prompts, 128 tokens): aggregate tok/s per client count (target: 4 clients >=
 #       2.5x one), TTFT and ITL, the server's startup lines (memory, experts, batching) and
 #       /v1/stats after the run. PARALLEL=none leaves the flag out (the engine's default).
+#       KR=PATH serves with another runtime binary (a branch's, for an A/B).
 #       Suggested: LIMIT=none,6GiB CLIENTS=1,2,4,8 in one call if the loads are warm; else one
 #       LIMIT per call.
 # Results: $OUT/bt-PHASE[-LIMIT].tgz (summary.txt first).
 set -u
 P=${1:?phase tests, prep or parallel}; C=${2:-unknown}
 L=${LIMIT:-6GiB}; CL=${CLIENTS:-1,2,4,8}; PAR=${PARALLEL:-8}; CTX=${CTX:-32768}
-tag=$P; [ "$P" = parallel ] && tag=$P-${L//,/-}-ctx$CTX
+tag=$P; [ "$P" = parallel ] && tag=$P-${L//,/-}-ctx$CTX${KR:+-${KR##*/}}
 R=/tmp/btr-$tag; rm -rf "$R"; mkdir -p "$R"
-D=dist/gpu; kr=$(realpath $D/krasis-runtime); py=/opt/torch/.venv/bin/python3
+D=dist/gpu; kr=$(realpath "${KR:-$D/krasis-runtime}"); py=/opt/torch/.venv/bin/python3
 T=/tmp/agent-load                     # the model, cache and heatmap of agent_load_device.sh prep
 export KRASIS_LOG=warn
 T0=$SECONDS

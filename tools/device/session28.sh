@@ -34,15 +34,6 @@ T0=$SECONDS
 unpack_binaries
 M=/tmp/agent-load/a3b-24l; K=/tmp/agent-load/krasis-cache
 T=/tmp/oss-load
-# gpt-oss-20b's checkpoint and MXFP4 cache in $T, made in the background (g20pid).
-g20_prep() {
-  local kr0; kr0=$(realpath dist/gpu/krasis-runtime); mkdir -p $T
-  { [ -f "$T/g20/config.json" ] || timeout 200 "$kr0" synth --preset gpt-oss-20b --seed 1 \
-      --out "$T/g20" --vocab .cache/vocab/o200k_base.tiktoken > "$OUT/synth.log" 2>&1
-    [ -d "$T/kc" ] || timeout 200 "$kr0" build-cache --model "$T/g20" --cache-dir "$T/kc" \
-      > "$OUT/cache.log" 2>&1; } &
-  g20pid=$!
-}
 # kbench --mxfp4 with each suffix's binary, tagged lines into $OUT/LOG.
 kbench_mx() { # log suffix...
   local log=$1 v; shift
@@ -84,12 +75,7 @@ case "$P" in
       bench_serve_shape a3b $M $K "$v"
     done
     # gpt-oss-20b, the same (its checkpoint and cache made in the background from the start).
-    wait "$g20pid"
-    echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    for v in -mx "" -mx ""; do
-      [ $((SECONDS-T0)) -gt 330 ] && break
-      bench_serve_shape g20 $T/g20 $T/kc "$v"
-    done
+    oss_bench 330 -mx "" -mx ""
     ;;
   t)
     # shellcheck disable=SC2086
@@ -112,12 +98,7 @@ case "$P" in
     for v in -w "" -w ""; do
       bench_serve_shape a3b $M $K "$v"
     done
-    wait "$g20pid"
-    echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    for v in "" -w -old "" -w -old; do
-      [ $((SECONDS-T0)) -gt 480 ] && break
-      bench_serve_shape g20 $T/g20 $T/kc "$v"
-    done
+    oss_bench 480 "" -w -old "" -w -old
     ;;
   a)
     # Session 29, one call: the branch's kernel tests (its existing entry points are main's,
@@ -143,12 +124,7 @@ case "$P" in
     test_bin batching 200
     test_bin gpt_oss 120
     test_bin row_invariance 100
-    wait "$g20pid"
-    echo "g20 ready rc=$? (t=$((SECONDS-T0))s)" >> "$S"
-    for v in "" -w -old "" -w -old; do
-      [ $((SECONDS-T0)) -gt 520 ] && break
-      bench_serve_shape g20 $T/g20 $T/kc "$v"
-    done
+    oss_bench 520 "" -w -old "" -w -old
     ;;
   *) echo "unknown phase $P" >> "$S" ;;
 esac
