@@ -5,7 +5,8 @@
 # this machine, all under dist/pack (carry dist/pack and .cache/vocab; add .cache/wheels for `s`):
 #   on main:    bash tools/device/pack.sh m -m
 #               bash tools/device/pack_fault.sh tcfault kernels/cuda/gemv_tc.cu "$TCFAULT"
-#   on the branch (git checkout next/grouped-tail):
+#   on the branch (git checkout next/grouped-tail; if a new checkout lacks it:
+#   git checkout -b next/grouped-tail main && git am tools/device/patches/next-grouped-tail.mbox):
 #               bash tools/device/pack.sh t "" row_invariance gpu_engine batching prefix_cache gpt_oss glm4_moe
 #               bash tools/device/pack_fault.sh gfault kernels/cuda/int4_gemm.cu "$GFAULT"
 # with the two planted faults (each a test-only build that a test must catch):
