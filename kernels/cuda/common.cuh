@@ -271,6 +271,18 @@ __device__ __forceinline__ void block_sum_rows(float* v, float* scratch) {
     for (int t = 0; t < MB; ++t) v[t] = warp_sum((lane < nw) ? scratch[t * 32 + lane] : 0.0f);
 }
 
+// Output y[o] = s of both decode GEMV forms (gemv.cu, gemv_tc.cu), by their
+// mode argument: 0 = 16-bit y (format A), 1 = f32 y, 2 = f32 y += s.
+template <class A>
+__device__ __forceinline__ void gemv_store(void* y, u64 o, float s, u32 mode) {
+    if (mode == 0) {
+        ((unsigned short*)y)[o] = A::store(s);
+    } else {
+        float* yf = (float*)y;
+        yf[o] = mode == 2 ? yf[o] + s : s;
+    }
+}
+
 // The fused RMSNorm prologue of both decode GEMV forms (gemv.cu, gemv_tc.cu):
 // x[t] = A(res[t] * rsqrt(mean(res[t]^2) + eps) * g) for the M rows, into the
 // block's staged rows xs (row stride rs 16-byte vectors) and, from block 0,

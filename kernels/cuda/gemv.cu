@@ -101,7 +101,7 @@ __device__ __forceinline__ void gemv_dot8(float* a, const uint4 w, const uint4 x
     a[P - 1] = fmaf(A::hi(w.w), A::hi(x.w), a[P - 1]);
 }
 
-// mode: 0 = 16-bit y (format A), 1 = f32 y, 2 = f32 y += result.
+// mode: 0 = 16-bit y (format A), 1 = f32 y, 2 = f32 y += result (gemv_store).
 // MB: compile-time bound on m (1, 2, 4, 8). NR x U: rows x vectors per lane
 // of one weight group (NR * U = 16). NORM: x from residual + norm weight.
 // A: the format of w, x and normed (ActBf16; ActF16 for the QKV projection
@@ -228,15 +228,7 @@ __device__ __forceinline__ void gemv_body(const unsigned short* x, const float* 
                 for (int i = 0; i < NR; ++i) {
                     const float s = warp_sum(acc[t][i][0] + acc[t][i][1]);
                     const u32 row = r0 + grp * NR + i;
-                    if (lane == 0 && row < r1 && (MB == 1 || (u32)t < m)) {
-                        const u64 o = (u64)t * n + row;
-                        if (mode == 0) {
-                            ((unsigned short*)y)[o] = A::store(s);
-                        } else {
-                            float* yf = (float*)y;
-                            yf[o] = mode == 2 ? yf[o] + s : s;
-                        }
-                    }
+                    if (lane == 0 && row < r1 && (MB == 1 || (u32)t < m)) gemv_store<A>(y, (u64)t * n + row, s, mode);
 #pragma unroll
                     for (int p = 0; p < P; ++p) acc[t][i][p] = 0.0f;
                 }

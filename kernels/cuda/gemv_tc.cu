@@ -134,17 +134,6 @@ __device__ __forceinline__ void gemv_mma_chunk(float (*acc)[4], const uint4* wv,
     }
 }
 
-// mode: 0 = 16-bit y (format A), 1 = f32 y, 2 = f32 y += result.
-template <class A>
-__device__ __forceinline__ void gemv_store(void* y, u64 o, float s, u32 mode) {
-    if (mode == 0) {
-        ((unsigned short*)y)[o] = A::store(s);
-    } else {
-        float* yf = (float*)y;
-        yf[o] = mode == 2 ? yf[o] + s : s;
-    }
-}
-
 // MB: compile-time bound on m (1, 2, 4, 8) for the prologue. x is built
 // from the f32 residual and the bf16 norm weight g, exactly as gemv.cu's
 // rmsnorm variant builds it. A: the format of w and normed (ActBf16).
