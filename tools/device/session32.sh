@@ -26,6 +26,9 @@
 #       256 / 512 / 1,000 / 4,000 / 8,192 tokens and decode at the serve shape (1 and 4 rows),
 #       main and the branch alternating, three runs each (each bench's own median of 3 after a
 #       warm-up).
+#   bash tools/device/session32.sh o COMMIT    (~6 min)
+#       gpt-oss-20b at the serve shape, 1 and 8 rows, main's runtime three times (the tensor-core
+#       LM head's engine figures; session 30 has the build before it on an H100: 1 row 373.1 tok/s).
 #   V=m bash tools/device/session30.sh s COMMIT  (~9 min, on the H200 if lent)
 #       the 4-client ratio through `serve`, main (-m) and the branch alternating.
 # Results: $OUT/session32-PHASE.txt (the summary) and the logs and JSON beside it.
@@ -74,6 +77,11 @@ case "$P" in
       echo "bench a3b ($v) run $n rc=$? (t=$((SECONDS-T0))s)" >> "$S"
       grep -E "^prefill +[0-9]+ tokens|^decode [0-9] rows" "$OUT/bench.log" | cut -c1-300 >> "$S"
     done
+    ;;
+  o)
+    T=/tmp/oss-load
+    g20_prep
+    ROWS=1,8 oss_bench 480 -m -m -m
     ;;
   *) echo "unknown phase $P" >> "$S" ;;
 esac
