@@ -23,6 +23,14 @@ test_bin() { # name timeout [filter...]
   grep -E "panicked|FAILED|SKIPPED" -A2 "$OUT/test-$n.log" | head -20 >> "$S"
 }
 
+# Runs a planted-fault build's test binary (tools/device/pack_fault.sh: dist/gpu/gpu-NAME-bin)
+# with the given filter, which must FAIL: the summary says whether the fault was caught.
+test_fault() { # name filter
+  test_bin "gpu-$1-bin" 120 "$2"
+  grep -q "test result: FAILED" "$OUT/test-gpu-$1-bin.log" \
+    && echo "planted fault $1 caught (expected)" >> "$S" || echo "PLANTED FAULT $1 NOT CAUGHT" >> "$S"
+}
+
 # bench at the serve shape (1,000-token prompts, 128 tokens, 1 and 4 rows (ROWS), context 32,768)
 # with dist/gpu/krasis-runtime$SUFFIX (commit label $C$SUFFIX), its decode lines into the summary.
 bench_serve_shape() { # tag model cache-dir suffix

@@ -5,7 +5,8 @@
 # applies SED_EXPR to FILE (a kernels/cuda source, which must have no uncommitted change and
 # which the expression must change), builds the release kernel test binary, checks that it
 # embeds the changed line (the kernels are compiled from the embedded source at run time), and
-# packs it as dist/pack/NAME.tar.xz (NAME/gpu-NAME-bin, stripped). FILE is restored on every
+# packs it as dist/pack/NAME.tar.xz (NAME/gpu-NAME-bin, stripped; a session script runs it with
+# lib.sh's test_fault). FILE is restored on every
 # exit, and the kernel sources are touched so the next build (pack.sh) embeds them again.
 # CARGO_TARGET_DIR defaults to /tmp/krasis-rel, as for pack.sh.
 set -euo pipefail
